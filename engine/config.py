@@ -1,0 +1,206 @@
+"""Validated configuration dataclasses: EngineConfig, SamplingParams, SpeculativeConfig, TierConfig.
+
+Every check raises ValueError naming the field and the limit, before anything is allocated.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+ALLOCATORS = ("paged", "contiguous")
+PREEMPTION_MODES = ("recompute", "swap")
+VICTIM_POLICIES = ("last_admitted", "lru")
+SPEC_METHODS = ("ngram", "draft_model", "self_draft")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+@dataclass(slots=True)
+class TierConfig:
+    """A pricing/priority tier: its own context cap (prompt + max_tokens) and a priority
+    (lower number = more important; preempted last under the last_admitted policy)."""
+
+    name: str
+    max_context: int
+    priority: int = 0
+
+    def __post_init__(self):
+        _check(isinstance(self.name, str) and 0 < len(self.name) <= 64,
+               "tier.name must be a non-empty string of at most 64 characters")
+        _check(_is_int(self.max_context) and self.max_context >= 1,
+               f"tier.max_context must be an integer >= 1, got {self.max_context!r}")
+        _check(_is_int(self.priority), f"tier.priority must be an integer, got {self.priority!r}")
+
+
+def default_tiers() -> dict[str, TierConfig]:
+    return {
+        "free": TierConfig("free", max_context=1024, priority=2),
+        "pro": TierConfig("pro", max_context=4096, priority=1),
+        "enterprise": TierConfig("enterprise", max_context=8192, priority=0),
+    }
+
+
+@dataclass(slots=True)
+class SpeculativeConfig:
+    """Speculative decoding. method: "ngram" (prompt lookup), "draft_model" (a separate HF model
+    with the same tokenizer), "self_draft" (early exit at `draft_layers`, or `draft_quantize`
+    ="int8" dynamic-int8 copy of the target)."""
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 4
+    prompt_lookup_min: int = 1
+    prompt_lookup_max: int = 3
+    draft_model: str | None = None
+    draft_layers: int | None = None
+    draft_quantize: str | None = None
+    # acceptance monitoring / fallback
+    monitor_window: int = 32          # recent draft tokens per request class considered
+    probe_interval: int = 64          # plain steps of a fallen-back class before probing again
+    enable_fallback: bool = True
+
+    def __post_init__(self):
+        _check(self.method in SPEC_METHODS,
+               f"speculative.method must be one of {SPEC_METHODS}, got {self.method!r}")
+        _check(_is_int(self.num_speculative_tokens) and 1 <= self.num_speculative_tokens <= 16,
+               f"speculative.num_speculative_tokens must be an integer in [1, 16], got {self.num_speculative_tokens!r}")
+        _check(_is_int(self.prompt_lookup_min) and self.prompt_lookup_min >= 1,
+               "speculative.prompt_lookup_min must be an integer >= 1")
+        _check(_is_int(self.prompt_lookup_max) and self.prompt_lookup_max >= self.prompt_lookup_min,
+               "speculative.prompt_lookup_max must be an integer >= prompt_lookup_min")
+        if self.method == "draft_model":
+            _check(isinstance(self.draft_model, str) and self.draft_model,
+                   "speculative.draft_model must name a model (path or hub id) when method='draft_model'")
+        if self.draft_quantize is not None:
+            _check(self.draft_quantize == "int8", "speculative.draft_quantize must be None or 'int8'")
+        if self.draft_layers is not None:
+            _check(_is_int(self.draft_layers) and self.draft_layers >= 1,
+                   "speculative.draft_layers must be an integer >= 1")
+        _check(_is_int(self.monitor_window) and self.monitor_window >= 1,
+               "speculative.monitor_window must be an integer >= 1")
+        _check(_is_int(self.probe_interval) and self.probe_interval >= 1,
+               "speculative.probe_interval must be an integer >= 1")
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    model: str = "default"
+    device: str = "auto"
+    dtype: str = "auto"
+    block_size: int = 16
+    num_kv_blocks: int | None = None        # explicit pool size, or
+    kv_cache_bytes: int | None = None       # a byte budget (K and V, all layers); default 64 MiB
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 512
+    max_model_len: int = 2048
+    enable_prefix_caching: bool = True
+    preemption_mode: str = "recompute"
+    victim_policy: str = "last_admitted"
+    swap_space_bytes: int = 64 * 1024 * 1024
+    allocator: str = "paged"
+    kv_cache: bool = True
+    tiers: dict[str, TierConfig] = field(default_factory=default_tiers)
+    default_tier: str | None = None
+    speculative: SpeculativeConfig | None = None
+    seed: int = 0
+    num_threads: int | None = None          # torch intra-op threads; None = leave torch's default
+    event_ring_size: int = 20000
+    history_len: int = 512                  # per-request history points kept for the UI
+
+    def __post_init__(self):
+        _check(isinstance(self.model, str) and self.model, "model must be a non-empty string")
+        _check(isinstance(self.device, str) and (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")),
+               f"device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
+        _check(self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        _check(_is_int(self.block_size) and 1 <= self.block_size <= 256,
+               f"block_size must be an integer in [1, 256], got {self.block_size!r}")
+        if self.num_kv_blocks is not None:
+            _check(_is_int(self.num_kv_blocks) and 1 <= self.num_kv_blocks <= 1_000_000,
+                   f"num_kv_blocks must be an integer in [1, 1000000], got {self.num_kv_blocks!r}")
+        if self.kv_cache_bytes is not None:
+            _check(_is_int(self.kv_cache_bytes) and self.kv_cache_bytes >= 1,
+                   f"kv_cache_bytes must be a positive integer, got {self.kv_cache_bytes!r}")
+        _check(_is_int(self.max_num_seqs) and 1 <= self.max_num_seqs <= 4096,
+               f"max_num_seqs must be an integer in [1, 4096], got {self.max_num_seqs!r}")
+        _check(_is_int(self.max_num_batched_tokens) and self.max_num_batched_tokens >= 1,
+               f"max_num_batched_tokens must be an integer >= 1, got {self.max_num_batched_tokens!r}")
+        _check(_is_int(self.max_model_len) and 2 <= self.max_model_len <= 1_048_576,
+               f"max_model_len must be an integer in [2, 1048576], got {self.max_model_len!r}")
+        _check(self.preemption_mode in PREEMPTION_MODES,
+               f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
+        _check(self.victim_policy in VICTIM_POLICIES,
+               f"victim_policy must be one of {VICTIM_POLICIES}, got {self.victim_policy!r}")
+        _check(_is_int(self.swap_space_bytes) and self.swap_space_bytes >= 0,
+               "swap_space_bytes must be an integer >= 0")
+        _check(self.allocator in ALLOCATORS, f"allocator must be one of {ALLOCATORS}, got {self.allocator!r}")
+        _check(isinstance(self.kv_cache, bool), "kv_cache must be True or False")
+        _check(isinstance(self.tiers, dict) and all(isinstance(t, TierConfig) for t in self.tiers.values()),
+               "tiers must be a dict of name -> TierConfig")
+        if self.default_tier is not None:
+            _check(self.default_tier in self.tiers, f"default_tier {self.default_tier!r} is not one of {list(self.tiers)}")
+        if self.speculative is not None:
+            _check(isinstance(self.speculative, SpeculativeConfig), "speculative must be a SpeculativeConfig")
+        if self.num_threads is not None:
+            _check(_is_int(self.num_threads) and 1 <= self.num_threads <= 256, "num_threads must be an integer in [1, 256]")
+        _check(_is_int(self.event_ring_size) and 16 <= self.event_ring_size <= 10_000_000,
+               "event_ring_size must be an integer in [16, 10000000]")
+        _check(_is_int(self.history_len) and 2 <= self.history_len <= 100_000, "history_len must be in [2, 100000]")
+
+    def replace(self, **changes) -> "EngineConfig":
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_k: int = 0                 # 0 = disabled
+    top_p: float = 1.0
+    max_tokens: int = 64
+    seed: int | None = None
+    stop: list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    tier: str | None = None        # admission tier (context cap, priority)
+    request_class: str | None = None  # speculative acceptance monitoring group
+    cache_salt: str | None = None  # isolates prefix-cache sharing between tenants
+    speculative: bool = True       # allow speculation for this request when the engine has it on
+
+    def __post_init__(self):
+        _check(isinstance(self.temperature, (int, float)) and not isinstance(self.temperature, bool)
+               and self.temperature >= 0 and self.temperature == self.temperature and self.temperature <= 100,
+               f"temperature must be a number in [0, 100], got {self.temperature!r}")
+        _check(_is_int(self.top_k) and self.top_k >= 0, f"top_k must be an integer >= 0, got {self.top_k!r}")
+        _check(isinstance(self.top_p, (int, float)) and not isinstance(self.top_p, bool) and 0 < self.top_p <= 1,
+               f"top_p must be in (0, 1], got {self.top_p!r}")
+        _check(_is_int(self.max_tokens) and self.max_tokens >= 1,
+               f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if self.seed is not None:
+            _check(_is_int(self.seed) and 0 <= self.seed < 2**63, f"seed must be an integer in [0, 2^63), got {self.seed!r}")
+        if self.stop is not None:
+            if isinstance(self.stop, str):
+                self.stop = [self.stop]
+            _check(isinstance(self.stop, list) and all(isinstance(s, str) and s for s in self.stop) and len(self.stop) <= 16,
+                   "stop must be a list of at most 16 non-empty strings")
+        if self.stop_token_ids is not None:
+            _check(isinstance(self.stop_token_ids, list) and all(_is_int(t) and t >= 0 for t in self.stop_token_ids),
+                   "stop_token_ids must be a list of non-negative integers")
+        _check(isinstance(self.ignore_eos, bool), "ignore_eos must be True or False")
+        if self.tier is not None:
+            _check(isinstance(self.tier, str), "tier must be a string")
+        if self.request_class is not None:
+            _check(isinstance(self.request_class, str) and len(self.request_class) <= 64,
+                   "request_class must be a string of at most 64 characters")
+        if self.cache_salt is not None:
+            _check(isinstance(self.cache_salt, str) and len(self.cache_salt) <= 256,
+                   "cache_salt must be a string of at most 256 characters")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0

@@ -1,0 +1,248 @@
+"""The observability contract: immutable, plain-data views of the engine at one step.
+
+The UI reads only these (and Events). Everything is built from the engine's real state:
+block ids are indices into the K/V pool tensors, fills are slots actually written.
+All classes are frozen; tuples, never lists, so a Snapshot can be shared across threads.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+# Block states in the pool map.
+FREE = "free"            # never used, or evicted from the prefix cache: holds nothing useful
+CACHED = "cached"        # ref count 0 but its content is still indexed by the prefix cache (reusable)
+USED = "used"            # owned by one or more requests (ref count >= 1)
+
+# Request states (see engine/sequence.py for the state machine).
+REQUEST_STATES = ("waiting", "running", "preempted", "swapped", "finished", "rejected", "aborted")
+
+# Token marks for the token strip.
+PLAIN, ACCEPTED, REJECTED, BONUS, REPLACED = "plain", "accepted", "rejected", "bonus", "replaced"
+
+
+@dataclass(frozen=True, slots=True)
+class BlockInfo:
+    block_id: int
+    state: str                    # FREE | CACHED | USED
+    ref_count: int
+    owners: tuple[str, ...]       # request ids whose block table holds this block
+    fill: int                     # slots holding a token (0..block_size)
+    block_hash: str | None = None  # short hex of the prefix-cache hash for full blocks
+
+
+@dataclass(frozen=True, slots=True)
+class TokenMark:
+    """One generated token as the engine produced it. kind: plain | accepted (a draft token the
+    target accepted) | bonus (the extra token from a verify pass) | replaced (the target's token
+    that replaced a rejected draft). `rejected_id` is the draft token that was rejected."""
+
+    token_id: int
+    text: str
+    kind: str = PLAIN
+    step: int = 0
+    rejected_id: int | None = None
+    rejected_text: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryPoint:
+    step: int
+    time: float
+    num_cached_tokens: int        # tokens whose K/V are in the pool for this request
+    num_blocks: int               # blocks in its block table
+    kv_bytes: int
+    phase: str                    # "prefill" | "decode" | "waiting" | "preempted" | "swapped" | "finished"
+
+
+@dataclass(frozen=True, slots=True)
+class RequestInfo:
+    request_id: str
+    state: str
+    tier: str | None
+    prompt_len: int
+    output_len: int
+    num_computed_tokens: int      # tokens whose K/V are written in the pool
+    num_cached_tokens: int        # prompt tokens served from the prefix cache at admission
+    block_table: tuple[int, ...]  # logical block i -> physical block id
+    slots_allocated: int          # len(block_table) * block_size (or the reserved slab)
+    kv_bytes: int                 # bytes of K/V actually holding this request's tokens
+    priority: int = 0
+    arrival_time: float = 0.0
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    finish_reason: str | None = None
+    waiting_reason: str | None = None
+    error: str | None = None
+    num_preemptions: int = 0
+    prompt_preview: str = ""      # first ~200 chars of the prompt text (raw; escape when rendering)
+    output_text: str = ""         # raw text; escape when rendering
+    tokens: tuple[TokenMark, ...] = ()
+    history: tuple[HistoryPoint, ...] = ()
+    # speculative decoding, per request
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SpecMetrics:
+    """vLLM's definitions. acceptance_rate = accepted / draft tokens;
+    mean_acceptance_length = 1 + accepted / drafts."""
+
+    method: str | None = None
+    num_speculative_tokens: int = 0
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: tuple[int, ...] = ()
+    drafts_per_position: tuple[int, ...] = ()
+    num_target_passes: int = 0          # verify passes (spec requests) + plain decode passes
+    num_emitted_tokens: int = 0         # tokens produced by those passes
+    draft_time_s: float = 0.0
+    verify_time_s: float = 0.0
+    verify_cost_ratio: float | None = None   # measured cost of a (k+1)-token pass / a 1-token pass
+    fallback_classes: tuple[str, ...] = ()
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineMetrics:
+    num_running: int = 0
+    num_waiting: int = 0
+    num_swapped: int = 0
+    num_preempted: int = 0            # currently waiting to resume after a recompute preemption
+    num_finished: int = 0
+    num_rejected: int = 0
+    num_aborted: int = 0
+    num_preemptions_total: int = 0
+    num_swaps_total: int = 0
+    num_evictions_total: int = 0
+    kv_cache_usage_perc: float = 0.0  # fraction of blocks owned by requests (cached-free count as free)
+    num_blocks_used: int = 0
+    num_blocks_cached: int = 0
+    num_blocks_free: int = 0
+    slots_allocated: int = 0          # slots in blocks/slabs owned by live requests
+    slots_filled: int = 0             # of those, slots holding a token
+    waste_fraction: float = 0.0       # 1 - filled / allocated (0 when nothing is allocated)
+    prefix_cache_queries: int = 0     # tokens looked up in the prefix cache (vLLM counts tokens)
+    prefix_cache_hits: int = 0        # of those, tokens found
+    prefix_cache_hit_rate: float = 0.0
+    swap_blocks_used: int = 0
+    swap_blocks_total: int = 0
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    throughput_tok_s: float = 0.0     # generated tokens / busy wall time
+    ttft_s: tuple[float, ...] = ()    # per finished-or-started request, most recent last (bounded)
+    tpot_s: tuple[float, ...] = ()
+    e2e_latency_s: tuple[float, ...] = ()
+    step_time_s: float = 0.0          # last step's wall time
+    spec: SpecMetrics = field(default_factory=SpecMetrics)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    model: str
+    device: str
+    dtype: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    num_blocks: int
+    bytes_per_token: int              # K+V, all layers, in the pool dtype
+    bytes_per_block: int
+    kv_cache_bytes: int               # num_blocks * bytes_per_block
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    allocator: str
+    kv_cache: bool
+    enable_prefix_caching: bool
+    preemption_mode: str
+    victim_policy: str
+    speculative: str | None           # e.g. "ngram k=4" or None
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    step: int
+    time: float
+    info: EngineInfo
+    blocks: tuple[BlockInfo, ...]
+    requests: tuple[RequestInfo, ...]
+    metrics: EngineMetrics
+    waiting_ids: tuple[str, ...] = ()
+    running_ids: tuple[str, ...] = ()
+    swapped_ids: tuple[str, ...] = ()
+    healthy: bool = True
+    error: str | None = None
+
+    def request(self, request_id: str) -> RequestInfo | None:
+        for r in self.requests:
+            if r.request_id == request_id:
+                return r
+        return None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _build(cls, data):
+    """Rebuild a frozen dataclass tree from plain JSON data, checking field names and types."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{cls.__name__}: expected an object, got {type(data).__name__}")
+    known = {f.name: f for f in fields(cls)}
+    unknown = set(data) - set(known)
+    if unknown:
+        raise ValueError(f"{cls.__name__}: unknown field(s) {sorted(unknown)[:5]}")
+    kwargs = {}
+    for name, f in known.items():
+        if name not in data:
+            continue
+        v = data[name]
+        t = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        if t in _NESTED:
+            v = _build(_NESTED[t], v)
+        elif t.startswith("tuple[") and any(n in t for n in _NESTED):
+            inner = next(n for n in _NESTED if f"tuple[{n}," in t)
+            if not isinstance(v, list):
+                raise ValueError(f"{cls.__name__}.{name}: expected a list")
+            v = tuple(_build(_NESTED[inner], x) for x in v)
+        elif t.startswith("tuple["):
+            if not isinstance(v, list):
+                raise ValueError(f"{cls.__name__}.{name}: expected a list")
+            if any(isinstance(x, (dict, list)) for x in v):
+                raise ValueError(f"{cls.__name__}.{name}: expected a list of scalars")
+            v = tuple(v)
+        elif t in ("int", "float", "str", "bool") or "|" in t:
+            if isinstance(v, (dict, list)):
+                raise ValueError(f"{cls.__name__}.{name}: expected a scalar")
+            if t == "int" and (not isinstance(v, int) or isinstance(v, bool)):
+                raise ValueError(f"{cls.__name__}.{name}: expected an integer")
+            if t == "str" and not isinstance(v, str):
+                raise ValueError(f"{cls.__name__}.{name}: expected a string")
+            if t == "float" and (not isinstance(v, (int, float)) or isinstance(v, bool)):
+                raise ValueError(f"{cls.__name__}.{name}: expected a number")
+        kwargs[name] = v
+    try:
+        return cls(**kwargs)
+    except TypeError as e:  # missing required fields
+        raise ValueError(f"{cls.__name__}: {e}") from None
+
+
+_NESTED = {
+    "BlockInfo": BlockInfo, "TokenMark": TokenMark, "HistoryPoint": HistoryPoint,
+    "RequestInfo": RequestInfo, "SpecMetrics": SpecMetrics, "EngineMetrics": EngineMetrics,
+    "EngineInfo": EngineInfo,
+}
+
+
+def snapshot_from_dict(data: dict) -> Snapshot:
+    return _build(Snapshot, data)
