@@ -1,0 +1,174 @@
+"""ui/load.py and ui/events_table.py: the numbers the load page's figures carry, built from
+hand-made Snapshots/Events (test data only; the pages show real engine data)."""
+import threading
+from dataclasses import dataclass, replace
+
+import pytest
+
+from engine.events import Event
+from engine.snapshot import EngineInfo, EngineMetrics, HistoryPoint, RequestInfo, Snapshot
+from ui import events_table as et
+from ui import load as L
+
+
+def info(num_blocks=64, block_size=16):
+    return EngineInfo(model="tiny", device="cpu", dtype="float32", num_layers=2, num_kv_heads=3,
+                      head_dim=64, block_size=block_size, num_blocks=num_blocks, bytes_per_token=1536,
+                      bytes_per_block=1536 * block_size, kv_cache_bytes=num_blocks * 1536 * block_size,
+                      max_model_len=2048, max_num_seqs=32, max_num_batched_tokens=512, allocator="paged",
+                      kv_cache=True, enable_prefix_caching=True, preemption_mode="recompute",
+                      victim_policy="lru", speculative=None)
+
+
+def req(rid, computed, state="running", history=(), arrival=0.0):
+    return RequestInfo(request_id=rid, state=state, tier=None, prompt_len=10, output_len=computed - 10,
+                       num_computed_tokens=computed, num_cached_tokens=0, block_table=(), slots_allocated=0,
+                       kv_bytes=computed * 1536, arrival_time=arrival, history=tuple(history))
+
+
+def snap(step, t, reqs=(), num_blocks=64, **m):
+    return Snapshot(step=step, time=t, info=info(num_blocks), blocks=(), requests=tuple(reqs),
+                    metrics=EngineMetrics(**m))
+
+
+def test_append_snapshot_dedups_and_bounds():
+    s = []
+    for i in range(50):
+        s = L.append_snapshot(s, snap(i, float(i)), cap=20)
+        s = L.append_snapshot(s, snap(i, float(i)), cap=20)  # repeat: ignored
+    assert len(s) <= 20
+    steps = [x.step for x in s]
+    assert steps == sorted(steps) and steps[0] == 0 and steps[-1] == 49
+    assert L.append_snapshot(s, None) == s
+
+
+def test_counts_and_kv_usage_carry_the_metrics():
+    series = [snap(1, 10.0, num_running=2, num_waiting=5, num_preempted=0, num_swapped=0,
+                   num_blocks_used=10, num_blocks_cached=3),
+              snap(2, 10.5, num_running=3, num_waiting=1, num_preempted=2, num_swapped=1,
+                   num_blocks_used=30, num_blocks_cached=0, num_blocks_free=2)]
+    c = L.counts_over_time(series)
+    assert c == {"running": [2, 3], "waiting": [5, 1], "preempted": [0, 2], "swapped": [0, 1]}
+    fig = L.counts_figure(series)
+    by = {t.name: t for t in fig.data}
+    assert list(by["preempted"].y) == [0, 2]
+    assert list(by["running"].x) == [0.0, 0.5]        # time since the first snapshot
+    series[1] = replace(series[1], info=info(num_blocks=32))   # budget tightened mid-run
+    fig = L.kv_usage_figure(series)
+    by = {t.name: t for t in fig.data}
+    assert list(by["used by requests"].y) == [10, 30]
+    assert list(by["budget (pool size)"].y) == [64, 32]
+
+
+def test_growth_lines_prefer_history_and_cap():
+    h = [HistoryPoint(step=i, time=float(i), num_cached_tokens=16 * i, num_blocks=i, kv_bytes=0, phase="decode")
+         for i in range(1, 4)]
+    s1 = snap(1, 1.0, [req("a", 20), req("b", 50)])
+    s2 = snap(2, 2.0, [req("a", 0, state="preempted", history=h), req("c", 30)])
+    lines = L.growth_lines([s1, s2])
+    assert lines["a"] == ([1.0, 2.0, 3.0], [16, 32, 48])      # history from its latest snapshot
+    assert lines["b"] == ([1.0], [50])                         # sampled fallback
+    capped = L.growth_lines([s1, s2], max_lines=2)
+    assert set(capped) == {"b", "a"}                           # largest peaks: b 50, a 48
+    fig = L.growth_figure([s1, s2], max_lines=2)
+    assert len(fig.data) == 2 and "2 largest of 3" in fig.layout.title.text
+
+
+def test_growth_hover_escapes_request_ids():
+    s = snap(1, 1.0, [req("<img src=x onerror=alert(1)>", 20)])
+    fig = L.growth_figure([s])
+    assert "<img" not in fig.data[0].hovertemplate
+    assert "&lt;img" in fig.data[0].hovertemplate
+
+
+def test_percentiles_match_numpy_linear():
+    np = pytest.importorskip("numpy")
+    vals = [0.5, 0.1, 0.9, 0.3, 2.0, 0.25, 1.1]
+    for p in (50, 90, 99):
+        assert L.percentile(vals, p) == pytest.approx(float(np.percentile(vals, p)))
+    assert L.percentile([], 50) is None
+    assert L.percentile([3.0], 99) == 3.0
+    s = snap(1, 0.0, ttft_s=(0.1, 0.2, 0.3, 0.4), e2e_latency_s=(1.0, 3.0))
+    p = L.latency_percentiles(s)
+    assert p["ttft"][50] == pytest.approx(0.25)
+    assert p["e2e"][90] == pytest.approx(2.8)
+    assert L.latency_percentiles(None)["ttft"][99] is None
+    fig = L.percentiles_figure([snap(0, 0.0), s])
+    by = {t.name: t for t in fig.data}
+    assert list(by["TTFT p50"].y) == [None, pytest.approx(0.25)]
+
+
+@dataclass
+class WR:
+    arrival_s: float
+    prompt: str
+    max_tokens: int
+    tier: str | None = None
+
+
+def test_feeder_submits_in_arrival_order_and_counts_rejections():
+    got = []
+
+    def submit(prompt, params, request_id=None):
+        if prompt == "bad":
+            raise ValueError("prompt is over the tier 'free' cap of 1024 tokens")
+        got.append((request_id, prompt, params))
+
+    reqs = [WR(0.02, "b", 5), WR(0.0, "a", 4), WR(0.03, "bad", 9), WR(0.04, "c", 6)]
+    f = L.LoadFeeder(submit, reqs, make_params=lambda r: r.max_tokens, run_id="t1", time_scale=1.0).start()
+    f.join(5)
+    st = f.snapshot_status()
+    assert st.done and not st.stopped
+    assert [p for _, p, _ in got] == ["a", "b", "c"]
+    assert [m for _, _, m in got] == [4, 5, 6]
+    assert st.submitted == 3 and st.rejected == 1 and "tier 'free' cap" in st.errors[0]
+    assert st.request_ids == ["t1-000", "t1-001", "t1-003"]
+
+
+def test_feeder_stops_promptly_and_is_bounded():
+    calls = []
+    reqs = [WR(1000.0 + i, "x", 1) for i in range(L.MAX_LOAD_REQUESTS + 50)]
+    f = L.LoadFeeder(lambda *a, **k: calls.append(1), reqs, make_params=lambda r: None, run_id="t2")
+    assert f.status.total == L.MAX_LOAD_REQUESTS
+    f.start()
+    f.stop()
+    f.join(5)
+    assert not f.alive and f.snapshot_status().stopped and calls == []
+
+
+def test_feeder_stops_on_engine_failure():
+    def submit(*a, **k):
+        raise RuntimeError("engine thread crashed")
+    f = L.LoadFeeder(submit, [WR(0, "a", 1), WR(0, "b", 1)], make_params=lambda r: None, run_id="t3").start()
+    f.join(5)
+    st = f.snapshot_status()
+    assert st.done and st.submitted == 0 and "RuntimeError" in st.errors[0] and len(st.errors) == 1
+
+
+# ------------------------------------------------------------------ events table
+
+def ev(seq, kind, rid=None, **data):
+    return Event(seq=seq, step=seq, time=seq / 10, kind=kind, request_id=rid, data=data)
+
+
+def test_filter_events_newest_first_capped():
+    evs = [ev(i, "admit" if i % 2 else "preempt", f"r{i}") for i in range(1, 11)]
+    out = et.filter_events(evs, kinds=["preempt"], limit=3)
+    assert [e.seq for e in out] == [10, 8, 6]
+    assert len(et.filter_events(evs, None, limit=100)) == 10
+    assert [e.seq for e in et.filter_events(evs, None, request_id="r3")] == [3]
+    assert et.count_by_kind(evs) == {"admit": 5, "preempt": 5}
+
+
+def test_events_html_escapes_everything():
+    hostile = "<script>alert(1)</script>"
+    evs = [ev(1, "preempt", '"><svg onload=alert(1)>', reason=hostile, mode="recompute", blocks_freed=3),
+           ev(2, "reject", "r\u202eevil", reason="prompt of 5000 tokens exceeds tier 'free' cap 1024")]
+    out = et.events_html(evs)
+    assert "<script>" not in out and "<svg" not in out
+    assert "&lt;script&gt;" in out and "&lt;svg onload" in out
+    assert "mode=recompute; blocks_freed=3" in out
+    assert "exceeds tier &#x27;free&#x27; cap 1024" in out
+    rows = et.event_rows(evs)
+    assert rows[0]["reason"] == hostile and rows[0]["details"] == "mode=recompute; blocks_freed=3"
+    assert "No events" in et.events_html([])

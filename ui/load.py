@@ -1,0 +1,287 @@
+"""Concurrent-load views: pure figure builders over a bounded series of Snapshots, plus the
+background feeder that submits a workload to an EngineThread at its arrival times.
+
+Figures here take `Snapshot`s (and `Event`s) and return Plotly figures; no Streamlit. The same
+functions draw the live page and the replay page, so everything shown can be rebuilt from a trace.
+"""
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Sequence
+
+import plotly.graph_objects as go
+
+from engine.snapshot import Snapshot
+from ui import palette as theme
+
+SERIES_CAP = 600          # snapshots kept for the over-time charts (older half thinned beyond it)
+MAX_GROWTH_LINES = 24     # per-request cache-growth lines drawn at most
+MAX_LOAD_REQUESTS = 300   # the feeder never submits more than this in one run
+PERCENTILES = (50, 90, 99)
+
+
+# ------------------------------------------------------------------ bounded series
+
+def append_snapshot(series: list[Snapshot], snap: Snapshot | None, cap: int = SERIES_CAP) -> list[Snapshot]:
+    """Append `snap` unless it repeats the last step; when over `cap`, drop every other point of
+    the older half so the whole run stays visible at a coarser resolution. Returns a new list."""
+    if snap is None:
+        return list(series)
+    if series and series[-1].step == snap.step and series[-1].time == snap.time:
+        return list(series)
+    out = list(series) + [snap]
+    if len(out) > cap:
+        half = len(out) // 2
+        out = out[:half][::2] + out[half:]
+    return out
+
+
+def _t(series: Sequence[Snapshot], t0: float | None) -> tuple[list[float], float]:
+    base = series[0].time if (t0 is None and series) else (t0 or 0.0)
+    return [s.time - base for s in series], base
+
+
+def _layout(fig: go.Figure, title: str, ytitle: str, xtitle: str = "time since start (s)",
+            height: int = 300) -> go.Figure:
+    theme.apply_layout(fig, height=height)
+    fig.update_layout(title=dict(text=title, x=0, xanchor="left"),
+                      xaxis_title=xtitle, yaxis_title=ytitle, hovermode="x unified",
+                      legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1))
+    return fig
+
+
+# ------------------------------------------------------------------ queue counts
+
+COUNT_FIELDS = (("running", "num_running"), ("waiting", "num_waiting"),
+                ("preempted", "num_preempted"), ("swapped", "num_swapped"))
+
+
+def counts_over_time(series: Sequence[Snapshot]) -> dict[str, list[int]]:
+    return {name: [getattr(s.metrics, attr) for s in series] for name, attr in COUNT_FIELDS}
+
+
+def counts_figure(series: Sequence[Snapshot], t0: float | None = None) -> go.Figure:
+    xs, _ = _t(series, t0)
+    counts = counts_over_time(series)
+    fig = go.Figure()
+    for name, _attr in COUNT_FIELDS:
+        fig.add_trace(go.Scatter(x=xs, y=counts[name], name=name, mode="lines",
+                                 line=dict(color=theme.state_colour(name), width=2,
+                                           dash=theme.state_dash(name), shape="hv")))
+    return _layout(fig, "Requests by state", "requests")
+
+
+# ------------------------------------------------------------------ KV usage vs budget
+
+def kv_usage_over_time(series: Sequence[Snapshot]) -> dict[str, list[float]]:
+    return {
+        "used": [s.metrics.num_blocks_used for s in series],
+        "cached": [s.metrics.num_blocks_cached for s in series],
+        "budget": [s.info.num_blocks for s in series],
+        "usage_perc": [s.metrics.kv_cache_usage_perc for s in series],
+    }
+
+
+def kv_usage_figure(series: Sequence[Snapshot], t0: float | None = None) -> go.Figure:
+    xs, _ = _t(series, t0)
+    u = kv_usage_over_time(series)
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=xs, y=u["used"], name="used by requests", mode="lines",
+                             stackgroup="kv", line=dict(color=theme.block_colour("used"), width=1.5,
+                                                        shape="hv")))
+    fig.add_trace(go.Scatter(x=xs, y=u["cached"], name="cached (free, reusable)", mode="lines",
+                             stackgroup="kv", line=dict(color=theme.block_colour("cached"), width=1.5,
+                                                        shape="hv")))
+    fig.add_trace(go.Scatter(x=xs, y=u["budget"], name="budget (pool size)", mode="lines",
+                             line=dict(color=theme.INK, width=2, dash="dash", shape="hv")))
+    fig = _layout(fig, "KV blocks in use vs budget", "blocks")
+    if series:
+        s = series[-1]
+        mib = s.info.bytes_per_block / 2**20
+        fig.update_yaxes(rangemode="tozero")
+        fig.add_annotation(xref="paper", yref="paper", x=0, y=-0.32, showarrow=False, xanchor="left",
+                           text=f"1 block = {s.info.block_size} tokens = {mib:.3g} MiB; "
+                                f"budget now {s.info.num_blocks} blocks = {s.info.kv_cache_bytes / 2**20:.3g} MiB")
+    return fig
+
+
+# ------------------------------------------------------------------ per-request cache growth
+
+def growth_lines(series: Sequence[Snapshot], max_lines: int = MAX_GROWTH_LINES) -> dict[str, tuple[list[float], list[int]]]:
+    """request_id -> (times, cached tokens). Uses the request's own per-step history from the
+    latest snapshot it appears in (full resolution); falls back to the sampled series. Keeps the
+    `max_lines` requests with the largest peak (ties: most recent arrival)."""
+    latest: dict[str, object] = {}
+    sampled: dict[str, tuple[list[float], list[int]]] = {}
+    for s in series:
+        for r in s.requests:
+            latest[r.request_id] = r
+            xs, ys = sampled.setdefault(r.request_id, ([], []))
+            xs.append(s.time)
+            ys.append(r.num_computed_tokens)
+    lines: dict[str, tuple[list[float], list[int]]] = {}
+    for rid, r in latest.items():
+        if r.history:
+            lines[rid] = ([h.time for h in r.history], [h.num_cached_tokens for h in r.history])
+        else:
+            lines[rid] = sampled[rid]
+    order = sorted(lines, key=lambda rid: (max(lines[rid][1], default=0), latest[rid].arrival_time, rid),
+                   reverse=True)
+    return {rid: lines[rid] for rid in order[:max_lines]}
+
+
+def growth_figure(series: Sequence[Snapshot], t0: float | None = None,
+                  max_lines: int = MAX_GROWTH_LINES) -> go.Figure:
+    _, base = _t(series, t0)
+    lines = growth_lines(series, max_lines)
+    fig = go.Figure()
+    for i, (rid, (xs, ys)) in enumerate(sorted(lines.items())):
+        fig.add_trace(go.Scatter(x=[x - base for x in xs], y=ys, name=rid, mode="lines",
+                                 line=dict(color=theme.request_colour(rid), width=1.5, shape="hv"),
+                                 showlegend=False, hovertemplate=f"{_safe(rid)}<br>%{{y}} tokens<extra></extra>"))
+    n_all = len({r.request_id for s in series for r in s.requests})
+    title = "KV cache per request (tokens held)"
+    if n_all > len(lines):
+        title += f" — {len(lines)} largest of {n_all} shown"
+    fig = _layout(fig, title, "tokens in cache")
+    fig.update_layout(hovermode="closest")
+    return fig
+
+
+def _safe(s: str) -> str:
+    # Plotly renders a small HTML subset in hover/labels: escape request ids.
+    import html
+    return html.escape(s)
+
+
+# ------------------------------------------------------------------ latency percentiles
+
+def percentile(values: Sequence[float], p: float) -> float | None:
+    """Linear-interpolated percentile (numpy's default method), None when empty."""
+    v = sorted(x for x in values if x is not None and not math.isnan(x))
+    if not v:
+        return None
+    if len(v) == 1:
+        return float(v[0])
+    k = (len(v) - 1) * p / 100.0
+    lo = math.floor(k)
+    hi = min(lo + 1, len(v) - 1)
+    return float(v[lo] + (v[hi] - v[lo]) * (k - lo))
+
+
+def latency_percentiles(snap: Snapshot | None) -> dict[str, dict[int, float | None]]:
+    """{"ttft": {50: s, 90: s, 99: s}, "e2e": {...}, "tpot": {...}} from the engine's metrics."""
+    m = snap.metrics if snap is not None else None
+    out = {}
+    for name, attr in (("ttft", "ttft_s"), ("e2e", "e2e_latency_s"), ("tpot", "tpot_s")):
+        vals = getattr(m, attr) if m is not None else ()
+        out[name] = {p: percentile(vals, p) for p in PERCENTILES}
+    return out
+
+
+def percentiles_over_time(series: Sequence[Snapshot], metric: str = "ttft") -> dict[int, list[float | None]]:
+    return {p: [latency_percentiles(s)[metric][p] for s in series] for p in PERCENTILES}
+
+
+def percentiles_figure(series: Sequence[Snapshot], t0: float | None = None) -> go.Figure:
+    xs, _ = _t(series, t0)
+    fig = go.Figure()
+    for metric, label in (("ttft", "TTFT"), ("e2e", "latency")):
+        pts = percentiles_over_time(series, metric)
+        for p in PERCENTILES:
+            fig.add_trace(go.Scatter(x=xs, y=pts[p], name=f"{label} p{p}", mode="lines",
+                                     connectgaps=False,
+                                     line=dict(color=theme.percentile_colour(p), width=2,
+                                               dash="solid" if metric == "ttft" else "dot", shape="hv")))
+    fig = _layout(fig, "TTFT (solid) and end-to-end latency (dotted) percentiles", "seconds")
+    fig.update_yaxes(rangemode="tozero")
+    return fig
+
+
+# ------------------------------------------------------------------ feeder
+
+@dataclass
+class FeederStatus:
+    total: int
+    submitted: int = 0
+    rejected: int = 0
+    errors: list[str] = field(default_factory=list)
+    request_ids: list[str] = field(default_factory=list)
+    done: bool = False
+    stopped: bool = False
+
+
+class LoadFeeder:
+    """Submits `requests` (objects with .arrival_s, .prompt, .max_tokens, .tier) through `submit`
+    at their arrival times, on a daemon thread. Bounded (MAX_LOAD_REQUESTS) and stoppable.
+
+    `submit(prompt, params, request_id)` is the EngineThread's submit; a ValueError from it (bad
+    input, over a tier's cap) is counted as a rejection with the engine's message, and the feeder
+    goes on with the next request."""
+
+    MAX_ERRORS = 50
+
+    def __init__(self, submit: Callable, requests: Sequence, make_params: Callable, run_id: str,
+                 time_scale: float = 1.0, clock: Callable[[], float] = time.monotonic):
+        self._submit = submit
+        self._requests = sorted(list(requests)[:MAX_LOAD_REQUESTS], key=lambda r: r.arrival_s)
+        self._make_params = make_params
+        self._run_id = run_id
+        self._scale = max(0.0, float(time_scale))
+        self._clock = clock
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self.status = FeederStatus(total=len(self._requests))
+        self._thread = threading.Thread(target=self._run, name=f"kvscope-feeder-{run_id}", daemon=True)
+
+    def start(self) -> "LoadFeeder":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def snapshot_status(self) -> FeederStatus:
+        with self._lock:
+            s = self.status
+            return FeederStatus(s.total, s.submitted, s.rejected, list(s.errors), list(s.request_ids),
+                                s.done, s.stopped)
+
+    def _run(self) -> None:
+        t0 = self._clock()
+        try:
+            for i, req in enumerate(self._requests):
+                delay = t0 + req.arrival_s * self._scale - self._clock()
+                if delay > 0 and self._stop.wait(delay):
+                    break
+                if self._stop.is_set():
+                    break
+                rid = f"{self._run_id}-{i:03d}"
+                try:
+                    self._submit(req.prompt, self._make_params(req), request_id=rid)
+                    with self._lock:
+                        self.status.submitted += 1
+                        self.status.request_ids.append(rid)
+                except ValueError as e:
+                    with self._lock:
+                        self.status.rejected += 1
+                        if len(self.status.errors) < self.MAX_ERRORS:
+                            self.status.errors.append(f"{rid}: {e}")
+                except Exception as e:  # engine down / reconfigured: stop feeding, say why
+                    with self._lock:
+                        self.status.errors.append(f"{rid}: {type(e).__name__}: {e}")
+                    break
+        finally:
+            with self._lock:
+                self.status.stopped = self._stop.is_set()
+                self.status.done = True
