@@ -13,7 +13,21 @@ from engine.events import (ABORT, ADMIT, BLOCK_ALLOC, BLOCK_FREE, CONFIG, COW, D
                            FINISH, PREEMPT, PREFILL, PREFIX_EVICT, PREFIX_HIT, REJECT, SPEC_FALLBACK,
                            SPEC_VERIFY, SWAP_IN, SWAP_OUT, WAIT, Event)
 
-from ui.palette import event_colour
+from ui import theme
+
+_O = theme.OKABE_ITO
+# Event kind -> bar colour. Dropped-KV decisions share the preempted/evicted colour of ui.theme,
+# swaps the swapped colour; the kind is always written out too, so colour is never the only cue.
+EVENT_COLORS = {
+    ADMIT: _O["blue"], REJECT: _O["black"], WAIT: _O["orange"], PREEMPT: theme.PHASE_COLORS["preempted"],
+    EVICT: theme.PHASE_COLORS["preempted"], SWAP_OUT: theme.PHASE_COLORS["swapped"],
+    SWAP_IN: theme.PHASE_COLORS["swapped"], PREFIX_HIT: _O["bluish_green"], PREFIX_EVICT: _O["yellow"],
+    COW: _O["yellow"], FINISH: "#9E9E9E", ABORT: "#9E9E9E", ERROR: _O["vermillion"], CONFIG: theme.INK,
+}
+
+
+def event_colour(kind: str) -> str:
+    return EVENT_COLORS.get(kind, "#C8C8C8")
 
 # Kinds the memory pages offer in their filter, in the order a reader meets them.
 MEMORY_KINDS = (ADMIT, REJECT, WAIT, PREEMPT, SWAP_OUT, SWAP_IN, EVICT, PREFIX_HIT, PREFIX_EVICT,

@@ -15,7 +15,7 @@ from typing import Callable, Iterable, Sequence
 import plotly.graph_objects as go
 
 from engine.snapshot import Snapshot
-from ui import palette as theme
+from ui import theme
 
 SERIES_CAP = 600          # snapshots kept for the over-time charts (older half thinned beyond it)
 MAX_GROWTH_LINES = 24     # per-request cache-growth lines drawn at most
@@ -46,11 +46,23 @@ def _t(series: Sequence[Snapshot], t0: float | None) -> tuple[list[float], float
 
 def _layout(fig: go.Figure, title: str, ytitle: str, xtitle: str = "time since start (s)",
             height: int = 300) -> go.Figure:
-    theme.apply_layout(fig, height=height)
-    fig.update_layout(title=dict(text=title, x=0, xanchor="left"),
-                      xaxis_title=xtitle, yaxis_title=ytitle, hovermode="x unified",
-                      legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1))
+    fig.update_layout(**theme.base_layout(height, title, margin=dict(l=55, r=15, t=62, b=45)))
+    fig.update_layout(xaxis_title=xtitle, yaxis_title=ytitle, hovermode="x unified",
+                      legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="left", x=0))
+    fig.update_xaxes(gridcolor=theme.GRID, zerolinecolor=theme.GRID)
+    fig.update_yaxes(gridcolor=theme.GRID, zerolinecolor=theme.GRID)
     return fig
+
+
+# Line colours for request states: the phase colours of ui.theme, except "waiting", whose
+# light-grey phase fill is too faint for a line. Each state also has its own dash pattern.
+STATE_COLORS = {"running": theme.PHASE_COLORS["decode"], "waiting": "#7F7F7F",
+                "preempted": theme.PHASE_COLORS["preempted"], "swapped": theme.PHASE_COLORS["swapped"]}
+STATE_DASH = {"running": "solid", "waiting": "dash", "preempted": "dot", "swapped": "dashdot"}
+PERCENTILE_COLORS = {50: theme.OKABE_ITO["blue"], 90: theme.OKABE_ITO["orange"],
+                     99: theme.OKABE_ITO["vermillion"]}
+USED_COLOR = theme.REQUEST_COLORS[0]
+CACHED_COLOR = theme.BLOCK_STATES[theme.CACHED].color
 
 
 # ------------------------------------------------------------------ queue counts
@@ -69,8 +81,8 @@ def counts_figure(series: Sequence[Snapshot], t0: float | None = None) -> go.Fig
     fig = go.Figure()
     for name, _attr in COUNT_FIELDS:
         fig.add_trace(go.Scatter(x=xs, y=counts[name], name=name, mode="lines",
-                                 line=dict(color=theme.state_colour(name), width=2,
-                                           dash=theme.state_dash(name), shape="hv")))
+                                 line=dict(color=STATE_COLORS[name], width=2,
+                                           dash=STATE_DASH[name], shape="hv")))
     return _layout(fig, "Requests by state", "requests")
 
 
@@ -90,21 +102,16 @@ def kv_usage_figure(series: Sequence[Snapshot], t0: float | None = None) -> go.F
     u = kv_usage_over_time(series)
     fig = go.Figure()
     fig.add_trace(go.Scatter(x=xs, y=u["used"], name="used by requests", mode="lines",
-                             stackgroup="kv", line=dict(color=theme.block_colour("used"), width=1.5,
+                             stackgroup="kv", line=dict(color=USED_COLOR, width=1.5,
                                                         shape="hv")))
     fig.add_trace(go.Scatter(x=xs, y=u["cached"], name="cached (free, reusable)", mode="lines",
-                             stackgroup="kv", line=dict(color=theme.block_colour("cached"), width=1.5,
+                             stackgroup="kv", line=dict(color=CACHED_COLOR, width=1.5,
                                                         shape="hv")))
     fig.add_trace(go.Scatter(x=xs, y=u["budget"], name="budget (pool size)", mode="lines",
                              line=dict(color=theme.INK, width=2, dash="dash", shape="hv")))
-    fig = _layout(fig, "KV blocks in use vs budget", "blocks")
-    if series:
-        s = series[-1]
-        mib = s.info.bytes_per_block / 2**20
-        fig.update_yaxes(rangemode="tozero")
-        fig.add_annotation(xref="paper", yref="paper", x=0, y=-0.32, showarrow=False, xanchor="left",
-                           text=f"1 block = {s.info.block_size} tokens = {mib:.3g} MiB; "
-                                f"budget now {s.info.num_blocks} blocks = {s.info.kv_cache_bytes / 2**20:.3g} MiB")
+    ytitle = f"blocks ({series[-1].info.block_size} tokens each)" if series else "blocks"
+    fig = _layout(fig, "KV blocks in use vs budget", ytitle)
+    fig.update_yaxes(rangemode="tozero")
     return fig
 
 
@@ -137,10 +144,11 @@ def growth_figure(series: Sequence[Snapshot], t0: float | None = None,
                   max_lines: int = MAX_GROWTH_LINES) -> go.Figure:
     _, base = _t(series, t0)
     lines = growth_lines(series, max_lines)
+    colors = theme.RequestColors(sorted(lines, key=lambda rid: (lines[rid][0][:1], rid)))
     fig = go.Figure()
-    for i, (rid, (xs, ys)) in enumerate(sorted(lines.items())):
-        fig.add_trace(go.Scatter(x=[x - base for x in xs], y=ys, name=rid, mode="lines",
-                                 line=dict(color=theme.request_colour(rid), width=1.5, shape="hv"),
+    for rid, (xs, ys) in sorted(lines.items()):
+        fig.add_trace(go.Scatter(x=[x - base for x in xs], y=ys, name=_safe(rid), mode="lines",
+                                 line=dict(color=colors.color(rid), width=1.5, shape="hv"),
                                  showlegend=False, hovertemplate=f"{_safe(rid)}<br>%{{y}} tokens<extra></extra>"))
     n_all = len({r.request_id for s in series for r in s.requests})
     title = "KV cache per request (tokens held)"
@@ -194,7 +202,7 @@ def percentiles_figure(series: Sequence[Snapshot], t0: float | None = None) -> g
         for p in PERCENTILES:
             fig.add_trace(go.Scatter(x=xs, y=pts[p], name=f"{label} p{p}", mode="lines",
                                      connectgaps=False,
-                                     line=dict(color=theme.percentile_colour(p), width=2,
+                                     line=dict(color=PERCENTILE_COLORS[p], width=2,
                                                dash="solid" if metric == "ttft" else "dot", shape="hv")))
     fig = _layout(fig, "TTFT (solid) and end-to-end latency (dotted) percentiles", "seconds")
     fig.update_yaxes(rangemode="tozero")
