@@ -1,0 +1,1 @@
+"""Plotly figure builders and Streamlit widgets: pure functions of engine Snapshots/Events."""
