@@ -1,0 +1,159 @@
+"""ui/compare.py: summaries and figures carry the numbers of the Snapshots they are given
+(hand-built test data here; the pages feed them real engine runs)."""
+from dataclasses import replace
+
+import pytest
+
+from engine.events import Event
+from engine.snapshot import EngineInfo, EngineMetrics, RequestInfo, Snapshot
+from ui import compare as C
+
+
+def info(num_blocks=10, block_size=16, allocator="paged"):
+    return EngineInfo(model="tiny", device="cpu", dtype="float32", num_layers=2, num_kv_heads=3, head_dim=64,
+                      block_size=block_size, num_blocks=num_blocks, bytes_per_token=1536,
+                      bytes_per_block=1536 * block_size, kv_cache_bytes=num_blocks * 1536 * block_size,
+                      max_model_len=64, max_num_seqs=8, max_num_batched_tokens=512, allocator=allocator,
+                      kv_cache=True, enable_prefix_caching=False, preemption_mode="recompute",
+                      victim_policy="lru", speculative=None)
+
+
+def req(rid, prompt_len, output_len, state="running"):
+    return RequestInfo(request_id=rid, state=state, tier=None, prompt_len=prompt_len, output_len=output_len,
+                       num_computed_tokens=prompt_len + output_len, num_cached_tokens=0, block_table=(),
+                       slots_allocated=0, kv_bytes=0)
+
+
+def snap(step, alloc, filled, running=1, reqs=(), allocator="paged", **m):
+    waste = (1 - filled / alloc) if alloc else 0.0
+    return Snapshot(step=step, time=float(step), info=info(allocator=allocator), blocks=(), requests=tuple(reqs),
+                    metrics=EngineMetrics(slots_allocated=alloc, slots_filled=filled, waste_fraction=waste,
+                                          num_running=running, **m))
+
+
+def ev(seq, kind, rid):
+    return Event(seq=seq, step=seq, time=0.0, kind=kind, request_id=rid, data={"reason": "x"})
+
+
+def rec(label, series, events=(), outputs=()):
+    return C.RunRecord(label=label, series=list(series), events=list(events),
+                       outputs={o: object() for o in outputs}, steps=len(series))
+
+
+def test_allocator_summary_numbers():
+    paged = rec("paged", [snap(0, 0, 0, 0), snap(1, 64, 60, 3), snap(2, 80, 78, 4), snap(3, 32, 20, 1)],
+                [ev(1, "admit", "a"), ev(2, "admit", "b"), ev(3, "admit", "a"), ev(4, "preempt", "b"),
+                 ev(5, "wait", "c")], outputs=["a", "b"])
+    s = C.allocator_summary(paged)
+    assert s["peak_allocated"] == 80 and s["filled_at_peak"] == 78
+    assert s["waste_at_peak"] == pytest.approx(2 / 80)
+    assert s["mean_waste"] == pytest.approx(1 - (60 + 78 + 20) / (64 + 80 + 32))
+    assert s["admitted"] == 2                       # distinct requests, re-admission not double counted
+    assert s["peak_running"] == 4 and s["preemptions"] == 1 and s["waits"] == 1
+    assert s["finished"] == 2 and s["budget_slots"] == 160
+    empty = C.allocator_summary(rec("x", []))
+    assert empty["mean_waste"] == 0.0 and empty["peak_allocated"] == 0
+
+
+def test_allocator_figures_carry_slots_and_waste():
+    a = rec("paged", [snap(0, 16, 10), snap(1, 32, 30)])
+    b = rec("contiguous <slab>", [snap(0, 64, 10, allocator="contiguous"), snap(1, 64, 30, allocator="contiguous")])
+    fig = C.allocator_figure(a, b)
+    alloc = [t for t in fig.data if t.name == "allocated slots"]
+    assert [list(t.y) for t in alloc] == [[16, 32], [64, 64]]
+    assert all("<slab>" not in ann.text for ann in fig.layout.annotations)
+    bars = C.allocator_bars(C.allocator_summary(a), C.allocator_summary(b))
+    waste = [t for t in bars.data if t.x[0] == "mean over run"]
+    assert waste[0].y[0] == pytest.approx(100 * (1 - 40 / 48))
+    assert waste[1].y[0] == pytest.approx(100 * (1 - 40 / 128))
+
+
+def test_cost_summary_and_fit():
+    assert C.fit_line([1, 2, 3], [2, 4, 6]) == pytest.approx((2.0, 0.0))
+    assert C.fit_line([5, 5], [1, 3]) == (0.0, 2.0)
+    flat = [C.CostPoint(i, 10 + i, 0.01) for i in range(1, 41)]
+    growing = [C.CostPoint(i, 10 + i, 0.001 * (10 + i)) for i in range(1, 41)]
+    sf, sg = C.cost_summary(flat), C.cost_summary(growing)
+    assert sf["slope_s_per_ctx_token"] == pytest.approx(0.0, abs=1e-12) and sf["growth"] == pytest.approx(1.0)
+    assert sg["slope_s_per_ctx_token"] == pytest.approx(0.001)
+    assert sg["late_step_s"] > sg["early_step_s"] and sg["total_s"] == pytest.approx(sum(p.step_s for p in growing))
+    assert C.cumulative(flat)[-1] == pytest.approx(0.4)
+    fig = C.cost_figure(flat, growing)
+    cum = [t for t in fig.data if t.mode == "lines"]
+    assert cum[1].y[-1] == pytest.approx(sg["total_s"])
+    assert list(fig.data[0].x)[:2] == [11, 12]
+    assert C.cost_summary([])["tokens"] == 0
+
+
+def test_exercise_demand_vs_budget():
+    # budget: 10 blocks x 16 = 160 tokens
+    s0 = snap(0, 0, 0, reqs=[req("a", 50, 0, "waiting"), req("b", 50, 0, "waiting")])
+    s1 = snap(1, 128, 100, reqs=[req("a", 50, 30), req("b", 50, 20)])
+    s2 = snap(2, 96, 90, reqs=[req("a", 50, 40), req("b", 50, 40, "preempted"), req("c", 50, 40, "finished")],
+              num_preemptions_total=1, num_finished=1)
+    r = rec("LRU", [s0, s1, s2], [ev(1, "preempt", "b"), ev(2, "wait", "b")], outputs=["c"])
+    rows = C.exercise_rows(r)
+    assert rows["demand"] == [100, 150, 180]          # finished sequences no longer count
+    assert rows["budget"] == [160, 160, 160] and rows["held"] == [0, 100, 90]
+    assert C.first_over_budget(r) == 2
+    s = C.exercise_summary(r)
+    assert s["peak_demand"] == 180 and s["over_budget_step"] == 2 and s["preemptions"] == 1
+    assert s["waits"] == 1 and s["finished"] == 1 and s["requests"] == 3
+    fig = C.exercise_figure([r, rec("other", [s0])])
+    demand = [t for t in fig.data if t.name.startswith("demand")]
+    assert list(demand[0].y) == [100, 150, 180]
+    assert any("step 2" in (a.text or "") for a in fig.layout.annotations)
+
+
+class FakeOut:
+    def __init__(self, rid):
+        self.request_id, self.finished = rid, True
+
+
+class FakeRing:
+    def __init__(self):
+        self.evs = []
+
+    @property
+    def last_seq(self):
+        return len(self.evs)
+
+    def since(self, seq):
+        return [e for e in self.evs if e.seq > seq]
+
+
+class FakeEngine:
+    """Minimal stand-in with the LLMEngine surface run_engine uses (test-only)."""
+
+    def __init__(self):
+        self.events, self.pending, self.step_no = FakeRing(), [], 0
+
+    def add_request(self, rid, prompt, params):
+        if prompt == "":
+            raise ValueError("prompt must not be empty")
+        self.pending.append(rid)
+        self.events.evs.append(ev(len(self.events.evs) + 1, "admit", rid))
+
+    def has_unfinished_requests(self):
+        return bool(self.pending)
+
+    def step(self):
+        self.step_no += 1
+        return [FakeOut(self.pending.pop(0))]
+
+    def snapshot(self):
+        return snap(self.step_no, 16 * len(self.pending), 10 * len(self.pending), running=len(self.pending))
+
+
+def test_run_engine_records_every_step_and_rejections():
+    eng = FakeEngine()
+    seen = []
+    r = C.run_engine(eng, [("a", "x", None), ("b", "", None), ("c", "y", None)], label="fake",
+                     on_step=lambda i, s: seen.append(i))
+    assert r.steps == 2 and seen == [1, 2] and set(r.outputs) == {"a", "c"}
+    assert [s.step for s in r.series] == [0, 1, 2]
+    assert r.add_errors == ["b: prompt must not be empty"] and not r.truncated
+    assert [e.request_id for e in r.events] == ["a", "c"]
+    eng2 = FakeEngine()
+    r2 = C.run_engine(eng2, [("a", "x", None), ("b", "y", None)], label="cut", max_steps=1)
+    assert r2.truncated and r2.steps == 1

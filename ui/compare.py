@@ -1,0 +1,364 @@
+"""Side-by-side measurements on private engines: paged vs contiguous allocation, KV cache vs no
+cache, and the seed's 50-growing-sequences exercise (no eviction vs LRU preemption).
+
+Two halves, neither imports Streamlit:
+- runners that drive an `LLMEngine` step by step and record its Snapshots/Events (and the wall
+  time of each step); they only read what the engine reports;
+- pure figure builders and summaries over those records, unit-tested for their numbers.
+"""
+from __future__ import annotations
+
+import html
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from engine.events import ADMIT, PREEMPT, REJECT, SWAP_OUT, WAIT, Event
+from engine.snapshot import Snapshot
+from ui import theme
+from ui.load import SERIES_CAP, append_snapshot
+
+_O = theme.OKABE_ITO
+A_COLOR, B_COLOR = _O["blue"], _O["vermillion"]        # the two sides of every comparison
+FILLED_COLOR, ALLOC_COLOR = _O["blue"], _O["orange"]
+LIVE_STATES = ("waiting", "running", "preempted", "swapped")
+
+
+def _layout(fig: go.Figure, title: str, height: int = 320, **kw) -> go.Figure:
+    fig.update_layout(**theme.base_layout(height, title, margin=dict(l=60, r=15, t=70, b=45), **kw))
+    fig.update_xaxes(gridcolor=theme.GRID, zerolinecolor=theme.GRID)
+    fig.update_yaxes(gridcolor=theme.GRID, zerolinecolor=theme.GRID)
+    return fig
+
+
+# ==================================================================== runners
+
+@dataclass
+class RunRecord:
+    """What one engine run reported: bounded snapshot series (one per step, thinned beyond the
+    cap), every event of the run, per-step wall times and the engine's outputs."""
+    label: str
+    series: list[Snapshot] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    step_wall_s: list[float] = field(default_factory=list)
+    outputs: dict = field(default_factory=dict)
+    steps: int = 0
+    wall_s: float = 0.0
+    add_errors: list[str] = field(default_factory=list)
+    truncated: bool = False         # stopped at max_steps with work left
+
+
+def run_engine(engine, requests: Sequence[tuple[str, object, object]], *, label: str,
+               max_steps: int = 5000, cap: int = SERIES_CAP,
+               on_step: Callable[[int, Snapshot], None] | None = None) -> RunRecord:
+    """Add every (request_id, prompt, SamplingParams) to `engine` at once, then step until idle
+    (or `max_steps`). A ValueError from add_request is kept as the engine's rejection message."""
+    rec = RunRecord(label=label)
+    seq0 = engine.events.last_seq
+    for rid, prompt, params in requests:
+        try:
+            engine.add_request(rid, prompt, params)
+        except ValueError as e:
+            rec.add_errors.append(f"{rid}: {e}")
+    rec.series = append_snapshot(rec.series, engine.snapshot(), cap)
+    t_start = time.perf_counter()
+    while engine.has_unfinished_requests() and rec.steps < max_steps:
+        t = time.perf_counter()
+        for out in engine.step():
+            if out.finished:
+                rec.outputs[out.request_id] = out
+        rec.step_wall_s.append(time.perf_counter() - t)
+        rec.steps += 1
+        snap = engine.snapshot()
+        rec.series = append_snapshot(rec.series, snap, cap)
+        if on_step is not None:
+            on_step(rec.steps, snap)
+    rec.wall_s = time.perf_counter() - t_start
+    rec.truncated = engine.has_unfinished_requests()
+    rec.events = engine.events.since(seq0)
+    return rec
+
+
+# ==================================================================== paged vs contiguous
+
+def slots_over_time(series: Sequence[Snapshot]) -> dict[str, list]:
+    return {
+        "step": [s.step for s in series],
+        "allocated": [s.metrics.slots_allocated for s in series],
+        "filled": [s.metrics.slots_filled for s in series],
+        "waste": [s.metrics.waste_fraction for s in series],
+        "running": [s.metrics.num_running for s in series],
+    }
+
+
+def allocator_summary(rec: RunRecord) -> dict:
+    """Numbers for one allocator run, all read from its Snapshots/Events:
+    peak allocated/filled slots, waste at the allocation peak, slot-weighted mean waste
+    (1 - Σfilled / Σallocated over the run's steps), requests admitted, peak concurrency,
+    preemptions, waits and steps to drain the workload."""
+    so = slots_over_time(rec.series)
+    alloc, filled = so["allocated"], so["filled"]
+    tot_a, tot_f = sum(alloc), sum(filled)
+    i_peak = max(range(len(alloc)), key=lambda i: (alloc[i], -i)) if alloc else None
+    kinds: dict[str, set] = {}
+    counts: dict[str, int] = {}
+    for e in rec.events:
+        counts[e.kind] = counts.get(e.kind, 0) + 1
+        if e.request_id is not None:
+            kinds.setdefault(e.kind, set()).add(e.request_id)
+    last = rec.series[-1] if rec.series else None
+    return {
+        "label": rec.label,
+        "allocator": last.info.allocator if last else None,
+        "budget_slots": (last.info.num_blocks * last.info.block_size) if last else 0,
+        "peak_allocated": alloc[i_peak] if i_peak is not None else 0,
+        "filled_at_peak": filled[i_peak] if i_peak is not None else 0,
+        "waste_at_peak": (so["waste"][i_peak] if i_peak is not None else 0.0),
+        "mean_waste": (1 - tot_f / tot_a) if tot_a else 0.0,
+        "admitted": len(kinds.get(ADMIT, ())),
+        "peak_running": max(so["running"], default=0),
+        "preemptions": counts.get(PREEMPT, 0),
+        "waits": counts.get(WAIT, 0),
+        "rejected": len(kinds.get(REJECT, ())) + len(rec.add_errors),
+        "finished": len(rec.outputs),
+        "steps": rec.steps,
+        "truncated": rec.truncated,
+    }
+
+
+def allocator_figure(a: RunRecord, b: RunRecord) -> go.Figure:
+    """Allocated vs filled slots per step, one panel per allocator, same y scale."""
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.04,
+                        subplot_titles=(html.escape(a.label), html.escape(b.label)))
+    for col, rec in ((1, a), (2, b)):
+        so = slots_over_time(rec.series)
+        fig.add_trace(go.Scatter(x=so["step"], y=so["allocated"], name="allocated slots", mode="lines",
+                                 line=dict(color=ALLOC_COLOR, width=2, dash="dash", shape="hv"),
+                                 fill="tozeroy", fillcolor="rgba(230,159,0,0.18)", showlegend=col == 1,
+                                 legendgroup="alloc"), row=1, col=col)
+        fig.add_trace(go.Scatter(x=so["step"], y=so["filled"], name="filled slots (tokens held)", mode="lines",
+                                 line=dict(color=FILLED_COLOR, width=2, shape="hv"), fill="tozeroy",
+                                 fillcolor="rgba(0,114,178,0.35)", showlegend=col == 1, legendgroup="filled"),
+                      row=1, col=col)
+        if rec.series:
+            budget = rec.series[-1].info.num_blocks * rec.series[-1].info.block_size
+            fig.add_trace(go.Scatter(x=[so["step"][0], so["step"][-1]], y=[budget, budget], mode="lines",
+                                     name="budget (slots)", line=dict(color=theme.INK, width=1.5, dash="dot"),
+                                     showlegend=col == 1, legendgroup="budget"), row=1, col=col)
+        fig.update_xaxes(title_text="engine step", row=1, col=col)
+    fig.update_yaxes(title_text="KV slots (tokens)", row=1, col=1)
+    _layout(fig, "Allocated vs filled KV slots, same workload, same budget", height=330)
+    fig.update_layout(hovermode="x unified")
+    return fig
+
+
+def allocator_bars(sa: dict, sb: dict) -> go.Figure:
+    """Waste % and concurrency side by side."""
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
+                        subplot_titles=("waste: slots reserved but empty (%)", "requests"))
+    labels = [html.escape(str(sa["label"])), html.escape(str(sb["label"]))]
+    for i, (s, c) in enumerate(((sa, A_COLOR), (sb, B_COLOR))):
+        fig.add_trace(go.Bar(x=["mean over run", "at allocation peak"],
+                             y=[100 * s["mean_waste"], 100 * s["waste_at_peak"]], name=labels[i],
+                             marker=dict(color=c, pattern_shape="" if i == 0 else "/"), legendgroup=labels[i],
+                             text=[f"{100 * s['mean_waste']:.1f}%", f"{100 * s['waste_at_peak']:.1f}%"],
+                             textposition="outside", cliponaxis=False), row=1, col=1)
+        fig.add_trace(go.Bar(x=["admitted", "peak running", "preemptions"],
+                             y=[s["admitted"], s["peak_running"], s["preemptions"]], name=labels[i],
+                             marker=dict(color=c, pattern_shape="" if i == 0 else "/"), legendgroup=labels[i],
+                             showlegend=False, text=[s["admitted"], s["peak_running"], s["preemptions"]],
+                             textposition="outside", cliponaxis=False), row=1, col=2)
+    fig.update_yaxes(range=[0, 105], row=1, col=1)
+    _layout(fig, "Waste and concurrency", height=320, barmode="group")
+    return fig
+
+
+# ==================================================================== KV cache vs no cache
+
+@dataclass(frozen=True, slots=True)
+class CostPoint:
+    generated: int        # tokens generated so far (after this step)
+    context_len: int      # prompt + generated tokens the step attended over
+    step_s: float         # measured wall time of the step
+
+
+def measure_decode_cost(engine, prompt, n_tokens: int, *, request_id: str | None = None,
+                        params_factory=None) -> tuple[float, list[CostPoint]]:
+    """Generate `n_tokens` for one request, one engine step at a time, timing each step.
+    Returns (prefill step seconds, one CostPoint per decode step). The request ignores EOS so
+    both modes run the same number of steps."""
+    from engine import SamplingParams
+    rid = request_id or f"cost-{uuid.uuid4().hex[:8]}"
+    params = (params_factory or (lambda n: SamplingParams(max_tokens=n, ignore_eos=True)))(n_tokens)
+    engine.add_request(rid, prompt, params)
+    prefill_s = None
+    pts: list[CostPoint] = []
+    while engine.has_unfinished_requests():
+        t = time.perf_counter()
+        engine.step()
+        dt = time.perf_counter() - t
+        r = engine.snapshot().request(rid)
+        out_len = r.output_len if r is not None else (pts[-1].generated + 1 if pts else 1)
+        ctx = (r.prompt_len + r.output_len) if r is not None else None
+        if prefill_s is None:
+            prefill_s = dt
+            continue
+        pts.append(CostPoint(out_len, ctx if ctx is not None else (pts[-1].context_len + 1 if pts else 0), dt))
+    return prefill_s or 0.0, pts
+
+
+def cumulative(points: Sequence[CostPoint]) -> list[float]:
+    out, acc = [], 0.0
+    for p in points:
+        acc += p.step_s
+        out.append(acc)
+    return out
+
+
+def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """Least-squares (slope, intercept); (0, mean) when x does not vary."""
+    n = len(xs)
+    if n == 0:
+        return 0.0, 0.0
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        return 0.0, my
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    return slope, my - slope * mx
+
+
+def cost_summary(points: Sequence[CostPoint]) -> dict:
+    """Per-step cost growth: slope of step time vs context length (s per extra context token),
+    first/last quarter mean step time, total."""
+    if not points:
+        return {"tokens": 0, "total_s": 0.0, "slope_s_per_ctx_token": 0.0, "early_step_s": 0.0,
+                "late_step_s": 0.0, "growth": 1.0}
+    slope, _ = fit_line([p.context_len for p in points], [p.step_s for p in points])
+    q = max(1, len(points) // 4)
+    early = sum(p.step_s for p in points[:q]) / q
+    late = sum(p.step_s for p in points[-q:]) / q
+    return {"tokens": len(points), "total_s": sum(p.step_s for p in points),
+            "slope_s_per_ctx_token": slope, "early_step_s": early, "late_step_s": late,
+            "growth": (late / early) if early > 0 else 1.0}
+
+
+def cost_figure(with_cache: Sequence[CostPoint], without_cache: Sequence[CostPoint]) -> go.Figure:
+    """Left: measured time per decode step vs context length. Right: cumulative decode time vs
+    tokens generated — a line with the cache, a parabola without."""
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
+                        subplot_titles=("time per generated token (ms)", "cumulative decode time (s)"))
+    for pts, name, c, dash in ((with_cache, "with KV cache", A_COLOR, "solid"),
+                               (without_cache, "no KV cache (recompute the prefix)", B_COLOR, "dash")):
+        fig.add_trace(go.Scatter(x=[p.context_len for p in pts], y=[1000 * p.step_s for p in pts], name=name,
+                                 mode="markers", marker=dict(color=c, size=4,
+                                                             symbol="circle" if dash == "solid" else "x"),
+                                 legendgroup=name), row=1, col=1)
+        fig.add_trace(go.Scatter(x=[p.generated for p in pts], y=cumulative(pts), name=name, mode="lines",
+                                 line=dict(color=c, width=2.5, dash=dash), legendgroup=name, showlegend=False),
+                      row=1, col=2)
+    fig.update_xaxes(title_text="context length (tokens)", row=1, col=1)
+    fig.update_xaxes(title_text="tokens generated", row=1, col=2)
+    fig.update_yaxes(rangemode="tozero")
+    return _layout(fig, "Measured decode cost with and without the KV cache", height=340)
+
+
+# ==================================================================== 50 sequences vs a fixed budget
+
+def demand_tokens(snap: Snapshot) -> int:
+    """Tokens a server that never evicts would hold right now: every live sequence's full
+    context (prompt + generated so far), whether or not the engine currently caches it."""
+    return sum(r.prompt_len + r.output_len for r in snap.requests if r.state in LIVE_STATES)
+
+
+def exercise_rows(rec: RunRecord) -> dict[str, list]:
+    """Per step: demand vs budget (tokens), tokens the engine actually holds, queue counts,
+    cumulative preemptions, finished."""
+    rows = {k: [] for k in ("step", "demand", "budget", "held", "running", "waiting", "preempted",
+                            "swapped", "finished", "preemptions")}
+    for s in rec.series:
+        rows["step"].append(s.step)
+        rows["demand"].append(demand_tokens(s))
+        rows["budget"].append(s.info.num_blocks * s.info.block_size)
+        rows["held"].append(s.metrics.slots_filled)
+        rows["running"].append(s.metrics.num_running)
+        rows["waiting"].append(s.metrics.num_waiting)
+        rows["preempted"].append(s.metrics.num_preempted)
+        rows["swapped"].append(s.metrics.num_swapped)
+        rows["finished"].append(s.metrics.num_finished)
+        rows["preemptions"].append(s.metrics.num_preemptions_total)
+    return rows
+
+
+def first_over_budget(rec: RunRecord) -> int | None:
+    """The first step at which demand exceeds the budget: where a server that keeps every
+    sequence's cache would raise MemoryBudgetExceeded. None if it never does."""
+    r = exercise_rows(rec)
+    for step, d, b in zip(r["step"], r["demand"], r["budget"]):
+        if d > b:
+            return step
+    return None
+
+
+def exercise_summary(rec: RunRecord) -> dict:
+    r = exercise_rows(rec)
+    counts: dict[str, int] = {}
+    for e in rec.events:
+        counts[e.kind] = counts.get(e.kind, 0) + 1
+    n_req = len({x.request_id for s in rec.series for x in s.requests}) or 0
+    return {
+        "label": rec.label,
+        "requests": n_req,
+        "finished": len(rec.outputs),
+        "peak_demand": max(r["demand"], default=0),
+        "budget": r["budget"][-1] if r["budget"] else 0,
+        "peak_held": max(r["held"], default=0),
+        "over_budget_step": first_over_budget(rec),
+        "preemptions": counts.get(PREEMPT, 0),
+        "swaps": counts.get(SWAP_OUT, 0),
+        "waits": counts.get(WAIT, 0),
+        "rejections": counts.get(REJECT, 0) + len(rec.add_errors),
+        "steps": rec.steps,
+        "truncated": rec.truncated,
+    }
+
+
+def exercise_figure(runs: Sequence[RunRecord]) -> go.Figure:
+    """One panel per run: demand (what no-eviction would need) vs the budget vs what the engine
+    actually holds, plus finished requests on a second axis."""
+    n = max(1, len(runs))
+    fig = make_subplots(rows=1, cols=n, shared_yaxes=True, horizontal_spacing=0.05,
+                        subplot_titles=[html.escape(r.label) for r in runs] or [""],
+                        specs=[[{"secondary_y": True}] * n])
+    for col, rec in enumerate(runs, 1):
+        r = exercise_rows(rec)
+        first = col == 1
+        fig.add_trace(go.Scatter(x=r["step"], y=r["demand"], name="demand: every live sequence's context",
+                                 mode="lines", line=dict(color=B_COLOR, width=2, dash="dash", shape="hv"),
+                                 showlegend=first, legendgroup="demand"), row=1, col=col)
+        fig.add_trace(go.Scatter(x=r["step"], y=r["held"], name="tokens the engine holds in KV",
+                                 mode="lines", line=dict(color=A_COLOR, width=2, shape="hv"), fill="tozeroy",
+                                 fillcolor="rgba(0,114,178,0.2)", showlegend=first, legendgroup="held"),
+                      row=1, col=col)
+        fig.add_trace(go.Scatter(x=r["step"], y=r["budget"], name="KV budget (tokens)", mode="lines",
+                                 line=dict(color=theme.INK, width=1.5, dash="dot", shape="hv"),
+                                 showlegend=first, legendgroup="budget"), row=1, col=col)
+        fig.add_trace(go.Scatter(x=r["step"], y=r["finished"], name="finished requests (right axis)",
+                                 mode="lines", line=dict(color=_O["bluish_green"], width=2, dash="dashdot",
+                                                         shape="hv"),
+                                 showlegend=first, legendgroup="finished"), row=1, col=col, secondary_y=True)
+        over = first_over_budget(rec)
+        if over is not None:
+            fig.add_vline(x=over, line=dict(color=B_COLOR, width=1, dash="dot"), row=1, col=col)
+            fig.add_annotation(x=over, y=1, yref="y domain" if col == 1 else f"y{2 * col - 1} domain",
+                               xref="x" if col == 1 else f"x{col}", text=f"demand > budget at step {over}",
+                               showarrow=False, xanchor="left", yanchor="top",
+                               font=dict(size=11, color=B_COLOR))
+        fig.update_xaxes(title_text="engine step", row=1, col=col)
+    fig.update_yaxes(title_text="tokens", row=1, col=1, secondary_y=False, rangemode="tozero")
+    fig.update_yaxes(rangemode="tozero", secondary_y=True, showgrid=False)
+    return _layout(fig, "Growing sequences vs a fixed KV budget", height=360)
