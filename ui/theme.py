@@ -131,6 +131,14 @@ def request_colors_for(snapshot) -> RequestColors:
     return RequestColors(r.request_id for r in reqs)
 
 
+def text_color_on(bg: str) -> str:
+    """Black or white, whichever reads better on `bg` (#RRGGBB), by WCAG relative luminance."""
+    r, g, b = (int(bg[i:i + 2], 16) / 255 for i in (1, 3, 5))
+    lin = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in (r, g, b)]
+    lum = 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+    return "#000000" if (lum + 0.05) / 0.05 >= 1.05 / (lum + 0.05) else "#FFFFFF"
+
+
 def short_id(request_id: str, n: int = 10) -> str:
     s = str(request_id)
     return s if len(s) <= n else s[: n - 1] + "…"
