@@ -157,3 +157,25 @@ def test_run_engine_records_every_step_and_rejections():
     eng2 = FakeEngine()
     r2 = C.run_engine(eng2, [("a", "x", None), ("b", "y", None)], label="cut", max_steps=1)
     assert r2.truncated and r2.steps == 1
+
+
+def test_prefix_helpers():
+    from engine.snapshot import BlockInfo
+    blocks = (BlockInfo(0, "used", 3, ("a", "b", "c"), 16), BlockInfo(1, "used", 3, ("a", "b", "c"), 16),
+              BlockInfo(2, "used", 1, ("a",), 5), BlockInfo(3, "cached", 0, (), 16))
+    s1 = replace(snap(1, 0, 0), blocks=blocks)
+    s0 = replace(snap(0, 0, 0), blocks=blocks[2:])
+    st = C.sharing_stats(s1)
+    assert st == {"shared_blocks": 2, "max_ref": 3, "refs_saved": 4}
+    assert C.more_shared(s1, s0) is s1 and C.more_shared(s0, s1) is s1 and C.more_shared(None, s0) is s0
+    assert C.sharing_stats(None)["shared_blocks"] == 0
+    hit = [C.PrefixRow("h1", 1, 0.05, 100, 96), C.PrefixRow("h2", 2, 0.07, 110, 96)]
+    miss = [C.PrefixRow("m1", 1, 0.20, 100, 0), C.PrefixRow("m2", 2, None, 110, 0)]
+    sh, sm = C.prefix_summary(hit), C.prefix_summary(miss)
+    assert sh["hit_rate"] == pytest.approx(192 / 210) and sh["mean_ttft_s"] == pytest.approx(0.06)
+    assert sm["hit_rate"] == 0.0 and sm["mean_ttft_s"] == pytest.approx(0.20)
+    fig = C.prefix_figure(hit, miss)
+    ttft = [t for t in fig.data if t.legendgroup in ("prefix cache on", "forced misses (fresh cache_salt)")]
+    assert list(ttft[0].y) == [pytest.approx(50), pytest.approx(70)] and list(ttft[1].y)[1] is None
+    comp = [t for t in fig.data if t.legendgroup == "computed"][0]
+    assert list(comp.y) == [4, 14] and list(comp.base) == [96, 96]

@@ -362,3 +362,71 @@ def exercise_figure(runs: Sequence[RunRecord]) -> go.Figure:
     fig.update_yaxes(title_text="tokens", row=1, col=1, secondary_y=False, rangemode="tozero")
     fig.update_yaxes(rangemode="tozero", secondary_y=True, showgrid=False)
     return _layout(fig, "Growing sequences vs a fixed KV budget", height=360)
+
+
+# ==================================================================== prefix cache: with vs forced misses
+
+@dataclass(frozen=True, slots=True)
+class PrefixRow:
+    """One request of a prefix-cache measurement, as the engine reported it."""
+    request_id: str
+    turn: int
+    ttft_s: float | None
+    prompt_tokens: int
+    cached_tokens: int     # prompt tokens served from the prefix cache at admission
+
+
+def sharing_stats(snap: Snapshot | None) -> dict:
+    """Blocks held by more than one request right now, and the largest ref count."""
+    if snap is None:
+        return {"shared_blocks": 0, "max_ref": 0, "refs_saved": 0}
+    shared = [b for b in snap.blocks if b.ref_count > 1]
+    return {"shared_blocks": len(shared), "max_ref": max((b.ref_count for b in shared), default=0),
+            # blocks that would exist without sharing, minus blocks that do
+            "refs_saved": sum(b.ref_count - 1 for b in shared)}
+
+
+def more_shared(a: Snapshot | None, b: Snapshot | None) -> Snapshot | None:
+    """Whichever snapshot shows more sharing (ties: the later one)."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    ka, kb = sharing_stats(a), sharing_stats(b)
+    return a if (ka["refs_saved"], ka["shared_blocks"]) > (kb["refs_saved"], kb["shared_blocks"]) else b
+
+
+def prefix_summary(rows: Sequence[PrefixRow]) -> dict:
+    ttfts = [r.ttft_s for r in rows if r.ttft_s is not None]
+    prompt = sum(r.prompt_tokens for r in rows)
+    cached = sum(r.cached_tokens for r in rows)
+    return {"requests": len(rows), "mean_ttft_s": (sum(ttfts) / len(ttfts)) if ttfts else None,
+            "prompt_tokens": prompt, "cached_tokens": cached,
+            "hit_rate": (cached / prompt) if prompt else 0.0}
+
+
+def prefix_figure(with_cache: Sequence[PrefixRow], forced_miss: Sequence[PrefixRow]) -> go.Figure:
+    """Left: TTFT per user turn, prefix cache vs forced misses. Right: prompt tokens per turn,
+    split into served-from-cache and computed."""
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
+                        subplot_titles=("time to first token (ms)", "prompt tokens: from cache vs computed"))
+    for rows, name, c, pat in ((with_cache, "prefix cache on", A_COLOR, ""),
+                               (forced_miss, "forced misses (fresh cache_salt)", B_COLOR, "/")):
+        fig.add_trace(go.Bar(x=[f"turn {r.turn}" for r in rows],
+                             y=[None if r.ttft_s is None else 1000 * r.ttft_s for r in rows], name=name,
+                             marker=dict(color=c, pattern_shape=pat), legendgroup=name,
+                             text=["" if r.ttft_s is None else f"{1000 * r.ttft_s:.0f}" for r in rows],
+                             textposition="outside", cliponaxis=False), row=1, col=1)
+    rows = list(with_cache)
+    fig.add_trace(go.Bar(x=[f"turn {r.turn}" for r in rows], y=[r.cached_tokens for r in rows],
+                         name="served from the prefix cache", marker=dict(color=_O["bluish_green"]),
+                         legendgroup="cached"), row=1, col=2)
+    fig.add_trace(go.Bar(x=[f"turn {r.turn}" for r in rows], y=[r.prompt_tokens - r.cached_tokens for r in rows],
+                         name="computed (prefill)", marker=dict(color=_O["orange"], pattern_shape="x"),
+                         legendgroup="computed"), row=1, col=2)
+    fig.update_layout(barmode="group")
+    # stack only the right panel's two traces
+    fig.update_traces(offsetgroup="tok", selector=dict(legendgroup="cached"))
+    fig.update_traces(offsetgroup="tok", base=[r.cached_tokens for r in rows], selector=dict(legendgroup="computed"))
+    fig.update_yaxes(rangemode="tozero")
+    return _layout(fig, "Shared system prompt: TTFT with the prefix cache vs forced misses", height=340)
