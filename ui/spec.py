@@ -1,0 +1,220 @@
+"""Speculative decoding views: theory curve vs measurement, per-position acceptance, costs.
+
+Formulas
+- E(α, k) = (1 − α^(k+1)) / (1 − α): expected tokens per target pass when each of k draft tokens
+  is accepted independently with probability α and a rejection stops the run (one target token
+  is always emitted: the replacement or the bonus). E(1, k) = k + 1; E(α, k) ≥ 1.
+- α for that curve is estimated from per-position counts: accepted / reached, where a position
+  is "reached" when every earlier draft token of that pass was accepted. This is the geometric
+  model's maximum-likelihood α. vLLM's acceptance rate (accepted / draft tokens) also counts the
+  positions after a rejection, which the target never looked at, so it is lower; both are shown.
+- Tokens per target pass for a finished request = output tokens / target passes, and target
+  passes = output tokens − accepted draft tokens (every pass emits exactly one non-draft token).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import plotly.graph_objects as go
+
+from . import theme
+from .theme import ACCEPTED, BONUS, PLAIN, REPLACED
+
+
+def expected_tokens_per_pass(alpha: float, k: int) -> float:
+    if k < 0:
+        raise ValueError("k must be >= 0")
+    if not 0 <= alpha <= 1:
+        raise ValueError("alpha must be in [0, 1]")
+    if alpha == 1:
+        return float(k + 1)
+    return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+@dataclass(frozen=True, slots=True)
+class PositionCounts:
+    accepted: tuple[int, ...]     # accepted[i]: passes whose draft token i was accepted
+    reached: tuple[int, ...]      # reached[i]: passes in which the target judged draft token i
+    verify_passes: int            # passes that verified at least one draft token
+    plain_passes: int             # target passes with no draft (plain decode, or the prefill token)
+
+    @property
+    def rates(self) -> tuple[float | None, ...]:
+        return tuple(a / r if r else None for a, r in zip(self.accepted, self.reached))
+
+    @property
+    def alpha(self) -> float | None:
+        tot = sum(self.reached)
+        return sum(self.accepted) / tot if tot else None
+
+
+def position_counts(tokens) -> PositionCounts:
+    """Per-position acceptance for one request, from its TokenMarks grouped by step. A step's
+    accepted tokens are positions 0..a−1; a replaced token means position a was judged and
+    rejected; a bonus token means every proposed position was accepted."""
+    by_step: dict[int, list] = {}
+    order: list[int] = []
+    for m in tokens:
+        if m.step not in by_step:
+            by_step[m.step] = []
+            order.append(m.step)
+        by_step[m.step].append(m)
+    acc: list[int] = []
+    reached: list[int] = []
+    verify = plain = 0
+
+    def bump(arr, i):
+        while len(arr) <= i:
+            arr.append(0)
+        arr[i] += 1
+
+    for s in order:
+        marks = by_step[s]
+        a = sum(1 for m in marks if m.kind == ACCEPTED)
+        rejected = any(m.kind == REPLACED for m in marks)
+        spec = a > 0 or rejected or any(m.kind == BONUS for m in marks)
+        if not spec:
+            if any(m.kind == PLAIN for m in marks):
+                plain += 1
+            continue
+        verify += 1
+        for i in range(a):
+            bump(acc, i)
+            bump(reached, i)
+        if rejected:
+            bump(reached, a)
+            while len(acc) < len(reached):
+                acc.append(0)
+    while len(acc) < len(reached):
+        acc.append(0)
+    return PositionCounts(tuple(acc), tuple(reached), verify, plain)
+
+
+@dataclass(frozen=True, slots=True)
+class SpecSummary:
+    num_drafts: int
+    num_draft_tokens: int
+    num_accepted: int
+    acceptance_rate: float | None       # vLLM: accepted / draft tokens
+    mean_acceptance_length: float | None  # vLLM: 1 + accepted / drafts (tokens per verify pass)
+    alpha: float | None                 # geometric-model α from per-position counts
+    target_passes: int
+    tokens_per_target_pass: float | None
+
+
+def request_summary(req) -> SpecSummary:
+    pc = position_counts(req.tokens)
+    acc = req.spec_num_accepted_tokens
+    passes = max(0, req.output_len - acc)
+    return SpecSummary(
+        num_drafts=req.spec_num_drafts, num_draft_tokens=req.spec_num_draft_tokens, num_accepted=acc,
+        acceptance_rate=acc / req.spec_num_draft_tokens if req.spec_num_draft_tokens else None,
+        mean_acceptance_length=1 + acc / req.spec_num_drafts if req.spec_num_drafts else None,
+        alpha=pc.alpha, target_passes=passes,
+        tokens_per_target_pass=req.output_len / passes if passes else None,
+    )
+
+
+REFERENCE_ALPHAS = (0.2, 0.5, 0.8, 0.95)
+
+
+def theory_figure(alpha: float | None, k: int, measured: float | None, *, k_max: int = 16,
+                  height: int = 420, measured_label: str = "measured") -> go.Figure:
+    """E(α, k) over k = 0..k_max for the measured α (bold) and reference α's (faint), with the
+    measured tokens per target pass at the engine's k. k = 0 is plain decoding (1 token/pass)."""
+    ks = list(range(0, k_max + 1))
+    fig = go.Figure()
+    for a in REFERENCE_ALPHAS:
+        fig.add_trace(go.Scatter(x=ks, y=[expected_tokens_per_pass(a, x) for x in ks], mode="lines",
+                                 name=f"α = {a}", line=dict(color="#BBBBBB", width=1, dash="dot"),
+                                 hovertemplate=f"α={a}, k=%{{x}}: %{{y:.2f}} tokens/pass<extra></extra>"))
+    if alpha is not None:
+        fig.add_trace(go.Scatter(x=ks, y=[expected_tokens_per_pass(alpha, x) for x in ks], mode="lines",
+                                 name=f"theory at measured α = {alpha:.2f}",
+                                 line=dict(color=theme.OKABE_ITO["blue"], width=3),
+                                 hovertemplate="k=%{x}: E=%{y:.2f} tokens/pass<extra></extra>"))
+        fig.add_trace(go.Scatter(x=[k], y=[expected_tokens_per_pass(alpha, k)], mode="markers",
+                                 name=f"theory at k = {k}: {expected_tokens_per_pass(alpha, k):.2f}",
+                                 marker=dict(symbol="circle-open", size=14, color=theme.OKABE_ITO["blue"],
+                                             line=dict(width=2))))
+    if measured is not None:
+        fig.add_trace(go.Scatter(x=[k], y=[measured], mode="markers+text", name=f"{measured_label}: {measured:.2f}",
+                                 text=[f"{measured:.2f}"], textposition="middle right",
+                                 marker=dict(symbol="diamond", size=13, color=theme.OKABE_ITO["vermillion"],
+                                             line=dict(color=theme.INK, width=1))))
+    fig.add_hline(y=1, line=dict(color=theme.INK, width=1, dash="dash"),
+                  annotation_text="plain decoding: 1 token / pass", annotation_position="bottom right",
+                  annotation_font_size=10)
+    fig.update_layout(**theme.base_layout(height, "tokens per target pass: E(α, k) = (1 − α^(k+1)) / (1 − α)",
+                                          margin=dict(l=55, r=15, t=36, b=130)))
+    fig.update_layout(legend=dict(orientation="h", y=-0.22, yanchor="top", x=0, font=dict(size=10)))
+    fig.update_xaxes(title_text="draft length k", dtick=2, gridcolor=theme.GRID, range=[-0.3, k_max + 0.3])
+    fig.update_yaxes(title_text="tokens per target pass", gridcolor=theme.GRID, rangemode="tozero")
+    return fig
+
+
+def position_figure(counts: PositionCounts, *, height: int = 260, title: str = "acceptance by draft position") -> go.Figure:
+    n = len(counts.reached)
+    xs = [str(i + 1) for i in range(n)]
+    rates = [r if r is not None else 0 for r in counts.rates]
+    text = [f"{a}/{r}" for a, r in zip(counts.accepted, counts.reached)]
+    fig = go.Figure(go.Bar(
+        x=xs, y=rates, text=text, textposition="outside", name="accepted / judged",
+        marker=dict(color=theme.TOKEN_STYLES[ACCEPTED]["bg"], line=dict(color=theme.OKABE_ITO["blue"], width=2)),
+        hovertemplate="position %{x}: %{y:.0%} accepted (%{text})<extra></extra>"))
+    if not n:
+        fig.add_annotation(text="no draft tokens judged yet", showarrow=False, x=0.5, y=0.5,
+                           xref="paper", yref="paper")
+    fig.update_layout(**theme.base_layout(height, title, margin=dict(l=55, r=15, t=40, b=45)))
+    fig.update_xaxes(title_text="draft position (1 = first guessed token)", type="category")
+    fig.update_yaxes(title_text="accepted / judged", range=[0, 1.15], tickformat=".0%", gridcolor=theme.GRID)
+    return fig
+
+
+@dataclass(frozen=True, slots=True)
+class Costs:
+    """Measured wall-clock costs, in seconds. None = not measured."""
+    plain_per_token: float | None = None     # plain decoding of the same prompt: decode time / tokens
+    spec_per_token: float | None = None      # speculative run: decode time / tokens
+    draft_per_pass: float | None = None      # drafting, per verify pass
+    verify_per_pass: float | None = None     # target verify pass of k+1 tokens
+    plain_e2e: float | None = None
+    spec_e2e: float | None = None
+
+    @property
+    def speedup(self) -> float | None:
+        if self.plain_e2e and self.spec_e2e:
+            return self.plain_e2e / self.spec_e2e
+        return None
+
+    @property
+    def decode_speedup(self) -> float | None:
+        if self.plain_per_token and self.spec_per_token:
+            return self.plain_per_token / self.spec_per_token
+        return None
+
+
+def costs_figure(c: Costs, *, height: int = 340) -> go.Figure:
+    """Measured milliseconds: plain decode per token vs speculative per token, and the
+    speculative pass split into draft + verify."""
+    ms = lambda v: None if v is None else v * 1000  # noqa: E731
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=["plain: per token"], y=[ms(c.plain_per_token)], name="plain decode / token",
+                         marker=dict(color="#FFFFFF", line=dict(color=theme.INK, width=2)),
+                         texttemplate="%{y:.1f} ms", textposition="outside"))
+    fig.add_trace(go.Bar(x=["speculative: per token"], y=[ms(c.spec_per_token)], name="speculative / token",
+                         marker=dict(color=theme.TOKEN_STYLES[ACCEPTED]["bg"],
+                                     line=dict(color=theme.OKABE_ITO["blue"], width=2)),
+                         texttemplate="%{y:.1f} ms", textposition="outside"))
+    fig.add_trace(go.Bar(x=["speculative: per pass"], y=[ms(c.draft_per_pass)], name="draft / pass",
+                         marker=dict(color=theme.OKABE_ITO["orange"], pattern=dict(shape="/", fgcolor="#FFFFFF")),
+                         texttemplate="draft %{y:.1f} ms", textposition="auto", insidetextfont=dict(color="#000000")))
+    fig.add_trace(go.Bar(x=["speculative: per pass"], y=[ms(c.verify_per_pass)], name="verify / pass",
+                         marker=dict(color=theme.OKABE_ITO["blue"]),
+                         texttemplate="verify %{y:.1f} ms", textposition="inside"))
+    sp = c.speedup
+    title = "measured costs" + (f" — wall-clock speedup vs plain: {sp:.2f}×" if sp else "")
+    fig.update_layout(**theme.base_layout(height, title, margin=dict(l=55, r=15, t=36, b=90)))
+    fig.update_layout(barmode="stack", legend=dict(orientation="h", y=-0.15, yanchor="top", x=0, font=dict(size=10)))
+    fig.update_yaxes(title_text="milliseconds", gridcolor=theme.GRID, rangemode="tozero")
+    return fig
