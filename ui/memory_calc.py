@@ -1,0 +1,162 @@
+"""Memory calculator views: pure functions of (config, dtype, sizes) -> numbers, text and Plotly
+figures. No Streamlit; the page only lays these out. All arithmetic comes from engine.memory_math."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import plotly.graph_objects as go
+
+from engine import memory_math as mm
+from ui import theme
+
+KIND_COLORS = {"MHA": "#D55E00", "GQA": "#0072B2", "MQA": "#009E73", "MLA": "#CC79A7"}
+KIND_HELP = {
+    "MHA": "multi-head: every query head has its own K and V head",
+    "GQA": "grouped-query: groups of query heads share one K/V head",
+    "MQA": "multi-query: all query heads share a single K/V head",
+    "MLA": "multi-head latent: one compressed latent (+ a small rotary key) per layer",
+}
+MAX_CONTEXT_POINTS = 24
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryResult:
+    kind: str
+    dtype: str
+    context_len: int
+    concurrency: int
+    bytes_per_token: int
+    bytes_per_sequence: int
+    kv_total: int                  # bytes_per_sequence x concurrency
+    weights: int                   # 0 when weights are left out
+    total: int                     # kv_total + weights
+    memory: int                    # the GPU memory the user asked about
+    max_concurrent: int            # sequences of context_len that fit in memory after weights
+    fits: bool
+    formula_lines: tuple[str, ...]
+
+
+def _num(n: int) -> str:
+    return f"{n:,}"
+
+
+def compute(cfg, dtype: str, context_len: int, concurrency: int, memory_bytes: int,
+            weights_bytes: int = 0) -> MemoryResult:
+    """Everything the page shows, from the config and the user's sizes (ValueError on bad input)."""
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise ValueError(f"concurrency must be an integer >= 1, got {concurrency!r}")
+    kind = mm.kv_spec(cfg).kind
+    bpt = mm.kv_bytes_per_token(cfg, dtype)
+    per_seq = mm.kv_bytes_per_sequence(cfg, dtype, context_len)
+    kv_total = per_seq * concurrency
+    total = kv_total + weights_bytes
+    maxc = mm.max_concurrent_sequences(cfg, dtype, context_len, memory_bytes, weights_bytes)
+    free = memory_bytes - weights_bytes
+    lines = [
+        "bytes per token  = " + mm.formula_text(cfg, dtype).replace(" per token", "")
+        + f"  ({mm.format_bytes(bpt)})",
+        f"per sequence     = {_num(bpt)} B x {_num(context_len)} tokens = {_num(per_seq)} B"
+        f"  ({mm.format_bytes(per_seq)})",
+        f"KV for the batch = {_num(per_seq)} B x {_num(concurrency)} sequences = {_num(kv_total)} B"
+        f"  ({mm.format_bytes(kv_total)})",
+    ]
+    if weights_bytes:
+        lines.append(f"total needed     = {_num(kv_total)} B KV + {_num(weights_bytes)} B weights = "
+                     f"{_num(total)} B  ({mm.format_bytes(total)})")
+    else:
+        lines.append(f"total needed     = {_num(total)} B  ({mm.format_bytes(total)}; weights left out)")
+    lines.append(f"max concurrent   = floor(({_num(memory_bytes)} B memory - {_num(weights_bytes)} B weights)"
+                 f" / {_num(per_seq)} B) = {_num(maxc)}" if free > 0 else
+                 f"max concurrent   = 0 (the weights alone, {mm.format_bytes(weights_bytes)}, do not fit "
+                 f"in {mm.format_bytes(memory_bytes)})")
+    return MemoryResult(kind, dtype, context_len, concurrency, bpt, per_seq, kv_total, weights_bytes,
+                        total, memory_bytes, maxc, total <= memory_bytes, tuple(lines))
+
+
+def summary_rows(r: MemoryResult) -> list[dict]:
+    """The headline numbers as table rows (exact bytes and a readable size)."""
+    rows = [("KV bytes per token", r.bytes_per_token), ("KV per sequence", r.bytes_per_sequence),
+            (f"KV for {r.concurrency:,} sequences", r.kv_total), ("weights", r.weights),
+            ("total needed", r.total), ("GPU memory", r.memory)]
+    out = [{"quantity": q, "bytes": _num(b), "size": mm.format_bytes(b)} for q, b in rows]
+    out.append({"quantity": "max concurrent sequences", "bytes": "", "size": _num(r.max_concurrent)})
+    return out
+
+
+def context_points(context_len: int, lo: int = 512, hi: int | None = None) -> list[int]:
+    """Powers of two from ``lo`` up to at least ``context_len`` (and ``hi``), plus ``context_len``."""
+    top = max(context_len, hi or 0, lo)
+    pts, x = [], lo
+    while x < top and len(pts) < MAX_CONTEXT_POINTS - 1:
+        pts.append(x)
+        x *= 2
+    pts.append(x if x >= top else top)
+    return sorted(set(pts) | {context_len})
+
+
+def bytes_by_kind_figure(cfg, dtype: str, height: int = 300) -> go.Figure:
+    """Bytes per token of the config's own attention layout beside its MHA/GQA/MQA variants
+    (same layers, heads and head sizes). The config's own kind is outlined and hatched."""
+    own = mm.kv_spec(cfg).kind
+    by = mm.bytes_per_token_by_kind(cfg, dtype)
+    kinds = list(by)
+    fig = go.Figure(go.Bar(
+        x=[f"{k} (this config)" if k == own else k for k in kinds], y=[by[k] for k in kinds],
+        marker=dict(color=[KIND_COLORS[k] for k in kinds],
+                    line=dict(color=[theme.INK if k == own else "#FFFFFF" for k in kinds],
+                              width=[3 if k == own else 0 for k in kinds]),
+                    pattern=dict(shape=["/" if k == own else "" for k in kinds])),
+        text=[mm.format_bytes(by[k]) for k in kinds], textposition="outside", cliponaxis=False,
+        hovertext=[f"{k}: {by[k]:,} B per token. {KIND_HELP[k]}" for k in kinds], hoverinfo="text",
+        showlegend=False))
+    fig.update_layout(**theme.base_layout(height, f"KV bytes per token by attention kind ({dtype})"))
+    fig.update_layout(yaxis_title="bytes per token", yaxis=dict(gridcolor=theme.GRID, rangemode="tozero"),
+                      bargap=0.35)
+    top = max(by.values())
+    fig.update_yaxes(range=[0, top * 1.18])
+    return fig
+
+
+def memory_vs_context_figure(cfg, dtype: str, context_len: int, concurrency: int, memory_bytes: int,
+                             weights_bytes: int = 0, height: int = 340) -> go.Figure:
+    """GiB needed (weights + KV for ``concurrency`` sequences) against context length, one line per
+    attention kind, with the GPU memory as a dashed line and the chosen context marked."""
+    own = mm.kv_spec(cfg).kind
+    by = mm.bytes_per_token_by_kind(cfg, dtype)
+    xs = context_points(context_len, hi=max(context_len, 131_072))
+    fig = go.Figure()
+    for k, bpt in by.items():
+        ys = [(weights_bytes + bpt * x * concurrency) / mm.GiB for x in xs]
+        fig.add_trace(go.Scatter(
+            x=xs, y=ys, mode="lines+markers", name=f"{k} (this config)" if k == own else k,
+            line=dict(color=KIND_COLORS[k], width=3 if k == own else 1.5, dash="solid" if k == own else "dot"),
+            marker=dict(size=6 if k == own else 4),
+            hovertemplate="%{x:,} tokens: %{y:,.2f} GiB<extra>" + k + "</extra>"))
+    fig.add_hline(y=memory_bytes / mm.GiB, line=dict(color=theme.INK, dash="dash", width=1.5),
+                  annotation_text=f"GPU memory {mm.format_bytes(memory_bytes)}", annotation_position="top left")
+    chosen = (weights_bytes + by[own] * context_len * concurrency) / mm.GiB
+    fig.add_trace(go.Scatter(x=[context_len], y=[chosen], mode="markers", name="your setting",
+                             marker=dict(symbol="diamond", size=12, color=theme.INK),
+                             hovertemplate="%{x:,} tokens: %{y:,.2f} GiB<extra>your setting</extra>"))
+    what = "weights + " if weights_bytes else ""
+    fig.update_layout(**theme.base_layout(height, f"Memory needed ({what}KV x {concurrency:,} sequences)"))
+    fig.update_layout(xaxis=dict(type="log", title="context length (tokens, log scale)", gridcolor=theme.GRID),
+                      yaxis=dict(type="log", title="GiB (log scale)", gridcolor=theme.GRID))
+    return fig
+
+
+def max_concurrency_figure(cfg, dtype: str, context_len: int, memory_bytes: int, weights_bytes: int = 0,
+                           height: int = 300) -> go.Figure:
+    """How many sequences fit in ``memory_bytes`` after the weights, per context length."""
+    xs = context_points(context_len, hi=max(context_len, 131_072))
+    ys = [mm.max_concurrent_sequences(cfg, dtype, x, memory_bytes, weights_bytes) for x in xs]
+    own = mm.kv_spec(cfg).kind
+    fig = go.Figure(go.Bar(
+        x=[f"{x:,}" for x in xs], y=ys, text=[f"{y:,}" for y in ys], textposition="outside", cliponaxis=False,
+        marker=dict(color=[theme.INK if x == context_len else KIND_COLORS[own] for x in xs]),
+        hovertemplate="%{x} tokens: %{y:,} sequences<extra></extra>", showlegend=False))
+    fig.update_layout(**theme.base_layout(
+        height, f"Max concurrent sequences in {mm.format_bytes(memory_bytes)} ({own}, {dtype})"))
+    fig.update_layout(xaxis=dict(type="category", title="context length per sequence (tokens)"),
+                      yaxis=dict(title="sequences", gridcolor=theme.GRID, rangemode="tozero"))
+    return fig
