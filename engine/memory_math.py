@@ -300,20 +300,25 @@ def bytes_per_token_by_kind(cfg, dtype) -> dict[str, int]:
     return out
 
 
-def formula_text(cfg, dtype) -> str:
-    """The bytes-per-token sum written out with this config's numbers."""
+def formula_factors(cfg, dtype) -> str:
+    """The factors of the bytes-per-token product with this config's numbers (no result)."""
     spec = kv_spec(cfg)
     b = dtype_bytes(dtype)
-    total = kv_bytes_per_token(cfg, dtype)
     if spec.kind == "MLA":
-        return (f"{spec.num_layers} layers x ({spec.kv_lora_rank} latent + {spec.qk_rope_head_dim} rotary key) "
-                f"x {b} bytes = {total:,} bytes per token  (one shared latent per layer: no separate K and V)")
+        return f"{spec.num_layers} layers x ({spec.kv_lora_rank} latent + {spec.qk_rope_head_dim} rotary key) x {b} bytes"
+    heads = "KV head" if spec.num_kv_heads == 1 else "KV heads"
     if spec.k_head_dim == spec.v_head_dim:
-        heads = "KV head" if spec.num_kv_heads == 1 else "KV heads"
-        return (f"2 (K and V) x {spec.num_layers} layers x {spec.num_kv_heads} {heads} x "
-                f"{spec.k_head_dim} head dim x {b} bytes = {total:,} bytes per token")
-    return (f"{spec.num_layers} layers x {spec.num_kv_heads} KV heads x ({spec.k_head_dim} K dim + "
-            f"{spec.v_head_dim} V dim) x {b} bytes = {total:,} bytes per token")
+        return f"2 (K and V) x {spec.num_layers} layers x {spec.num_kv_heads} {heads} x {spec.k_head_dim} head dim x {b} bytes"
+    return (f"{spec.num_layers} layers x {spec.num_kv_heads} {heads} x ({spec.k_head_dim} K dim + "
+            f"{spec.v_head_dim} V dim) x {b} bytes")
+
+
+def formula_text(cfg, dtype) -> str:
+    """The bytes-per-token sum written out with this config's numbers."""
+    text = f"{formula_factors(cfg, dtype)} = {kv_bytes_per_token(cfg, dtype):,} bytes per token"
+    if kv_spec(cfg).kind == "MLA":
+        text += "  (one shared latent per layer: no separate K and V)"
+    return text
 
 
 def sliding_window(cfg) -> int | None:
