@@ -18,9 +18,11 @@ def test_compute_llama3_worked_example():
     assert r.kv_total == 512 * MiB and r.total == 512 * MiB and r.fits
     assert r.max_concurrent == 160
     text = "\n".join(r.formula_lines)
-    assert "2 (K and V) x 32 layers x 8 KV heads x 128 head dim x 2 bytes = 131,072 bytes" in text
-    assert "131,072 B x 4,096 tokens = 536,870,912 B  (512 MiB)" in text
-    assert "= 160" in text
+    assert r.formula_lines[0] == "bytes per token  = 2 (K and V) x 32 layers x 8 KV heads x 128 head dim x 2 bytes"
+    assert r.formula_lines[1].strip() == "= 131,072 B  (128 KiB)"
+    assert "131,072 B x 4,096 tokens" in text and "= 536,870,912 B  (512 MiB)" in text
+    assert r.formula_lines[-1].strip() == "= 160"
+    assert max(len(line) for line in r.formula_lines) <= 90      # readable without scrolling
 
 
 def test_compute_with_weights_and_concurrency():
@@ -38,6 +40,7 @@ def test_compute_mla_and_bad_concurrency():
     r = mc.compute(DS, "bf16", 131_072, 1, 80 * GiB)
     assert r.kind == "MLA" and r.bytes_per_token == 70_272
     assert "512 latent + 64 rotary key" in r.formula_lines[0]
+    assert r.formula_lines[1].strip() == "= 70,272 B  (68.62 KiB)"
     with pytest.raises(ValueError, match="concurrency"):
         mc.compute(L3, "bf16", 4096, 0, GiB)
 

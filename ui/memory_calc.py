@@ -40,6 +40,18 @@ def _num(n: int) -> str:
     return f"{n:,}"
 
 
+def _seqs(n: int) -> str:
+    return f"{n:,} sequence" + ("" if n == 1 else "s")
+
+
+def _tick(x: int) -> str:
+    if x >= 1024 * 1024 and x % (1024 * 1024) == 0:
+        return f"{x // (1024 * 1024)}M"
+    if x >= 1024 and x % 1024 == 0:
+        return f"{x // 1024}K"
+    return f"{x:,}"
+
+
 def compute(cfg, dtype: str, context_len: int, concurrency: int, memory_bytes: int,
             weights_bytes: int = 0) -> MemoryResult:
     """Everything the page shows, from the config and the user's sizes (ValueError on bad input)."""
@@ -52,23 +64,27 @@ def compute(cfg, dtype: str, context_len: int, concurrency: int, memory_bytes: i
     total = kv_total + weights_bytes
     maxc = mm.max_concurrent_sequences(cfg, dtype, context_len, memory_bytes, weights_bytes)
     free = memory_bytes - weights_bytes
+    pad = " " * 17
     lines = [
-        "bytes per token  = " + mm.formula_text(cfg, dtype).replace(" per token", "")
-        + f"  ({mm.format_bytes(bpt)})",
-        f"per sequence     = {_num(bpt)} B x {_num(context_len)} tokens = {_num(per_seq)} B"
-        f"  ({mm.format_bytes(per_seq)})",
-        f"KV for the batch = {_num(per_seq)} B x {_num(concurrency)} sequences = {_num(kv_total)} B"
-        f"  ({mm.format_bytes(kv_total)})",
+        f"bytes per token  = {mm.formula_factors(cfg, dtype)}",
+        f"{pad}= {_num(bpt)} B  ({mm.format_bytes(bpt)})",
+        f"per sequence     = {_num(bpt)} B x {_num(context_len)} tokens",
+        f"{pad}= {_num(per_seq)} B  ({mm.format_bytes(per_seq)})",
+        f"KV for the batch = {_num(per_seq)} B x {_seqs(concurrency)}",
+        f"{pad}= {_num(kv_total)} B  ({mm.format_bytes(kv_total)})",
     ]
     if weights_bytes:
-        lines.append(f"total needed     = {_num(kv_total)} B KV + {_num(weights_bytes)} B weights = "
-                     f"{_num(total)} B  ({mm.format_bytes(total)})")
+        lines += [f"total needed     = {_num(kv_total)} B KV + {_num(weights_bytes)} B weights",
+                  f"{pad}= {_num(total)} B  ({mm.format_bytes(total)})"]
     else:
-        lines.append(f"total needed     = {_num(total)} B  ({mm.format_bytes(total)}; weights left out)")
-    lines.append(f"max concurrent   = floor(({_num(memory_bytes)} B memory - {_num(weights_bytes)} B weights)"
-                 f" / {_num(per_seq)} B) = {_num(maxc)}" if free > 0 else
-                 f"max concurrent   = 0 (the weights alone, {mm.format_bytes(weights_bytes)}, do not fit "
-                 f"in {mm.format_bytes(memory_bytes)})")
+        lines += [f"total needed     = {_num(total)} B  ({mm.format_bytes(total)}; weights left out)"]
+    if free > 0:
+        lines += [f"max concurrent   = floor((memory - weights) / per sequence)",
+                  f"{pad}= floor(({_num(memory_bytes)} B - {_num(weights_bytes)} B) / {_num(per_seq)} B)",
+                  f"{pad}= {_num(maxc)}"]
+    else:
+        lines += [f"max concurrent   = 0: the weights alone ({mm.format_bytes(weights_bytes)}) "
+                  f"do not fit in {mm.format_bytes(memory_bytes)}"]
     return MemoryResult(kind, dtype, context_len, concurrency, bpt, per_seq, kv_total, weights_bytes,
                         total, memory_bytes, maxc, total <= memory_bytes, tuple(lines))
 
@@ -76,7 +92,7 @@ def compute(cfg, dtype: str, context_len: int, concurrency: int, memory_bytes: i
 def summary_rows(r: MemoryResult) -> list[dict]:
     """The headline numbers as table rows (exact bytes and a readable size)."""
     rows = [("KV bytes per token", r.bytes_per_token), ("KV per sequence", r.bytes_per_sequence),
-            (f"KV for {r.concurrency:,} sequences", r.kv_total), ("weights", r.weights),
+            (f"KV for {_seqs(r.concurrency)}", r.kv_total), ("weights", r.weights),
             ("total needed", r.total), ("GPU memory", r.memory)]
     out = [{"quantity": q, "bytes": _num(b), "size": mm.format_bytes(b)} for q, b in rows]
     out.append({"quantity": "max concurrent sequences", "bytes": "", "size": _num(r.max_concurrent)})
@@ -139,9 +155,12 @@ def memory_vs_context_figure(cfg, dtype: str, context_len: int, concurrency: int
                              marker=dict(symbol="diamond", size=12, color=theme.INK),
                              hovertemplate="%{x:,} tokens: %{y:,.2f} GiB<extra>your setting</extra>"))
     what = "weights + " if weights_bytes else ""
-    fig.update_layout(**theme.base_layout(height, f"Memory needed ({what}KV x {concurrency:,} sequences)"))
-    fig.update_layout(xaxis=dict(type="log", title="context length (tokens, log scale)", gridcolor=theme.GRID),
-                      yaxis=dict(type="log", title="GiB (log scale)", gridcolor=theme.GRID))
+    fig.update_layout(**theme.base_layout(height, f"Memory needed ({what}KV x {_seqs(concurrency)})",
+                                          margin=dict(l=55, r=20, t=78, b=45)))
+    fig.update_layout(legend=dict(y=1.0, yanchor="bottom"),
+                      xaxis=dict(type="log", title="context length (tokens, log scale)", gridcolor=theme.GRID,
+                                 tickvals=xs[::2], ticktext=[_tick(x) for x in xs[::2]]),
+                      yaxis=dict(title="GiB", gridcolor=theme.GRID, rangemode="tozero"))
     return fig
 
 
