@@ -1,0 +1,140 @@
+"""Paged attention, registered with transformers' AttentionInterface as "kvscope".
+
+The HF model's own embedding, norms, rotary, projections and MLP run unchanged; only attention
+is ours: it writes each new token's key/value into the block pool (slot mapping) and reads every
+key/value it attends to back from the pool through the block tables. The pool tensors are the
+cache; nothing else holds K/V.
+
+Batches are flattened (ragged): the model sees one row of T tokens from many requests.
+- decode group (one query token per request): one batched SDPA over block-gathered K/V with a
+  length mask;
+- every other request (prefill chunks, speculative verification): SDPA per request with a causal
+  mask aligned to its position in the sequence.
+On CUDA, `torch.nn.attention.varlen.varlen_attn` with `block_table` is used when it works for
+the shapes (checked once), with the reference path as fallback.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+ATTN_NAME = "kvscope"
+_ctx = threading.local()
+
+
+@dataclass(slots=True)
+class PrefillItem:
+    q_start: int            # offset of this request's first query token in the flattened batch
+    q_len: int
+    ctx_len: int            # tokens of context after this chunk (positions 0..ctx_len-1)
+    block_ids: torch.Tensor  # [ceil(ctx_len / block_size)] physical blocks
+
+
+@dataclass(slots=True)
+class AttnMetadata:
+    kv_caches: list                      # per layer (k_pool, v_pool), each [num_blocks, block_size, kv_heads, head_dim]
+    slot_mapping: torch.Tensor           # [T] flat slot (block * block_size + offset) for each new token
+    block_size: int
+    decode_idx: torch.Tensor | None = None       # [Bd] positions in the batch of single-token queries
+    decode_blocks: torch.Tensor | None = None    # [Bd, max_blocks]
+    decode_mask: torch.Tensor | None = None      # [Bd, 1, 1, max_blocks * block_size] bool (True = attend)
+    decode_len1: int = 0                         # context length when the decode group has one request
+    prefills: list[PrefillItem] = field(default_factory=list)
+    layer_offset: int = 0                # pools index = module.layer_idx + offset (draft models share a pool list)
+
+
+class forward_context:
+    """Installs AttnMetadata for the forward passes inside the `with` block (this thread only)."""
+
+    def __init__(self, meta: AttnMetadata):
+        self.meta = meta
+
+    def __enter__(self):
+        self.prev = getattr(_ctx, "meta", None)
+        _ctx.meta = self.meta
+        return self.meta
+
+    def __exit__(self, *exc):
+        _ctx.meta = self.prev
+
+
+def current_metadata() -> AttnMetadata | None:
+    return getattr(_ctx, "meta", None)
+
+
+def _gather(pool: torch.Tensor, block_ids: torch.Tensor, length: int | None = None) -> torch.Tensor:
+    """Blocks -> [kv_heads, tokens, head_dim] (whole blocks copied, then trimmed)."""
+    x = pool.index_select(0, block_ids)                 # [nb, bs, h, d]
+    x = x.reshape(-1, x.shape[-2], x.shape[-1])         # [nb*bs, h, d]
+    if length is not None:
+        x = x[:length]
+    return x.transpose(0, 1)                            # [h, tokens, d]
+
+
+def paged_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    meta = current_metadata()
+    if meta is None:
+        # Not inside an engine forward (e.g. someone calls model.generate on a shared model):
+        # behave exactly like transformers' SDPA path.
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    layer = module.layer_idx + meta.layer_offset
+    k_pool, v_pool = meta.kv_caches[layer]
+    # query: [1, H, T, D]; key/value: [1, Hkv, T, D]
+    hkv, d = k_pool.shape[2], k_pool.shape[3]
+    k_new = key[0].transpose(0, 1).to(k_pool.dtype)      # [T, Hkv, D]
+    v_new = value[0].transpose(0, 1).to(v_pool.dtype)
+    k_pool.view(-1, hkv, d).index_copy_(0, meta.slot_mapping, k_new)
+    v_pool.view(-1, hkv, d).index_copy_(0, meta.slot_mapping, v_new)
+
+    q = query[0]                                         # [H, T, D]
+    T = q.shape[1]
+    out = torch.empty((T, q.shape[0], q.shape[2]), dtype=query.dtype, device=query.device)  # [T, H, D]
+    gqa = q.shape[0] != hkv
+
+    if meta.decode_idx is not None and meta.decode_idx.numel():
+        bd = meta.decode_idx.numel()
+        kd = k_pool.index_select(0, meta.decode_blocks.reshape(-1))          # [Bd*nb, bs, h, d]
+        vd = v_pool.index_select(0, meta.decode_blocks.reshape(-1))
+        kd = kd.view(bd, -1, hkv, d).transpose(1, 2).to(q.dtype)              # [Bd, h, L, d]
+        vd = vd.view(bd, -1, hkv, d).transpose(1, 2).to(q.dtype)
+        qd = q.index_select(1, meta.decode_idx).transpose(0, 1).unsqueeze(2)  # [Bd, H, 1, D]
+        if bd == 1:  # single request: trim to its length, no mask (same call as transformers' decode)
+            n = meta.decode_len1
+            od = F.scaled_dot_product_attention(qd, kd[:, :, :n], vd[:, :, :n], scale=scaling, enable_gqa=gqa)
+        else:
+            od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask, scale=scaling, enable_gqa=gqa)
+        out.index_copy_(0, meta.decode_idx, od.squeeze(2))
+
+    for p in meta.prefills:
+        qp = q[:, p.q_start:p.q_start + p.q_len].unsqueeze(0)                  # [1, H, q, D]
+        kp = _gather(k_pool, p.block_ids, p.ctx_len).unsqueeze(0).to(q.dtype)  # [1, h, ctx, d]
+        vp = _gather(v_pool, p.block_ids, p.ctx_len).unsqueeze(0).to(q.dtype)
+        if p.q_len == p.ctx_len:
+            op = F.scaled_dot_product_attention(qp, kp, vp, is_causal=p.q_len > 1, scale=scaling, enable_gqa=gqa)
+        else:
+            start = p.ctx_len - p.q_len
+            qi = torch.arange(p.q_len, device=q.device)[:, None] + start
+            kj = torch.arange(p.ctx_len, device=q.device)[None, :]
+            mask = (kj <= qi)[None, None]
+            op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, scale=scaling, enable_gqa=gqa)
+        out[p.q_start:p.q_start + p.q_len] = op[0].transpose(0, 1)
+    return out.unsqueeze(0), None
+
+
+def register() -> None:
+    from transformers import AttentionInterface
+    AttentionInterface.register(ATTN_NAME, paged_attention_forward)
+
+
+def build_decode_mask(ctx_lens: list[int], max_blocks: int, block_size: int, device) -> torch.Tensor | None:
+    """[Bd, 1, 1, L] bool mask (True = attend); None for a single request (it is trimmed instead)."""
+    L = max_blocks * block_size
+    if len(ctx_lens) == 1:
+        return None
+    lens = torch.tensor(ctx_lens, device=device)
+    return (torch.arange(L, device=device)[None, :] < lens[:, None])[:, None, None, :]

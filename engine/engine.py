@@ -1,0 +1,589 @@
+"""LLMEngine (add_request / step / abort_request / evict / snapshot) and LLM (batch generate).
+
+One step = schedule -> (copy-on-write, swaps) -> one flattened forward pass -> sample or verify
+-> stop checks -> events and metrics. Every memory decision becomes an Event with a reason.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from . import events as ev
+from .block_manager import BlockManager, cdiv
+from .config import EngineConfig, SamplingParams
+from .events import EventRing
+from .metrics import MetricsTracker
+from .models import load_model, resolve_device, resolve_dtype
+from .runner import BatchRow, ModelRunner, kv_geometry
+from .sampler import make_generator, sample
+from .scheduler import Scheduler
+from .sequence import Request, Status
+from .snapshot import (ACCEPTED, BONUS, PLAIN, REPLACED, BlockInfo, EngineInfo, RequestInfo, Snapshot,
+                       CACHED, FREE, USED)
+
+DEFAULT_KV_BYTES = 256 * 1024 * 1024
+MAX_DEFAULT_BLOCKS = 4096
+MAX_PROMPT_CHARS = 1_000_000
+
+
+@dataclass(slots=True)
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+
+@dataclass(slots=True)
+class RequestMetrics:
+    arrival_time: float
+    first_scheduled_time: float | None
+    first_token_time: float | None
+    finish_time: float | None
+    ttft: float | None
+    tpot: float | None
+    e2e_latency: float | None
+    itl: list[float] = field(default_factory=list)
+    num_cached_tokens: int = 0
+    num_preemptions: int = 0
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    metrics: RequestMetrics
+    error: str | None = None
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig | None = None, **kwargs):
+        if config is None:
+            config = EngineConfig(**kwargs)
+        elif kwargs:
+            config = config.replace(**kwargs)
+        self.config = config
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.model, self.tokenizer = load_model(config.model, config.device, config.dtype)
+        hf = self.model.config
+        self.vocab_size = hf.vocab_size
+        max_pos = getattr(hf, "max_position_embeddings", None) or config.max_model_len
+        if config.max_model_len > max_pos:
+            raise ValueError(f"max_model_len={config.max_model_len} exceeds the model's "
+                             f"max_position_embeddings={max_pos}")
+        n_layers, n_kv, head_dim = kv_geometry(hf)
+        itemsize = torch.finfo(self.dtype).bits // 8
+        self.bytes_per_token = 2 * n_layers * n_kv * head_dim * itemsize
+        self.bytes_per_block = self.bytes_per_token * config.block_size
+        if config.num_kv_blocks is not None:
+            num_blocks = config.num_kv_blocks
+        else:
+            budget = config.kv_cache_bytes or DEFAULT_KV_BYTES
+            num_blocks = budget // self.bytes_per_block
+            if config.kv_cache_bytes is None:
+                num_blocks = min(num_blocks, MAX_DEFAULT_BLOCKS)
+            if num_blocks < 1:
+                raise ValueError(f"kv_cache_bytes={budget} is smaller than one block "
+                                 f"({self.bytes_per_block} bytes at block_size {config.block_size})")
+        slab_tokens = config.max_model_len
+        if config.allocator == "contiguous" and cdiv(slab_tokens, config.block_size) > num_blocks:
+            raise ValueError(f"allocator='contiguous' needs at least one max_model_len slab "
+                             f"({cdiv(slab_tokens, config.block_size)} blocks); the pool has {num_blocks}")
+        num_swap = config.swap_space_bytes // self.bytes_per_block if config.preemption_mode == "swap" else 0
+        self.num_blocks = num_blocks
+        self.bm = BlockManager(num_blocks, config.block_size,
+                               enable_prefix_caching=config.enable_prefix_caching and config.kv_cache,
+                               allocator=config.allocator, slab_tokens=slab_tokens, num_swap_blocks=num_swap)
+        self.runner = ModelRunner(self.model, num_blocks=num_blocks, block_size=config.block_size,
+                                  dtype=self.dtype, device=self.device, num_swap_blocks=num_swap)
+        self.events = EventRing(config.event_ring_size)
+        self.t0 = time.perf_counter()
+        self.step_num = 0
+        self.scheduler = Scheduler(config, self.bm, self._emit, self.runner.swap_out, self.runner.swap_in,
+                                   self.runner.copy_blocks)
+        self.requests: dict[str, Request] = {}
+        self.finished: deque[Request] = deque(maxlen=64)
+        self.metrics = MetricsTracker()
+        self._ids = itertools.count()
+        self.eos_ids = self._eos_ids()
+        self.spec = None
+        if config.speculative is not None:
+            from .speculative import SpecDecoder
+            self.spec = SpecDecoder(self, config.speculative)
+        self.fault_injector = None        # tests: callable(step_items) that may raise
+        self._emit(ev.CONFIG, None, model=config.model, num_blocks=num_blocks, block_size=config.block_size,
+                   bytes_per_token=self.bytes_per_token, reason="engine started")
+
+    # ------------------------------------------------------------------ helpers
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def _emit(self, kind: str, request_id: str | None = None, **data):
+        return self.events.emit(self.step_num, self.now(), kind, request_id, **data)
+
+    def _eos_ids(self) -> set[int]:
+        ids = set()
+        for src in (getattr(self.tokenizer, "eos_token_id", None),
+                    getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)):
+            if isinstance(src, int):
+                ids.add(src)
+            elif isinstance(src, (list, tuple)):
+                ids.update(int(x) for x in src)
+        return ids
+
+    def apply_chat_template(self, text: str) -> list[int]:
+        msgs = [{"role": "user", "content": text}]
+        out = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+        if isinstance(out, dict) or hasattr(out, "input_ids"):
+            out = out["input_ids"]
+        return list(out)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    # ------------------------------------------------------------------ requests
+    def _tokenize_prompt(self, prompt) -> tuple[list[int], str]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt must not be empty")
+            if len(prompt) > MAX_PROMPT_CHARS:
+                raise ValueError(f"prompt is {len(prompt)} characters; the limit is {MAX_PROMPT_CHARS}")
+            ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+            if not ids:
+                raise ValueError("prompt must not be empty (it tokenizes to no tokens)")
+            return list(ids), prompt
+        if isinstance(prompt, (list, tuple)):
+            if not prompt:
+                raise ValueError("prompt must not be empty (got an empty token id list)")
+            for t in prompt:
+                if not isinstance(t, int) or isinstance(t, bool):
+                    raise ValueError(f"prompt token ids must be integers, got {type(t).__name__}")
+                if not 0 <= t < self.vocab_size:
+                    raise ValueError(f"prompt token id {t} is outside the vocabulary [0, {self.vocab_size})")
+            return list(prompt), ""
+        raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+
+    def add_request(self, request_id: str | None, prompt, params: SamplingParams | None = None,
+                    arrival_time: float | None = None) -> str:
+        """Validates everything before allocating anything; raises ValueError naming the field
+        and the limit (a rejection event is recorded too)."""
+        params = params if params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError("params must be a SamplingParams")
+        if request_id is None:
+            request_id = f"req-{next(self._ids)}"
+        if not isinstance(request_id, str) or not request_id or len(request_id) > 128:
+            raise ValueError("request_id must be a non-empty string of at most 128 characters")
+        if request_id in self.requests:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        try:
+            ids, text = self._tokenize_prompt(prompt)
+            cfg = self.config
+            tier_name = params.tier or cfg.default_tier
+            tier = None
+            if tier_name is not None:
+                if tier_name not in cfg.tiers:
+                    raise ValueError(f"tier {tier_name!r} is not configured (known: {sorted(cfg.tiers)})")
+                tier = cfg.tiers[tier_name]
+            if len(ids) >= cfg.max_model_len:
+                raise ValueError(f"prompt is {len(ids)} tokens; max_model_len is {cfg.max_model_len} "
+                                 f"(prompt + at least 1 generated token must fit)")
+            if tier is not None and len(ids) + params.max_tokens > tier.max_context:
+                raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds tier "
+                                 f"{tier.name!r}'s context cap of {tier.max_context} tokens")
+            if params.stop_token_ids and any(t >= self.vocab_size for t in params.stop_token_ids):
+                raise ValueError(f"stop_token_ids must be < vocab size {self.vocab_size}")
+            worst = min(len(ids) + params.max_tokens, cfg.max_model_len)
+            need = self.scheduler.blocks_for_whole_request(worst)
+            if cfg.allocator == "paged" and need > self.bm.num_blocks:
+                raise ValueError(f"request needs up to {need} KV blocks ({worst} tokens) but the pool has "
+                                 f"{self.bm.num_blocks}; lower max_tokens or raise the KV budget")
+        except ValueError as e:
+            self._emit(ev.REJECT, request_id, reason=str(e))
+            self.metrics.num_rejected += 1
+            raise
+        req = Request(request_id, ids, params, self.now() if arrival_time is None else arrival_time,
+                      prompt_text=text, tier=tier.name if tier else None, priority=tier.priority if tier else 0)
+        req.request_class = params.request_class or (tier.name if tier else "default")
+        req.generator = make_generator(params, self.device)
+        req.waiting_reason = "queued"
+        self.requests[request_id] = req
+        self.scheduler.add(req)
+        req.add_history(self.step_num, self.now(), 0, self.bytes_per_token, "waiting")
+        return request_id
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def get_num_unfinished_requests(self) -> int:
+        s = self.scheduler
+        return len(s.waiting) + len(s.running) + len(s.swapped)
+
+    def _finish(self, req: Request, status: Status, reason: str, error: str | None = None) -> None:
+        freed = self.scheduler.remove(req)
+        req.status = status
+        req.finish_reason = reason
+        req.error = error
+        req.finish_time = self.now()
+        req.spec_token_ids = []
+        req.add_history(self.step_num, req.finish_time, 0, self.bytes_per_token, "finished")
+        req.num_computed_tokens = 0
+        if freed:
+            self._emit(ev.BLOCK_FREE, req.request_id, blocks=list(freed), reason=reason)
+        kind = {Status.FINISHED: ev.FINISH, Status.ABORTED: ev.ABORT}.get(status, ev.FINISH)
+        if error:
+            kind = ev.ERROR
+        self._emit(kind, req.request_id, finish_reason=reason, output_tokens=req.num_output_tokens,
+                   reason=error or reason)
+        self.requests.pop(req.request_id, None)
+        self.finished.append(req)
+        self.metrics.on_finish(req)
+
+    def abort_request(self, request_id) -> bool:
+        """Abort a request. Unknown or already-finished ids are harmless (returns False)."""
+        ids = request_id if isinstance(request_id, (list, tuple)) else [request_id]
+        done = False
+        for rid in ids:
+            req = self.requests.get(rid) if isinstance(rid, str) else None
+            if req is None or req.is_finished:
+                continue
+            self._finish(req, Status.ABORTED, "abort")
+            done = True
+        return done
+
+    def evict(self, request_id: str) -> dict:
+        """Drop a running request's KV cache (the "Evict the KV cache" button): its blocks are
+        freed (not kept in the prefix cache), and it recomputes prompt + generated tokens."""
+        req = self.requests.get(request_id)
+        if req is None or req.is_finished:
+            raise ValueError(f"request {request_id!r} is not running (unknown or finished)")
+        if req.status != Status.RUNNING:
+            raise ValueError(f"request {request_id!r} is {req.status.value}, not running: nothing to evict")
+        table = list(self.bm.table(request_id))
+        tokens = req.num_computed_tokens
+        # drop the hashes too, so the recompute really recomputes
+        for bid in table:
+            b = self.bm.blocks[bid]
+            if b.ref_cnt == 1 and b.block_hash is not None:
+                if self.bm.hash_to_block.get(b.block_hash) == bid:
+                    del self.bm.hash_to_block[b.block_hash]
+                b.block_hash = None
+        self.scheduler.preempt(req, "manual eviction", mode="recompute")
+        self.metrics.num_evictions += 1
+        self._emit(ev.EVICT, request_id, blocks_freed=len(table), tokens_to_recompute=req.num_tokens,
+                   cached_tokens_dropped=tokens, reason="manual eviction (Evict KV cache)")
+        return {"blocks_freed": len(table), "tokens_to_recompute": req.num_tokens}
+
+    def set_num_blocks(self, n: int) -> None:
+        """Change the KV budget live (within the allocated pool)."""
+        old = self.bm.num_blocks
+        self.bm.set_num_blocks(n)
+        self._emit(ev.CONFIG, None, num_blocks=n, previous=old,
+                   reason=f"KV budget changed from {old} to {n} blocks")
+
+    # ------------------------------------------------------------------ step
+    def step(self) -> list[RequestOutput]:
+        self.step_num += 1
+        t_step = time.perf_counter()
+        if self.spec is not None:
+            self.spec.propose([r for r in self.scheduler.running if r.num_tokens - r.num_computed_tokens == 1])
+        sched = self.scheduler.schedule(self.step_num)
+        outputs: list[RequestOutput] = []
+        if not sched.items:
+            self.bm.apply_target()
+            self._finish_step(t_step, 0)
+            return outputs
+        rows: list[BatchRow] = []
+        for it in sched.items:
+            req = it.req
+            start = req.num_computed_tokens
+            copies = self.bm.ensure_writable(req.request_id, start, start + it.num_new_tokens)
+            if copies:
+                self.runner.copy_blocks(copies)
+            all_ids = req.all_token_ids
+            toks = all_ids[start:start + it.num_new_tokens - it.num_spec_tokens] + req.spec_token_ids[:it.num_spec_tokens]
+            completes = start + it.num_new_tokens - it.num_spec_tokens >= req.num_tokens
+            logits_from = (len(toks) - 1 - it.num_spec_tokens) if completes else -1
+            rows.append(BatchRow(req.request_id, start, toks, self.bm.table(req.request_id), logits_from))
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = self.now()
+        self._flush_bm_events()
+        try:
+            if self.fault_injector is not None:
+                self.fault_injector(sched.items)
+            t_fwd = time.perf_counter()
+            logits = self.runner.forward(rows)
+            fwd_s = time.perf_counter() - t_fwd
+        except Exception as e:  # fail only the requests in this step
+            msg = f"step {self.step_num} failed: {type(e).__name__}: {str(e)[:300]}"
+            for it in sched.items:
+                if not it.req.is_finished:
+                    self._finish(it.req, Status.ABORTED, "error", error=msg)
+                    outputs.append(self._output(it.req))
+            self.metrics.num_errors += 1
+            self._finish_step(t_step, 0)
+            return outputs
+        if self.spec is not None:
+            self.spec.record_forward(sched.items, fwd_s)
+        # ---- consume logits
+        off = 0
+        now = self.now()
+        new_tokens_total = 0
+        for it, row in zip(sched.items, rows):
+            req = it.req
+            n_rows = (len(row.tokens) - row.logits_from) if row.logits_from >= 0 else 0
+            lg = logits[off:off + n_rows]
+            off += n_rows
+            start = row.start
+            phase = "decode" if len(row.tokens) - it.num_spec_tokens == 1 and start > 0 else "prefill"
+            if row.logits_from < 0:
+                # partial prefill chunk: K/V written, nothing sampled yet
+                req.num_computed_tokens = start + len(row.tokens)
+                self.bm.commit(req.request_id, req.num_computed_tokens)
+                self._emit(ev.PREFILL, req.request_id, start=start, tokens=len(row.tokens),
+                           blocks=len(self.bm.table(req.request_id)), chunk=True)
+                req.add_history(self.step_num, now, len(self.bm.table(req.request_id)), self.bytes_per_token, "prefill")
+                continue
+            if it.num_spec_tokens:
+                accepted, marks = self.spec.verify(req, req.spec_token_ids[:it.num_spec_tokens], lg)
+                new_ids = accepted
+            else:
+                tok = sample(lg[-1], req.params, req.generator)
+                new_ids = [tok]
+                marks = [PLAIN]
+            # K/V valid through the last fed non-rejected token
+            base_len = start + len(row.tokens) - it.num_spec_tokens   # tokens fed excluding drafts
+            n_acc_drafts = len(new_ids) - 1
+            req.num_computed_tokens = base_len + n_acc_drafts
+            released_slots_from = req.num_computed_tokens
+            fed_end = start + len(row.tokens)
+            if fed_end > released_slots_from:
+                bs = self.bm.block_size
+                table = self.bm.table(req.request_id)
+                self.runner.clear_slots([table[p // bs] * bs + p % bs for p in range(released_slots_from, fed_end)
+                                         if p // bs < len(table)])
+            released = self.bm.commit(req.request_id, req.num_computed_tokens)
+            if released:
+                self._emit(ev.BLOCK_FREE, req.request_id, blocks=released,
+                           reason="rolled back rejected speculative tokens")
+            req.spec_token_ids = []
+            if phase == "prefill":
+                self._emit(ev.PREFILL, req.request_id, start=start, tokens=len(row.tokens),
+                           blocks=len(self.bm.table(req.request_id)), chunk=False)
+            finished_reason = None
+            for j, tok in enumerate(new_ids):
+                req.output_token_ids.append(tok)
+                new_tokens_total += 1
+                req.token_times.append(now)
+                if req.first_token_time is None:
+                    req.first_token_time = now
+                    self.metrics.on_first_token(req)
+                req.mark(tok, self.tokenizer.decode([tok]), marks[j] if j < len(marks) else PLAIN, self.step_num)
+                finished_reason = self._check_stop(req, tok)
+                if finished_reason:
+                    break
+            self._update_text(req)
+            if finished_reason is None and req.params.stop:
+                finished_reason = self._check_stop_strings(req)
+            if not self.config.kv_cache and finished_reason is None:
+                # no-cache baseline: throw the K/V away; the next step recomputes the whole prefix
+                freed = self.bm.free(req.request_id)
+                req.num_computed_tokens = 0
+                if freed:
+                    self._emit(ev.BLOCK_FREE, req.request_id, blocks=freed, reason="kv_cache=False: recompute every step")
+            else:
+                self.bm.cache_full_blocks(req.request_id, req.all_token_ids, req.params.cache_salt)
+            if phase == "decode" and not it.num_spec_tokens:
+                self._emit(ev.DECODE, req.request_id, token=new_ids[-1], position=req.num_tokens - 1)
+            req.add_history(self.step_num, now, len(self.bm.table(req.request_id)), self.bytes_per_token, phase)
+            if finished_reason:
+                self._finish(req, Status.FINISHED, finished_reason)
+            outputs.append(self._output(req))
+        self.metrics.on_step(new_tokens_total, time.perf_counter() - t_step)
+        self.bm.apply_target()
+        self._finish_step(t_step, new_tokens_total)
+        return outputs
+
+    def _finish_step(self, t_step: float, new_tokens: int) -> None:
+        self._flush_bm_events()
+        self.last_step_s = time.perf_counter() - t_step
+
+    def _flush_bm_events(self) -> None:
+        for kind, rid, data in self.bm.pending_events:
+            self._emit(kind, rid, **data)
+        self.bm.pending_events.clear()
+
+    def _check_stop(self, req: Request, tok: int) -> str | None:
+        p = req.params
+        if not p.ignore_eos and tok in self.eos_ids:
+            req.stop_reason = tok
+            return "stop"
+        if p.stop_token_ids and tok in p.stop_token_ids:
+            req.stop_reason = tok
+            return "stop"
+        if req.num_output_tokens >= p.max_tokens:
+            return "length"
+        if req.num_tokens >= self.config.max_model_len:
+            return "length"
+        return None
+
+    def _update_text(self, req: Request) -> None:
+        req.output_text = self.decode(req.output_token_ids)
+
+    def _check_stop_strings(self, req: Request) -> str | None:
+        text = req.output_text
+        tail_from = max(0, len(text) - 64 - max(len(s) for s in req.params.stop))
+        for s in req.params.stop:
+            i = text.find(s, tail_from)
+            if i >= 0:
+                req.output_text = text[:i]
+                req.stop_reason = s
+                return "stop"
+        return None
+
+    # ------------------------------------------------------------------ outputs
+    def _output(self, req: Request) -> RequestOutput:
+        m = self.metrics.request_metrics(req)
+        return RequestOutput(req.request_id, req.prompt_text or None, list(req.prompt_token_ids),
+                             [CompletionOutput(0, req.output_text, list(req.output_token_ids), req.finish_reason,
+                                               req.stop_reason)],
+                             req.is_finished, m, req.error)
+
+    def get_request(self, request_id: str) -> Request | None:
+        r = self.requests.get(request_id)
+        if r is None:
+            for f in self.finished:
+                if f.request_id == request_id:
+                    return f
+        return r
+
+    # ------------------------------------------------------------------ snapshot
+    def info(self) -> EngineInfo:
+        c = self.config
+        spec = None
+        if c.speculative is not None:
+            spec = f"{c.speculative.method} k={c.speculative.num_speculative_tokens}"
+        return EngineInfo(c.model, str(self.device), str(self.dtype).replace("torch.", ""), self.runner.num_layers,
+                          self.runner.num_kv_heads, self.runner.head_dim, c.block_size, self.bm.num_blocks,
+                          self.bytes_per_token, self.bytes_per_block, self.bm.num_blocks * self.bytes_per_block,
+                          c.max_model_len, c.max_num_seqs, c.max_num_batched_tokens, c.allocator, c.kv_cache,
+                          self.bm.enable_prefix_caching, c.preemption_mode, c.victim_policy, spec)
+
+    def check_invariants(self) -> None:
+        self.bm.check_invariants()
+        s = self.scheduler
+        live = list(s.waiting)
+        for req in s.running:
+            n = self.bm.num_tokens.get(req.request_id, 0)
+            assert n == req.num_computed_tokens, (
+                f"{req.request_id}: block manager holds {n} tokens, request says {req.num_computed_tokens}")
+        for req in live:
+            if req.status != Status.RUNNING:
+                assert req.request_id not in self.bm.tables or req.num_computed_tokens > 0, \
+                    f"waiting {req.request_id} holds blocks"
+        for req in s.swapped:
+            assert req.request_id in self.bm.swapped and req.request_id not in self.bm.tables
+        ids = [r.request_id for r in itertools.chain(s.waiting, s.running, s.swapped)]
+        assert len(ids) == len(set(ids)), "a request is in two queues"
+        for rid in self.bm.tables:
+            assert rid in self.requests, f"blocks held by unknown request {rid}"
+
+    def snapshot(self, max_finished: int = 16) -> Snapshot:
+        bm = self.bm
+        owners: dict[int, list[str]] = {}
+        fill: dict[int, int] = {}
+        bs = bm.block_size
+        for rid, table in bm.tables.items():
+            n = bm.num_tokens.get(rid, 0)
+            for i, bid in enumerate(table):
+                owners.setdefault(bid, []).append(rid)
+                f = max(0, min(bs, n - i * bs))
+                fill[bid] = max(fill.get(bid, 0), f)
+        blocks = []
+        for bid in range(bm.capacity):
+            if bid in bm.retired:
+                continue
+            b = bm.blocks[bid]
+            if b.ref_cnt > 0:
+                state = USED
+            elif b.block_hash is not None:
+                state = CACHED
+            else:
+                state = FREE
+            blocks.append(BlockInfo(bid, state, b.ref_cnt, tuple(owners.get(bid, ())),
+                                    fill.get(bid, bs if state == CACHED else 0),
+                                    b.block_hash.hex()[:8] if b.block_hash is not None else None))
+        s = self.scheduler
+        reqs = [self._request_info(r) for r in itertools.chain(s.running, s.waiting, s.swapped)]
+        reqs += [self._request_info(r) for r in list(self.finished)[-max_finished:]]
+        slots_alloc = sum(len(t) * bs for t in bm.tables.values())
+        slots_filled = sum(bm.num_tokens.get(rid, 0) for rid in bm.tables)
+        metrics = self.metrics.snapshot(self, slots_alloc, slots_filled)
+        return Snapshot(self.step_num, self.now(), self.info(), tuple(blocks), tuple(reqs), metrics,
+                        tuple(r.request_id for r in s.waiting), tuple(r.request_id for r in s.running),
+                        tuple(r.request_id for r in s.swapped))
+
+    def _request_info(self, r: Request) -> RequestInfo:
+        table = tuple(self.bm.table(r.request_id))
+        n = self.bm.num_tokens.get(r.request_id, 0) if table else 0
+        return RequestInfo(
+            r.request_id, r.status.value, r.tier, r.num_prompt_tokens, r.num_output_tokens, n,
+            r.num_cached_tokens, table, len(table) * self.bm.block_size, n * self.bytes_per_token, r.priority,
+            r.arrival_time, r.first_token_time, r.finish_time, r.finish_reason, r.waiting_reason, r.error,
+            r.num_preemptions, (r.prompt_text or self.decode(r.prompt_token_ids[:64]))[:200],
+            r.output_text[-4000:], tuple(r.token_marks), tuple(r.history),
+            r.spec_num_drafts, r.spec_num_draft_tokens, r.spec_num_accepted_tokens)
+
+
+class LLM:
+    """vLLM-shaped offline entry point: LLM(model="default", **EngineConfig fields).generate(...)"""
+
+    def __init__(self, model: str = "default", **config):
+        self.engine = LLMEngine(EngineConfig(model=model, **config))
+        self.tokenizer = self.engine.tokenizer
+        self._n = itertools.count()
+
+    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
+                                        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompts)):
+            prompts = [prompts]
+        if not isinstance(prompts, (list, tuple)) or not prompts:
+            raise ValueError("prompts must be a string, a list of token ids, or a non-empty list of either")
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")
+        # validate all before adding any
+        for p in prompts:
+            self.engine._tokenize_prompt(p)
+        ids = []
+        try:
+            for p, sp in zip(prompts, params):
+                ids.append(self.engine.add_request(f"gen-{next(self._n)}", p, sp))
+        except ValueError:
+            self.engine.abort_request(ids)
+            raise
+        final: dict[str, RequestOutput] = {}
+        while len(final) < len(ids):
+            if not self.engine.has_unfinished_requests():
+                break
+            for out in self.engine.step():
+                if out.finished:
+                    final[out.request_id] = out
+        return [final[i] for i in ids]

