@@ -1,0 +1,265 @@
+"""EngineThread: the step loop in a background thread, shared safely by many callers (the app's
+browser sessions). Every engine call happens under one lock, between steps; callers get
+RequestHandles that stream text deltas. A crashed loop is surfaced (healthy=False, error) and
+wakes every waiting client with the error instead of hanging them; restart() rebuilds it."""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+
+from .config import EngineConfig, SamplingParams
+from .engine import LLMEngine, RequestOutput
+from .snapshot import Snapshot
+
+_DONE = object()
+
+
+class EngineCrashed(RuntimeError):
+    pass
+
+
+class RequestHandle:
+    def __init__(self, owner: "EngineThread", request_id: str):
+        self.owner = owner
+        self.request_id = request_id
+        self._q: queue.Queue = queue.Queue()
+        self._done = threading.Event()
+        self._sent = ""
+        self.output: RequestOutput | None = None
+        self.error: str | None = None
+
+    # called by the loop
+    def _push(self, out: RequestOutput) -> None:
+        self.output = out
+        text = out.outputs[0].text
+        if text.startswith(self._sent):
+            delta = text[len(self._sent):]
+            if not out.finished:
+                delta = delta.rstrip("\ufffd")     # hold back an incomplete UTF-8 sequence
+            if delta:
+                self._sent += delta
+                self._q.put(delta)
+        if out.finished:
+            if out.error:
+                self.error = out.error
+            self._finish()
+
+    def _fail(self, error: str) -> None:
+        self.error = error
+        self._finish()
+
+    def _finish(self) -> None:
+        if not self._done.is_set():
+            self._done.set()
+            self._q.put(_DONE)
+
+    @property
+    def finished(self) -> bool:
+        return self._done.is_set()
+
+    def stream(self, timeout: float | None = 600.0):
+        """Yields text deltas until the request finishes. Raises EngineCrashed if the engine
+        failed the request or the loop died."""
+        while True:
+            try:
+                item = self._q.get(timeout=timeout)
+            except queue.Empty:
+                raise TimeoutError(f"no token from {self.request_id} within {timeout}s") from None
+            if item is _DONE:
+                if self.error:
+                    raise EngineCrashed(self.error)
+                return
+            yield item
+
+    def result(self, timeout: float | None = 600.0) -> RequestOutput:
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"{self.request_id} did not finish within {timeout}s")
+        if self.error and (self.output is None or not self.output.finished):
+            raise EngineCrashed(self.error)
+        return self.output
+
+
+class EngineThread:
+    def __init__(self, engine: LLMEngine | None = None, config: EngineConfig | None = None,
+                 snapshot_interval: float = 0.05, keep_snapshots: int = 600):
+        self.engine = engine if engine is not None else LLMEngine(config or EngineConfig())
+        self.lock = threading.RLock()
+        self._wake = threading.Condition(self.lock)
+        self.handles: dict[str, RequestHandle] = {}
+        self.snapshot_interval = snapshot_interval
+        self.recent: deque[Snapshot] = deque(maxlen=keep_snapshots)   # for traces / over-time charts
+        self.error: str | None = None
+        self._stop = False
+        self._counter = 0
+        self._snap = self.engine.snapshot()
+        self._snap_t = 0.0
+        self._thread: threading.Thread | None = None
+        self._start()
+
+    # ------------------------------------------------------------------ loop
+    def _start(self) -> None:
+        self._stop = False
+        self.error = None
+        self._thread = threading.Thread(target=self._loop, name="kvscope-engine", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                with self.lock:
+                    if self._stop:
+                        return
+                    if not self.engine.has_unfinished_requests():
+                        self._publish(force=True)
+                        self._wake.wait(timeout=0.2)
+                        continue
+                    outs = self.engine.step()
+                    for out in outs:
+                        h = self.handles.get(out.request_id)
+                        if h is not None:
+                            h._push(out)
+                            if out.finished:
+                                self.handles.pop(out.request_id, None)
+                    self._publish()
+                time.sleep(0)      # let submitters take the lock between steps
+        except Exception as e:  # the loop itself died: surface it, wake every client
+            with self.lock:
+                self.error = f"engine loop crashed: {type(e).__name__}: {str(e)[:500]}"
+                for h in self.handles.values():
+                    h._fail(self.error)
+                self.handles.clear()
+                try:
+                    self._snap = self.engine.snapshot()
+                except Exception:
+                    pass
+
+    def _publish(self, force: bool = False) -> None:
+        now = time.perf_counter()
+        if force and self._snap.step == self.engine.step_num and self._snap_t:
+            return
+        if force or now - self._snap_t >= self.snapshot_interval:
+            self._snap = self.engine.snapshot()
+            self._snap_t = now
+            self.recent.append(self._snap)
+
+    # ------------------------------------------------------------------ API
+    @property
+    def healthy(self) -> bool:
+        return self.error is None and self._thread is not None and self._thread.is_alive()
+
+    @property
+    def events(self):
+        return self.engine.events
+
+    @property
+    def config(self) -> EngineConfig:
+        return self.engine.config
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def _check_alive(self) -> None:
+        if not self.healthy:
+            raise EngineCrashed(self.error or "engine is not running")
+
+    def submit(self, prompt, params: SamplingParams | None = None, request_id: str | None = None,
+               chat: bool = False) -> RequestHandle:
+        """Queues a request; raises ValueError (field + limit) for bad input, EngineCrashed if
+        the loop is down."""
+        self._check_alive()
+        with self.lock:
+            if chat:
+                if not isinstance(prompt, str) or not prompt.strip():
+                    raise ValueError("prompt must be a non-empty string")
+                if len(prompt) > 1_000_000:
+                    raise ValueError(f"prompt is {len(prompt)} characters; the limit is 1000000")
+                prompt_in = self.engine.apply_chat_template(prompt)
+            else:
+                prompt_in = prompt
+            if request_id is None:
+                self._counter += 1
+                request_id = f"r{self._counter}"
+                while request_id in self.engine.requests or request_id in self.handles:
+                    self._counter += 1
+                    request_id = f"r{self._counter}"
+            self.engine.add_request(request_id, prompt_in, params)
+            if chat:
+                self.engine.requests[request_id].prompt_text = prompt
+            h = RequestHandle(self, request_id)
+            self.handles[request_id] = h
+            self._wake.notify_all()
+            return h
+
+    def abort(self, request_id: str) -> bool:
+        with self.lock:
+            done = self.engine.abort_request(request_id)
+            h = self.handles.pop(request_id, None)
+            if h is not None:
+                req = self.engine.get_request(request_id)
+                if req is not None:
+                    h._push(self.engine._output(req))
+                h._finish()
+            self._publish(force=True)
+            return done
+
+    def evict(self, request_id: str) -> dict:
+        with self.lock:
+            r = self.engine.evict(request_id)
+            self._publish(force=True)
+            self._wake.notify_all()
+            return r
+
+    def set_kv_budget(self, num_blocks: int) -> None:
+        with self.lock:
+            self.engine.set_num_blocks(num_blocks)
+            self._publish(force=True)
+
+    def snapshot(self) -> Snapshot:
+        return self._snap
+
+    def snapshot_now(self) -> Snapshot:
+        with self.lock:
+            self._snap = self.engine.snapshot()
+            return self._snap
+
+    def recent_snapshots(self) -> list[Snapshot]:
+        with self.lock:
+            return list(self.recent)
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        with self.lock:
+            self._stop = True
+            self._wake.notify_all()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        with self.lock:
+            for rid in list(self.handles):
+                self.engine.abort_request(rid)
+                self.handles.pop(rid)._fail("engine shut down")
+
+    def restart(self, config: EngineConfig | None = None) -> str:
+        return self.reconfigure(config or self.engine.config)
+
+    def reconfigure(self, config: EngineConfig) -> str:
+        """Rebuild the engine with a new config. In-flight requests are aborted cleanly (their
+        clients get an error saying why). Returns a message for the UI."""
+        if not isinstance(config, EngineConfig):
+            raise ValueError("config must be an EngineConfig")
+        new_engine = LLMEngine(config)       # build first: a bad config leaves the old engine serving
+        self.shutdown()
+        with self.lock:
+            n = 0
+            for rid in list(self.engine.requests):
+                self.engine.abort_request(rid)
+                n += 1
+            for h in list(self.handles.values()):
+                h._fail("aborted: the engine was reconfigured")
+            self.handles.clear()
+            self.engine = new_engine
+            self.recent.clear()
+            self._snap = self.engine.snapshot()
+        self._start()
+        return f"engine rebuilt; {n} in-flight request(s) aborted" if n else "engine rebuilt"
