@@ -1,4 +1,4 @@
-"""AppTest for pages/memory_calculator.py: widgets drive the numbers the page shows.
+"""AppTest for views/memory_calculator.py: widgets drive the numbers the page shows.
 
 The page inserts the repo root into sys.path itself (AppTest on a single page file only puts the
 page's folder there), so it runs stand-alone, without app.py or an engine."""
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "memory_calculator.py")
+PAGE = str(Path(__file__).resolve().parents[1] / "views" / "memory_calculator.py")
 
 
 def _run(**state):

@@ -4,7 +4,7 @@ it offers that model's shape too, read from ``st.session_state["engine_info"]``.
 import sys
 from pathlib import Path
 
-# AppTest (and `streamlit run pages/memory_calculator.py`) put only this folder on sys.path.
+# AppTest (and `streamlit run views/memory_calculator.py`) put only this folder on sys.path.
 _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
