@@ -71,16 +71,19 @@ def test_allocator_figures_carry_slots_and_waste():
 def test_cost_summary_and_fit():
     assert C.fit_line([1, 2, 3], [2, 4, 6]) == pytest.approx((2.0, 0.0))
     assert C.fit_line([5, 5], [1, 3]) == (0.0, 2.0)
-    flat = [C.CostPoint(i, 10 + i, 0.01) for i in range(1, 41)]
-    growing = [C.CostPoint(i, 10 + i, 0.001 * (10 + i)) for i in range(1, 41)]
+    flat = [C.CostPoint(i, 10 + i, 0.01, 1) for i in range(1, 41)]
+    growing = [C.CostPoint(i, 10 + i, 0.001 * (10 + i), 10 + i) for i in range(1, 41)]
     sf, sg = C.cost_summary(flat), C.cost_summary(growing)
     assert sf["slope_s_per_ctx_token"] == pytest.approx(0.0, abs=1e-12) and sf["growth"] == pytest.approx(1.0)
     assert sg["slope_s_per_ctx_token"] == pytest.approx(0.001)
     assert sg["late_step_s"] > sg["early_step_s"] and sg["total_s"] == pytest.approx(sum(p.step_s for p in growing))
     assert C.cumulative(flat)[-1] == pytest.approx(0.4)
     fig = C.cost_figure(flat, growing)
-    cum = [t for t in fig.data if t.mode == "lines"]
+    cum = [t for t in fig.data if t.xaxis == "x2"]
     assert cum[1].y[-1] == pytest.approx(sg["total_s"])
+    fed = [t for t in fig.data if t.xaxis == "x3"]
+    assert fed[0].y[-1] == 40 and fed[1].y[-1] == sum(10 + i for i in range(1, 41))
+    assert C.cumulative_fed(growing)[:2] == [11, 23]
     assert list(fig.data[0].x)[:2] == [11, 12]
     assert C.cost_summary([])["tokens"] == 0
 
@@ -88,13 +91,13 @@ def test_cost_summary_and_fit():
 def test_exercise_demand_vs_budget():
     # budget: 10 blocks x 16 = 160 tokens
     s0 = snap(0, 0, 0, reqs=[req("a", 50, 0, "waiting"), req("b", 50, 0, "waiting")])
-    s1 = snap(1, 128, 100, reqs=[req("a", 50, 30), req("b", 50, 20)])
+    s1 = snap(1, 128, 100, reqs=[req("a", 50, 30), req("b", 50, 20)], num_blocks_used=7)
     s2 = snap(2, 96, 90, reqs=[req("a", 50, 40), req("b", 50, 40, "preempted"), req("c", 50, 40, "finished")],
-              num_preemptions_total=1, num_finished=1)
+              num_preemptions_total=1, num_finished=1, num_blocks_used=6)
     r = rec("LRU", [s0, s1, s2], [ev(1, "preempt", "b"), ev(2, "wait", "b")], outputs=["c"])
     rows = C.exercise_rows(r)
     assert rows["demand"] == [100, 150, 180]          # finished sequences no longer count
-    assert rows["budget"] == [160, 160, 160] and rows["held"] == [0, 100, 90]
+    assert rows["budget"] == [160, 160, 160] and rows["held"] == [0, 112, 96]
     assert C.first_over_budget(r) == 2
     s = C.exercise_summary(r)
     assert s["peak_demand"] == 180 and s["over_budget_step"] == 2 and s["preemptions"] == 1
@@ -179,3 +182,18 @@ def test_prefix_helpers():
     assert list(ttft[0].y) == [pytest.approx(50), pytest.approx(70)] and list(ttft[1].y)[1] is None
     comp = [t for t in fig.data if t.legendgroup == "computed"][0]
     assert list(comp.y) == [4, 14] and list(comp.base) == [96, 96]
+
+
+def test_exercise_prompts_and_waiting_reasons():
+    ps = C.exercise_prompts(50, 12)
+    assert len(ps) == 50 and all(len(p) == 12 for p in ps)
+    assert len({p[0] for p in ps}) == 50 and all(1000 <= t < 40000 for p in ps for t in p)
+    s0 = snap(0, 0, 0, reqs=[replace(req("a", 5, 0, "waiting"), waiting_reason="no free KV blocks: needs 2, 0 free"),
+                             replace(req("b", 5, 0, "waiting"), waiting_reason="no free KV blocks: needs 2, 0 free"),
+                             replace(req("c", 5, 0, "preempted"), waiting_reason="preempted: no free KV blocks")])
+    s1 = snap(1, 0, 0, reqs=[replace(req("a", 5, 0, "waiting"), waiting_reason="no free KV blocks: needs 2, 0 free")])
+    r = C.waiting_reasons(rec("x", [s0, s1]))
+    assert r == [("no free KV blocks: needs 2, 0 free", 2), ("preempted", 1)]
+    r2 = rec("y", [s0])
+    r2.budget_tokens = 50
+    assert C.exercise_rows(r2)["budget"] == [50]

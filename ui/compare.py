@@ -9,6 +9,7 @@ Two halves, neither imports Streamlit:
 from __future__ import annotations
 
 import html
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -20,12 +21,16 @@ from plotly.subplots import make_subplots
 from engine.events import ADMIT, PREEMPT, REJECT, SWAP_OUT, WAIT, Event
 from engine.snapshot import Snapshot
 from ui import theme
-from ui.load import SERIES_CAP, append_snapshot
+from ui.load import RECORDED_EXCLUDE, SERIES_CAP, append_snapshot, slim_snapshot
 
 _O = theme.OKABE_ITO
 A_COLOR, B_COLOR = _O["blue"], _O["vermillion"]        # the two sides of every comparison
 FILLED_COLOR, ALLOC_COLOR = _O["blue"], _O["orange"]
 LIVE_STATES = ("waiting", "running", "preempted", "swapped")
+
+# One private-engine measurement at a time per server: they compete for the same CPU cores (and
+# with the shared engine), so running two at once would only make both numbers worse.
+RUN_LOCK = threading.Lock()
 
 
 def _layout(fig: go.Figure, title: str, height: int = 320, **kw) -> go.Figure:
@@ -50,13 +55,25 @@ class RunRecord:
     wall_s: float = 0.0
     add_errors: list[str] = field(default_factory=list)
     truncated: bool = False         # stopped at max_steps with work left
+    peak: Snapshot | None = None    # full snapshot (block list included) at the allocation peak
+    budget_tokens: int | None = None  # exercise: the fixed budget to compare against (when the
+                                      # engine itself ran with a bigger pool, to measure demand)
+
+    def trace_text(self) -> str:
+        from engine.events import trace_to_string
+        snaps = list(self.series)
+        if self.peak is not None:   # put the peak's block list into the trace (pool map in replay)
+            snaps = [self.peak if s.step == self.peak.step else s for s in snaps]
+        return trace_to_string(snaps, self.events)
 
 
 def run_engine(engine, requests: Sequence[tuple[str, object, object]], *, label: str,
                max_steps: int = 5000, cap: int = SERIES_CAP,
                on_step: Callable[[int, Snapshot], None] | None = None) -> RunRecord:
     """Add every (request_id, prompt, SamplingParams) to `engine` at once, then step until idle
-    (or `max_steps`). A ValueError from add_request is kept as the engine's rejection message."""
+    (or `max_steps`). A ValueError from add_request is kept as the engine's rejection message.
+    Snapshots are slimmed (no per-request tokens/history/blocks); the one at the allocation peak
+    is kept whole. Per-token events (decode, prefill chunks) are left out of the record."""
     rec = RunRecord(label=label)
     seq0 = engine.events.last_seq
     for rid, prompt, params in requests:
@@ -64,7 +81,12 @@ def run_engine(engine, requests: Sequence[tuple[str, object, object]], *, label:
             engine.add_request(rid, prompt, params)
         except ValueError as e:
             rec.add_errors.append(f"{rid}: {e}")
-    rec.series = append_snapshot(rec.series, engine.snapshot(), cap)
+    def keep(snap):
+        rec.series = append_snapshot(rec.series, slim_snapshot(snap), cap)
+        if rec.peak is None or snap.metrics.slots_allocated > rec.peak.metrics.slots_allocated:
+            rec.peak = snap
+
+    keep(engine.snapshot())
     t_start = time.perf_counter()
     while engine.has_unfinished_requests() and rec.steps < max_steps:
         t = time.perf_counter()
@@ -74,12 +96,12 @@ def run_engine(engine, requests: Sequence[tuple[str, object, object]], *, label:
         rec.step_wall_s.append(time.perf_counter() - t)
         rec.steps += 1
         snap = engine.snapshot()
-        rec.series = append_snapshot(rec.series, snap, cap)
+        keep(snap)
         if on_step is not None:
             on_step(rec.steps, snap)
     rec.wall_s = time.perf_counter() - t_start
     rec.truncated = engine.has_unfinished_requests()
-    rec.events = engine.events.since(seq0)
+    rec.events = [e for e in engine.events.since(seq0) if e.kind not in RECORDED_EXCLUDE]
     return rec
 
 
@@ -184,30 +206,34 @@ class CostPoint:
     generated: int        # tokens generated so far (after this step)
     context_len: int      # prompt + generated tokens the step attended over
     step_s: float         # measured wall time of the step
+    fed_tokens: int = 0   # tokens the step ran through the model for this request (from its events)
 
 
-def measure_decode_cost(engine, prompt, n_tokens: int, *, request_id: str | None = None,
-                        params_factory=None) -> tuple[float, list[CostPoint]]:
+def measure_decode_cost(engine, prompt, n_tokens: int, *, request_id: str | None = None) -> tuple[float, list[CostPoint]]:
     """Generate `n_tokens` for one request, one engine step at a time, timing each step.
     Returns (prefill step seconds, one CostPoint per decode step). The request ignores EOS so
-    both modes run the same number of steps."""
+    both modes run the same number of steps. `fed_tokens` comes from the engine's own prefill /
+    decode events: 1 per step with the cache, the whole context without it."""
     from engine import SamplingParams
     rid = request_id or f"cost-{uuid.uuid4().hex[:8]}"
-    params = (params_factory or (lambda n: SamplingParams(max_tokens=n, ignore_eos=True)))(n_tokens)
-    engine.add_request(rid, prompt, params)
+    engine.add_request(rid, prompt, SamplingParams(max_tokens=n_tokens, ignore_eos=True))
     prefill_s = None
     pts: list[CostPoint] = []
     while engine.has_unfinished_requests():
+        seq = engine.events.last_seq
         t = time.perf_counter()
         engine.step()
         dt = time.perf_counter() - t
+        mine = [e for e in engine.events.since(seq, kinds=("prefill", "decode")) if e.request_id == rid]
+        fed = sum(int(e.data.get("tokens", 0)) for e in mine if e.kind == "prefill")
+        fed = fed or sum(1 for e in mine if e.kind == "decode")
         r = engine.snapshot().request(rid)
         out_len = r.output_len if r is not None else (pts[-1].generated + 1 if pts else 1)
-        ctx = (r.prompt_len + r.output_len) if r is not None else None
+        ctx = (r.prompt_len + r.output_len) if r is not None else (pts[-1].context_len + 1 if pts else 0)
         if prefill_s is None:
             prefill_s = dt
             continue
-        pts.append(CostPoint(out_len, ctx if ctx is not None else (pts[-1].context_len + 1 if pts else 0), dt))
+        pts.append(CostPoint(out_len, ctx, dt, fed))
     return prefill_s or 0.0, pts
 
 
@@ -248,10 +274,12 @@ def cost_summary(points: Sequence[CostPoint]) -> dict:
 
 
 def cost_figure(with_cache: Sequence[CostPoint], without_cache: Sequence[CostPoint]) -> go.Figure:
-    """Left: measured time per decode step vs context length. Right: cumulative decode time vs
-    tokens generated — a line with the cache, a parabola without."""
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
-                        subplot_titles=("time per generated token (ms)", "cumulative decode time (s)"))
+    """Left: measured time per decode step vs context length. Middle: cumulative decode time vs
+    tokens generated — a line with the cache, a parabola without. Right: cumulative tokens the
+    model had to process (from the engine's events)."""
+    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.08,
+                        subplot_titles=("time per generated token (ms)", "cumulative decode time (s)",
+                                        "cumulative tokens run through the model"))
     for pts, name, c, dash in ((with_cache, "with KV cache", A_COLOR, "solid"),
                                (without_cache, "no KV cache (recompute the prefix)", B_COLOR, "dash")):
         fig.add_trace(go.Scatter(x=[p.context_len for p in pts], y=[1000 * p.step_s for p in pts], name=name,
@@ -261,10 +289,22 @@ def cost_figure(with_cache: Sequence[CostPoint], without_cache: Sequence[CostPoi
         fig.add_trace(go.Scatter(x=[p.generated for p in pts], y=cumulative(pts), name=name, mode="lines",
                                  line=dict(color=c, width=2.5, dash=dash), legendgroup=name, showlegend=False),
                       row=1, col=2)
+        fig.add_trace(go.Scatter(x=[p.generated for p in pts], y=cumulative_fed(pts), name=name, mode="lines",
+                                 line=dict(color=c, width=2.5, dash=dash), legendgroup=name, showlegend=False),
+                      row=1, col=3)
     fig.update_xaxes(title_text="context length (tokens)", row=1, col=1)
     fig.update_xaxes(title_text="tokens generated", row=1, col=2)
+    fig.update_xaxes(title_text="tokens generated", row=1, col=3)
     fig.update_yaxes(rangemode="tozero")
     return _layout(fig, "Measured decode cost with and without the KV cache", height=340)
+
+
+def cumulative_fed(points: Sequence[CostPoint]) -> list[int]:
+    out, acc = [], 0
+    for p in points:
+        acc += p.fed_tokens
+        out.append(acc)
+    return out
 
 
 # ==================================================================== 50 sequences vs a fixed budget
@@ -276,15 +316,17 @@ def demand_tokens(snap: Snapshot) -> int:
 
 
 def exercise_rows(rec: RunRecord) -> dict[str, list]:
-    """Per step: demand vs budget (tokens), tokens the engine actually holds, queue counts,
+    """Per step: demand vs budget (tokens), KV slots the engine has in use (blocks owned by
+    requests × block size: physical, so it can never exceed the budget), queue counts,
     cumulative preemptions, finished."""
     rows = {k: [] for k in ("step", "demand", "budget", "held", "running", "waiting", "preempted",
                             "swapped", "finished", "preemptions")}
     for s in rec.series:
         rows["step"].append(s.step)
         rows["demand"].append(demand_tokens(s))
-        rows["budget"].append(s.info.num_blocks * s.info.block_size)
-        rows["held"].append(s.metrics.slots_filled)
+        rows["budget"].append(rec.budget_tokens if rec.budget_tokens is not None
+                              else s.info.num_blocks * s.info.block_size)
+        rows["held"].append(s.metrics.num_blocks_used * s.info.block_size)
         rows["running"].append(s.metrics.num_running)
         rows["waiting"].append(s.metrics.num_waiting)
         rows["preempted"].append(s.metrics.num_preempted)
@@ -340,7 +382,7 @@ def exercise_figure(runs: Sequence[RunRecord]) -> go.Figure:
         fig.add_trace(go.Scatter(x=r["step"], y=r["demand"], name="demand: every live sequence's context",
                                  mode="lines", line=dict(color=B_COLOR, width=2, dash="dash", shape="hv"),
                                  showlegend=first, legendgroup="demand"), row=1, col=col)
-        fig.add_trace(go.Scatter(x=r["step"], y=r["held"], name="tokens the engine holds in KV",
+        fig.add_trace(go.Scatter(x=r["step"], y=r["held"], name="KV slots in use (engine)",
                                  mode="lines", line=dict(color=A_COLOR, width=2, shape="hv"), fill="tozeroy",
                                  fillcolor="rgba(0,114,178,0.2)", showlegend=first, legendgroup="held"),
                       row=1, col=col)
@@ -430,3 +472,30 @@ def prefix_figure(with_cache: Sequence[PrefixRow], forced_miss: Sequence[PrefixR
     fig.update_traces(offsetgroup="tok", base=[r.cached_tokens for r in rows], selector=dict(legendgroup="computed"))
     fig.update_yaxes(rangemode="tozero")
     return _layout(fig, "Shared system prompt: TTFT with the prefix cache vs forced misses", height=340)
+
+
+def exercise_prompts(n: int, prompt_tokens: int, *, seed: int = 0, lo: int = 1000, hi: int = 40000) -> list[list[int]]:
+    """`n` distinct prompts of exactly `prompt_tokens` token ids (ordinary vocabulary ids, no
+    special tokens; distinct first tokens so no two sequences share a cached prefix)."""
+    import random
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        first = lo + i
+        out.append([first] + [rng.randrange(lo + n, hi) for _ in range(prompt_tokens - 1)])
+    return out
+
+
+def waiting_reasons(rec: RunRecord, limit: int = 6) -> list[tuple[str, int]]:
+    """The engine's waiting reasons seen during the run, with the most requests waiting for
+    that reason at any one step (so the numbers are never double-counted across steps)."""
+    peak: dict[str, int] = {}
+    for s in rec.series:
+        now: dict[str, int] = {}
+        for r in s.requests:
+            if r.state in ("waiting", "preempted", "swapped") and r.waiting_reason:
+                key = r.waiting_reason.split(":")[0] if r.waiting_reason.startswith("preempted") else r.waiting_reason
+                now[key] = now.get(key, 0) + 1
+        for k, v in now.items():
+            peak[k] = max(peak.get(k, 0), v)
+    return sorted(peak.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]

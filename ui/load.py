@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 import threading
 import time
-from dataclasses import dataclass, field
+from collections import deque
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Sequence
 
 import plotly.graph_objects as go
@@ -26,17 +27,25 @@ PERCENTILES = (50, 90, 99)
 # ------------------------------------------------------------------ bounded series
 
 def append_snapshot(series: list[Snapshot], snap: Snapshot | None, cap: int = SERIES_CAP) -> list[Snapshot]:
-    """Append `snap` unless it repeats the last step; when over `cap`, drop every other point of
-    the older half so the whole run stays visible at a coarser resolution. Returns a new list."""
+    """Append `snap` unless it is not newer than the last one (same or earlier step: an idle
+    engine adds nothing); when over `cap`, drop every other point of the older half so the whole
+    run stays visible at a coarser resolution. Returns a new list."""
     if snap is None:
         return list(series)
-    if series and series[-1].step == snap.step and series[-1].time == snap.time:
+    if series and snap.step <= series[-1].step:
         return list(series)
     out = list(series) + [snap]
     if len(out) > cap:
         half = len(out) // 2
         out = out[:half][::2] + out[half:]
     return out
+
+
+def slim_snapshot(snap: Snapshot, keep_blocks: bool = False) -> Snapshot:
+    """A copy for the over-time series and traces: per-request token marks, histories and texts
+    dropped (they grow with every token), the block list kept only when asked (keyframes)."""
+    reqs = tuple(replace(r, tokens=(), history=(), prompt_preview="", output_text="") for r in snap.requests)
+    return replace(snap, requests=reqs, blocks=snap.blocks if keep_blocks else ())
 
 
 def _t(series: Sequence[Snapshot], t0: float | None) -> tuple[list[float], float]:
@@ -190,6 +199,33 @@ def latency_percentiles(snap: Snapshot | None) -> dict[str, dict[int, float | No
     return out
 
 
+def _fmt_s(v: float | None) -> str:
+    if v is None:
+        return "—"
+    return f"{1000 * v:.0f} ms" if v < 10 else f"{v:.1f} s"
+
+
+def percentile_table_html(pct: dict[str, dict[int, float | None]], counts: dict[str, int] | None = None) -> str:
+    """p50/p90/p99 of TTFT, TPOT and end-to-end latency as a small HTML table (numbers only)."""
+    names = (("ttft", "time to first token"), ("tpot", "time per output token"), ("e2e", "end-to-end latency"))
+    head = "".join(f"<th style='text-align:right;padding:2px 10px'>p{p}</th>" for p in PERCENTILES)
+    rows = []
+    for key, label in names:
+        n = f" <span style='color:#666'>(n={counts[key]})</span>" if counts and key in counts else ""
+        cells = "".join(f"<td style='text-align:right;padding:2px 10px'>{_fmt_s(pct[key][p])}</td>"
+                        for p in PERCENTILES)
+        rows.append(f"<tr><td style='padding:2px 10px'>{label}{n}</td>{cells}</tr>")
+    return ("<table style='border-collapse:collapse;font-size:0.9rem'><tr><th></th>" + head + "</tr>"
+            + "".join(rows) + "</table>")
+
+
+def percentile_counts(snap: Snapshot | None) -> dict[str, int]:
+    if snap is None:
+        return {"ttft": 0, "tpot": 0, "e2e": 0}
+    m = snap.metrics
+    return {"ttft": len(m.ttft_s), "tpot": len(m.tpot_s), "e2e": len(m.e2e_latency_s)}
+
+
 def percentiles_over_time(series: Sequence[Snapshot], metric: str = "ttft") -> dict[int, list[float | None]]:
     return {p: [latency_percentiles(s)[metric][p] for s in series] for p in PERCENTILES}
 
@@ -274,9 +310,10 @@ class LoadFeeder:
                     break
                 if self._stop.is_set():
                     break
-                rid = f"{self._run_id}-{i:03d}"
+                rid = f"{self._run_id}-{getattr(req, 'request_id', None) or f'{i:03d}'}"
                 try:
-                    self._submit(req.prompt, self._make_params(req), request_id=rid)
+                    prompt = req.prompt if getattr(req, "prompt", None) is not None else req.prompt_token_ids
+                    self._submit(prompt, self._make_params(req), request_id=rid)
                     with self._lock:
                         self.status.submitted += 1
                         self.status.request_ids.append(rid)
@@ -293,3 +330,78 @@ class LoadFeeder:
             with self._lock:
                 self.status.stopped = self._stop.is_set()
                 self.status.done = True
+
+
+# ------------------------------------------------------------------ recorder
+
+# Events kept for the log and the trace: every kind except the per-token/per-chunk chatter.
+RECORDED_EXCLUDE = ("decode", "prefill")
+EVENT_CAP = 5000
+KEYFRAME_EVERY = 20       # every n-th recorded snapshot keeps its block list (pool map in replay)
+
+
+class LoadRecorder:
+    """Collects what an EngineThread reports during one load run: a bounded, slimmed series of
+    Snapshots (from the thread's recent-snapshot ring, so steps between two polls are not lost),
+    the latest full Snapshot, and the run's events (bounded). `poll(th)` is cheap and idempotent."""
+
+    def __init__(self, run_id: str, start_time: float = 0.0, start_seq: int = 0, cap: int = SERIES_CAP):
+        self.run_id = run_id
+        self.start_time = start_time
+        self.last_seq = start_seq
+        self.cap = cap
+        self.series: list[Snapshot] = []
+        self.latest: Snapshot | None = None
+        self.events: deque = deque(maxlen=EVENT_CAP)
+        self._n = 0
+        self._lock = threading.Lock()
+
+    def _add(self, snap: Snapshot) -> None:
+        if snap.time < self.start_time or (self.series and snap.step <= self.series[-1].step):
+            return
+        keep = self._n % KEYFRAME_EVERY == 0
+        self._n += 1
+        self.series = append_snapshot(self.series, slim_snapshot(snap, keep_blocks=keep), self.cap)
+
+    def poll(self, th) -> Snapshot:
+        with self._lock:
+            recent = th.recent_snapshots() if hasattr(th, "recent_snapshots") else []
+            last_step = self.series[-1].step if self.series else -1
+            for s in recent:
+                if s.step > last_step:
+                    self._add(s)
+            snap = th.snapshot()
+            self._add(snap)
+            self.latest = snap
+            for e in th.events.since(self.last_seq):
+                self.last_seq = max(self.last_seq, e.seq)
+                if e.kind not in RECORDED_EXCLUDE:
+                    self.events.append(e)
+            return snap
+
+    def trace_snapshots(self) -> list[Snapshot]:
+        """The series, with the latest snapshot (block list included) as the last one."""
+        with self._lock:
+            out = list(self.series)
+            if self.latest is not None:
+                last = slim_snapshot(self.latest, keep_blocks=True)
+                if out and out[-1].step == last.step:
+                    out[-1] = last
+                elif not out or last.step > out[-1].step:
+                    out.append(last)
+            return out
+
+    def trace_text(self) -> str:
+        from engine.events import trace_to_string
+        snaps = self.trace_snapshots()
+        with self._lock:
+            evs = list(self.events)
+        return trace_to_string(snaps, evs)
+
+
+def run_request_ids_pending(snap: Snapshot | None, request_ids: Iterable[str]) -> int:
+    """How many of `request_ids` are still waiting, running or swapped in `snap`."""
+    if snap is None:
+        return 0
+    live = set(snap.waiting_ids) | set(snap.running_ids) | set(snap.swapped_ids)
+    return sum(1 for r in request_ids if r in live)
