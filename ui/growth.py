@@ -126,7 +126,7 @@ def phase_figure(req, *, height: int = 150, stats: PhaseStats | None = None) -> 
             showlegend=phase not in seen,
             hovertemplate=f"{phase}: steps +{a}…+{b}<extra></extra>"))
         seen.add(phase)
-    title = "prefill vs decode"
+    title = "prefill vs decode (engine steps since arrival)"
     if stats is not None:
         bits = []
         bits.append(f"{stats.prefill_steps} prefill step(s) for {stats.prompt_tokens} prompt tokens")

@@ -1,0 +1,125 @@
+"""kvscope: a live look inside an LLM inference engine. `streamlit run app.py`
+
+Entry point for every page (st.navigation): sets the page config, draws the shared engine
+settings in the sidebar, then runs the chosen page. Pages live in views/ — not pages/, because
+with st.navigation a folder named pages/ made Streamlit answer direct page URLs on a fresh server
+with its automatic page list instead of this script.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import streamlit as st
+
+from ui import engine_access as ea
+from ui import theme
+
+ROOT = Path(__file__).resolve().parent
+VIEWS = ROOT / "views"
+
+# (file in views/, title, url path, icon, one-line description for Home)
+PAGES = [
+    ("playground.py", "Playground", "playground", ":material/chat:",
+     "type a prompt; watch its blocks, cache growth, phases and (with speculation) every draft token"),
+    ("load.py", "Concurrent load", "load", ":material/groups:",
+     "launch many requests; queues, KV usage vs budget, preemptions, latency percentiles"),
+    ("speculative.py", "Speculative decoding", "speculative", ":material/fast_forward:",
+     "draft, verify, accept or reject: measured α and speedup against the theory curve"),
+    ("prefix_cache.py", "Prefix cache", "prefix_cache", ":material/share:",
+     "one system prompt, many users: shared blocks, hit rate, TTFT with and without the cache"),
+    ("memory_calculator.py", "Memory calculator", "memory_calculator", ":material/calculate:",
+     "KV bytes per token and per sequence for any model config, dtype and context"),
+    ("paged_vs_contiguous.py", "Paged vs contiguous", "paged_vs_contiguous", ":material/grid_view:",
+     "the same workload on both allocators: allocated vs filled slots, waste, admissions"),
+    ("cache_vs_nocache.py", "Cache vs no-cache", "cache_vs_nocache", ":material/speed:",
+     "what the KV cache saves: cost per token with and without it, and the 50-sequence budget"),
+    ("replay.py", "Replay", "replay", ":material/replay:",
+     "load a recorded trace and scrub through it step by step"),
+]
+
+
+def home() -> None:
+    st.title("kvscope")
+    st.markdown(
+        "kvscope runs a real language model through a small inference engine built the way "
+        "production servers are built, and lets you watch its memory while it works. Each token's "
+        "keys and values are kept in a pool of fixed-size **KV blocks**; a request's **block table** "
+        "maps its positions to those blocks. Here you can see the pool fill up as answers grow, "
+        "requests share blocks for a common prompt, the scheduler preempt or swap requests when the "
+        "budget runs out, and speculative decoding guess several tokens ahead and have the model "
+        "accept or reject them — all from the engine's own state, step by step.")
+    th = ea.get_engine()
+    if th is None:
+        st.error(f"The engine could not be started: {ea.engine_error()}")
+        if st.button("Try again"):
+            ea.shared_engine().retry()
+            st.rerun()
+    else:
+        _engine_panel(th)
+    st.subheader("Pages")
+    cols = st.columns(2)
+    i = 0
+    for fname, title, url, icon, desc in PAGES:
+        page = _page_objects.get(fname)
+        if page is None:
+            continue
+        with cols[i % 2]:
+            st.page_link(page, label=title, icon=icon)
+            st.caption(desc)
+        i += 1
+    st.subheader("Colours used on every page")
+    st.html(theme.block_legend_html())
+    st.html(theme.token_legend_html())
+
+
+def _engine_panel(th) -> None:
+    snap = th.snapshot()
+    info = snap.info
+    st.session_state["engine_info"] = info   # the memory calculator offers the loaded model's shape
+    healthy = th.healthy
+    st.subheader("Engine")
+    if healthy:
+        st.success("Engine healthy: the step loop is running.", icon=":material/check_circle:")
+    else:
+        st.error(f"Engine crashed: {th.error}", icon=":material/error:")
+        if st.button("Restart engine", type="primary"):
+            th.restart()
+            st.rerun()
+    c = st.columns(4)
+    c[0].metric("Model", info.model)
+    c[1].metric("Device · dtype", f"{info.device} · {info.dtype}")
+    c[2].metric("KV bytes per token", f"{info.bytes_per_token:,}")
+    c[3].metric("KV budget", f"{info.kv_cache_bytes / 2**20:,.2f} MiB")
+    st.caption(
+        f"bytes per token = 2 (K and V) × {info.num_layers} layers × {info.num_kv_heads} KV heads × "
+        f"{info.head_dim} head dim × {info.bytes_per_token // max(1, 2 * info.num_layers * info.num_kv_heads * info.head_dim)} "
+        f"bytes per value = {info.bytes_per_token:,} bytes. Pool: {info.num_blocks:,} blocks × "
+        f"{info.block_size} tokens = {info.num_blocks * info.block_size:,} token slots "
+        f"({info.bytes_per_block:,} bytes per block).")
+    m = snap.metrics
+    c = st.columns(5)
+    c[0].metric("Running · waiting", f"{m.num_running} · {m.num_waiting}")
+    c[1].metric("Blocks used · cached · free", f"{m.num_blocks_used} · {m.num_blocks_cached} · {m.num_blocks_free}")
+    c[2].metric("Speculative decoding", info.speculative or "off")
+    c[3].metric("Prefix caching", "on" if info.enable_prefix_caching else "off")
+    c[4].metric("Preemption", info.preemption_mode)
+
+
+def _build_navigation():
+    pages = [st.Page(home, title="Home", icon=":material/home:", url_path="home", default=True)]
+    objs = {}
+    for fname, title, url, icon, _ in PAGES:
+        path = VIEWS / fname
+        if not path.is_file():  # pages being written by others: skip until the file exists
+            continue
+        p = st.Page(str(path), title=title, url_path=url, icon=icon)
+        objs[fname] = p
+        pages.append(p)
+    return pages, objs
+
+
+st.set_page_config(page_title="kvscope", page_icon=":material/memory:", layout="wide")
+_pages, _page_objects = _build_navigation()
+_nav = st.navigation(_pages)
+ea.settings_sidebar()
+_nav.run()

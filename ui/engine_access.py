@@ -1,0 +1,241 @@
+"""The one shared engine per Streamlit server, its settings, and page-wide display helpers.
+
+Every page gets the engine through `get_engine()`: one `EngineThread(LLMEngine(...))` per server
+process (`st.cache_resource`), shared by all browser sessions. Settings changed in the sidebar
+rebuild it through `EngineThread.reconfigure`, which deals with in-flight requests.
+
+Environment
+- KVSCOPE_MODEL: model name for the engine ("default" = embedded SmolLM2-135M; tests use "tiny").
+- KVSCOPE_TEST_MODE=1: deterministic settings (CPU, float32, one torch thread, seed 0, a small
+  pool) and static Plotly charts with fixed heights, no live polling, so screenshots are exact.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import streamlit as st
+
+from engine.config import SPEC_METHODS, EngineConfig, SpeculativeConfig
+
+
+
+def test_mode() -> bool:
+    """KVSCOPE_TEST_MODE=1 (read at every call, so tests can set it before running the app)."""
+    return os.environ.get("KVSCOPE_TEST_MODE", "") not in ("", "0", "false", "no")
+
+LIVE_INTERVAL_S = 0.25   # fragment refresh (4 Hz)
+
+BLOCK_SIZES = (4, 8, 16, 32)
+SPEC_CHOICES = ("off",) + SPEC_METHODS
+
+
+def model_name() -> str:
+    return os.environ.get("KVSCOPE_MODEL", "default").strip() or "default"
+
+
+def default_config() -> EngineConfig:
+    """The engine a fresh server starts with."""
+    if test_mode():
+        return EngineConfig(model=model_name(), device="cpu", dtype="float32", block_size=4,
+                            num_kv_blocks=96, max_num_seqs=8, max_num_batched_tokens=256, max_model_len=512,
+                            seed=0, num_threads=1, event_ring_size=5000, history_len=256)
+    return EngineConfig(model=model_name())
+
+
+def plotly_config() -> dict:
+    """The Plotly config every chart uses: static in test mode (no hover, no mode bar, no
+    resize), interactive otherwise."""
+    if test_mode():
+        return {"staticPlot": True, "displayModeBar": False, "responsive": False}
+    return {"displaylogo": False, "displayModeBar": "hover", "responsive": True}
+
+
+def chart(fig, *, key: str | None = None) -> None:
+    """Draw a Plotly figure with the shared config. Heights are fixed by the figure builders."""
+    if test_mode():
+        fig.update_layout(hovermode=False)
+    st.plotly_chart(fig, config=plotly_config(), width="stretch", key=key, theme=None)
+
+
+def live_interval():
+    """run_every for live fragments: 4 Hz, or None (render once) in test mode."""
+    return None if test_mode() else LIVE_INTERVAL_S
+
+
+# --------------------------------------------------------------------------- the shared engine
+
+class SharedEngine:
+    """Holds the server's EngineThread. Building it can fail (bad model, too little memory):
+    the error is kept and shown on every page instead of a traceback."""
+
+    def __init__(self):
+        self.lock = threading.RLock()
+        self.thread = None
+        self.build_error: str | None = None
+        self.last_message: str | None = None
+        self.generation = 0       # bumps on every (re)build, so sessions can notice
+
+    def get(self):
+        with self.lock:
+            if self.thread is None and self.build_error is None:
+                self._build(default_config())
+            return self.thread
+
+    def _build(self, config: EngineConfig) -> None:
+        from engine import EngineThread, LLMEngine
+        try:
+            self.thread = EngineThread(LLMEngine(config))
+            self.build_error = None
+            self.generation += 1
+        except Exception as e:  # noqa: BLE001 - shown in the app; the server keeps running
+            self.thread = None
+            self.build_error = f"{type(e).__name__}: {e}"
+
+    def reconfigure(self, config: EngineConfig) -> str:
+        with self.lock:
+            th = self.thread
+            if th is None:
+                self.build_error = None
+                self._build(config)
+                if self.thread is None:
+                    raise ValueError(self.build_error)
+                msg = "Engine built with the new settings."
+            else:
+                try:
+                    result = th.reconfigure(config)   # builds first: on failure the old engine keeps serving
+                except ValueError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - e.g. a draft model that cannot be loaded
+                    raise ValueError(f"{type(e).__name__}: {e}") from None
+                self.generation += 1
+                msg = f"Shared engine rebuilt with the new settings ({result})." if result else \
+                    "Shared engine rebuilt with the new settings."
+            self.last_message = msg
+            return msg
+
+    def retry(self) -> None:
+        with self.lock:
+            if self.thread is None:
+                self.build_error = None
+                self._build(default_config())
+
+
+@st.cache_resource(show_spinner="Loading the model and allocating the KV pool…")
+def shared_engine() -> SharedEngine:
+    return SharedEngine()
+
+
+def get_engine():
+    """The shared EngineThread, or None when it could not be built (error shown by the caller
+    via `engine_error()`)."""
+    return shared_engine().get()
+
+
+def engine_error() -> str | None:
+    return shared_engine().build_error
+
+
+def engine_config():
+    th = get_engine()
+    if th is None:
+        return default_config()
+    cfg = th.config
+    return cfg if isinstance(cfg, EngineConfig) else default_config()
+
+
+def snapshot():
+    th = get_engine()
+    return None if th is None else th.snapshot()
+
+
+def require_engine():
+    """The engine thread for a page, or stop the page with a clear message."""
+    th = get_engine()
+    if th is None:
+        st.error(f"The engine could not be started: {engine_error()}")
+        if st.button("Try again", key="retry_engine"):
+            shared_engine().retry()
+            st.rerun()
+        st.stop()
+    if not th.healthy:
+        st.error(f"The engine loop crashed: {th.error}. Restart it from the Home page or here.")
+        if st.button("Restart engine", key="restart_engine_page"):
+            th.restart()
+            st.rerun()
+        st.stop()
+    return th
+
+
+def wait_for(th, request_id: str, timeout_s: float = 600.0):
+    """Block until a request finishes (used in test mode instead of live polling). Returns its
+    final RequestInfo, or None if it disappeared."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        snap = th.snapshot()
+        r = snap.request(request_id)
+        if r is None or r.state in ("finished", "rejected", "aborted"):
+            return r
+        time.sleep(0.02)
+    return None
+
+
+# --------------------------------------------------------------------------- sidebar settings
+
+def spec_config(method: str, k: int, *, mismatched: bool = False, num_layers: int | None = None):
+    """SpeculativeConfig for a UI choice. "mismatched" = a deliberately poor drafter: the target
+    itself exited after its first ~1/8 of layers (kvscope's "Break it")."""
+    if mismatched:
+        layers = max(1, (num_layers or 8) // 8)
+        return SpeculativeConfig(method="self_draft", num_speculative_tokens=k, draft_layers=layers)
+    if method == "off":
+        return None
+    if method == "self_draft":
+        return SpeculativeConfig(method="self_draft", num_speculative_tokens=k, draft_quantize="int8")
+    return SpeculativeConfig(method=method, num_speculative_tokens=k)
+
+
+def settings_sidebar() -> None:
+    """Engine settings that rebuild the shared engine on Apply."""
+    cfg = engine_config()
+    snap = snapshot()
+    info = snap.info if snap is not None else None
+    sb = st.sidebar
+    sb.subheader("Engine settings")
+    sb.caption("Shared by everyone using this server. Apply rebuilds the engine.")
+    with sb.form("engine_settings", border=False):
+        bs = st.selectbox("Block size (tokens per KV block)", BLOCK_SIZES,
+                          index=BLOCK_SIZES.index(cfg.block_size) if cfg.block_size in BLOCK_SIZES else 2)
+        cur_blocks = info.num_blocks if info else (cfg.num_kv_blocks or 256)
+        blocks = st.number_input("KV budget (blocks in the pool)", min_value=1, max_value=1_000_000,
+                                 value=int(cur_blocks), step=8)
+        if info:
+            st.caption(f"{info.bytes_per_token:,} bytes per token → "
+                       f"{blocks * bs * info.bytes_per_token / 2**20:,.1f} MiB at block size {bs}")
+        seqs = st.number_input("Max concurrent sequences", min_value=1, max_value=4096, value=int(cfg.max_num_seqs))
+        prefix = st.toggle("Prefix caching", value=bool(cfg.enable_prefix_caching))
+        pre = st.radio("Preemption mode", ("recompute", "swap"), horizontal=True,
+                       index=0 if cfg.preemption_mode == "recompute" else 1)
+        cur_method = cfg.speculative.method if cfg.speculative else "off"
+        method = st.selectbox("Speculative decoding", SPEC_CHOICES, index=SPEC_CHOICES.index(cur_method))
+        k = st.slider("Draft length k", 1, 16, value=cfg.speculative.num_speculative_tokens if cfg.speculative else 4)
+        confirm = st.checkbox("Rebuild the shared engine (in-flight requests are affected)", value=False)
+        apply = st.form_submit_button("Apply", type="primary")
+    if apply:
+        if not confirm:
+            sb.warning("Tick the confirmation box to rebuild the shared engine.")
+            return
+        try:
+            new = cfg.replace(block_size=int(bs), num_kv_blocks=int(blocks), kv_cache_bytes=None,
+                              max_num_seqs=int(seqs), enable_prefix_caching=bool(prefix), preemption_mode=pre,
+                              speculative=spec_config(method, int(k), num_layers=info.num_layers if info else None))
+            st.session_state["engine_message"] = ("success", shared_engine().reconfigure(new))
+        except ValueError as e:
+            st.session_state["engine_message"] = ("error", f"Settings not applied: {e}")
+        except Exception as e:  # a failed rebuild must not take the page down
+            st.session_state["engine_message"] = ("error", f"Rebuild failed: {type(e).__name__}: {e}")
+        st.rerun()
+    msg = st.session_state.pop("engine_message", None)
+    if msg:
+        (sb.success if msg[0] == "success" else sb.error)(msg[1])
