@@ -258,19 +258,28 @@ def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     return slope, my - slope * mx
 
 
+def _median(v: Sequence[float]) -> float:
+    v = sorted(v)
+    n = len(v)
+    if not n:
+        return 0.0
+    return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
+
+
 def cost_summary(points: Sequence[CostPoint]) -> dict:
-    """Per-step cost growth: slope of step time vs context length (s per extra context token),
-    first/last quarter mean step time, total."""
+    """Per-step cost growth: least-squares slope of step time vs context length (s per extra
+    context token), median step time of the first and last quarter (medians: a shared CPU adds
+    outliers), total time, total tokens fed."""
     if not points:
         return {"tokens": 0, "total_s": 0.0, "slope_s_per_ctx_token": 0.0, "early_step_s": 0.0,
-                "late_step_s": 0.0, "growth": 1.0}
+                "late_step_s": 0.0, "growth": 1.0, "fed_tokens": 0}
     slope, _ = fit_line([p.context_len for p in points], [p.step_s for p in points])
     q = max(1, len(points) // 4)
-    early = sum(p.step_s for p in points[:q]) / q
-    late = sum(p.step_s for p in points[-q:]) / q
+    early = _median([p.step_s for p in points[:q]])
+    late = _median([p.step_s for p in points[-q:]])
     return {"tokens": len(points), "total_s": sum(p.step_s for p in points),
             "slope_s_per_ctx_token": slope, "early_step_s": early, "late_step_s": late,
-            "growth": (late / early) if early > 0 else 1.0}
+            "growth": (late / early) if early > 0 else 1.0, "fed_tokens": sum(p.fed_tokens for p in points)}
 
 
 def cost_figure(with_cache: Sequence[CostPoint], without_cache: Sequence[CostPoint]) -> go.Figure:
@@ -488,12 +497,13 @@ def exercise_prompts(n: int, prompt_tokens: int, *, seed: int = 0, lo: int = 100
 
 def waiting_reasons(rec: RunRecord, limit: int = 6) -> list[tuple[str, int]]:
     """The engine's waiting reasons seen during the run, with the most requests waiting for
-    that reason at any one step (so the numbers are never double-counted across steps)."""
+    that reason at any one step (so the numbers are never double-counted across steps). The
+    bare "queued" of a request not yet considered by the scheduler is left out."""
     peak: dict[str, int] = {}
     for s in rec.series:
         now: dict[str, int] = {}
         for r in s.requests:
-            if r.state in ("waiting", "preempted", "swapped") and r.waiting_reason:
+            if r.state in ("waiting", "preempted", "swapped") and r.waiting_reason and r.waiting_reason != "queued":
                 key = r.waiting_reason.split(":")[0] if r.waiting_reason.startswith("preempted") else r.waiting_reason
                 now[key] = now.get(key, 0) + 1
         for k, v in now.items():
