@@ -509,3 +509,55 @@ def waiting_reasons(rec: RunRecord, limit: int = 6) -> list[tuple[str, int]]:
         for k, v in now.items():
             peak[k] = max(peak.get(k, 0), v)
     return sorted(peak.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]
+
+
+def chat_prompt(tokenizer, system: str, user: str) -> str:
+    """System + user turn through the model's chat template (the text the engine tokenizes)."""
+    msgs = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+    try:
+        return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    except Exception:   # a tokenizer without a chat template: plain text, same shared prefix
+        return f"System: {system}\n\nUser: {user}\nAssistant:"
+
+
+def measure_prefix(th, prompts: Sequence[str], max_tokens: int, *, mode: str, run_tag: str,
+                   on_poll: Callable[[Snapshot], None] | None = None, timeout_s: float = 600.0):
+    """Run `prompts` (all starting with the same system prompt) on the shared EngineThread: the
+    first alone, then the rest together, so the rest can reuse the first one's cached blocks.
+
+    mode "cache": one fresh cache_salt for the whole run (a clean, private cache namespace: the
+    first request misses, the others may hit). mode "miss": a fresh salt per request, so nothing
+    can be shared — the same requests with the prefix cache effectively off.
+    Returns (rows, snapshot with the most sharing seen). TTFT and cached tokens are the engine's."""
+    from engine import SamplingParams
+    base_salt = f"{run_tag}-{uuid.uuid4().hex[:8]}"
+    best: Snapshot | None = None
+    rows: list[PrefixRow] = []
+
+    def params(i):
+        salt = base_salt if mode == "cache" else f"{base_salt}-{i}"
+        return SamplingParams(max_tokens=max_tokens, ignore_eos=True, cache_salt=salt)
+
+    def wait(handles):
+        nonlocal best
+        deadline = time.monotonic() + timeout_s
+        while not all(h.finished for h in handles):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"prefix-cache measurement did not finish within {timeout_s:.0f}s")
+            snap = th.snapshot()
+            best = more_shared(best, snap)
+            if on_poll is not None:
+                on_poll(snap)
+            time.sleep(0.01)
+        snap = th.snapshot()
+        best = more_shared(best, snap)
+
+    waves = [[0], list(range(1, len(prompts)))] if len(prompts) > 1 else [[0]]
+    for wave in waves:
+        handles = [(i, th.submit(prompts[i], params(i), request_id=f"{run_tag}-{mode}-t{i + 1}")) for i in wave]
+        wait([h for _, h in handles])
+        for i, h in handles:
+            out = h.result(timeout=5)
+            rows.append(PrefixRow(h.request_id, i + 1, out.metrics.ttft, len(out.prompt_token_ids),
+                                  out.metrics.num_cached_tokens))
+    return rows, best
