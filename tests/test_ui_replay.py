@@ -69,3 +69,15 @@ def test_demo_traces_listing(tmp_path):
     d = R.demo_traces(tmp_path)
     assert list(d) == ["a.jsonl", "b.jsonl"]
     assert len(R.load_demo_trace(d["a.jsonl"]).snapshots) == 3
+
+
+def test_interesting_tick_prefers_busy_keyframes():
+    from dataclasses import replace
+    from engine.snapshot import BlockInfo
+    ss = snaps(4)
+    ss[1] = replace(ss[1], metrics=EngineMetrics(num_running=9))                 # busiest, no pool
+    ss[2] = replace(ss[2], metrics=EngineMetrics(num_running=5), blocks=(BlockInfo(0, "used", 1, ("a",), 3),))
+    tr = R.load_trace_bytes(trace_to_string(ss, []).encode())
+    assert R.interesting_tick(tr) == 2
+    tr2 = R.load_trace_bytes(trace_to_string(snaps(4), []).encode())
+    assert R.interesting_tick(tr2) == 3

@@ -99,3 +99,15 @@ def summary_html(summary: dict) -> str:
         f"{summary['duration_s']:.1f} s), {summary['events']} events, {summary['requests']} requests · "
         f"model {summary['model']} · {summary['allocator']} allocator, {summary['num_blocks']} blocks × "
         f"{summary['block_size']} tokens")
+
+
+def interesting_tick(trace: Trace) -> int:
+    """The default tick: the busiest recorded moment (most requests in the engine, then most
+    blocks in use), preferring snapshots that carry the block pool."""
+    snaps = trace.snapshots
+    idx = [i for i, s in enumerate(snaps) if s.blocks] or list(range(len(snaps)))
+
+    def load(i):
+        m = snaps[i].metrics
+        return (m.num_running + m.num_waiting + m.num_swapped, m.num_blocks_used, -i)
+    return max(idx, key=load)
