@@ -169,8 +169,8 @@ class EngineThread:
                chat: bool = False) -> RequestHandle:
         """Queues a request; raises ValueError (field + limit) for bad input, EngineCrashed if
         the loop is down."""
-        self._check_alive()
         with self.lock:
+            self._check_alive()     # under the lock: a loop that crashed meanwhile has set error
             if chat:
                 if not isinstance(prompt, str) or not prompt.strip():
                     raise ValueError("prompt must be a non-empty string")
@@ -229,16 +229,19 @@ class EngineThread:
         with self.lock:
             return list(self.recent)
 
-    def shutdown(self, timeout: float = 30.0) -> None:
+    def shutdown(self, timeout: float = 30.0, reason: str = "engine shut down") -> int:
+        """Stop and join the loop; abort every in-flight request (freeing its blocks) and fail
+        waiting clients with `reason`. Returns the number of requests aborted."""
         with self.lock:
             self._stop = True
             self._wake.notify_all()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
         with self.lock:
+            n = sum(1 for rid in list(self.engine.requests) if self.engine.abort_request(rid))
             for rid in list(self.handles):
-                self.engine.abort_request(rid)
-                self.handles.pop(rid)._fail("engine shut down")
+                self.handles.pop(rid)._fail(reason)
+            return n
 
     def restart(self, config: EngineConfig | None = None) -> str:
         return self.reconfigure(config or self.engine.config)
@@ -249,9 +252,8 @@ class EngineThread:
         if not isinstance(config, EngineConfig):
             raise ValueError("config must be an EngineConfig")
         new_engine = LLMEngine(config)       # build first: a bad config leaves the old engine serving
-        self.shutdown()
+        n = self.shutdown(reason="aborted: the engine was reconfigured")
         with self.lock:
-            n = 0
             for rid in list(self.engine.requests):
                 self.engine.abort_request(rid)
                 n += 1
