@@ -111,11 +111,20 @@ def test_growth_figure_numbers():
     tokens = [t for t in fig.data if t.name == "tokens in cache"][0]
     slots = [t for t in fig.data if t.name.startswith("slots allocated")][0]
     byts = [t for t in fig.data if t.name == "K/V bytes"][0]
-    assert list(tokens.x) == [0, 1, 2, 3, 4, 5, 6]
-    assert list(tokens.y) == [0, 16, 17, 18, 0, 19, 20]
-    assert list(slots.y) == [0, 16, 20, 20, 0, 20, 20]
-    assert list(byts.y) == [0, 16000, 17000, 18000, 0, 19000, 20000]
+    assert list(tokens.x) == [0, 1, 2, 3, 4, 4, 5, 6]     # the evict event's drop follows step 104's point
+    assert list(tokens.y) == [0, 16, 17, 18, 0, 0, 19, 20]
+    assert list(slots.y) == [0, 16, 20, 20, 0, 0, 20, 20]
+    assert list(byts.y) == [0, 16000, 17000, 18000, 0, 0, 19000, 20000]
     assert any("evicted" in (a.text or "") for a in fig.layout.annotations)
+
+
+def test_eviction_drop_is_inserted_after_that_steps_point():
+    req = request("e", history=[hist(1, 10, 3, "prefill"), hist(2, 11, 3, "decode"), hist(3, 12, 3, "decode"),
+                                hist(5, 13, 4, "prefill"), hist(6, 14, 4, "decode")])
+    fig = growth.growth_figure(req, block_size=4, evict_steps=(3,))
+    tokens = [t for t in fig.data if t.name == "tokens in cache"][0]
+    assert list(tokens.x) == [0, 1, 2, 2, 4, 5]
+    assert list(tokens.y) == [10, 11, 12, 0, 13, 14]
 
 
 def test_phase_segments_and_stats():

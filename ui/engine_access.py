@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 
 import streamlit as st
 
@@ -168,32 +167,29 @@ def require_engine():
     return th
 
 
-def wait_for(th, request_id: str, timeout_s: float = 600.0):
-    """Block until a request finishes (used in test mode instead of live polling). Returns its
-    final RequestInfo, or None if it disappeared."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        snap = th.snapshot()
-        r = snap.request(request_id)
-        if r is None or r.state in ("finished", "rejected", "aborted"):
-            return r
-        time.sleep(0.02)
-    return None
+def current_snapshot(th):
+    """The snapshot a page draws: the loop's latest published one (cheap, at most ~50 ms old),
+    or in test mode a fresh one taken between steps, so a finished request always shows its
+    final state."""
+    return th.snapshot_now() if test_mode() else th.snapshot()
 
 
 # --------------------------------------------------------------------------- sidebar settings
 
 def spec_config(method: str, k: int, *, mismatched: bool = False, num_layers: int | None = None):
     """SpeculativeConfig for a UI choice. "mismatched" = a deliberately poor drafter: the target
-    itself exited after its first ~1/8 of layers (kvscope's "Break it")."""
+    itself exited after its first ~1/8 of layers (kvscope's "Break it"). In test mode the
+    acceptance-monitoring fallback is off: it acts on measured wall-clock costs, which would make
+    the token strip differ from run to run."""
+    fb = dict(enable_fallback=not test_mode())
     if mismatched:
         layers = max(1, (num_layers or 8) // 8)
-        return SpeculativeConfig(method="self_draft", num_speculative_tokens=k, draft_layers=layers)
+        return SpeculativeConfig(method="self_draft", num_speculative_tokens=k, draft_layers=layers, **fb)
     if method == "off":
         return None
     if method == "self_draft":
-        return SpeculativeConfig(method="self_draft", num_speculative_tokens=k, draft_quantize="int8")
-    return SpeculativeConfig(method=method, num_speculative_tokens=k)
+        return SpeculativeConfig(method="self_draft", num_speculative_tokens=k, draft_quantize="int8", **fb)
+    return SpeculativeConfig(method=method, num_speculative_tokens=k, **fb)
 
 
 def settings_sidebar() -> None:

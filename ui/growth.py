@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from engine.snapshot import HistoryPoint
+
 from . import theme
 
 PHASES = ("waiting", "prefill", "decode", "preempted", "swapped", "finished")
@@ -62,10 +64,26 @@ def phase_segments(history) -> list[tuple[str, int, int]]:
     return [tuple(s) for s in segs]
 
 
+def _with_drops(hist, evict_steps):
+    """History plus a zero point at each eviction step (from the engine's evict events: its
+    blocks were freed and its cached tokens dropped there), after that step's own points, so
+    the lines fall to zero and the recompute shows as regrowth."""
+    if not evict_steps:
+        return list(hist)
+    out = list(hist)
+    for s in sorted(set(evict_steps)):
+        i = 0
+        while i < len(out) and out[i].step <= s:
+            i += 1
+        out.insert(i, HistoryPoint(s, out[i - 1].time if i else 0.0, 0, 0, 0, "evicted"))
+    return out
+
+
 def growth_figure(req, block_size: int, *, evict_steps=(), height: int = 430,
                   title: str | None = None) -> go.Figure:
     """Top: tokens whose K/V are in the pool, and slots allocated (whole blocks) per step.
-    Bottom: K/V bytes held. Background bands: the phase at each step. Evictions: dashed lines."""
+    Bottom: K/V bytes held. Background bands: the phase at each step. Evictions (engine steps of
+    its evict events): dashed lines, where the lines drop to zero before the recompute."""
     hist = tuple(req.history)
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08, row_heights=[0.6, 0.4])
     if not hist:
@@ -73,14 +91,15 @@ def growth_figure(req, block_size: int, *, evict_steps=(), height: int = 430,
         fig.update_layout(**theme.base_layout(height, title))
         return fig
     s0 = hist[0].step
-    x = [p.step - s0 for p in hist]
-    fig.add_trace(go.Scatter(x=x, y=[p.num_cached_tokens for p in hist], name="tokens in cache",
+    line = _with_drops(hist, evict_steps)
+    x = [p.step - s0 for p in line]
+    fig.add_trace(go.Scatter(x=x, y=[p.num_cached_tokens for p in line], name="tokens in cache",
                              mode="lines+markers", marker=dict(size=4), line=dict(color=theme.INK, width=2),
                              hovertemplate="step +%{x}: %{y} tokens<extra></extra>"), row=1, col=1)
-    fig.add_trace(go.Scatter(x=x, y=[p.num_blocks * block_size for p in hist], name="slots allocated (whole blocks)",
+    fig.add_trace(go.Scatter(x=x, y=[p.num_blocks * block_size for p in line], name="slots allocated (whole blocks)",
                              mode="lines", line=dict(color=theme.OKABE_ITO["blue"], width=2, dash="dot", shape="hv"),
                              hovertemplate="step +%{x}: %{y} slots<extra></extra>"), row=1, col=1)
-    fig.add_trace(go.Scatter(x=x, y=[p.kv_bytes for p in hist], name="K/V bytes", mode="lines",
+    fig.add_trace(go.Scatter(x=x, y=[p.kv_bytes for p in line], name="K/V bytes", mode="lines",
                              line=dict(color=theme.OKABE_ITO["vermillion"], width=2), fill="tozeroy",
                              fillcolor="rgba(213,94,0,0.12)",
                              hovertemplate="step +%{x}: %{y:,} bytes<extra></extra>"), row=2, col=1)
@@ -121,7 +140,8 @@ def phase_figure(req, *, height: int = 150, stats: PhaseStats | None = None) -> 
         fig.add_trace(go.Bar(
             y=["phases"], x=[b - a + 1], base=[a - 0.5], orientation="h", name=phase,
             marker=dict(color=theme.PHASE_COLORS.get(phase, "#EEEEEE"), line=dict(color=theme.INK, width=1),
-                        pattern=dict(shape=theme.PHASE_PATTERNS.get(phase, ""), fgcolor="#FFFFFF", size=6)),
+                        pattern=dict(shape=theme.PHASE_PATTERNS.get(phase, ""), fgcolor="#FFFFFF", size=6,
+                                     fillmode="overlay")),
             text=[phase if b - a >= 2 else ""], textposition="inside", insidetextanchor="middle",
             showlegend=phase not in seen,
             hovertemplate=f"{phase}: steps +{a}…+{b}<extra></extra>"))

@@ -199,21 +199,22 @@ def costs_figure(c: Costs, *, height: int = 340) -> go.Figure:
     speculative pass split into draft + verify."""
     ms = lambda v: None if v is None else v * 1000  # noqa: E731
     fig = go.Figure()
-    fig.add_trace(go.Bar(x=["plain: per token"], y=[ms(c.plain_per_token)], name="plain decode / token",
+    fig.add_trace(go.Bar(x=["plain / token"], y=[ms(c.plain_per_token)], name="plain decode / token",
                          marker=dict(color="#FFFFFF", line=dict(color=theme.INK, width=2)),
                          texttemplate="%{y:.1f} ms", textposition="outside"))
-    fig.add_trace(go.Bar(x=["speculative: per token"], y=[ms(c.spec_per_token)], name="speculative / token",
+    fig.add_trace(go.Bar(x=["spec / token"], y=[ms(c.spec_per_token)], name="speculative / token",
                          marker=dict(color=theme.TOKEN_STYLES[ACCEPTED]["bg"],
                                      line=dict(color=theme.OKABE_ITO["blue"], width=2)),
                          texttemplate="%{y:.1f} ms", textposition="outside"))
-    fig.add_trace(go.Bar(x=["speculative: per pass"], y=[ms(c.draft_per_pass)], name="draft / pass",
-                         marker=dict(color=theme.OKABE_ITO["orange"], pattern=dict(shape="/", fgcolor="#FFFFFF")),
+    fig.add_trace(go.Bar(x=["spec pass"], y=[ms(c.draft_per_pass)], name="draft / pass",
+                         marker=dict(color=theme.OKABE_ITO["orange"],
+                                     pattern=dict(shape="/", fgcolor="#FFFFFF", fillmode="overlay")),
                          texttemplate="draft %{y:.1f} ms", textposition="auto", insidetextfont=dict(color="#000000")))
-    fig.add_trace(go.Bar(x=["speculative: per pass"], y=[ms(c.verify_per_pass)], name="verify / pass",
+    fig.add_trace(go.Bar(x=["spec pass"], y=[ms(c.verify_per_pass)], name="verify / pass",
                          marker=dict(color=theme.OKABE_ITO["blue"]),
                          texttemplate="verify %{y:.1f} ms", textposition="inside"))
     sp = c.speedup
-    title = "measured costs" + (f" — wall-clock speedup vs plain: {sp:.2f}×" if sp else "")
+    title = "measured costs" + (f" (speedup {sp:.2f}×)" if sp else "")
     fig.update_layout(**theme.base_layout(height, title, margin=dict(l=55, r=15, t=36, b=90)))
     fig.update_layout(barmode="stack", legend=dict(orientation="h", y=-0.15, yanchor="top", x=0, font=dict(size=10)))
     fig.update_yaxes(title_text="milliseconds", gridcolor=theme.GRID, rangemode="tozero")

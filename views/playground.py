@@ -36,7 +36,7 @@ TERMINAL = ("finished", "rejected", "aborted")
 
 
 def render_views(rid: str | None, tag: str) -> None:
-    snap = th.snapshot()
+    snap = ea.current_snapshot(th)
     colors = theme.request_colors_for(snap)
     ea.chart(pool.pool_map_figure(snap, colors, highlight=rid), key=f"pool_{tag}")
     st.html(theme.block_legend_html())
@@ -48,7 +48,7 @@ def render_views(rid: str | None, tag: str) -> None:
         st.info("This request is no longer in the engine's snapshot (only recent finished requests are kept).")
         return
     stats = growth.phase_stats(req, now=snap.time)
-    c = st.columns(4)
+    c = st.columns(2) + st.columns(2)
     with c[0].container(key=f"pg_timing_a_{tag}"):
         st.metric("TTFT", growth.format_seconds(stats.ttft_s), help="arrival → first generated token (wall clock)")
     with c[1].container(key=f"pg_timing_b_{tag}"):
@@ -59,11 +59,17 @@ def render_views(rid: str | None, tag: str) -> None:
     st.caption(f"State: {req.state}" + (f" ({req.finish_reason})" if req.finish_reason else "")
                + (f" · prefix-cache hit: {req.num_cached_tokens} prompt tokens" if req.num_cached_tokens else "")
                + (f" · preempted {req.num_preemptions}×" if req.num_preemptions else ""))
-    ea.chart(pool.block_table_figure(snap, rid, colors), key=f"bt_{tag}")
-    if not req.block_table and req.state in TERMINAL and req.history:
+    if req.block_table:
+        ea.chart(pool.block_table_figure(snap, rid, colors), key=f"bt_{tag}")
+    elif req.state in TERMINAL:
         held = max((p.num_blocks for p in req.history), default=0)
+        st.markdown("**Block table**")
         st.caption(f"Finished: it held up to {held} block(s); they were released at the end. Full blocks "
                    "stay cached-free (grey, “c”) so the same prefix can be reused without recomputation.")
+    else:
+        st.markdown("**Block table**")
+        st.caption(f"No blocks held right now ({req.state}"
+                   + (f": {req.waiting_reason}" if req.waiting_reason else "") + ").")
     ev = _evict_steps(rid)
     ea.chart(growth.growth_figure(req, snap.info.block_size, evict_steps=ev), key=f"growth_{tag}")
     ea.chart(growth.phase_figure(req), key=f"phase_{tag}")
@@ -114,7 +120,7 @@ def _resume(rid: str):
     so far, then the rest as the engine produces it (read from snapshots)."""
     sent, last = 0, [0.0]
     while True:
-        req = th.snapshot().request(rid)
+        req = th.snapshot_now().request(rid)
         if req is None:
             return
         text = req.output_text
@@ -167,7 +173,7 @@ elif SS.get("pg_rid"):
         with st.chat_message("user"):
             st.text(SS.get("pg_prompt", ""))
         with st.chat_message("assistant"):
-            req = th.snapshot().request(rid)
+            req = th.snapshot_now().request(rid)
             if req is not None and req.state not in TERMINAL:
                 SS["pg_answer"] = st.write_stream(_resume(rid)) or ""
                 slot.empty()

@@ -31,21 +31,25 @@ th = ea.require_engine()
 cfg = ea.engine_config()
 info = th.snapshot().info
 
-with st.form("spec_form"):
+with st.container(border=True):
     c = st.columns([2, 2, 2, 3])
     cur = cfg.speculative
     method = c[0].selectbox("Method", METHODS, index=METHODS.index(cur.method) if cur and cur.method in METHODS else 0,
-                            help="; ".join(f"{m}: {h}" for m, h in METHOD_HELP.items()))
-    k = c[1].slider("Draft length k", 1, 8, value=min(8, cur.num_speculative_tokens) if cur else 4)
-    max_tokens = c[2].slider("Max new tokens", 8, 256, 64)
-    mismatched = c[3].toggle("Mismatched draft (break it)", value=False,
+                            help="; ".join(f"{m}: {h}" for m, h in METHOD_HELP.items()), key="spec_method")
+    k = c[1].slider("Draft length k", 1, 8, value=min(8, cur.num_speculative_tokens) if cur else 4, key="spec_k")
+    max_tokens = c[2].slider("Max new tokens", 8, 256, 64, key="spec_max_tokens")
+    mismatched = c[3].toggle("Mismatched draft (break it)", value=False, key="spec_mismatched",
                              help="Use a poor drafter: the target itself, cut after its first ~1/8 of layers. "
                                   "Watch acceptance collapse and the speedup fall to about 1× or below.")
     draft_model = None
-    if method == "draft_model":
-        draft_model = st.text_input("Draft model (path or hub id, same tokenizer as the target)", value="")
-    prompt = st.text_area("Prompt", value=SS.get("spec_prompt", EXAMPLE), height=90, max_chars=20000)
-    run = st.form_submit_button("Run speculative and plain decoding", type="primary")
+    if method == "draft_model" and not mismatched:
+        draft_model = st.text_input("Draft model (path or hub id, same tokenizer as the target)", value="",
+                                    key="spec_draft_model")
+    st.caption(METHOD_HELP["self_draft" if mismatched else method]
+               + (" — mismatched: early exit after the first ~1/8 of the target's layers" if mismatched else ""))
+    prompt = st.text_area("Prompt", value=SS.get("spec_prompt", EXAMPLE), height=90, max_chars=20000,
+                          key="spec_prompt_box")
+    run = st.button("Run speculative and plain decoding", type="primary", key="spec_run")
 
 
 def _wanted():
@@ -53,7 +57,8 @@ def _wanted():
         return ea.spec_config("self_draft", int(k), mismatched=True, num_layers=info.num_layers)
     if method == "draft_model":
         from engine.config import SpeculativeConfig
-        return SpeculativeConfig(method="draft_model", num_speculative_tokens=int(k), draft_model=draft_model or None)
+        return SpeculativeConfig(method="draft_model", num_speculative_tokens=int(k), draft_model=draft_model or None,
+                                 enable_fallback=not ea.test_mode())
     return ea.spec_config(method, int(k))
 
 
@@ -85,60 +90,63 @@ def _costs(spec_req, plain_req, verify_events) -> spec.Costs:
                       plain_e2e=e2e(plain_req), spec_e2e=e2e(spec_req))
 
 
-def _wait(rid: str, on_tick=None):
-    while True:
-        r = th.snapshot().request(rid)
-        if r is None or r.state in TERMINAL:
-            return r
-        if on_tick:
+def _wait(h, on_tick=None):
+    """Wait for a handle's request to finish; its final RequestInfo from a fresh snapshot."""
+    while not h.finished and th.healthy:
+        r = th.snapshot().request(h.request_id)
+        if r is not None and on_tick:
             on_tick(r)
         time.sleep(0.05)
+    return th.snapshot_now().request(h.request_id)
+
+
+def _submit(label: str, speculative: bool, n: int, salt: str):
+    return th.submit(prompt, SamplingParams(max_tokens=n, temperature=0.0, seed=0, cache_salt=f"{label}-{salt}",
+                                            speculative=speculative, request_class="spec-page"), chat=True)
 
 
 if run:
     SS["spec_prompt"] = prompt
+    SS.pop("spec_result", None)
+    notes = []
     try:
         want = _wanted()
         if not _same(want, cfg.speculative):
             msg = ea.shared_engine().reconfigure(cfg.replace(speculative=want))
-            st.info(f"The shared engine now speculates with {want.method} k={want.num_speculative_tokens}"
-                    f"{' (mismatched: early exit after ' + str(want.draft_layers) + ' layer(s))' if mismatched else ''}. "
-                    + msg)
+            notes.append(f"The shared engine now speculates with {want.method} k={want.num_speculative_tokens}"
+                         + (f" (mismatched: early exit after {want.draft_layers} layer(s))" if mismatched else "")
+                         + ". " + msg)
             th = ea.require_engine()
     except ValueError as e:
         st.error(f"Could not switch the engine to that drafter: {e}")
         st.stop()
-    salt = uuid.uuid4().hex[:8]  # separate prefix-cache namespaces: both runs pay the full prefill
-    seq0 = th.events.last_seq
+    salt = uuid.uuid4().hex[:8]  # separate prefix-cache namespaces: each run pays its full prefill
     try:
-        hs = th.submit(prompt, SamplingParams(max_tokens=int(max_tokens), temperature=0.0, seed=0,
-                                              cache_salt=f"spec-{salt}", request_class="spec-page"), chat=True)
+        _wait(_submit("warmup", True, 2, salt))   # first pass after a rebuild is slower: keep it out of the timing
+        seq0 = th.events.last_seq
+        with st.spinner("Plain decoding of the prompt (the baseline for the speedup)…"):
+            plain_req = _wait(_submit("plain", False, int(max_tokens), salt))
+        hs = _submit("spec", True, int(max_tokens), salt)
     except ValueError as e:
         st.error(f"Not submitted: {e}")
         st.stop()
-    st.markdown("**Tokens as they are verified**")
-    strip = st.empty()
+    live = st.empty()
 
     def tick(r):
         if ea.live_interval():
-            strip.html(tokens.token_strip_html(r.tokens))
+            with live.container():
+                st.markdown("**Tokens as they are verified**")
+                st.html(tokens.token_strip_html(r.tokens))
 
-    spec_req = _wait(hs.request_id, tick)
-    with st.spinner("Plain decoding of the same prompt, for the speedup…"):
-        try:
-            hp = th.submit(prompt, SamplingParams(max_tokens=int(max_tokens), temperature=0.0, seed=0,
-                                                  cache_salt=f"plain-{salt}", speculative=False), chat=True)
-            plain_req = _wait(hp.request_id)
-        except ValueError as e:
-            st.error(f"Plain run not submitted: {e}")
-            plain_req = None
-    strip.empty()
+    spec_req = _wait(hs, tick)
     evs = th.events.since(seq0)
     SS["spec_result"] = dict(
-        spec=spec_req, plain=plain_req, k=int(k), label=th.snapshot().info.speculative,
+        spec=spec_req, plain=plain_req, k=int(want.num_speculative_tokens) if want else int(k),
+        label=th.snapshot_now().info.speculative, notes=notes,
         verify=[e for e in evs if e.kind == "spec_verify" and e.request_id == hs.request_id],
         fallback=[e for e in evs if e.kind == "spec_fallback"],
     )
+    st.rerun()   # redraw everything (sidebar included) from the new engine state
 
 res = SS.get("spec_result")
 if not res:
@@ -147,6 +155,8 @@ if not res:
     st.html(theme.token_legend_html())
     st.stop()
 
+for note in res.get("notes", ()):
+    st.info(note)
 sreq, preq = res["spec"], res["plain"]
 if sreq is None:
     st.warning("The speculative request is no longer in the engine (it was rebuilt meanwhile). Run again.")
@@ -160,16 +170,20 @@ if sreq.error:
     st.error(f"The request failed: {sreq.error}")
 with st.container(key="spec_numbers"):
     c = st.columns(5)
-    c[0].metric("Acceptance rate (vLLM)", "—" if summ.acceptance_rate is None else f"{summ.acceptance_rate:.0%}",
-                help="accepted draft tokens / draft tokens")
-    c[1].metric("α (per position)", "—" if summ.alpha is None else f"{summ.alpha:.2f}",
-                help="accepted / judged positions: the α of the theory curve")
-    c[2].metric("Tokens per target pass", "—" if summ.tokens_per_target_pass is None
+    c[0].metric("Acceptance rate", "—" if summ.acceptance_rate is None else f"{summ.acceptance_rate:.0%}",
+                help="vLLM's definition: accepted draft tokens / draft tokens")
+    c[1].metric("α per position", "—" if summ.alpha is None else f"{summ.alpha:.2f}",
+                help="accepted / judged draft positions (a position is judged when every earlier draft token "
+                     "of its pass was accepted): the α of the theory curve")
+    c[2].metric("Tokens / target pass", "—" if summ.tokens_per_target_pass is None
                 else f"{summ.tokens_per_target_pass:.2f}",
-                help=f"{sreq.output_len} tokens / {summ.target_passes} target passes (incl. the prefill pass)")
-    c[3].metric("Mean acceptance length", "—" if summ.mean_acceptance_length is None
-                else f"{summ.mean_acceptance_length:.2f}", help="1 + accepted / drafts (tokens per verify pass)")
-    c[4].metric("Drafts · draft tokens · accepted", f"{summ.num_drafts} · {summ.num_draft_tokens} · {summ.num_accepted}")
+                help=f"{sreq.output_len} tokens / {summ.target_passes} target passes (incl. the prefill pass "
+                     "and passes without a draft)")
+    c[3].metric("Accept length", "—" if summ.mean_acceptance_length is None
+                else f"{summ.mean_acceptance_length:.2f}",
+                help="vLLM's mean acceptance length: 1 + accepted / drafts = tokens per verify pass")
+    c[4].metric("Accepted / drafted", f"{summ.num_accepted} / {summ.num_draft_tokens}",
+                help=f"draft tokens accepted / proposed, over {summ.num_drafts} verify passes")
 with st.container(key="spec_timing"):
     c = st.columns(3)
     c[0].metric("Wall-clock speedup vs plain", "—" if costs.speedup is None else f"{costs.speedup:.2f}×",
@@ -186,9 +200,11 @@ st.html(tokens.strip_with_legend(sreq.tokens))
 
 left, right = st.columns(2, gap="large")
 with left:
-    measured = summ.mean_acceptance_length if summ.mean_acceptance_length is not None else summ.tokens_per_target_pass
-    ea.chart(spec.theory_figure(summ.alpha, res["k"], measured, k_max=16,
+    ea.chart(spec.theory_figure(summ.alpha, res["k"], summ.mean_acceptance_length, k_max=16,
                                 measured_label="measured tokens per verify pass"), key="spec_theory")
+    if summ.num_drafts == 0:
+        st.caption("No draft was proposed for this answer (n-gram lookup found no earlier match), so there is "
+                   "no measured point: every token came from a plain target pass.")
     ea.chart(spec.position_figure(pc), key="spec_pos")
 with right:
     with st.container(key="spec_costs"):
@@ -198,6 +214,7 @@ with right:
         rows = [{"step": e.step, "class": str(e.data.get("request_class", "")),
                  "action": "resumed speculating" if e.data.get("speculating") else "fell back to plain decoding",
                  "reason": str(e.data.get("reason", ""))} for e in res["fallback"]]
-        st.dataframe(rows, hide_index=True, width="stretch")
+        st.dataframe(rows, hide_index=True, width="stretch",
+                     column_config={"reason": st.column_config.TextColumn("reason", width="large")})
     else:
         st.caption("None during this run: speculation stayed on for this request class.")
