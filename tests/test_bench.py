@@ -28,6 +28,14 @@ def test_registry_names_and_functions():
     assert set(cli.DEFAULT_ALL) <= set(SUITES)
 
 
+def test_parse_threads():
+    assert cli.parse_threads("auto") == "auto" and cli.parse_threads("default") == "default"
+    assert cli.parse_threads("2") == 2
+    for bad in ("0", "-1", "many"):
+        with pytest.raises(ValueError, match="--threads"):
+            cli.parse_threads(bad)
+
+
 def test_resolve_suites_all_and_dedup():
     assert cli.resolve_suites(["all"]) == list(cli.DEFAULT_ALL)
     assert cli.resolve_suites(["cache", "cache", "prefix"]) == ["cache", "prefix"]
@@ -76,7 +84,7 @@ def _last_json(out: str) -> dict:
 
 
 def test_json_is_the_last_line_and_results_are_written(fake_suites, capsys, tmp_path):
-    rc = cli.main(["fake_ok", "--json", "--no-plots", "--out", str(tmp_path)])
+    rc = cli.main(["fake_ok", "--json", "--no-plots", "--threads", "1", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert rc == 0
     obj = _last_json(out)
@@ -91,12 +99,12 @@ def test_json_is_the_last_line_and_results_are_written(fake_suites, capsys, tmp_
 
 
 def test_bench_prefix_in_argv_is_accepted(fake_suites, capsys, tmp_path):
-    assert cli.main(["bench", "fake_ok", "--json", "--no-plots", "--out", str(tmp_path)]) == 0
+    assert cli.main(["bench", "fake_ok", "--json", "--no-plots", "--threads", "1", "--out", str(tmp_path)]) == 0
     assert _last_json(capsys.readouterr().out)["suites"]["fake_ok"] == "ok"
 
 
 def test_unavailable_suite_exits_nonzero_with_reason(fake_suites, capsys, tmp_path):
-    rc = cli.main(["fake_na", "fake_ok", "--json", "--no-plots", "--out", str(tmp_path)])
+    rc = cli.main(["fake_na", "fake_ok", "--json", "--no-plots", "--threads", "1", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert rc == 2
     assert "not available: feature X is missing" in out
@@ -106,7 +114,7 @@ def test_unavailable_suite_exits_nonzero_with_reason(fake_suites, capsys, tmp_pa
 
 
 def test_failing_suite_exits_1_and_others_run(fake_suites, capsys, tmp_path):
-    rc = cli.main(["fake_err", "fake_na", "fake_ok", "--json", "--no-plots", "--out", str(tmp_path)])
+    rc = cli.main(["fake_err", "fake_na", "fake_ok", "--json", "--no-plots", "--threads", "1", "--out", str(tmp_path)])
     obj = _last_json(capsys.readouterr().out)
     assert rc == 1
     assert obj["suites"]["fake_err"].startswith("error: RuntimeError: boom")
@@ -114,7 +122,7 @@ def test_failing_suite_exits_1_and_others_run(fake_suites, capsys, tmp_path):
 
 
 def test_without_json_no_json_line(fake_suites, capsys, tmp_path):
-    assert cli.main(["fake_ok", "--no-plots", "--out", str(tmp_path)]) == 0
+    assert cli.main(["fake_ok", "--no-plots", "--threads", "1", "--out", str(tmp_path)]) == 0
     last = capsys.readouterr().out.rstrip().splitlines()[-1]
     assert not last.startswith("{")
 
@@ -278,3 +286,7 @@ def test_throughput_end_to_end_tiny(capsys, tmp_path):
               "speedup_vs_hf_static", "speedup_vs_hf_cb"):
         assert obj[k] is not None and obj[k] > 0 and math.isfinite(obj[k]), k
     assert obj["outputs_match"] is True, obj.get("mismatches")
+    # the default thread policy measured 1 vs all cores and used the faster count
+    pol = obj["thread_policy"]
+    assert pol["requested"] == "auto" and pol["used"] == obj["torch_threads"]
+    assert "probe_ms" in pol and str(pol["used"]) in {str(k) for k in pol["probe_ms"]}

@@ -51,8 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="smaller workloads (each suite well under 3 minutes on 2 cores)")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line of stdout")
     p.add_argument("--model", default="default", help="model for kvscope and the peers (default: %(default)s)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch intra-op threads for the whole run (default: torch's default)")
+    p.add_argument("--threads", default="auto",
+                   help="torch intra-op threads for kvscope and the peers alike: a number, 'auto' (measure "
+                        "1 vs all cores on the model's matmuls and take the faster; the default) or "
+                        "'default' (leave torch's own setting)")
     p.add_argument("--out", default=None, help="results folder (default: ./results or $KVSCOPE_RESULTS_DIR)")
     p.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
     p.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)  # tests: tiny workloads
@@ -86,6 +88,19 @@ def parse_set(items: list[str]) -> dict:
     return out
 
 
+def parse_threads(v):
+    """'auto' | 'default' | an integer >= 1."""
+    if v in ("auto", "default"):
+        return v
+    try:
+        n = int(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"--threads must be a number, 'auto' or 'default', got {v!r}") from None
+    if n < 1:
+        raise ValueError("--threads must be >= 1")
+    return n
+
+
 def resolve_suites(names: list[str]) -> list[str]:
     out = []
     for n in names:
@@ -108,8 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         names = resolve_suites(args.suites)
         engine_args = parse_set(args.set)
-        if args.threads is not None and args.threads < 1:
-            raise ValueError("--threads must be >= 1")
+        threads = parse_threads(args.threads)
     except ValueError as e:
         parser.error(str(e))  # exits 2 with usage
 
@@ -117,17 +131,34 @@ def main(argv: list[str] | None = None) -> int:
     from .common import BenchContext, machine_info
 
     out = sys.stdout
-    import torch  # noqa: F401  (after argument errors, which should be fast)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    import torch  # (after argument errors, which should be fast)
     out_dir = rep.results_dir(args.out)
-    total = sum(SUITES[n].phases for n in names)
+    total = sum(SUITES[n].phases for n in names) + (1 if threads == "auto" else 0)
     progress = rep.Progress(total, label="bench")
-    ctx = BenchContext(quick=args.quick or args.smoke, smoke=args.smoke, model=args.model, threads=args.threads, out_dir=out_dir,
+    ctx = BenchContext(quick=args.quick or args.smoke, smoke=args.smoke, model=args.model, out_dir=out_dir,
                        engine_args=engine_args, plots=not args.no_plots, progress=progress)
+    thread_policy = {"requested": args.threads}
+    if isinstance(threads, int):
+        torch.set_num_threads(threads)
+        ctx.threads = threads
+    elif threads == "auto":
+        progress.start("thread probe (1 vs all cores)")
+        try:
+            from .roofline import ModelShape, probe_threads
+            with contextlib.redirect_stdout(sys.stderr):
+                shape = ModelShape.from_config(ctx.hf()[0].config)
+                probe = probe_threads(shape, rounds=2 if args.smoke else 3)
+            torch.set_num_threads(probe["threads"])
+            ctx.threads = probe["threads"]
+            thread_policy["probe_ms"] = probe["ms"]
+        except Exception as e:  # the probe must never stop a run: fall back to torch's default
+            thread_policy["probe_error"] = f"{type(e).__name__}: {e}"
+        progress.advance("thread probe")
+    thread_policy["used"] = torch.get_num_threads()
     machine = machine_info()
     summary = {"suite": names[0] if len(names) == 1 else ",".join(names), "quick": args.quick, "model": args.model,
-               "torch_threads": machine["torch_threads"], "machine": machine, "suites": {}}
+               "torch_threads": machine["torch_threads"], "thread_policy": thread_policy, "machine": machine,
+               "suites": {}}
     status = 0
     tables = []
     t_all = time.perf_counter()
@@ -185,8 +216,11 @@ def main(argv: list[str] | None = None) -> int:
 
     text = "\n\n".join(tables)
     out.write(text + "\n")
+    probe = thread_policy.get("probe_ms")
     foot = [f"machine: {machine['nproc']} cpus, {machine['cpu']}, torch {machine['torch']} "
-            f"({machine['torch_threads']} threads), transformers {machine['transformers']}"]
+            f"({machine['torch_threads']} threads, --threads {args.threads}"
+            + (", probe ms " + ", ".join(f"{k} thr {v:.1f}" for k, v in probe.items()) if probe else "")
+            + f"), transformers {machine['transformers']}, load avg {machine['load_avg_1m_at_start']}"]
     foot += [f"note: {n}" for n in ctx.notes]
     if ctx.files:
         foot.append(f"wrote: {', '.join(ctx.files)}")

@@ -136,7 +136,7 @@ def machine_info() -> dict:
     except Exception:
         tv = None
     try:
-        load = os.getloadavg()[0]
+        load = round(os.getloadavg()[0], 2)
     except OSError:
         load = None
     return {"nproc": os.cpu_count(), "cpu": cpu, "torch_threads": torch.get_num_threads(),

@@ -207,3 +207,45 @@ def measure_read_bandwidth(mbytes: int = 512, dtype=None) -> float:
         t = _best_time(lambda: x.sum(), min_reps=4, min_time=0.5, max_reps=20)
     del x
     return nbytes / t / 1e9
+
+
+def probe_threads(shape: ModelShape, candidates=None, rounds: int = 3, layers: int = 6, dtype=None) -> dict:
+    """Picks torch's intra-op thread count for this run by measurement: times a decode-like pass
+    (the model's linears for `layers` layers at 1 and 16 rows) at each candidate count, alternating
+    candidates for `rounds` rounds, best time per candidate. On a shared machine, a 2-thread
+    OpenMP region waits for its slowest thread, so when another process holds a core more threads
+    can be several times slower than one. Returns {"threads": best, "ms": {n: best ms}}."""
+    import os
+
+    import torch
+    import torch.nn.functional as F
+    dtype = dtype or torch.float32
+    ncpu = os.cpu_count() or 1
+    candidates = sorted(set(candidates or (1, ncpu, torch.get_num_threads())))
+    g = torch.Generator().manual_seed(0)
+    ws = [[(torch.randn(N, K, generator=g) * 0.02).to(dtype) for _, K, N in shape.layer_linears()]
+          for _ in range(layers)]
+    ks = [K for _, K, _ in shape.layer_linears()]
+    xs = {(m, k): torch.randn(m, k, generator=g).to(dtype) for m in (1, 16) for k in set(ks)}
+
+    def one_pass():
+        for m in (1, 16):
+            for layer in ws:
+                for k, w in zip(ks, layer):
+                    F.linear(xs[(m, k)], w)
+
+    old = torch.get_num_threads()
+    best = {n: float("inf") for n in candidates}
+    try:
+        with torch.inference_mode():
+            for _ in range(rounds):
+                for n in candidates:
+                    torch.set_num_threads(n)
+                    one_pass()  # settle the pool at this size
+                    t = time.perf_counter()
+                    one_pass()
+                    best[n] = min(best[n], time.perf_counter() - t)
+    finally:
+        torch.set_num_threads(old)
+    pick = min(best, key=best.get)
+    return {"threads": pick, "ms": {n: v * 1e3 for n, v in best.items()}}
