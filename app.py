@@ -97,12 +97,13 @@ def _engine_panel(th) -> None:
         f"{info.block_size} tokens = {info.num_blocks * info.block_size:,} token slots "
         f"({info.bytes_per_block:,} bytes per block).")
     m = snap.metrics
-    c = st.columns(5)
+    c = st.columns([2, 3, 3])
     c[0].metric("Running · waiting", f"{m.num_running} · {m.num_waiting}")
     c[1].metric("Blocks used · cached · free", f"{m.num_blocks_used} · {m.num_blocks_cached} · {m.num_blocks_free}")
     c[2].metric("Speculative decoding", info.speculative or "off")
-    c[3].metric("Prefix caching", "on" if info.enable_prefix_caching else "off")
-    c[4].metric("Preemption", info.preemption_mode)
+    st.caption(f"Prefix caching {'on' if info.enable_prefix_caching else 'off'} · preemption by "
+               f"{info.preemption_mode} · up to {info.max_num_seqs} concurrent sequences · "
+               f"max model length {info.max_model_len:,} tokens · {info.allocator} allocator")
 
 
 def _build_navigation():

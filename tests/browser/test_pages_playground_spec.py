@@ -1,0 +1,97 @@
+"""Browser checks of Home, Playground and Speculative decoding in headless Chromium.
+
+Screenshots are taken in fixed states on a server only this module uses (test mode: tiny model,
+greedy, seeded, static charts), in file order: Home on the untouched engine, then one Playground
+answer, then a self-draft speculative run. Wall-clock numbers (TTFT, tokens/s, e2e, speedup,
+the measured-cost chart) are hidden while the shot is taken; everything else must match exactly.
+"""
+from __future__ import annotations
+
+import pytest
+
+from tests.browser.shot import (APP_SCRIPT, assert_no_exception, assert_screenshot, click_and_wait,
+                                open_page, wait_drawn)
+
+pytestmark = pytest.mark.browser
+
+# Wall-clock values vary run to run: hidden (space kept) for the shot only.
+HIDE_TIMING_CSS = """
+[class*="st-key-pg_timing"] [data-testid="stMetricValue"],
+.st-key-spec_timing [data-testid="stMetricValue"],
+.st-key-spec_costs { visibility: hidden !important; }
+"""
+
+HOSTILE = ('<script>window.__pwned=1</script><img src=x onerror="window.__pwned=2">'
+           '"><svg onload="window.__pwned=3"> RTL:\u202eevil zero:\u200bwidth')
+
+
+@pytest.fixture(scope="module")
+def server(streamlit_server):
+    # its own server (servers are cached by env): state from other modules' tests cannot leak in
+    return streamlit_server(APP_SCRIPT, env={"KVSCOPE_BROWSER_MODULE": "pages_playground_spec"})
+
+
+def _hide_timing(page):
+    page.add_style_tag(content=HIDE_TIMING_CSS)
+
+
+def _select(page, label: str, option: str) -> None:
+    box = page.locator('[data-testid="stSelectbox"]', has_text=label).first
+    box.locator('[role="combobox"], input').first.click()
+    page.locator('[role="option"]', has_text=option).first.click()
+    page.mouse.move(0, 0)
+    wait_drawn(page)
+
+
+def test_direct_page_urls_on_a_fresh_server(fresh_app_server, page):
+    # the very first request to this server is a page URL (SCREENSHOTS.md pitfall 1)
+    open_page(page, fresh_app_server.url, "playground")
+    assert page.locator("h1", has_text="Playground").count() == 1
+    assert page.get_by_role("button", name="Generate").count() == 1
+    open_page(page, fresh_app_server.url, "speculative")
+    assert page.locator("h1", has_text="Speculative decoding").count() == 1
+
+
+def test_home(server, page):
+    open_page(page, server.url, "/")
+    main = page.locator('[data-testid="stMain"]').inner_text()
+    assert "Engine healthy" in main and "KV bytes per token" in main
+    assert_screenshot(page, "home")
+
+
+def test_playground_answer(server, page):
+    open_page(page, server.url, "playground")
+    click_and_wait(page, page.get_by_role("button", name="Generate"))
+    assert_no_exception(page)
+    main = page.locator('[data-testid="stMain"]')
+    assert "cache growth of r1" in main.inner_text()
+    assert page.locator(".kvscope-tokens .tok-plain").count() == 48
+    assert page.locator(".js-plotly-plot").count() == 3     # pool map, growth, phases
+    _hide_timing(page)
+    assert_screenshot(page, "playground_answer")
+
+
+def test_playground_hostile_prompt_is_text(server, page):
+    open_page(page, server.url, "playground")
+    page.get_by_label("Prompt").fill(HOSTILE)
+    click_and_wait(page, page.get_by_role("button", name="Generate"))
+    assert_no_exception(page)
+    assert page.evaluate("() => window.__pwned") is None
+    assert page.locator('img[src="x"]').count() == 0
+    assert page.locator("svg[onload]").count() == 0
+    assert page.locator("script", has_text="__pwned").count() == 0
+    text = page.locator('[data-testid="stMain"]').inner_text()
+    assert "<script>window.__pwned=1</script>" in text   # shown, as text
+
+
+def test_speculative_self_draft(server, page):
+    open_page(page, server.url, "speculative")
+    _select(page, "Method", "self_draft")
+    click_and_wait(page, page.get_by_role("button", name="Run speculative and plain decoding"))
+    assert_no_exception(page)
+    main = page.locator('[data-testid="stMain"]').inner_text()
+    assert "Result — self_draft k=4" in main
+    assert "Same output as plain decoding" in main
+    assert page.locator(".kvscope-tokens .tok-accepted").count() > 0
+    _hide_timing(page)
+    assert_screenshot(page, "speculative_self_draft")
