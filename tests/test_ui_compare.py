@@ -105,7 +105,11 @@ def test_exercise_demand_vs_budget():
     fig = C.exercise_figure([r, rec("other", [s0])])
     demand = [t for t in fig.data if t.name.startswith("demand")]
     assert list(demand[0].y) == [100, 150, 180]
-    assert any("step 2" in (a.text or "") for a in fig.layout.annotations)
+    assert C.first_held_over_budget(r) is None and s["held_over_budget_step"] is None
+    r.budget_tokens = 100                                   # engine held 112 slots at step 1
+    assert C.first_held_over_budget(r) == 1
+    fig = C.exercise_figure([r])
+    assert any("KV use > budget at step 1" in (a.text or "") for a in fig.layout.annotations)
 
 
 class FakeOut:

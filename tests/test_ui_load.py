@@ -172,3 +172,14 @@ def test_events_html_escapes_everything():
     rows = et.event_rows(evs)
     assert rows[0]["reason"] == hostile and rows[0]["details"] == "mode=recompute; blocks_freed=3"
     assert "No events" in et.events_html([])
+
+
+def test_growth_lines_start_at_admission_and_end_at_finish():
+    s = [snap(1, 1.0, [req("a", 0, state="waiting")]),
+         snap(2, 2.0, [req("a", 12)]),
+         snap(3, 3.0, [req("a", 0, state="preempted")]),
+         snap(4, 4.0, [req("a", 20)]),
+         snap(5, 5.0, [req("a", 0, state="finished")]),
+         snap(6, 6.0, [req("a", 0, state="finished"), req("b", 0, state="waiting")])]
+    lines = L.growth_lines(s)
+    assert lines == {"a": ([2.0, 3.0, 4.0, 5.0], [12, 0, 20, 0])}     # b never held KV: no line

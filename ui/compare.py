@@ -34,7 +34,13 @@ RUN_LOCK = threading.Lock()
 
 
 def _layout(fig: go.Figure, title: str, height: int = 320, **kw) -> go.Figure:
-    fig.update_layout(**theme.base_layout(height, title, margin=dict(l=60, r=15, t=70, b=45), **kw))
+    """Figure title at the top, subplot titles under it, the legend below the x axes (so neither
+    covers the other), fixed height."""
+    fig.update_layout(**theme.base_layout(height, title, margin=dict(l=60, r=15, t=64, b=100), **kw))
+    fig.update_layout(title=dict(y=0.99, yref="container", yanchor="top"),
+                      legend=dict(orientation="h", yanchor="top", y=-0.3, xanchor="left", x=0,
+                                  font=dict(size=11)))
+    fig.update_annotations(font=dict(size=12))     # subplot titles
     fig.update_xaxes(gridcolor=theme.GRID, zerolinecolor=theme.GRID)
     fig.update_yaxes(gridcolor=theme.GRID, zerolinecolor=theme.GRID)
     return fig
@@ -159,12 +165,12 @@ def allocator_figure(a: RunRecord, b: RunRecord) -> go.Figure:
     for col, rec in ((1, a), (2, b)):
         so = slots_over_time(rec.series)
         fig.add_trace(go.Scatter(x=so["step"], y=so["allocated"], name="allocated slots", mode="lines",
-                                 line=dict(color=ALLOC_COLOR, width=2, dash="dash", shape="hv"),
+                                 line=dict(color=ALLOC_COLOR, width=1.5, shape="hv"),
                                  fill="tozeroy", fillcolor="rgba(230,159,0,0.18)", showlegend=col == 1,
                                  legendgroup="alloc"), row=1, col=col)
         fig.add_trace(go.Scatter(x=so["step"], y=so["filled"], name="filled slots (tokens held)", mode="lines",
                                  line=dict(color=FILLED_COLOR, width=2, shape="hv"), fill="tozeroy",
-                                 fillcolor="rgba(0,114,178,0.35)", showlegend=col == 1, legendgroup="filled"),
+                                 fillcolor="rgba(0,114,178,0.55)", showlegend=col == 1, legendgroup="filled"),
                       row=1, col=col)
         if rec.series:
             budget = rec.series[-1].info.num_blocks * rec.series[-1].info.block_size
@@ -173,7 +179,7 @@ def allocator_figure(a: RunRecord, b: RunRecord) -> go.Figure:
                                      showlegend=col == 1, legendgroup="budget"), row=1, col=col)
         fig.update_xaxes(title_text="engine step", row=1, col=col)
     fig.update_yaxes(title_text="KV slots (tokens)", row=1, col=1)
-    _layout(fig, "Allocated vs filled KV slots, same workload, same budget", height=330)
+    _layout(fig, "Allocated vs filled KV slots, same workload, same budget", height=360)
     fig.update_layout(hovermode="x unified")
     return fig
 
@@ -195,7 +201,7 @@ def allocator_bars(sa: dict, sb: dict) -> go.Figure:
                              showlegend=False, text=[s["admitted"], s["peak_running"], s["preemptions"]],
                              textposition="outside", cliponaxis=False), row=1, col=2)
     fig.update_yaxes(range=[0, 105], row=1, col=1)
-    _layout(fig, "Waste and concurrency", height=320, barmode="group")
+    _layout(fig, "Waste and concurrency", height=340, barmode="group")
     return fig
 
 
@@ -305,7 +311,7 @@ def cost_figure(with_cache: Sequence[CostPoint], without_cache: Sequence[CostPoi
     fig.update_xaxes(title_text="tokens generated", row=1, col=2)
     fig.update_xaxes(title_text="tokens generated", row=1, col=3)
     fig.update_yaxes(rangemode="tozero")
-    return _layout(fig, "Measured decode cost with and without the KV cache", height=340)
+    return _layout(fig, "Measured decode cost with and without the KV cache", height=370)
 
 
 def cumulative_fed(points: Sequence[CostPoint]) -> list[int]:
@@ -355,6 +361,16 @@ def first_over_budget(rec: RunRecord) -> int | None:
     return None
 
 
+def first_held_over_budget(rec: RunRecord) -> int | None:
+    """The first step at which the KV slots the engine actually had in use exceeded the budget
+    (only possible when the engine ran with a bigger pool than the budget: run A)."""
+    r = exercise_rows(rec)
+    for step, h, b in zip(r["step"], r["held"], r["budget"]):
+        if h > b:
+            return step
+    return None
+
+
 def exercise_summary(rec: RunRecord) -> dict:
     r = exercise_rows(rec)
     counts: dict[str, int] = {}
@@ -369,6 +385,7 @@ def exercise_summary(rec: RunRecord) -> dict:
         "budget": r["budget"][-1] if r["budget"] else 0,
         "peak_held": max(r["held"], default=0),
         "over_budget_step": first_over_budget(rec),
+        "held_over_budget_step": first_held_over_budget(rec),
         "preemptions": counts.get(PREEMPT, 0),
         "swaps": counts.get(SWAP_OUT, 0),
         "waits": counts.get(WAIT, 0),
@@ -402,17 +419,17 @@ def exercise_figure(runs: Sequence[RunRecord]) -> go.Figure:
                                  mode="lines", line=dict(color=_O["bluish_green"], width=2, dash="dashdot",
                                                          shape="hv"),
                                  showlegend=first, legendgroup="finished"), row=1, col=col, secondary_y=True)
-        over = first_over_budget(rec)
+        over = first_held_over_budget(rec)
         if over is not None:
-            fig.add_vline(x=over, line=dict(color=B_COLOR, width=1, dash="dot"), row=1, col=col)
+            fig.add_vline(x=over, line=dict(color=B_COLOR, width=1.5, dash="dot"), row=1, col=col)
             fig.add_annotation(x=over, y=1, yref="y domain" if col == 1 else f"y{2 * col - 1} domain",
-                               xref="x" if col == 1 else f"x{col}", text=f"demand > budget at step {over}",
+                               xref="x" if col == 1 else f"x{col}", text=f" KV use > budget at step {over}",
                                showarrow=False, xanchor="left", yanchor="top",
                                font=dict(size=11, color=B_COLOR))
         fig.update_xaxes(title_text="engine step", row=1, col=col)
     fig.update_yaxes(title_text="tokens", row=1, col=1, secondary_y=False, rangemode="tozero")
     fig.update_yaxes(rangemode="tozero", secondary_y=True, showgrid=False)
-    return _layout(fig, "Growing sequences vs a fixed KV budget", height=360)
+    return _layout(fig, "Growing sequences vs a fixed KV budget", height=390)
 
 
 # ==================================================================== prefix cache: with vs forced misses
@@ -480,7 +497,7 @@ def prefix_figure(with_cache: Sequence[PrefixRow], forced_miss: Sequence[PrefixR
     fig.update_traces(offsetgroup="tok", selector=dict(legendgroup="cached"))
     fig.update_traces(offsetgroup="tok", base=[r.cached_tokens for r in rows], selector=dict(legendgroup="computed"))
     fig.update_yaxes(rangemode="tozero")
-    return _layout(fig, "Shared system prompt: TTFT with the prefix cache vs forced misses", height=340)
+    return _layout(fig, "Shared system prompt: TTFT with the prefix cache vs forced misses", height=360)
 
 
 def exercise_prompts(n: int, prompt_tokens: int, *, seed: int = 0, lo: int = 1000, hi: int = 40000) -> list[list[int]]:

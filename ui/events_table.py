@@ -96,6 +96,8 @@ _STYLE = (
     ".kvs-ev td{border-bottom:1px solid #e4e4e4;padding:2px 6px;vertical-align:top;"
     "overflow-wrap:anywhere;unicode-bidi:plaintext}"
     ".kvs-ev .k{font-weight:600;white-space:nowrap}"
+    ".kvs-ev .n{white-space:nowrap;text-align:right}"
+    ".kvs-ev .r{min-width:9em;overflow-wrap:anywhere}"
     ".kvs-ev-wrap{max-height:360px;overflow-y:auto}"
     "</style>"
 )
@@ -111,10 +113,10 @@ def events_html(events: Sequence[Event], *, empty: str = "No events of the selec
         colour = event_colour(e.kind)
         rows.append(
             "<tr>"
-            f"<td>{r['step']}</td>"
-            f"<td>{r['time_s']:.3f}</td>"
+            f"<td class='n'>{r['step']}</td>"
+            f"<td class='n'>{r['time_s']:.3f}</td>"
             f"<td class='k' style='border-left:4px solid {colour}'>{html.escape(r['kind'])}</td>"
-            f"<td>{html.escape(_clip(r['request'], 64))}</td>"
+            f"<td class='r'>{html.escape(_clip(r['request'], 64))}</td>"
             f"<td>{html.escape(_clip(r['reason']))}</td>"
             f"<td>{html.escape(_clip(r['details']))}</td>"
             "</tr>")

@@ -20,6 +20,7 @@ from ui import theme
 
 SERIES_CAP = 600          # snapshots kept for the over-time charts (older half thinned beyond it)
 MAX_GROWTH_LINES = 24     # per-request cache-growth lines drawn at most
+TERMINAL_STATES = ("finished", "rejected", "aborted")
 MAX_LOAD_REQUESTS = 300   # the feeder never submits more than this in one run
 PERCENTILES = (50, 90, 99)
 
@@ -54,10 +55,14 @@ def _t(series: Sequence[Snapshot], t0: float | None) -> tuple[list[float], float
 
 
 def _layout(fig: go.Figure, title: str, ytitle: str, xtitle: str = "time since start (s)",
-            height: int = 300) -> go.Figure:
-    fig.update_layout(**theme.base_layout(height, title, margin=dict(l=55, r=15, t=62, b=45)))
-    fig.update_layout(xaxis_title=xtitle, yaxis_title=ytitle, hovermode="x unified",
-                      legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="left", x=0))
+            height: int = 330) -> go.Figure:
+    """Title at the top of the figure, legend in its own band under it (never over the title or
+    the data), fixed height."""
+    fig.update_layout(**theme.base_layout(height, title, margin=dict(l=55, r=15, t=78, b=45)))
+    fig.update_layout(title=dict(y=0.985, yref="container", yanchor="top"),
+                      xaxis_title=xtitle, yaxis_title=ytitle, hovermode="x unified",
+                      legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0,
+                                  font=dict(size=11)))
     fig.update_xaxes(gridcolor=theme.GRID, zerolinecolor=theme.GRID)
     fig.update_yaxes(gridcolor=theme.GRID, zerolinecolor=theme.GRID)
     return fig
@@ -128,18 +133,28 @@ def kv_usage_figure(series: Sequence[Snapshot], t0: float | None = None) -> go.F
 
 def growth_lines(series: Sequence[Snapshot], max_lines: int = MAX_GROWTH_LINES) -> dict[str, tuple[list[float], list[int]]]:
     """request_id -> (times, cached tokens). Uses the request's own per-step history from the
-    latest snapshot it appears in (full resolution); falls back to the sampled series. Keeps the
-    `max_lines` requests with the largest peak (ties: most recent arrival)."""
+    latest snapshot it appears in when it has one (full resolution); otherwise the sampled series,
+    from the first snapshot where the request holds KV to the one where it finished (its drop to
+    0). Keeps the `max_lines` requests with the largest peak (ties: most recent arrival)."""
     latest: dict[str, object] = {}
     sampled: dict[str, tuple[list[float], list[int]]] = {}
+    done: set[str] = set()
     for s in series:
         for r in s.requests:
+            if r.request_id in done:
+                continue             # finished: its line ended with the drop to 0
             latest[r.request_id] = r
             xs, ys = sampled.setdefault(r.request_id, ([], []))
+            if not ys and r.num_computed_tokens == 0 and r.state in ("waiting", "finished", "rejected", "aborted"):
+                continue             # not started yet (or never started): no line until it holds KV
             xs.append(s.time)
             ys.append(r.num_computed_tokens)
+            if r.state in TERMINAL_STATES:
+                done.add(r.request_id)
     lines: dict[str, tuple[list[float], list[int]]] = {}
     for rid, r in latest.items():
+        if not r.history and not sampled.get(rid, ([], []))[1]:
+            continue
         if r.history:
             lines[rid] = ([h.time for h in r.history], [h.num_cached_tokens for h in r.history])
         else:
@@ -152,14 +167,15 @@ def growth_lines(series: Sequence[Snapshot], max_lines: int = MAX_GROWTH_LINES) 
 def growth_figure(series: Sequence[Snapshot], t0: float | None = None,
                   max_lines: int = MAX_GROWTH_LINES) -> go.Figure:
     _, base = _t(series, t0)
-    lines = growth_lines(series, max_lines)
+    all_lines = growth_lines(series, max_lines=1_000_000)
+    lines = dict(list(all_lines.items())[:max_lines])
     colors = theme.RequestColors(sorted(lines, key=lambda rid: (lines[rid][0][:1], rid)))
     fig = go.Figure()
     for rid, (xs, ys) in sorted(lines.items()):
         fig.add_trace(go.Scatter(x=[x - base for x in xs], y=ys, name=_safe(rid), mode="lines",
                                  line=dict(color=colors.color(rid), width=1.5, shape="hv"),
                                  showlegend=False, hovertemplate=f"{_safe(rid)}<br>%{{y}} tokens<extra></extra>"))
-    n_all = len({r.request_id for s in series for r in s.requests})
+    n_all = len(all_lines)
     title = "KV cache per request (tokens held)"
     if n_all > len(lines):
         title += f" — {len(lines)} largest of {n_all} shown"

@@ -173,8 +173,7 @@ for col, s, r in zip(cols, sums, runs):
         c = st.columns(2)
         c[0].metric("Preemptions", s["preemptions"])
         c[1].metric("Steps", s["steps"])
-        rows = C.exercise_rows(r)
-        first = next((step for step, held in zip(rows["step"], rows["held"]) if held > budget_tok), None)
+        first = s["held_over_budget_step"]
         if first is not None:
             st.error(f"The engine's own KV use passed the budget at step {first}: a server that keeps every "
                      "cache and enforces this budget raises MemoryBudgetExceeded there.", icon=":material/memory:")

@@ -79,10 +79,10 @@ m = snap.metrics
 c = st.columns(6)
 c[0].metric("Engine step", snap.step)
 c[1].metric("Time", f"{snap.time - trace.snapshots[0].time:.2f} s")
-c[2].metric("Running · waiting", f"{m.num_running} · {m.num_waiting}")
-c[3].metric("Preempted · swapped", f"{m.num_preempted} · {m.num_swapped}")
+c[2].metric("Running/waiting", f"{m.num_running} / {m.num_waiting}")
+c[3].metric("Preempted/swapped", f"{m.num_preempted} / {m.num_swapped}")
 c[4].metric("KV blocks used", f"{m.num_blocks_used} / {snap.info.num_blocks}")
-c[5].metric("Preemptions so far", m.num_preemptions_total)
+c[5].metric("Preemptions", m.num_preemptions_total, help="total so far")
 
 t0 = trace.snapshots[0].time
 a, b = st.columns(2)
