@@ -240,6 +240,8 @@ class LLMEngine:
         req.error = error
         req.finish_time = self.now()
         req.spec_token_ids = []
+        if self.spec is not None:
+            self.spec.release(req)           # its draft model's K/V blocks ("<rid>#draft")
         req.add_history(self.step_num, req.finish_time, 0, self.bytes_per_token, "finished")
         req.num_computed_tokens = 0
         if freed:
@@ -392,7 +394,12 @@ class LLMEngine:
                 if req.first_token_time is None:
                     req.first_token_time = now
                     self.metrics.on_first_token(req)
-                req.mark(tok, self.tokenizer.decode([tok]), marks[j] if j < len(marks) else PLAIN, self.step_num)
+                kind = marks[j] if j < len(marks) else PLAIN
+                rej = None
+                if isinstance(kind, tuple):          # (REPLACED, rejected draft id) from the verifier
+                    kind, rej = kind
+                req.mark(tok, self.tokenizer.decode([tok]), kind, self.step_num, rej,
+                         self.tokenizer.decode([rej]) if rej is not None else None)
                 finished_reason = self._check_stop(req, tok)
                 if finished_reason:
                     break
@@ -500,6 +507,8 @@ class LLMEngine:
         ids = [r.request_id for r in itertools.chain(s.waiting, s.running, s.swapped)]
         assert len(ids) == len(set(ids)), "a request is in two queues"
         for rid in self.bm.tables:
+            if rid.endswith("#draft") and rid[:-len("#draft")] in self.requests:
+                continue                     # a live request's draft-model K/V (engine/speculative.py)
             assert rid in self.requests, f"blocks held by unknown request {rid}"
 
     def snapshot(self, max_finished: int = 16) -> Snapshot:
