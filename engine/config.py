@@ -12,6 +12,7 @@ PREEMPTION_MODES = ("recompute", "swap")
 VICTIM_POLICIES = ("last_admitted", "lru")
 SPEC_METHODS = ("ngram", "draft_model", "self_draft")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+MIN_TEMPERATURE = 1e-5
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -173,9 +174,10 @@ class SamplingParams:
     speculative: bool = True       # allow speculation for this request when the engine has it on
 
     def __post_init__(self):
+        # below MIN_TEMPERATURE, logits / temperature overflows float32 (inf - inf = nan) and sampling fails
         _check(isinstance(self.temperature, (int, float)) and not isinstance(self.temperature, bool)
-               and self.temperature >= 0 and self.temperature == self.temperature and self.temperature <= 100,
-               f"temperature must be a number in [0, 100], got {self.temperature!r}")
+               and (self.temperature == 0 or MIN_TEMPERATURE <= self.temperature <= 100),
+               f"temperature must be 0 (greedy) or a number in [{MIN_TEMPERATURE}, 100], got {self.temperature!r}")
         _check(_is_int(self.top_k) and self.top_k >= 0, f"top_k must be an integer >= 0, got {self.top_k!r}")
         _check(isinstance(self.top_p, (int, float)) and not isinstance(self.top_p, bool) and 0 < self.top_p <= 1,
                f"top_p must be in (0, 1], got {self.top_p!r}")
