@@ -28,6 +28,31 @@ from .snapshot import (ACCEPTED, BONUS, PLAIN, REPLACED, BlockInfo, EngineInfo, 
 DEFAULT_KV_BYTES = 256 * 1024 * 1024
 MAX_DEFAULT_BLOCKS = 4096
 MAX_PROMPT_CHARS = 1_000_000
+MAX_BLOCKS = 1_000_000           # same cap as EngineConfig.num_kv_blocks, also for kv_cache_bytes
+MEMORY_FRACTION = 0.9            # of the available memory a KV pool (or swap space) may take
+
+
+def _check_unicode(text: str) -> None:
+    """Lone surrogates (possible in Python/JSON strings) make the tokenizer raise TypeError."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"prompt is not valid Unicode text (a lone surrogate at character {e.start})") from None
+
+
+def _available_bytes(device: torch.device) -> int | None:
+    """Free memory a pool on `device` would come from (CUDA: free device memory; CPU:
+    MemAvailable), or None where it cannot be read."""
+    try:
+        if device.type == "cuda":
+            return int(torch.cuda.mem_get_info(device)[0])
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, RuntimeError, ValueError):
+        return None
+    return None
 
 
 @dataclass(slots=True)
@@ -91,19 +116,42 @@ class LLMEngine:
         self.bytes_per_block = self.bytes_per_token * config.block_size
         if config.num_kv_blocks is not None:
             num_blocks = config.num_kv_blocks
+            field_name = f"num_kv_blocks={num_blocks}"
         else:
             budget = config.kv_cache_bytes or DEFAULT_KV_BYTES
             num_blocks = budget // self.bytes_per_block
+            field_name = f"kv_cache_bytes={budget}"
             if config.kv_cache_bytes is None:
                 num_blocks = min(num_blocks, MAX_DEFAULT_BLOCKS)
             if num_blocks < 1:
                 raise ValueError(f"kv_cache_bytes={budget} is smaller than one block "
                                  f"({self.bytes_per_block} bytes at block_size {config.block_size})")
+        # refuse pools the machine cannot hold before anything is allocated (zero-filling them
+        # tensor by tensor would end in the OOM killer, taking the server down)
+        pool_bytes = num_blocks * self.bytes_per_block
+        avail = _available_bytes(self.device)
+        if avail is not None and pool_bytes > MEMORY_FRACTION * avail:
+            raise ValueError(f"{field_name} needs {pool_bytes / 2**30:.1f} GiB of KV cache ({self.bytes_per_block} "
+                             f"bytes per block); the {self.device.type} has {avail / 2**30:.1f} GiB available and "
+                             f"the pool may use at most {MEMORY_FRACTION:.0%} of it")
+        if num_blocks > MAX_BLOCKS:
+            raise ValueError(f"{field_name} gives {num_blocks} blocks; the limit is {MAX_BLOCKS} "
+                             f"(raise block_size for a bigger pool)")
         slab_tokens = config.max_model_len
         if config.allocator == "contiguous" and cdiv(slab_tokens, config.block_size) > num_blocks:
             raise ValueError(f"allocator='contiguous' needs at least one max_model_len slab "
                              f"({cdiv(slab_tokens, config.block_size)} blocks); the pool has {num_blocks}")
         num_swap = config.swap_space_bytes // self.bytes_per_block if config.preemption_mode == "swap" else 0
+        if num_swap:
+            cpu_avail = _available_bytes(torch.device("cpu"))
+            if cpu_avail is not None:
+                if self.device.type == "cpu":
+                    cpu_avail = max(0, cpu_avail - pool_bytes)
+                if num_swap * self.bytes_per_block > MEMORY_FRACTION * cpu_avail:
+                    raise ValueError(f"swap_space_bytes={config.swap_space_bytes} needs "
+                                     f"{num_swap * self.bytes_per_block / 2**30:.1f} GiB of CPU swap space; "
+                                     f"{cpu_avail / 2**30:.1f} GiB of memory is available and the swap space may "
+                                     f"use at most {MEMORY_FRACTION:.0%} of it")
         self.num_blocks = num_blocks
         self.bm = BlockManager(num_blocks, config.block_size,
                                enable_prefix_caching=config.enable_prefix_caching and config.kv_cache,
@@ -146,6 +194,7 @@ class LLMEngine:
         return ids
 
     def apply_chat_template(self, text: str) -> list[int]:
+        _check_unicode(text)
         msgs = [{"role": "user", "content": text}]
         out = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
         if isinstance(out, dict) or hasattr(out, "input_ids"):
@@ -162,6 +211,7 @@ class LLMEngine:
                 raise ValueError("prompt must not be empty")
             if len(prompt) > MAX_PROMPT_CHARS:
                 raise ValueError(f"prompt is {len(prompt)} characters; the limit is {MAX_PROMPT_CHARS}")
+            _check_unicode(prompt)
             ids = self.tokenizer.encode(prompt, add_special_tokens=False)
             if not ids:
                 raise ValueError("prompt must not be empty (it tokenizes to no tokens)")
