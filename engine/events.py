@@ -140,6 +140,10 @@ class Trace:
     events: list[Event]
 
 
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not allowed")
+
+
 def read_trace(source: str | bytes | IO, *, max_bytes: int = MAX_TRACE_BYTES) -> Trace:
     """Parse a JSONL trace. Raises ValueError with the line number on anything malformed."""
     if hasattr(source, "read"):
@@ -168,9 +172,13 @@ def read_trace(source: str | bytes | IO, *, max_bytes: int = MAX_TRACE_BYTES) ->
         if len(line) > MAX_LINE_BYTES:
             raise ValueError(f"trace line {i}: longer than {MAX_LINE_BYTES} characters")
         try:
-            obj = json.loads(line)
+            obj = json.loads(line, parse_constant=_reject_constant)
         except json.JSONDecodeError as e:
             raise ValueError(f"trace line {i}: not valid JSON ({e.msg}); the file may be truncated") from None
+        except RecursionError:
+            raise ValueError(f"trace line {i}: JSON nested too deeply") from None
+        except ValueError as e:    # NaN/Infinity, integers over Python's digit limit
+            raise ValueError(f"trace line {i}: not valid JSON ({e})") from None
         if not isinstance(obj, dict) or "kind" not in obj:
             raise ValueError(f"trace line {i}: expected an object with a 'kind'")
         kind = obj["kind"]
