@@ -17,6 +17,7 @@ Binary units throughout (KiB = 1024 B, GiB = 1024**3 B); :func:`format_bytes` al
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 
 KiB = 1024
@@ -67,9 +68,14 @@ def _first(cfg, names):
     return None, None
 
 
+MAX_CONFIG_INT = 2 ** 40     # far above any real model; keeps every derived product a finite float
+
+
 def _pos_int(name, v):
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v) or int(v) < 1:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v)) or v != int(v) or int(v) < 1:
         raise ValueError(f"config field {name!r} must be a positive integer, got {v!r}")
+    if v > MAX_CONFIG_INT:
+        raise ValueError(f"config field {name!r} must be at most {MAX_CONFIG_INT}, got {v!r}")
     return int(v)
 
 
@@ -443,6 +449,10 @@ def parse_config_json(text: str) -> dict:
         cfg = json.loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"config JSON is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}") from None
+    except RecursionError:
+        raise ValueError("config JSON is nested too deeply") from None
+    except ValueError as e:    # integers over Python's digit limit
+        raise ValueError(f"config JSON is not valid JSON: {e}") from None
     if not isinstance(cfg, dict):
         raise ValueError(f"config JSON must be an object {{...}}, got {type(cfg).__name__}")
     kv_spec(cfg)
