@@ -165,7 +165,6 @@ if h is not None:
                 SS["pg_answer"] = st.write_stream(_stream(h)) or ""
             except (EngineCrashed, TimeoutError) as e:
                 st.error(f"The request did not complete: {e}")
-    slot.empty()
 elif SS.get("pg_rid"):
     rid = SS["pg_rid"]
     evict_button(rid)
@@ -176,7 +175,6 @@ elif SS.get("pg_rid"):
             req = th.snapshot_now().request(rid)
             if req is not None and req.state not in TERMINAL:
                 SS["pg_answer"] = st.write_stream(_resume(rid)) or ""
-                slot.empty()
             else:
                 st.markdown((req.output_text if req is not None else SS.get("pg_answer", "")) or "…")
 
@@ -186,5 +184,5 @@ def live():
     render_views(SS.get("pg_rid"), "live")
 
 
-with right:
+with slot.container():   # the same place the streaming updates used: no stale duplicate below
     live()
