@@ -121,7 +121,7 @@ class SharedEngine:
                 self._build(default_config())
 
 
-@st.cache_resource(show_spinner="Loading the model and allocating the KV pool…")
+@st.cache_resource(show_spinner=False)
 def shared_engine() -> SharedEngine:
     return SharedEngine()
 
@@ -129,7 +129,11 @@ def shared_engine() -> SharedEngine:
 def get_engine():
     """The shared EngineThread, or None when it could not be built (error shown by the caller
     via `engine_error()`)."""
-    return shared_engine().get()
+    holder = shared_engine()
+    if holder.thread is None and holder.build_error is None:
+        with st.spinner("Loading the model and allocating the KV pool (first start can take a minute)…"):
+            return holder.get()
+    return holder.get()
 
 
 def engine_error() -> str | None:
