@@ -428,7 +428,9 @@ def exercise_figure(runs: Sequence[RunRecord]) -> go.Figure:
                                font=dict(size=11, color=B_COLOR))
         fig.update_xaxes(title_text="engine step", row=1, col=col)
     fig.update_yaxes(title_text="tokens", row=1, col=1, secondary_y=False, rangemode="tozero")
-    fig.update_yaxes(rangemode="tozero", secondary_y=True, showgrid=False)
+    n_max = max((max(exercise_rows(r)["finished"], default=0) for r in runs), default=0)
+    step = next((d for d in (1, 2, 5, 10, 20, 25, 50, 100, 200, 500) if n_max / d <= 6), 1000)
+    fig.update_yaxes(rangemode="tozero", secondary_y=True, showgrid=False, tick0=0, dtick=step)
     return _layout(fig, "Growing sequences vs a fixed KV budget", height=390)
 
 

@@ -168,8 +168,9 @@ for col, s, r in zip(cols, sums, runs):
         st.markdown(f"**{s['label']}**")
         c = st.columns(2)
         c[0].metric("Finished", f"{s['finished']} / {s['requests']}")
-        c[1].metric("Peak KV slots in use", f"{s['peak_held']:,}",
-                    delta=f"{s['peak_held'] - budget_tok:+,} vs budget", delta_color="inverse")
+        d = s["peak_held"] - budget_tok
+        c[1].metric("Peak KV slots", f"{s['peak_held']:,}", delta=f"{d:+,}" if d else "0",
+                    delta_color="inverse" if d else "off", help=f"difference from the budget of {budget_tok:,} slots")
         c = st.columns(2)
         c[0].metric("Preemptions", s["preemptions"])
         c[1].metric("Steps", s["steps"])
@@ -178,7 +179,8 @@ for col, s, r in zip(cols, sums, runs):
             st.error(f"The engine's own KV use passed the budget at step {first}: a server that keeps every "
                      "cache and enforces this budget raises MemoryBudgetExceeded there.", icon=":material/memory:")
         elif s["over_budget_step"] is not None:
-            st.success(f"Demand passed the budget at step {s['over_budget_step']}, yet KV use never did: "
+            when = "from the start" if s["over_budget_step"] == 0 else f"from step {s['over_budget_step']}"
+            st.success(f"Demand exceeded the budget {when}, yet KV use never did: "
                        + ("sequences waited for room instead." if s["preemptions"] == 0
                           else f"{s['preemptions']} preemptions kept it inside."), icon=":material/check_circle:")
         reasons = C.waiting_reasons(r, limit=3)
@@ -189,8 +191,8 @@ for col, s, r in zip(cols, sums, runs):
 ea.chart(C.exercise_figure(runs), key="cvn_ex_fig")
 st.markdown(
     "**Reading it.** The dashed line is demand: the context every unfinished sequence has built so far, i.e. "
-    "what a server that never evicts must hold at that moment. Run A holds exactly that, and crosses the budget "
-    "(dotted) early. Run B never crosses it, because each admitted sequence reserved its final size up front — "
+    "what a server that never evicts must hold at that moment. Run A holds all of it (rounded up to whole "
+    "blocks) and crosses the budget (dotted) within a few steps. Run B never crosses it, because each admitted sequence reserved its final size up front — "
     "but then only a few fit at a time, and the rest queue. Run C lets every sequence start, and when the blocks "
     "run out it takes them back from the sequence scheduled longest ago; that sequence later recomputes its "
     "context (the greedy output is the same), so all of them finish without the budget ever being exceeded. "

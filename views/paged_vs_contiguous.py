@@ -101,9 +101,10 @@ for col, s, r in ((cols[0], sa, a), (cols[1], sb, b)):
     with col:
         st.markdown(f"**{s['label']}**")
         c = st.columns(4)
-        c[0].metric("Waste (mean)", f"{100 * s['mean_waste']:.1f}%")
+        c[0].metric("Waste", f"{100 * s['mean_waste']:.0f}%" if s["mean_waste"] >= 0.1
+                    else f"{100 * s['mean_waste']:.1f}%", help="mean over the run: 1 − Σ filled / Σ allocated slots")
         c[1].metric("Peak running", s["peak_running"])
-        c[2].metric("Steps to finish", s["steps"])
+        c[2].metric("Steps", s["steps"], help="engine steps to finish the workload")
         c[3].metric("Preemptions", s["preemptions"])
         st.caption(f"At the allocation peak: {s['peak_allocated']:,} slots allocated, {s['filled_at_peak']:,} "
                    f"holding a token ({100 * s['waste_at_peak']:.1f}% empty). {s['admitted']} requests admitted, "

@@ -24,39 +24,37 @@ st.caption(
 demos = R.demo_traces(TRACE_DIR)
 source = st.radio("Trace", ["Recorded demo", "Upload a file"] if demos else ["Upload a file"], horizontal=True,
                   key="rp_source")
-trace = None
+
+
+def _load(key: str, read) -> None:
+    """Parse once per distinct file (kept in the session); a bad file shows the reader's message."""
+    if SS.get("rp_key") == key and SS.get("rp_trace") is not None:
+        return
+    SS["rp_key"], SS["rp_trace"] = key, None
+    SS.pop("rp_tick", None)
+    try:
+        SS["rp_trace"] = read()
+    except ValueError as e:
+        SS["rp_error"] = (key, str(e))
+
+
+wanted = None
 if source == "Recorded demo":
     name = st.selectbox("Demo trace", list(demos), key="rp_demo")
-    key = f"demo:{name}"
-    if SS.get("rp_key") != key:
-        try:
-            SS["rp_trace"] = R.load_demo_trace(demos[name])
-            SS["rp_key"] = key
-            SS.pop("rp_tick", None)
-        except ValueError as e:
-            st.error(f"This demo trace could not be read: {e}")
-            SS.pop("rp_trace", None)
-            SS["rp_key"] = None
+    wanted = f"demo:{name}"
+    _load(wanted, lambda: R.load_demo_trace(demos[name]))
 else:
     up = st.file_uploader("Trace file (JSON Lines, as downloaded from a live page)", type=["jsonl", "txt"],
                           key="rp_upload")
     if up is not None:
         data = up.getvalue()
-        key = "upload:" + hashlib.sha256(data).hexdigest()
-        if SS.get("rp_key") != key:
-            try:
-                SS["rp_trace"] = R.load_trace_bytes(data)
-                SS["rp_key"] = key
-                SS.pop("rp_tick", None)
-            except ValueError as e:
-                st.error(f"Not a usable trace: {e}")
-                SS.pop("rp_trace", None)
-                SS["rp_key"] = None
-    elif SS.get("rp_key", "") and str(SS.get("rp_key")).startswith("upload:"):
-        SS.pop("rp_trace", None)
-        SS["rp_key"] = None
+        wanted = "upload:" + hashlib.sha256(data).hexdigest()
+        _load(wanted, lambda: R.load_trace_bytes(data))
 
-trace = SS.get("rp_trace") if SS.get("rp_key") else None
+err = SS.get("rp_error")
+if err and err[0] == wanted:
+    st.error(f"Not a usable trace: {err[1]}")
+trace = SS.get("rp_trace") if wanted is not None and SS.get("rp_key") == wanted else None
 if trace is None:
     st.info("Pick a recorded demo or upload a trace (.jsonl) downloaded from the Concurrent load, Prefix cache, "
             "Paged vs contiguous or Cache vs no-cache pages.")
