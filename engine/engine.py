@@ -163,6 +163,8 @@ class LLMEngine:
         self.step_num = 0
         self.scheduler = Scheduler(config, self.bm, self._emit, self.runner.swap_out, self.runner.swap_in,
                                    self.runner.copy_blocks)
+        self.scheduler.bytes_per_token = self.bytes_per_token
+        self.scheduler.now = self.now
         self.requests: dict[str, Request] = {}
         self.finished: deque[Request] = deque(maxlen=64)
         self.metrics = MetricsTracker()

@@ -48,6 +48,8 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_swaps = 0
         self.step = 0
+        self.bytes_per_token = 0          # set by the engine; for history points
+        self.now = lambda: 0.0            # set by the engine
 
     # ------------------------------------------------------------------ queues
     def add(self, req: Request) -> None:
@@ -107,6 +109,8 @@ class Scheduler:
             self.waiting.appendleft(req)
             self.emit("preempt", req.request_id, mode="recompute", blocks_freed=nblocks,
                       tokens_to_recompute=req.num_tokens, reason=why)
+        req.add_history(self.step, self.now(), 0, self.bytes_per_token,
+                        "swapped" if req.status == Status.SWAPPED else "preempted")
         if out is not None:
             out.preempted.append(req)
 
