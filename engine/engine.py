@@ -294,8 +294,8 @@ class LLMEngine:
         req.spec_token_ids = []
         if self.spec is not None:
             self.spec.release(req)           # its draft model's K/V blocks ("<rid>#draft")
+        req.num_computed_tokens = 0           # its blocks are released (cached-free or free)
         req.add_history(self.step_num, req.finish_time, 0, self.bytes_per_token, "finished")
-        req.num_computed_tokens = 0
         if freed:
             self._emit(ev.BLOCK_FREE, req.request_id, blocks=list(freed), reason=reason)
         kind = {Status.FINISHED: ev.FINISH, Status.ABORTED: ev.ABORT}.get(status, ev.FINISH)
