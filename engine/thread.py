@@ -14,6 +14,7 @@ from .engine import LLMEngine, RequestOutput
 from .snapshot import Snapshot
 
 _DONE = object()
+RECONFIGURE_WAIT_S = 300.0     # how long submit() waits for a reconfiguration in progress
 
 
 class EngineCrashed(RuntimeError):
@@ -91,6 +92,8 @@ class EngineThread:
         self.snapshot_interval = snapshot_interval
         self.recent: deque[Snapshot] = deque(maxlen=keep_snapshots)   # for traces / over-time charts
         self.error: str | None = None
+        self._ready = threading.Event()      # cleared while reconfigure() swaps engines
+        self._ready.set()
         self._stop = False
         self._counter = 0
         self._snap = self.engine.snapshot()
@@ -169,6 +172,15 @@ class EngineThread:
                chat: bool = False) -> RequestHandle:
         """Queues a request; raises ValueError (field + limit) for bad input, EngineCrashed if
         the loop is down."""
+        deadline = time.monotonic() + RECONFIGURE_WAIT_S
+        while True:     # during a reconfiguration, wait for the new engine instead of failing
+            if not self._ready.wait(max(0.0, deadline - time.monotonic())):
+                raise EngineCrashed("the engine is being reconfigured; try again")
+            with self.lock:
+                if self._ready.is_set():
+                    return self._submit_locked(prompt, params, request_id, chat)
+
+    def _submit_locked(self, prompt, params, request_id, chat) -> RequestHandle:
         with self.lock:
             self._check_alive()     # under the lock: a loop that crashed meanwhile has set error
             if chat:
@@ -252,6 +264,13 @@ class EngineThread:
         if not isinstance(config, EngineConfig):
             raise ValueError("config must be an EngineConfig")
         new_engine = LLMEngine(config)       # build first: a bad config leaves the old engine serving
+        self._ready.clear()
+        try:
+            return self._swap_engine(new_engine)
+        finally:
+            self._ready.set()
+
+    def _swap_engine(self, new_engine: LLMEngine) -> str:
         n = self.shutdown(reason="aborted: the engine was reconfigured")
         with self.lock:
             for rid in list(self.engine.requests):
