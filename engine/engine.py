@@ -271,6 +271,7 @@ class LLMEngine:
         req = Request(request_id, ids, params, self.now() if arrival_time is None else arrival_time,
                       prompt_text=text, tier=tier.name if tier else None, priority=tier.priority if tier else 0)
         req.request_class = params.request_class or (tier.name if tier else "default")
+        req.history = deque(maxlen=cfg.history_len)       # EngineConfig.history_len bounds the UI history
         req.generator = make_generator(params, self.device)
         req.waiting_reason = "queued"
         self.requests[request_id] = req

@@ -290,11 +290,11 @@ def test_event_ring_snapshots_and_request_histories_are_bounded():
     eng = LLMEngine(cfg)
     assert eng.events.maxlen == 64
     assert eng.finished.maxlen is not None and eng.finished.maxlen <= 64
-    eng.add_request("long", PROMPTS[0], SamplingParams(max_tokens=40, ignore_eos=True))
+    eng.add_request("long", PROMPTS[0], SamplingParams(max_tokens=100, ignore_eos=True))
     req = eng.requests["long"]
     assert req.history.maxlen == 8                      # EngineConfig.history_len
     assert req.token_marks.maxlen is not None
-    for _ in range(60):
+    for _ in range(90):
         eng.step()
     assert len(eng.events) == 64 and eng.events.last_seq > 64
     seqs = [e.seq for e in eng.events]
