@@ -286,16 +286,16 @@ def suite_roofline(ctx: C.BenchContext) -> SuiteResult:
 def release_freeze_workload(tok, quick: bool, seed: int = 0):
     """The release-freeze scenario (engine.workloads.release_freeze: code-review conversations
     growing turn by turn, arriving within a short window), as [(arrival_step, ids, max_tokens)],
-    plus max_model_len. Arrivals map to engine steps (2 steps per simulated second) so that both
+    plus max_model_len (the engine's default, 2048: the worst case a contiguous slab reserves). Arrivals map to engine steps (2 steps per simulated second) so that both
     allocators see exactly the same arrival pattern."""
     from engine import workloads as W
     if quick:
         reqs = W.release_freeze(n=12, seed=seed, turns=3, window_s=10.0, prompt_median=80, prompt_max=200,
                                 context_max=360, output_median=32, output_max=64)
-        max_len = 1024
     else:
         reqs = W.release_freeze(n=32, seed=seed, turns=4, window_s=20.0)
-        max_len = 2048
+    from engine.config import EngineConfig
+    max_len = EngineConfig().max_model_len  # the engine's default context cap: what a slab reserves
     out = []
     for r in reqs:
         ids = list(r.prompt_token_ids) if r.prompt_token_ids else list(tok(r.prompt)["input_ids"])
@@ -533,7 +533,7 @@ def suite_speculative(ctx: C.BenchContext) -> SuiteResult:
     ctx.done("prompts")
 
     ctx.start("verify cost (transformers forward, k+1 vs 1 token)")
-    vc = peers.verify_cost_ratios(model, sets["passage_edit"][0], ks=(1, 2, 4, 8), reps=ctx.pick(8, 3, smoke=1))
+    vc = peers.verify_cost_ratios(model, sets["passage_edit"][0], ks=(1, 2, 4, 8), reps=ctx.pick(10, 6, smoke=1))
     for key, v in vc.items():
         res.add(key, v, "best-of timing, KV cache of the prompt" if key.startswith("verify_cost") else "")
     ctx.done("verify cost")
@@ -599,7 +599,8 @@ def suite_speculative(ctx: C.BenchContext) -> SuiteResult:
             if d["fallback_classes"]:
                 res.add(f"{pre}_fallback_classes", d["fallback_classes"], "classes fallen back to plain decoding")
             if d["engine_verify_cost_ratio"] is not None:
-                res.add(f"{dname}_engine_verify_cost_ratio", d["engine_verify_cost_ratio"], "engine's own measurement")
+                res.add(f"{pre}_engine_verify_cost_ratio", d["engine_verify_cost_ratio"],
+                        "the engine's own measurement (SpecMetrics.verify_cost_ratio)")
         ctx.done(dname)
     names = [f"{d}/{s}" for d in drafters for s in sets if f"{d}_{s}_speedup" in res.fields]
     res.figures.append(("speculative_speedup", bar_figure(
@@ -619,11 +620,13 @@ def suite_cache(ctx: C.BenchContext) -> SuiteResult:
     res = SuiteResult()
     tok = ctx.tokenizer()
     lengths = ctx.pick((64, 256, 512, 1024), (256, 1024), smoke=(16, 32))
-    n_new = ctx.pick(9, 5, smoke=3)
+    # decode with the cache is cheap: time more tokens there for a steadier per-token figure
+    n_new_of = {True: ctx.pick(33, 17, smoke=3), False: ctx.pick(9, 5, smoke=3)}
     per_tok = {True: {}, False: {}}
     for use_cache in (True, False):
         label = "with KV cache" if use_cache else "without KV cache"
         ctx.start(label)
+        n_new = n_new_of[use_cache]
         llm = C.make_llm(ctx, kv_cache=use_cache, max_num_seqs=2, max_model_len=2048,
                          num_kv_blocks=C.blocks_for([max(lengths)], n_new) + 8)
         try:
