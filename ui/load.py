@@ -358,8 +358,9 @@ KEYFRAME_EVERY = 20       # every n-th recorded snapshot keeps its block list (p
 
 class LoadRecorder:
     """Collects what an EngineThread reports during one load run: a bounded, slimmed series of
-    Snapshots (from the thread's recent-snapshot ring, so steps between two polls are not lost),
-    the latest full Snapshot, and the run's events (bounded). `poll(th)` is cheap and idempotent."""
+    the Snapshots it publishes (one per poll, when the step moved on), the latest full Snapshot,
+    and the run's events (bounded). `poll(th)` is cheap, lock-free on the engine side, and
+    idempotent."""
 
     def __init__(self, run_id: str, start_time: float = 0.0, start_seq: int = 0, cap: int = SERIES_CAP):
         self.run_id = run_id
@@ -381,11 +382,8 @@ class LoadRecorder:
 
     def poll(self, th) -> Snapshot:
         with self._lock:
-            recent = th.recent_snapshots() if hasattr(th, "recent_snapshots") else []
-            last_step = self.series[-1].step if self.series else -1
-            for s in recent:
-                if s.step > last_step:
-                    self._add(s)
+            # th.snapshot() is the thread's last published snapshot: lock-free, so a page never
+            # waits for a long engine step (recent_snapshots() would take the engine lock)
             snap = th.snapshot()
             self._add(snap)
             self.latest = snap

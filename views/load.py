@@ -159,10 +159,11 @@ def live() -> None:
     c = st.columns(6)
     c[0].metric("Submitted", f"{fs.submitted} / {fs.total}")
     c[1].metric("Rejected at submit", fs.rejected)
-    c[2].metric("Running · waiting", f"{m.num_running} · {m.num_waiting}")
-    c[3].metric("Preempted · swapped now", f"{m.num_preempted} · {m.num_swapped}")
-    c[4].metric("Preemptions (total)", m.num_preemptions_total)
-    c[5].metric("KV in use", f"{100 * m.kv_cache_usage_perc:.0f}% of {snap.info.num_blocks}")
+    c[2].metric("Running/waiting", f"{m.num_running} / {m.num_waiting}")
+    c[3].metric("Preempted/swapped", f"{m.num_preempted} / {m.num_swapped}", help="right now")
+    c[4].metric("Preemptions", m.num_preemptions_total, help="total since the engine started")
+    c[5].metric("KV in use", f"{100 * m.kv_cache_usage_perc:.0f}%",
+                help=f"{m.num_blocks_used} of {snap.info.num_blocks} blocks owned by requests")
     state = "feeding" if not fs.done else ("draining" if pending else "done")
     s = run["summary"]
     st.caption(f"Run {run['run_id']} · {run['scenario']} · {state} · {s.get('requests', 0)} requests, prompts "
@@ -174,13 +175,22 @@ def live() -> None:
             st.code("\n".join(fs.errors[:50]), language=None)
     series = rec.series
     t0 = run["t0"]
+    # Figures are rebuilt only when the engine has stepped since the last poll: building four
+    # Plotly figures costs far more than the 0.25 s between polls on a busy CPU.
+    fkey = (run["run_id"], series[-1].step if series else -1, len(series))
+    cached = SS.get("load_figs")
+    if cached is None or cached[0] != fkey:
+        cached = (fkey, [L.counts_figure(series, t0), L.growth_figure(series, t0),
+                         L.kv_usage_figure(series, t0), L.percentiles_figure(series, t0)])
+        SS["load_figs"] = cached
+    f_counts, f_growth, f_kv, f_pct = cached[1]
     a, b = st.columns(2)
     with a:
-        ea.chart(L.counts_figure(series, t0), key="load_counts")
-        ea.chart(L.growth_figure(series, t0), key="load_growth")
+        ea.chart(f_counts, key="load_counts")
+        ea.chart(f_growth, key="load_growth")
     with b:
-        ea.chart(L.kv_usage_figure(series, t0), key="load_kv")
-        ea.chart(L.percentiles_figure(series, t0), key="load_pct")
+        ea.chart(f_kv, key="load_kv")
+        ea.chart(f_pct, key="load_pct")
     pct = L.latency_percentiles(snap)
     st.html(L.percentile_table_html(pct, L.percentile_counts(snap)))
     st.subheader("Event log")
