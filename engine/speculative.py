@@ -147,7 +147,7 @@ def verify_sampling(drafts: list[int], p: torch.Tensor, q: torch.Tensor | None,
 
 def ngram_propose(tokens, k: int, n_min: int, n_max: int) -> list[int]:
     """Prompt lookup: the longest suffix n-gram (n_max..n_min) that occurred earlier; returns
-    up to k tokens that followed its most recent earlier occurrence."""
+    the k tokens that followed its most recent earlier occurrence."""
     arr = np.asarray(tokens, dtype=np.int64)
     L = len(arr)
     for n in range(min(n_max, L - 1), n_min - 1, -1):
@@ -156,8 +156,13 @@ def ngram_propose(tokens, k: int, n_min: int, n_max: int) -> list[int]:
         win = np.lib.stride_tricks.sliding_window_view(arr[:L - 1], n)   # starts 0..L-1-n
         hits = np.flatnonzero((win == pat).all(axis=1))
         if hits.size:
-            i = int(hits[-1])
-            return arr[i + n:i + n + k].tolist()
+            # copy what followed the match; when the copy reaches the end of the context it
+            # continues from its own output (a repeating loop keeps drafting full length)
+            ext = arr.tolist()
+            src = int(hits[-1]) + n
+            for j in range(k):
+                ext.append(ext[src + j])
+            return ext[L:]
     return []
 
 
@@ -427,7 +432,7 @@ class SpecDecoder:
         self.kind = "ngram"
         if config.method == "draft_model":
             self.drafter = self._load_draft_model(config.draft_model, config.draft_layers)
-            self.kind = "draft_model"
+            self.kind = f"draft_model {config.draft_model}"
         elif config.method == "self_draft":
             n_layers = engine.runner.num_layers
             L = config.draft_layers

@@ -146,7 +146,9 @@ def test_ngram_lookup():
     assert ngram_propose(toks, 4, 1, 3) == [5, 6, 7, 1]
     assert ngram_propose(toks, 2, 1, 3) == [5, 6]
     assert ngram_propose([1, 2, 3, 4], 3, 1, 3) == []
-    assert ngram_propose([7, 8, 7], 3, 1, 1) == [8, 7]
+    # the match sits right before the end: the copy continues from its own output (a loop)
+    assert ngram_propose([7, 8, 7], 3, 1, 1) == [8, 7, 8]
+    assert ngram_propose([5, 6, 5, 6, 5], 5, 1, 3) == [6, 5, 6, 5, 6]
     assert ngram_propose([5], 3, 1, 3) == []
     # min n respected: only a 1-gram match exists
     assert ngram_propose([4, 1, 9, 8, 1], 2, 2, 3) == []
