@@ -347,3 +347,13 @@ def test_draft_model_vocab_mismatch_is_a_clear_error(tmp_path):
 def test_early_exit_layers_must_be_below_target_depth():
     with pytest.raises(ValueError, match="draft_layers"):
         spec_engine(k=2, spec=dict(method="self_draft", draft_layers=2))
+
+
+def test_speedup_vs_plain_reports_both_runs():
+    from engine.speculative import speedup_vs_plain
+    cfg = EngineConfig(model="tiny", num_threads=1, speculative=SpeculativeConfig(
+        method="self_draft", draft_layers=1, num_speculative_tokens=2, enable_fallback=False))
+    r = speedup_vs_plain(cfg, TINY_PROMPTS[1], SamplingParams(max_tokens=12, ignore_eos=True))
+    assert r["identical"] and r["tokens"] == 12
+    assert r["plain_s"] > 0 and r["spec_s"] > 0 and r["speedup"] == pytest.approx(r["plain_s"] / r["spec_s"])
+    assert r["spec"]["num_drafts"] > 0
