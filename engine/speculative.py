@@ -392,7 +392,12 @@ class ModelDrafter:
                 first, end = borrowed[rid]
                 table = bm.table(rid) + bm.table(draft_id(rid))
                 self.runner.clear_slots([table[p // bs] * bs + p % bs for p in range(first, end)])
-                bm.free(draft_id(rid))
+                lent = bm.free(draft_id(rid))
+                # back to the head of the free queue, in their order: the verify pass allocates
+                # these same (now hash-less) blocks instead of evicting more cached prefixes
+                for bid in reversed(lent):
+                    if bid in bm.free_queue:
+                        bm.free_queue.move_to_end(bid, last=False)
             else:
                 did = draft_id(rid)
                 n = len(req.all_token_ids) + len(ids) - 1

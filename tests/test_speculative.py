@@ -357,3 +357,19 @@ def test_speedup_vs_plain_reports_both_runs():
     assert r["identical"] and r["tokens"] == 12
     assert r["plain_s"] > 0 and r["spec_s"] > 0 and r["speedup"] == pytest.approx(r["plain_s"] / r["spec_s"])
     assert r["spec"]["num_drafts"] > 0
+
+
+def test_early_exit_borrowed_blocks_go_back_where_they_were():
+    """The early-exit draft borrows blocks past the target's table only while it drafts: after
+    propose() the pool's free queue is in the same order and the target's table unchanged."""
+    eng = spec_engine(k=8, spec=TINY_METHODS["self_draft_early_exit"], block_size=2)
+    rid = eng.add_request(None, TINY_PROMPTS[0], SamplingParams(max_tokens=30, ignore_eos=True))
+    eng.step()
+    req = eng.requests[rid]
+    assert req.num_tokens - req.num_computed_tokens == 1
+    order, table = list(eng.bm.free_queue), list(eng.bm.table(rid))
+    eng.spec.propose([req])
+    assert len(req.spec_token_ids) == 8
+    assert list(eng.bm.free_queue) == order and eng.bm.table(rid) == table
+    eng.check_invariants()
+    req.spec_token_ids = []
