@@ -602,6 +602,15 @@ def suite_speculative(ctx: C.BenchContext) -> SuiteResult:
                 res.add(f"{pre}_engine_verify_cost_ratio", d["engine_verify_cost_ratio"],
                         "the engine's own measurement (SpecMetrics.verify_cost_ratio)")
         ctx.done(dname)
+    per = {}
+    for key, v in list(res.fields.items()):
+        for d in drafters:
+            for sname in sets:
+                pre = f"{d}_{sname}_"
+                if key.startswith(pre):
+                    per.setdefault(d, {}).setdefault(sname, {})[key[len(pre):]] = v
+    res.add("by_drafter", per, "", row=False)
+    res.add("verify_cost_ratio", vc.get(f"verify_cost_ratio_k{k}"), "", row=False)
     names = [f"{d}/{s}" for d in drafters for s in sets if f"{d}_{s}_speedup" in res.fields]
     res.figures.append(("speculative_speedup", bar_figure(
         "Speculative decoding speedup vs plain (batch 1, greedy)", names,
@@ -662,22 +671,22 @@ _SPIN = "import time\nend = time.time() + {secs}\nwhile time.time() < end:\n    
 
 
 def suite_threads(ctx: C.BenchContext) -> SuiteResult:
-    """Matmul pass time at 1 thread vs all cores, on an idle machine and with one core kept busy by
-    a spinning child process (what happens on a shared box), at decode-like row counts."""
+    """Matmul pass time at 1 thread vs all cores, on the machine as it is now and with one core
+    kept busy by a spinning child process (what happens on a shared box), at decode-like rows."""
     import torch
     res = SuiteResult()
     model, _ = ctx.hf()
     shape = _shape_of(model)
     dt = getattr(torch, ctx.dtype())
     ncpu = os.cpu_count() or 1
-    counts = sorted({1, ncpu, torch.get_num_threads()})
+    counts = sorted({1, ncpu})
     rows = (1, 16, 64)
     old = torch.get_num_threads()
     table = {}
     try:
         for busy in (False, True):
             spinner = None
-            ctx.start("contended" if busy else "idle")
+            ctx.start("one core kept busy" if busy else "machine as it is")
             if busy:
                 spinner = subprocess.Popen([sys.executable, "-c", _SPIN.format(secs=120)])
             try:
@@ -690,17 +699,18 @@ def suite_threads(ctx: C.BenchContext) -> SuiteResult:
                 if spinner is not None:
                     spinner.kill()
                     spinner.wait()
-            ctx.done("contended" if busy else "idle")
+            ctx.done("one core kept busy" if busy else "machine as it is")
     finally:
         torch.set_num_threads(old)
     for (busy, th, m), ms in sorted(table.items()):
-        res.add(f"slab_ms_{'busy' if busy else 'idle'}_t{th}_m{m}", ms, "one pass of all linears + lm_head")
+        res.add(f"slab_ms_{'busy' if busy else 'now'}_t{th}_m{m}", ms, "one pass of all linears + lm_head"
+                + (" + a spinning process" if busy else ""))
     if ncpu > 1:
         for busy in (False, True):
-            tag = "busy" if busy else "idle"
+            tag = "busy" if busy else "now"
             res.add(f"threads_speedup_{tag}_m16", table[(busy, 1, 16)] / table[(busy, ncpu, 16)],
                     f"1-thread time / {ncpu}-thread time at 16 rows" + (" with one core busy" if busy else ""))
-    res.add("torch_default_threads", old, "")
+    res.add("load_avg_1m", round(os.getloadavg()[0], 2), "other processes on the machine during the run")
     return res
 
 
