@@ -543,6 +543,8 @@ def suite_speculative(ctx: C.BenchContext) -> SuiteResult:
                          num_kv_blocks=C.blocks_for([max(map(len, ps)) for ps in sets.values()], max_new + 16) + 32)
         out = {}
         try:
+            if spec_cfg is not None and not llm.engine.snapshot().info.speculative:
+                raise BenchUnavailable(f"speculative={spec_cfg.method} accepted but the engine reports no speculation")
             C.warm_up(llm, SamplingParams, sets["open_ended"][0])
             for sname, ps in sets.items():
                 before = C.snapshot_metrics(llm).spec
@@ -578,8 +580,6 @@ def suite_speculative(ctx: C.BenchContext) -> SuiteResult:
         for sname in sets:
             pw, pt, _ = plain[sname]
             sw, st, d = spec[sname]
-            if dname == "ngram" and sname == "passage_edit" and not d["num_drafts"]:
-                raise BenchUnavailable("speculative n-gram accepted but the engine reported no drafts")
             alpha = d["num_accepted_tokens"] / d["num_draft_tokens"] if d["num_draft_tokens"] else None
             mal = 1 + d["num_accepted_tokens"] / d["num_drafts"] if d["num_drafts"] else None
             tpp = d["num_emitted_tokens"] / d["num_target_passes"] if d["num_target_passes"] else None
