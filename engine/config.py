@@ -111,7 +111,10 @@ class EngineConfig:
     default_tier: str | None = None
     speculative: SpeculativeConfig | None = None
     seed: int = 0
-    num_threads: int | None = None          # torch intra-op threads; None = leave torch's default
+    # torch intra-op threads on CPU. None = 1: on these 2-core machines a 2-thread matmul of 1-64
+    # rows slowed ~10x whenever another process was busy (measured: a 9-block preemption run took
+    # 234 s with 2 threads vs 23 s with 1 beside other work). Set 2+ on a dedicated machine.
+    num_threads: int | None = None
     event_ring_size: int = 20000
     history_len: int = 512                  # per-request history points kept for the UI
 

@@ -99,9 +99,9 @@ class LLMEngine:
         elif kwargs:
             config = config.replace(**kwargs)
         self.config = config
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
         self.device = resolve_device(config.device)
+        if self.device.type == "cpu":
+            torch.set_num_threads(config.num_threads or 1)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.model, self.tokenizer = load_model(config.model, config.device, config.dtype)
         hf = self.model.config
