@@ -183,3 +183,56 @@ def test_growth_lines_start_at_admission_and_end_at_finish():
          snap(6, 6.0, [req("a", 0, state="finished"), req("b", 0, state="waiting")])]
     lines = L.growth_lines(s)
     assert lines == {"a": ([2.0, 3.0, 4.0, 5.0], [12, 0, 20, 0])}     # b never held KV: no line
+
+
+def test_slim_snapshot_drops_growing_fields_keeps_counts():
+    from engine.snapshot import BlockInfo, TokenMark
+    r = replace(req("a", 30), tokens=(TokenMark(1, "x"),), output_text="secret", prompt_preview="p",
+                waiting_reason="no free KV blocks")
+    s = replace(snap(3, 1.0, [r]), blocks=(BlockInfo(0, "used", 1, ("a",), 16),))
+    slim = L.slim_snapshot(s)
+    assert slim.blocks == () and slim.requests[0].tokens == () and slim.requests[0].output_text == ""
+    assert slim.requests[0].num_computed_tokens == 30 and slim.requests[0].waiting_reason == "no free KV blocks"
+    assert L.slim_snapshot(s, keep_blocks=True).blocks == s.blocks
+
+
+class FakeThread:
+    """The two EngineThread reads the recorder uses (test-only)."""
+
+    def __init__(self):
+        from engine.events import EventRing
+        self.events = EventRing(100)
+        self.snap = snap(0, 0.0)
+
+    def snapshot(self):
+        return self.snap
+
+
+def test_recorder_collects_new_steps_and_events_bounded():
+    th = FakeThread()
+    th.events.emit(0, 0.0, "config", None, reason="before the run")
+    rec = L.LoadRecorder("R1", start_time=0.5, start_seq=th.events.last_seq)
+    rec.poll(th)                                   # snapshot older than the run start: ignored
+    assert rec.series == []
+    for i in range(1, 5):
+        th.snap = replace(snap(i, float(i), [req("R1-a", 10 * i)]),
+                          blocks=())
+        th.events.emit(i, float(i), "decode", "R1-a", token=1)
+        th.events.emit(i, float(i), "admit" if i == 1 else "preempt", "R1-a", reason="r")
+        rec.poll(th)
+        rec.poll(th)                               # idempotent: same step twice
+    assert [s.step for s in rec.series] == [1, 2, 3, 4]
+    assert [e.kind for e in rec.events] == ["admit", "preempt", "preempt", "preempt"]   # no decode chatter
+    text = rec.trace_text()
+    from engine.events import read_trace
+    tr = read_trace(text)
+    assert [s.step for s in tr.snapshots] == [1, 2, 3, 4] and len(tr.events) == 4
+    assert L.run_request_ids_pending(th.snap, ["R1-a", "zz"]) == 0
+    th.snap = replace(th.snap, running_ids=("R1-a",))
+    assert L.run_request_ids_pending(th.snap, ["R1-a", "zz"]) == 1
+
+
+def test_percentile_table_html_formats_numbers():
+    s = snap(1, 0.0, ttft_s=(0.1, 0.2), e2e_latency_s=(12.0, 14.0))
+    html = L.percentile_table_html(L.latency_percentiles(s), L.percentile_counts(s))
+    assert "150 ms" in html and "13.0 s" in html and "(n=2)" in html and "—" in html
