@@ -28,6 +28,7 @@ def reference():
     from engine.models import load_model
     from transformers import AutoTokenizer  # noqa: F401
     model, tok = load_model("default")
+    torch.set_num_threads(1)    # the engine's thread policy too (see EngineConfig.num_threads)
     ids, refs = [], []
     for p in PROMPTS:
         x = tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True)
