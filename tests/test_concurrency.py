@@ -334,3 +334,25 @@ def test_many_requests_leave_no_per_request_state_behind():
     assert not bm.tables and not bm.num_tokens and not bm.req_hashes and not bm.swapped
     assert len(bm.hash_to_block) <= bm.num_blocks
     assert len(eng.events) <= eng.events.maxlen
+
+
+def test_recent_snapshots_are_bounded_by_size_not_only_count():
+    """EngineThread.recent kept 600 whole snapshots whatever the pool size: ~350 MiB at the
+    default 4096-block pool, tens of GiB for a pool of a million blocks. Its total number of
+    block and token entries is now capped (RECENT_MAX_ITEMS)."""
+    from engine import thread as T
+    eng = LLMEngine(EngineConfig(**dict(TINY, num_kv_blocks=20_000)))
+    th = EngineThread(eng, snapshot_interval=0.0)
+    try:
+        hs = [th.submit(p, SamplingParams(max_tokens=80, ignore_eos=True)) for p in PROMPTS[:4]]
+        for h in hs:
+            h.result(timeout=600)
+        with th.lock:
+            snaps = list(th.recent)
+        assert len(snaps) >= 2
+        items = sum(T.snapshot_items(s) for s in snaps)
+        assert items <= T.RECENT_MAX_ITEMS
+        assert len(snaps) <= T.RECENT_MAX_ITEMS // 20_000 < 80 <= eng.step_num    # fewer kept than published
+        assert snaps[-1].step == max(s.step for s in snaps)     # the newest are the ones kept
+    finally:
+        th.shutdown()
