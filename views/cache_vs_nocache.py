@@ -30,7 +30,7 @@ def _engine(**kw):
 st.header("1 · Cost per generated token", divider="gray")
 with st.form("cvn_cost_form"):
     c = st.columns(3)
-    n_tok = c[0].number_input("Tokens to generate", 8, 1024, 48 if ea.test_mode() else 160, step=8, key="cvn_n")
+    n_tok = c[0].number_input("Tokens to generate", 8, 1024, 48 if ea.test_mode() else 64, step=8, key="cvn_n")
     p_tok = c[1].number_input("Prompt length (tokens)", 1, 1024, 32, key="cvn_p")
     c[2].caption(f"Model: **{base.model}** (the server's model). Greedy, EOS ignored, one request, one step "
                  "at a time; each step's wall time is measured around the engine's step().")
