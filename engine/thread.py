@@ -15,6 +15,12 @@ from .snapshot import Snapshot
 
 _DONE = object()
 RECONFIGURE_WAIT_S = 300.0     # how long submit() waits for a reconfiguration in progress
+RECENT_MAX_ITEMS = 500_000     # block + token + history entries kept in EngineThread.recent (~100 MiB)
+
+
+def snapshot_items(snap: Snapshot) -> int:
+    """A snapshot's size in entries: its blocks plus every request's token marks and history."""
+    return len(snap.blocks) + sum(len(r.tokens) + len(r.history) for r in snap.requests)
 
 
 class EngineCrashed(RuntimeError):
@@ -91,6 +97,7 @@ class EngineThread:
         self.handles: dict[str, RequestHandle] = {}
         self.snapshot_interval = snapshot_interval
         self.recent: deque[Snapshot] = deque(maxlen=keep_snapshots)   # for traces / over-time charts
+        self._recent_items = 0
         self.error: str | None = None
         self._ready = threading.Event()      # cleared while reconfigure() swaps engines
         self._ready.set()
@@ -145,7 +152,12 @@ class EngineThread:
         if force or now - self._snap_t >= self.snapshot_interval:
             self._snap = self.engine.snapshot()
             self._snap_t = now
+            if len(self.recent) == self.recent.maxlen:
+                self._recent_items -= snapshot_items(self.recent[0])
             self.recent.append(self._snap)
+            self._recent_items += snapshot_items(self._snap)
+            while self._recent_items > RECENT_MAX_ITEMS and len(self.recent) > 1:   # big pools: fewer
+                self._recent_items -= snapshot_items(self.recent.popleft())
 
     # ------------------------------------------------------------------ API
     @property
@@ -281,6 +293,7 @@ class EngineThread:
             self.handles.clear()
             self.engine = new_engine
             self.recent.clear()
+            self._recent_items = 0
             self._snap = self.engine.snapshot()
         self._start()
         return f"engine rebuilt; {n} in-flight request(s) aborted" if n else "engine rebuilt"
