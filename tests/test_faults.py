@@ -397,3 +397,26 @@ def test_reconfigure_aborts_in_flight_requests_with_a_message():
         assert th.submit(PROMPTS[3], greedy(2)).result(timeout=60).finished
     finally:
         th.shutdown()
+
+
+def test_sampling_failure_fails_only_that_request():
+    """An exception while sampling one request's token (here: a temperature that overflows the
+    logits, forced past validation) used to escape LLMEngine.step() and kill the EngineThread
+    loop for every client. It now fails that request only."""
+    th = EngineThread(tiny())
+    try:
+        bad = greedy(5)
+        h_ok = th.submit(PROMPTS[0], greedy(8))
+        bad_params = SamplingParams(temperature=1.0, seed=1, max_tokens=5)
+        bad_params.temperature = 1e-300          # hostile mutation after validation
+        h_bad = th.submit(PROMPTS[1], bad_params)
+        out = h_bad.result(timeout=120)
+        assert out.outputs[0].finish_reason == "error"
+        assert "while sampling" in out.error and "RuntimeError" in out.error
+        assert h_ok.result(timeout=120).outputs[0].token_ids == list(run_alone(PROMPTS[0], 8))
+        assert th.healthy
+        assert th.submit(PROMPTS[2], bad).result(timeout=120).finished
+        with th.lock:
+            assert_idle_and_clean(th.engine)
+    finally:
+        th.shutdown()
