@@ -33,13 +33,17 @@ with st.form("pvc_form"):
     p_med = c[0].number_input("Prompt median (words)", 1, 2000, 40, key="pvc_pmed")
     o_med = c[1].number_input("Output median (tokens)", 1, 2000, 32, key="pvc_omed")
     o_max = c[2].number_input("Output max (tokens)", 1, 4096, 96, key="pvc_omax")
-    c[3].caption(f"Model: **{base.model}** (the server's model). Prefix caching is off on both engines so "
-                 "only allocation differs.")
+    c[3].caption("Prefix caching is off on both engines so only allocation differs. Every request ignores "
+                 "EOS, so its length is the workload's, whatever the model.")
+    models = ["tiny", base.model] if base.model != "tiny" else ["tiny"]
+    pvc_model = st.radio("Model", models, horizontal=True, key="pvc_model",
+                         format_func=lambda m: "tiny (2-layer test model: fast; allocation depends on lengths, "
+                                               "not weights)" if m == "tiny" else f"{m} (the server's model: slower)")
     go = st.form_submit_button("Run both allocators", type="primary")
 
 
 def _run(allocator: str, reqs, progress, frac0: float) -> C.RunRecord:
-    cfg = base.replace(allocator=allocator, block_size=int(block_size), num_kv_blocks=int(budget),
+    cfg = base.replace(model=pvc_model, allocator=allocator, block_size=int(block_size), num_kv_blocks=int(budget),
                        kv_cache_bytes=None, max_model_len=int(mml), max_num_seqs=256,
                        max_num_batched_tokens=max(512, int(mml)), enable_prefix_caching=False,
                        speculative=None, preemption_mode="recompute", event_ring_size=100_000)
@@ -80,7 +84,7 @@ if go:
             with C.RUN_LOCK:
                 a = _run("paged", reqs, progress, 0.0)
                 b = _run("contiguous", reqs, progress, 0.5)
-            SS["pvc_result"] = {"paged": a, "contiguous": b, "workload": summarize(reqs), "model": base.model}
+            SS["pvc_result"] = {"paged": a, "contiguous": b, "workload": summarize(reqs), "model": pvc_model}
         except ValueError as e:
             st.error(f"Not run: {e}")
         progress.empty()
