@@ -236,3 +236,18 @@ def test_percentile_table_html_formats_numbers():
     s = snap(1, 0.0, ttft_s=(0.1, 0.2), e2e_latency_s=(12.0, 14.0))
     html = L.percentile_table_html(L.latency_percentiles(s), L.percentile_counts(s))
     assert "150 ms" in html and "13.0 s" in html and "(n=2)" in html and "—" in html
+
+
+def test_recorder_starts_over_when_the_engine_is_rebuilt():
+    from engine.events import EventRing
+    th = FakeThread()
+    rec = L.LoadRecorder("R2")
+    for i in range(1, 4):
+        th.snap = snap(i, float(i))
+        th.events.emit(i, float(i), "admit", "R2-a", reason="r")
+        rec.poll(th)
+    assert len(rec.series) == 3 and len(rec.events) == 3
+    th.events, th.snap = EventRing(100), snap(1, 0.2)      # rebuilt: step, clock and seq restart
+    th.events.emit(1, 0.2, "config", None, reason="engine started")
+    rec.poll(th)
+    assert rec.restarts == 1 and [s.step for s in rec.series] == [1] and [e.kind for e in rec.events] == ["config"]

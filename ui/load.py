@@ -371,6 +371,7 @@ class LoadRecorder:
         self.latest: Snapshot | None = None
         self.events: deque = deque(maxlen=EVENT_CAP)
         self._n = 0
+        self.restarts = 0
         self._lock = threading.Lock()
 
     def _add(self, snap: Snapshot) -> None:
@@ -385,6 +386,12 @@ class LoadRecorder:
             # th.snapshot() is the thread's last published snapshot: lock-free, so a page never
             # waits for a long engine step (recent_snapshots() would take the engine lock)
             snap = th.snapshot()
+            if (self.series and snap.step < self.series[-1].step) or th.events.last_seq < self.last_seq:
+                # the shared engine was rebuilt (sidebar settings, restart): its steps, clock and
+                # event numbers start again from 0, so the run's record starts again too
+                self.restarts += 1
+                self.series, self.latest, self.start_time, self.last_seq = [], None, 0.0, 0
+                self.events.clear()
             self._add(snap)
             self.latest = snap
             for e in th.events.since(self.last_seq):

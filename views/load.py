@@ -170,11 +170,14 @@ def live() -> None:
                f"{s.get('prompt_words_min', 0)}–{s.get('prompt_words_max', 0)} words, "
                f"{s.get('max_tokens_total', 0)} output tokens asked in total. Counts and charts are "
                "engine-wide (other sessions' requests included).")
+    if rec.restarts:
+        st.warning("The shared engine was rebuilt during this run (settings changed or a restart), which "
+                   "aborted its in-flight requests; the charts restart from the rebuilt engine's first step.")
     if fs.errors:
         with st.expander(f"{len(fs.errors)} request(s) refused at submission — the engine's reasons"):
             st.code("\n".join(fs.errors[:50]), language=None)
     series = rec.series
-    t0 = run["t0"]
+    t0 = run["t0"] if not rec.restarts else None
     # Figures are rebuilt only when the engine has stepped since the last poll: building four
     # Plotly figures costs far more than the 0.25 s between polls on a busy CPU.
     fkey = (run["run_id"], series[-1].step if series else -1, len(series))
