@@ -413,13 +413,20 @@ class LLMEngine:
                            blocks=len(self.bm.table(req.request_id)), chunk=True)
                 req.add_history(self.step_num, now, len(self.bm.table(req.request_id)), self.bytes_per_token, "prefill")
                 continue
-            if it.num_spec_tokens:
-                accepted, marks = self.spec.verify(req, req.spec_token_ids[:it.num_spec_tokens], lg)
-                new_ids = accepted
-            else:
-                tok = sample(lg[-1], req.params, req.generator)
-                new_ids = [tok]
-                marks = [PLAIN]
+            try:
+                if it.num_spec_tokens:
+                    accepted, marks = self.spec.verify(req, req.spec_token_ids[:it.num_spec_tokens], lg)
+                    new_ids = accepted
+                else:
+                    tok = sample(lg[-1], req.params, req.generator)
+                    new_ids = [tok]
+                    marks = [PLAIN]
+            except Exception as e:  # e.g. non-finite logits: fail this request only, keep the loop alive
+                self._finish(req, Status.ABORTED, "error", error=f"step {self.step_num} failed for "
+                             f"{req.request_id} while sampling: {type(e).__name__}: {str(e)[:300]}")
+                self.metrics.num_errors += 1
+                outputs.append(self._output(req))
+                continue
             # K/V valid through the last fed non-rejected token
             base_len = start + len(row.tokens) - it.num_spec_tokens   # tokens fed excluding drafts
             n_acc_drafts = len(new_ids) - 1
