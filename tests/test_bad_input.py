@@ -556,8 +556,15 @@ Conventions
   error); widget bounds (sliders, `max_chars`, `min_value`/`max_value`) stop other values earlier.
 - Rows marked * contain numbers that depend on the machine (available memory).
 - Harmless by design (no error): aborting an unknown, finished or already-aborted request id
-  (`LLMEngine.abort_request`/`EngineThread.abort` return False); `EngineThread.submit` after the
-  loop crashed or after `shutdown()` raises `EngineCrashed` (see tests/test_faults.py).
+  (`LLMEngine.abort_request`/`EngineThread.abort` return False).
+- Failures at run time (tests/test_faults.py): an exception in a step's forward fails the
+  requests of that step, one while sampling fails that request; their output has
+  `finish_reason="error"` and `.error` = `step N failed...`; `RequestHandle.stream()` raises
+  `EngineCrashed` with that text, `result()` returns the output; everyone else keeps being served.
+  If the loop itself dies, waiting clients get `EngineCrashed("engine loop crashed: ...")`,
+  `healthy` is False and `restart()` rebuilds it; `submit` after a crash or `shutdown()` raises
+  `EngineCrashed`; `submit` during `reconfigure()` waits for the new engine; in-flight requests
+  of a reconfigured engine end with `EngineCrashed("aborted: the engine was reconfigured")`.
 - Trace files are parsed with `json` only (never pickle/eval); limits: 256 MiB and 2,000,000 lines
   per file, 16 MiB per line; the replay page's upload limit is 32 MiB.
 
