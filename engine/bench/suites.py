@@ -180,29 +180,34 @@ def suite_roofline(ctx: C.BenchContext) -> SuiteResult:
     dbytes = torch.tensor([], dtype=dt).element_size()
     ctx.done("model")
 
+    # The roofs are measured right next to the kvscope runs they bound (matmul before and after
+    # W16, bandwidth before and after batch-1 decode; best of each pair): on a shared machine the
+    # CPU share changes minute to minute, and a roof from another moment is not a roof.
     rows = ctx.pick((1, 16, 64, 256, 512), (1, 16, 64, 256), smoke=(1, 16))
+    min_t = ctx.pick(0.5, 0.2, smoke=0.01)
     ctx.start(f"matmul GFLOP/s at M in {rows}")
-    mm = R.measure_model_matmuls(shape, rows=rows, dtype=dt, min_time=ctx.pick(0.5, 0.2, smoke=0.01))
-    peak_m = max(mm, key=lambda m: mm[m]["all_gflops"])
-    peak = mm[peak_m]["all_gflops"]
-    for m in rows:
-        res.add(f"matmul_gflops_m{m}", mm[m]["all_gflops"],
-                f"30 layers' q,k,v,o,gate,up,down + lm_head at {m} rows; {mm[m]['slab_ms']:.1f} ms per pass")
-    res.add("peak_matmul_gflops", peak, f"best of the above (M={peak_m}), {ctx.dtype()}")
+    mm = R.measure_model_matmuls(shape, rows=rows, dtype=dt, min_time=min_t)
     ctx.done("matmul")
-
-    ctx.start("memory read bandwidth")
-    bw = R.measure_read_bandwidth(ctx.pick(1024, 256, smoke=16), dtype=torch.float32)
-    res.add("mem_bw_gb_s", bw, "torch.sum over a large fp32 tensor, best pass (GB = 1e9 B)")
-    ctx.done("bandwidth")
 
     ctx.start("kvscope W16")
     prompts, _ = C.chat_prompts(tok, ctx.pick(16, 16, smoke=4), seed=0, min_tokens=30, max_tokens=300)
     new = ctx.pick(64, 64, smoke=8)
-    k_toks, k_wall, _ = kvscope_workload(ctx, prompts, new, "W16")
+    k_toks, k_wall, _ = kvscope_workload(ctx, prompts, new, "W16-roofline")  # not reused from another suite
     n_gen = sum(len(t) for t in k_toks)
     kv_tok_s = n_gen / k_wall
     ctx.done("kvscope W16")
+
+    peak_m = max(mm, key=lambda m: mm[m]["all_gflops"])
+    ctx.start(f"matmul again at M={peak_m}")
+    again = R.measure_model_matmuls(shape, rows=(peak_m,), dtype=dt, min_time=min_t)[peak_m]
+    if again["all_gflops"] > mm[peak_m]["all_gflops"]:
+        mm[peak_m] = again
+    peak = mm[peak_m]["all_gflops"]
+    for m in rows:
+        res.add(f"matmul_gflops_m{m}", mm[m]["all_gflops"],
+                f"{shape.layers} layers' q,k,v,o,gate,up,down + lm_head at {m} rows; {mm[m]['slab_ms']:.1f} ms per pass")
+    res.add("peak_matmul_gflops", peak, f"best of the above (M={peak_m}, measured before and after W16), {ctx.dtype()}")
+    ctx.done("matmul again")
 
     lens = [len(p) for p in prompts]
     cr = R.compute_roof(shape, peak, lens, new)
@@ -218,8 +223,12 @@ def suite_roofline(ctx: C.BenchContext) -> SuiteResult:
             "peak / FLOPs of one generated token (prompt tokens counted as free)")
     res.add("compute_roof_naive_fraction", R.fraction(kv_tok_s, cr["compute_roof_naive_tok_s"]), "")
 
-    # batch-1 decode: one request alone, prefill excluded
+    # batch-1 decode: one request alone, prefill excluded, with bandwidth measured around it
     LLM, SamplingParams, _ = C.require_engine()
+    ctx.start("memory read bandwidth")
+    bw_mb = ctx.pick(1024, 256, smoke=16)
+    bw = R.measure_read_bandwidth(bw_mb, dtype=torch.float32)
+    ctx.done("bandwidth")
     ctx.start("kvscope batch-1 decode")
     p1 = prompts[_spread(prompts, 1)[0]]
     n1 = ctx.pick(64, 32, smoke=6)
@@ -241,6 +250,8 @@ def suite_roofline(ctx: C.BenchContext) -> SuiteResult:
     dec = max(rates) if rates else None
     ctx.done("kvscope bs1")
 
+    bw = max(bw, R.measure_read_bandwidth(bw_mb, dtype=torch.float32))
+    res.add("mem_bw_gb_s", bw, "torch.sum over a large fp32 tensor, best pass before/after bs1 decode (GB = 1e9 B)")
     ctx.start("transformers batch-1 decode")
     _, t1 = peers.hf_sequential(model, tok, [p1], 1)
     _, tn = peers.hf_sequential(model, tok, [p1], n1)
