@@ -103,6 +103,7 @@ def test_load_page_shows_engine_rejections():
 def test_prefix_cache_page_measures_hits_on_the_engine():
     at = _app("prefix_cache.py")
     at.text_area(key="pc_users").set_value("first <script>alert(1)</script>\nsecond <img src=x onerror=alert(2)>\nthird")
+    at.slider(key="pc_max_tokens").set_value(32)     # the later turns share blocks for 32+ steps
     _submit(at, "pc_form", "Measure with and without sharing")
     assert not at.error, [e.value for e in at.error]
     m = _metrics(at)
