@@ -242,6 +242,8 @@ class LLMEngine:
             raise ValueError("request_id must be a non-empty string of at most 128 characters")
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
+        if request_id.endswith("#draft"):
+            raise ValueError("request_id must not end with '#draft' (reserved for draft-model caches)")
         try:
             ids, text = self._tokenize_prompt(prompt)
             cfg = self.config
@@ -355,7 +357,14 @@ class LLMEngine:
         self.step_num += 1
         t_step = time.perf_counter()
         if self.spec is not None:
-            self.spec.propose([r for r in self.scheduler.running if r.num_tokens - r.num_computed_tokens == 1])
+            decoding = [r for r in self.scheduler.running if r.num_tokens - r.num_computed_tokens == 1]
+            try:
+                self.spec.propose(decoding)
+            except Exception as e:  # a failed draft costs speed, never the requests
+                for r in decoding:
+                    r.spec_token_ids = []
+                self._emit(ev.ERROR, None, reason=f"drafting failed, decoding plainly this step: "
+                                                  f"{type(e).__name__}: {str(e)[:200]}")
         sched = self.scheduler.schedule(self.step_num)
         outputs: list[RequestOutput] = []
         if not sched.items:
@@ -548,7 +557,8 @@ class LLMEngine:
                           self.runner.num_kv_heads, self.runner.head_dim, c.block_size, self.bm.num_blocks,
                           self.bytes_per_token, self.bytes_per_block, self.bm.num_blocks * self.bytes_per_block,
                           c.max_model_len, c.max_num_seqs, c.max_num_batched_tokens, c.allocator, c.kv_cache,
-                          self.bm.enable_prefix_caching, c.preemption_mode, c.victim_policy, spec)
+                          self.bm.enable_prefix_caching, c.preemption_mode, c.victim_policy, spec,
+                          self.bm.capacity)
 
     def check_invariants(self) -> None:
         self.bm.check_invariants()

@@ -168,6 +168,7 @@ class EngineInfo:
     preemption_mode: str
     victim_policy: str
     speculative: str | None           # e.g. "ngram k=4" or None
+    kv_capacity_blocks: int = 0       # blocks allocated in the pool tensors (the budget can go up to this)
 
 
 @dataclass(frozen=True, slots=True)
