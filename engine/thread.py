@@ -4,6 +4,7 @@ RequestHandles that stream text deltas. A crashed loop is surfaced (healthy=Fals
 wakes every waiting client with the error instead of hanging them; restart() rebuilds it."""
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
 import time
@@ -100,6 +101,7 @@ class EngineThread:
         self._recent_items = 0
         self.error: str | None = None
         self._ready = threading.Event()      # cleared while reconfigure() swaps engines
+        self._reconf_lock = threading.Lock()
         self._ready.set()
         self._stop = False
         self._counter = 0
@@ -141,9 +143,10 @@ class EngineThread:
                     h._fail(self.error)
                 self.handles.clear()
                 try:
-                    self._snap = self.engine.snapshot()
+                    snap = self.engine.snapshot()
                 except Exception:
-                    pass
+                    snap = self._snap
+                self._snap = dataclasses.replace(snap, healthy=False, error=self.error)
 
     def _publish(self, force: bool = False) -> None:
         now = time.perf_counter()
@@ -275,12 +278,13 @@ class EngineThread:
         clients get an error saying why). Returns a message for the UI."""
         if not isinstance(config, EngineConfig):
             raise ValueError("config must be an EngineConfig")
-        new_engine = LLMEngine(config)       # build first: a bad config leaves the old engine serving
-        self._ready.clear()
-        try:
-            return self._swap_engine(new_engine)
-        finally:
-            self._ready.set()
+        with self._reconf_lock:              # one rebuild at a time: never two loops
+            new_engine = LLMEngine(config)   # build first: a bad config leaves the old engine serving
+            self._ready.clear()
+            try:
+                return self._swap_engine(new_engine)
+            finally:
+                self._ready.set()
 
     def _swap_engine(self, new_engine: LLMEngine) -> str:
         n = self.shutdown(reason="aborted: the engine was reconfigured")

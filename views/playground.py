@@ -154,6 +154,9 @@ if submitted:
     except ValueError as e:
         with answer:
             st.error(f"Not submitted: {e}")
+    except EngineCrashed as e:
+        with answer:
+            st.error(f"Not submitted: the engine is down ({e}). Restart it from the Home page.")
 if h is not None:
     SS["pg_rid"], SS["pg_prompt"], SS["pg_answer"] = h.request_id, prompt, ""
     evict_button(h.request_id)
