@@ -221,6 +221,12 @@ def _build(cls, data):
                 raise ValueError(f"{cls.__name__}.{name}: expected a list")
             if any(isinstance(x, (dict, list)) for x in v):
                 raise ValueError(f"{cls.__name__}.{name}: expected a list of scalars")
+            inner = t[len("tuple["):].split(",")[0].strip()
+            ok = {"str": lambda x: isinstance(x, str),
+                  "int": lambda x: isinstance(x, int) and not isinstance(x, bool),
+                  "float": lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)}.get(inner)
+            if ok is not None and not all(ok(x) for x in v):
+                raise ValueError(f"{cls.__name__}.{name}: expected a list of {inner} values")
             v = tuple(v)
         elif t in ("int", "float", "str", "bool") or "|" in t:
             if isinstance(v, (dict, list)):
