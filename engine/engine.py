@@ -22,7 +22,7 @@ from .runner import BatchRow, ModelRunner, kv_geometry
 from .sampler import make_generator, sample
 from .scheduler import Scheduler
 from .sequence import Request, Status
-from .snapshot import (ACCEPTED, BONUS, PLAIN, REPLACED, BlockInfo, EngineInfo, RequestInfo, Snapshot,
+from .snapshot import (PLAIN, BlockInfo, EngineInfo, RequestInfo, Snapshot,
                        CACHED, FREE, USED)
 
 DEFAULT_KV_BYTES = 256 * 1024 * 1024
@@ -369,7 +369,7 @@ class LLMEngine:
         outputs: list[RequestOutput] = []
         if not sched.items:
             self.bm.apply_target()
-            self._finish_step(t_step, 0)
+            self._finish_step(t_step)
             return outputs
         rows: list[BatchRow] = []
         for it in sched.items:
@@ -399,7 +399,7 @@ class LLMEngine:
                     self._finish(it.req, Status.ABORTED, "error", error=msg)
                     outputs.append(self._output(it.req))
             self.metrics.num_errors += 1
-            self._finish_step(t_step, 0)
+            self._finish_step(t_step)
             return outputs
         if self.spec is not None:
             self.spec.record_forward(sched.items, fwd_s)
@@ -491,10 +491,10 @@ class LLMEngine:
             outputs.append(self._output(req))
         self.metrics.on_step(new_tokens_total, time.perf_counter() - t_step)
         self.bm.apply_target()
-        self._finish_step(t_step, new_tokens_total)
+        self._finish_step(t_step)
         return outputs
 
-    def _finish_step(self, t_step: float, new_tokens: int) -> None:
+    def _finish_step(self, t_step: float) -> None:
         self._flush_bm_events()
         self.last_step_s = time.perf_counter() - t_step
 

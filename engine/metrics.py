@@ -5,7 +5,6 @@ consecutive token emissions; e2e = finish - arrival; kv_cache_usage_perc = block
 requests / usable blocks (cached-free blocks count as free); prefix-cache queries/hits count tokens."""
 from __future__ import annotations
 
-import time
 from collections import deque
 
 from .snapshot import EngineMetrics, SpecMetrics
