@@ -6,12 +6,13 @@ key/value it attends to back from the pool through the block tables. The pool te
 cache; nothing else holds K/V.
 
 Batches are flattened (ragged): the model sees one row of T tokens from many requests.
-- decode group (one query token per request): one batched SDPA over block-gathered K/V with a
-  length mask;
+- decode group (one query token per request): on CPU in fp32, engine/csrc/paged_attention.c
+  reads every key and value in place from its block (engine/cpu_kernels.py builds it); elsewhere,
+  or where it cannot be built, one batched SDPA over block-gathered K/V with a length mask;
 - every other request (prefill chunks, speculative verification): SDPA per request with a causal
-  mask aligned to its position in the sequence.
-On CUDA, `torch.nn.attention.varlen.varlen_attn` with `block_table` is used when it works for
-the shapes (checked once), with the reference path as fallback.
+  mask aligned to its position in the sequence; a chunk with no earlier context attends to its
+  own new keys/values directly (the same values the pool now holds), without reading them back.
+The same torch code runs on CUDA; a fused varlen/paged CUDA kernel is not wired yet.
 """
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+
+from . import cpu_kernels
 
 ATTN_NAME = "kvscope"
 _ctx = threading.local()
@@ -42,6 +45,11 @@ class AttnMetadata:
     decode_blocks: torch.Tensor | None = None    # [Bd, max_blocks]
     decode_mask: torch.Tensor | None = None      # [Bd, 1, 1, max_blocks * block_size] bool (True = attend)
     decode_len1: int = 0                         # context length when the decode group has one request
+    decode_kernel: object = None                 # engine/cpu_kernels library: decode read in place
+    decode_rows32: torch.Tensor | None = None    # [Bd] int32 batch rows of the decode queries
+    decode_lens32: torch.Tensor | None = None    # [Bd] int32 context lengths
+    decode_tables32: torch.Tensor | None = None  # [Bd, max_blocks] int32 block tables (padded)
+    decode_max_ctx: int = 0
     prefills: list[PrefillItem] = field(default_factory=list)
     layer_offset: int = 0                # pools index = module.layer_idx + offset (draft models share a pool list)
 
@@ -96,7 +104,18 @@ def paged_attention_forward(module, query, key, value, attention_mask, scaling=N
     out = torch.empty((T, q.shape[0], q.shape[2]), dtype=query.dtype, device=query.device)  # [T, H, D]
     gqa = q.shape[0] != hkv
 
-    if meta.decode_idx is not None and meta.decode_idx.numel():
+    if meta.decode_kernel is not None:
+        # decode rows straight from the blocks (engine/csrc/paged_attention.c), no gather; the
+        # runner only sets the kernel for fp32 pools and models
+        if q.dtype != torch.float32 or k_pool.dtype != torch.float32:
+            raise RuntimeError(f"the CPU decode kernel needs float32 queries and pools, got {q.dtype} / {k_pool.dtype}")
+        qt = q.transpose(0, 1)
+        if not qt.is_contiguous():
+            qt = qt.contiguous()
+        cpu_kernels.paged_decode_attention(meta.decode_kernel, out, qt, k_pool, v_pool, meta.decode_rows32,
+                                           meta.decode_lens32, meta.decode_tables32,
+                                           scaling if scaling is not None else d ** -0.5, meta.decode_max_ctx)
+    elif meta.decode_idx is not None and meta.decode_idx.numel():
         bd = meta.decode_idx.numel()
         kd = k_pool.index_select(0, meta.decode_blocks.reshape(-1))          # [Bd*nb, bs, h, d]
         vd = v_pool.index_select(0, meta.decode_blocks.reshape(-1))
@@ -110,10 +129,15 @@ def paged_attention_forward(module, query, key, value, attention_mask, scaling=N
             od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask, scale=scaling, enable_gqa=gqa)
         out.index_copy_(0, meta.decode_idx, od.squeeze(2))
 
+    direct = key.dtype == k_pool.dtype == q.dtype   # the pool holds exactly these values
     for p in meta.prefills:
         qp = q[:, p.q_start:p.q_start + p.q_len].unsqueeze(0)                  # [1, H, q, D]
-        kp = _gather(k_pool, p.block_ids, p.ctx_len).unsqueeze(0).to(q.dtype)  # [1, h, ctx, d]
-        vp = _gather(v_pool, p.block_ids, p.ctx_len).unsqueeze(0).to(q.dtype)
+        if p.q_len == p.ctx_len and direct:     # no earlier context: attend to the new K/V as they are
+            kp = key[:, :, p.q_start:p.q_start + p.q_len]
+            vp = value[:, :, p.q_start:p.q_start + p.q_len]
+        else:
+            kp = _gather(k_pool, p.block_ids, p.ctx_len).unsqueeze(0).to(q.dtype)  # [1, h, ctx, d]
+            vp = _gather(v_pool, p.block_ids, p.ctx_len).unsqueeze(0).to(q.dtype)
         if p.q_len == p.ctx_len:
             op = F.scaled_dot_product_attention(qp, kp, vp, is_causal=p.q_len > 1, scale=scaling, enable_gqa=gqa)
         else:

@@ -12,6 +12,8 @@ PREEMPTION_MODES = ("recompute", "swap")
 VICTIM_POLICIES = ("last_admitted", "lru")
 SPEC_METHODS = ("ngram", "draft_model", "self_draft")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+LINEAR_BACKENDS = ("auto", "torch")
+ATTENTION_BACKENDS = ("auto", "torch")
 MIN_TEMPERATURE = 1e-5
 
 
@@ -115,6 +117,12 @@ class EngineConfig:
     # rows slowed ~10x whenever another process was busy (measured: a 9-block preemption run took
     # 234 s with 2 threads vs 23 s with 1 beside other work). Set 2+ on a dedicated machine.
     num_threads: int | None = None
+    # "auto": on CPU, Linear weights packed once for oneDNN and q/k/v, gate/up merged into one
+    # matmul each (engine/linear.py); "torch": transformers' own F.linear everywhere
+    linear_backend: str = "auto"
+    # "auto": on CPU in fp32, decode attention reads K/V in place from the blocks with the C
+    # kernel of engine/csrc (built on first use; torch fallback); "torch": gather + SDPA always
+    attention_backend: str = "auto"
     event_ring_size: int = 20000
     history_len: int = 512                  # per-request history points kept for the UI
 
@@ -153,6 +161,10 @@ class EngineConfig:
             _check(isinstance(self.speculative, SpeculativeConfig), "speculative must be a SpeculativeConfig")
         if self.num_threads is not None:
             _check(_is_int(self.num_threads) and 1 <= self.num_threads <= 256, "num_threads must be an integer in [1, 256]")
+        _check(self.linear_backend in LINEAR_BACKENDS,
+               f"linear_backend must be one of {LINEAR_BACKENDS}, got {self.linear_backend!r}")
+        _check(self.attention_backend in ATTENTION_BACKENDS,
+               f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
         _check(_is_int(self.event_ring_size) and 16 <= self.event_ring_size <= 10_000_000,
                "event_ring_size must be an integer in [16, 10000000]")
         _check(_is_int(self.history_len) and 2 <= self.history_len <= 100_000, "history_len must be in [2, 100000]")

@@ -157,7 +157,9 @@ class LLMEngine:
                                enable_prefix_caching=config.enable_prefix_caching and config.kv_cache,
                                allocator=config.allocator, slab_tokens=slab_tokens, num_swap_blocks=num_swap)
         self.runner = ModelRunner(self.model, num_blocks=num_blocks, block_size=config.block_size,
-                                  dtype=self.dtype, device=self.device, num_swap_blocks=num_swap)
+                                  dtype=self.dtype, device=self.device, num_swap_blocks=num_swap,
+                                  linear_backend=config.linear_backend,
+                                  attention_backend=config.attention_backend)
         self.events = EventRing(config.event_ring_size)
         self.t0 = time.perf_counter()
         self.step_num = 0
@@ -404,6 +406,9 @@ class LLMEngine:
         if self.spec is not None:
             self.spec.record_forward(sched.items, fwd_s)
         # ---- consume logits
+        greedy_ids = None       # one argmax over every row (the same ids as row by row)
+        if logits.shape[0] and any(it.req.params.greedy and not it.num_spec_tokens for it in sched.items):
+            greedy_ids = logits.argmax(-1).tolist()
         off = 0
         now = self.now()
         new_tokens_total = 0
@@ -427,7 +432,10 @@ class LLMEngine:
                     accepted, marks = self.spec.verify(req, req.spec_token_ids[:it.num_spec_tokens], lg)
                     new_ids = accepted
                 else:
-                    tok = sample(lg[-1], req.params, req.generator)
+                    if greedy_ids is not None and req.params.greedy:
+                        tok = greedy_ids[off - 1]
+                    else:
+                        tok = sample(lg[-1], req.params, req.generator)
                     new_ids = [tok]
                     marks = [PLAIN]
             except Exception as e:  # e.g. non-finite logits: fail this request only, keep the loop alive
@@ -558,7 +566,8 @@ class LLMEngine:
                           self.bytes_per_token, self.bytes_per_block, self.bm.num_blocks * self.bytes_per_block,
                           c.max_model_len, c.max_num_seqs, c.max_num_batched_tokens, c.allocator, c.kv_cache,
                           self.bm.enable_prefix_caching, c.preemption_mode, c.victim_policy, spec,
-                          self.bm.capacity)
+                          self.bm.capacity, "packed" if self.runner.linear_pack is not None else "torch",
+                          "cpu_kernel" if self.runner.decode_kernel is not None else "torch")
 
     def check_invariants(self) -> None:
         self.bm.check_invariants()

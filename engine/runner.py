@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import attention
+from . import attention, cpu_kernels, linear
 from .attention import AttnMetadata, PrefillItem, build_decode_mask, forward_context
 from .block_manager import cdiv
 
@@ -37,7 +37,8 @@ class BatchRow:
 
 class ModelRunner:
     def __init__(self, model, *, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device,
-                 num_swap_blocks: int = 0, num_layers: int | None = None):
+                 num_swap_blocks: int = 0, num_layers: int | None = None, linear_backend: str = "auto",
+                 attention_backend: str = "auto"):
         attention.register()
         self.model = model
         self.device = device
@@ -59,6 +60,11 @@ class ModelRunner:
         inner = getattr(model, "model", None)
         self.fast = all(hasattr(inner, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")) and hasattr(model, "lm_head")
         self.last_forward_s = 0.0
+        self.linear_pack = linear.pack_model(model) if linear_backend == "auto" and device.type == "cpu" else None
+        self.decode_kernel = None
+        if attention_backend == "auto" and device.type == "cpu" and dtype == torch.float32:
+            if cpu_kernels.supports(model.config.num_attention_heads, self.num_kv_heads, self.head_dim):
+                self.decode_kernel = cpu_kernels.load()
 
     @property
     def bytes_per_token(self) -> int:
@@ -135,9 +141,19 @@ class ModelRunner:
             mb = max(len(x) for x in dec_tables)
             padded = [x + [x[-1]] * (mb - len(x)) for x in dec_tables]
             meta.decode_idx = torch.tensor(dec_idx, device=dev)
-            meta.decode_blocks = torch.tensor(padded, device=dev)
-            meta.decode_mask = build_decode_mask(dec_lens, mb, bs, dev)
-            meta.decode_len1 = dec_lens[0]
+            if self.decode_kernel is not None:
+                nb = self.kv_caches[0][0].shape[0]
+                if max(max(x) for x in dec_tables) >= nb or min(min(x) for x in dec_tables) < 0:
+                    raise RuntimeError(f"a decode block table holds a block id outside the pool of {nb}")
+                meta.decode_kernel = self.decode_kernel
+                meta.decode_rows32 = torch.tensor(dec_idx, dtype=torch.int32)
+                meta.decode_lens32 = torch.tensor(dec_lens, dtype=torch.int32)
+                meta.decode_tables32 = torch.tensor(padded, dtype=torch.int32)
+                meta.decode_max_ctx = max(dec_lens)
+            else:
+                meta.decode_blocks = torch.tensor(padded, device=dev)
+                meta.decode_mask = build_decode_mask(dec_lens, mb, bs, dev)
+                meta.decode_len1 = dec_lens[0]
         return (torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), meta,
                 torch.tensor(logit_rows, device=dev, dtype=torch.long))
 
@@ -156,7 +172,7 @@ class ModelRunner:
         prev = cfg._attn_implementation
         cfg._attn_implementation = attention.ATTN_NAME
         try:
-            with forward_context(meta):
+            with forward_context(meta), linear.packed_linears(self.linear_pack):
                 if self.fast:
                     inner = model.model
                     h = inner.embed_tokens(input_ids.unsqueeze(0))

@@ -262,7 +262,9 @@ class ModelDrafter:
             if dtype not in (torch.float32, torch.float16, torch.bfloat16):
                 dtype = torch.float32
             self.runner = ModelRunner(model, num_blocks=eng.bm.capacity, block_size=eng.bm.block_size,
-                                      dtype=dtype, device=eng.device, num_layers=num_layers)
+                                      dtype=dtype, device=eng.device, num_layers=num_layers,
+                                      linear_backend=eng.config.linear_backend,
+                                      attention_backend=eng.config.attention_backend)
         self.dtoks: dict[str, list[int]] = {}           # own pool: tokens whose draft K/V are cached
 
     # ----------------------------------------------------------- own-pool bookkeeping

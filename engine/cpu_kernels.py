@@ -1,0 +1,174 @@
+"""The engine's own CPU kernels (engine/csrc/*.c), built with the host's C compiler on first use
+and called through ctypes on tensors' memory.
+
+One kernel today: decode attention read in place from the paged K/V pool
+(`paged_decode_attention`). The torch reference in engine/attention.py gathers every running
+request's blocks into a dense, padded copy each layer and step and then runs SDPA over it; this
+kernel reads each key and value once from its block. Measured on a 2-core AMD EPYC, 16 decode
+sequences of 40-360 tokens, 30 layers: 23-35 ms (gather + SDPA) vs 16-18 ms (this, 1 thread).
+
+The library is compiled once per (source, compiler, CPU) into the kvscope cache directory
+(`-O3 -march=native`, about a second) and reused by every later process. Where there is no
+compiler or the build fails, `load()` returns None with the reason in `status()` and the engine
+uses the torch reference; nothing else changes. Set KVSCOPE_CPU_KERNELS=0 to never build or use it.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import threading
+
+import torch
+
+SOURCE = os.path.join(os.path.dirname(__file__), "csrc", "paged_attention.c")
+ABI_VERSION = 3
+CFLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
+MIN_PARALLEL_KEYS = 4096         # below this many (key position x KV head) pairs one thread is faster
+_lock = threading.Lock()
+_state: dict = {}
+
+
+def _compiler() -> str | None:
+    cc = os.environ.get("CC")
+    if cc and shutil.which(cc):
+        return shutil.which(cc)
+    for name in ("gcc", "cc", "clang"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def _cpu_signature() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features", "model name")):
+                    return line
+    except OSError:
+        pass
+    import platform
+    return platform.machine() + platform.processor()
+
+
+def _build(cc: str) -> str:
+    from .models import cache_dir
+    with open(SOURCE, "rb") as f:
+        src = f.read()
+    try:
+        ver = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout.split("\n")[0]
+    except (OSError, subprocess.SubprocessError):
+        ver = cc
+    key = hashlib.sha256(src + " ".join(CFLAGS).encode() + ver.encode() + _cpu_signature().encode()).hexdigest()[:16]
+    out_dir = os.path.join(cache_dir(), "kernels")
+    os.makedirs(out_dir, exist_ok=True)
+    lib = os.path.join(out_dir, f"kvscope_cpu_{key}.so")
+    if os.path.exists(lib):
+        return lib
+    tmp = f"{lib}.tmp{os.getpid()}.{threading.get_ident()}"
+    proc = subprocess.run([cc, *CFLAGS, "-o", tmp, SOURCE], capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise RuntimeError(f"{os.path.basename(cc)} failed: {(proc.stderr or proc.stdout).strip()[:400]}")
+    os.replace(tmp, lib)            # atomic: a concurrent build of the same key writes the same bytes
+    return lib
+
+
+def load():
+    """The loaded library, or None (the reason is in status())."""
+    with _lock:
+        if "lib" in _state:
+            return _state["lib"]
+        lib, why = None, None
+        if os.environ.get("KVSCOPE_CPU_KERNELS", "1") == "0":
+            why = "disabled by KVSCOPE_CPU_KERNELS=0"
+        else:
+            cc = _compiler()
+            if cc is None:
+                why = "no C compiler (gcc, cc or clang) on PATH"
+            else:
+                try:
+                    path = _build(cc)
+                    lib = ctypes.CDLL(path)
+                    if lib.kvscope_abi_version() != ABI_VERSION:
+                        raise RuntimeError(f"{path}: ABI version {lib.kvscope_abi_version()} != {ABI_VERSION}")
+                    P, I = ctypes.c_void_p, ctypes.c_int
+                    f = lib.kvscope_paged_decode
+                    f.argtypes = [P, P, P, P, P, P, P, I, I, I, I, I, I, ctypes.c_float, I, I]
+                    f.restype = I
+                    _self_test(lib)
+                except Exception as e:        # build or self-test failed: the torch path stays
+                    lib, why = None, f"{type(e).__name__}: {str(e)[:400]}"
+        _state["lib"] = lib
+        _state["why"] = why
+        return lib
+
+
+def status() -> str:
+    load()
+    return "built" if _state.get("lib") is not None else f"not used ({_state.get('why')})"
+
+
+def supports(num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
+    """Head shapes the kernel handles (fp32 tensors on CPU are the caller's check): head_dim a
+    multiple of 8 up to 256, up to 256 query heads, a whole number of them per KV head."""
+    return (head_dim % 8 == 0 and 0 < head_dim <= 256 and num_kv_heads > 0 and num_heads % num_kv_heads == 0
+            and num_heads <= 256)
+
+
+def paged_decode_attention(lib, out: torch.Tensor, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                           q_rows: torch.Tensor, ctx_lens: torch.Tensor, tables: torch.Tensor, scale: float,
+                           max_ctx: int, n_threads: int | None = None) -> None:
+    """out[q_rows[s]] = softmax(q[q_rows[s]] . K_s^T * scale) V_s for every decode sequence s,
+    K_s/V_s being positions 0..ctx_lens[s]-1 of the blocks tables[s]. q, out: [T, H, D];
+    pools: [num_blocks, block_size, Hkv, D]; q_rows, ctx_lens: [S] int32; tables: [S, max_blocks]
+    int32. The caller guarantees block ids < num_blocks and ctx_lens[s] <= max_blocks * block_size."""
+    for t in (q, out, k_pool, v_pool, q_rows, ctx_lens, tables):
+        assert t.is_contiguous() and t.device.type == "cpu"
+    n_seqs, max_blocks = tables.shape
+    _, bs, hkv, d = k_pool.shape
+    if n_threads is None:
+        n_threads = torch.get_num_threads()
+    if max_ctx * hkv * n_seqs < MIN_PARALLEL_KEYS:
+        n_threads = 1
+    rc = lib.kvscope_paged_decode(q.data_ptr(), out.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(),
+                                  q_rows.data_ptr(), ctx_lens.data_ptr(), tables.data_ptr(), n_seqs, max_blocks,
+                                  bs, q.shape[1], hkv, d, float(scale), max_ctx, n_threads)
+    if rc != 0:
+        raise RuntimeError(f"kvscope_paged_decode failed with code {rc}")
+
+
+def _self_test(lib) -> None:
+    """Compares the kernel with SDPA on random blocks (GQA, ragged lengths, shuffled tables)."""
+    import torch.nn.functional as F
+    g = torch.Generator().manual_seed(0)
+    nb, bs, hkv, h, d = 24, 4, 2, 6, 16
+    k_pool = torch.randn(nb, bs, hkv, d, generator=g)
+    v_pool = torch.randn(nb, bs, hkv, d, generator=g)
+    lens = [1, 7, 13, 20]
+    perm = torch.randperm(nb, generator=g).tolist()
+    tables, off = [], 0
+    for n in lens:
+        m = -(-n // bs)
+        tables.append(perm[off:off + m] + [perm[off]] * (5 - m))
+        off += m
+    q = torch.randn(len(lens) + 1, h, d, generator=g)
+    out = torch.zeros_like(q)
+    rows = torch.tensor([4, 0, 2, 1], dtype=torch.int32)
+    paged_decode_attention(lib, out, q, k_pool, v_pool, rows, torch.tensor(lens, dtype=torch.int32),
+                           torch.tensor(tables, dtype=torch.int32), 0.25, max(lens), 2)
+    for s, n in enumerate(lens):
+        blocks = torch.tensor(tables[s])
+        k = k_pool[blocks].reshape(-1, hkv, d)[:n].transpose(0, 1)[None]
+        v = v_pool[blocks].reshape(-1, hkv, d)[:n].transpose(0, 1)[None]
+        ref = F.scaled_dot_product_attention(q[rows[s]][None, :, None], k, v, scale=0.25, enable_gqa=True)
+        if not torch.allclose(out[rows[s]], ref[0, :, 0], atol=1e-5, rtol=1e-5):
+            raise RuntimeError("self-test: kernel disagrees with SDPA")
+    if out[3].abs().sum() != 0:
+        raise RuntimeError("self-test: kernel wrote a row it was not given")

@@ -1,0 +1,144 @@
+/* kvscope CPU kernel: decode attention read straight from the paged K/V pool.
+ *
+ * For each decode sequence s (one query token at row q_rows[s] of the flattened batch) and each
+ * query head, attends over positions 0..ctx_lens[s]-1, whose keys/values live in the blocks
+ * tables[s][0..]. Nothing is gathered: every key and value is read once from its block, in place.
+ * Softmax is exact up to fp32 rounding (max-subtracted, one exp per score, divided by the sum).
+ *
+ * Layouts (fp32, contiguous): q, out [T, H, D]; k_pool, v_pool [num_blocks, block_size, Hkv, D];
+ * tables [n_seqs, max_blocks] int32. Grouped-query heads share a KV head (H % Hkv == 0).
+ * Work is split over sequences on n_threads OpenMP threads. Built by
+ * engine/cpu_kernels.py with the host compiler; portable C with GCC vector extensions (8 x fp32),
+ * no intrinsics.
+ */
+#include <math.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KV_MAX_HEAD_DIM 256
+#define KV_MAX_HEADS 256
+
+typedef float v8 __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+static inline v8 ld(const float *p) { v8 v; memcpy(&v, p, sizeof v); return v; }
+static inline void st(float *p, v8 v) { memcpy(p, &v, sizeof v); }
+static inline float hsum(v8 a) { return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7])); }
+static inline v8 sel(v8i m, v8 a, v8 b) { return (v8)(((v8i)a & m) | ((v8i)b & ~m)); }
+static inline v8 splat(float x) { return (v8){x, x, x, x, x, x, x, x}; }
+
+/* e^x for x <= 0 (scores minus their max): Cephes expf range reduction + degree-6 polynomial. */
+static inline v8 exp_nonpos(v8 x) {
+    x = sel(x < splat(-87.f), splat(-87.f), x);
+    v8 t = x * 1.44269504088896341f + 0.5f;
+    v8 n = __builtin_convertvector(__builtin_convertvector(t, v8i), v8);
+    n = sel(n > t, n - 1.0f, n);                                   /* floor(t) */
+    v8 r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    v8 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    v8i e = (__builtin_convertvector(n, v8i) + 127) << 23;
+    v8 s;
+    memcpy(&s, &e, sizeof s);
+    return p * s;
+}
+
+/* One decode sequence: all H query heads attend over its context. Keys and values are read token
+   row by token row ([Hkv, D] contiguous in the pool), each row once, so a block is read front to
+   back. sc holds H * (L + 8) scores; acc holds H * D accumulators. */
+static void attend_seq(const float *q, float *out, const float *k_pool, const float *v_pool,
+                       const int32_t *q_rows, const int32_t *ctx_lens, const int32_t *tables,
+                       int max_blocks, int bs, int H, int Hkv, int D, float scale, int s, float *sc, v8 *acc) {
+    const int G = H / Hkv, nv = D / 8, L = ctx_lens[s], Lp = L + 8;
+    const size_t tok = (size_t)Hkv * D, blk = (size_t)bs * tok;
+    const int32_t *tb = tables + (size_t)s * max_blocks;
+    const float *qp = q + (size_t)q_rows[s] * H * D;
+    float m[KV_MAX_HEADS], total[KV_MAX_HEADS];
+    v8 *qv = acc;                                       /* the scaled queries, then the accumulators */
+    for (int i = 0; i < H * nv; i++) qv[i] = ld(qp + 8 * i) * scale;
+    for (int hq = 0; hq < H; hq++) m[hq] = -INFINITY;
+    for (int l = 0; l < L; l++) {                       /* scores = q . k, one pass over the keys */
+        const float *krow = k_pool + (size_t)tb[l / bs] * blk + (size_t)(l % bs) * tok;
+        for (int hq = 0; hq < H; hq++) {
+            const float *k = krow + (size_t)(hq / G) * D;
+            const v8 *qh = qv + hq * nv;
+            v8 a = qh[0] * ld(k);
+            for (int i = 1; i < nv; i++) a += qh[i] * ld(k + 8 * i);
+            float v = hsum(a);
+            sc[hq * Lp + l] = v;
+            m[hq] = v > m[hq] ? v : m[hq];
+        }
+    }
+    for (int hq = 0; hq < H; hq++) {                    /* p = exp(score - max), total = sum p */
+        float *row = sc + hq * Lp;
+        v8 tot = splat(0.f);
+        int l = 0;
+        for (; l + 8 <= L; l += 8) {
+            v8 e = exp_nonpos(ld(row + l) - m[hq]);
+            st(row + l, e);
+            tot += e;
+        }
+        float t = hsum(tot);
+        for (; l < L; l++) {
+            float e = exp_nonpos(splat(row[l] - m[hq]))[0];
+            row[l] = e;
+            t += e;
+        }
+        total[hq] = t;
+    }
+    for (int i = 0; i < H * nv; i++) acc[i] = splat(0.f);
+    for (int l = 0; l < L; l++) {                       /* out = sum p v, one pass over the values */
+        const float *vrow = v_pool + (size_t)tb[l / bs] * blk + (size_t)(l % bs) * tok;
+        for (int hq = 0; hq < H; hq++) {
+            const float *v = vrow + (size_t)(hq / G) * D;
+            const float p = sc[hq * Lp + l];
+            v8 *a = acc + hq * nv;
+            for (int i = 0; i < nv; i++) a[i] += p * ld(v + 8 * i);
+        }
+    }
+    float *o = out + (size_t)q_rows[s] * H * D;
+    for (int hq = 0; hq < H; hq++) {
+        const float inv = 1.0f / total[hq];
+        for (int i = 0; i < nv; i++) st(o + hq * D + 8 * i, acc[hq * nv + i] * inv);
+    }
+}
+
+int kvscope_abi_version(void) { return 3; }
+
+/* Returns 0 on success, a negative code for unsupported shapes or a failed allocation. */
+int kvscope_paged_decode(const float *q, float *out, const float *k_pool, const float *v_pool,
+                         const int32_t *q_rows, const int32_t *ctx_lens, const int32_t *tables,
+                         int n_seqs, int max_blocks, int bs, int H, int Hkv, int D, float scale,
+                         int max_ctx, int n_threads) {
+    if (D % 8 || D > KV_MAX_HEAD_DIM || Hkv < 1 || H % Hkv || H > KV_MAX_HEADS || bs < 1)
+        return -1;
+    if (n_seqs == 0) return 0;
+    if (n_threads > n_seqs) n_threads = n_seqs;
+    if (n_threads < 1) n_threads = 1;
+    const size_t sc_floats = ((size_t)max_ctx + 8) * H, acc_vecs = (size_t)H * (D / 8);
+    float *scores = (float *)malloc(sizeof(float) * sc_floats * n_threads);
+    v8 *accs = (v8 *)aligned_alloc(32, sizeof(v8) * acc_vecs * n_threads);
+    if (!scores || !accs) { free(scores); free(accs); return -2; }
+    /* OpenMP from the same libgomp that torch loaded (resolved by soname in-process): one pool of
+       threads for torch's ops and this kernel, never two pools competing for the cores */
+    #pragma omp parallel for num_threads(n_threads) schedule(dynamic, 1) if (n_threads > 1)
+    for (int s = 0; s < n_seqs; s++) {
+        int t = 0;
+#ifdef _OPENMP
+        t = omp_get_thread_num();
+#endif
+        attend_seq(q, out, k_pool, v_pool, q_rows, ctx_lens, tables, max_blocks, bs, H, Hkv, D, scale, s,
+                   scores + sc_floats * t, accs + acc_vecs * t);
+    }
+    free(scores);
+    free(accs);
+    return 0;
+}

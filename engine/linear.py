@@ -1,0 +1,169 @@
+"""Packed and merged linear layers for the engine's forward pass on CPU.
+
+The HF model's nn.Linear modules keep their weights and their place in the model's own layer
+code; inside the engine's forward (and only there) each one computes with a copy of its weight
+reordered once into oneDNN's blocked layout (`torch.ops.mkldnn._reorder_linear_weight`), and
+sibling projections that read the same input run as one matmul, as vLLM merges them:
+q/k/v -> "qkv", gate/up -> "gate_up". Everyone else calling the same model object (transformers'
+`generate`, a benchmark peer, a deep copy) gets the plain `F.linear`.
+
+Why: measured on a 2-core AMD EPYC (fp32, 2 threads), one decode step's matmuls over all 30
+layers + lm_head of the default model took 40.9 ms at 1 row and 78 ms at 16 rows with `F.linear`
+(MKL), 21.7 and 47.5 ms packed and merged. A packed weight also makes each row's result
+independent of how many rows are in the batch (MKL switches between GEMV and GEMM kernels with
+the row count), so a request's logits do not depend on what it was batched with.
+
+A pack is made per model object and shared by every engine on it; it is checked against
+`F.linear` on a random input when made, and not used when that check or oneDNN is unavailable.
+"""
+from __future__ import annotations
+
+import threading
+import types
+import weakref
+
+import torch
+import torch.nn.functional as F
+
+MERGED_GROUPS = (("qkv", ("q_proj", "k_proj", "v_proj")), ("gate_up", ("gate_proj", "up_proj")))
+PACK_ROWS_HINT = 16          # the row count the blocked layout is tuned for (decode batches)
+_tls = threading.local()
+_packs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # model -> ModelPack
+_pack_lock = threading.Lock()
+
+
+def _mkldnn_ops():
+    try:
+        return torch.ops.mkldnn._reorder_linear_weight, torch.ops.mkldnn._linear_pointwise
+    except (AttributeError, RuntimeError):
+        return None
+
+
+class _Group:
+    """One matmul over several sibling Linears' weights stacked along the output dimension."""
+    __slots__ = ("name", "packed", "bias", "splits", "__weakref__")
+
+    def __init__(self, name: str, packed: torch.Tensor, bias, splits: list[int]):
+        self.name = name
+        self.packed = packed
+        self.bias = bias
+        self.splits = splits
+
+
+class ModelPack:
+    """The packed weights of one model: module -> (group, index of its slice)."""
+
+    def __init__(self):
+        self.members: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        self.num_linears = 0
+        self.num_merged = 0
+        self.bytes = 0
+
+
+def _pack_weight(w: torch.Tensor) -> torch.Tensor:
+    reorder, _ = _mkldnn_ops()
+    return reorder(w.detach().contiguous(), PACK_ROWS_HINT)
+
+
+def _eligible(m) -> bool:
+    return (type(m) is torch.nn.Linear and m.weight.device.type == "cpu"
+            and m.weight.dtype == torch.float32 and m.weight.dim() == 2)
+
+
+def _check(group: _Group, weights: list[torch.Tensor], biases: list) -> bool:
+    """The packed matmul must agree with F.linear (same values up to fp32 rounding)."""
+    _, linear = _mkldnn_ops()
+    k = weights[0].shape[1]
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(0))
+    got = linear(x, group.packed, group.bias, "none", [], "")
+    ref = torch.cat([F.linear(x, w, b) for w, b in zip(weights, biases)], dim=-1)
+    tol = 1e-4 * (1 + ref.abs().max().item())
+    return got.shape == ref.shape and bool(torch.isfinite(got).all()) and (got - ref).abs().max().item() <= tol
+
+
+def pack_model(model) -> ModelPack | None:
+    """Packs (once per model object) every plain fp32 CPU nn.Linear of `model`, merging q/k/v and
+    gate/up where a module has them. Returns None where oneDNN is not available."""
+    if _mkldnn_ops() is None or not torch.backends.mkldnn.is_available():
+        return None
+    with _pack_lock:
+        if model in _packs:
+            return _packs[model]
+        pack = ModelPack()
+        try:
+            with torch.inference_mode():
+                done = set()
+                for parent in model.modules():
+                    for name, members in MERGED_GROUPS:
+                        mods = [getattr(parent, a, None) for a in members]
+                        if not all(_eligible(m) for m in mods):
+                            continue
+                        if len({m.in_features for m in mods}) != 1 or len({m.bias is None for m in mods}) != 1:
+                            continue
+                        _add(pack, name, mods)
+                        done.update(id(m) for m in mods)
+                        pack.num_merged += 1
+                for m in model.modules():
+                    if _eligible(m) and id(m) not in done:
+                        _add(pack, type(m).__name__, [m])
+        except Exception:     # an op this build lacks, or a failed self-check: plain F.linear
+            _unpatch(pack)
+            return None
+        _packs[model] = pack
+        return pack
+
+
+def _add(pack: ModelPack, name: str, mods: list) -> None:
+    ws = [m.weight for m in mods]
+    bs = [m.bias for m in mods]
+    packed = _pack_weight(torch.cat(ws, dim=0) if len(ws) > 1 else ws[0])
+    bias = None if bs[0] is None else torch.cat([b.detach() for b in bs]).contiguous()
+    group = _Group(name, packed, bias, [w.shape[0] for w in ws])
+    if not _check(group, ws, bs):
+        raise RuntimeError(f"packed {name} disagrees with F.linear")
+    for i, m in enumerate(mods):
+        pack.members[m] = (group, i)
+        m.forward = types.MethodType(_forward, m)   # bound: a deep copy rebinds to the copy
+    pack.num_linears += len(mods)
+    pack.bytes += sum(w.numel() * w.element_size() for w in ws)
+
+
+def _unpatch(pack: ModelPack) -> None:
+    for m in list(pack.members.keys()):
+        m.__dict__.pop("forward", None)
+
+
+def _forward(self, x):
+    pack = getattr(_tls, "pack", None)
+    entry = pack.members.get(self) if pack is not None else None
+    if entry is None:                               # not inside an engine forward (or a copy)
+        return F.linear(x, self.weight, self.bias)
+    group, i = entry
+    if len(group.splits) == 1:
+        return torch.ops.mkldnn._linear_pointwise(x, group.packed, group.bias, "none", [], "")
+    stash = _tls.stash
+    hit = stash.get(group)
+    if hit is None or hit[0] is not x:
+        out = torch.ops.mkldnn._linear_pointwise(x, group.packed, group.bias, "none", [], "")
+        hit = [x, out.split(group.splits, dim=-1), len(group.splits)]
+        stash[group] = hit
+    hit[2] -= 1
+    if hit[2] == 0:
+        del stash[group]
+    return hit[1][i]
+
+
+class packed_linears:
+    """Within the block (this thread only), the packed model's Linears use their packed weights."""
+
+    def __init__(self, pack: ModelPack | None):
+        self.pack = pack
+
+    def __enter__(self):
+        self.prev = (getattr(_tls, "pack", None), getattr(_tls, "stash", None))
+        _tls.pack = self.pack
+        _tls.stash = {}
+        return self.pack
+
+    def __exit__(self, *exc):
+        _tls.pack, _tls.stash = self.prev

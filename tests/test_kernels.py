@@ -1,0 +1,208 @@
+"""The engine's CPU fast paths against their references: packed/merged Linears (engine/linear.py)
+against F.linear, the in-place paged decode attention kernel (engine/csrc, engine/cpu_kernels.py)
+against SDPA over gathered blocks, and whole engine runs with the fast paths on and off."""
+import copy
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine import LLM, SamplingParams, cpu_kernels, linear
+from engine.models import tiny_config
+
+
+def tiny_model(seed=0):
+    from transformers import LlamaForCausalLM
+    torch.manual_seed(seed)
+    m = LlamaForCausalLM(tiny_config(vocab_size=512)).eval()
+    m.requires_grad_(False)
+    return m
+
+
+# ----------------------------------------------------------------------------- packed linears
+
+needs_pack = pytest.mark.skipif(linear.pack_model(tiny_model()) is None, reason="oneDNN packing unavailable")
+
+
+@needs_pack
+def test_pack_merges_qkv_and_gate_up_and_packs_every_linear():
+    m = tiny_model()
+    pack = linear.pack_model(m)
+    assert linear.pack_model(m) is pack                   # once per model object
+    n_linear = sum(isinstance(x, torch.nn.Linear) for x in m.modules())
+    assert pack.num_linears == n_linear
+    assert pack.num_merged == 2 * m.config.num_hidden_layers      # qkv + gate_up per layer
+    groups = {id(g): g for g, _ in pack.members.values()}.values()
+    names = sorted(g.name for g in groups)
+    assert names.count("qkv") == names.count("gate_up") == m.config.num_hidden_layers
+
+
+@needs_pack
+@pytest.mark.parametrize("rows", [1, 3, 16, 70])
+def test_packed_linears_match_f_linear(rows):
+    m = tiny_model()
+    pack = linear.pack_model(m)
+    attn, mlp = m.model.layers[0].self_attn, m.model.layers[0].mlp
+    x = torch.randn(1, rows, m.config.hidden_size)
+    with torch.inference_mode():
+        ref = [F.linear(x, mod.weight) for mod in (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj)]
+        with linear.packed_linears(pack):
+            got = [attn.q_proj(x), attn.k_proj(x), attn.v_proj(x), mlp.gate_proj(x), mlp.up_proj(x)]
+        outside = [mod(x) for mod in (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj)]
+    for g, r, o in zip(got, ref, outside):
+        assert g.shape == r.shape
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
+        assert torch.equal(o, r)                           # outside the engine: plain F.linear, bit for bit
+
+
+@needs_pack
+def test_packed_rows_do_not_depend_on_the_batch():
+    """A row's result is the same whatever else is in the batch (MKL's F.linear is not: it picks
+    GEMV or GEMM kernels by row count)."""
+    m = tiny_model()
+    pack = linear.pack_model(m)
+    lin = m.model.layers[1].mlp.down_proj
+    x = torch.randn(33, lin.in_features)
+    with torch.inference_mode(), linear.packed_linears(pack):
+        alone = torch.cat([lin(x[i:i + 1]) for i in range(33)])
+        batched = lin(x)
+    assert torch.equal(alone, batched)
+
+
+@needs_pack
+def test_follower_called_with_another_input_is_still_right():
+    m = tiny_model()
+    pack = linear.pack_model(m)
+    attn = m.model.layers[0].self_attn
+    a, b = torch.randn(2, m.config.hidden_size), torch.randn(2, m.config.hidden_size)
+    with torch.inference_mode(), linear.packed_linears(pack):
+        attn.q_proj(a)
+        kb = attn.k_proj(b)                 # not the input q_proj saw: computed for b
+        ka = attn.k_proj(a)
+    torch.testing.assert_close(kb, F.linear(b, attn.k_proj.weight), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ka, F.linear(a, attn.k_proj.weight), rtol=1e-5, atol=1e-5)
+
+
+@needs_pack
+def test_deep_copy_of_a_packed_model_uses_its_own_weights():
+    m = tiny_model()
+    pack = linear.pack_model(m)
+    c = copy.deepcopy(m)
+    with torch.no_grad():
+        c.model.layers[0].self_attn.o_proj.weight.mul_(2)
+    lin = c.model.layers[0].self_attn.o_proj
+    x = torch.randn(4, lin.in_features)
+    with torch.inference_mode(), linear.packed_linears(pack):
+        got = lin(x)
+    assert torch.equal(got, F.linear(x, lin.weight))
+
+
+def test_pack_skips_non_fp32():
+    m = tiny_model().to(torch.bfloat16)
+    pack = linear.pack_model(m)
+    assert pack is None or pack.num_linears == 0
+
+
+# ----------------------------------------------------------------------------- decode kernel
+
+lib = cpu_kernels.load()
+needs_kernel = pytest.mark.skipif(lib is None, reason=f"CPU kernel unavailable: {cpu_kernels.status()}")
+
+
+def reference_decode(q, k_pool, v_pool, rows, lens, tables, scale):
+    out = {}
+    hkv, d = k_pool.shape[2], k_pool.shape[3]
+    for s, n in enumerate(lens):
+        blocks = torch.tensor(tables[s])
+        k = k_pool[blocks].reshape(-1, hkv, d)[:n].transpose(0, 1)[None]
+        v = v_pool[blocks].reshape(-1, hkv, d)[:n].transpose(0, 1)[None]
+        out[rows[s]] = F.scaled_dot_product_attention(q[rows[s]][None, :, None], k, v, scale=scale,
+                                                      enable_gqa=True)[0, :, 0]
+    return out
+
+
+@needs_kernel
+@pytest.mark.parametrize("heads,kv_heads,head_dim,block_size", [(9, 3, 64, 16), (4, 4, 8, 1), (8, 1, 32, 5),
+                                                                (6, 2, 16, 32), (12, 4, 128, 16)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_decode_kernel_matches_sdpa_over_gathered_blocks(heads, kv_heads, head_dim, block_size, threads):
+    rng = random.Random(heads * 100 + head_dim + block_size)
+    g = torch.Generator().manual_seed(rng.randrange(1 << 30))
+    lens = [1, 2, block_size, block_size + 1, rng.randint(1, 300), rng.randint(1, 300), 700]
+    need = sum(-(-n // block_size) for n in lens)
+    nb = need + 7
+    k_pool = torch.randn(nb, block_size, kv_heads, head_dim, generator=g) * 3
+    v_pool = torch.randn(nb, block_size, kv_heads, head_dim, generator=g)
+    perm = list(range(nb))
+    rng.shuffle(perm)
+    tables, off = [], 0
+    width = max(-(-n // block_size) for n in lens)
+    for n in lens:
+        m = -(-n // block_size)
+        tables.append(perm[off:off + m] + [perm[0]] * (width - m))    # padding entries are never read
+        off += m
+    T = len(lens) + 3
+    rows = rng.sample(range(T), len(lens))
+    q = torch.randn(T, heads, head_dim, generator=g)
+    out = torch.full_like(q, 7.0)
+    scale = head_dim ** -0.5
+    cpu_kernels.paged_decode_attention(lib, out, q, k_pool, v_pool, torch.tensor(rows, dtype=torch.int32),
+                                       torch.tensor(lens, dtype=torch.int32), torch.tensor(tables, dtype=torch.int32),
+                                       scale, max(lens), threads)
+    ref = reference_decode(q, k_pool, v_pool, rows, lens, tables, scale)
+    for r, want in ref.items():
+        torch.testing.assert_close(out[r], want, rtol=2e-5, atol=2e-6)
+    untouched = [r for r in range(T) if r not in ref]
+    assert torch.equal(out[untouched], torch.full_like(out[untouched], 7.0))
+
+
+@needs_kernel
+def test_decode_kernel_large_scores_do_not_overflow():
+    k_pool = torch.full((2, 4, 1, 8), 30.0)
+    v_pool = torch.randn(2, 4, 1, 8)
+    q = torch.full((1, 2, 8), 30.0)
+    out = torch.empty_like(q)
+    tables = torch.tensor([[0, 1]], dtype=torch.int32)
+    cpu_kernels.paged_decode_attention(lib, out, q, k_pool, v_pool, torch.tensor([0], dtype=torch.int32),
+                                       torch.tensor([7], dtype=torch.int32), tables, 1.0, 7, 1)
+    want = v_pool.reshape(-1, 1, 8)[:7, 0].mean(0)
+    torch.testing.assert_close(out[0, 0], want, rtol=1e-5, atol=1e-6)
+
+
+def test_kernel_status_names_why_when_disabled(monkeypatch):
+    monkeypatch.setattr(cpu_kernels, "_state", {})
+    monkeypatch.setenv("KVSCOPE_CPU_KERNELS", "0")
+    assert cpu_kernels.load() is None
+    assert "KVSCOPE_CPU_KERNELS=0" in cpu_kernels.status()
+
+
+def test_kernel_supports_shapes():
+    assert cpu_kernels.supports(9, 3, 64)
+    assert not cpu_kernels.supports(9, 3, 60)       # head_dim not a multiple of 8
+    assert not cpu_kernels.supports(9, 2, 64)       # not a whole number of query heads per KV head
+    assert not cpu_kernels.supports(9, 3, 512)
+
+
+# ----------------------------------------------------------------------------- whole engine
+
+PROMPTS = ["hello world", "the cat sat on the mat and the cat sat on the", "1 2 3 4 5 6 7 8", "x",
+           "Once upon a time " * 20]
+
+
+def generate(**cfg):
+    llm = LLM(model="tiny", num_kv_blocks=128, block_size=4, **cfg)
+    outs = llm.generate(PROMPTS, SamplingParams(max_tokens=24, ignore_eos=True))
+    llm.engine.check_invariants()
+    return [o.outputs[0].token_ids for o in outs], llm.engine
+
+
+def test_engine_fast_paths_give_the_reference_paths_tokens():
+    fast, eng = generate()
+    slow, eng_ref = generate(linear_backend="torch", attention_backend="torch")
+    assert fast == slow
+    assert eng_ref.runner.linear_pack is None and eng_ref.runner.decode_kernel is None
+    if lib is not None:
+        assert eng.runner.decode_kernel is not None
+    assert eng.info().linear_backend == ("packed" if eng.runner.linear_pack is not None else "torch")
+    assert eng_ref.info().attention_backend == "torch"
