@@ -117,8 +117,9 @@ class EngineConfig:
     # rows slowed ~10x whenever another process was busy (measured: a 9-block preemption run took
     # 234 s with 2 threads vs 23 s with 1 beside other work). Set 2+ on a dedicated machine.
     num_threads: int | None = None
-    # "auto": on CPU, Linear weights packed once for oneDNN and q/k/v, gate/up merged into one
-    # matmul each (engine/linear.py); "torch": transformers' own F.linear everywhere
+    # "auto": on CPU, Linear weights packed once for the engine's C kernel (or oneDNN where it
+    # cannot be built) and q/k/v, gate/up merged into one matmul each (engine/linear.py);
+    # "torch": transformers' own F.linear everywhere
     linear_backend: str = "auto"
     # "auto": on CPU in fp32, decode attention reads K/V in place from the blocks with the C
     # kernel of engine/csrc (built on first use; torch fallback); "torch": gather + SDPA always

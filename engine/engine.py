@@ -566,7 +566,7 @@ class LLMEngine:
                           self.bytes_per_token, self.bytes_per_block, self.bm.num_blocks * self.bytes_per_block,
                           c.max_model_len, c.max_num_seqs, c.max_num_batched_tokens, c.allocator, c.kv_cache,
                           self.bm.enable_prefix_caching, c.preemption_mode, c.victim_policy, spec,
-                          self.bm.capacity, "packed" if self.runner.linear_pack is not None else "torch",
+                          self.bm.capacity, self.runner.linear_pack.kernel if self.runner.linear_pack is not None else "torch",
                           "cpu_kernel" if self.runner.decode_kernel is not None else "torch")
 
     def check_invariants(self) -> None:

@@ -2,19 +2,22 @@
 
 The HF model's nn.Linear modules keep their weights and their place in the model's own layer
 code; inside the engine's forward (and only there) each one computes with a copy of its weight
-reordered once into oneDNN's blocked layout (`torch.ops.mkldnn._reorder_linear_weight`), and
-sibling projections that read the same input run as one matmul, as vLLM merges them:
-q/k/v -> "qkv", gate/up -> "gate_up". Everyone else calling the same model object (transformers'
-`generate`, a benchmark peer, a deep copy) gets the plain `F.linear`.
+packed once for a faster kernel, and sibling projections that read the same input run as one
+matmul, as vLLM merges them: q/k/v -> "qkv", gate/up -> "gate_up". Everyone else calling the
+same model object (transformers' `generate`, a benchmark peer, a deep copy) gets plain `F.linear`.
 
-Why: measured on a 2-core AMD EPYC (fp32, 2 threads), one decode step's matmuls over all 30
-layers + lm_head of the default model took 40.9 ms at 1 row and 78 ms at 16 rows with `F.linear`
-(MKL), 21.7 and 47.5 ms packed and merged. A packed weight also makes each row's result
-independent of how many rows are in the batch (MKL switches between GEMV and GEMM kernels with
-the row count), so a request's logits do not depend on what it was batched with.
+Kernels, in order of preference:
+- "cpu_kernel": engine/csrc/linear.c (16-column panels, register-tiled; engine/cpu_kernels.py
+  builds it). Each output is summed in the same order whatever the row count, so a request's
+  logits do not depend on what it is batched with.
+- "onednn": `torch.ops.mkldnn._reorder_linear_weight` / `_linear_pointwise`, where the C kernel
+  cannot be built.
+Measured on a 2-core AMD EPYC (fp32, 2 threads), one pass over the default model's 30 layers +
+lm_head at 1 / 16 / 512 rows: F.linear (MKL) 38 / 85 / 960 ms, oneDNN packed and merged 32 / 56 /
+1000 ms, the C kernel 21 / 41 / 920 ms.
 
 A pack is made per model object and shared by every engine on it; it is checked against
-`F.linear` on a random input when made, and not used when that check or oneDNN is unavailable.
+`F.linear` on a random input when made, and not used when that check fails.
 """
 from __future__ import annotations
 
@@ -25,44 +28,67 @@ import weakref
 import torch
 import torch.nn.functional as F
 
+from . import cpu_kernels
+
 MERGED_GROUPS = (("qkv", ("q_proj", "k_proj", "v_proj")), ("gate_up", ("gate_proj", "up_proj")))
-PACK_ROWS_HINT = 16          # the row count the blocked layout is tuned for (decode batches)
+ONEDNN_ROWS_HINT = 16        # the row count oneDNN's blocked layout is tuned for (decode batches)
 _tls = threading.local()
 _packs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # model -> ModelPack
 _pack_lock = threading.Lock()
 
 
-def _mkldnn_ops():
+def _onednn_ops():
     try:
-        return torch.ops.mkldnn._reorder_linear_weight, torch.ops.mkldnn._linear_pointwise
+        ops = torch.ops.mkldnn._reorder_linear_weight, torch.ops.mkldnn._linear_pointwise
     except (AttributeError, RuntimeError):
         return None
+    return ops if torch.backends.mkldnn.is_available() else None
+
+
+def best_kernel() -> str | None:
+    """The fastest packed-Linear kernel this process can run: "cpu_kernel", "onednn" or None."""
+    if cpu_kernels.load() is not None:
+        return "cpu_kernel"
+    return "onednn" if _onednn_ops() is not None else None
+
+
+def matmul_for(weights: list[torch.Tensor], bias: torch.Tensor | None = None, kernel: str | None = None):
+    """x -> x [W_1; W_2; ...]^T (+ bias) with the weights stacked along the output dimension and
+    packed for `kernel` (default: best_kernel()). The engine's merged Linears are made with this;
+    so is the benchmark's measurement of them."""
+    kernel = kernel or best_kernel()
+    w = torch.cat([x.detach() for x in weights], dim=0) if len(weights) > 1 else weights[0].detach()
+    if kernel == "cpu_kernel":
+        lib = cpu_kernels.load()
+        panels = cpu_kernels.pack_linear(lib, w)
+        n = w.shape[0]
+        return lambda x: cpu_kernels.linear(lib, x, panels, n, bias)
+    if kernel == "onednn":
+        reorder, apply = _onednn_ops()
+        packed = reorder(w.contiguous(), ONEDNN_ROWS_HINT)
+        return lambda x: apply(x, packed, bias, "none", [], "")
+    raise ValueError(f"no packed-Linear kernel {kernel!r} here")
 
 
 class _Group:
     """One matmul over several sibling Linears' weights stacked along the output dimension."""
-    __slots__ = ("name", "packed", "bias", "splits", "__weakref__")
+    __slots__ = ("name", "matmul", "splits", "__weakref__")
 
-    def __init__(self, name: str, packed: torch.Tensor, bias, splits: list[int]):
+    def __init__(self, name: str, matmul, splits: list[int]):
         self.name = name
-        self.packed = packed
-        self.bias = bias
+        self.matmul = matmul
         self.splits = splits
 
 
 class ModelPack:
     """The packed weights of one model: module -> (group, index of its slice)."""
 
-    def __init__(self):
+    def __init__(self, kernel: str):
+        self.kernel = kernel
         self.members: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self.num_linears = 0
         self.num_merged = 0
         self.bytes = 0
-
-
-def _pack_weight(w: torch.Tensor) -> torch.Tensor:
-    reorder, _ = _mkldnn_ops()
-    return reorder(w.detach().contiguous(), PACK_ROWS_HINT)
 
 
 def _eligible(m) -> bool:
@@ -71,25 +97,25 @@ def _eligible(m) -> bool:
 
 
 def _check(group: _Group, weights: list[torch.Tensor], biases: list) -> bool:
-    """The packed matmul must agree with F.linear (same values up to fp32 rounding)."""
-    _, linear = _mkldnn_ops()
+    """The packed matmul must agree with F.linear (the same values up to fp32 rounding)."""
     k = weights[0].shape[1]
     x = torch.randn(3, k, generator=torch.Generator().manual_seed(0))
-    got = linear(x, group.packed, group.bias, "none", [], "")
+    got = group.matmul(x)
     ref = torch.cat([F.linear(x, w, b) for w, b in zip(weights, biases)], dim=-1)
     tol = 1e-4 * (1 + ref.abs().max().item())
     return got.shape == ref.shape and bool(torch.isfinite(got).all()) and (got - ref).abs().max().item() <= tol
 
 
-def pack_model(model) -> ModelPack | None:
+def pack_model(model, kernel: str | None = None) -> ModelPack | None:
     """Packs (once per model object) every plain fp32 CPU nn.Linear of `model`, merging q/k/v and
-    gate/up where a module has them. Returns None where oneDNN is not available."""
-    if _mkldnn_ops() is None or not torch.backends.mkldnn.is_available():
+    gate/up where a module has them. Returns None where no packed kernel runs here."""
+    kernel = kernel or best_kernel()
+    if kernel is None:
         return None
     with _pack_lock:
         if model in _packs:
             return _packs[model]
-        pack = ModelPack()
+        pack = ModelPack(kernel)
         try:
             with torch.inference_mode():
                 done = set()
@@ -116,9 +142,8 @@ def pack_model(model) -> ModelPack | None:
 def _add(pack: ModelPack, name: str, mods: list) -> None:
     ws = [m.weight for m in mods]
     bs = [m.bias for m in mods]
-    packed = _pack_weight(torch.cat(ws, dim=0) if len(ws) > 1 else ws[0])
     bias = None if bs[0] is None else torch.cat([b.detach() for b in bs]).contiguous()
-    group = _Group(name, packed, bias, [w.shape[0] for w in ws])
+    group = _Group(name, matmul_for(ws, bias, pack.kernel), [w.shape[0] for w in ws])
     if not _check(group, ws, bs):
         raise RuntimeError(f"packed {name} disagrees with F.linear")
     for i, m in enumerate(mods):
@@ -136,16 +161,15 @@ def _unpatch(pack: ModelPack) -> None:
 def _forward(self, x):
     pack = getattr(_tls, "pack", None)
     entry = pack.members.get(self) if pack is not None else None
-    if entry is None:                               # not inside an engine forward (or a copy)
+    if entry is None or x.dtype != torch.float32:   # not inside an engine forward (or a copy)
         return F.linear(x, self.weight, self.bias)
     group, i = entry
     if len(group.splits) == 1:
-        return torch.ops.mkldnn._linear_pointwise(x, group.packed, group.bias, "none", [], "")
+        return group.matmul(x)
     stash = _tls.stash
     hit = stash.get(group)
     if hit is None or hit[0] is not x:
-        out = torch.ops.mkldnn._linear_pointwise(x, group.packed, group.bias, "none", [], "")
-        hit = [x, out.split(group.splits, dim=-1), len(group.splits)]
+        hit = [x, group.matmul(x).split(group.splits, dim=-1), len(group.splits)]
         stash[group] = hit
     hit[2] -= 1
     if hit[2] == 0:

@@ -169,7 +169,7 @@ class EngineInfo:
     victim_policy: str
     speculative: str | None           # e.g. "ngram k=4" or None
     kv_capacity_blocks: int = 0       # blocks allocated in the pool tensors (the budget can go up to this)
-    linear_backend: str = "torch"     # "packed": oneDNN-packed weights, q/k/v and gate/up merged (engine/linear.py)
+    linear_backend: str = "torch"     # "cpu_kernel" / "onednn": packed weights, q/k/v and gate/up merged (engine/linear.py)
     attention_backend: str = "torch"  # "cpu_kernel": decode attention read in place from the blocks (engine/csrc)
 
 

@@ -22,7 +22,7 @@ def tiny_model(seed=0):
 
 # ----------------------------------------------------------------------------- packed linears
 
-needs_pack = pytest.mark.skipif(linear.pack_model(tiny_model()) is None, reason="oneDNN packing unavailable")
+needs_pack = pytest.mark.skipif(linear.best_kernel() is None, reason="no packed-Linear kernel here")
 
 
 @needs_pack
@@ -98,6 +98,20 @@ def test_deep_copy_of_a_packed_model_uses_its_own_weights():
     assert torch.equal(got, F.linear(x, lin.weight))
 
 
+@pytest.mark.parametrize("kernel", ["cpu_kernel", "onednn"])
+def test_both_packed_kernels_match_f_linear_with_bias(kernel):
+    if kernel == "cpu_kernel" and cpu_kernels.load() is None or kernel == "onednn" and linear._onednn_ops() is None:
+        pytest.skip(f"{kernel} unavailable here")
+    g = torch.Generator().manual_seed(3)
+    w1, w2 = torch.randn(21, 33, generator=g), torch.randn(7, 33, generator=g)
+    b = torch.randn(28, generator=g)
+    mm = linear.matmul_for([w1, w2], b, kernel)
+    for rows in (1, 2, 6, 7, 40):
+        x = torch.randn(1, rows, 33, generator=g)
+        ref = torch.cat([F.linear(x, w1, b[:21]), F.linear(x, w2, b[21:])], dim=-1)
+        torch.testing.assert_close(mm(x), ref, rtol=1e-5, atol=1e-5)
+
+
 def test_pack_skips_non_fp32():
     m = tiny_model().to(torch.bfloat16)
     pack = linear.pack_model(m)
@@ -170,6 +184,28 @@ def test_decode_kernel_large_scores_do_not_overflow():
     torch.testing.assert_close(out[0, 0], want, rtol=1e-5, atol=1e-6)
 
 
+@needs_kernel
+@pytest.mark.parametrize("n,k", [(1, 1), (16, 64), (17, 576), (960, 576), (5, 1536), (100, 7)])
+def test_linear_kernel_matches_f_linear_at_every_row_count(n, k):
+    g = torch.Generator().manual_seed(n * 1000 + k)
+    w = torch.randn(n, k, generator=g)
+    panels = cpu_kernels.pack_linear(lib, w)
+    xs = torch.randn(70, k, generator=g)
+    full = cpu_kernels.linear(lib, xs, panels, n, None, 2)
+    torch.testing.assert_close(full, F.linear(xs, w), rtol=1e-4, atol=1e-5 * max(1, k ** 0.5))
+    for rows in (1, 2, 5, 6, 7, 13):          # every microkernel tile height, and a batch-invariant result
+        assert torch.equal(cpu_kernels.linear(lib, xs[:rows], panels, n, None, 1), full[:rows])
+
+
+@needs_kernel
+def test_linear_kernel_rejects_a_weight_of_the_wrong_size():
+    panels = cpu_kernels.pack_linear(lib, torch.randn(16, 8))
+    with pytest.raises(ValueError, match="packed weight"):
+        cpu_kernels.linear(lib, torch.randn(2, 9), panels, 16)
+    with pytest.raises(ValueError, match="2-D float32"):
+        cpu_kernels.pack_linear(lib, torch.randn(4, 4, dtype=torch.float64))
+
+
 def test_kernel_status_names_why_when_disabled(monkeypatch):
     monkeypatch.setattr(cpu_kernels, "_state", {})
     monkeypatch.setenv("KVSCOPE_CPU_KERNELS", "0")
@@ -204,5 +240,6 @@ def test_engine_fast_paths_give_the_reference_paths_tokens():
     assert eng_ref.runner.linear_pack is None and eng_ref.runner.decode_kernel is None
     if lib is not None:
         assert eng.runner.decode_kernel is not None
-    assert eng.info().linear_backend == ("packed" if eng.runner.linear_pack is not None else "torch")
+    assert eng.info().linear_backend == (eng.runner.linear_pack.kernel if eng.runner.linear_pack else "torch")
+    assert eng_ref.info().linear_backend == "torch"
     assert eng_ref.info().attention_backend == "torch"

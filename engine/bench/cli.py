@@ -24,7 +24,7 @@ class Suite:
 
 
 SUITES: dict[str, Suite] = {s.name: s for s in (
-    Suite("throughput", "suite_throughput", 7, "W16 on kvscope vs transformers sequential / static batch / "
+    Suite("throughput", "suite_throughput", 8, "W16 on kvscope vs transformers sequential / static batch / "
           "generate_batch, plus W64 (kvscope, static); outputs_match"),
     Suite("roofline", "suite_roofline", 8, "measured matmul GFLOP/s and read bandwidth; kvscope W16 vs the compute "
           "roof and batch-1 decode vs the memory roof"),

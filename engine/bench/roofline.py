@@ -154,34 +154,66 @@ def measure_linear(M: int, K: int, N: int, dtype=None, min_time: float = 0.15) -
         return _best_time(lambda: F.linear(x, w), min_time=min_time)
 
 
+def _packed_linear():
+    """(pack, apply) for the engine's packed-Linear kernel (engine/linear.py), or None."""
+    try:
+        from engine import linear as L
+    except ImportError:
+        return None
+    if L.best_kernel() is None:
+        return None
+    return (lambda w: L.matmul_for([w])), (lambda x, mm: mm(x))
+
+
 def measure_model_matmuls(shape: ModelShape, rows=(1, 16, 64, 256), dtype=None, min_time: float = 0.3,
-                          on_progress=None) -> dict:
+                          on_progress=None, kernel: str = "torch") -> dict:
     """Runs the model's real linear layers at M rows: every layer has its own weights (so batch-1
     passes stream them from memory as a real decode step does, instead of re-reading one matrix
     from cache), then the lm_head. Returns, per M, GFLOP/s of the decoder body, of the lm_head and
-    of the whole token-slab, and the slab time in ms (best of several passes)."""
+    of the whole token-slab, and the slab time in ms (best of several passes).
+
+    kernel="torch": one F.linear per projection (what transformers runs); kernel="packed": the
+    engine's CPU path (engine/linear.py: packed weights, q/k/v and gate/up each one matmul; same
+    FLOPs). Raises ValueError when "packed" is not available here."""
     import torch
     import torch.nn.functional as F
     dtype = dtype or torch.float32
     g = torch.Generator().manual_seed(0)
-    layers = [[(torch.randn(N, K, generator=g) * 0.02).to(dtype) for _, K, N in shape.layer_linears()]
-              for _ in range(shape.layers)]
+    lin = shape.layer_linears()
+    if kernel == "packed":
+        pk = _packed_linear()
+        if pk is None or dtype != torch.float32:
+            raise ValueError("the packed-Linear kernel needs float32 and the C kernel or oneDNN")
+        pack, apply = pk
+        names = [n for n, _, _ in lin]
+        groups = [["q_proj", "k_proj", "v_proj"], ["o_proj"], ["gate_proj", "up_proj"], ["down_proj"]]
+        if sorted(sum(groups, [])) != sorted(names):
+            raise ValueError("packed kernel measurement knows the Llama layout only")
+        by = {n: (k, nn) for n, k, nn in lin}
+        shapes = [(by[grp[0]][0], sum(by[x][1] for x in grp)) for grp in groups]
+    else:
+        apply = F.linear
+        shapes = [(k, n) for _, k, n in lin]
+    layers = [[(torch.randn(N, K, generator=g) * 0.02).to(dtype) for K, N in shapes] for _ in range(shape.layers)]
     _, K, N = shape.lm_head()
     head = (torch.randn(N, K, generator=g) * 0.02).to(dtype)
+    if kernel == "packed":
+        layers = [[pack(w) for w in ws] for ws in layers]
+        head = pack(head)
+    ks = [k for k, _ in shapes]
     out = {}
     with torch.inference_mode():
         for M in rows:
-            xs = {k: torch.randn(M, k, generator=g).to(dtype) for k in {K for _, K, _ in shape.layer_linears()}}
-            ks = [K for _, K, _ in shape.layer_linears()]
+            xs = {k: torch.randn(M, k, generator=g).to(dtype) for k in set(ks) | {shape.hidden}}
 
             def body():
                 for ws in layers:
                     for k, w in zip(ks, ws):
-                        F.linear(xs[k], w)
+                        apply(xs[k], w)
 
             xh = xs[shape.hidden]
             t_body = _best_time(body, min_reps=2, min_time=min_time, max_reps=50)
-            t_head = _best_time(lambda: F.linear(xh, head), min_reps=2, min_time=min_time / 3, max_reps=50)
+            t_head = _best_time(lambda: apply(xh, head), min_reps=2, min_time=min_time / 3, max_reps=50)
             f_body = M * shape.flops_body()
             f_head = M * shape.flops_lm_head()
             out[M] = {
@@ -194,6 +226,23 @@ def measure_model_matmuls(shape: ModelShape, rows=(1, 16, 64, 256), dtype=None, 
                 on_progress(M)
     del layers, head
     return out
+
+
+def measure_best_matmuls(shape: ModelShape, rows, dtype=None, min_time: float = 0.3) -> tuple[dict, dict]:
+    """The machine's matmul rate at each M with the best kernel available in this process: the
+    stock F.linear and, where it runs, the engine's packed path; per M the faster one. Returns
+    (best per M with "kernel" named, {kernel: per-M results})."""
+    by_kernel = {"torch": measure_model_matmuls(shape, rows=rows, dtype=dtype, min_time=min_time)}
+    try:
+        by_kernel["packed"] = measure_model_matmuls(shape, rows=rows, dtype=dtype, min_time=min_time,
+                                                    kernel="packed")
+    except ValueError:
+        pass
+    best = {}
+    for m in rows:
+        name = max(by_kernel, key=lambda k: by_kernel[k][m]["all_gflops"])
+        best[m] = dict(by_kernel[name][m], kernel=name)
+    return best, by_kernel
 
 
 def measure_read_bandwidth(mbytes: int = 512, dtype=None) -> float:

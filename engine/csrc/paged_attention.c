@@ -111,7 +111,7 @@ static void attend_seq(const float *q, float *out, const float *k_pool, const fl
     }
 }
 
-int kvscope_abi_version(void) { return 3; }
+int kvscope_abi_version(void) { return 4; }
 
 /* Returns 0 on success, a negative code for unsupported shapes or a failed allocation. */
 int kvscope_paged_decode(const float *q, float *out, const float *k_pool, const float *v_pool,

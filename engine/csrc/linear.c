@@ -1,0 +1,95 @@
+/* kvscope CPU kernel: y = x W^T (+ b) for the engine's Linear layers, fp32.
+ *
+ * W [N, K] is packed once into column panels of NR = 16 outputs: panels[p][k][0..15] holds
+ * W[16p .. 16p+15][k] (zero-padded past N), so each panel is read front to back. The microkernel
+ * keeps an MR x 16 tile of outputs (MR <= 6 rows, 12 vector accumulators) in registers and adds
+ * x[m][k] * panel[k][:] for every k: one broadcast and two panel loads per 12 fused multiply-adds.
+ * Work is split over panels on OpenMP threads (the libgomp torch loaded, shared with torch).
+ *
+ * Every output y[m][n] is summed over k in the same order whatever M is (blocks of KB terms,
+ * each block added to a running total), so a row's result does not depend on what else is in
+ * the batch. Portable C with GCC vector extensions (8 x fp32), no intrinsics.
+ */
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#define NR 16
+#define KB 64
+
+typedef float v8 __attribute__((vector_size(32)));
+
+static inline v8 ld(const float *p) { v8 v; memcpy(&v, p, sizeof v); return v; }
+static inline void st(float *p, v8 v) { memcpy(p, &v, sizeof v); }
+static inline v8 splat(float x) { return (v8){x, x, x, x, x, x, x, x}; }
+
+#define TILE(MR)                                                                                   \
+static void tile_##MR(const float *x, int K, const float *panel, const float *bias, float *y,    \
+                      int ldy, int nvalid) {                                                       \
+    v8 a0[MR], a1[MR], t0[MR], t1[MR];                                                             \
+    for (int r = 0; r < MR; r++) { t0[r] = splat(0.f); t1[r] = splat(0.f); }                      \
+    for (int kb = 0; kb < K; kb += KB) {                                                           \
+        const int ke = kb + KB < K ? kb + KB : K;                                                  \
+        for (int r = 0; r < MR; r++) { a0[r] = splat(0.f); a1[r] = splat(0.f); }                  \
+        for (int k = kb; k < ke; k++) {                                                            \
+            const v8 w0 = ld(panel + (size_t)k * NR), w1 = ld(panel + (size_t)k * NR + 8);        \
+            for (int r = 0; r < MR; r++) {                                                         \
+                const v8 xb = splat(x[(size_t)r * K + k]);                                         \
+                a0[r] += xb * w0;                                                                  \
+                a1[r] += xb * w1;                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+        for (int r = 0; r < MR; r++) { t0[r] += a0[r]; t1[r] += a1[r]; }                          \
+    }                                                                                              \
+    if (bias) {                                                                                    \
+        float bb[NR] = {0};                                                                        \
+        for (int j = 0; j < nvalid; j++) bb[j] = bias[j];                                          \
+        for (int r = 0; r < MR; r++) { t0[r] += ld(bb); t1[r] += ld(bb + 8); }                    \
+    }                                                                                              \
+    for (int r = 0; r < MR; r++) {                                                                 \
+        float *o = y + (size_t)r * ldy;                                                            \
+        if (nvalid == NR) { st(o, t0[r]); st(o + 8, t1[r]); }                                      \
+        else {                                                                                     \
+            float t[NR];                                                                           \
+            st(t, t0[r]); st(t + 8, t1[r]);                                                        \
+            for (int j = 0; j < nvalid; j++) o[j] = t[j];                                          \
+        }                                                                                          \
+    }                                                                                              \
+}
+TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
+
+typedef void (*tile_fn)(const float *, int, const float *, const float *, float *, int, int);
+static const tile_fn TILES[7] = {0, tile_1, tile_2, tile_3, tile_4, tile_5, tile_6};
+
+long long kvscope_linear_packed_floats(int N, int K) { return (long long)((N + NR - 1) / NR) * K * NR; }
+
+/* w [N, K] row-major -> panels (kvscope_linear_packed_floats(N, K) floats) */
+void kvscope_linear_pack(const float *w, int N, int K, float *panels) {
+    const int np = (N + NR - 1) / NR;
+    for (int p = 0; p < np; p++)
+        for (int k = 0; k < K; k++)
+            for (int j = 0; j < NR; j++) {
+                const int n = p * NR + j;
+                panels[((size_t)p * K + k) * NR + j] = n < N ? w[(size_t)n * K + k] : 0.f;
+            }
+}
+
+/* y [M, N] = x [M, K] . W^T + bias (bias may be NULL); returns 0, or -1 for bad sizes */
+int kvscope_linear(const float *x, int M, int K, const float *panels, int N, const float *bias, float *y,
+                   int n_threads) {
+    if (M < 0 || K < 1 || N < 1) return -1;
+    if (M == 0) return 0;
+    const int np = (N + NR - 1) / NR;
+    if (n_threads < 1) n_threads = 1;
+    if (n_threads > np) n_threads = np;
+    #pragma omp parallel for num_threads(n_threads) schedule(static) if (n_threads > 1)
+    for (int p = 0; p < np; p++) {
+        const float *pan = panels + (size_t)p * K * NR;
+        const int nvalid = N - p * NR < NR ? N - p * NR : NR;
+        for (int m = 0; m < M; m += 6) {
+            const int mr = M - m < 6 ? M - m : 6;
+            TILES[mr](x + (size_t)m * K, K, pan, bias ? bias + p * NR : NULL, y + (size_t)m * N + p * NR, N, nvalid);
+        }
+    }
+    return 0;
+}
