@@ -173,16 +173,25 @@ def pack_linear(lib, weight: torch.Tensor) -> torch.Tensor:
 def linear(lib, x: torch.Tensor, panels: torch.Tensor, n_out: int, bias: torch.Tensor | None = None,
            n_threads: int | None = None) -> torch.Tensor:
     """x [..., K] fp32 -> x W^T (+ bias) [..., n_out], W packed by pack_linear."""
-    if not x.is_contiguous():
-        x = x.contiguous()
     k = x.shape[-1]
-    m = x.numel() // k if k else 0
     if panels.numel() != lib.kvscope_linear_packed_floats(n_out, k):
         raise ValueError(f"packed weight holds {panels.numel()} floats, not a [{n_out}, {k}] weight")
     if bias is not None and (bias.numel() != n_out or bias.dtype != torch.float32 or not bias.is_contiguous()):
         raise ValueError(f"bias must be a contiguous float32 tensor of {n_out} values")
+    return linear_unchecked(lib, x, panels, n_out, bias, n_threads)
+
+
+def linear_unchecked(lib, x: torch.Tensor, panels: torch.Tensor, n_out: int, bias: torch.Tensor | None = None,
+                     n_threads: int | None = None) -> torch.Tensor:
+    """linear() without the size checks, for callers that made `panels` from a [n_out, K]
+    weight themselves (engine/linear.py, once per step and layer)."""
+    if x.dtype != torch.float32 or x.device.type != "cpu":
+        raise ValueError("the linear kernel needs float32 CPU input")
+    if not x.is_contiguous():
+        x = x.contiguous()
+    k = x.shape[-1]
     y = torch.empty((*x.shape[:-1], n_out), dtype=torch.float32)
-    rc = lib.kvscope_linear(x.data_ptr(), m, k, panels.data_ptr(), n_out,
+    rc = lib.kvscope_linear(x.data_ptr(), x.numel() // k if k else 0, k, panels.data_ptr(), n_out,
                             bias.data_ptr() if bias is not None else None, y.data_ptr(),
                             n_threads if n_threads is not None else torch.get_num_threads())
     if rc != 0:

@@ -61,8 +61,16 @@ def matmul_for(weights: list[torch.Tensor], bias: torch.Tensor | None = None, ke
     if kernel == "cpu_kernel":
         lib = cpu_kernels.load()
         panels = cpu_kernels.pack_linear(lib, w)
-        n = w.shape[0]
-        return lambda x: cpu_kernels.linear(lib, x, panels, n, bias)
+        n, k = w.shape
+        if bias is not None and (bias.numel() != n or bias.dtype != torch.float32):
+            raise ValueError(f"bias of {bias.numel()} values for {n} outputs")
+        bias = bias.contiguous() if bias is not None else None
+
+        def matmul(x):
+            if x.shape[-1] != k:
+                raise ValueError(f"input has {x.shape[-1]} features, the weight {k}")
+            return cpu_kernels.linear_unchecked(lib, x, panels, n, bias)
+        return matmul
     if kernel == "onednn":
         reorder, apply = _onednn_ops()
         packed = reorder(w.contiguous(), ONEDNN_ROWS_HINT)
