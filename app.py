@@ -72,6 +72,9 @@ def home() -> None:
     st.html(theme.token_legend_html())
 
 
+_KERNEL_NAMES = {"cpu_kernel": "kvscope C kernel", "onednn": "oneDNN packed", "torch": "PyTorch"}
+
+
 def _engine_panel(th) -> None:
     snap = th.snapshot()
     info = snap.info
@@ -103,7 +106,9 @@ def _engine_panel(th) -> None:
     c[2].metric("Speculative decoding", info.speculative or "off")
     st.caption(f"Prefix caching {'on' if info.enable_prefix_caching else 'off'} · preemption by "
                f"{info.preemption_mode} · up to {info.max_num_seqs} concurrent sequences · "
-               f"max model length {info.max_model_len:,} tokens · {info.allocator} allocator")
+               f"max model length {info.max_model_len:,} tokens · {info.allocator} allocator · kernels: "
+               f"Linear {_KERNEL_NAMES.get(info.linear_backend, info.linear_backend)}, decode attention "
+               f"{_KERNEL_NAMES.get(info.attention_backend, info.attention_backend)}")
 
 
 def _build_navigation():
