@@ -77,3 +77,28 @@ def test_block_sizes(block_size):
     idx = [0, 2, 4, 5]
     got, *_ = run([ids[i] for i in idx], block_size=block_size, num_kv_blocks=(8192 // block_size))
     assert_same(got, refs, idx)
+
+
+def test_long_generations_in_one_batch():
+    """96 tokens each for a long, a medium and a short prompt decoded together (the packed Linear
+    and in-place attention kernels on every step) equal transformers' greedy continuation."""
+    import torch
+
+    from engine.models import load_model
+    from tests.exact_ref import PROMPTS
+    model, tok = load_model("default")
+    idx = [5, 2, 9]
+    ids = [list(tok.apply_chat_template([{"role": "user", "content": PROMPTS[i]}], add_generation_prompt=True,
+                                        tokenize=True, return_dict=True)["input_ids"]) for i in idx]
+    refs = []
+    torch.set_num_threads(1)
+    for x in ids:
+        with torch.inference_mode():
+            out = model.generate(torch.tensor([x]), max_new_tokens=96, do_sample=False,
+                                 attention_mask=torch.ones(1, len(x), dtype=torch.long))
+        refs.append(out[0, len(x):].tolist())
+    llm = LLM(model="default")
+    outs = llm.generate(ids, SamplingParams(max_tokens=96))
+    for o, ref, i in zip(outs, refs, idx):
+        assert o.outputs[0].token_ids == ref, f"prompt {i}: engine {o.outputs[0].token_ids} != transformers {ref}"
+    assert llm.engine.info().attention_backend in ("cpu_kernel", "torch")
