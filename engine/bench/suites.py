@@ -2,7 +2,6 @@
 rows, figures). A suite that needs a missing engine feature raises BenchUnavailable."""
 from __future__ import annotations
 
-import math
 import os
 import random
 import subprocess
