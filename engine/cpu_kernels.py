@@ -8,7 +8,7 @@ and called through ctypes on tensors' memory.
   sequences of 40-360 tokens, 30 layers, pools cold in cache): 38-68 ms gather + SDPA vs 16-22 ms.
 - `linear` (csrc/linear.c): y = x W^T on weights packed once into 16-column panels, for every
   row count (decode's 1-16 rows and prefill's 512). Measured on the same machine, one pass over
-  the default model's 30 layers + lm_head: 21 / 41 / 920 ms at 1 / 16 / 512 rows, vs 32 / 56 /
+  the default model's 30 layers + lm_head: 17 / 41 / 920 ms at 1 / 16 / 512 rows, vs 32 / 56 /
   1000 ms with oneDNN-packed weights and 38 / 85 / 960 ms with F.linear. Each output is summed in
   the same order whatever the row count, so results do not depend on the batch.
 

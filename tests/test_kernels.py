@@ -185,7 +185,7 @@ def test_decode_kernel_large_scores_do_not_overflow():
 
 
 @needs_kernel
-@pytest.mark.parametrize("n,k", [(1, 1), (16, 64), (17, 576), (960, 576), (5, 1536), (100, 7)])
+@pytest.mark.parametrize("n,k", [(1, 1), (16, 64), (17, 576), (960, 576), (5, 1536), (100, 7), (112, 64), (200, 33)])
 def test_linear_kernel_matches_f_linear_at_every_row_count(n, k):
     g = torch.Generator().manual_seed(n * 1000 + k)
     w = torch.randn(n, k, generator=g)
@@ -195,6 +195,11 @@ def test_linear_kernel_matches_f_linear_at_every_row_count(n, k):
     torch.testing.assert_close(full, F.linear(xs, w), rtol=1e-4, atol=1e-5 * max(1, k ** 0.5))
     for rows in (1, 2, 5, 6, 7, 13):          # every microkernel tile height, and a batch-invariant result
         assert torch.equal(cpu_kernels.linear(lib, xs[:rows], panels, n, None, 1), full[:rows])
+    b = torch.randn(n, generator=g)
+    full_b = cpu_kernels.linear(lib, xs, panels, n, b, 2)
+    for threads in (1, 2, 3):                 # one row takes its own path (panels in groups of 4 and 2)
+        assert torch.equal(cpu_kernels.linear(lib, xs[:1], panels, n, None, threads), full[:1])
+        assert torch.equal(cpu_kernels.linear(lib, xs[:1], panels, n, b, threads), full_b[:1])
 
 
 @needs_kernel

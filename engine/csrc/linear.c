@@ -11,6 +11,7 @@
  * each block added to a running total), so a row's result does not depend on what else is in
  * the batch. Portable C with GCC vector extensions (8 x fp32), no intrinsics.
  */
+#include <omp.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -60,6 +61,49 @@ static void tile_##MR(const float *x, int K, const float *panel, const float *bi
 }
 TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
 
+
+/* One row (decode at batch 1): P full panels at a time, so 2P accumulator chains are in flight
+ * instead of two (a single row has too little work per loaded line to hide the FMA latency
+ * otherwise: 22 -> 16 ms for the default model's weights, measured). Each output is summed in
+ * exactly tile_1's order, so the result is bitwise the same. */
+#define GEMV(P)                                                                                   \
+static void gemv_##P(const float *x, int K, const float *panel, const float *bias, float *y) {    \
+    v8 a0[P], a1[P], t0[P], t1[P];                                                                 \
+    for (int q = 0; q < P; q++) { t0[q] = splat(0.f); t1[q] = splat(0.f); }                       \
+    for (int kb = 0; kb < K; kb += KB) {                                                           \
+        const int ke = kb + KB < K ? kb + KB : K;                                                  \
+        for (int q = 0; q < P; q++) { a0[q] = splat(0.f); a1[q] = splat(0.f); }                   \
+        for (int k = kb; k < ke; k++) {                                                            \
+            const v8 xb = splat(x[k]);                                                             \
+            for (int q = 0; q < P; q++) {                                                          \
+                const float *pp = panel + (size_t)q * K * NR + (size_t)k * NR;                     \
+                a0[q] += xb * ld(pp);                                                              \
+                a1[q] += xb * ld(pp + 8);                                                          \
+            }                                                                                      \
+        }                                                                                          \
+        for (int q = 0; q < P; q++) { t0[q] += a0[q]; t1[q] += a1[q]; }                           \
+    }                                                                                              \
+    for (int q = 0; q < P; q++) {                                                                  \
+        if (bias) { t0[q] += ld(bias + q * NR); t1[q] += ld(bias + q * NR + 8); }                 \
+        st(y + q * NR, t0[q]); st(y + q * NR + 8, t1[q]);                                          \
+    }                                                                                              \
+}
+GEMV(4) GEMV(2)
+
+/* panels [p0, p1) of a one-row product */
+static void gemv_range(const float *x, int K, const float *panels, int N, const float *bias, float *y,
+                       int p0, int p1) {
+    int p = p0;
+    for (; p + 4 <= p1 && (p + 4) * NR <= N; p += 4)
+        gemv_4(x, K, panels + (size_t)p * K * NR, bias ? bias + p * NR : NULL, y + p * NR);
+    for (; p + 2 <= p1 && (p + 2) * NR <= N; p += 2)
+        gemv_2(x, K, panels + (size_t)p * K * NR, bias ? bias + p * NR : NULL, y + p * NR);
+    for (; p < p1; p++) {
+        const int nvalid = N - p * NR < NR ? N - p * NR : NR;
+        tile_1(x, K, panels + (size_t)p * K * NR, bias ? bias + p * NR : NULL, y + p * NR, N, nvalid);
+    }
+}
+
 typedef void (*tile_fn)(const float *, int, const float *, const float *, float *, int, int);
 static const tile_fn TILES[7] = {0, tile_1, tile_2, tile_3, tile_4, tile_5, tile_6};
 
@@ -84,6 +128,14 @@ int kvscope_linear(const float *x, int M, int K, const float *panels, int N, con
     const int np = (N + NR - 1) / NR;
     if (n_threads < 1) n_threads = 1;
     if (n_threads > np) n_threads = np;
+    if (M == 1) {       /* contiguous panel ranges per thread, so groups of four stay whole */
+        #pragma omp parallel num_threads(n_threads) if (n_threads > 1)
+        {
+            const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+            gemv_range(x, K, panels, N, bias, y, (int)((long long)np * t / nt), (int)((long long)np * (t + 1) / nt));
+        }
+        return 0;
+    }
     #pragma omp parallel for num_threads(n_threads) schedule(static) if (n_threads > 1)
     for (int p = 0; p < np; p++) {
         const float *pan = panels + (size_t)p * K * NR;
