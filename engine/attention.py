@@ -8,10 +8,13 @@ cache; nothing else holds K/V.
 Batches are flattened (ragged): the model sees one row of T tokens from many requests.
 - decode group (one query token per request): on CPU in fp32, engine/csrc/paged_attention.c
   reads every key and value in place from its block (engine/cpu_kernels.py builds it); elsewhere,
-  or where it cannot be built, one batched SDPA over block-gathered K/V with a length mask;
-- every other request (prefill chunks, speculative verification): SDPA per request with a causal
-  mask aligned to its position in the sequence; a chunk with no earlier context attends to its
-  own new keys/values directly (the same values the pool now holds), without reading them back.
+  or where it cannot be built, one batched SDPA over block-gathered K/V with a length mask. Where
+  the kernel runs, a request feeding a few tokens after earlier context (speculative
+  verification) joins this group too, one row per token, each row's context ending at itself;
+- every other request (prefill chunks, and verification on the torch path): SDPA per request
+  with a causal mask aligned to its position in the sequence; a chunk with no earlier context
+  attends to its own new keys/values directly (the same values the pool now holds), without
+  reading them back.
 The same torch code runs on CUDA; a fused varlen/paged CUDA kernel is not wired yet.
 """
 from __future__ import annotations

@@ -15,6 +15,8 @@ from . import attention, cpu_kernels, linear
 from .attention import AttnMetadata, PrefillItem, build_decode_mask, forward_context
 from .block_manager import cdiv
 
+KERNEL_MAX_QUERY_TOKENS = 32    # up to this many new tokens after earlier context go to the decode kernel
+
 
 def kv_geometry(hf_config) -> tuple[int, int, int]:
     """(num_layers, num_kv_heads, head_dim) from an HF config."""
@@ -130,6 +132,14 @@ class ModelRunner:
                 dec_idx.append(t)
                 dec_tables.append(table[:cdiv(ctx, bs)])
                 dec_lens.append(ctx)
+            elif r.start > 0 and n <= KERNEL_MAX_QUERY_TOKENS and self.decode_kernel is not None:
+                # a few new tokens after earlier context (speculative verification, a short
+                # chunk): each is one decode-kernel row over the context up to itself, which is
+                # the causal mask; their K/V are in the pool before attention reads it
+                for j in range(n):
+                    dec_idx.append(t + j)
+                    dec_tables.append(table[:cdiv(r.start + j + 1, bs)])
+                    dec_lens.append(r.start + j + 1)
             else:
                 prefills.append(PrefillItem(t, n, ctx, torch.tensor(table[:cdiv(ctx, bs)], device=self.device)))
             if r.logits_from >= 0:

@@ -248,3 +248,32 @@ def test_engine_fast_paths_give_the_reference_paths_tokens():
     assert eng.info().linear_backend == (eng.runner.linear_pack.kernel if eng.runner.linear_pack else "torch")
     assert eng_ref.info().linear_backend == "torch"
     assert eng_ref.info().attention_backend == "torch"
+
+
+@needs_kernel
+def test_few_tokens_after_context_go_through_the_kernel_and_match_sdpa():
+    """A verification-sized feed (5 tokens after 13 of context, next to a plain decode row) is
+    attended by the decode kernel, one row per token; its logits equal the SDPA path's and those
+    of one prefill over all 18 tokens (up to fp32 rounding)."""
+    from engine.runner import BatchRow, ModelRunner
+    m = tiny_model(3)
+    g = torch.Generator().manual_seed(5)
+    a = torch.randint(0, 512, (18,), generator=g).tolist()
+    b = torch.randint(0, 512, (9,), generator=g).tolist()
+    out = {}
+    for backend in ("auto", "torch"):
+        r = ModelRunner(m, num_blocks=16, block_size=4, dtype=torch.float32, device=torch.device("cpu"),
+                        attention_backend=backend)
+        ta, tb = [3, 7, 1, 12, 5], [9, 2, 14]
+        r.forward([BatchRow("a", 0, a[:13], ta, -1), BatchRow("b", 0, b[:8], tb, -1)])
+        rows = [BatchRow("a", 13, a[13:], ta, 0), BatchRow("b", 8, b[8:], tb, 0)]
+        meta = r.build_metadata(rows)[2]
+        if backend == "auto":
+            assert meta.decode_kernel is not None and not meta.prefills
+            assert meta.decode_lens32.tolist() == [14, 15, 16, 17, 18, 9]
+        else:
+            assert len(meta.prefills) == 1 and meta.prefills[0].q_len == 5
+        out[backend] = r.forward(rows)
+        whole = r.forward([BatchRow("a", 0, a, [0, 2, 4, 6, 8], 13)])
+        torch.testing.assert_close(out[backend][:5], whole, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out["auto"], out["torch"], rtol=1e-4, atol=1e-5)
