@@ -128,14 +128,10 @@ class ModelRunner:
             ids.extend(r.tokens)
             pos.extend(range(r.start, r.start + n))
             ctx = r.start + n
-            if n == 1 and r.start > 0:
-                dec_idx.append(t)
-                dec_tables.append(table[:cdiv(ctx, bs)])
-                dec_lens.append(ctx)
-            elif r.start > 0 and n <= KERNEL_MAX_QUERY_TOKENS and self.decode_kernel is not None:
-                # a few new tokens after earlier context (speculative verification, a short
-                # chunk): each is one decode-kernel row over the context up to itself, which is
-                # the causal mask; their K/V are in the pool before attention reads it
+            if r.start > 0 and (n == 1 or (n <= KERNEL_MAX_QUERY_TOKENS and self.decode_kernel is not None)):
+                # decode rows: one token after earlier context, or (with the kernel) a few of them
+                # (speculative verification, a short chunk), each a row over the context up to
+                # itself, which is the causal mask; their K/V are in the pool before attention reads it
                 for j in range(n):
                     dec_idx.append(t + j)
                     dec_tables.append(table[:cdiv(r.start + j + 1, bs)])

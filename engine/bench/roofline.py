@@ -155,14 +155,12 @@ def measure_linear(M: int, K: int, N: int, dtype=None, min_time: float = 0.15) -
 
 
 def _packed_linear():
-    """(pack, apply) for the engine's packed-Linear kernel (engine/linear.py), or None."""
+    """engine/linear.py where its packed-Linear kernel runs here, else None."""
     try:
         from engine import linear as L
     except ImportError:
         return None
-    if L.best_kernel() is None:
-        return None
-    return (lambda w: L.matmul_for([w])), (lambda x, mm: mm(x))
+    return L if L.best_kernel() is not None else None
 
 
 def measure_model_matmuls(shape: ModelShape, rows=(1, 16, 64, 256), dtype=None, min_time: float = 0.3,
@@ -181,14 +179,15 @@ def measure_model_matmuls(shape: ModelShape, rows=(1, 16, 64, 256), dtype=None, 
     g = torch.Generator().manual_seed(0)
     lin = shape.layer_linears()
     if kernel == "packed":
-        pk = _packed_linear()
-        if pk is None or dtype != torch.float32:
+        L = _packed_linear()
+        if L is None or dtype != torch.float32:
             raise ValueError("the packed-Linear kernel needs float32 and the C kernel or oneDNN")
-        pack, apply = pk
+        pack, apply = (lambda w: L.matmul_for([w])), (lambda x, mm: mm(x))
         names = [n for n, _, _ in lin]
-        groups = [["q_proj", "k_proj", "v_proj"], ["o_proj"], ["gate_proj", "up_proj"], ["down_proj"]]
-        if sorted(sum(groups, [])) != sorted(names):
-            raise ValueError("packed kernel measurement knows the Llama layout only")
+        # the projections the engine merges (engine/linear.py's rule), the rest one matmul each
+        groups = [list(m) for _, m in L.MERGED_GROUPS if set(m) <= set(names)]
+        groups += [[n] for n in names if not any(n in g for g in groups)]
+        groups.sort(key=lambda g: names.index(g[0]))      # in the layer's order
         by = {n: (k, nn) for n, k, nn in lin}
         shapes = [(by[grp[0]][0], sum(by[x][1] for x in grp)) for grp in groups]
     else:
