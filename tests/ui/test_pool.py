@@ -1,6 +1,6 @@
 """Pool map and block table figures carry the snapshot's numbers (hand-built snapshots)."""
 from ui import pool, theme
-from tests.ui_snapshots import request, snapshot
+from tests.factories import request, snapshot
 
 
 def _cells(fig):

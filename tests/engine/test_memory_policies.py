@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from tests.exact_ref import MAX_TOKENS, reference
-from tests.test_exactness import assert_same, run
+from tests.engine.exact_ref import MAX_TOKENS, reference
+from tests.engine.test_exactness import assert_same, run
 
 pytestmark = pytest.mark.slow
 SHORT = [0, 1, 2, 3, 6, 7, 8, 9]

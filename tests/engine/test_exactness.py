@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine import LLM, SamplingParams
-from tests.exact_ref import MAX_TOKENS, reference
+from tests.engine.exact_ref import MAX_TOKENS, reference
 
 pytestmark = pytest.mark.slow
 
@@ -85,7 +85,7 @@ def test_long_generations_in_one_batch():
     import torch
 
     from engine.models import load_model
-    from tests.exact_ref import PROMPTS
+    from tests.engine.exact_ref import PROMPTS
     model, tok = load_model("default")
     idx = [5, 2, 9]
     ids = [list(tok.apply_chat_template([{"role": "user", "content": PROMPTS[i]}], add_generation_prompt=True,

@@ -5,7 +5,7 @@ from html.parser import HTMLParser
 import pytest
 
 from ui import tokens
-from tests.ui_snapshots import tok
+from tests.factories import tok
 
 HOSTILE = [
     "<script>alert(1)</script>",

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from tests.ui_snapshots import hist, request, tok
+from tests.factories import hist, request, tok
 from ui import growth, spec
 
 

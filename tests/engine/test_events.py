@@ -1,7 +1,7 @@
 """Traces (issue 7, items 3 and 6): a real run's trace round-trips exactly, hostile strings inside
 it stay inert data, and malformed or hostile trace files only ever get a ValueError (with the
 line number where one applies) from engine.events.read_trace — never another exception, never
-execution. The exact messages for each kind of bad file are in tests/test_bad_input.py.
+execution. The exact messages for each kind of bad file are in tests/engine/test_bad_input.py.
 """
 from __future__ import annotations
 

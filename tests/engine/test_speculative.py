@@ -283,7 +283,7 @@ def test_engine_sampling_distribution_matches_plain():
     cats = [c for c in set(ca) | set(cb) if ca[c] + cb[c] >= 10]
     chi2 = sum((ca[c] - cb[c]) ** 2 / (ca[c] + cb[c]) for c in cats)
     df = max(1, len(cats) - 1)
-    from tests.test_spec_sampling import chi2_critical
+    from tests.engine.test_speculative_sampling import chi2_critical
     assert chi2 < chi2_critical(df), (chi2, df)
 
 
