@@ -1,8 +1,16 @@
 """Hand-built Snapshots for the ui/ figure tests (test data only; the app shows engine data)."""
 from __future__ import annotations
 
-from engine.snapshot import (BlockInfo, EngineInfo, EngineMetrics, HistoryPoint, RequestInfo, Snapshot,
-                             SpecMetrics, TokenMark)
+from engine.snapshot import (
+    BlockInfo,
+    EngineInfo,
+    EngineMetrics,
+    HistoryPoint,
+    RequestInfo,
+    Snapshot,
+    SpecMetrics,
+    TokenMark,
+)
 
 
 def info(num_blocks=16, block_size=4, bytes_per_token=1000, **kw) -> EngineInfo:

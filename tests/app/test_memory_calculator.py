@@ -4,7 +4,6 @@ The page inserts the repo root into sys.path itself (AppTest on a single page fi
 page's folder there), so it runs stand-alone, without app.py or an engine."""
 from pathlib import Path
 
-import pytest
 from streamlit.testing.v1 import AppTest
 
 PAGE = str(Path(__file__).resolve().parents[2] / "views" / "memory_calculator.py")

@@ -249,7 +249,7 @@ class StreamlitServer:
     def start(self) -> "StreamlitServer":
         if not self.script.is_file():
             raise FileNotFoundError(f"Streamlit script not found: {self.script}")
-        for attempt in range(3):  # a free port can be taken by someone else before we bind it
+        for _attempt in range(3):  # a free port can be taken by someone else before we bind it
             if self._try_start():
                 return self
             died_on_port = "address already in use" in self.log_text().lower()

@@ -2,15 +2,23 @@
 pixel-identical shots across server restarts, the click wait, direct page URLs on a fresh
 server, the exception check, and that a one-unit colour change is caught."""
 import io
-import shutil
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
-from tests.browser.shot import (assert_no_exception, assert_screenshot, choose_option,
-                                click_and_wait, diff_pixels, new_context, open_page,
-                                page_has_no_exception, rerun_after, take_screenshot)
+from tests.browser.shot import (
+    assert_no_exception,
+    assert_screenshot,
+    choose_option,
+    click_and_wait,
+    diff_pixels,
+    new_context,
+    open_page,
+    page_has_no_exception,
+    rerun_after,
+    take_screenshot,
+)
 
 DEMO = Path(__file__).parent / "fixtures_app" / "demo_app.py"
 

@@ -12,8 +12,7 @@ import json
 
 import pytest
 
-from tests.browser.shot import (APP_SCRIPT, assert_no_exception, assert_screenshot, click_and_wait,
-                                open_page, wait_drawn)
+from tests.browser.shot import APP_SCRIPT, assert_no_exception, assert_screenshot, click_and_wait, open_page, wait_drawn
 
 pytestmark = pytest.mark.browser
 MEMORY_ENV = {"KVSCOPE_TEST_SERVER": "memory-pages"}

@@ -9,8 +9,14 @@ from __future__ import annotations
 
 import pytest
 
-from tests.browser.shot import (APP_SCRIPT, assert_no_exception, assert_screenshot, choose_option,
-                                click_and_wait, open_page)
+from tests.browser.shot import (
+    APP_SCRIPT,
+    assert_no_exception,
+    assert_screenshot,
+    choose_option,
+    click_and_wait,
+    open_page,
+)
 
 pytestmark = pytest.mark.browser
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
-import json
 import os
 import pickle
 import re
@@ -32,8 +31,8 @@ import pytest
 import torch
 
 from engine import LLM, EngineConfig, LLMEngine, SamplingParams, SpeculativeConfig, TierConfig
-from engine.events import read_trace, trace_to_string
-from engine.thread import EngineCrashed, EngineThread
+from engine.events import read_trace
+from engine.thread import EngineThread
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "BAD_INPUT.md"
@@ -355,7 +354,8 @@ def _cases() -> list[Case]:
             ("--model /no/such/model", ("hi", "--model", "/no/such/model"), r"^exit 2: error: model='/no/such/model': not 'default'"),
             ("a prompt over max_model_len (2048) tokens", ("word " * 2100, "--raw"), r"^exit 2: error: prompt is \d+ tokens; max_model_len is 2048"),
             ("--num-kv-blocks 1 with --max-tokens 100", ("hi", "--num-kv-blocks", "1", "--max-tokens", "100"),
-             r"^exit 2: error: request needs up to \d+ KV blocks \(\d+ tokens\) but the pool has 1; lower max_tokens or raise the KV budget$"),
+             r"^exit 2: error: request needs up to \d+ KV blocks \(\d+ tokens\) but the pool has 1; "
+             r"lower max_tokens or raise the KV budget$"),
     ):
         model = () if "--model" in argv else ("--model", "tiny")
         add(K, bad, lambda x, a=argv + model: cli(*a), CliExit, msg)

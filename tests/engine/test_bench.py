@@ -9,7 +9,9 @@ import math
 
 import pytest
 
-from engine.bench import SUITES, cli, common as C, report, roofline as R
+from engine.bench import SUITES, cli, report
+from engine.bench import common as C
+from engine.bench import roofline as R
 from engine.bench import suites as S
 from engine.bench.report import BenchUnavailable
 

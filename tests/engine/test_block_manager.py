@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.block_manager import BlockManager, NoFreeBlocks, cdiv
+from engine.block_manager import BlockManager, NoFreeBlocks
 
 
 def test_allocate_commit_free_basics():
@@ -157,7 +157,7 @@ def test_block_manager_random_ops_keep_invariants(seq, block_size, num_blocks):
 
 @pytest.fixture(scope="module")
 def tiny_engine_factory():
-    from engine import LLMEngine, EngineConfig
+    from engine import EngineConfig, LLMEngine
 
     def make(**kw):
         return LLMEngine(EngineConfig(model="tiny", **kw))

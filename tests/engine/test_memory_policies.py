@@ -169,7 +169,7 @@ def test_no_cache_mode_same_output_and_recomputes():
 
 def test_tier_cap_rejects_with_event():
     ids, _ = reference()
-    from engine import EngineConfig, TierConfig
+    from engine import TierConfig
     llm = LLM(model="default", num_kv_blocks=64, tiers={"free": TierConfig("free", 64, 1)})
     with pytest.raises(ValueError, match="tier 'free'.*context cap of 64"):
         llm.engine.add_request("t", ids[2], SamplingParams(max_tokens=40, tier="free"))

@@ -7,7 +7,6 @@ The tiny random model covers every combination fast; the real default model chec
 and real acceptance on a few prompts, including a passage-editing one.
 """
 import pytest
-import torch
 
 from engine import EngineConfig, LLMEngine, SamplingParams, SpeculativeConfig
 from engine import events as ev
@@ -335,6 +334,7 @@ def test_configure_class_switches_speculation_off():
 
 def test_draft_model_vocab_mismatch_is_a_clear_error(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
+
     from engine.models import load_tokenizer
     cfg = LlamaConfig(vocab_size=1000, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                       num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=4096)

@@ -12,8 +12,7 @@ import pytest
 import torch
 
 from engine.snapshot import ACCEPTED, BONUS, REPLACED
-from engine.speculative import (break_even_alpha, expected_tokens_per_pass, ngram_propose, verify_greedy,
-                                verify_sampling)
+from engine.speculative import break_even_alpha, expected_tokens_per_pass, ngram_propose, verify_greedy, verify_sampling
 
 V = 8
 

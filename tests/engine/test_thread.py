@@ -84,7 +84,7 @@ def test_many_threads_submit_stream_abort_evict_and_reconfigure():
     @guard
     def submitter(k: int):
         rng = random.Random(k)
-        for j in range(8 if k == 3 else 6):
+        for _j in range(8 if k == 3 else 6):
             p = rng.choice(prompts)
             try:
                 if rng.random() < 0.15:      # some bad input mixed in: rejected, nothing else affected
@@ -195,7 +195,7 @@ def test_many_threads_submit_stream_abort_evict_and_reconfigure():
         done = [r for r in results.values() if r[0] == "ok" and r[3] == "length"]
         assert sum(1 for rid in protected if results[rid][0] == "ok") >= 6   # two reconfigurations abort <= 2
         assert len(results) == len(handles) >= 20
-        for _, toks, p, _, text in done:
+        for _, toks, p, _, _text in done:
             assert toks == ref[p]                # unchanged by everyone else's chaos
         for r in results.values():
             if r[0] == "ok":

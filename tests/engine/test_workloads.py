@@ -87,7 +87,7 @@ def test_release_freeze_contexts_grow_and_share_prefixes():
         convs.setdefault(r.conversation_id, []).append(r)
     assert len(convs) == 8
     grew = 0
-    for cid, turns in convs.items():
+    for turns in convs.values():
         turns.sort(key=lambda r: r.turn)
         assert [t.turn for t in turns] == list(range(1, len(turns) + 1))
         assert turns[0].parent_id is None

@@ -1,6 +1,5 @@
 """ui/load.py and ui/events_table.py: the numbers the load page's figures carry, built from
 hand-made Snapshots/Events (test data only; the pages show real engine data)."""
-import threading
 from dataclasses import dataclass, replace
 
 import pytest

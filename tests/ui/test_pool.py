@@ -1,6 +1,6 @@
 """Pool map and block table figures carry the snapshot's numbers (hand-built snapshots)."""
-from ui import pool, theme
 from tests.factories import request, snapshot
+from ui import pool, theme
 
 
 def _cells(fig):

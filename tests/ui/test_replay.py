@@ -1,5 +1,4 @@
 """ui/replay.py: trace loading (bad files get the reader's message) and tick views."""
-import json
 
 import pytest
 
@@ -73,6 +72,7 @@ def test_demo_traces_listing(tmp_path):
 
 def test_interesting_tick_prefers_busy_keyframes():
     from dataclasses import replace
+
     from engine.snapshot import BlockInfo
     ss = snaps(4)
     ss[1] = replace(ss[1], metrics=EngineMetrics(num_running=9))                 # busiest, no pool

@@ -1,5 +1,4 @@
 """Speculative views and growth/phase figures carry the numbers they are given."""
-import math
 
 import pytest
 

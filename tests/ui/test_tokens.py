@@ -1,11 +1,10 @@
 """Token strip: kinds rendered distinctly, and every token text escaped and made visible."""
-import re
 from html.parser import HTMLParser
 
 import pytest
 
-from ui import tokens
 from tests.factories import tok
+from ui import tokens
 
 HOSTILE = [
     "<script>alert(1)</script>",
