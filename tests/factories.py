@@ -1,4 +1,6 @@
-"""Hand-built Snapshots for the ui/ figure tests (test data only; the app shows engine data)."""
+"""Hand-built engine records for tests that need no engine: EngineInfo (make_engine_info, the one
+place tests build one), and Snapshots, requests, token marks and history points for the ui/
+figure tests (test data only; the app shows engine data)."""
 from __future__ import annotations
 
 from engine.snapshot import (
@@ -13,14 +15,21 @@ from engine.snapshot import (
 )
 
 
-def info(num_blocks=16, block_size=4, bytes_per_token=1000, **kw) -> EngineInfo:
-    d = dict(model="tiny", device="cpu", dtype="float32", num_layers=2, num_kv_heads=1, head_dim=8,
-             block_size=block_size, num_blocks=num_blocks, bytes_per_token=bytes_per_token,
-             bytes_per_block=bytes_per_token * block_size, kv_cache_bytes=num_blocks * bytes_per_token * block_size,
-             max_model_len=256, max_num_seqs=8, max_num_batched_tokens=64, allocator="paged", kv_cache=True,
-             enable_prefix_caching=True, preemption_mode="recompute", victim_policy="last_admitted",
-             speculative=None)
-    d.update(kw)
+def make_engine_info(**overrides) -> EngineInfo:
+    """An EngineInfo with every field filled; keyword arguments replace fields.
+
+    Defaults describe a 2-layer model with 3 KV heads of 64 dims in bf16, so bytes_per_token =
+    2 (K and V) x 2 layers x 3 heads x 64 x 2 B = 1536, with 64 blocks of 16 tokens. Unless given,
+    bytes_per_block is bytes_per_token x block_size and kv_cache_bytes is num_blocks x
+    bytes_per_block, as the engine reports them.
+    """
+    d = dict(model="test-model", device="cpu", dtype="bfloat16", num_layers=2, num_kv_heads=3, head_dim=64,
+             block_size=16, num_blocks=64, bytes_per_token=1536, max_model_len=2048, max_num_seqs=32,
+             max_num_batched_tokens=512, allocator="paged", kv_cache=True, enable_prefix_caching=True,
+             preemption_mode="recompute", victim_policy="lru", speculative=None)
+    d.update(overrides)
+    d.setdefault("bytes_per_block", d["bytes_per_token"] * d["block_size"])
+    d.setdefault("kv_cache_bytes", d["num_blocks"] * d["bytes_per_block"])
     return EngineInfo(**d)
 
 
@@ -33,8 +42,14 @@ def request(rid, table=(), state="running", prompt_len=6, output_len=3, tokens=(
     return RequestInfo(**d)
 
 
+_SNAPSHOT_INFO = dict(block_size=4, bytes_per_token=1000, max_model_len=256, max_num_seqs=8,
+                      max_num_batched_tokens=64, victim_policy="last_admitted")
+
+
 def snapshot(num_blocks=16, requests=(), shared=None, cached=(), fills=None, spec=None, **info_kw) -> Snapshot:
-    """Blocks are derived from the requests' block tables; `cached` lists cached-free block ids."""
+    """Blocks are derived from the requests' block tables; `cached` lists cached-free block ids.
+    The EngineInfo has 4-token blocks and 1000 B per token (round numbers for the figure tests)
+    unless info_kw says otherwise."""
     owners: dict[int, list[str]] = {}
     for r in requests:
         for b in r.block_table:
@@ -56,8 +71,8 @@ def snapshot(num_blocks=16, requests=(), shared=None, cached=(), fills=None, spe
                             num_blocks_free=num_blocks - n_used - n_cached,
                             kv_cache_usage_perc=n_used / num_blocks if num_blocks else 0.0,
                             spec=spec or SpecMetrics())
-    return Snapshot(step=10, time=1.0, info=info(num_blocks=num_blocks, **info_kw), blocks=tuple(blocks),
-                    requests=tuple(requests), metrics=metrics,
+    info = make_engine_info(**{**_SNAPSHOT_INFO, "num_blocks": num_blocks, **info_kw})
+    return Snapshot(step=10, time=1.0, info=info, blocks=tuple(blocks), requests=tuple(requests), metrics=metrics,
                     running_ids=tuple(r.request_id for r in requests))
 
 

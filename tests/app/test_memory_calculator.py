@@ -6,6 +6,8 @@ from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
 
+from tests.factories import make_engine_info
+
 PAGE = str(Path(__file__).resolve().parents[2] / "views" / "memory_calculator.py")
 
 
@@ -149,13 +151,10 @@ def test_loaded_model_from_session_state():
 
 
 def test_loaded_model_engine_info_dataclass_without_query_heads():
-    from engine.snapshot import EngineInfo
-    info = EngineInfo(model="default", device="cpu", dtype="float32", num_layers=30, num_kv_heads=3,
-                      head_dim=64, block_size=16, num_blocks=100, bytes_per_token=46_080,
-                      bytes_per_block=737_280, kv_cache_bytes=73_728_000, max_model_len=2048,
-                      max_num_seqs=32, max_num_batched_tokens=512, allocator="paged", kv_cache=True,
-                      enable_prefix_caching=True, preemption_mode="recompute",
-                      victim_policy="last_admitted", speculative=None)
+    # SmolLM2-135M in fp32 as the engine reports it: 2 x 30 layers x 3 KV heads x 64 x 4 B per token
+    info = make_engine_info(model="default", dtype="float32", num_layers=30, num_kv_heads=3, head_dim=64,
+                            block_size=16, num_blocks=100, bytes_per_token=46_080, victim_policy="last_admitted")
+    assert (info.bytes_per_block, info.kv_cache_bytes) == (737_280, 73_728_000)
     at = _run(engine_info=info)
     assert not at.exception and not at.error
     at.selectbox(key="mc_dtype").set_value("fp32")

@@ -5,17 +5,14 @@ from dataclasses import replace
 import pytest
 
 from engine.events import Event
-from engine.snapshot import EngineInfo, EngineMetrics, RequestInfo, Snapshot
+from engine.snapshot import EngineMetrics, RequestInfo, Snapshot
+from tests.factories import make_engine_info
 from ui import compare as C
 
 
 def info(num_blocks=10, block_size=16, allocator="paged"):
-    return EngineInfo(model="tiny", device="cpu", dtype="float32", num_layers=2, num_kv_heads=3, head_dim=64,
-                      block_size=block_size, num_blocks=num_blocks, bytes_per_token=1536,
-                      bytes_per_block=1536 * block_size, kv_cache_bytes=num_blocks * 1536 * block_size,
-                      max_model_len=64, max_num_seqs=8, max_num_batched_tokens=512, allocator=allocator,
-                      kv_cache=True, enable_prefix_caching=False, preemption_mode="recompute",
-                      victim_policy="lru", speculative=None)
+    return make_engine_info(num_blocks=num_blocks, block_size=block_size, allocator=allocator, max_model_len=64,
+                            max_num_seqs=8, enable_prefix_caching=False)
 
 
 def req(rid, prompt_len, output_len, state="running"):

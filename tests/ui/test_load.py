@@ -5,18 +5,10 @@ from dataclasses import dataclass, replace
 import pytest
 
 from engine.events import Event
-from engine.snapshot import EngineInfo, EngineMetrics, HistoryPoint, RequestInfo, Snapshot
+from engine.snapshot import EngineMetrics, HistoryPoint, RequestInfo, Snapshot
+from tests.factories import make_engine_info
 from ui import events_table as et
 from ui import load as L
-
-
-def info(num_blocks=64, block_size=16):
-    return EngineInfo(model="tiny", device="cpu", dtype="float32", num_layers=2, num_kv_heads=3,
-                      head_dim=64, block_size=block_size, num_blocks=num_blocks, bytes_per_token=1536,
-                      bytes_per_block=1536 * block_size, kv_cache_bytes=num_blocks * 1536 * block_size,
-                      max_model_len=2048, max_num_seqs=32, max_num_batched_tokens=512, allocator="paged",
-                      kv_cache=True, enable_prefix_caching=True, preemption_mode="recompute",
-                      victim_policy="lru", speculative=None)
 
 
 def req(rid, computed, state="running", history=(), arrival=0.0):
@@ -26,7 +18,7 @@ def req(rid, computed, state="running", history=(), arrival=0.0):
 
 
 def snap(step, t, reqs=(), num_blocks=64, **m):
-    return Snapshot(step=step, time=t, info=info(num_blocks), blocks=(), requests=tuple(reqs),
+    return Snapshot(step=step, time=t, info=make_engine_info(num_blocks=num_blocks), blocks=(), requests=tuple(reqs),
                     metrics=EngineMetrics(**m))
 
 
@@ -52,7 +44,7 @@ def test_counts_and_kv_usage_carry_the_metrics():
     by = {t.name: t for t in fig.data}
     assert list(by["preempted"].y) == [0, 2]
     assert list(by["running"].x) == [0.0, 0.5]        # time since the first snapshot
-    series[1] = replace(series[1], info=info(num_blocks=32))   # budget tightened mid-run
+    series[1] = replace(series[1], info=make_engine_info(num_blocks=32))   # budget tightened mid-run
     fig = L.kv_usage_figure(series)
     by = {t.name: t for t in fig.data}
     assert list(by["used by requests"].y) == [10, 30]

@@ -3,16 +3,13 @@
 import pytest
 
 from engine.events import Event, trace_to_string
-from engine.snapshot import EngineInfo, EngineMetrics, Snapshot
+from engine.snapshot import EngineMetrics, Snapshot
+from tests.factories import make_engine_info
 from ui import replay as R
 
 
 def info():
-    return EngineInfo(model="tiny<b>", device="cpu", dtype="float32", num_layers=2, num_kv_heads=3, head_dim=64,
-                      block_size=16, num_blocks=8, bytes_per_token=1536, bytes_per_block=1536 * 16,
-                      kv_cache_bytes=8 * 1536 * 16, max_model_len=64, max_num_seqs=8, max_num_batched_tokens=512,
-                      allocator="paged", kv_cache=True, enable_prefix_caching=True, preemption_mode="recompute",
-                      victim_policy="lru", speculative=None)
+    return make_engine_info(model="tiny<b>", num_blocks=8, max_model_len=64, max_num_seqs=8)
 
 
 def snaps(n=4):
