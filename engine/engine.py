@@ -32,6 +32,19 @@ MAX_BLOCKS = 1_000_000           # same cap as EngineConfig.num_kv_blocks, also 
 MEMORY_FRACTION = 0.9            # of the available memory a KV pool (or swap space) may take
 
 
+def _schedule_rows(items, rows) -> list[list]:
+    """What one forward pass held, per request: [request_id, kind, num_tokens, start] with kind
+    "verify" (a decode row carrying draft tokens), "decode" (the newest output token alone) or
+    "prefill" (a prompt chunk, even a 1-token one, or a recompute after preemption)."""
+    out = []
+    for it, row in zip(items, rows):
+        n = len(row.tokens)
+        decode = n == 1 and row.start >= it.req.num_prompt_tokens    # feeding its newest output token
+        kind = "verify" if it.num_spec_tokens else ("decode" if decode else "prefill")
+        out.append([row.request_id, kind, n, row.start])
+    return out
+
+
 def _check_unicode(text: str) -> None:
     """Lone surrogates (possible in Python/JSON strings) make the tokenizer raise TypeError."""
     try:
@@ -394,6 +407,7 @@ class LLMEngine:
             t_fwd = time.perf_counter()
             logits = self.runner.forward(rows)
             fwd_s = time.perf_counter() - t_fwd
+            self._emit(ev.SCHEDULE, None, rows=_schedule_rows(sched.items, rows), forward_s=fwd_s)
         except Exception as e:  # fail only the requests in this step
             msg = f"step {self.step_num} failed: {type(e).__name__}: {str(e)[:300]}"
             for it in sched.items:

@@ -35,9 +35,11 @@ ERROR = "error"                  # a step failed; the requests in it are failed
 SPEC_VERIFY = "spec_verify"      # proposed, accepted, rejected/replacement, bonus, times
 SPEC_FALLBACK = "spec_fallback"  # a request class stopped / resumed speculating
 CONFIG = "config"                # engine (re)configured
+SCHEDULE = "schedule"            # one per forward pass: rows [[request_id, kind, num_tokens, start]], forward_s
 
 EVENT_KINDS = (ADMIT, REJECT, WAIT, PREFILL, DECODE, BLOCK_ALLOC, BLOCK_FREE, PREFIX_HIT, PREFIX_EVICT,
-               COW, PREEMPT, SWAP_OUT, SWAP_IN, EVICT, FINISH, ABORT, ERROR, SPEC_VERIFY, SPEC_FALLBACK, CONFIG)
+               COW, PREEMPT, SWAP_OUT, SWAP_IN, EVICT, FINISH, ABORT, ERROR, SPEC_VERIFY, SPEC_FALLBACK, CONFIG,
+               SCHEDULE)
 
 MAX_TRACE_BYTES = 256 * 1024 * 1024
 MAX_TRACE_LINES = 2_000_000

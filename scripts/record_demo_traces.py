@@ -6,7 +6,9 @@ Each trace is a run stepped synchronously (so the steps and events are reproduci
 times in it are the wall times of this machine): requests are added when the run's virtual
 clock (STEP_S per step) passes their arrival time. Snapshots are slimmed like the live pages'
 (no per-request token lists or histories) but keep the block pool every KEYFRAME_EVERY steps, so the
-replay can draw the pool map near any tick. Events: every kind except per-token decode/prefill chunks.
+replay can draw the pool map near any tick. Events: every kind except per-token decode/prefill chunks
+(the per-step SCHEDULE events keep who was in each forward pass). The Demo page tells its chapters
+from release-freeze.jsonl and speculation.jsonl.
 """
 from __future__ import annotations
 
@@ -41,10 +43,54 @@ DEMOS = {
                     arrival_rate=20.0),
         config=dict(block_size=16, num_kv_blocks=64, max_num_seqs=8, max_model_len=1024,
                     enable_prefix_caching=True)),
+    # speculation told in three acts, one request at a time: a passage edit (the n-gram drafter
+    # copies from the prompt, most drafts accepted), then open-ended prompts of the same request
+    # class (drafts rejected: "break it") until the class's acceptance monitor falls back to plain
+    # decoding. Greedy, so the text is the model's own; the Demo page's speculation chapters.
+    "speculation.jsonl": dict(
+        sequential=True,
+        prompts=[("passage-edit", "edit", 96), ("open-ended-1", "open", 48), ("open-ended-2", "open", 48),
+                 ("open-ended-3", "open", 48)],
+        config=dict(block_size=16, num_kv_blocks=64, max_num_seqs=4, max_model_len=1024,
+                    speculative=dict(method="ngram", num_speculative_tokens=4, monitor_window=16,
+                                     probe_interval=64, enable_fallback=True))),
 }
 
 
+def _spec_requests(eng, spec: dict) -> list:
+    """(request_id, prompt ids, SamplingParams) for a sequential speculation demo: the bench's
+    passage-edit prompt and its open-ended prompts, chat-templated, all in one request class."""
+    from engine.bench.suites import speculative_sets
+    sets = speculative_sets(eng.tokenizer)
+    used = {"edit": 0, "open": 0}
+    out = []
+    for rid, which, max_tokens in spec["prompts"]:
+        pool = sets["passage_edit"] if which == "edit" else sets["open_ended"]
+        ids = pool[used[which] % len(pool)]
+        used[which] += 1
+        out.append((rid, ids, SamplingParams(max_tokens=max_tokens, ignore_eos=True, request_class="review")))
+    return out
+
+
+def record_sequential(model: str, spec: dict) -> str:
+    from engine.config import SpeculativeConfig
+    conf = dict(spec["config"])
+    conf["speculative"] = SpeculativeConfig(**conf["speculative"])
+    eng = LLMEngine(EngineConfig(model=model, device="cpu", dtype="float32", seed=0, num_threads=1, **conf))
+    series = [slim_snapshot(eng.snapshot(), keep_blocks=True)]
+    for rid, ids, params in _spec_requests(eng, spec):
+        eng.add_request(rid, ids, params)
+        while eng.has_unfinished_requests():
+            eng.step()
+            keep = eng.step_num % KEYFRAME_EVERY == 0 or not eng.has_unfinished_requests()
+            series = append_snapshot(series, slim_snapshot(eng.snapshot(), keep_blocks=keep), MAX_SNAPSHOTS)
+    events = [e for e in eng.events if e.kind not in RECORDED_EXCLUDE]
+    return trace_to_string(series, events)
+
+
 def record(model: str, spec: dict) -> str:
+    if spec.get("sequential"):
+        return record_sequential(model, spec)
     cfg = EngineConfig(model=model, device="cpu", dtype="float32", seed=0, num_threads=1, **spec["config"])
     eng = LLMEngine(cfg)
     reqs = make_workload(spec["scenario"], spec["n"], 0, **spec["params"])
@@ -74,10 +120,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="default")
     ap.add_argument("--out", default=str(ROOT / "assets" / "traces"))
+    ap.add_argument("--only", nargs="*", help="trace file names to record (default: all)")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     for name, spec in DEMOS.items():
+        if a.only and name not in a.only:
+            continue
         text = record(a.model, spec)
         (out / name).write_text(text)
         print(f"{name}: {len(text.splitlines())} lines, {len(text) / 1024:.0f} KiB")

@@ -11,6 +11,7 @@ from ui import events_table as et
 from ui import load as L
 from ui import pool, theme
 from ui import replay as R
+from ui.batching_view import batching_view
 
 SS = st.session_state
 TRACE_DIR = Path(__file__).resolve().parents[1] / "assets" / "traces"
@@ -90,6 +91,7 @@ with a:
 with b:
     ea.chart(L.kv_usage_figure(view.series, t0), key="rp_kv")
     ea.chart(L.percentiles_figure(view.series, t0), key="rp_pct")
+batching_view(view.events, key="rp_batching")
 
 st.subheader("Block pool")
 key_snap = next((s for s in reversed(view.series) if s.blocks), None)
