@@ -19,6 +19,10 @@ VIEWS = ROOT / "views"
 
 # (file in views/, title, url path, icon, one-line description for Home)
 PAGES = [
+    ("demo.py", "Demo", "demo", ":material/slideshow:",
+     "a guided tour in chapters: the release-freeze afternoon and speculation, from recorded traces or live"),
+    ("claims.py", "Claims", "claims", ":material/fact_check:",
+     "the seeds' claims about inference, each beside this machine's measurement: holds or not, and why"),
     ("playground.py", "Playground", "playground", ":material/chat:",
      "type a prompt; watch its blocks, cache growth, phases and (with speculation) every draft token"),
     ("load.py", "Concurrent load", "load", ":material/groups:",

@@ -22,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 from engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
 from engine.events import trace_to_string  # noqa: E402
 from engine.workloads import make_workload  # noqa: E402
+from ui.demo import RECORDINGS, speculation_requests  # noqa: E402
 from ui.load import RECORDED_EXCLUDE, append_snapshot, slim_snapshot  # noqa: E402
 
 STEP_S = 0.05
@@ -29,13 +30,7 @@ MAX_SNAPSHOTS = 120
 KEYFRAME_EVERY = 3     # steps between snapshots that keep the whole block pool
 
 DEMOS = {
-    # many growing conversations against a budget far below their demand: preemptions
-    "release-freeze.jsonl": dict(
-        scenario="release-freeze", n=12,
-        params=dict(turns=2, window_s=2.0, prompt_median=50, prompt_max=120, context_max=200,
-                    output_median=40, output_min=16, output_max=64),
-        config=dict(block_size=16, num_kv_blocks=48, max_num_seqs=16, max_model_len=1024,
-                    enable_prefix_caching=True, preemption_mode="recompute", victim_policy="lru")),
+    RECORDINGS["release-freeze"]["file"]: RECORDINGS["release-freeze"],
     # one system prompt, many questions: shared blocks with ref counts, prefix hits
     "shared-system-prompt.jsonl": dict(
         scenario="shared-system-prompt", n=8,
@@ -43,33 +38,8 @@ DEMOS = {
                     arrival_rate=20.0),
         config=dict(block_size=16, num_kv_blocks=64, max_num_seqs=8, max_model_len=1024,
                     enable_prefix_caching=True)),
-    # speculation told in three acts, one request at a time: a passage edit (the n-gram drafter
-    # copies from the prompt, most drafts accepted), then open-ended prompts of the same request
-    # class (drafts rejected: "break it") until the class's acceptance monitor falls back to plain
-    # decoding. Greedy, so the text is the model's own; the Demo page's speculation chapters.
-    "speculation.jsonl": dict(
-        sequential=True,
-        prompts=[("passage-edit", "edit", 96), ("open-ended-1", "open", 48), ("open-ended-2", "open", 48),
-                 ("open-ended-3", "open", 48)],
-        config=dict(block_size=16, num_kv_blocks=64, max_num_seqs=4, max_model_len=1024,
-                    speculative=dict(method="ngram", num_speculative_tokens=4, monitor_window=16,
-                                     probe_interval=64, enable_fallback=True))),
+    RECORDINGS["speculation"]["file"]: RECORDINGS["speculation"],
 }
-
-
-def _spec_requests(eng, spec: dict) -> list:
-    """(request_id, prompt ids, SamplingParams) for a sequential speculation demo: the bench's
-    passage-edit prompt and its open-ended prompts, chat-templated, all in one request class."""
-    from engine.bench.suites import speculative_sets
-    sets = speculative_sets(eng.tokenizer)
-    used = {"edit": 0, "open": 0}
-    out = []
-    for rid, which, max_tokens in spec["prompts"]:
-        pool = sets["passage_edit"] if which == "edit" else sets["open_ended"]
-        ids = pool[used[which] % len(pool)]
-        used[which] += 1
-        out.append((rid, ids, SamplingParams(max_tokens=max_tokens, ignore_eos=True, request_class="review")))
-    return out
 
 
 def record_sequential(model: str, spec: dict) -> str:
@@ -78,8 +48,8 @@ def record_sequential(model: str, spec: dict) -> str:
     conf["speculative"] = SpeculativeConfig(**conf["speculative"])
     eng = LLMEngine(EngineConfig(model=model, device="cpu", dtype="float32", seed=0, num_threads=1, **conf))
     series = [slim_snapshot(eng.snapshot(), keep_blocks=True)]
-    for rid, ids, params in _spec_requests(eng, spec):
-        eng.add_request(rid, ids, params)
+    for r in speculation_requests(eng.tokenizer, spec):
+        eng.add_request(r.request_id, r.prompt, SamplingParams(**r.sampling_kwargs()))
         while eng.has_unfinished_requests():
             eng.step()
             keep = eng.step_num % KEYFRAME_EVERY == 0 or not eng.has_unfinished_requests()
