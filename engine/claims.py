@@ -210,7 +210,8 @@ def rows_from_bench(res: dict[str, BenchResult]) -> list[ClaimRow]:
         rows.append(_row("paged", f"paged waste {100 * pw:.1f} %, contiguous {100 * cw:.1f} % "
                          f"(max concurrency {m.fields.get('paged_max_concurrency')} vs "
                          f"{m.fields.get('contiguous_max_concurrency')})", holds,
-                         f"holds if paged < {100 * PAGED_WASTE_MAX:.0f} % and contiguous ≥ {100 * CONTIG_WASTE_MIN:.0f} % "
+                         f"holds if paged < {100 * PAGED_WASTE_MAX:.0f} % and contiguous ≥ "
+                         f"{100 * CONTIG_WASTE_MIN:.0f} % "
                          "(1 − filled / allocated slots, time-averaged over the release-freeze run).", m.label))
     p = res.get("prefix")
     cold, hit = (_num(p.fields, "ttft_cold_s"), _num(p.fields, "ttft_hit_s")) if p else (None, None)
@@ -249,7 +250,8 @@ def speculation_row(f: dict, source: str) -> ClaimRow:
     holds = sp >= SPEC_PASSAGE_MIN and so >= SPEC_OPEN_MIN and near
     return _row("speculation",
                 f"passage edit: α {a:.2f}, {tpp:.2f} tokens per target pass (theory at k={k}: {theory:.2f}), "
-                f"speedup {sp:.2f}×; open-ended: speedup {so:.2f}× (α {_num(f, 'open_ended_acceptance_rate') or 0:.2f})",
+                f"speedup {sp:.2f}×; open-ended: speedup {so:.2f}× "
+                f"(α {_num(f, 'open_ended_acceptance_rate') or 0:.2f})",
                 holds,
                 f"holds if passage-edit speedup ≥ {SPEC_PASSAGE_MIN}× ({sp:.2f}), open-ended ≥ {SPEC_OPEN_MIN}× "
                 f"({so:.2f}) and tokens per pass within {100 * SPEC_THEORY_TOL:.0f} % of theory "
@@ -304,6 +306,7 @@ def measure_live(th, progress: Callable[[float, str], None] | None = None) -> di
     """Measure the live-measurable claims on the loaded engine `th` (an EngineThread). Returns the
     raw numbers plus the rows built from them."""
     import torch
+
     from .bench import peers
     say = progress or (lambda f, s: None)
     eng = th.engine

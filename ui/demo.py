@@ -254,8 +254,8 @@ RECORDINGS = {
         config=dict(block_size=16, num_kv_blocks=48, max_num_seqs=16, max_model_len=1024,
                     enable_prefix_caching=True, preemption_mode="recompute", victim_policy="lru")),
     # speculation told in three acts, one request at a time: a passage edit (the n-gram drafter
-    # copies from the prompt), then open-ended prompts of the same request class (drafts
-    # rejected: "break it") until the class's acceptance monitor falls back to plain decoding
+    # copies from the prompt), then open-ended prompts (drafts rejected: "break it") until their
+    # class's acceptance monitor falls back to plain decoding
     "speculation": dict(
         file="speculation.jsonl", sequential=True,
         prompts=[("passage-edit", "edit", 96), ("open-ended-1", "open", 48), ("open-ended-2", "open", 48),
@@ -264,6 +264,11 @@ RECORDINGS = {
                     speculative=dict(method="ngram", num_speculative_tokens=4, monitor_window=16,
                                      probe_interval=64, enable_fallback=True))),
 }
+
+
+# Acceptance is monitored per request class: edits and open-ended prompts are two classes, so the
+# open-ended ones can fall back to plain decoding while edits keep speculating.
+CLASSES = {"edit": "passage-edit", "open": "open-ended"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,7 +285,7 @@ class LiveRequest:
 
 def speculation_requests(tokenizer, spec: dict | None = None) -> list[LiveRequest]:
     """The speculation scenario's requests: the bench's passage-edit and open-ended prompts,
-    chat-templated, greedy, all in one request class."""
+    chat-templated, greedy, each kind in its own request class (CLASSES)."""
     from engine.bench.suites import speculative_sets
     spec = spec or RECORDINGS["speculation"]
     sets = speculative_sets(tokenizer)
@@ -291,7 +296,7 @@ def speculation_requests(tokenizer, spec: dict | None = None) -> list[LiveReques
         ids = pool[used[which] % len(pool)]
         used[which] += 1
         out.append(LiveRequest(rid, list(ids), 0.0,
-                               dict(max_tokens=max_tokens, ignore_eos=True, request_class="review")))
+                               dict(max_tokens=max_tokens, ignore_eos=True, request_class=CLASSES[which])))
     return out
 
 
