@@ -86,6 +86,7 @@ def player() -> None:
         SS[tick_key] = nxt
         if end:
             SS[play_key] = False
+            st.rerun()          # the whole page: the Play button comes back and the timer stops
     tick = st.slider("Scrubber (one recorded snapshot each)", 0, n - 1, key=tick_key,
                      on_change=lambda: SS.__setitem__(play_key, False))
     view = R.view_at(trace, tick)
