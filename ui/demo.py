@@ -153,9 +153,10 @@ def _request_spec(trace: Trace, rid: str) -> tuple[int, int, int, int] | None:
     return None
 
 
-def _verify_passes(trace: Trace, rid: str) -> int:
-    return sum(1 for e in trace.events if e.kind == SCHEDULE
-               for row in (e.data.get("rows") or ()) if row[0] == rid and row[1] == "verify")
+def _verify_steps(trace: Trace, rid: str) -> list[int]:
+    """Steps whose forward pass verified drafts for `rid` (from the SCHEDULE events)."""
+    return [e.step for e in trace.events if e.kind == SCHEDULE
+            for row in (e.data.get("rows") or ()) if row[0] == rid and row[1] == "verify"]
 
 
 def _spec_chapter(trace: Trace, which: str) -> tuple[Moment | None, str]:
@@ -168,10 +169,13 @@ def _spec_chapter(trace: Trace, which: str) -> tuple[Moment | None, str]:
     if fin is None or info is None:
         return None, f"{rid} did not finish in this trace"
     _, drafted, accepted, out = info
-    passes = _verify_passes(trace, rid)
+    vsteps = _verify_steps(trace, rid)
+    passes = len(vsteps)
     alpha = f"{accepted / drafted:.2f}" if drafted else "n/a"
     per_pass = f"{(accepted + passes) / passes:.2f}" if passes else "n/a"
-    return Moment(fin.step, tick_of_step(trace, fin.step),
+    # an edit is shown when it finishes; "break it" at its last verify pass (before any fallback)
+    step = fin.step if which == "passage-edit" or not vsteps else vsteps[-1]
+    return Moment(step, tick_of_step(trace, step),
                   f"{rid}: {drafted} draft tokens proposed, {accepted} accepted (acceptance {alpha}); "
                   f"{passes} verify passes gave {per_pass} tokens each on average, for {out} output tokens.", rid), ""
 
@@ -224,8 +228,13 @@ def chapters(trace: Trace, which: str) -> list[Chapter]:
     return out
 
 
-def current_chapter(chs: list[Chapter], tick: int) -> int | None:
-    """Index of the chapter whose moment is the latest at or before `tick` (None before the first)."""
+def current_chapter(chs: list[Chapter], tick: int, prefer: int | None = None) -> int | None:
+    """Index of the chapter whose moment is the latest at or before `tick` (None before the first);
+    `prefer` (the chapter just picked) wins when its moment is at this very tick, since two moments
+    can share one recorded snapshot."""
+    if prefer is not None and 0 <= prefer < len(chs) and chs[prefer].moment is not None \
+            and chs[prefer].moment.tick == tick:
+        return prefer
     best = None
     for i, c in enumerate(chs):
         if c.moment is not None and c.moment.tick <= tick and (best is None or c.moment.tick >= chs[best].moment.tick):

@@ -54,9 +54,10 @@ SS.setdefault(play_key, False)
 st.html(f"<p style='font-size:0.85rem;margin:0'>{R.summary_html(R.trace_summary(trace))}</p>")
 
 
-def _goto(tick: int) -> None:
+def _goto(tick: int, chapter: int | None = None) -> None:
     SS[tick_key] = max(0, min(n - 1, tick))
     SS[play_key] = False
+    SS[f"demo_pick_{which}"] = chapter
 
 
 # ------------------------------------------------------------------ chapters
@@ -67,7 +68,7 @@ for i, (col, c) in enumerate(zip(cols, chs)):
         if c.moment is None:
             st.button(label, key=f"demo_ch_{which}_{c.key}", disabled=True, width="stretch", help=c.missing)
         else:
-            st.button(label, key=f"demo_ch_{which}_{c.key}", on_click=_goto, args=(c.moment.tick,),
+            st.button(label, key=f"demo_ch_{which}_{c.key}", on_click=_goto, args=(c.moment.tick, i),
                       width="stretch", help=f"jump to step {c.moment.step}")
 
 # ------------------------------------------------------------------ transport
@@ -91,7 +92,7 @@ def player() -> None:
                      on_change=lambda: SS.__setitem__(play_key, False))
     view = R.view_at(trace, tick)
     snap = view.snapshot
-    cur = D.current_chapter(chs, tick)
+    cur = D.current_chapter(chs, tick, SS.get(f"demo_pick_{which}"))
     with st.container(border=True):
         if cur is None:
             st.markdown("**Before the first chapter.** Press Play or pick a chapter.")

@@ -74,6 +74,11 @@ def test_current_chapter_and_advance(rf):
     assert chs[D.current_chapter(chs, len(rf.snapshots) - 1)].moment.tick == last.moment.tick
     first_tick = min(c.moment.tick for c in chs)
     assert first_tick == 0 or D.current_chapter(chs, first_tick - 1) is None
+    # two moments on one recorded snapshot: the one just picked is the one shown
+    twins = [(i, j) for i, a in enumerate(chs) for j, b in enumerate(chs) if i < j and a.moment.tick == b.moment.tick]
+    for i, j in twins:
+        assert D.current_chapter(chs, chs[i].moment.tick, prefer=i) == i
+        assert D.current_chapter(chs, chs[j].moment.tick, prefer=j) == j
     assert D.advance(0, 10, 2.0) == (1, False)
     assert D.advance(8, 10, 4.0) == (9, True)
     assert D.advance(0, 10, 0.5) == (1, False)
