@@ -57,7 +57,7 @@ class BenchResult:
 
     @property
     def label(self) -> str:
-        return (f"bench `{self.suite}` ({'quick, ' if self.quick else ''}model {self.model}), "
+        return (f"bench '{self.suite}' ({'quick, ' if self.quick else ''}model {self.model}), "
                 f"{Path(self.path).name}, {self.when:%Y-%m-%d %H:%M} UTC")
 
 
@@ -95,8 +95,8 @@ def _num(d: dict, k: str) -> float | None:
 
 
 def _missing(suite: str) -> str:
-    return (f"not measured yet: no `{suite}` bench result in {results_dir()} "
-            f"(run `python -m engine bench {suite} --quick`)")
+    return (f"not measured yet: no '{suite}' bench result in {results_dir()} "
+            f"(run: python -m engine bench {suite} --quick)")
 
 
 # ------------------------------------------------------------------ one function per claim
@@ -227,7 +227,7 @@ def rows_from_bench(res: dict[str, BenchResult]) -> list[ClaimRow]:
         rows.append(speculation_row(s.fields, s.label))
     q = res.get("kvquant")
     if q is None:
-        rows.append(_row("kv_quant", "—", None, "not measured yet: no `kvquant` bench result (the quantized KV "
+        rows.append(_row("kv_quant", "—", None, "not measured yet: no 'kvquant' bench result (the quantized KV "
                          "cache and its recall benchmark are not part of this build)", "bench"))
     else:
         rec = {k: v for k, v in q.fields.items() if "recall" in k and isinstance(v, (int, float))}

@@ -34,6 +34,7 @@ class Chapter:
     intro: str                    # what this chapter is about, in general terms
     moment: Moment | None         # where in this trace it happens (None: the trace never shows it)
     missing: str = ""             # said instead of a caption when moment is None
+    short: str = ""               # button label
 
 
 def tick_of_step(trace: Trace, step: int) -> int:
@@ -216,6 +217,9 @@ SPECULATION = (
      "and verifying. Below break-even it decodes that class plainly and probes again later.", _fallback),
 )
 
+SHORT = {"grow": "Growth", "crossing": "Budget crossed", "queue": "Queueing", "preempt": "Preemption",
+         "prefix": "Prefix sharing", "passage": "Passage edit", "break": "Break it", "fallback": "Fallback"}
+
 CHAPTER_SETS = {"release-freeze": RELEASE_FREEZE, "speculation": SPECULATION}
 
 
@@ -224,7 +228,7 @@ def chapters(trace: Trace, which: str) -> list[Chapter]:
     out = []
     for key, title, intro, find in CHAPTER_SETS[which]:
         moment, missing = find(trace)
-        out.append(Chapter(key, title, intro, moment, missing))
+        out.append(Chapter(key, title, intro, moment, missing, SHORT.get(key, title)))
     return out
 
 

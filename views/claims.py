@@ -49,7 +49,7 @@ else:
     c[1].caption("Rows marked 'this page' need a live measurement: press Measure.")
 
 if bench:
-    st.caption("Bench results read: " + " · ".join(html.escape(b.label.replace("`", "")) for b in bench.values()))
+    st.caption("Bench results read: " + " · ".join(html.escape(b.label) for b in bench.values()))
 else:
     st.caption(f"No bench results found in {html.escape(str(C.results_dir()))} "
                "(`python -m engine bench all --quick` writes them).")
@@ -63,7 +63,7 @@ def _row_html(r: C.ClaimRow) -> str:
     return (f"<tr><td style='vertical-align:top'><b>{e(r.claim)}</b><br><span style='color:#666;font-size:0.8rem'>"
             f"seeds {e(r.seeds)}</span></td>"
             f"<td style='vertical-align:top'>{e(r.measured)}<br><span style='color:#666;font-size:0.8rem'>"
-            f"{e(r.source.replace('`', ''))}</span></td>"
+            f"{e(r.source)}</span></td>"
             f"<td style='vertical-align:top;white-space:nowrap'><b style='color:{colour}'>{word}</b></td>"
             f"<td style='vertical-align:top;font-size:0.9rem'>{e(r.why)}</td></tr>")
 

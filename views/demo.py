@@ -64,7 +64,7 @@ def _goto(tick: int, chapter: int | None = None) -> None:
 cols = st.columns(len(chs))
 for i, (col, c) in enumerate(zip(cols, chs)):
     with col:
-        label = f"{i + 1}. {c.title}"
+        label = f"{i + 1}. {c.short}"
         if c.moment is None:
             st.button(label, key=f"demo_ch_{which}_{c.key}", disabled=True, width="stretch", help=c.missing)
         else:
@@ -101,8 +101,9 @@ def player() -> None:
             st.markdown(f"**Chapter {cur + 1} · {html.escape(ch.title)}**")
             st.caption(ch.intro)
             st.html(f"<p style='margin:0.2rem 0'>{html.escape(ch.moment.caption)}</p>")
-            if ch.moment.tick != tick:
-                st.caption(f"(caption from step {ch.moment.step}; now at step {snap.step})")
+            if ch.moment.step != snap.step:
+                st.caption(f"(the moment is step {ch.moment.step}; the charts show the recorded snapshot at step "
+                           f"{snap.step}, the trace keeps one snapshot every few steps)")
     m = snap.metrics
     k = st.columns(6)
     k[0].metric("Engine step", snap.step)

@@ -29,7 +29,7 @@ def _main_text(page) -> str:
 def test_demo_at_a_captioned_step(server, page):
     open_page(page, server.url, "demo")
     assert_no_exception(page)
-    click_and_wait(page, page.get_by_role("button", name="4. LRU preemption recomputes"))
+    click_and_wait(page, page.get_by_role("button", name="4. Preemption"))
     assert_no_exception(page)
     text = _main_text(page)
     assert "Chapter 4 · LRU preemption recomputes" in text and "The victim is" in text
@@ -41,7 +41,7 @@ def test_demo_speculation_fallback(server, page):
     open_page(page, server.url, "demo")
     click_and_wait(page, page.locator('[data-testid="stButtonGroup"]').get_by_text("Speculative decoding",
                                                                                     exact=True))
-    click_and_wait(page, page.get_by_role("button", name="3. Falling back when acceptance collapses"))
+    click_and_wait(page, page.get_by_role("button", name="3. Fallback"))
     assert_no_exception(page)
     assert "stops speculating" in _main_text(page)
     assert_screenshot(page, "demo_speculation_fallback")
@@ -65,3 +65,15 @@ def test_replay_shows_batching(server, page):
     assert_no_exception(page)
     assert "forward passes shown" in _main_text(page)
     assert_screenshot(page, "replay_batching")
+
+
+def test_load_run_shows_batching(server, page):
+    open_page(page, server.url, "load")
+    click_and_wait(page, page.locator('[data-testid="stButtonGroup"]').get_by_text("mixed", exact=True))
+    n = page.get_by_role("spinbutton", name="Requests", exact=True)
+    n.fill("4")
+    n.press("Tab")
+    click_and_wait(page, page.get_by_role("button", name="Launch load"))
+    assert_no_exception(page)
+    text = _main_text(page)
+    assert "4 / 4" in text and "forward passes shown" in text and "Continuous batching" in text
