@@ -11,6 +11,7 @@ from pathlib import Path
 
 import streamlit as st
 
+from engine.kv_layout import dtype_bytes
 from ui import engine_access as ea
 from ui import theme
 
@@ -95,7 +96,7 @@ def _engine_panel(th) -> None:
     c[3].metric("KV budget", f"{info.kv_cache_bytes / 2**20:,.2f} MiB")
     st.caption(
         f"bytes per token = 2 (K and V) × {info.num_layers} layers × {info.num_kv_heads} KV heads × "
-        f"{info.head_dim} head dim × {info.bytes_per_token // max(1, 2 * info.num_layers * info.num_kv_heads * info.head_dim)} "
+        f"{info.head_dim} head dim × {dtype_bytes(info.dtype)} "
         f"bytes per value = {info.bytes_per_token:,} bytes. Pool: {info.num_blocks:,} blocks × "
         f"{info.block_size} tokens = {info.num_blocks * info.block_size:,} token slots "
         f"({info.bytes_per_block:,} bytes per block).")

@@ -20,13 +20,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-
-def _get(cfg, *names, default=None):
-    for n in names:
-        v = cfg.get(n) if isinstance(cfg, dict) else getattr(cfg, n, None)
-        if v is not None:
-            return v
-    return default
+from ..kv_layout import (HEADS_FIELDS, HIDDEN_FIELDS, INTER_FIELDS, VOCAB_FIELDS, config_int, kv_bytes_per_token,
+                         kv_geometry)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,14 +36,11 @@ class ModelShape:
 
     @classmethod
     def from_config(cls, cfg) -> "ModelShape":
-        hidden = int(_get(cfg, "hidden_size", "n_embd"))
-        heads = int(_get(cfg, "num_attention_heads", "n_head"))
-        kv = int(_get(cfg, "num_key_value_heads", default=heads))
-        hd = _get(cfg, "head_dim")
-        hd = int(hd) if hd else hidden // heads
-        return cls(hidden=hidden, intermediate=int(_get(cfg, "intermediate_size", "n_inner")),
-                   layers=int(_get(cfg, "num_hidden_layers", "n_layer")), heads=heads, kv_heads=kv,
-                   head_dim=hd, vocab=int(_get(cfg, "vocab_size")))
+        layers, kv, hd = kv_geometry(cfg)
+        return cls(hidden=config_int(cfg, HIDDEN_FIELDS, "the linear shapes"),
+                   intermediate=config_int(cfg, INTER_FIELDS, "the MLP shapes"),
+                   layers=layers, heads=config_int(cfg, HEADS_FIELDS, "the attention FLOPs"), kv_heads=kv,
+                   head_dim=hd, vocab=config_int(cfg, VOCAB_FIELDS, "the lm_head shape"))
 
     def layer_linears(self) -> list[tuple[str, int, int]]:
         """(name, K in, N out) of one decoder layer's linear layers (Llama layout)."""
@@ -81,7 +73,7 @@ class ModelShape:
         return self.flops_body() + self.flops_lm_head() + self.flops_attention(context)
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
+        return kv_bytes_per_token(self.layers, self.kv_heads, self.head_dim, dtype_bytes)
 
     def weight_bytes(self, dtype_bytes: int) -> int:
         return self.linear_params() * dtype_bytes
