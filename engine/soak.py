@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 
 from .config import EngineConfig, SamplingParams, TierConfig, default_tiers
 from .kv_layout import cdiv
+from .rates import prefix_hit_rate
 from .workloads import make_workload
 
 SCENARIO_ORDER = ("release-freeze", "shared-system-prompt", "mixed")
@@ -431,7 +432,7 @@ def run_soak(requests: list[SoakRequest], reference: dict[str, list[int]], *, mo
     if mode == "swap" and rep.swap_full_fallbacks == 0 and rep.preemptions:
         problems.append("swap mode never hit the swap-full fallback (swap space too large for this run?)")
     q, h = bm.prefix_queries, bm.prefix_hits
-    rep.prefix_hit_rate = h / q if q else 0.0
+    rep.prefix_hit_rate = prefix_hit_rate(h, q)
     rep.event_ring_len = len(eng.events)
     rep.event_ring_maxlen = eng.events.maxlen
     del eng

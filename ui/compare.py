@@ -19,6 +19,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from engine.events import ADMIT, PREEMPT, REJECT, SWAP_OUT, WAIT, Event
+from engine.rates import prefix_hit_rate
 from engine.snapshot import Snapshot
 from ui import theme
 from ui.load import RECORDED_EXCLUDE, SERIES_CAP, append_snapshot, slim_snapshot
@@ -472,7 +473,7 @@ def prefix_summary(rows: Sequence[PrefixRow]) -> dict:
     cached = sum(r.cached_tokens for r in rows)
     return {"requests": len(rows), "mean_ttft_s": (sum(ttfts) / len(ttfts)) if ttfts else None,
             "prompt_tokens": prompt, "cached_tokens": cached,
-            "hit_rate": (cached / prompt) if prompt else 0.0}
+            "hit_rate": prefix_hit_rate(cached, prompt)}
 
 
 def prefix_figure(with_cache: Sequence[PrefixRow], forced_miss: Sequence[PrefixRow]) -> go.Figure:

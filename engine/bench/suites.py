@@ -9,6 +9,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from .. import rates
 from . import common as C
 from . import peers
 from . import roofline as R
@@ -544,11 +545,8 @@ def speculative_sets(tok):
 
 
 def theory_tokens_per_pass(alpha, k: int):
-    if alpha is None:
-        return None
-    if alpha >= 1:
-        return k + 1.0
-    return (1 - alpha ** (k + 1)) / (1 - alpha)
+    from engine.speculative import expected_tokens_per_pass
+    return None if alpha is None else expected_tokens_per_pass(alpha, k)
 
 
 def spec_cfg_enabled_fallback(cfg) -> bool:
@@ -651,8 +649,8 @@ def suite_speculative(ctx: C.BenchContext) -> SuiteResult:
             for sname in sets:
                 pw, pt, _ = plain[sname]
                 sw, st, d = spec[sname]
-                alpha = d["num_accepted_tokens"] / d["num_draft_tokens"] if d["num_draft_tokens"] else None
-                mal = 1 + d["num_accepted_tokens"] / d["num_drafts"] if d["num_drafts"] else None
+                alpha = rates.acceptance_rate(d["num_accepted_tokens"], d["num_draft_tokens"])
+                mal = rates.mean_acceptance_length(d["num_accepted_tokens"], d["num_drafts"])
                 tpp = d["num_emitted_tokens"] / d["num_target_passes"] if d["num_target_passes"] else None
                 ntok = sum(map(len, st))
                 speedup = (ntok / sw) / (sum(map(len, pt)) / pw) if sw and pw else None
