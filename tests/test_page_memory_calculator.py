@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-PAGE = str(Path(__file__).resolve().parents[1] / "views" / "memory_calculator.py")
+PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "memory_calculator.py")
 
 
 def _run(**state):

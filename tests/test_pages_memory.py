@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-VIEWS = Path(__file__).resolve().parents[1] / "views"
+VIEWS = Path(__file__).resolve().parents[1] / "pages"
 TIMEOUT = 900
 
 

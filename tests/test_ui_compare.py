@@ -4,6 +4,7 @@ from dataclasses import replace
 
 import pytest
 
+from engine import recording
 from engine.events import Event
 from engine.snapshot import EngineInfo, EngineMetrics, RequestInfo, Snapshot
 from ui import compare as C
@@ -36,7 +37,7 @@ def ev(seq, kind, rid):
 
 
 def rec(label, series, events=(), outputs=()):
-    return C.RunRecord(label=label, series=list(series), events=list(events),
+    return recording.RunRecord(label=label, series=list(series), events=list(events),
                        outputs={o: object() for o in outputs}, steps=len(series))
 
 
@@ -71,8 +72,8 @@ def test_allocator_figures_carry_slots_and_waste():
 def test_cost_summary_and_fit():
     assert C.fit_line([1, 2, 3], [2, 4, 6]) == pytest.approx((2.0, 0.0))
     assert C.fit_line([5, 5], [1, 3]) == (0.0, 2.0)
-    flat = [C.CostPoint(i, 10 + i, 0.01, 1) for i in range(1, 41)]
-    growing = [C.CostPoint(i, 10 + i, 0.001 * (10 + i), 10 + i) for i in range(1, 41)]
+    flat = [recording.CostPoint(i, 10 + i, 0.01, 1) for i in range(1, 41)]
+    growing = [recording.CostPoint(i, 10 + i, 0.001 * (10 + i), 10 + i) for i in range(1, 41)]
     sf, sg = C.cost_summary(flat), C.cost_summary(growing)
     assert sf["slope_s_per_ctx_token"] == pytest.approx(0.0, abs=1e-12) and sf["growth"] == pytest.approx(1.0)
     assert sg["slope_s_per_ctx_token"] == pytest.approx(0.001)
@@ -155,14 +156,14 @@ class FakeEngine:
 def test_run_engine_records_every_step_and_rejections():
     eng = FakeEngine()
     seen = []
-    r = C.run_engine(eng, [("a", "x", None), ("b", "", None), ("c", "y", None)], label="fake",
+    r = recording.run_engine(eng, [("a", "x", None), ("b", "", None), ("c", "y", None)], label="fake",
                      on_step=lambda i, s: seen.append(i))
     assert r.steps == 2 and seen == [1, 2] and set(r.outputs) == {"a", "c"}
     assert [s.step for s in r.series] == [0, 1, 2]
     assert r.add_errors == ["b: prompt must not be empty"] and not r.truncated
     assert [e.request_id for e in r.events] == ["a", "c"]
     eng2 = FakeEngine()
-    r2 = C.run_engine(eng2, [("a", "x", None), ("b", "y", None)], label="cut", max_steps=1)
+    r2 = recording.run_engine(eng2, [("a", "x", None), ("b", "y", None)], label="cut", max_steps=1)
     assert r2.truncated and r2.steps == 1
 
 

@@ -5,6 +5,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 
+from engine import recording
 from engine.events import Event
 from engine.snapshot import EngineInfo, EngineMetrics, HistoryPoint, RequestInfo, Snapshot
 from ui import events_table as et
@@ -34,12 +35,12 @@ def snap(step, t, reqs=(), num_blocks=64, **m):
 def test_append_snapshot_dedups_and_bounds():
     s = []
     for i in range(50):
-        s = L.append_snapshot(s, snap(i, float(i)), cap=20)
-        s = L.append_snapshot(s, snap(i, float(i)), cap=20)  # repeat: ignored
+        s = recording.append_snapshot(s, snap(i, float(i)), cap=20)
+        s = recording.append_snapshot(s, snap(i, float(i)), cap=20)  # repeat: ignored
     assert len(s) <= 20
     steps = [x.step for x in s]
     assert steps == sorted(steps) and steps[0] == 0 and steps[-1] == 49
-    assert L.append_snapshot(s, None) == s
+    assert recording.append_snapshot(s, None) == s
 
 
 def test_counts_and_kv_usage_carry_the_metrics():
@@ -190,10 +191,10 @@ def test_slim_snapshot_drops_growing_fields_keeps_counts():
     r = replace(req("a", 30), tokens=(TokenMark(1, "x"),), output_text="secret", prompt_preview="p",
                 waiting_reason="no free KV blocks")
     s = replace(snap(3, 1.0, [r]), blocks=(BlockInfo(0, "used", 1, ("a",), 16),))
-    slim = L.slim_snapshot(s)
+    slim = recording.slim_snapshot(s)
     assert slim.blocks == () and slim.requests[0].tokens == () and slim.requests[0].output_text == ""
     assert slim.requests[0].num_computed_tokens == 30 and slim.requests[0].waiting_reason == "no free KV blocks"
-    assert L.slim_snapshot(s, keep_blocks=True).blocks == s.blocks
+    assert recording.slim_snapshot(s, keep_blocks=True).blocks == s.blocks
 
 
 class FakeThread:
@@ -211,7 +212,7 @@ class FakeThread:
 def test_recorder_collects_new_steps_and_events_bounded():
     th = FakeThread()
     th.events.emit(0, 0.0, "config", None, reason="before the run")
-    rec = L.LoadRecorder("R1", start_time=0.5, start_seq=th.events.last_seq)
+    rec = recording.SnapshotRecorder("R1", start_time=0.5, start_seq=th.events.last_seq)
     rec.poll(th)                                   # snapshot older than the run start: ignored
     assert rec.series == []
     for i in range(1, 5):
@@ -241,7 +242,7 @@ def test_percentile_table_html_formats_numbers():
 def test_recorder_starts_over_when_the_engine_is_rebuilt():
     from engine.events import EventRing
     th = FakeThread()
-    rec = L.LoadRecorder("R2")
+    rec = recording.SnapshotRecorder("R2")
     for i in range(1, 4):
         th.snap = snap(i, float(i))
         th.events.emit(i, float(i), "admit", "R2-a", reason="r")

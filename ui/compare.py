@@ -1,10 +1,8 @@
 """Side-by-side measurements on private engines: paged vs contiguous allocation, KV cache vs no
 cache, and the seed's 50-growing-sequences exercise (no eviction vs LRU preemption).
 
-Two halves, neither imports Streamlit:
-- runners that drive an `LLMEngine` step by step and record its Snapshots/Events (and the wall
-  time of each step); they only read what the engine reports;
-- pure figure builders and summaries over those records, unit-tested for their numbers.
+Pure figure builders and summaries over the records engine/recording.py makes (RunRecord,
+CostPoint), unit-tested for their numbers; no Streamlit, and nothing here drives an engine.
 """
 from __future__ import annotations
 
@@ -12,17 +10,17 @@ import html
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from engine.events import ADMIT, PREEMPT, REJECT, SWAP_OUT, WAIT, Event
+from engine.events import ADMIT, PREEMPT, REJECT, SWAP_OUT, WAIT
 from engine.rates import prefix_hit_rate
+from engine.recording import CostPoint, RunRecord
 from engine.snapshot import Snapshot
 from ui import theme
-from ui.load import RECORDED_EXCLUDE, SERIES_CAP, append_snapshot, slim_snapshot
 
 _O = theme.OKABE_ITO
 A_COLOR, B_COLOR = _O["blue"], _O["vermillion"]        # the two sides of every comparison
@@ -45,71 +43,6 @@ def _layout(fig: go.Figure, title: str, height: int = 320, **kw) -> go.Figure:
     fig.update_xaxes(gridcolor=theme.GRID, zerolinecolor=theme.GRID)
     fig.update_yaxes(gridcolor=theme.GRID, zerolinecolor=theme.GRID)
     return fig
-
-
-# ==================================================================== runners
-
-@dataclass
-class RunRecord:
-    """What one engine run reported: bounded snapshot series (one per step, thinned beyond the
-    cap), every event of the run, per-step wall times and the engine's outputs."""
-    label: str
-    series: list[Snapshot] = field(default_factory=list)
-    events: list[Event] = field(default_factory=list)
-    step_wall_s: list[float] = field(default_factory=list)
-    outputs: dict = field(default_factory=dict)
-    steps: int = 0
-    wall_s: float = 0.0
-    add_errors: list[str] = field(default_factory=list)
-    truncated: bool = False         # stopped at max_steps with work left
-    peak: Snapshot | None = None    # full snapshot (block list included) at the allocation peak
-    budget_tokens: int | None = None  # exercise: the fixed budget to compare against (when the
-                                      # engine itself ran with a bigger pool, to measure demand)
-
-    def trace_text(self) -> str:
-        from engine.events import trace_to_string
-        snaps = list(self.series)
-        if self.peak is not None:   # put the peak's block list into the trace (pool map in replay)
-            snaps = [self.peak if s.step == self.peak.step else s for s in snaps]
-        return trace_to_string(snaps, self.events)
-
-
-def run_engine(engine, requests: Sequence[tuple[str, object, object]], *, label: str,
-               max_steps: int = 5000, cap: int = SERIES_CAP,
-               on_step: Callable[[int, Snapshot], None] | None = None) -> RunRecord:
-    """Add every (request_id, prompt, SamplingParams) to `engine` at once, then step until idle
-    (or `max_steps`). A ValueError from add_request is kept as the engine's rejection message.
-    Snapshots are slimmed (no per-request tokens/history/blocks); the one at the allocation peak
-    is kept whole. Per-token events (decode, prefill chunks) are left out of the record."""
-    rec = RunRecord(label=label)
-    seq0 = engine.events.last_seq
-    for rid, prompt, params in requests:
-        try:
-            engine.add_request(rid, prompt, params)
-        except ValueError as e:
-            rec.add_errors.append(f"{rid}: {e}")
-    def keep(snap):
-        rec.series = append_snapshot(rec.series, slim_snapshot(snap), cap)
-        if rec.peak is None or snap.metrics.slots_allocated > rec.peak.metrics.slots_allocated:
-            rec.peak = snap
-
-    keep(engine.snapshot())
-    t_start = time.perf_counter()
-    while engine.has_unfinished_requests() and rec.steps < max_steps:
-        t = time.perf_counter()
-        for out in engine.step():
-            if out.finished:
-                rec.outputs[out.request_id] = out
-        rec.step_wall_s.append(time.perf_counter() - t)
-        rec.steps += 1
-        snap = engine.snapshot()
-        keep(snap)
-        if on_step is not None:
-            on_step(rec.steps, snap)
-    rec.wall_s = time.perf_counter() - t_start
-    rec.truncated = engine.has_unfinished_requests()
-    rec.events = [e for e in engine.events.since(seq0) if e.kind not in RECORDED_EXCLUDE]
-    return rec
 
 
 # ==================================================================== paged vs contiguous
@@ -207,42 +140,6 @@ def allocator_bars(sa: dict, sb: dict) -> go.Figure:
 
 
 # ==================================================================== KV cache vs no cache
-
-@dataclass(frozen=True, slots=True)
-class CostPoint:
-    generated: int        # tokens generated so far (after this step)
-    context_len: int      # prompt + generated tokens the step attended over
-    step_s: float         # measured wall time of the step
-    fed_tokens: int = 0   # tokens the step ran through the model for this request (from its events)
-
-
-def measure_decode_cost(engine, prompt, n_tokens: int, *, request_id: str | None = None) -> tuple[float, list[CostPoint]]:
-    """Generate `n_tokens` for one request, one engine step at a time, timing each step.
-    Returns (prefill step seconds, one CostPoint per decode step). The request ignores EOS so
-    both modes run the same number of steps. `fed_tokens` comes from the engine's own prefill /
-    decode events: 1 per step with the cache, the whole context without it."""
-    from engine import SamplingParams
-    rid = request_id or f"cost-{uuid.uuid4().hex[:8]}"
-    engine.add_request(rid, prompt, SamplingParams(max_tokens=n_tokens, ignore_eos=True))
-    prefill_s = None
-    pts: list[CostPoint] = []
-    while engine.has_unfinished_requests():
-        seq = engine.events.last_seq
-        t = time.perf_counter()
-        engine.step()
-        dt = time.perf_counter() - t
-        mine = [e for e in engine.events.since(seq, kinds=("prefill", "decode")) if e.request_id == rid]
-        fed = sum(int(e.data.get("tokens", 0)) for e in mine if e.kind == "prefill")
-        fed = fed or sum(1 for e in mine if e.kind == "decode")
-        r = engine.snapshot().request(rid)
-        out_len = r.output_len if r is not None else (pts[-1].generated + 1 if pts else 1)
-        ctx = (r.prompt_len + r.output_len) if r is not None else (pts[-1].context_len + 1 if pts else 0)
-        if prefill_s is None:
-            prefill_s = dt
-            continue
-        pts.append(CostPoint(out_len, ctx, dt, fed))
-    return prefill_s or 0.0, pts
-
 
 def cumulative(points: Sequence[CostPoint]) -> list[float]:
     out, acc = [], 0.0

@@ -9,44 +9,19 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
+import numpy as np
 import plotly.graph_objects as go
 
 from engine.snapshot import Snapshot
 from ui import theme
 
-SERIES_CAP = 600          # snapshots kept for the over-time charts (older half thinned beyond it)
 MAX_GROWTH_LINES = 24     # per-request cache-growth lines drawn at most
 TERMINAL_STATES = ("finished", "rejected", "aborted")
 MAX_LOAD_REQUESTS = 300   # the feeder never submits more than this in one run
 PERCENTILES = (50, 90, 99)
-
-
-# ------------------------------------------------------------------ bounded series
-
-def append_snapshot(series: list[Snapshot], snap: Snapshot | None, cap: int = SERIES_CAP) -> list[Snapshot]:
-    """Append `snap` unless it is not newer than the last one (same or earlier step: an idle
-    engine adds nothing); when over `cap`, drop every other point of the older half so the whole
-    run stays visible at a coarser resolution. Returns a new list."""
-    if snap is None:
-        return list(series)
-    if series and snap.step <= series[-1].step:
-        return list(series)
-    out = list(series) + [snap]
-    if len(out) > cap:
-        half = len(out) // 2
-        out = out[:half][::2] + out[half:]
-    return out
-
-
-def slim_snapshot(snap: Snapshot, keep_blocks: bool = False) -> Snapshot:
-    """A copy for the over-time series and traces: per-request token marks, histories and texts
-    dropped (they grow with every token), the block list kept only when asked (keyframes)."""
-    reqs = tuple(replace(r, tokens=(), history=(), prompt_preview="", output_text="") for r in snap.requests)
-    return replace(snap, requests=reqs, blocks=snap.blocks if keep_blocks else ())
 
 
 def _t(series: Sequence[Snapshot], t0: float | None) -> tuple[list[float], float]:
@@ -193,16 +168,9 @@ def _safe(s: str) -> str:
 # ------------------------------------------------------------------ latency percentiles
 
 def percentile(values: Sequence[float], p: float) -> float | None:
-    """Linear-interpolated percentile (numpy's default method), None when empty."""
-    v = sorted(x for x in values if x is not None and not math.isnan(x))
-    if not v:
-        return None
-    if len(v) == 1:
-        return float(v[0])
-    k = (len(v) - 1) * p / 100.0
-    lo = math.floor(k)
-    hi = min(lo + 1, len(v) - 1)
-    return float(v[lo] + (v[hi] - v[lo]) * (k - lo))
+    """numpy's linear-interpolated percentile of the values (None and NaN skipped); None when empty."""
+    v = [x for x in values if x is not None and not math.isnan(x)]
+    return float(np.percentile(v, p)) if v else None
 
 
 def latency_percentiles(snap: Snapshot | None) -> dict[str, dict[int, float | None]]:
@@ -346,78 +314,6 @@ class LoadFeeder:
             with self._lock:
                 self.status.stopped = self._stop.is_set()
                 self.status.done = True
-
-
-# ------------------------------------------------------------------ recorder
-
-# Events kept for the log and the trace: every kind except the per-token/per-chunk chatter.
-RECORDED_EXCLUDE = ("decode", "prefill")
-EVENT_CAP = 5000
-KEYFRAME_EVERY = 20       # every n-th recorded snapshot keeps its block list (pool map in replay)
-
-
-class LoadRecorder:
-    """Collects what an EngineThread reports during one load run: a bounded, slimmed series of
-    the Snapshots it publishes (one per poll, when the step moved on), the latest full Snapshot,
-    and the run's events (bounded). `poll(th)` is cheap, lock-free on the engine side, and
-    idempotent."""
-
-    def __init__(self, run_id: str, start_time: float = 0.0, start_seq: int = 0, cap: int = SERIES_CAP):
-        self.run_id = run_id
-        self.start_time = start_time
-        self.last_seq = start_seq
-        self.cap = cap
-        self.series: list[Snapshot] = []
-        self.latest: Snapshot | None = None
-        self.events: deque = deque(maxlen=EVENT_CAP)
-        self._n = 0
-        self.restarts = 0
-        self._lock = threading.Lock()
-
-    def _add(self, snap: Snapshot) -> None:
-        if snap.time < self.start_time or (self.series and snap.step <= self.series[-1].step):
-            return
-        keep = self._n % KEYFRAME_EVERY == 0
-        self._n += 1
-        self.series = append_snapshot(self.series, slim_snapshot(snap, keep_blocks=keep), self.cap)
-
-    def poll(self, th) -> Snapshot:
-        with self._lock:
-            # th.snapshot() is the thread's last published snapshot: lock-free, so a page never
-            # waits for a long engine step (recent_snapshots() would take the engine lock)
-            snap = th.snapshot()
-            if (self.series and snap.step < self.series[-1].step) or th.events.last_seq < self.last_seq:
-                # the shared engine was rebuilt (sidebar settings, restart): its steps, clock and
-                # event numbers start again from 0, so the run's record starts again too
-                self.restarts += 1
-                self.series, self.latest, self.start_time, self.last_seq = [], None, 0.0, 0
-                self.events.clear()
-            self._add(snap)
-            self.latest = snap
-            for e in th.events.since(self.last_seq):
-                self.last_seq = max(self.last_seq, e.seq)
-                if e.kind not in RECORDED_EXCLUDE:
-                    self.events.append(e)
-            return snap
-
-    def trace_snapshots(self) -> list[Snapshot]:
-        """The series, with the latest snapshot (block list included) as the last one."""
-        with self._lock:
-            out = list(self.series)
-            if self.latest is not None:
-                last = slim_snapshot(self.latest, keep_blocks=True)
-                if out and out[-1].step == last.step:
-                    out[-1] = last
-                elif not out or last.step > out[-1].step:
-                    out.append(last)
-            return out
-
-    def trace_text(self) -> str:
-        from engine.events import trace_to_string
-        snaps = self.trace_snapshots()
-        with self._lock:
-            evs = list(self.events)
-        return trace_to_string(snaps, evs)
 
 
 def run_request_ids_pending(snap: Snapshot | None, request_ids: Iterable[str]) -> int:

@@ -8,9 +8,13 @@ import streamlit as st
 
 from engine.config import SamplingParams
 from engine.workloads import SCENARIOS, make_workload, summarize
+from engine import recording
 from ui import engine_access as ea
 from ui import events_table as et
 from ui import load as L
+from ui import shell
+
+shell.enter_app()
 
 SS = st.session_state
 TERMINAL = ("finished", "rejected", "aborted")
@@ -102,7 +106,7 @@ if launch:
         _stop_run(abort=False)
         run_id = f"L{uuid.uuid4().hex[:4]}"
         now = th.snapshot()
-        rec = L.LoadRecorder(run_id, start_time=now.time, start_seq=th.events.last_seq)
+        rec = recording.SnapshotRecorder(run_id, start_time=now.time, start_seq=th.events.last_seq)
         feeder = L.LoadFeeder(th.submit, reqs, lambda r: SamplingParams(**r.sampling_kwargs()), run_id,
                               time_scale=0.0 if ea.test_mode() else 1.0)
         SS["load_run"] = {"run_id": run_id, "feeder": feeder, "rec": rec, "scenario": scenario,
@@ -151,7 +155,7 @@ active = (not fstat.done) or L.run_request_ids_pending(th.snapshot(), fstat.requ
 
 @st.fragment(run_every=ea.live_interval() if active else None)
 def live() -> None:
-    rec: L.LoadRecorder = run["rec"]
+    rec: recording.SnapshotRecorder = run["rec"]
     snap = rec.poll(th)
     fs = run["feeder"].snapshot_status()
     pending = L.run_request_ids_pending(snap, fs.request_ids)

@@ -4,7 +4,7 @@ it offers that model's shape too, read from ``st.session_state["engine_info"]``.
 import sys
 from pathlib import Path
 
-# AppTest (and `streamlit run views/memory_calculator.py`) put only this folder on sys.path.
+# AppTest (and `streamlit run pages/memory_calculator.py`) put only this folder on sys.path.
 _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
@@ -15,6 +15,9 @@ import streamlit as st  # noqa: E402
 
 from engine import memory_math as mm  # noqa: E402
 from ui import memory_calc as mc  # noqa: E402
+from ui import shell  # noqa: E402
+
+shell.enter_app()
 
 PLOT_CONFIG = {"displayModeBar": False}
 DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")

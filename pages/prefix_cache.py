@@ -6,11 +6,15 @@ import uuid
 import streamlit as st
 
 from engine.workloads import make_workload
+from engine import recording
 from ui import compare as C
 from ui import engine_access as ea
 from ui import events_table as et
 from ui import load as L
 from ui import pool, theme
+from ui import shell
+
+shell.enter_app()
 
 SS = st.session_state
 
@@ -62,7 +66,7 @@ if go:
     else:
         prompts = [C.chat_prompt(th.tokenizer, system.strip(), u) for u in turns]
         tag = f"pc{uuid.uuid4().hex[:4]}"
-        rec = L.LoadRecorder(tag, start_time=th.snapshot().time, start_seq=th.events.last_seq)
+        rec = recording.SnapshotRecorder(tag, start_time=th.snapshot().time, start_seq=th.events.last_seq)
         try:
             with st.spinner("Running the turns on the shared engine…"):
                 hit_rows, best = C.measure_prefix(th, prompts, int(max_tokens), mode="cache", run_tag=tag,

@@ -7,9 +7,13 @@ import streamlit as st
 
 from engine.config import SamplingParams
 from engine.workloads import make_workload, summarize
+from engine import recording
 from ui import compare as C
 from ui import engine_access as ea
 from ui import pool, theme
+from ui import shell
+
+shell.enter_app()
 
 SS = st.session_state
 
@@ -42,7 +46,7 @@ with st.form("pvc_form"):
     go = st.form_submit_button("Run both allocators", type="primary")
 
 
-def _run(allocator: str, reqs, progress, frac0: float) -> C.RunRecord:
+def _run(allocator: str, reqs, progress, frac0: float) -> recording.RunRecord:
     cfg = base.replace(model=pvc_model, allocator=allocator, block_size=int(block_size), num_kv_blocks=int(budget),
                        kv_cache_bytes=None, max_model_len=int(mml), max_num_seqs=256,
                        max_num_batched_tokens=max(512, int(mml)), enable_prefix_caching=False,
@@ -58,7 +62,7 @@ def _run(allocator: str, reqs, progress, frac0: float) -> C.RunRecord:
             progress.progress(min(1.0, frac0 + 0.5 * done / total), text=f"{label}: step {i}")
 
     try:
-        return C.run_engine(eng, [(f"{allocator[:1]}-{r.request_id}", r.prompt,
+        return recording.run_engine(eng, [(f"{allocator[:1]}-{r.request_id}", r.prompt,
                                    SamplingParams(max_tokens=r.max_tokens, ignore_eos=True)) for r in reqs],
                             label=label, on_step=on_step, max_steps=20_000)
     finally:

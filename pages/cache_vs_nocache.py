@@ -5,9 +5,13 @@ import gc
 
 import streamlit as st
 
+from engine import recording
 from ui import compare as C
 from ui import engine_access as ea
 from ui import events_table as et
+from ui import shell
+
+shell.enter_app()
 
 SS = st.session_state
 
@@ -49,8 +53,8 @@ if run_cost:
                 bar.progress(0.5 * i, text="with the KV cache…" if kv else "without the KV cache…")
                 eng = _engine(kv_cache=kv, num_kv_blocks=blocks, max_model_len=max(mml, 64),
                               enable_prefix_caching=False, max_num_batched_tokens=max(512, mml))
-                C.measure_decode_cost(eng, prompt[: min(8, p)], 4, request_id="warmup")   # first-call overheads
-                res[key] = C.measure_decode_cost(eng, prompt, n, request_id=f"{key}-0")
+                recording.measure_decode_cost(eng, prompt[: min(8, p)], 4, request_id="warmup")   # first-call overheads
+                res[key] = recording.measure_decode_cost(eng, prompt, n, request_id=f"{key}-0")
                 del eng
                 gc.collect()
         SS["cvn_cost"] = {"cache": res["cache"], "nocache": res["nocache"], "n": n, "p": p, "model": base.model}
@@ -139,7 +143,7 @@ if run_ex:
                 bar.progress(i / 3, text=f"run {label}…")
                 from engine import LLMEngine
                 eng = LLMEngine(base.replace(speculative=None, kv_cache_bytes=None, **common, **kw))
-                rec = C.run_engine(eng, reqs(tag), label=label, max_steps=50_000,
+                rec = recording.run_engine(eng, reqs(tag), label=label, max_steps=50_000,
                                    on_step=lambda s, snap, i=i: s % 20 == 0 and bar.progress(
                                        min(0.999, (i + snap.metrics.num_finished / n) / 3), text=f"run {label}: step {s}"))
                 rec.budget_tokens = budget * bs

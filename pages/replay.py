@@ -11,6 +11,9 @@ from ui import events_table as et
 from ui import load as L
 from ui import pool, theme
 from ui import replay as R
+from ui import shell
+
+shell.enter_app()
 
 SS = st.session_state
 TRACE_DIR = Path(__file__).resolve().parents[1] / "assets" / "traces"
