@@ -5,6 +5,7 @@ import gc
 
 import streamlit as st
 
+from engine import experiments
 from engine.config import SamplingParams
 from engine.workloads import make_workload, summarize
 from engine import recording
@@ -85,7 +86,7 @@ if go:
     if reqs:
         progress = st.progress(0.0, text="waiting for the measurement slot…")
         try:
-            with C.RUN_LOCK:
+            with experiments.RUN_LOCK:
                 a = _run("paged", reqs, progress, 0.0)
                 b = _run("contiguous", reqs, progress, 0.5)
             SS["pvc_result"] = {"paged": a, "contiguous": b, "workload": summarize(reqs), "model": pvc_model}

@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from engine import recording
+from engine import experiments, recording
 from engine.events import Event
 from engine.snapshot import EngineInfo, EngineMetrics, RequestInfo, Snapshot
 from ui import compare as C
@@ -173,12 +173,12 @@ def test_prefix_helpers():
               BlockInfo(2, "used", 1, ("a",), 5), BlockInfo(3, "cached", 0, (), 16))
     s1 = replace(snap(1, 0, 0), blocks=blocks)
     s0 = replace(snap(0, 0, 0), blocks=blocks[2:])
-    st = C.sharing_stats(s1)
+    st = experiments.sharing_stats(s1)
     assert st == {"shared_blocks": 2, "max_ref": 3, "refs_saved": 4}
-    assert C.more_shared(s1, s0) is s1 and C.more_shared(s0, s1) is s1 and C.more_shared(None, s0) is s0
-    assert C.sharing_stats(None)["shared_blocks"] == 0
-    hit = [C.PrefixRow("h1", 1, 0.05, 100, 96), C.PrefixRow("h2", 2, 0.07, 110, 96)]
-    miss = [C.PrefixRow("m1", 1, 0.20, 100, 0), C.PrefixRow("m2", 2, None, 110, 0)]
+    assert experiments.more_shared(s1, s0) is s1 and experiments.more_shared(s0, s1) is s1 and experiments.more_shared(None, s0) is s0
+    assert experiments.sharing_stats(None)["shared_blocks"] == 0
+    hit = [experiments.PrefixRow("h1", 1, 0.05, 100, 96), experiments.PrefixRow("h2", 2, 0.07, 110, 96)]
+    miss = [experiments.PrefixRow("m1", 1, 0.20, 100, 0), experiments.PrefixRow("m2", 2, None, 110, 0)]
     sh, sm = C.prefix_summary(hit), C.prefix_summary(miss)
     assert sh["hit_rate"] == pytest.approx(192 / 210) and sh["mean_ttft_s"] == pytest.approx(0.06)
     assert sm["hit_rate"] == 0.0 and sm["mean_ttft_s"] == pytest.approx(0.20)
@@ -190,7 +190,7 @@ def test_prefix_helpers():
 
 
 def test_exercise_prompts_and_waiting_reasons():
-    ps = C.exercise_prompts(50, 12)
+    ps = experiments.exercise_prompts(50, 12)
     assert len(ps) == 50 and all(len(p) == 12 for p in ps)
     assert len({p[0] for p in ps}) == 50 and all(1000 <= t < 40000 for p in ps for t in p)
     s0 = snap(0, 0, 0, reqs=[replace(req("a", 5, 0, "waiting"), waiting_reason="no free KV blocks: needs 2, 0 free"),

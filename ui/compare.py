@@ -7,17 +7,14 @@ CostPoint), unit-tested for their numbers; no Streamlit, and nothing here drives
 from __future__ import annotations
 
 import html
-import threading
-import time
-import uuid
-from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from engine.events import ADMIT, PREEMPT, REJECT, SWAP_OUT, WAIT
 from engine.rates import prefix_hit_rate
+from engine.experiments import PrefixRow
 from engine.recording import CostPoint, RunRecord
 from engine.snapshot import Snapshot
 from ui import theme
@@ -26,11 +23,6 @@ _O = theme.OKABE_ITO
 A_COLOR, B_COLOR = _O["blue"], _O["vermillion"]        # the two sides of every comparison
 FILLED_COLOR, ALLOC_COLOR = _O["blue"], _O["orange"]
 LIVE_STATES = ("waiting", "running", "preempted", "swapped")
-
-# One private-engine measurement at a time per server: they compete for the same CPU cores (and
-# with the shared engine), so running two at once would only make both numbers worse.
-RUN_LOCK = threading.Lock()
-
 
 def _layout(fig: go.Figure, title: str, height: int = 320, **kw) -> go.Figure:
     """Figure title at the top, subplot titles under it, the legend below the x axes (so neither
@@ -334,36 +326,6 @@ def exercise_figure(runs: Sequence[RunRecord]) -> go.Figure:
 
 # ==================================================================== prefix cache: with vs forced misses
 
-@dataclass(frozen=True, slots=True)
-class PrefixRow:
-    """One request of a prefix-cache measurement, as the engine reported it."""
-    request_id: str
-    turn: int
-    ttft_s: float | None
-    prompt_tokens: int
-    cached_tokens: int     # prompt tokens served from the prefix cache at admission
-
-
-def sharing_stats(snap: Snapshot | None) -> dict:
-    """Blocks held by more than one request right now, and the largest ref count."""
-    if snap is None:
-        return {"shared_blocks": 0, "max_ref": 0, "refs_saved": 0}
-    shared = [b for b in snap.blocks if b.ref_count > 1]
-    return {"shared_blocks": len(shared), "max_ref": max((b.ref_count for b in shared), default=0),
-            # blocks that would exist without sharing, minus blocks that do
-            "refs_saved": sum(b.ref_count - 1 for b in shared)}
-
-
-def more_shared(a: Snapshot | None, b: Snapshot | None) -> Snapshot | None:
-    """Whichever snapshot shows more sharing (ties: the later one)."""
-    if a is None:
-        return b
-    if b is None:
-        return a
-    ka, kb = sharing_stats(a), sharing_stats(b)
-    return a if (ka["refs_saved"], ka["shared_blocks"]) > (kb["refs_saved"], kb["shared_blocks"]) else b
-
-
 def prefix_summary(rows: Sequence[PrefixRow]) -> dict:
     ttfts = [r.ttft_s for r in rows if r.ttft_s is not None]
     prompt = sum(r.prompt_tokens for r in rows)
@@ -400,18 +362,6 @@ def prefix_figure(with_cache: Sequence[PrefixRow], forced_miss: Sequence[PrefixR
     return _layout(fig, "Shared system prompt: TTFT with the prefix cache vs forced misses", height=360)
 
 
-def exercise_prompts(n: int, prompt_tokens: int, *, seed: int = 0, lo: int = 1000, hi: int = 40000) -> list[list[int]]:
-    """`n` distinct prompts of exactly `prompt_tokens` token ids (ordinary vocabulary ids, no
-    special tokens; distinct first tokens so no two sequences share a cached prefix)."""
-    import random
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        first = lo + i
-        out.append([first] + [rng.randrange(lo + n, hi) for _ in range(prompt_tokens - 1)])
-    return out
-
-
 def waiting_reasons(rec: RunRecord, limit: int = 6) -> list[tuple[str, int]]:
     """The engine's waiting reasons seen during the run, with the most requests waiting for
     that reason at any one step (so the numbers are never double-counted across steps). The
@@ -426,57 +376,3 @@ def waiting_reasons(rec: RunRecord, limit: int = 6) -> list[tuple[str, int]]:
         for k, v in now.items():
             peak[k] = max(peak.get(k, 0), v)
     return sorted(peak.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]
-
-
-def chat_prompt(tokenizer, system: str, user: str) -> str:
-    """System + user turn through the model's chat template (the text the engine tokenizes)."""
-    msgs = [{"role": "system", "content": system}, {"role": "user", "content": user}]
-    try:
-        return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-    except Exception:   # a tokenizer without a chat template: plain text, same shared prefix
-        return f"System: {system}\n\nUser: {user}\nAssistant:"
-
-
-def measure_prefix(th, prompts: Sequence[str], max_tokens: int, *, mode: str, run_tag: str,
-                   on_poll: Callable[[Snapshot], None] | None = None, timeout_s: float = 600.0):
-    """Run `prompts` (all starting with the same system prompt) on the shared EngineThread: the
-    first alone, then the rest together, so the rest can reuse the first one's cached blocks.
-
-    mode "cache": one fresh cache_salt for the whole run (a clean, private cache namespace: the
-    first request misses, the others may hit). mode "miss": a fresh salt per request, so nothing
-    can be shared — the same requests with the prefix cache effectively off.
-    Returns (rows, snapshot with the most sharing seen). TTFT and cached tokens are the engine's."""
-    from engine import SamplingParams
-    base_salt = f"{run_tag}-{uuid.uuid4().hex[:8]}"
-    best: Snapshot | None = None
-    rows: list[PrefixRow] = []
-
-    def params(i):
-        salt = base_salt if mode == "cache" else f"{base_salt}-{i}"
-        return SamplingParams(max_tokens=max_tokens, ignore_eos=True, cache_salt=salt)
-
-    def wait(handles):
-        nonlocal best
-        deadline = time.monotonic() + timeout_s
-        while not all(h.finished for h in handles):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"prefix-cache measurement did not finish within {timeout_s:.0f}s")
-            # snapshot_now: a fresh snapshot between two steps (the published one is refreshed only
-            # every 50 ms, and a fast wave can share and finish within that). Costs ~1 ms a call.
-            snap = th.snapshot_now() if hasattr(th, "snapshot_now") else th.snapshot()
-            best = more_shared(best, snap)
-            if on_poll is not None:
-                on_poll(snap)
-            time.sleep(0.005)
-        snap = th.snapshot()
-        best = more_shared(best, snap)
-
-    waves = [[0], list(range(1, len(prompts)))] if len(prompts) > 1 else [[0]]
-    for wave in waves:
-        handles = [(i, th.submit(prompts[i], params(i), request_id=f"{run_tag}-{mode}-t{i + 1}")) for i in wave]
-        wait([h for _, h in handles])
-        for i, h in handles:
-            out = h.result(timeout=5)
-            rows.append(PrefixRow(h.request_id, i + 1, out.metrics.ttft, len(out.prompt_token_ids),
-                                  out.metrics.num_cached_tokens))
-    return rows, best

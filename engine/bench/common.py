@@ -10,6 +10,7 @@ import platform
 import time
 from dataclasses import dataclass, field
 
+from .. import recording
 from ..workloads import chat_prompts, filler_ids  # noqa: F401  (the suites call C.*)
 from .report import BenchUnavailable, Progress
 
@@ -213,16 +214,16 @@ def token_times(llm, prompt: list[int], params, request_id: str = "bench-timing"
     t0 = time.perf_counter()
     eng.add_request(request_id, prompt, params)
     marks = [(t0, 0)]
-    n = 0
-    while eng.has_unfinished_requests():
-        outs = eng.step() or []
+
+    def after_step(_n, outs, _dt):
         now = time.perf_counter()
         for o in outs:
             if getattr(o, "request_id", None) == request_id:
                 k = len(o.outputs[0].token_ids)
-                if k > n:
-                    n = k
+                if k > marks[-1][1]:
                     marks.append((now, k))
+
+    recording.drive(eng, on_step=after_step)
     return marks
 
 
