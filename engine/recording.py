@@ -20,6 +20,8 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Sequence
 
+from .config import SamplingParams
+from .events import trace_to_string
 from .snapshot import Snapshot
 
 SERIES_CAP = 600          # snapshots kept for the over-time charts (older half thinned beyond it)
@@ -104,7 +106,6 @@ class RunRecord:
                                       # engine itself ran with a bigger pool, to measure demand)
 
     def trace_text(self) -> str:
-        from .events import trace_to_string
         snaps = list(self.series)
         if self.peak is not None:   # put the peak's block list into the trace (pool map in replay)
             snaps = [self.peak if s.step == self.peak.step else s for s in snaps]
@@ -167,7 +168,6 @@ def measure_decode_cost(engine, prompt, n_tokens: int, *,
     Returns (prefill step seconds, one CostPoint per decode step). The request ignores EOS so
     both modes run the same number of steps. `fed_tokens` comes from the engine's own prefill /
     decode events: 1 per step with the cache, the whole context without it."""
-    from .config import SamplingParams
     rid = request_id or f"cost-{uuid.uuid4().hex[:8]}"
     engine.add_request(rid, prompt, SamplingParams(max_tokens=n_tokens, ignore_eos=True))
     prefill_s: list[float] = []
@@ -250,7 +250,6 @@ class SnapshotRecorder:
             return out
 
     def trace_text(self) -> str:
-        from .events import trace_to_string
         snaps = self.trace_snapshots()
         with self._lock:
             evs = list(self.events)
