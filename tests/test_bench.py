@@ -151,6 +151,9 @@ def test_format_table_aligns_columns():
     ends = {ln.index(v) + len(v) for ln, v in zip(body, ("1.50", "123,456", "-"))}
     assert len(ends) == 1
     assert body[0].endswith("note one") and not body[2].endswith(" ")
+    # notes are left-aligned in one column: they all start at the same offset
+    t2 = report.format_table([("a", 1, "long note"), ("bb", 2, "x")]).splitlines()
+    assert t2[2].index("long note") == t2[3].index("x") and t2[3].endswith("2  x")
 
 
 def test_json_line_is_one_line_and_strict():

@@ -94,8 +94,9 @@ def format_table(rows, title: str | None = None, headers=("metric", "value", "no
     df = pd.DataFrame(body, columns=list(headers))
     w0 = max([len(headers[0])] + [len(b[0]) for b in body])
     w1 = max([len(headers[1])] + [len(b[1]) for b in body])
-    text = df.to_string(index=False, header=False, justify="left", formatters={
-        headers[0]: lambda v: f"{v:<{w0}}", headers[1]: lambda v: f" {v:>{w1}}", headers[2]: lambda v: f" {v}"})
+    w2 = max([len(b[2]) for b in body] or [0])
+    text = df.to_string(index=False, header=False, formatters={   # pandas right-justifies: pad each cell
+        headers[0]: lambda v: f"{v:<{w0}}", headers[1]: lambda v: f" {v:>{w1}}", headers[2]: lambda v: f" {v:<{w2}}"})
     lines = [title] if title else []
     lines.append(f"{headers[0]:<{w0}}  {headers[1]:>{w1}}  {headers[2]}".rstrip())
     lines.append(f"{'-' * w0}  {'-' * w1}  {'-' * max(4, len(headers[2]))}")
