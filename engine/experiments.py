@@ -4,6 +4,7 @@ engine/recording.py.
 
 - `measure_cache_vs_nocache`: one request generated step by step with the KV cache and without
   it (kv_cache=False recomputes the whole context every step), each step timed.
+- `run_allocator`: the Paged vs contiguous page's workload on one private engine per allocator.
 - `measure_prefix`: the Prefix cache page's turns on the shared EngineThread, with one cache
   namespace (hits) or one per request (forced misses).
 - `exercise_plan` / `run_exercise`: the seed's "fifty growing sequences vs a fixed budget":
@@ -60,6 +61,29 @@ def measure_cache_vs_nocache(base: EngineConfig, n_tokens: int, prompt_tokens: i
         del eng
         gc.collect()
     return res
+
+
+ALLOCATOR_LABELS = {"paged": "paged (blocks on demand)", "contiguous": "contiguous (one max_model_len slab each)"}
+
+
+def run_allocator(base: EngineConfig, allocator: str, requests, *, model: str, block_size: int,
+                  budget_blocks: int, max_model_len: int,
+                  on_step: Callable[[int, Snapshot], None] | None = None) -> RunRecord:
+    """The Paged vs contiguous page's run: workload `requests` (engine.workloads requests; EOS
+    ignored so lengths are the workload's) on a private engine with `allocator`, prefix caching
+    off so only allocation differs."""
+    cfg = base.replace(model=model, allocator=allocator, block_size=block_size, num_kv_blocks=budget_blocks,
+                       kv_cache_bytes=None, max_model_len=max_model_len, max_num_seqs=256,
+                       max_num_batched_tokens=max(512, max_model_len), enable_prefix_caching=False,
+                       speculative=None, preemption_mode="recompute", event_ring_size=100_000)
+    eng = LLMEngine(cfg)
+    try:
+        return run_engine(eng, [(f"{allocator[:1]}-{r.request_id}", r.prompt,
+                                 SamplingParams(max_tokens=r.max_tokens, ignore_eos=True)) for r in requests],
+                          label=ALLOCATOR_LABELS[allocator], on_step=on_step, max_steps=20_000)
+    finally:
+        del eng
+        gc.collect()
 
 
 def exercise_plan(base: EngineConfig, *, n: int, prompt_tokens: int, growth: int, budget_blocks: int,

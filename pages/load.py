@@ -6,9 +6,9 @@ import uuid
 
 import streamlit as st
 
+from engine import recording
 from engine.config import SamplingParams
 from engine.workloads import SCENARIOS, make_workload, summarize
-from engine import recording
 from ui import engine_access as ea
 from ui import events_table as et
 from ui import load as L

@@ -15,8 +15,7 @@ import streamlit as st  # noqa: E402
 
 from engine import memory_math as mm  # noqa: E402
 from ui import memory_calc as mc  # noqa: E402
-from ui import presets  # noqa: E402
-from ui import shell  # noqa: E402
+from ui import presets, shell  # noqa: E402
 
 shell.enter_app()
 

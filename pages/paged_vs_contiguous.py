@@ -1,18 +1,13 @@
 """Paged vs contiguous: the same workload on two private engines that differ only in allocator."""
 from __future__ import annotations
 
-import gc
-
 import streamlit as st
 
-from engine import experiments
-from engine.config import SamplingParams
+from engine import experiments, recording
 from engine.workloads import make_workload, summarize
-from engine import recording
 from ui import compare as C
 from ui import engine_access as ea
-from ui import pool, theme
-from ui import shell
+from ui import pool, shell, theme
 
 shell.enter_app()
 
@@ -48,13 +43,7 @@ with st.form("pvc_form"):
 
 
 def _run(allocator: str, reqs, progress, frac0: float) -> recording.RunRecord:
-    cfg = base.replace(model=pvc_model, allocator=allocator, block_size=int(block_size), num_kv_blocks=int(budget),
-                       kv_cache_bytes=None, max_model_len=int(mml), max_num_seqs=256,
-                       max_num_batched_tokens=max(512, int(mml)), enable_prefix_caching=False,
-                       speculative=None, preemption_mode="recompute", event_ring_size=100_000)
-    from engine import LLMEngine
-    eng = LLMEngine(cfg)
-    label = "paged (blocks on demand)" if allocator == "paged" else "contiguous (one max_model_len slab each)"
+    label = experiments.ALLOCATOR_LABELS[allocator]
     total = sum(r.max_tokens for r in reqs) or 1
 
     def on_step(i, snap):
@@ -62,14 +51,8 @@ def _run(allocator: str, reqs, progress, frac0: float) -> recording.RunRecord:
             done = snap.metrics.generation_tokens_total
             progress.progress(min(1.0, frac0 + 0.5 * done / total), text=f"{label}: step {i}")
 
-    try:
-        return recording.run_engine(eng, [(f"{allocator[:1]}-{r.request_id}", r.prompt,
-                                   SamplingParams(max_tokens=r.max_tokens, ignore_eos=True)) for r in reqs],
-                            label=label, on_step=on_step, max_steps=20_000)
-    finally:
-        del eng
-        gc.collect()
-
+    return experiments.run_allocator(base, allocator, reqs, model=pvc_model, block_size=int(block_size),
+                                     budget_blocks=int(budget), max_model_len=int(mml), on_step=on_step)
 
 if go:
     try:

@@ -5,14 +5,12 @@ import uuid
 
 import streamlit as st
 
-from engine import experiments
+from engine import experiments, recording
 from engine.workloads import make_workload
-from engine import recording
 from ui import compare as C
 from ui import engine_access as ea
 from ui import events_table as et
-from ui import pool, theme
-from ui import shell
+from ui import pool, shell, theme
 
 shell.enter_app()
 

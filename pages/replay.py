@@ -9,9 +9,8 @@ import streamlit as st
 from ui import engine_access as ea
 from ui import events_table as et
 from ui import load as L
-from ui import pool, theme
+from ui import pool, shell, theme
 from ui import replay as R
-from ui import shell
 
 shell.enter_app()
 

@@ -8,8 +8,7 @@ import streamlit as st
 
 from engine.config import SamplingParams
 from ui import engine_access as ea
-from ui import spec, theme, tokens
-from ui import shell
+from ui import shell, spec, theme, tokens
 
 shell.enter_app()
 

@@ -2,7 +2,6 @@
 fixtures by the tests of engine/memory_math.py)."""
 from __future__ import annotations
 
-
 PRESETS: dict[str, dict] = {
     "SmolLM2-135M": {
         "model_type": "llama", "architectures": ["LlamaForCausalLM"],

@@ -1,7 +1,6 @@
 """The cache suite: cost per generated token with and without the KV cache."""
 from __future__ import annotations
 
-
 from . import common as C
 from .common import SuiteResult
 from .report import BenchUnavailable, line_figure

@@ -1,7 +1,6 @@
 """The prefix suite: a shared system prompt with and without the prefix cache."""
 from __future__ import annotations
 
-
 from .. import workloads as W
 from . import common as C
 from .common import SuiteResult

@@ -1,7 +1,6 @@
 """The speculative suite: each drafter interleaved with plain decoding on the same prompts."""
 from __future__ import annotations
 
-
 from .. import rates
 from .. import workloads as W
 from . import common as C

@@ -9,7 +9,6 @@ from . import common as C
 from . import roofline as R
 from .common import SuiteResult
 
-
 _SPIN = "import time\nend = time.time() + {secs}\nwhile time.time() < end:\n    pass\n"
 
 

@@ -1,7 +1,6 @@
 """The throughput suite: kvscope vs transformers (sequential, static batch, generate_batch) on W16/W64."""
 from __future__ import annotations
 
-
 from . import common as C
 from . import peers
 from . import roofline as R
