@@ -6,6 +6,7 @@ recorder that the pages, the bench and the comparisons use.
 - `run_engine(engine, requests, ...)`: `drive` plus a `RunRecord` (bounded snapshot series, the
   snapshot at the allocation peak, the run's events, per-step wall times, final outputs).
 - `measure_decode_cost(engine, prompt, n)`: one request, one step at a time, timing each step.
+- `LoadFeeder`: submits a workload to an EngineThread at its arrival times (daemon thread).
 - `SnapshotRecorder`: records what an EngineThread publishes while something else drives it
   (the live load page), with the same series and event rules as `run_engine`.
 
@@ -254,3 +255,93 @@ class SnapshotRecorder:
         with self._lock:
             evs = list(self.events)
         return trace_to_string(snaps, evs)
+
+
+# ------------------------------------------------------------------ feeding a running engine
+
+MAX_LOAD_REQUESTS = 300   # the feeder never submits more than this in one run
+
+
+@dataclass
+class FeederStatus:
+    total: int
+    submitted: int = 0
+    rejected: int = 0
+    errors: list[str] = field(default_factory=list)
+    request_ids: list[str] = field(default_factory=list)
+    done: bool = False
+    stopped: bool = False
+
+
+class LoadFeeder:
+    """Submits `requests` (objects with .arrival_s, .prompt, .max_tokens, .tier) through `submit`
+    at their arrival times, on a daemon thread. Bounded (MAX_LOAD_REQUESTS) and stoppable.
+
+    `submit(prompt, params, request_id)` is the EngineThread's submit; a ValueError from it (bad
+    input, over a tier's cap) is counted as a rejection with the engine's message, and the feeder
+    goes on with the next request."""
+
+    MAX_ERRORS = 50
+
+    def __init__(self, submit: Callable, requests: Sequence, make_params: Callable, run_id: str,
+                 time_scale: float = 1.0, clock: Callable[[], float] = time.monotonic):
+        self._submit = submit
+        self._requests = sorted(list(requests)[:MAX_LOAD_REQUESTS], key=lambda r: r.arrival_s)
+        self._make_params = make_params
+        self._run_id = run_id
+        self._scale = max(0.0, float(time_scale))
+        self._clock = clock
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self.status = FeederStatus(total=len(self._requests))
+        self._thread = threading.Thread(target=self._run, name=f"kvscope-feeder-{run_id}", daemon=True)
+
+    def start(self) -> "LoadFeeder":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def snapshot_status(self) -> FeederStatus:
+        with self._lock:
+            s = self.status
+            return FeederStatus(s.total, s.submitted, s.rejected, list(s.errors), list(s.request_ids),
+                                s.done, s.stopped)
+
+    def _run(self) -> None:
+        t0 = self._clock()
+        try:
+            for i, req in enumerate(self._requests):
+                delay = t0 + req.arrival_s * self._scale - self._clock()
+                if delay > 0 and self._stop.wait(delay):
+                    break
+                if self._stop.is_set():
+                    break
+                rid = f"{self._run_id}-{getattr(req, 'request_id', None) or f'{i:03d}'}"
+                try:
+                    prompt = req.prompt if getattr(req, "prompt", None) is not None else req.prompt_token_ids
+                    self._submit(prompt, self._make_params(req), request_id=rid)
+                    with self._lock:
+                        self.status.submitted += 1
+                        self.status.request_ids.append(rid)
+                except ValueError as e:
+                    with self._lock:
+                        self.status.rejected += 1
+                        if len(self.status.errors) < self.MAX_ERRORS:
+                            self.status.errors.append(f"{rid}: {e}")
+                except Exception as e:  # engine down / reconfigured: stop feeding, say why
+                    with self._lock:
+                        self.status.errors.append(f"{rid}: {type(e).__name__}: {e}")
+                    break
+        finally:
+            with self._lock:
+                self.status.stopped = self._stop.is_set()
+                self.status.done = True

@@ -43,7 +43,7 @@ st.caption(SCEN_HELP[scenario])
 mml = snap0.info.max_model_len
 with st.form("load_form"):
     c = st.columns(4)
-    n = c[0].number_input("Requests", 1, L.MAX_LOAD_REQUESTS, 24, key="load_n")
+    n = c[0].number_input("Requests", 1, recording.MAX_LOAD_REQUESTS, 24, key="load_n")
     seed = c[1].number_input("Seed", 0, 10_000, 0, key="load_seed")
     tiers = c[2].multiselect("Tiers (picked at random)", sorted(cfg.tiers), default=[], key="load_tiers",
                              help="each tier caps prompt + max tokens; a request over its cap is rejected")
@@ -107,7 +107,7 @@ if launch:
         run_id = f"L{uuid.uuid4().hex[:4]}"
         now = th.snapshot()
         rec = recording.SnapshotRecorder(run_id, start_time=now.time, start_seq=th.events.last_seq)
-        feeder = L.LoadFeeder(th.submit, reqs, lambda r: SamplingParams(**r.sampling_kwargs()), run_id,
+        feeder = recording.LoadFeeder(th.submit, reqs, lambda r: SamplingParams(**r.sampling_kwargs()), run_id,
                               time_scale=0.0 if ea.test_mode() else 1.0)
         SS["load_run"] = {"run_id": run_id, "feeder": feeder, "rec": rec, "scenario": scenario,
                           "summary": summarize(reqs), "t0": now.time}

@@ -116,7 +116,7 @@ def test_feeder_submits_in_arrival_order_and_counts_rejections():
         got.append((request_id, prompt, params))
 
     reqs = [WR(0.02, "b", 5), WR(0.0, "a", 4), WR(0.03, "bad", 9), WR(0.04, "c", 6)]
-    f = L.LoadFeeder(submit, reqs, make_params=lambda r: r.max_tokens, run_id="t1", time_scale=1.0).start()
+    f = recording.LoadFeeder(submit, reqs, make_params=lambda r: r.max_tokens, run_id="t1", time_scale=1.0).start()
     f.join(5)
     st = f.snapshot_status()
     assert st.done and not st.stopped
@@ -128,9 +128,9 @@ def test_feeder_submits_in_arrival_order_and_counts_rejections():
 
 def test_feeder_stops_promptly_and_is_bounded():
     calls = []
-    reqs = [WR(1000.0 + i, "x", 1) for i in range(L.MAX_LOAD_REQUESTS + 50)]
-    f = L.LoadFeeder(lambda *a, **k: calls.append(1), reqs, make_params=lambda r: None, run_id="t2")
-    assert f.status.total == L.MAX_LOAD_REQUESTS
+    reqs = [WR(1000.0 + i, "x", 1) for i in range(recording.MAX_LOAD_REQUESTS + 50)]
+    f = recording.LoadFeeder(lambda *a, **k: calls.append(1), reqs, make_params=lambda r: None, run_id="t2")
+    assert f.status.total == recording.MAX_LOAD_REQUESTS
     f.start()
     f.stop()
     f.join(5)
@@ -140,7 +140,7 @@ def test_feeder_stops_promptly_and_is_bounded():
 def test_feeder_stops_on_engine_failure():
     def submit(*a, **k):
         raise RuntimeError("engine thread crashed")
-    f = L.LoadFeeder(submit, [WR(0, "a", 1), WR(0, "b", 1)], make_params=lambda r: None, run_id="t3").start()
+    f = recording.LoadFeeder(submit, [WR(0, "a", 1), WR(0, "b", 1)], make_params=lambda r: None, run_id="t3").start()
     f.join(5)
     st = f.snapshot_status()
     assert st.done and st.submitted == 0 and "RuntimeError" in st.errors[0] and len(st.errors) == 1
