@@ -19,9 +19,7 @@ import struct
 from collections import OrderedDict
 from dataclasses import dataclass
 
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+from .kv_layout import cdiv  # noqa: F401  (callers import it from here too)
 
 
 def hash_block(parent: bytes | None, token_ids, salt: str | None) -> bytes:

@@ -16,9 +16,10 @@ from . import events as ev
 from .block_manager import BlockManager, cdiv
 from .config import EngineConfig, SamplingParams
 from .events import EventRing
+from .kv_layout import kv_bytes_per_token, kv_geometry
 from .metrics import MetricsTracker
 from .models import load_model, resolve_device, resolve_dtype
-from .runner import BatchRow, ModelRunner, kv_geometry
+from .runner import BatchRow, ModelRunner
 from .sampler import make_generator, sample
 from .scheduler import Scheduler
 from .sequence import Request, Status
@@ -111,8 +112,7 @@ class LLMEngine:
             raise ValueError(f"max_model_len={config.max_model_len} exceeds the model's "
                              f"max_position_embeddings={max_pos}")
         n_layers, n_kv, head_dim = kv_geometry(hf)
-        itemsize = torch.finfo(self.dtype).bits // 8
-        self.bytes_per_token = 2 * n_layers * n_kv * head_dim * itemsize
+        self.bytes_per_token = kv_bytes_per_token(n_layers, n_kv, head_dim, self.dtype.itemsize)
         self.bytes_per_block = self.bytes_per_token * config.block_size
         if config.num_kv_blocks is not None:
             num_blocks = config.num_kv_blocks

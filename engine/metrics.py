@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from .rates import prefix_hit_rate
 from .snapshot import EngineMetrics, SpecMetrics
 
 WINDOW = 1000
@@ -75,7 +76,7 @@ class MetricsTracker:
             num_blocks_used=bm.num_used_blocks, num_blocks_cached=n_cached,
             num_blocks_free=bm.num_free_blocks - n_cached, slots_allocated=slots_alloc, slots_filled=slots_filled,
             waste_fraction=(1 - slots_filled / slots_alloc) if slots_alloc else 0.0,
-            prefix_cache_queries=q, prefix_cache_hits=h, prefix_cache_hit_rate=(h / q) if q else 0.0,
+            prefix_cache_queries=q, prefix_cache_hits=h, prefix_cache_hit_rate=prefix_hit_rate(h, q),
             swap_blocks_used=bm.num_swap_used, swap_blocks_total=bm.num_swap_blocks,
             prompt_tokens_total=self.prompt_tokens, generation_tokens_total=self.generation_tokens,
             throughput_tok_s=(self.generation_tokens / self.busy_s) if self.busy_s else 0.0,

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
+from . import rates
+
 # Block states in the pool map.
 FREE = "free"            # never used, or evicted from the prefix cache: holds nothing useful
 CACHED = "cached"        # ref count 0 but its content is still indexed by the prefix cache (reusable)
@@ -105,11 +107,11 @@ class SpecMetrics:
 
     @property
     def acceptance_rate(self) -> float | None:
-        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
+        return rates.acceptance_rate(self.num_accepted_tokens, self.num_draft_tokens)
 
     @property
     def mean_acceptance_length(self) -> float | None:
-        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else None
+        return rates.mean_acceptance_length(self.num_accepted_tokens, self.num_drafts)
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,8 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from .config import EngineConfig, SamplingParams, TierConfig, default_tiers
+from .kv_layout import cdiv
+from .rates import prefix_hit_rate
 from .workloads import make_workload
 
 SCENARIO_ORDER = ("release-freeze", "shared-system-prompt", "mixed")
@@ -201,10 +203,6 @@ class SoakReport:
         return "\n".join(lines)
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def _drain_events(eng, last_seq: int, report: SoakReport, problems: list) -> int:
     evs = eng.events.since(last_seq)
     if evs and evs[0].seq != last_seq + 1:
@@ -239,7 +237,7 @@ def reference_run(requests: list[SoakRequest], model: str, block_size: int, max_
     from .models import load_model
     tokenizer = load_model(model, device)[1]
     tok_counts = {r.request_id: len(tokenizer.encode(r.prompt, add_special_tokens=False)) for r in requests}
-    largest = max(_cdiv(min(tok_counts[r.request_id] + r.max_tokens, max_model_len), block_size)
+    largest = max(cdiv(min(tok_counts[r.request_id] + r.max_tokens, max_model_len), block_size)
                   for r in requests)
     eng = LLMEngine(EngineConfig(model=model, device=device, block_size=block_size, max_model_len=max_model_len,
                                  num_kv_blocks=max_num_seqs * largest, max_num_seqs=max_num_seqs,
@@ -434,7 +432,7 @@ def run_soak(requests: list[SoakRequest], reference: dict[str, list[int]], *, mo
     if mode == "swap" and rep.swap_full_fallbacks == 0 and rep.preemptions:
         problems.append("swap mode never hit the swap-full fallback (swap space too large for this run?)")
     q, h = bm.prefix_queries, bm.prefix_hits
-    rep.prefix_hit_rate = h / q if q else 0.0
+    rep.prefix_hit_rate = prefix_hit_rate(h, q)
     rep.event_ring_len = len(eng.events)
     rep.event_ring_maxlen = eng.events.maxlen
     del eng

@@ -8,7 +8,9 @@ import streamlit as st
 from engine.config import SamplingParams
 from engine.thread import EngineCrashed
 from ui import engine_access as ea
-from ui import growth, pool, theme, tokens
+from ui import growth, pool, shell, theme, tokens
+
+shell.enter_app()
 
 EXAMPLE = "Explain in two sentences why a KV cache makes text generation faster."
 SS = st.session_state

@@ -8,7 +8,9 @@ import streamlit as st
 
 from engine.config import SamplingParams
 from ui import engine_access as ea
-from ui import spec, theme, tokens
+from ui import shell, spec, theme, tokens
+
+shell.enter_app()
 
 SS = st.session_state
 METHODS = ("ngram", "self_draft", "draft_model")
