@@ -6,6 +6,7 @@ executes anything (json only), checks the schema line by line, and bounds size a
 """
 from __future__ import annotations
 
+import enum
 import json
 import threading
 from collections import deque
@@ -14,30 +15,77 @@ from typing import IO, Iterable
 
 from .snapshot import Snapshot, snapshot_from_dict
 
-# Event kinds. Every memory decision has one, with a reason in `data["reason"]`.
-ADMIT = "admit"                  # a waiting request was scheduled for the first time
-REJECT = "reject"                # refused at add_request / admission (reason)
-WAIT = "wait"                    # could not be scheduled this step (reason: no free blocks, seq limit, token budget)
-PREFILL = "prefill"              # a prefill chunk ran (tokens, range)
-DECODE = "decode"                # a decode step produced a token
-BLOCK_ALLOC = "block_alloc"      # blocks appended to a block table
-BLOCK_FREE = "block_free"        # blocks released (finish/abort/preempt/evict/rollback)
-PREFIX_HIT = "prefix_hit"        # blocks reused from the prefix cache at admission
-PREFIX_EVICT = "prefix_evict"    # a cached-free block was reused for new content; its hash is dropped
-COW = "cow"                      # copy-on-write of a shared block before a write
-PREEMPT = "preempt"              # victim chosen (mode, blocks freed, tokens to recompute, why)
-SWAP_OUT = "swap_out"
-SWAP_IN = "swap_in"
-EVICT = "evict"                  # manual eviction (LLMEngine.evict)
-FINISH = "finish"
-ABORT = "abort"
-ERROR = "error"                  # a step failed; the requests in it are failed
-SPEC_VERIFY = "spec_verify"      # proposed, accepted, rejected/replacement, bonus, times
-SPEC_FALLBACK = "spec_fallback"  # a request class stopped / resumed speculating
-CONFIG = "config"                # engine (re)configured
+class EventKind(enum.StrEnum):
+    """What happened. Every memory decision has a kind and a reason (`data["reason"]`); the keys
+    of `data` for each kind are fixed: EVENT_PAYLOADS. In `data`, `blocks` is always a list of
+    block ids and `num_blocks` a count."""
 
-EVENT_KINDS = (ADMIT, REJECT, WAIT, PREFILL, DECODE, BLOCK_ALLOC, BLOCK_FREE, PREFIX_HIT, PREFIX_EVICT,
-               COW, PREEMPT, SWAP_OUT, SWAP_IN, EVICT, FINISH, ABORT, ERROR, SPEC_VERIFY, SPEC_FALLBACK, CONFIG)
+    ADMIT = "admit"                  # a waiting request was scheduled (first time, or resumed)
+    REJECT = "reject"                # refused at add_request / admission
+    PREFILL = "prefill"              # a prefill chunk ran
+    DECODE = "decode"                # a decode step produced a token
+    BLOCK_FREE = "block_free"        # blocks released (finish/abort/rollback/no-cache/draft)
+    PREFIX_HIT = "prefix_hit"        # blocks reused from the prefix cache at admission
+    PREFIX_EVICT = "prefix_evict"    # a cached-free block was reused for new content; its hash is dropped
+    COW = "cow"                      # copy-on-write of a shared block before a write
+    PREEMPT = "preempt"              # victim chosen (mode, blocks freed, tokens to recompute, why)
+    SWAP_OUT = "swap_out"
+    SWAP_IN = "swap_in"
+    EVICT = "evict"                  # manual eviction (LLMEngine.evict)
+    FINISH = "finish"
+    ABORT = "abort"
+    ERROR = "error"                  # a step (or a draft) failed; the requests in it are failed
+    SPEC_VERIFY = "spec_verify"      # proposed, accepted, rejected/replacement, bonus, times
+    SPEC_FALLBACK = "spec_fallback"  # a request class stopped / resumed speculating
+    CONFIG = "config"                # engine started or its KV budget changed
+
+
+# The data keys of each kind: (always present, present in some events of the kind).
+_SPEC_VERIFY_KEYS = ("method", "k", "proposed", "proposed_text", "accepted", "rejected", "rejected_text",
+                     "replacement", "replacement_text", "bonus", "bonus_text", "draft_s", "verify_s",
+                     "request_class", "reason")
+EVENT_PAYLOADS: dict[EventKind, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    EventKind.ADMIT: (("resumed", "prompt_tokens", "tokens_to_compute", "cached_tokens", "num_blocks",
+                       "reason"), ()),
+    EventKind.REJECT: (("reason",), ()),
+    EventKind.PREFILL: (("start", "tokens", "num_blocks", "chunk"), ()),
+    EventKind.DECODE: (("token", "position"), ()),
+    EventKind.BLOCK_FREE: (("blocks", "reason"), ()),
+    EventKind.PREFIX_HIT: (("blocks", "tokens", "reason"), ()),
+    EventKind.PREFIX_EVICT: (("block", "hash", "reason"), ()),
+    EventKind.COW: (("src", "dst", "reason"), ()),
+    EventKind.PREEMPT: (("mode", "blocks_freed", "tokens_to_recompute", "reason"), ()),
+    EventKind.SWAP_OUT: (("blocks", "swap_slots", "tokens", "reason"), ()),
+    EventKind.SWAP_IN: (("blocks", "swap_slots", "tokens", "reason"), ()),
+    EventKind.EVICT: (("blocks_freed", "tokens_to_recompute", "cached_tokens_dropped", "reason"), ()),
+    EventKind.FINISH: (("finish_reason", "output_tokens", "reason"), ()),
+    EventKind.ABORT: (("finish_reason", "output_tokens", "reason"), ()),
+    EventKind.ERROR: (("reason",), ("finish_reason", "output_tokens")),
+    EventKind.SPEC_VERIFY: (_SPEC_VERIFY_KEYS, ()),
+    EventKind.SPEC_FALLBACK: (("request_class", "speculating", "reason"),
+                              ("acceptance_rate", "mean_acceptance_length", "cost_ratio", "break_even_alpha",
+                               "mean_k", "batch", "draft_s_per_request", "plain_pass_s", "verify_pass_s")),
+    EventKind.CONFIG: (("num_blocks", "reason"), ("model", "block_size", "bytes_per_token", "previous")),
+}
+
+
+def check_payload(kind: EventKind, data: dict) -> None:
+    """Raise ValueError unless data has every key its kind always carries and no other key."""
+    required, optional = EVENT_PAYLOADS[EventKind(kind)]
+    missing = set(required) - set(data)
+    extra = set(data) - set(required) - set(optional)
+    if missing or extra:
+        raise ValueError(f"{kind} event: missing {sorted(missing)}, unexpected {sorted(extra)}")
+
+
+# Module-level names for the kinds (ev.ADMIT, ...).
+ADMIT, REJECT, PREFILL, DECODE = EventKind.ADMIT, EventKind.REJECT, EventKind.PREFILL, EventKind.DECODE
+BLOCK_FREE, PREFIX_HIT, PREFIX_EVICT, COW = (EventKind.BLOCK_FREE, EventKind.PREFIX_HIT, EventKind.PREFIX_EVICT,
+                                             EventKind.COW)
+PREEMPT, SWAP_OUT, SWAP_IN, EVICT = EventKind.PREEMPT, EventKind.SWAP_OUT, EventKind.SWAP_IN, EventKind.EVICT
+FINISH, ABORT, ERROR, CONFIG = EventKind.FINISH, EventKind.ABORT, EventKind.ERROR, EventKind.CONFIG
+SPEC_VERIFY, SPEC_FALLBACK = EventKind.SPEC_VERIFY, EventKind.SPEC_FALLBACK
+EVENT_KINDS = tuple(EventKind)
 
 MAX_TRACE_BYTES = 256 * 1024 * 1024
 MAX_TRACE_LINES = 2_000_000
@@ -49,7 +97,7 @@ class Event:
     seq: int                     # monotonically increasing event number
     step: int                    # engine step during which it happened
     time: float                  # seconds since the engine started
-    kind: str
+    kind: EventKind
     request_id: str | None = None
     data: dict = field(default_factory=dict)   # JSON-serialisable details, incl. "reason"
 

@@ -6,15 +6,38 @@ All classes are frozen; tuples, never lists, so a Snapshot can be shared across 
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import asdict, dataclass, field, fields
 
-# Block states in the pool map.
-FREE = "free"            # never used, or evicted from the prefix cache: holds nothing useful
-CACHED = "cached"        # ref count 0 but its content is still indexed by the prefix cache (reusable)
-USED = "used"            # owned by one or more requests (ref count >= 1)
+class BlockState(enum.StrEnum):
+    """A block's state in the pool map."""
 
-# Request states (see engine/sequence.py for the state machine).
-REQUEST_STATES = ("waiting", "running", "preempted", "swapped", "finished", "rejected", "aborted")
+    FREE = "free"            # never used, or evicted from the prefix cache: holds nothing useful
+    CACHED = "cached"        # ref count 0 but its content is still indexed by the prefix cache (reusable)
+    USED = "used"            # owned by one or more requests (ref count >= 1)
+
+
+FREE, CACHED, USED = BlockState.FREE, BlockState.CACHED, BlockState.USED
+
+
+class RequestState(enum.StrEnum):
+    """A request's state (the state machine is in engine/sequence.py)."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"      # waiting again after a recompute preemption / eviction
+    SWAPPED = "swapped"
+    FINISHED = "finished"
+    REJECTED = "rejected"
+    ABORTED = "aborted"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in _TERMINAL
+
+
+_TERMINAL = frozenset({RequestState.FINISHED, RequestState.REJECTED, RequestState.ABORTED})
+REQUEST_STATES = tuple(RequestState)
 
 # Token marks for the token strip.
 PLAIN, ACCEPTED, REJECTED, BONUS, REPLACED = "plain", "accepted", "rejected", "bonus", "replaced"
@@ -23,7 +46,7 @@ PLAIN, ACCEPTED, REJECTED, BONUS, REPLACED = "plain", "accepted", "rejected", "b
 @dataclass(frozen=True, slots=True)
 class BlockInfo:
     block_id: int
-    state: str                    # FREE | CACHED | USED
+    state: BlockState
     ref_count: int
     owners: tuple[str, ...]       # request ids whose block table holds this block
     fill: int                     # slots holding a token (0..block_size)
@@ -57,7 +80,7 @@ class HistoryPoint:
 @dataclass(frozen=True, slots=True)
 class RequestInfo:
     request_id: str
-    state: str
+    state: RequestState
     tier: str | None
     prompt_len: int
     output_len: int
@@ -82,6 +105,11 @@ class RequestInfo:
     spec_num_drafts: int = 0
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
+
+    @property
+    def is_terminal(self) -> bool:
+        """finished, rejected or aborted: it will not change again."""
+        return self.state in _TERMINAL
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +214,7 @@ class Snapshot:
     swapped_ids: tuple[str, ...] = ()
     healthy: bool = True
     error: str | None = None
+    engine_id: str = ""               # unique per LLMEngine instance: a new id means a rebuilt engine
 
     def request(self, request_id: str) -> RequestInfo | None:
         for r in self.requests:

@@ -419,17 +419,14 @@ def run_soak(requests: list[SoakRequest], reference: dict[str, list[int]], *, mo
     bm = eng.bm
     if eng.has_unfinished_requests() or eng.requests:
         problems.append(f"engine still holds {len(eng.requests)} requests at the end")
-    if bm.tables:
-        problems.append(f"block tables left at the end: {sorted(bm.tables)[:5]}")
-    owned = [b.block_id for b in bm.blocks if b.ref_cnt and b.block_id not in bm.retired]
-    if owned:
-        problems.append(f"blocks still owned at the end: {owned[:10]}")
-    if len(bm.free_queue) != bm.num_blocks:
-        problems.append(f"{bm.num_blocks - len(bm.free_queue)} blocks neither free nor cached-free at the end")
-    rep.end_cached_free_blocks = sum(1 for b in bm.free_queue if bm.blocks[b].block_hash is not None)
-    rep.end_free_blocks = len(bm.free_queue) - rep.end_cached_free_blocks
+    if bm.request_ids():
+        problems.append(f"block tables left at the end: {sorted(bm.request_ids())[:5]}")
+    if bm.num_used_blocks:
+        problems.append(f"{bm.num_used_blocks} blocks still owned (neither free nor cached-free) at the end")
+    rep.end_cached_free_blocks = bm.num_cached_free_blocks
+    rep.end_free_blocks = bm.num_free_blocks - rep.end_cached_free_blocks
     rep.end_swap_used = bm.num_swap_used
-    if bm.num_swap_used or bm.swapped:
+    if bm.num_swap_used or not bm.is_empty:
         problems.append(f"swap space not empty at the end: {bm.num_swap_used} slots used")
     if mode == "swap" and rep.swap_full_fallbacks == 0 and rep.preemptions:
         problems.append("swap mode never hit the swap-full fallback (swap space too large for this run?)")

@@ -432,10 +432,9 @@ CASES = _cases()
 
 def fingerprint(eng: LLMEngine):
     bm, s = eng.bm, eng.scheduler
-    return (tuple(bm.free_queue), tuple((k, tuple(v)) for k, v in bm.tables.items()), dict(bm.num_tokens),
+    return (bm.fingerprint(),
             tuple(r.request_id for r in s.waiting), tuple(r.request_id for r in s.running),
-            tuple(r.request_id for r in s.swapped), tuple(eng.requests), eng.step_num, bm.num_swap_used,
-            tuple(b.ref_cnt for b in bm.blocks))
+            tuple(r.request_id for r in s.swapped), tuple(eng.requests), eng.step_num, bm.num_swap_used)
 
 
 def run_case(case: Case, ctx: Ctx):

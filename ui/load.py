@@ -15,12 +15,11 @@ from typing import Callable, Iterable, Sequence
 
 import plotly.graph_objects as go
 
-from engine.snapshot import Snapshot
+from engine.snapshot import RequestState, Snapshot
 from ui import theme
 
 SERIES_CAP = 600          # snapshots kept for the over-time charts (older half thinned beyond it)
 MAX_GROWTH_LINES = 24     # per-request cache-growth lines drawn at most
-TERMINAL_STATES = ("finished", "rejected", "aborted")
 MAX_LOAD_REQUESTS = 300   # the feeder never submits more than this in one run
 PERCENTILES = (50, 90, 99)
 
@@ -145,11 +144,11 @@ def growth_lines(series: Sequence[Snapshot], max_lines: int = MAX_GROWTH_LINES) 
                 continue             # finished: its line ended with the drop to 0
             latest[r.request_id] = r
             xs, ys = sampled.setdefault(r.request_id, ([], []))
-            if not ys and r.num_computed_tokens == 0 and r.state in ("waiting", "finished", "rejected", "aborted"):
+            if not ys and r.num_computed_tokens == 0 and (r.state == RequestState.WAITING or r.is_terminal):
                 continue             # not started yet (or never started): no line until it holds KV
             xs.append(s.time)
             ys.append(r.num_computed_tokens)
-            if r.state in TERMINAL_STATES:
+            if r.is_terminal:
                 done.add(r.request_id)
     lines: dict[str, tuple[list[float], list[int]]] = {}
     for rid, r in latest.items():
@@ -386,7 +385,12 @@ class LoadRecorder:
             # th.snapshot() is the thread's last published snapshot: lock-free, so a page never
             # waits for a long engine step (recent_snapshots() would take the engine lock)
             snap = th.snapshot()
-            if (self.series and snap.step < self.series[-1].step) or th.events.last_seq < self.last_seq:
+            prev = self.latest
+            if prev is not None and prev.engine_id and snap.engine_id:
+                rebuilt = snap.engine_id != prev.engine_id
+            else:    # snapshots without an engine id (made by hand or by an older engine)
+                rebuilt = (self.series and snap.step < self.series[-1].step) or th.events.last_seq < self.last_seq
+            if rebuilt:
                 # the shared engine was rebuilt (sidebar settings, restart): its steps, clock and
                 # event numbers start again from 0, so the run's record starts again too
                 self.restarts += 1

@@ -13,7 +13,6 @@ from ui import events_table as et
 from ui import load as L
 
 SS = st.session_state
-TERMINAL = ("finished", "rejected", "aborted")
 
 st.title("Concurrent load")
 st.caption(
