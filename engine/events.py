@@ -1,8 +1,11 @@
 """Typed engine events, the bounded ring they live in, and JSONL trace read/write.
 
-A trace file is JSON Lines: a header line {"kind": "kvscope-trace", "version": 1}, then lines
+A trace file is JSON Lines: a header line {"kind": "kvscope-trace", "version": 2}, then lines
 {"kind": "snapshot", "snapshot": {...}} and {"kind": "event", "event": {...}}. Reading never
-executes anything (json only), checks the schema line by line, and bounds size and line count.
+executes anything (json only), validates every snapshot and event with pydantic in strict mode
+(unknown fields refused), and bounds size and line count. Version 1 traces (before event payloads
+were fixed per kind: `blocks` was a count in admit / prefill / swap events) still load; their
+counts are read as `num_blocks`.
 """
 from __future__ import annotations
 
@@ -13,7 +16,9 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import IO, Iterable
 
-from .snapshot import Snapshot, snapshot_from_dict
+from pydantic import TypeAdapter, ValidationError
+
+from .snapshot import TRACE_VALIDATION, Snapshot
 
 class EventKind(enum.StrEnum):
     """What happened. Every memory decision has a kind and a reason (`data["reason"]`); the keys
@@ -87,6 +92,8 @@ FINISH, ABORT, ERROR, CONFIG = EventKind.FINISH, EventKind.ABORT, EventKind.ERRO
 SPEC_VERIFY, SPEC_FALLBACK = EventKind.SPEC_VERIFY, EventKind.SPEC_FALLBACK
 EVENT_KINDS = tuple(EventKind)
 
+TRACE_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 MAX_TRACE_BYTES = 256 * 1024 * 1024
 MAX_TRACE_LINES = 2_000_000
 MAX_LINE_BYTES = 16 * 1024 * 1024
@@ -101,30 +108,10 @@ class Event:
     request_id: str | None = None
     data: dict = field(default_factory=dict)   # JSON-serialisable details, incl. "reason"
 
+    __pydantic_config__ = TRACE_VALIDATION
+
     def to_dict(self) -> dict:
         return asdict(self)
-
-    @staticmethod
-    def from_dict(d: dict) -> "Event":
-        if not isinstance(d, dict):
-            raise ValueError("event: expected an object")
-        allowed = {"seq", "step", "time", "kind", "request_id", "data"}
-        if set(d) - allowed:
-            raise ValueError(f"event: unknown field(s) {sorted(set(d) - allowed)[:5]}")
-        for k, t in (("seq", int), ("step", int)):
-            if not isinstance(d.get(k), t) or isinstance(d.get(k), bool):
-                raise ValueError(f"event.{k}: expected an integer")
-        if not isinstance(d.get("time"), (int, float)) or isinstance(d.get("time"), bool):
-            raise ValueError("event.time: expected a number")
-        if d.get("kind") not in EVENT_KINDS:
-            raise ValueError(f"event.kind: unknown kind {str(d.get('kind'))[:40]!r}")
-        rid = d.get("request_id")
-        if rid is not None and not isinstance(rid, str):
-            raise ValueError("event.request_id: expected a string or null")
-        data = d.get("data", {})
-        if not isinstance(data, dict):
-            raise ValueError("event.data: expected an object")
-        return Event(d["seq"], d["step"], float(d["time"]), d["kind"], rid, data)
 
 
 class EventRing:
@@ -168,7 +155,7 @@ class EventRing:
 # ---------------------------------------------------------------- traces
 
 def write_trace(fp: IO[str], snapshots: Iterable[Snapshot], events: Iterable[Event]) -> None:
-    fp.write(json.dumps({"kind": "kvscope-trace", "version": 1}) + "\n")
+    fp.write(json.dumps({"kind": "kvscope-trace", "version": TRACE_VERSION}) + "\n")
     for s in snapshots:
         fp.write(json.dumps({"kind": "snapshot", "snapshot": s.to_dict()}, separators=(",", ":")) + "\n")
     for e in events:
@@ -190,6 +177,60 @@ class Trace:
 
 def _reject_constant(name: str):
     raise ValueError(f"{name} is not allowed")
+
+
+_ADAPTERS: dict[type, TypeAdapter] = {}
+_EXPECTED = {"int_type": "expected an integer", "float_type": "expected a number", "string_type": "expected a string",
+             "bool_type": "expected true or false", "list_type": "expected a list", "tuple_type": "expected a list",
+             "dict_type": "expected an object", "missing": "missing field"}
+
+
+def _where(root: str, loc) -> str:
+    out = root
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out
+
+
+def _validate(cls: type, root: str, data):
+    """Build cls (a dataclass tree) from JSON data with pydantic in strict mode. Raises ValueError
+    naming the field: '<root>.<field>[<index>]...: <what was expected>'."""
+    adapter = _ADAPTERS.get(cls)
+    if adapter is None:
+        adapter = _ADAPTERS[cls] = TypeAdapter(cls)
+    try:
+        text = json.dumps(data, allow_nan=False)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+    try:
+        return adapter.validate_json(text)
+    except ValidationError as e:
+        errors = e.errors(include_url=False)
+    unknown = [x for x in errors if x["type"] in ("unexpected_keyword_argument", "extra_forbidden")]
+    if unknown:
+        parent = unknown[0]["loc"][:-1]
+        names = sorted(str(x["loc"][-1]) for x in unknown if x["loc"][:-1] == parent)
+        raise ValueError(f"{_where(root, parent)}: unknown field(s) {names[:5]}")
+    err = errors[0]
+    loc, typ, got = err["loc"], err["type"], err.get("input")
+    if typ in ("dataclass_type", "dataclass_exact_type", "model_type", "dict_type") or (not loc and typ != "missing"):
+        raise ValueError(f"{_where(root, loc)}: expected an object, got {type(got).__name__}")
+    if typ == "enum" and cls is Event and loc == ("kind",):
+        raise ValueError(f"{root}.kind: unknown kind {str(got)[:40]!r}")
+    if typ == "enum":
+        raise ValueError(f"{_where(root, loc)}: unknown value {str(got)[:40]!r} ({err['msg']})")
+    raise ValueError(f"{_where(root, loc)}: {_EXPECTED.get(typ, err['msg'])}")
+
+
+_V1_BLOCK_COUNTS = (EventKind.ADMIT, EventKind.PREFILL, EventKind.SWAP_OUT, EventKind.SWAP_IN)
+
+
+def _upgrade_v1_event(e: Event) -> Event:
+    """Version 1 wrote a block count as `blocks` in admit / prefill / swap events: now `num_blocks`."""
+    if e.kind in _V1_BLOCK_COUNTS and isinstance(e.data.get("blocks"), int):
+        data = {("num_blocks" if k == "blocks" else k): v for k, v in e.data.items()}
+        return Event(e.seq, e.step, e.time, e.kind, e.request_id, data)
+    return e
 
 
 def read_trace(source: str | bytes | IO, *, max_bytes: int = MAX_TRACE_BYTES) -> Trace:
@@ -214,6 +255,7 @@ def read_trace(source: str | bytes | IO, *, max_bytes: int = MAX_TRACE_BYTES) ->
         raise ValueError("trace is empty")
     snaps: list[Snapshot] = []
     events: list[Event] = []
+    version = TRACE_VERSION
     for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -232,13 +274,16 @@ def read_trace(source: str | bytes | IO, *, max_bytes: int = MAX_TRACE_BYTES) ->
         kind = obj["kind"]
         try:
             if i == 1 or (not snaps and not events and kind == "kvscope-trace"):
-                if kind != "kvscope-trace" or obj.get("version") != 1:
-                    raise ValueError("the first line must be the header {\"kind\": \"kvscope-trace\", \"version\": 1}")
+                version = obj.get("version")
+                if kind != "kvscope-trace" or type(version) is not int or version not in READABLE_VERSIONS:
+                    raise ValueError(f"the first line must be the header {{\"kind\": \"kvscope-trace\", "
+                                     f"\"version\": {TRACE_VERSION}}} (versions {list(READABLE_VERSIONS)} are read)")
                 continue
             if kind == "snapshot":
-                snaps.append(snapshot_from_dict(obj.get("snapshot")))
+                snaps.append(_validate(Snapshot, "Snapshot", obj.get("snapshot")))
             elif kind == "event":
-                events.append(Event.from_dict(obj.get("event")))
+                e = _validate(Event, "event", obj.get("event"))
+                events.append(_upgrade_v1_event(e) if version == 1 else e)
             else:
                 raise ValueError(f"unknown line kind {str(kind)[:40]!r}")
         except ValueError as e:
