@@ -34,6 +34,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from .config import EngineConfig, SamplingParams, TierConfig, default_tiers
+from .events import EventKind
 from .workloads import make_workload
 
 SCENARIO_ORDER = ("release-freeze", "shared-system-prompt", "mixed")
@@ -205,6 +206,10 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+_NEEDS_REASON = (EventKind.PREEMPT, EventKind.EVICT, EventKind.REJECT, EventKind.ABORT, EventKind.ERROR,
+                 EventKind.SWAP_OUT, EventKind.SWAP_IN, EventKind.BLOCK_FREE)
+
+
 def _drain_events(eng, last_seq: int, report: SoakReport, problems: list) -> int:
     evs = eng.events.since(last_seq)
     if evs and evs[0].seq != last_seq + 1:
@@ -212,10 +217,10 @@ def _drain_events(eng, last_seq: int, report: SoakReport, problems: list) -> int
     for e in evs:
         report.events_seen += 1
         reason = e.data.get("reason")
-        if e.kind in ("preempt", "evict", "reject", "abort", "error", "swap_out", "swap_in", "block_free") \
+        if e.kind in _NEEDS_REASON \
                 and not (isinstance(reason, str) and reason):
             problems.append(f"{e.kind} event for {e.request_id} has no reason")
-        if e.kind == "preempt":
+        if e.kind == EventKind.PREEMPT:
             report.preemptions += 1
             if e.data.get("mode") == "swap":
                 report.preemptions_swap += 1
@@ -223,9 +228,9 @@ def _drain_events(eng, last_seq: int, report: SoakReport, problems: list) -> int
                 report.preemptions_recompute += 1
             if "swap space full" in (reason or ""):
                 report.swap_full_fallbacks += 1
-        elif e.kind == "swap_out":
+        elif e.kind == EventKind.SWAP_OUT:
             report.swap_outs += 1
-        elif e.kind == "swap_in":
+        elif e.kind == EventKind.SWAP_IN:
             report.swap_ins += 1
     return evs[-1].seq if evs else last_seq
 
