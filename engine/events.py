@@ -27,8 +27,10 @@ class EventKind(enum.StrEnum):
 
     ADMIT = "admit"                  # a waiting request was scheduled (first time, or resumed)
     REJECT = "reject"                # refused at add_request / admission
+    WAIT = "wait"                    # a request started waiting for KV memory (wait_reason says which way)
     PREFILL = "prefill"              # a prefill chunk ran
     DECODE = "decode"                # a decode step produced a token
+    BLOCK_ALLOC = "block_alloc"      # blocks appended to a block table (a request's or its draft's)
     BLOCK_FREE = "block_free"        # blocks released (finish/abort/rollback/no-cache/draft)
     PREFIX_HIT = "prefix_hit"        # blocks reused from the prefix cache at admission
     PREFIX_EVICT = "prefix_evict"    # a cached-free block was reused for new content; its hash is dropped
@@ -53,8 +55,10 @@ EVENT_PAYLOADS: dict[EventKind, tuple[tuple[str, ...], tuple[str, ...]]] = {
     EventKind.ADMIT: (("resumed", "prompt_tokens", "tokens_to_compute", "cached_tokens", "num_blocks",
                        "reason"), ()),
     EventKind.REJECT: (("reason",), ()),
+    EventKind.WAIT: (("wait_reason", "reason"), ()),
     EventKind.PREFILL: (("start", "tokens", "num_blocks", "chunk"), ()),
     EventKind.DECODE: (("token", "position"), ()),
+    EventKind.BLOCK_ALLOC: (("blocks", "reason"), ()),
     EventKind.BLOCK_FREE: (("blocks", "reason"), ()),
     EventKind.PREFIX_HIT: (("blocks", "tokens", "reason"), ()),
     EventKind.PREFIX_EVICT: (("block", "hash", "reason"), ()),
@@ -85,6 +89,7 @@ def check_payload(kind: EventKind, data: dict) -> None:
 
 # Module-level names for the kinds (ev.ADMIT, ...).
 ADMIT, REJECT, PREFILL, DECODE = EventKind.ADMIT, EventKind.REJECT, EventKind.PREFILL, EventKind.DECODE
+WAIT, BLOCK_ALLOC = EventKind.WAIT, EventKind.BLOCK_ALLOC
 BLOCK_FREE, PREFIX_HIT, PREFIX_EVICT, COW = (EventKind.BLOCK_FREE, EventKind.PREFIX_HIT, EventKind.PREFIX_EVICT,
                                              EventKind.COW)
 PREEMPT, SWAP_OUT, SWAP_IN, EVICT = EventKind.PREEMPT, EventKind.SWAP_OUT, EventKind.SWAP_IN, EventKind.EVICT

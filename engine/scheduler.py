@@ -75,10 +75,21 @@ class Scheduler:
         """Some waiting request could not be admitted for lack of free KV blocks."""
         return any(r.wait_reason == WaitReason.NO_FREE_BLOCKS for r in self.waiting)
 
-    @staticmethod
-    def _wait(req: Request, reason: WaitReason | None, text: str | None) -> None:
+    _MEMORY_WAITS = (WaitReason.NO_FREE_BLOCKS, WaitReason.NO_CONTIGUOUS_RUN, WaitReason.MEMORY_PRESSURE,
+                     WaitReason.SWAPPED)
+
+    def _wait(self, req: Request, reason: WaitReason | None, text: str | None) -> None:
+        """Record why req is not running (None: it runs); a WAIT event when it starts waiting for memory."""
+        if reason in self._MEMORY_WAITS and req.wait_reason != reason:
+            self.emit(EventKind.WAIT, req.request_id, wait_reason=reason, reason=text)
         req.wait_reason = reason
         req.waiting_reason = text
+
+    def _allocate(self, req: Request, total_tokens: int, computed: list[int] = ()) -> None:
+        new = self.bm.allocate(req.request_id, total_tokens, computed)
+        if new:
+            self.emit(EventKind.BLOCK_ALLOC, req.request_id, blocks=list(new),
+                      reason=f"block table grown to cover {total_tokens} tokens")
 
     # ------------------------------------------------------------------ preemption
     def _pick_victim(self, current: Request, scheduled: set[str]) -> Request:
@@ -180,7 +191,7 @@ class Scheduler:
                     break
             if not ok:
                 continue          # req was removed from running; same index now holds the next one
-            bm.allocate(req.request_id, req.num_computed_tokens + num_new)
+            self._allocate(req, req.num_computed_tokens + num_new)
             out.items.append(ScheduledItem(req, num_new, n_spec))
             scheduled.add(req.request_id)
             req.last_scheduled_step = step
@@ -217,7 +228,7 @@ class Scheduler:
                                f"no free KV blocks: needs {need}, {bm.num_free_blocks} free")
                 break
             self.waiting.popleft()
-            bm.allocate(req.request_id, total, computed)
+            self._allocate(req, total, computed)
             bm.record_prefix_query(req.num_tokens, hit_tokens)
             first_time = req.admit_order < 0
             req.num_computed_tokens = hit_tokens

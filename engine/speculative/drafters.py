@@ -107,6 +107,11 @@ class ModelDrafter:
         if freed:
             self.ctx.emit(ev.BLOCK_FREE, draft_id(rid), blocks=list(freed), reason=reason)
 
+    def _allocate(self, kv_id: str, total_tokens: int, reason: str) -> None:
+        new = self.bm.allocate(kv_id, total_tokens)
+        if new:
+            self.ctx.emit(ev.BLOCK_ALLOC, kv_id, blocks=list(new), reason=reason)
+
     def owned(self) -> list[str]:
         return list(self.dtoks)
 
@@ -156,7 +161,7 @@ class ModelDrafter:
                 if k < 1:
                     continue
                 if need:
-                    bm.allocate(draft_id(rid), need * bs)
+                    bm.allocate(draft_id(rid), need * bs)     # lent until propose() returns: no event
                 copies = bm.ensure_writable(rid, start, min(start + k, len(table) * bs))
                 if copies:
                     self.runner.copy_blocks(copies)
@@ -180,7 +185,7 @@ class ModelDrafter:
                 if rid in self.dtoks:
                     self.drop(rid, "draft KV dropped: no free blocks beyond what the target needs")
                 continue
-            bm.allocate(did, N + k - 1)
+            self._allocate(did, N + k - 1, "draft model's K/V for the context and its drafts")
             self.dtoks.setdefault(rid, list(ctx[:common]))
             plan.append((req, k, common, list(ctx[common:])))
         if not plan:
