@@ -51,8 +51,8 @@ def test_every_event_has_its_kinds_keys(mode):
         if "num_blocks" in e.data:
             assert isinstance(e.data["num_blocks"], int)
         seen.add(e.kind)
-    assert {EventKind.ADMIT, EventKind.WAIT, EventKind.BLOCK_ALLOC, EventKind.PREFILL, EventKind.DECODE, EventKind.PREFIX_HIT, EventKind.PREEMPT,
-            EventKind.EVICT, EventKind.FINISH, EventKind.REJECT, EventKind.CONFIG, EventKind.BLOCK_FREE} <= seen
+    assert {EventKind.ADMIT, EventKind.WAIT, EventKind.BLOCK_ALLOC, EventKind.PREFILL, EventKind.DECODE,
+            EventKind.PREFIX_HIT, EventKind.PREEMPT, EventKind.EVICT, EventKind.FINISH, EventKind.REJECT, EventKind.CONFIG, EventKind.BLOCK_FREE} <= seen
     if mode == "swap":
         assert {EventKind.SWAP_OUT, EventKind.SWAP_IN} <= seen
 
