@@ -52,7 +52,8 @@ def test_every_event_has_its_kinds_keys(mode):
             assert isinstance(e.data["num_blocks"], int)
         seen.add(e.kind)
     assert {EventKind.ADMIT, EventKind.WAIT, EventKind.BLOCK_ALLOC, EventKind.PREFILL, EventKind.DECODE,
-            EventKind.PREFIX_HIT, EventKind.PREEMPT, EventKind.EVICT, EventKind.FINISH, EventKind.REJECT, EventKind.CONFIG, EventKind.BLOCK_FREE} <= seen
+            EventKind.PREFIX_HIT, EventKind.PREEMPT, EventKind.EVICT, EventKind.FINISH, EventKind.REJECT,
+            EventKind.CONFIG, EventKind.BLOCK_FREE} <= seen
     if mode == "swap":
         assert {EventKind.SWAP_OUT, EventKind.SWAP_IN} <= seen
 
