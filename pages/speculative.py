@@ -22,7 +22,6 @@ METHOD_HELP = {
 }
 EXAMPLE = ("Copy this sentence exactly, changing only the word cat to dog: The quick brown cat jumps over "
            "the lazy fox, and the quick brown cat runs back home again before the rain.")
-TERMINAL = ("finished", "rejected", "aborted")
 
 st.title("Speculative decoding")
 st.caption("A cheap drafter guesses k tokens; the target model checks all of them in one forward pass "
