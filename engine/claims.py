@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from .bench import roofline as RF
-from .bench.suites import theory_tokens_per_pass
+from .speculative.math import expected_tokens_per_pass
 
 VERIFY_KS = tuple(range(1, 9))
 BATCH_SIZES = (1, 2, 4, 8)
@@ -243,7 +243,7 @@ def speculation_row(f: dict, source: str) -> ClaimRow:
     a = _num(f, "passage_edit_acceptance_rate")
     tpp = _num(f, "passage_edit_tokens_per_target_pass")
     k = 4
-    theory = theory_tokens_per_pass(a, k) if a is not None else None
+    theory = expected_tokens_per_pass(a, k) if a is not None else None
     if sp is None or so is None or tpp is None or theory is None:
         return _row("speculation", "—", None, "the speculative result lacks speedup / acceptance fields", source)
     near = abs(tpp - theory) <= SPEC_THEORY_TOL * theory

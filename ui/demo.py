@@ -65,7 +65,7 @@ def _grow(trace: Trace) -> tuple[Moment | None, str]:
     n_admit = sum(1 for x in trace.events if x.kind == ADMIT and not x.data.get("resumed"))
     return Moment(e.step, tick_of_step(trace, e.step),
                   f"Step {e.step}: {e.request_id} is admitted with {e.data.get('prompt_tokens')} prompt tokens in "
-                  f"{e.data.get('blocks')} blocks. {n_admit} conversation turns arrive in this trace; every later "
+                  f"{e.data.get('num_blocks')} blocks. {n_admit} conversation turns arrive in this trace; every later "
                   f"turn re-sends its conversation so far, so each one needs more KV than the last.", e.request_id), ""
 
 
@@ -299,7 +299,7 @@ class LiveRequest:
 def speculation_requests(tokenizer, spec: dict | None = None) -> list[LiveRequest]:
     """The speculation scenario's requests: the bench's passage-edit and open-ended prompts,
     chat-templated, greedy, each kind in its own request class (CLASSES)."""
-    from engine.bench.suites import speculative_sets
+    from engine.workloads import speculative_sets
     spec = spec or RECORDINGS["speculation"]
     sets = speculative_sets(tokenizer)
     used = {"edit": 0, "open": 0}

@@ -148,7 +148,7 @@ def test_sidebar_apply_needs_confirmation_then_rebuilds():
 
 def _playground():
     at = _app()
-    at.switch_page("views/playground.py")
+    at.switch_page("pages/playground.py")
     return at.run()
 
 
@@ -242,7 +242,7 @@ def test_evicted_request_shows_the_recompute():
     at = _app()
     at.session_state["pg_rid"] = h.request_id
     at.session_state["pg_prompt"] = "Count slowly to one hundred."
-    at.switch_page("views/playground.py")
+    at.switch_page("pages/playground.py")
     at.run()
     _no_exception(at)
     req = th.snapshot_now().request(h.request_id)
@@ -263,7 +263,7 @@ def test_evicted_request_shows_the_recompute():
 
 def test_speculative_page_measures_a_real_run():
     at = _app()
-    at.switch_page("views/speculative.py")
+    at.switch_page("pages/speculative.py")
     at.run()
     _no_exception(at)
     at.selectbox(key="spec_method").select("self_draft")

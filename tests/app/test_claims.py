@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-VIEWS = Path(__file__).resolve().parents[2] / "views"
+VIEWS = Path(__file__).resolve().parents[2] / "pages"
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "bench"
 
 

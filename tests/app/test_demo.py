@@ -12,7 +12,7 @@ from streamlit.testing.v1 import AppTest
 from engine.events import read_trace
 from ui import demo as D
 
-VIEWS = Path(__file__).resolve().parents[2] / "views"
+VIEWS = Path(__file__).resolve().parents[2] / "pages"
 TRACES = Path(__file__).resolve().parents[2] / "assets" / "traces"
 
 

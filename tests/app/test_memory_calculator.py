@@ -1,4 +1,4 @@
-"""AppTest for views/memory_calculator.py: widgets drive the numbers the page shows.
+"""AppTest for pages/memory_calculator.py: widgets drive the numbers the page shows.
 
 The page inserts the repo root into sys.path itself (AppTest on a single page file only puts the
 page's folder there), so it runs stand-alone, without app.py or an engine."""
@@ -8,7 +8,7 @@ from streamlit.testing.v1 import AppTest
 
 from tests.factories import make_engine_info
 
-PAGE = str(Path(__file__).resolve().parents[2] / "views" / "memory_calculator.py")
+PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "memory_calculator.py")
 
 
 def _run(**state):

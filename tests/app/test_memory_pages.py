@@ -1,4 +1,4 @@
-"""AppTest for the memory pages (views/load.py, prefix_cache.py, paged_vs_contiguous.py,
+"""AppTest for the memory pages (pages/load.py, prefix_cache.py, paged_vs_contiguous.py,
 cache_vs_nocache.py, replay.py): they render without exceptions, their controls drive the
 engine, and what they show is the engine's numbers.
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-VIEWS = Path(__file__).resolve().parents[2] / "views"
+VIEWS = Path(__file__).resolve().parents[2] / "pages"
 TIMEOUT = 900
 
 

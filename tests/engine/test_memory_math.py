@@ -7,9 +7,11 @@ import pytest
 
 from engine import memory_math as mm
 from engine.memory_math import GiB, KiB, MiB
+from ui.presets import PRESET_PARAM_COUNTS, PRESETS
+from ui import memory_calc as mc
 
-LLAMA3_8B = mm.PRESETS["Llama-3-8B"]
-DSV3 = mm.PRESETS["DeepSeek-V3 (MLA)"]
+LLAMA3_8B = PRESETS["Llama-3-8B"]
+DSV3 = PRESETS["DeepSeek-V3 (MLA)"]
 
 
 def test_module_does_not_import_torch():
@@ -38,7 +40,7 @@ def test_llama3_8b_per_sequence(tokens, expected):
 def test_llama3_8b_128000_tokens_is_16_8_decimal_gb():
     b = mm.kv_bytes_per_sequence(LLAMA3_8B, "bf16", 128_000)
     assert b == 16_777_216_000
-    assert mm.format_bytes(b, decimal=True) == "16.78 GB"
+    assert mc.format_bytes(b, decimal=True) == "16.78 GB"
 
 
 @pytest.mark.parametrize("kind,kv_heads,gib", [("MHA", 32, 16), ("GQA", 8, 4), ("MQA", 1, 0.5)])
@@ -67,7 +69,7 @@ def test_mla_expanded_to_mha_uses_decompressed_head_dims():
 # ---- kinds, dtypes, aliases
 
 def test_presets_kinds():
-    kinds = {n: mm.attention_kind(c) for n, c in mm.PRESETS.items()}
+    kinds = {n: mm.attention_kind(c) for n, c in PRESETS.items()}
     assert kinds["Llama-2-7B (MHA)"] == "MHA"
     assert kinds["Falcon-7B (MQA)"] == "MQA"
     assert kinds["SmolLM2-135M"] == "GQA"
@@ -76,7 +78,7 @@ def test_presets_kinds():
 
 
 def test_falcon_mqa_from_multi_query_flag():
-    f = mm.PRESETS["Falcon-7B (MQA)"]
+    f = PRESETS["Falcon-7B (MQA)"]
     assert mm.kv_spec(f).head_dim == 64                   # 4544 / 71
     assert mm.kv_bytes_per_token(f, "bf16") == 2 * 32 * 1 * 64 * 2
     # the new decoder architecture ignores multi_query and reads num_kv_heads
@@ -84,7 +86,7 @@ def test_falcon_mqa_from_multi_query_flag():
 
 
 def test_smollm2_matches_default_model_shape():
-    s = mm.PRESETS["SmolLM2-135M"]
+    s = PRESETS["SmolLM2-135M"]
     assert mm.kv_bytes_per_token(s, "bf16") == 2 * 30 * 3 * 64 * 2 == 23_040
     assert mm.kv_bytes_per_token(s, "fp32") == 46_080
 
@@ -161,11 +163,11 @@ def test_capacity_bad_inputs_name_field(kwargs, field):
 # ---- weights
 
 def test_weights_llama_like_counts():
-    assert mm.estimate_params(mm.PRESETS["SmolLM2-135M"]).total == 134_515_008   # tied embeddings
+    assert mm.estimate_params(PRESETS["SmolLM2-135M"]).total == 134_515_008   # tied embeddings
     assert round(mm.estimate_params(LLAMA3_8B).total / 1e9, 2) == 8.03
-    assert round(mm.estimate_params(mm.PRESETS["Llama-3-70B"]).total / 1e9, 1) == 70.6
-    assert round(mm.estimate_params(mm.PRESETS["Llama-2-7B (MHA)"]).total / 1e9, 2) == 6.74
-    assert round(mm.estimate_params(mm.PRESETS["Mistral-7B (v0.2)"]).total / 1e9, 2) == 7.24
+    assert round(mm.estimate_params(PRESETS["Llama-3-70B"]).total / 1e9, 1) == 70.6
+    assert round(mm.estimate_params(PRESETS["Llama-2-7B (MHA)"]).total / 1e9, 2) == 6.74
+    assert round(mm.estimate_params(PRESETS["Mistral-7B (v0.2)"]).total / 1e9, 2) == 7.24
     e = mm.estimate_params(LLAMA3_8B)
     assert e.method == "computed" and sum(e.breakdown.values()) == e.total
     assert mm.weights_bytes(LLAMA3_8B, "bf16") == 2 * e.total
@@ -175,7 +177,7 @@ def test_weights_moe_mla_is_labelled_estimate_or_given():
     e = mm.estimate_params(DSV3)
     assert e.method == "estimate" and "estimate" in e.note and "experts" in e.note
     assert 660e9 < e.total < 680e9
-    given = mm.PRESET_PARAM_COUNTS["DeepSeek-V3 (MLA)"]
+    given = PRESET_PARAM_COUNTS["DeepSeek-V3 (MLA)"]
     assert given == 671_000_000_000
     assert mm.estimate_params(DSV3, given).method == "given"
     assert mm.weights_bytes(DSV3, "fp8", param_count=given) == given
@@ -218,19 +220,19 @@ def test_with_attention_kind_errors():
     with pytest.raises(ValueError, match="divisor of num_attention_heads"):
         mm.with_attention_kind(LLAMA3_8B, "GQA", num_kv_heads=5)
     with pytest.raises(ValueError, match="GQA is not possible"):
-        mm.with_attention_kind(mm.PRESETS["Falcon-7B (MQA)"], "GQA")     # 71 heads is prime
+        mm.with_attention_kind(PRESETS["Falcon-7B (MQA)"], "GQA")     # 71 heads is prime
 
 
 def test_config_from_engine_info_object_and_dict():
     info = SimpleNamespace(model="default", num_layers=30, num_kv_heads=3, head_dim=64, dtype="float32")
-    cfg = mm.config_from_engine_info(info)
+    cfg = mc.config_from_engine_info(info)
     assert mm.kv_bytes_per_token(cfg, "fp32") == 46_080
-    assert mm.config_from_engine_info({"hf_config": LLAMA3_8B})["vocab_size"] == 128256
+    assert mc.config_from_engine_info({"hf_config": LLAMA3_8B})["vocab_size"] == 128256
 
 
 def test_format_bytes():
-    assert mm.format_bytes(131_072) == "128 KiB"
-    assert mm.format_bytes(16 * GiB) == "16 GiB"
-    assert mm.format_bytes(GiB // 2) == "512 MiB"
-    assert mm.format_bytes(70_272) == "68.62 KiB"
-    assert mm.format_bytes(512) == "512 B"
+    assert mc.format_bytes(131_072) == "128 KiB"
+    assert mc.format_bytes(16 * GiB) == "16 GiB"
+    assert mc.format_bytes(GiB // 2) == "512 MiB"
+    assert mc.format_bytes(70_272) == "68.62 KiB"
+    assert mc.format_bytes(512) == "512 B"

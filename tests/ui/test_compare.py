@@ -4,6 +4,7 @@ from dataclasses import replace
 
 import pytest
 
+from engine import experiments, recording
 from engine.events import Event
 from engine.snapshot import EngineMetrics, RequestInfo, Snapshot
 from tests.factories import make_engine_info
@@ -33,7 +34,7 @@ def ev(seq, kind, rid):
 
 
 def rec(label, series, events=(), outputs=()):
-    return C.RunRecord(label=label, series=list(series), events=list(events),
+    return recording.RunRecord(label=label, series=list(series), events=list(events),
                        outputs={o: object() for o in outputs}, steps=len(series))
 
 
@@ -68,8 +69,8 @@ def test_allocator_figures_carry_slots_and_waste():
 def test_cost_summary_and_fit():
     assert C.fit_line([1, 2, 3], [2, 4, 6]) == pytest.approx((2.0, 0.0))
     assert C.fit_line([5, 5], [1, 3]) == (0.0, 2.0)
-    flat = [C.CostPoint(i, 10 + i, 0.01, 1) for i in range(1, 41)]
-    growing = [C.CostPoint(i, 10 + i, 0.001 * (10 + i), 10 + i) for i in range(1, 41)]
+    flat = [recording.CostPoint(i, 10 + i, 0.01, 1) for i in range(1, 41)]
+    growing = [recording.CostPoint(i, 10 + i, 0.001 * (10 + i), 10 + i) for i in range(1, 41)]
     sf, sg = C.cost_summary(flat), C.cost_summary(growing)
     assert sf["slope_s_per_ctx_token"] == pytest.approx(0.0, abs=1e-12) and sf["growth"] == pytest.approx(1.0)
     assert sg["slope_s_per_ctx_token"] == pytest.approx(0.001)
@@ -152,14 +153,14 @@ class FakeEngine:
 def test_run_engine_records_every_step_and_rejections():
     eng = FakeEngine()
     seen = []
-    r = C.run_engine(eng, [("a", "x", None), ("b", "", None), ("c", "y", None)], label="fake",
+    r = recording.run_engine(eng, [("a", "x", None), ("b", "", None), ("c", "y", None)], label="fake",
                      on_step=lambda i, s: seen.append(i))
     assert r.steps == 2 and seen == [1, 2] and set(r.outputs) == {"a", "c"}
     assert [s.step for s in r.series] == [0, 1, 2]
     assert r.add_errors == ["b: prompt must not be empty"] and not r.truncated
     assert [e.request_id for e in r.events] == ["a", "c"]
     eng2 = FakeEngine()
-    r2 = C.run_engine(eng2, [("a", "x", None), ("b", "y", None)], label="cut", max_steps=1)
+    r2 = recording.run_engine(eng2, [("a", "x", None), ("b", "y", None)], label="cut", max_steps=1)
     assert r2.truncated and r2.steps == 1
 
 
@@ -169,12 +170,12 @@ def test_prefix_helpers():
               BlockInfo(2, "used", 1, ("a",), 5), BlockInfo(3, "cached", 0, (), 16))
     s1 = replace(snap(1, 0, 0), blocks=blocks)
     s0 = replace(snap(0, 0, 0), blocks=blocks[2:])
-    st = C.sharing_stats(s1)
+    st = experiments.sharing_stats(s1)
     assert st == {"shared_blocks": 2, "max_ref": 3, "refs_saved": 4}
-    assert C.more_shared(s1, s0) is s1 and C.more_shared(s0, s1) is s1 and C.more_shared(None, s0) is s0
-    assert C.sharing_stats(None)["shared_blocks"] == 0
-    hit = [C.PrefixRow("h1", 1, 0.05, 100, 96), C.PrefixRow("h2", 2, 0.07, 110, 96)]
-    miss = [C.PrefixRow("m1", 1, 0.20, 100, 0), C.PrefixRow("m2", 2, None, 110, 0)]
+    assert experiments.more_shared(s1, s0) is s1 and experiments.more_shared(s0, s1) is s1 and experiments.more_shared(None, s0) is s0
+    assert experiments.sharing_stats(None)["shared_blocks"] == 0
+    hit = [experiments.PrefixRow("h1", 1, 0.05, 100, 96), experiments.PrefixRow("h2", 2, 0.07, 110, 96)]
+    miss = [experiments.PrefixRow("m1", 1, 0.20, 100, 0), experiments.PrefixRow("m2", 2, None, 110, 0)]
     sh, sm = C.prefix_summary(hit), C.prefix_summary(miss)
     assert sh["hit_rate"] == pytest.approx(192 / 210) and sh["mean_ttft_s"] == pytest.approx(0.06)
     assert sm["hit_rate"] == 0.0 and sm["mean_ttft_s"] == pytest.approx(0.20)
@@ -186,7 +187,7 @@ def test_prefix_helpers():
 
 
 def test_exercise_prompts_and_waiting_reasons():
-    ps = C.exercise_prompts(50, 12)
+    ps = experiments.exercise_prompts(50, 12)
     assert len(ps) == 50 and all(len(p) == 12 for p in ps)
     assert len({p[0] for p in ps}) == 50 and all(1000 <= t < 40000 for p in ps for t in p)
     s0 = snap(0, 0, 0, reqs=[replace(req("a", 5, 0, "waiting"), waiting_reason="no free KV blocks: needs 2, 0 free"),

@@ -4,6 +4,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 
+from engine import recording
 from engine.events import Event
 from engine.snapshot import EngineMetrics, HistoryPoint, RequestInfo, Snapshot
 from tests.factories import make_engine_info
@@ -25,12 +26,12 @@ def snap(step, t, reqs=(), num_blocks=64, **m):
 def test_append_snapshot_dedups_and_bounds():
     s = []
     for i in range(50):
-        s = L.append_snapshot(s, snap(i, float(i)), cap=20)
-        s = L.append_snapshot(s, snap(i, float(i)), cap=20)  # repeat: ignored
+        s = recording.append_snapshot(s, snap(i, float(i)), cap=20)
+        s = recording.append_snapshot(s, snap(i, float(i)), cap=20)  # repeat: ignored
     assert len(s) <= 20
     steps = [x.step for x in s]
     assert steps == sorted(steps) and steps[0] == 0 and steps[-1] == 49
-    assert L.append_snapshot(s, None) == s
+    assert recording.append_snapshot(s, None) == s
 
 
 def test_counts_and_kv_usage_carry_the_metrics():
@@ -106,7 +107,7 @@ def test_feeder_submits_in_arrival_order_and_counts_rejections():
         got.append((request_id, prompt, params))
 
     reqs = [WR(0.02, "b", 5), WR(0.0, "a", 4), WR(0.03, "bad", 9), WR(0.04, "c", 6)]
-    f = L.LoadFeeder(submit, reqs, make_params=lambda r: r.max_tokens, run_id="t1", time_scale=1.0).start()
+    f = recording.LoadFeeder(submit, reqs, make_params=lambda r: r.max_tokens, run_id="t1", time_scale=1.0).start()
     f.join(5)
     st = f.snapshot_status()
     assert st.done and not st.stopped
@@ -118,9 +119,9 @@ def test_feeder_submits_in_arrival_order_and_counts_rejections():
 
 def test_feeder_stops_promptly_and_is_bounded():
     calls = []
-    reqs = [WR(1000.0 + i, "x", 1) for i in range(L.MAX_LOAD_REQUESTS + 50)]
-    f = L.LoadFeeder(lambda *a, **k: calls.append(1), reqs, make_params=lambda r: None, run_id="t2")
-    assert f.status.total == L.MAX_LOAD_REQUESTS
+    reqs = [WR(1000.0 + i, "x", 1) for i in range(recording.MAX_LOAD_REQUESTS + 50)]
+    f = recording.LoadFeeder(lambda *a, **k: calls.append(1), reqs, make_params=lambda r: None, run_id="t2")
+    assert f.status.total == recording.MAX_LOAD_REQUESTS
     f.start()
     f.stop()
     f.join(5)
@@ -130,7 +131,7 @@ def test_feeder_stops_promptly_and_is_bounded():
 def test_feeder_stops_on_engine_failure():
     def submit(*a, **k):
         raise RuntimeError("engine thread crashed")
-    f = L.LoadFeeder(submit, [WR(0, "a", 1), WR(0, "b", 1)], make_params=lambda r: None, run_id="t3").start()
+    f = recording.LoadFeeder(submit, [WR(0, "a", 1), WR(0, "b", 1)], make_params=lambda r: None, run_id="t3").start()
     f.join(5)
     st = f.snapshot_status()
     assert st.done and st.submitted == 0 and "RuntimeError" in st.errors[0] and len(st.errors) == 1
@@ -181,10 +182,10 @@ def test_slim_snapshot_drops_growing_fields_keeps_counts():
     r = replace(req("a", 30), tokens=(TokenMark(1, "x"),), output_text="secret", prompt_preview="p",
                 waiting_reason="no free KV blocks")
     s = replace(snap(3, 1.0, [r]), blocks=(BlockInfo(0, "used", 1, ("a",), 16),))
-    slim = L.slim_snapshot(s)
+    slim = recording.slim_snapshot(s)
     assert slim.blocks == () and slim.requests[0].tokens == () and slim.requests[0].output_text == ""
     assert slim.requests[0].num_computed_tokens == 30 and slim.requests[0].waiting_reason == "no free KV blocks"
-    assert L.slim_snapshot(s, keep_blocks=True).blocks == s.blocks
+    assert recording.slim_snapshot(s, keep_blocks=True).blocks == s.blocks
 
 
 class FakeThread:
@@ -202,7 +203,7 @@ class FakeThread:
 def test_recorder_collects_new_steps_and_events_bounded():
     th = FakeThread()
     th.events.emit(0, 0.0, "config", None, reason="before the run")
-    rec = L.LoadRecorder("R1", start_time=0.5, start_seq=th.events.last_seq)
+    rec = recording.SnapshotRecorder("R1", start_time=0.5, start_seq=th.events.last_seq)
     rec.poll(th)                                   # snapshot older than the run start: ignored
     assert rec.series == []
     for i in range(1, 5):
@@ -232,7 +233,7 @@ def test_percentile_table_html_formats_numbers():
 def test_recorder_starts_over_when_the_engine_is_rebuilt():
     from engine.events import EventRing
     th = FakeThread()
-    rec = L.LoadRecorder("R2")
+    rec = recording.SnapshotRecorder("R2")
     for i in range(1, 4):
         th.snap = snap(i, float(i))
         th.events.emit(i, float(i), "admit", "R2-a", reason="r")

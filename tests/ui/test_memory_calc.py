@@ -5,9 +5,10 @@ import pytest
 from engine import memory_math as mm
 from engine.memory_math import GiB, MiB
 from ui import memory_calc as mc
+from ui.presets import PRESETS
 
-L3 = mm.PRESETS["Llama-3-8B"]
-DS = mm.PRESETS["DeepSeek-V3 (MLA)"]
+L3 = PRESETS["Llama-3-8B"]
+DS = PRESETS["DeepSeek-V3 (MLA)"]
 
 
 def test_compute_llama3_worked_example():

@@ -9,14 +9,17 @@ from pathlib import Path
 
 import streamlit as st
 
+from engine import recording
 from engine.config import SamplingParams
 from engine.events import Trace
 from ui import demo as D
 from ui import engine_access as ea
 from ui import load as L
-from ui import pool, theme
+from ui import pool, shell, theme
 from ui import replay as R
 from ui.batching_view import batching_view
+
+shell.enter_app()
 
 SS = st.session_state
 TRACE_DIR = Path(__file__).resolve().parents[1] / "assets" / "traces"
@@ -154,8 +157,8 @@ if st.button("Run this story live", key=f"demo_live_btn_{which}"):
     reqs = (D.speculation_requests(th.tokenizer) if which == "speculation" else D.release_freeze_requests())
     run_id = f"D{uuid.uuid4().hex[:4]}"
     now = th.snapshot()
-    rec = L.LoadRecorder(run_id, start_time=now.time, start_seq=th.events.last_seq)
-    feeder = L.LoadFeeder(th.submit, reqs, lambda r: SamplingParams(**r.sampling_kwargs()), run_id,
+    rec = recording.SnapshotRecorder(run_id, start_time=now.time, start_seq=th.events.last_seq)
+    feeder = recording.LoadFeeder(th.submit, reqs, lambda r: SamplingParams(**r.sampling_kwargs()), run_id,
                           time_scale=0.0 if ea.test_mode() else 1.0)
     SS[run_key] = {"run_id": run_id, "feeder": feeder, "rec": rec}
     feeder.start()
@@ -176,7 +179,7 @@ if live:
 
     @st.fragment(run_every=ea.live_interval() if active else None)
     def live_view() -> None:
-        rec: L.LoadRecorder = live["rec"]
+        rec: recording.SnapshotRecorder = live["rec"]
         snap = rec.poll(th)
         fs = live["feeder"].snapshot_status()
         pending = L.run_request_ids_pending(snap, fs.request_ids)

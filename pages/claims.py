@@ -7,6 +7,9 @@ import streamlit as st
 
 from engine import claims as C
 from ui import engine_access as ea
+from ui import shell
+
+shell.enter_app()
 
 SS = st.session_state
 

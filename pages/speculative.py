@@ -8,7 +8,9 @@ import streamlit as st
 
 from engine.config import SamplingParams
 from ui import engine_access as ea
-from ui import spec, theme, tokens
+from ui import shell, spec, theme, tokens
+
+shell.enter_app()
 
 SS = st.session_state
 METHODS = ("ngram", "self_draft", "draft_model")
@@ -20,7 +22,6 @@ METHOD_HELP = {
 }
 EXAMPLE = ("Copy this sentence exactly, changing only the word cat to dog: The quick brown cat jumps over "
            "the lazy fox, and the quick brown cat runs back home again before the rain.")
-TERMINAL = ("finished", "rejected", "aborted")
 
 st.title("Speculative decoding")
 st.caption("A cheap drafter guesses k tokens; the target model checks all of them in one forward pass "

@@ -6,15 +6,18 @@ import uuid
 
 import streamlit as st
 
+from engine import recording
 from engine.config import SamplingParams
 from engine.workloads import SCENARIOS, make_workload, summarize
 from ui import engine_access as ea
 from ui import events_table as et
 from ui import load as L
+from ui import shell
 from ui.batching_view import batching_view
 
+shell.enter_app()
+
 SS = st.session_state
-TERMINAL = ("finished", "rejected", "aborted")
 
 st.title("Concurrent load")
 st.caption(
@@ -40,7 +43,7 @@ st.caption(SCEN_HELP[scenario])
 mml = snap0.info.max_model_len
 with st.form("load_form"):
     c = st.columns(4)
-    n = c[0].number_input("Requests", 1, L.MAX_LOAD_REQUESTS, 24, key="load_n")
+    n = c[0].number_input("Requests", 1, recording.MAX_LOAD_REQUESTS, 24, key="load_n")
     seed = c[1].number_input("Seed", 0, 10_000, 0, key="load_seed")
     tiers = c[2].multiselect("Tiers (picked at random)", sorted(cfg.tiers), default=[], key="load_tiers",
                              help="each tier caps prompt + max tokens; a request over its cap is rejected")
@@ -103,8 +106,8 @@ if launch:
         _stop_run(abort=False)
         run_id = f"L{uuid.uuid4().hex[:4]}"
         now = th.snapshot()
-        rec = L.LoadRecorder(run_id, start_time=now.time, start_seq=th.events.last_seq)
-        feeder = L.LoadFeeder(th.submit, reqs, lambda r: SamplingParams(**r.sampling_kwargs()), run_id,
+        rec = recording.SnapshotRecorder(run_id, start_time=now.time, start_seq=th.events.last_seq)
+        feeder = recording.LoadFeeder(th.submit, reqs, lambda r: SamplingParams(**r.sampling_kwargs()), run_id,
                               time_scale=0.0 if ea.test_mode() else 1.0)
         SS["load_run"] = {"run_id": run_id, "feeder": feeder, "rec": rec, "scenario": scenario,
                           "summary": summarize(reqs), "t0": now.time}
@@ -152,7 +155,7 @@ active = (not fstat.done) or L.run_request_ids_pending(th.snapshot(), fstat.requ
 
 @st.fragment(run_every=ea.live_interval() if active else None)
 def live() -> None:
-    rec: L.LoadRecorder = run["rec"]
+    rec: recording.SnapshotRecorder = run["rec"]
     snap = rec.poll(th)
     fs = run["feeder"].snapshot_status()
     pending = L.run_request_ids_pending(snap, fs.request_ids)

@@ -11,9 +11,11 @@ from ui import demo as D
 from ui import engine_access as ea
 from ui import events_table as et
 from ui import load as L
-from ui import pool, theme
+from ui import pool, shell, theme
 from ui import replay as R
 from ui.batching_view import batching_view
+
+shell.enter_app()
 
 SS = st.session_state
 TRACE_DIR = Path(__file__).resolve().parents[1] / "assets" / "traces"

@@ -1,15 +1,15 @@
 """Paged vs contiguous: the same workload on two private engines that differ only in allocator."""
 from __future__ import annotations
 
-import gc
-
 import streamlit as st
 
-from engine.config import SamplingParams
+from engine import experiments, recording
 from engine.workloads import make_workload, summarize
 from ui import compare as C
 from ui import engine_access as ea
-from ui import pool, theme
+from ui import pool, shell, theme
+
+shell.enter_app()
 
 SS = st.session_state
 
@@ -42,14 +42,8 @@ with st.form("pvc_form"):
     go = st.form_submit_button("Run both allocators", type="primary")
 
 
-def _run(allocator: str, reqs, progress, frac0: float) -> C.RunRecord:
-    cfg = base.replace(model=pvc_model, allocator=allocator, block_size=int(block_size), num_kv_blocks=int(budget),
-                       kv_cache_bytes=None, max_model_len=int(mml), max_num_seqs=256,
-                       max_num_batched_tokens=max(512, int(mml)), enable_prefix_caching=False,
-                       speculative=None, preemption_mode="recompute", event_ring_size=100_000)
-    from engine import LLMEngine
-    eng = LLMEngine(cfg)
-    label = "paged (blocks on demand)" if allocator == "paged" else "contiguous (one max_model_len slab each)"
+def _run(allocator: str, reqs, progress, frac0: float) -> recording.RunRecord:
+    label = experiments.ALLOCATOR_LABELS[allocator]
     total = sum(r.max_tokens for r in reqs) or 1
 
     def on_step(i, snap):
@@ -57,14 +51,8 @@ def _run(allocator: str, reqs, progress, frac0: float) -> C.RunRecord:
             done = snap.metrics.generation_tokens_total
             progress.progress(min(1.0, frac0 + 0.5 * done / total), text=f"{label}: step {i}")
 
-    try:
-        return C.run_engine(eng, [(f"{allocator[:1]}-{r.request_id}", r.prompt,
-                                   SamplingParams(max_tokens=r.max_tokens, ignore_eos=True)) for r in reqs],
-                            label=label, on_step=on_step, max_steps=20_000)
-    finally:
-        del eng
-        gc.collect()
-
+    return experiments.run_allocator(base, allocator, reqs, model=pvc_model, block_size=int(block_size),
+                                     budget_blocks=int(budget), max_model_len=int(mml), on_step=on_step)
 
 if go:
     try:
@@ -81,7 +69,7 @@ if go:
     if reqs:
         progress = st.progress(0.0, text="waiting for the measurement slot…")
         try:
-            with C.RUN_LOCK:
+            with experiments.RUN_LOCK:
                 a = _run("paged", reqs, progress, 0.0)
                 b = _run("contiguous", reqs, progress, 0.5)
             SS["pvc_result"] = {"paged": a, "contiguous": b, "workload": summarize(reqs), "model": pvc_model}

@@ -4,7 +4,7 @@ it offers that model's shape too, read from ``st.session_state["engine_info"]``.
 import sys
 from pathlib import Path
 
-# AppTest (and `streamlit run views/memory_calculator.py`) put only this folder on sys.path.
+# AppTest (and `streamlit run pages/memory_calculator.py`) put only this folder on sys.path.
 _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
@@ -15,6 +15,9 @@ import streamlit as st  # noqa: E402
 
 from engine import memory_math as mm  # noqa: E402
 from ui import memory_calc as mc  # noqa: E402
+from ui import presets, shell  # noqa: E402
+
+shell.enter_app()
 
 PLOT_CONFIG = {"displayModeBar": False}
 DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
@@ -35,19 +38,19 @@ source = st.radio("Model config from", sources, horizontal=True, key="mc_source"
 
 cfg, given_params, label = None, None, ""
 if source == SRC_PRESET:
-    name = st.selectbox("Preset", list(mm.PRESETS), index=list(mm.PRESETS).index("Llama-3-8B"),
+    name = st.selectbox("Preset", list(presets.PRESETS), index=list(presets.PRESETS).index("Llama-3-8B"),
                         key="mc_preset")
-    cfg, given_params, label = mm.preset(name), mm.PRESET_PARAM_COUNTS.get(name), name
+    cfg, given_params, label = presets.preset(name), presets.PRESET_PARAM_COUNTS.get(name), name
 elif source == SRC_LOADED:
     try:
-        cfg = mm.config_from_engine_info(engine_info)
+        cfg = mc.config_from_engine_info(engine_info)
         model = engine_info.get("model") if isinstance(engine_info, dict) else getattr(engine_info, "model", "")
         label = f"loaded model ({model})" if model else "loaded model"
     except ValueError as e:
         st.error(f"The loaded model's shape could not be read: {e}")
         st.stop()
 else:
-    text = st.text_area("config.json", value=json.dumps(mm.PRESETS["SmolLM2-135M"], indent=2),
+    text = st.text_area("config.json", value=json.dumps(presets.PRESETS["SmolLM2-135M"], indent=2),
                         height=260, key="mc_json",
                         help="Paste a Hugging Face config.json. Needed: number of layers, attention "
                              "heads, KV heads (if any) and head_dim or hidden_size; MLA configs need "
@@ -119,15 +122,15 @@ st.subheader(f"{label}: {kind_text}")
 st.caption(("The byte counts are exact; telling MHA from GQA needs the query head count. "
             if unknown_heads else f"{mc.KIND_HELP[r.kind]}. ") + f"Weights: {weights_note}.")
 m1, m2, m3, m4 = st.columns(4)
-m1.metric("KV bytes per token", f"{r.bytes_per_token:,} B", help=mm.format_bytes(r.bytes_per_token))
-m2.metric("KV per sequence", mm.format_bytes(r.bytes_per_sequence), help=f"{r.bytes_per_sequence:,} B")
-m3.metric("Total needed", mm.format_bytes(r.total), help=f"{r.total:,} B")
+m1.metric("KV bytes per token", f"{r.bytes_per_token:,} B", help=mc.format_bytes(r.bytes_per_token))
+m2.metric("KV per sequence", mc.format_bytes(r.bytes_per_sequence), help=f"{r.bytes_per_sequence:,} B")
+m3.metric("Total needed", mc.format_bytes(r.total), help=f"{r.total:,} B")
 m4.metric("Max concurrent", f"{r.max_concurrent:,}",
           help=f"sequences of {context_len:,} tokens that fit in {gpu_gib:g} GiB after the weights")
 
 verb = "needs" if concurrency == 1 else "need"
 need = (f"{concurrency:,} sequence{'s' if concurrency > 1 else ''} of {context_len:,} tokens {verb} "
-        f"{mm.format_bytes(r.total)} of {mm.format_bytes(memory)}")
+        f"{mc.format_bytes(r.total)} of {mc.format_bytes(memory)}")
 if r.fits:
     st.success(f"{need}: {'it fits' if concurrency == 1 else 'they fit'}.")
 else:

@@ -1,13 +1,15 @@
 """Cache vs no-cache: what the KV cache saves per token, and what it costs when 50 sequences grow."""
 from __future__ import annotations
 
-import gc
-
 import streamlit as st
 
+from engine import experiments
 from ui import compare as C
 from ui import engine_access as ea
 from ui import events_table as et
+from ui import shell
+
+shell.enter_app()
 
 SS = st.session_state
 
@@ -19,12 +21,6 @@ st.caption(
     "sequence. Both halves of this page are measured on private engines, not simulated.")
 
 base = ea.engine_config()
-
-
-def _engine(**kw):
-    from engine import LLMEngine
-    return LLMEngine(base.replace(speculative=None, kv_cache_bytes=None, **kw))
-
 
 # ================================================================== 1. cost per generated token
 st.header("1 · Cost per generated token", divider="gray")
@@ -38,21 +34,11 @@ with st.form("cvn_cost_form"):
 
 if run_cost:
     n, p = int(n_tok), int(p_tok)
-    mml = p + n + 8
-    blocks = -(-mml // base.block_size) + 2
-    prompt = C.exercise_prompts(1, p, seed=7)[0]
     bar = st.progress(0.0, text="waiting for the measurement slot…")
     try:
-        with C.RUN_LOCK:
-            res = {}
-            for i, (key, kv) in enumerate((("cache", True), ("nocache", False))):
-                bar.progress(0.5 * i, text="with the KV cache…" if kv else "without the KV cache…")
-                eng = _engine(kv_cache=kv, num_kv_blocks=blocks, max_model_len=max(mml, 64),
-                              enable_prefix_caching=False, max_num_batched_tokens=max(512, mml))
-                C.measure_decode_cost(eng, prompt[: min(8, p)], 4, request_id="warmup")   # first-call overheads
-                res[key] = C.measure_decode_cost(eng, prompt, n, request_id=f"{key}-0")
-                del eng
-                gc.collect()
+        with experiments.RUN_LOCK:
+            res = experiments.measure_cache_vs_nocache(base, n, p, on_phase=lambda i, kv: bar.progress(
+                0.5 * i, text="with the KV cache…" if kv else "without the KV cache…"))
         SS["cvn_cost"] = {"cache": res["cache"], "nocache": res["nocache"], "n": n, "p": p, "model": base.model}
     except ValueError as e:
         st.error(f"Not measured: {e}")
@@ -110,42 +96,18 @@ with st.form("cvn_ex_form"):
 
 if run_ex:
     n, p, g, bs, budget = int(n_seq), int(p_len), int(growth), int(ex_bs), int(ex_budget)
-    final = p + g
-    need_blocks = n * -(-final // bs)
-    prompts = C.exercise_prompts(n, p)
-    from engine.config import SamplingParams
-
-    def reqs(tag):
-        return [(f"{tag}-s{i:03d}", pr, SamplingParams(max_tokens=g, ignore_eos=True)) for i, pr in enumerate(prompts)]
-
-    common = dict(model=ex_model, block_size=bs, max_num_seqs=max(n, 1), enable_prefix_caching=False,
-                  max_num_batched_tokens=max(512, final), event_ring_size=200_000)
-    runs = []
     bar = st.progress(0.0, text="waiting for the measurement slot…")
     try:
-        if -(-final // bs) > budget:
-            raise ValueError(f"one sequence needs {-(-final // bs)} blocks; the budget of {budget} cannot hold even one")
-        plan = [
-            ("A · no eviction, memory unbounded", "A",
-             dict(num_kv_blocks=max(need_blocks, budget) + 1, max_model_len=max(final, 16), victim_policy="lru")),
-            ("B · no eviction, full length reserved at admission", "B",
-             dict(num_kv_blocks=budget, allocator="contiguous", max_model_len=final)),
-            ("C · LRU preemption within the budget", "C",
-             dict(num_kv_blocks=budget, max_model_len=max(final, 16), victim_policy="lru",
-                  preemption_mode="recompute")),
-        ]
-        with C.RUN_LOCK:
-            for i, (label, tag, kw) in enumerate(plan):
-                bar.progress(i / 3, text=f"run {label}…")
-                from engine import LLMEngine
-                eng = LLMEngine(base.replace(speculative=None, kv_cache_bytes=None, **common, **kw))
-                rec = C.run_engine(eng, reqs(tag), label=label, max_steps=50_000,
-                                   on_step=lambda s, snap, i=i: s % 20 == 0 and bar.progress(
-                                       min(0.999, (i + snap.metrics.num_finished / n) / 3), text=f"run {label}: step {s}"))
-                rec.budget_tokens = budget * bs
-                runs.append(rec)
-                del eng
-                gc.collect()
+        plan = experiments.exercise_plan(base, n=n, prompt_tokens=p, growth=g, budget_blocks=budget,
+                                         block_size=bs, model=ex_model)
+
+        def on_step(i, s, snap):
+            if s % 20 == 0:
+                bar.progress(min(0.999, (i + snap.metrics.num_finished / n) / 3), text=f"run {plan[i][0]}: step {s}")
+
+        with experiments.RUN_LOCK:
+            runs = experiments.run_exercise(plan, experiments.exercise_prompts(n, p), g, budget_tokens=budget * bs,
+                                            on_step=on_step)
         SS["cvn_ex"] = {"runs": runs, "n": n, "p": p, "g": g, "bs": bs, "budget": budget, "model": ex_model}
     except ValueError as e:
         st.error(f"Not run: {e}")

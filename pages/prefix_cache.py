@@ -5,12 +5,14 @@ import uuid
 
 import streamlit as st
 
+from engine import experiments, recording
 from engine.workloads import make_workload
 from ui import compare as C
 from ui import engine_access as ea
 from ui import events_table as et
-from ui import load as L
-from ui import pool, theme
+from ui import pool, shell, theme
+
+shell.enter_app()
 
 SS = st.session_state
 
@@ -60,14 +62,14 @@ if go:
     if not system.strip() or not turns:
         st.error("Give a system prompt and at least one user turn.")
     else:
-        prompts = [C.chat_prompt(th.tokenizer, system.strip(), u) for u in turns]
+        prompts = [experiments.chat_prompt(th.tokenizer, system.strip(), u) for u in turns]
         tag = f"pc{uuid.uuid4().hex[:4]}"
-        rec = L.LoadRecorder(tag, start_time=th.snapshot().time, start_seq=th.events.last_seq)
+        rec = recording.SnapshotRecorder(tag, start_time=th.snapshot().time, start_seq=th.events.last_seq)
         try:
             with st.spinner("Running the turns on the shared engine…"):
-                hit_rows, best = C.measure_prefix(th, prompts, int(max_tokens), mode="cache", run_tag=tag,
+                hit_rows, best = experiments.measure_prefix(th, prompts, int(max_tokens), mode="cache", run_tag=tag,
                                                   on_poll=lambda s: rec.poll(th))
-                miss_rows, _ = C.measure_prefix(th, prompts, int(max_tokens), mode="miss", run_tag=tag,
+                miss_rows, _ = experiments.measure_prefix(th, prompts, int(max_tokens), mode="miss", run_tag=tag,
                                                 on_poll=lambda s: rec.poll(th))
             rec.poll(th)
             SS["pc_result"] = {"hit": hit_rows, "miss": miss_rows, "best": best, "rec": rec, "tag": tag,
@@ -85,7 +87,7 @@ if not res:
 
 hit, miss, best = res["hit"], res["miss"], res["best"]
 sh, sm = C.prefix_summary(hit), C.prefix_summary(miss)
-share = C.sharing_stats(best)
+share = experiments.sharing_stats(best)
 c = st.columns(5)
 c[0].metric("Prefix hit rate (this run)", f"{100 * sh['hit_rate']:.0f}%",
             help="prompt tokens served from the cache / all prompt tokens, over the run with sharing")
