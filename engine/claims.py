@@ -305,6 +305,12 @@ def decode_step_times(th, batch_sizes=BATCH_SIZES, prompt_tokens: int = 48, new_
 def measure_live(th, progress: Callable[[float, str], None] | None = None) -> dict:
     """Measure the live-measurable claims on the loaded engine `th` (an EngineThread). Returns the
     raw numbers plus the rows built from them."""
+    from .experiments import RUN_LOCK
+    with RUN_LOCK:      # one measurement at a time per server (they compete for the same cores)
+        return _measure_live(th, progress)
+
+
+def _measure_live(th, progress) -> dict:
     import torch
 
     from .bench import peers
