@@ -69,10 +69,11 @@ for i, (col, c) in enumerate(zip(cols, chs)):
     with col:
         label = f"{i + 1}. {c.short}"
         if c.moment is None:
-            st.button(label, key=f"demo_ch_{which}_{c.key}", disabled=True, width="stretch", help=c.missing)
+            st.button(label, key=f"demo_ch_{which}_{c.key}", disabled=True, width="stretch")
+            st.caption(c.missing)
         else:
             st.button(label, key=f"demo_ch_{which}_{c.key}", on_click=_goto, args=(c.moment.tick, i),
-                      width="stretch", help=f"jump to step {c.moment.step}")
+                      width="stretch")
 
 # ------------------------------------------------------------------ transport
 c = st.columns([1, 1, 1, 2])
