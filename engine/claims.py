@@ -268,6 +268,17 @@ def hold_engine(th, fn: Callable):
         return fn()
 
 
+def _wait_idle(th, timeout_s: float = 120.0) -> bool:
+    """Wait (bounded) until the shared engine has no unfinished request, so a batch of B is B."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with th.lock:
+            if not th.engine.has_unfinished_requests():
+                return True
+        time.sleep(0.05)
+    return False
+
+
 def decode_step_times(th, batch_sizes=BATCH_SIZES, prompt_tokens: int = 48, new_tokens: int = 12,
                       progress: Callable[[float, str], None] | None = None) -> tuple[dict[int, float], bool]:
     """Median forward time of the decode-only passes holding exactly this run's B requests, for
@@ -281,6 +292,7 @@ def decode_step_times(th, batch_sizes=BATCH_SIZES, prompt_tokens: int = 48, new_
     for i, b in enumerate(batch_sizes):
         if progress:
             progress(i / len(batch_sizes), f"batch of {b}")
+        _wait_idle(th)
         seq0 = th.events.last_seq
         tag = f"claims-{time.monotonic_ns() % 10**9}-b{b}"
         hs = [th.submit(base[j:j + prompt_tokens], SamplingParams(max_tokens=new_tokens, ignore_eos=True,

@@ -32,4 +32,6 @@ def test_claims_page_bench_then_live():
     at.button(key="claims_measure").click().run()
     assert not at.exception, at.exception
     body = _html(at)
-    assert "measured on this page" in body and "B=1:" in body and "k=8:" in body
+    errors = [e.value for e in at.error]
+    assert not errors, errors
+    assert "measured on this page" in body and "B=1:" in body and "k=8:" in body, body[-3000:]
