@@ -17,6 +17,8 @@ from .block_manager import BlockManager, cdiv
 from .config import EngineConfig, SamplingParams
 from .events import EventRing
 from .metrics import MetricsTracker
+from .device import activation_reserve_bytes, cuda_memory, gpu_kv_budget_bytes
+from .families import check_supported
 from .models import load_model, resolve_device, resolve_dtype
 from .runner import BatchRow, ModelRunner, kv_geometry
 from .sampler import make_generator, sample
@@ -105,6 +107,7 @@ class LLMEngine:
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.model, self.tokenizer = load_model(config.model, config.device, config.dtype)
         hf = self.model.config
+        check_supported(hf, config.max_model_len)
         self.vocab_size = hf.vocab_size
         max_pos = getattr(hf, "max_position_embeddings", None) or config.max_model_len
         if config.max_model_len > max_pos:
@@ -117,6 +120,13 @@ class LLMEngine:
         if config.num_kv_blocks is not None:
             num_blocks = config.num_kv_blocks
             field_name = f"num_kv_blocks={num_blocks}"
+        elif config.kv_cache_bytes is None and self.device.type == "cuda":
+            budget = self._gpu_budget(hf, itemsize)
+            num_blocks = min(budget // self.bytes_per_block, MAX_BLOCKS)
+            field_name = f"gpu_memory_utilization={config.gpu_memory_utilization}"
+            if num_blocks < 1:
+                raise ValueError(f"gpu_memory_utilization={config.gpu_memory_utilization} leaves {budget} bytes for "
+                                 f"the KV cache, less than one block ({self.bytes_per_block} bytes)")
         else:
             budget = config.kv_cache_bytes or DEFAULT_KV_BYTES
             num_blocks = budget // self.bytes_per_block
@@ -130,6 +140,8 @@ class LLMEngine:
         # tensor by tensor would end in the OOM killer, taking the server down)
         pool_bytes = num_blocks * self.bytes_per_block
         avail = _available_bytes(self.device)
+        if field_name.startswith("gpu_memory_utilization"):
+            avail = None                 # sized from free device memory just above
         if avail is not None and pool_bytes > MEMORY_FRACTION * avail:
             raise ValueError(f"{field_name} needs {pool_bytes / 2**30:.1f} GiB of KV cache ({self.bytes_per_block} "
                              f"bytes per block); the {self.device.type} has {avail / 2**30:.1f} GiB available and "
@@ -181,6 +193,18 @@ class LLMEngine:
                    bytes_per_token=self.bytes_per_token, reason="engine started")
 
     # ------------------------------------------------------------------ helpers
+    def _gpu_budget(self, hf, itemsize: int) -> int:
+        """KV bytes on CUDA from free device memory (engine/device.py), read after the weights loaded."""
+        c = self.config
+        mem = cuda_memory(self.device)
+        if mem is None:
+            return DEFAULT_KV_BYTES
+        hidden = getattr(hf, "hidden_size", 0) or 0
+        inter = getattr(hf, "intermediate_size", None) or 4 * hidden
+        reserve = activation_reserve_bytes(c.max_num_batched_tokens, hidden, inter, hf.vocab_size, c.max_num_seqs,
+                                           itemsize)
+        return gpu_kv_budget_bytes(mem[0], mem[1], c.gpu_memory_utilization, reserve)
+
     def now(self) -> float:
         return time.perf_counter() - self.t0
 
@@ -567,7 +591,7 @@ class LLMEngine:
                           c.max_model_len, c.max_num_seqs, c.max_num_batched_tokens, c.allocator, c.kv_cache,
                           self.bm.enable_prefix_caching, c.preemption_mode, c.victim_policy, spec,
                           self.bm.capacity, self.runner.linear_pack.kernel if self.runner.linear_pack is not None else "torch",
-                          "cpu_kernel" if self.runner.decode_kernel is not None else "torch")
+                          self.runner.attention_backend)
 
     def check_invariants(self) -> None:
         self.bm.check_invariants()
