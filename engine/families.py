@@ -38,12 +38,6 @@ def check_supported(cfg, max_model_len: int) -> None:
     mt = getattr(cfg, "model_type", "?")
     if getattr(cfg, "is_encoder_decoder", False):
         raise ValueError(f"model_type={mt!r} is an encoder-decoder model; kvscope runs decoder-only causal LMs")
-    window = _sliding_window(cfg)
-    if window is not None and window < max_model_len:
-        raise ValueError(f"model_type={mt!r} uses sliding-window attention (sliding_window={window}), which "
-                         f"kvscope's paged attention does not implement; it would differ from the model past "
-                         f"{window} tokens (max_model_len={max_model_len}). Set max_model_len <= {window} to run it "
-                         "as full attention")
     for f in SOFTCAP_FIELDS:
         if getattr(cfg, f, None):
             raise ValueError(f"model_type={mt!r} uses attention logit softcapping ({f}={getattr(cfg, f)}), which "
@@ -57,3 +51,9 @@ def check_supported(cfg, max_model_len: int) -> None:
     if mt in ALIBI_TYPES or getattr(cfg, "alibi", False):
         raise ValueError(f"model_type={mt!r} uses ALiBi position biases, which kvscope's paged attention does "
                          "not implement")
+    window = _sliding_window(cfg)
+    if window is not None and window < max_model_len:
+        raise ValueError(f"model_type={mt!r} uses sliding-window attention (sliding_window={window}), which "
+                         f"kvscope's paged attention does not implement; it would differ from the model past "
+                         f"{window} tokens (max_model_len={max_model_len}). Set max_model_len <= {window} to run it "
+                         "as full attention")
