@@ -22,6 +22,13 @@ def available_devices(cuda_available: bool, cuda_count: int = 1) -> list[str]:
     return ["cuda"] + [f"cuda:{i}" for i in range(1, cuda_count)] + ["cpu"]
 
 
+def detect_devices() -> list[str]:
+    """available_devices() for this machine (imports torch)."""
+    import torch
+    ok = torch.cuda.is_available()
+    return available_devices(ok, torch.cuda.device_count() if ok else 0)
+
+
 def auto_attention_backend(device_type: str, dtype_is_fp32: bool, kernel_available: bool) -> str:
     """What attention_backend="auto" runs: "cpu_kernel", "flex" or "torch"."""
     choice = AUTO_ATTENTION.get(device_type, "torch")
