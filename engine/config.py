@@ -172,8 +172,8 @@ class EngineConfig:
                f"linear_backend must be one of {LINEAR_BACKENDS}, got {self.linear_backend!r}")
         _check(self.attention_backend in ATTENTION_BACKENDS,
                f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
-        _check(isinstance(self.gpu_memory_utilization, (int, float)) and not isinstance(self.gpu_memory_utilization, bool)
-               and 0 < self.gpu_memory_utilization <= 1,
+        gmu = self.gpu_memory_utilization
+        _check(isinstance(gmu, (int, float)) and not isinstance(gmu, bool) and 0 < gmu <= 1,
                f"gpu_memory_utilization must be a number in (0, 1], got {self.gpu_memory_utilization!r}")
         _check(_is_int(self.event_ring_size) and 16 <= self.event_ring_size <= 10_000_000,
                "event_ring_size must be an integer in [16, 10000000]")

@@ -266,7 +266,8 @@ def run(out_dir: str, smoke: bool = False, budget_s: float = BUDGET_S) -> dict:
         if res["generate_batch_available"]:
             try:
                 cb, wall, info = peers.hf_continuous_batching(m, tok, prompts, new)
-                row["hf_generate_batch_tok_s"] = round(sum(len(t) for t in cb) / wall, 2) if not info["errors"] else None
+                cb_tok_s = round(sum(len(t) for t in cb) / wall, 2)
+                row["hf_generate_batch_tok_s"] = None if info["errors"] else cb_tok_s
                 row["hf_generate_batch_errors"] = info["errors"]
             except Exception as e:
                 row["hf_generate_batch_tok_s"] = None
@@ -329,7 +330,8 @@ def run(out_dir: str, smoke: bool = False, budget_s: float = BUDGET_S) -> dict:
         if "bandwidth_gb_s" in res:
             roof = res["bandwidth_gb_s"] * 1e9 / read
             row["memory_roof_tok_s"] = round(roof, 1)
-            best = max((v for k, v in row.items() if k.startswith("kvscope_") and k.endswith("_tok_s") and v), default=None)
+            rates = [v for k, v in row.items() if k.startswith("kvscope_") and k.endswith("_tok_s") and v]
+            best = max(rates, default=None)
             row["best_fraction_of_roof"] = round(best / roof, 3) if best else None
         res.setdefault("bs1_decode", {})[name] = row
 
@@ -337,7 +339,7 @@ def run(out_dir: str, smoke: bool = False, budget_s: float = BUDGET_S) -> dict:
 
     # 5: invariants after a preemption-heavy run
     def preemption():
-        m = model(small, torch.float32)
+        model(small, torch.float32)             # built and registered on the device
         nreq, new = (6, 8) if smoke else (16, 32)
         prompts = token_prompts(nreq, 10 if smoke else 40, 40 if smoke else 160, cfgs[small].vocab_size, seed=4,
                                 shared_prefix=8 if smoke else 32)
@@ -379,7 +381,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m engine.gpu_check", description=__doc__.split("\n")[0])
     ap.add_argument("out_dir", help="folder for gpu_check.log and gpu_check.json")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny config on the CPU (tests): exercises the code only")
-    ap.add_argument("--budget-s", type=float, default=BUDGET_S, help="time budget in seconds (phases past it are skipped)")
+    ap.add_argument("--budget-s", type=float, default=BUDGET_S,
+                    help="time budget in seconds (phases past it are skipped)")
     a = ap.parse_args(argv)
     res = run(a.out_dir, smoke=a.cpu_smoke, budget_s=a.budget_s)
     return 1 if res["errors"] else 0

@@ -111,7 +111,8 @@ def build(rows: list[tuple[int, int, int, list[int]]], num_blocks: int, block_si
     return FlexMeta(mask, opts, compiled)
 
 
-def attend(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, fm: FlexMeta, scale: float | None) -> torch.Tensor:
+def attend(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, fm: FlexMeta,
+           scale: float | None) -> torch.Tensor:
     """q [H, T, D] -> out [T, H, D], attending in place to the pools."""
     hkv, d = k_pool.shape[2], k_pool.shape[3]
     k = k_pool.view(-1, hkv, d).transpose(0, 1).unsqueeze(0)        # [1, Hkv, slots, D], a view
