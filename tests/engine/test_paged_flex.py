@@ -176,3 +176,18 @@ def test_verification_rows_with_flex(hf_ref):
 def test_flex_refused_where_it_cannot_run():
     with pytest.raises(ValueError, match=r"attention_backend must be one of \('auto', 'torch', 'flex'\)"):
         EngineConfig(attention_backend="flash")
+
+
+@pytest.mark.slow
+def test_flex_on_the_default_model_identical_to_transformers():
+    """The real default model (30 layers, 9/3 heads) through the flex path: a ragged batch with
+    chunked prefill, greedy tokens vs transformers' generate."""
+    from tests.exact_ref import MAX_TOKENS, reference
+    ids, refs = reference()
+    idx = [0, 3, 4, 5]
+    llm = LLM(model="default", attention_backend="flex", max_num_batched_tokens=128)
+    assert llm.engine.info().attention_backend == "flex"
+    outs = llm.generate([ids[i] for i in idx], SamplingParams(max_tokens=MAX_TOKENS))
+    got = [o.outputs[0].token_ids for o in outs]
+    a = agreement(got, [refs[i] for i in idx])
+    assert a.exact, a
