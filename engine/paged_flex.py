@@ -117,8 +117,10 @@ def attend(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, fm: Flex
     hkv, d = k_pool.shape[2], k_pool.shape[3]
     k = k_pool.view(-1, hkv, d).transpose(0, 1).unsqueeze(0)        # [1, Hkv, slots, D], a view
     v = v_pool.view(-1, hkv, d).transpose(0, 1).unsqueeze(0)
-    if k.dtype != q.dtype:   # a pool stored in another dtype than the compute dtype
-        k, v = k.to(q.dtype), v.to(q.dtype)
+    if k.dtype != q.dtype:
+        # converting would copy the whole pool every layer: exactly the gather this path avoids
+        raise ValueError(f"attention_backend='flex' reads the pool in the compute dtype; the pool holds {k.dtype}, "
+                         f"the queries are {q.dtype} (a quantized or differently typed KV cache needs the torch path)")
     fn = _flex_fn(q.device)
     kw = {"kernel_options": fm.kernel_options} if fm.kernel_options else {}
     with warnings.catch_warnings():

@@ -73,6 +73,15 @@ def test_flex_matches_dense_reference(batch, gqa, seed):
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
 
 
+def test_pool_in_another_dtype_is_refused_not_copied():
+    rows = [(0, 2, 0, [1])]
+    fm = paged_flex.build(rows, 4, 4, CPU)
+    q = torch.randn(2, 2, 8)
+    pool = torch.zeros(4, 4, 2, 8, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="reads the pool in the compute dtype"):
+        paged_flex.attend(q, pool, pool, fm, None)
+
+
 def test_block_mask_lists_only_the_batchs_blocks():
     rows = [(0, 3, 0, [5]), (3, 1, 20, [7, 2, 9, 11, 4, 1])]
     fm = paged_flex.build(rows, 16, 4, CPU)
