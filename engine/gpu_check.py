@@ -101,6 +101,14 @@ class Check:
         self.log(f"   {name} done in {time.perf_counter() - t:.1f} s")
         self._sync_empty()
 
+    def guard(self, label: str, fn) -> None:
+        """One backend's failure is recorded and logged; the phase goes on with the others."""
+        try:
+            fn()
+        except Exception as e:
+            self.res["errors"].append(f"{label}: {type(e).__name__}: {str(e)[:400]}")
+            self.log(f"   FAILED {label}\n{traceback.format_exc()}")
+
     def _sync_empty(self):
         import gc
 
@@ -220,8 +228,9 @@ def run(out_dir: str, smoke: bool = False, budget_s: float = BUDGET_S) -> dict:
         dt = getattr(torch, dtype_name)
         m = model(small, dt)
         ref = hf_greedy(m, exact_prompts, n_new)
-        out = {}
-        for be in backends:
+        out = res[key] = {}
+
+        def one(be):
             # a small token budget splits prompts into chunks; the shared prefix gives prefix hits
             llm = _engine(f"mem:{small}", str(dev), dtype_name, attention_backend=be,
                           **engine_kw(max_num_batched_tokens=32 if smoke else 96))
@@ -234,7 +243,8 @@ def run(out_dir: str, smoke: bool = False, budget_s: float = BUDGET_S) -> dict:
             ck.log(f"   {key} {be}: {a['identical']}/{a['tokens']} identical, exact={a['exact']}, "
                    f"first divergence {a['first_divergence']}")
             _free_llm(llm)
-        res[key] = out
+        for be in backends:
+            ck.guard(f"{key} {be}", lambda be=be: one(be))
 
     ck.phase("exactness float32", lambda: exact("float32", "exact_fp32"), 20)
     ck.phase("agreement bfloat16", lambda: exact("bfloat16", "agreement_bf16"), 20)
@@ -249,7 +259,8 @@ def run(out_dir: str, smoke: bool = False, budget_s: float = BUDGET_S) -> dict:
         prompts = token_prompts(nreq, 30 if not smoke else 5, 300 if not smoke else 40, cfgs[name].vocab_size, seed=2)
         row: dict = {"dtype": str(dt).replace("torch.", ""), "requests": nreq, "new_tokens": new,
                      "prompt_tokens": sum(len(p) for p in prompts)}
-        for be in backends:
+
+        def one(be):
             llm = _engine(f"mem:{name}", str(dev), row["dtype"], attention_backend=be, **engine_kw())
             _run_engine(llm, [p[:8] for p in prompts[:2]], 2)           # warm-up (flex compiles here)
             toks, wall, stats = _run_engine(llm, prompts, new)
@@ -257,6 +268,8 @@ def run(out_dir: str, smoke: bool = False, budget_s: float = BUDGET_S) -> dict:
             row[f"kvscope_{be}_backend"] = llm.engine.info().attention_backend
             ck.log(f"   {name} kvscope {be}: {row[f'kvscope_{be}_tok_s']} tok/s ({stats['steps']} steps)")
             _free_llm(llm)
+        for be in backends:
+            ck.guard(f"W16 {name} {be}", lambda be=be: one(be))
         tok = IdTokenizer(cfgs[name].vocab_size)
         m.generation_config.eos_token_id = None
         peers.hf_static(m, tok, [prompts[0][:8], prompts[1][:6]], 2)   # warm-up
@@ -312,7 +325,8 @@ def run(out_dir: str, smoke: bool = False, budget_s: float = BUDGET_S) -> dict:
         prompt = token_prompts(1, 128, 128, cfgs[name].vocab_size, seed=3)[0] if not smoke else [5, 6, 7, 8]
         new = 8 if smoke else 128
         row: dict = {"dtype": str(dt).replace("torch.", ""), "weight_bytes_read_per_token": read}
-        for be in backends:
+
+        def one(be):
             llm = _engine(f"mem:{name}", str(dev), row["dtype"], attention_backend=be, **engine_kw())
             _run_engine(llm, [prompt[:8]], 4)                                  # warm-up
             eng = llm.engine
@@ -327,6 +341,8 @@ def run(out_dir: str, smoke: bool = False, budget_s: float = BUDGET_S) -> dict:
             row[f"kvscope_{be}_tok_s"] = round(rate, 2) if rate else None
             ck.log(f"   {name} batch-1 decode {be}: {row[f'kvscope_{be}_tok_s']} tok/s")
             _free_llm(llm)
+        for be in backends:
+            ck.guard(f"batch-1 {name} {be}", lambda be=be: one(be))
         if "bandwidth_gb_s" in res:
             roof = res["bandwidth_gb_s"] * 1e9 / read
             row["memory_roof_tok_s"] = round(roof, 1)

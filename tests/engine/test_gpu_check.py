@@ -65,3 +65,28 @@ def test_token_prompts_share_a_prefix_and_avoid_special_ids():
     assert len(ps) == 5 and all(20 <= len(p) <= 40 for p in ps)
     assert len({tuple(p[:10]) for p in ps}) == 1
     assert min(min(p) for p in ps) >= 3
+
+
+def test_out_of_budget_phases_are_skipped_and_the_json_still_written(tmp_path):
+    from engine.gpu_check import run
+    res = run(str(tmp_path), smoke=True, budget_s=0)
+    assert len(res["skipped"]) == 6 and all("budget" in s for s in res["skipped"])
+    assert "exact_fp32" not in res
+    assert json.loads((tmp_path / "gpu_check.json").read_text())["skipped"] == res["skipped"]
+
+
+def test_a_failing_backend_is_recorded_and_the_others_go_on(tmp_path):
+    from engine.gpu_check import Check
+    ck = Check(str(tmp_path), smoke=True, budget_s=60)
+    done = []
+
+    def one(be):
+        if be == "flex":
+            raise RuntimeError("no kernel for this shape")
+        done.append(be)
+    for be in ("torch", "flex", "auto"):
+        ck.guard(f"W16 x {be}", lambda be=be: one(be))
+    assert done == ["torch", "auto"]
+    assert ck.res["errors"] == ["W16 x flex: RuntimeError: no kernel for this shape"]
+    ck.log_f.close()
+    assert "FAILED W16 x flex" in (tmp_path / "gpu_check.log").read_text()
