@@ -191,7 +191,7 @@ def test_flex_refused_where_it_cannot_run():
 def test_flex_on_the_default_model_identical_to_transformers():
     """The real default model (30 layers, 9/3 heads) through the flex path: a ragged batch with
     chunked prefill, greedy tokens vs transformers' generate."""
-    from tests.exact_ref import MAX_TOKENS, reference
+    from tests.engine.exact_ref import MAX_TOKENS, reference
     ids, refs = reference()
     idx = [0, 3, 4, 5]
     llm = LLM(model="default", attention_backend="flex", max_num_batched_tokens=128)
