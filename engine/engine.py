@@ -17,15 +17,15 @@ import torch
 from . import events as ev
 from .block_manager import BlockManager, cdiv
 from .config import EngineConfig, SamplingParams
+from .device import activation_reserve_bytes, cuda_memory, gpu_kv_budget_bytes
 from .events import EventRing
+from .families import check_supported
 from .kv_layout import kv_bytes_per_token, kv_geometry
 from .metrics import MetricsTracker
-from .device import activation_reserve_bytes, cuda_memory, gpu_kv_budget_bytes
-from .families import check_supported
 from .models import load_model, resolve_device, resolve_dtype
+from .outputs import CompletionOutput, RequestMetrics, RequestOutput
 from .runner import BatchRow, ModelRunner
 from .sampler import make_generator, sample
-from .outputs import CompletionOutput, RequestMetrics, RequestOutput
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Request, Status, WaitReason
 from .snapshot import PLAIN, EngineInfo, RequestInfo, Snapshot
@@ -99,12 +99,7 @@ class LLMEngine:
             num_blocks = config.num_kv_blocks
             field_name = f"num_kv_blocks={num_blocks}"
         elif config.kv_cache_bytes is None and self.device.type == "cuda":
-            budget = self._gpu_budget(hf, itemsize)
-            num_blocks = min(budget // self.bytes_per_block, MAX_BLOCKS)
-            field_name = f"gpu_memory_utilization={config.gpu_memory_utilization}"
-            if num_blocks < 1:
-                raise ValueError(f"gpu_memory_utilization={config.gpu_memory_utilization} leaves {budget} bytes for "
-                                 f"the KV cache, less than one block ({self.bytes_per_block} bytes)")
+            num_blocks, field_name = self._gpu_pool_blocks(hf)
         else:
             budget = config.kv_cache_bytes or DEFAULT_KV_BYTES
             num_blocks = budget // self.bytes_per_block
@@ -172,6 +167,16 @@ class LLMEngine:
                    bytes_per_token=self.bytes_per_token, reason="engine started")
 
     # ------------------------------------------------------------------ helpers
+    def _gpu_pool_blocks(self, hf) -> tuple[int, str]:
+        """(blocks, the field that sized them) for a CUDA pool sized by gpu_memory_utilization."""
+        c = self.config
+        budget = self._gpu_budget(hf, self.dtype.itemsize)
+        num_blocks = min(budget // self.bytes_per_block, MAX_BLOCKS)
+        if num_blocks < 1:
+            raise ValueError(f"gpu_memory_utilization={c.gpu_memory_utilization} leaves {budget} bytes for "
+                             f"the KV cache, less than one block ({self.bytes_per_block} bytes)")
+        return num_blocks, f"gpu_memory_utilization={c.gpu_memory_utilization}"
+
     def _gpu_budget(self, hf, itemsize: int) -> int:
         """KV bytes on CUDA from free device memory (engine/device.py), read after the weights loaded."""
         c = self.config

@@ -20,7 +20,6 @@ from engine.config import SPEC_METHODS, EngineConfig, SpeculativeConfig
 from engine.device import detect_devices
 
 
-
 def test_mode() -> bool:
     """KVSCOPE_TEST_MODE=1 (read at every call, so tests can set it before running the app)."""
     return os.environ.get("KVSCOPE_TEST_MODE", "") not in ("", "0", "false", "no")

@@ -70,6 +70,16 @@ def test_engine_gpu_budget_from_mocked_memory(monkeypatch):
     assert eng._gpu_budget(hf, 2) == 20 * GiB - 10 * GiB - reserve
     monkeypatch.setattr(E, "cuda_memory", lambda dev: None)
     assert eng._gpu_budget(hf, 2) == E.DEFAULT_KV_BYTES
+    # the pool in blocks, as a CUDA engine sizes it (in the engine's dtype, float32 here)
+    monkeypatch.setattr(E, "cuda_memory", lambda dev: (30 * GiB, 40 * GiB))
+    reserve4 = dp.activation_reserve_bytes(eng.config.max_num_batched_tokens, hf.hidden_size, hf.intermediate_size,
+                                           hf.vocab_size, eng.config.max_num_seqs, 4)
+    blocks, field = eng._gpu_pool_blocks(hf)
+    assert blocks == min((10 * GiB - reserve4) // eng.bytes_per_block, E.MAX_BLOCKS)
+    assert field == "gpu_memory_utilization=0.5"
+    monkeypatch.setattr(E, "cuda_memory", lambda dev: (20 * GiB, 40 * GiB))   # nothing left at 0.5
+    with pytest.raises(ValueError, match=r"^gpu_memory_utilization=0.5 leaves 0 bytes for the KV cache"):
+        eng._gpu_pool_blocks(hf)
 
 
 def test_cpu_only_paths_stay_off_other_devices_and_dtypes():

@@ -10,8 +10,7 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import LLM, EngineConfig, SamplingParams, SpeculativeConfig
-from engine import paged_flex
+from engine import LLM, EngineConfig, SamplingParams, SpeculativeConfig, paged_flex
 from engine.agreement import agreement, hf_greedy
 from engine.models import load_model
 from engine.runner import BatchRow, ModelRunner
