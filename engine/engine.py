@@ -338,9 +338,7 @@ class LLMEngine:
         for bid in table:
             b = self.bm.blocks[bid]
             if b.ref_cnt == 1 and b.block_hash is not None:
-                if self.bm.hash_to_block.get(b.block_hash) == bid:
-                    del self.bm.hash_to_block[b.block_hash]
-                b.block_hash = None
+                self.bm.uncache(bid)
         self.scheduler.preempt(req, "manual eviction", mode="recompute")
         self.metrics.num_evictions += 1
         self._emit(ev.EVICT, request_id, blocks_freed=len(table), tokens_to_recompute=req.num_tokens,
