@@ -209,7 +209,8 @@ class KvscopeStub:
                     self.send_response(200)
                     self.send_header("Content-Type", "text/event-stream")
                     self.end_headers()
-                    for snap, evs in stub.frames:
+                    # the first stream replays the recording; a reconnect starts at the current state
+                    for snap, evs in (stub.frames if stub.stream_calls == 1 else stub.frames[-1:]):
                         msg = {"snapshot": snap.to_dict(), "events": [e.to_dict() for e in evs if e.seq > since]}
                         self.wfile.write(b"data: " + json.dumps(msg).encode() + b"\n\n")
                     self.wfile.flush()
