@@ -26,6 +26,7 @@ from ui.prefix_tree import PrefixTree
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 MAX_SSE_LINE = 32 * 1024 * 1024
+STREAM_READ_TIMEOUT = 15.0
 PROBE_TEXT = "KV cache blocks: <b>&amp;</b> ünïcode 123"
 
 
@@ -231,7 +232,7 @@ class AttachSession:
             while self._should_run():
                 if not self._read_stream():
                     self._poll_snapshot()
-                    self._stop.wait(self.interval)
+                self._stop.wait(self.interval)      # between reconnects too: never a tight loop
 
     def _scrape_once(self) -> None:
         try:
@@ -263,7 +264,8 @@ class AttachSession:
         server has no stream (then the caller polls /v1/kvscope/snapshot)."""
         url = f"{self.base_url}/v1/kvscope/stream?since={self.last_event_seq}"
         try:
-            resp = urllib.request.urlopen(_request(url, self.api_key), timeout=max(2.0, 3 * self.interval))
+            # the server sends a keepalive comment every ~10 s while idle: a read waits past that
+            resp = urllib.request.urlopen(_request(url, self.api_key), timeout=STREAM_READ_TIMEOUT)
         except urllib.error.HTTPError as e:
             with self.lock:
                 self.last_error = f"stream: HTTP {e.code}"
