@@ -277,3 +277,46 @@ def test_publisher_rejects_bad_options():
         KVEventPublisher("tcp://127.0.0.1:0", wire="v2")
     with pytest.raises(ValueError, match="endpoint"):
         KVEventPublisher("http://127.0.0.1:5557")
+
+
+def test_attached_to_an_engine_thread_it_follows_reconfigure():
+    from engine import EngineThread
+    th = EngineThread(_engine())
+    pub = KVEventPublisher("tcp://127.0.0.1:0", replay_endpoint="tcp://127.0.0.1:0", flush_interval=0.01)
+    sub = KVEventSubscriber(pub.endpoint, pub.replay_endpoint)
+    try:
+        pub.attach(th)
+        handles = [th.submit(p, SamplingParams(max_tokens=3, temperature=0)) for p in PROMPTS[:4]]
+        for h in handles:
+            h.result()
+        rebuilt: set = set()
+        with th.lock:
+            expect = _cached(th.engine)
+        for _ in range(400):                         # bounded: the publisher's thread sends every 10 ms
+            for _, b in sub.poll(50):
+                apply_events(rebuilt, b.events)
+            if rebuilt == expect and rebuilt:
+                break
+        assert rebuilt == expect and rebuilt
+        th.reconfigure(th.engine.config)             # a new engine: subscribers must start over
+        cleared = False
+        for _ in range(400):
+            for _, b in sub.poll(50):
+                cleared = cleared or any(isinstance(e, AllBlocksCleared) for e in b.events)
+                apply_events(rebuilt, b.events)
+            if cleared:
+                break
+        assert cleared and rebuilt == set()
+        th.submit(PROMPTS[5], SamplingParams(max_tokens=3, temperature=0)).result()
+        with th.lock:
+            expect = _cached(th.engine)
+        for _ in range(400):
+            for _, b in sub.poll(50):
+                apply_events(rebuilt, b.events)
+            if rebuilt == expect:
+                break
+        assert rebuilt == expect and rebuilt
+    finally:
+        sub.close()
+        pub.close()
+        th.shutdown()
