@@ -439,6 +439,7 @@ class KVEventSubscriber:
             self._replay.connect(replay_endpoint)
         self.replay_timeout_ms = replay_timeout_ms
         self.state = SubscriberState()
+        self._caught_up = self._replay is None
 
     def _decode(self, seq: int, payload: bytes, out: list) -> None:
         try:
@@ -472,6 +473,8 @@ class KVEventSubscriber:
             if seq < 0:
                 break
             if seq > self.state.last_seq and (upto is None or seq < upto):
+                if seq > self.state.last_seq + 1 and self.state.last_seq >= 0:
+                    self.state.missed += seq - self.state.last_seq - 1    # fell out of the replay buffer
                 self._decode(seq, frames[1], out)
                 self.state.replayed += 1
         return out
@@ -479,6 +482,11 @@ class KVEventSubscriber:
     def poll(self, timeout_ms: int = 0, max_messages: int = 10_000) -> list[tuple[int, KVEventBatch]]:
         out: list = []
         zmq = self._zmq
+        if not self._caught_up:
+            # a subscriber that joins late first fetches what the publisher still buffers, so the
+            # cache it rebuilds starts from the publisher's history, not from whenever it connected
+            self._caught_up = True
+            out.extend(self.replay(self.state.last_seq + 1))
         for _ in range(max_messages):
             if not self._sub.poll(timeout_ms if not out else 0):
                 break

@@ -15,6 +15,7 @@ from ui import prefix_tree as P
 from ui import vllm_metrics as vm
 
 SS = st.session_state
+REFRESH_S = 2.0   # the page redraws every 2 s; the session scrapes /metrics every 1 s in the background
 
 st.title("Attach to a live server")
 st.caption(
@@ -146,7 +147,7 @@ def _vllm(sess: A.AttachSession) -> None:
         ea.chart(fig, key="at_tree")
 
 
-@st.fragment(run_every=None if ea.test_mode() else 1.0)
+@st.fragment(run_every=None if ea.test_mode() else REFRESH_S)
 def _live() -> None:
     s = SS.get("at_session")
     if s is None:

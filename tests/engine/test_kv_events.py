@@ -253,6 +253,26 @@ def test_rebuild_across_replay_after_a_dropped_subscriber():
         pub.close()
 
 
+def test_a_late_subscriber_catches_up_from_the_replay_buffer():
+    eng = _engine()
+    pub = KVEventPublisher("tcp://127.0.0.1:0", replay_endpoint="tcp://127.0.0.1:0", flush_interval=0.01)
+    try:
+        pub.attach(eng)
+        for i, p in enumerate(PROMPTS[:5]):
+            eng.add_request(f"l{i}", p, SamplingParams(max_tokens=3, temperature=0))
+        while eng.has_unfinished_requests():
+            eng.step()
+        pub.flush()
+        sub = KVEventSubscriber(pub.endpoint, pub.replay_endpoint)    # joins after everything was sent
+        got = sub.poll(0)                                              # no live traffic: replay only
+        assert [s for s, _ in got] == list(range(pub.next_seq))
+        assert apply_events(set(), [e for _, b in got for e in b.events]) == _cached(eng)
+        assert (sub.state.replayed, sub.state.missed) == (pub.next_seq, 0)
+        sub.close()
+    finally:
+        pub.close()
+
+
 def test_attach_to_an_engine_with_cached_blocks_starts_subscribers_over():
     eng = _engine()
     eng.add_request("x", PROMPTS[0], SamplingParams(max_tokens=2, temperature=0))
@@ -320,3 +340,22 @@ def test_attached_to_an_engine_thread_it_follows_reconfigure():
         sub.close()
         pub.close()
         th.shutdown()
+
+
+def test_endpoints_bind_like_vllm_plus_loopback():
+    from engine.kv_events import _bind_endpoint
+    assert _bind_endpoint("tcp://*:5557", None) and _bind_endpoint("ipc:///tmp/kv", None)
+    assert _bind_endpoint("tcp://127.0.0.1:5557", None) and _bind_endpoint("tcp://localhost:5557", None)
+    assert not _bind_endpoint("tcp://router.internal:5557", None)       # vLLM connects out to a binding subscriber
+    assert not _bind_endpoint("tcp://127.0.0.1:5557", False)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200) | st.builds(lambda o: msgpack.packb(o, use_bin_type=True), st.recursive(
+    st.none() | st.integers(-2**63, 2**64 - 1) | st.floats() | st.text(max_size=12) | st.binary(max_size=8),
+    lambda c: st.lists(c, max_size=5) | st.dictionaries(st.text(max_size=8), c, max_size=5), max_leaves=20)))
+def test_decoder_never_fails_with_anything_but_value_error(data):
+    try:
+        decode_batch(data)
+    except ValueError:
+        pass
