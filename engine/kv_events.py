@@ -439,7 +439,10 @@ class KVEventSubscriber:
             self._replay.connect(replay_endpoint)
         self.replay_timeout_ms = replay_timeout_ms
         self.state = SubscriberState()
+        self.replay_complete = False
         self._caught_up = self._replay is None
+        self._next_catch_up = 0.0
+        self.catch_up_retry_s = 5.0
 
     def _decode(self, seq: int, payload: bytes, out: list) -> None:
         try:
@@ -456,6 +459,7 @@ class KVEventSubscriber:
     def replay(self, start_seq: int, upto: int | None = None) -> list[tuple[int, KVEventBatch]]:
         """Ask the replay socket for batches from start_seq (until the end marker or upto)."""
         out: list = []
+        self.replay_complete = False
         if self._replay is None:
             return out
         self._replay.send_multipart((b"", max(0, start_seq).to_bytes(8, "big")))
@@ -471,6 +475,7 @@ class KVEventSubscriber:
                 continue
             seq = int.from_bytes(frames[0], "big", signed=True)
             if seq < 0:
+                self.replay_complete = True
                 break
             if seq > self.state.last_seq and (upto is None or seq < upto):
                 if seq > self.state.last_seq + 1 and self.state.last_seq >= 0:
@@ -482,11 +487,13 @@ class KVEventSubscriber:
     def poll(self, timeout_ms: int = 0, max_messages: int = 10_000) -> list[tuple[int, KVEventBatch]]:
         out: list = []
         zmq = self._zmq
-        if not self._caught_up:
+        if not self._caught_up and time.monotonic() >= self._next_catch_up:
             # a subscriber that joins late first fetches what the publisher still buffers, so the
-            # cache it rebuilds starts from the publisher's history, not from whenever it connected
-            self._caught_up = True
+            # cache it rebuilds starts from the publisher's history, not from whenever it connected;
+            # retried every catch_up_retry_s until the replay socket answers with its end marker
             out.extend(self.replay(self.state.last_seq + 1))
+            self._caught_up = self.replay_complete
+            self._next_catch_up = time.monotonic() + self.catch_up_retry_s
         for _ in range(max_messages):
             if not self._sub.poll(timeout_ms if not out else 0):
                 break

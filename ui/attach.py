@@ -187,6 +187,12 @@ class AttachSession:
         self.events: deque[Event] = deque(maxlen=2000)
         self.last_event_seq = 0
         self.stream_mode = None
+        self.stopped_by_user = False
+        self.resumes = 0
+        self._threads: list[threading.Thread] = []
+        self._start_threads()
+
+    def _start_threads(self) -> None:
         self._threads = [threading.Thread(target=self._run_http, name="kvscope-attach-http", daemon=True)]
         if self.events_endpoint:
             self._threads.append(threading.Thread(target=self._run_events, name="kvscope-attach-kv", daemon=True))
@@ -198,7 +204,20 @@ class AttachSession:
         self._touched = time.monotonic()
 
     def stop(self) -> None:
+        self.stopped_by_user = True
         self._stop.set()
+
+    def resume(self) -> bool:
+        """Start reading again after an idle stop (a browser tab in the background stops the
+        page's refreshes), keeping the history, the tree and the event seq reached. False when
+        it is still running or was stopped by the user."""
+        if self.alive or self.stopped_by_user:
+            return False
+        self._stop.clear()
+        self.started = self._touched = time.monotonic()
+        self.resumes += 1
+        self._start_threads()
+        return True
 
     def join(self, timeout: float = 10.0) -> None:
         for t in self._threads:
@@ -317,6 +336,8 @@ class AttachSession:
             with self.lock:
                 self.event_error = f"{type(e).__name__}: {str(e)[:200]}"
             return
+        if self.event_state is not None:      # resumed: carry on from the seq already applied
+            sub.state = self.event_state
         try:
             while self._should_run():
                 got = sub.poll(100)

@@ -153,8 +153,9 @@ def _live() -> None:
     if s is None:
         return
     s.touch()
-    if not s.alive:
-        st.warning("Detached: the page was idle past the limit or the session ended. Press Attach again.")
+    if s.resume():     # it stopped itself while the page was not refreshing (a background tab)
+        st.info("Reading resumed: this page had not refreshed for a while (the browser tab was in the "
+                "background), so the session had paused.")
     st.caption(f"Attached to a **{s.kind}** server ({s.kind_reason}).")
     if s.kind == "kvscope":
         _kvscope(s)

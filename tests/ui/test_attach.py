@@ -53,6 +53,15 @@ def test_vllm_stub_scrapes_and_rebuilds_the_prefix_tree(wire):
         v = s.vllm_view()
         assert v["notes"] == [] and v["acceptance"] == [(0, 0.8), (1, 0.5), (2, 0.25)]
         assert v["rows"][-1].kv_usage == 0.25 and v["rows"][-1].hit_rate == pytest.approx(0.4)
+        # the page stops refreshing (a background tab): the session pauses, then resumes where it was
+        s._touched = -1e9
+        assert _wait(lambda: not s.alive)
+        n = len(s.history)
+        assert s.resume() and s.alive
+        assert _wait(lambda: (stub.pump() or True) and len(s.history) > n)
+        with s.lock:
+            assert s.tree.hashes() == {1, 3} and s.tree.nodes[1].reports == 1     # nothing applied twice
+            assert s.event_state.last_seq == 2
     finally:
         s.stop()
         s.join()
@@ -72,6 +81,8 @@ def test_missing_metrics_and_events_degrade_with_notes_and_idle_stops():
         assert _wait(lambda: s.tokenizer_reason != "not checked")
         assert not s.tokenizer_ok                       # the stub has no /tokenize: no decoded text
         assert _wait(lambda: not s.alive)               # nobody touched it: it stopped by itself
+        s.stop()
+        assert not s.resume()                            # stopped by the user: stays stopped
     finally:
         s.stop()
         stub.close()
