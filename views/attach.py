@@ -58,6 +58,32 @@ if st.button("Detach", key="at_detach"):
     st.rerun()
 
 
+def _tree_section(sess: A.AttachSession, tok_ok: bool, tok_why: str) -> None:
+    if not sess.events_endpoint:
+        return
+    st.subheader("Prefix cache from the KV events")
+    with sess.lock:
+        state, ev_err = sess.event_state, sess.event_error
+        color_by = SS.get("at_color", "age")
+        decode = sess.tokenizer.decode if (tok_ok and sess.tokenizer is not None) else None
+        n = len(sess.tree)
+        fig = P.tree_figure(sess.tree, time.monotonic(), color_by=color_by, decode=decode) if n else None
+        counts = (n, sess.tree.chains(), sess.tree.removed, sess.tree.cleared)
+    if ev_err:
+        st.error(f"KV events: {ev_err}")
+    st.radio("Colour blocks by", ["age", "reuse"], horizontal=True, key="at_color",
+             help="age: seconds since the block was stored; reuse: chains that continue through the block "
+                  "beyond the first, plus repeated BlockStored reports for it")
+    st.caption(f"{counts[0]} cached blocks in {counts[1]} chains · {counts[2]} removed · {counts[3]} clears · "
+               + (f"{state.batches} batches (last seq {state.last_seq}, {state.replayed} replayed, "
+                  f"{state.missed} missed, wire {'/'.join(sorted(state.wires)) or '—'})" if state else "")
+               + (" · token text decoded: " if decode else " · no token text: ") + tok_why)
+    if fig is not None:
+        ea.chart(fig, key="at_tree")
+    else:
+        st.caption("No cached blocks yet.")
+
+
 def _kvscope(sess: A.AttachSession) -> None:
     with sess.lock:
         snap, series, events = sess.snapshot, list(sess.series), list(sess.events)
@@ -91,6 +117,10 @@ def _kvscope(sess: A.AttachSession) -> None:
         ea.chart(pool.block_table_figure(snap, rid), key="at_table")
     st.subheader("Events")
     st.html(et.events_html(et.filter_events(events, et.DEFAULT_KINDS)))
+    local = ea.model_name()
+    same = snap.info.model == local or {snap.info.model, local} <= {"default", "tiny"}   # one tokenizer
+    _tree_section(sess, same, "the server runs the same tokenizer as this app" if same else
+                  f"the server's model {snap.info.model!r} is not this app's {local!r}")
 
 
 def _vllm(sess: A.AttachSession) -> None:
@@ -129,22 +159,7 @@ def _vllm(sess: A.AttachSession) -> None:
                 ea.chart(vm.acceptance_figure(v["acceptance"]), key="at_v_acc")
             else:
                 st.caption("No speculative decoding counters (vllm:spec_decode_…) on this server.")
-    if sess.events_endpoint:
-        st.subheader("Prefix cache from the KV events")
-        with sess.lock:
-            state, ev_err = sess.event_state, sess.event_error
-            color_by = SS.get("at_color", "age")
-            decode = sess.tokenizer.decode if (tok_ok and sess.tokenizer is not None) else None
-            fig = P.tree_figure(sess.tree, time.monotonic(), color_by=color_by, decode=decode)
-            counts = (len(sess.tree), sess.tree.chains(), sess.tree.removed, sess.tree.cleared)
-        if ev_err:
-            st.error(f"KV events: {ev_err}")
-        st.radio("Colour blocks by", ["age", "reuse"], horizontal=True, key="at_color")
-        st.caption(f"{counts[0]} cached blocks in {counts[1]} chains · {counts[2]} removed · {counts[3]} clears · "
-                   + (f"{state.batches} batches (last seq {state.last_seq}, {state.replayed} replayed, "
-                      f"{state.missed} missed, wire {'/'.join(sorted(state.wires)) or '—'})" if state else "")
-                   + (" · token text decoded: " if decode else " · no token text: ") + tok_why)
-        ea.chart(fig, key="at_tree")
+    _tree_section(sess, tok_ok, tok_why)
 
 
 @st.fragment(run_every=None if ea.test_mode() else REFRESH_S)

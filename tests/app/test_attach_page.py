@@ -118,18 +118,27 @@ def test_attach_to_a_vllm_stub_without_events_or_spec_notes_what_is_missing():
 
 def test_attach_to_a_kvscope_stub():
     from engine import EngineConfig, LLMEngine, SamplingParams
+    from engine.kv_events import KVEventPublisher, external_hash
     eng = LLMEngine(EngineConfig(model="tiny", device="cpu", num_kv_blocks=24, block_size=8, max_model_len=128))
+    pub = KVEventPublisher("tcp://127.0.0.1:0", replay_endpoint="tcp://127.0.0.1:0")   # the engine's real events
+    pub.attach(eng)
     frames = record_frames(eng, [[1] * 20 + [i] * 5 for i in range(2, 6)], SamplingParams(max_tokens=5,
                                                                                          temperature=0))
+    pub.flush()
+    cached = {external_hash(h) for h in eng.bm.hash_to_block}
     stub = KvscopeStub(frames)
     at = _page()
     try:
-        at = _attach(at, stub.base_url)
+        at = _attach(at, stub.base_url, pub.endpoint, pub.replay_endpoint)
         assert not at.exception, [e.value for e in at.exception]
         sess = at.session_state["at_session"]
         last = frames[-1][0]
-        assert _wait(lambda: sess.snapshot is not None and sess.snapshot.step == last.step)
+        assert _wait(lambda: sess.snapshot is not None and sess.snapshot.step == last.step
+                     and sess.tree.hashes() == cached)      # a late subscriber: rebuilt from the replay buffer
         at.run()
+        tree = next(s for s in _specs(at) if s["layout"]["title"]["text"].startswith("Prefix cache rebuilt"))
+        assert f"{len(cached)} cached blocks" in tree["layout"]["title"]["text"]
+        assert any("token text decoded: the server runs the same tokenizer" in c.value for c in at.caption)
         assert not at.exception, [e.value for e in at.exception]
         m = last.metrics
         assert _metric(at, "KV blocks used") == f"{m.num_blocks_used} / {last.info.num_blocks}"
@@ -141,6 +150,7 @@ def test_attach_to_a_kvscope_stub():
     finally:
         at.session_state["at_session"].stop()
         stub.close()
+        pub.close()
 
 
 def test_bad_url_is_an_error_not_a_crash():
