@@ -17,10 +17,9 @@ import urllib.parse
 import urllib.request
 from collections import deque
 
-from engine.events import Event
+from engine.events import Event, event_from_dict, snapshot_from_dict
 from engine.kv_events import KVEventSubscriber
-from engine.snapshot import snapshot_from_dict
-from ui import load as L
+from engine.recording import append_snapshot, slim_snapshot
 from ui import vllm_metrics as vm
 from ui.prefix_tree import PrefixTree
 
@@ -41,7 +40,7 @@ def normalise_base_url(url: str) -> str:
     if p.scheme not in ("http", "https") or not p.hostname:
         raise ValueError(f"base URL: expected http://HOST:PORT or https://HOST:PORT, got {url[:80]!r}")
     try:
-        p.port
+        _ = p.port
     except ValueError:
         raise ValueError(f"base URL: the port is not a number in [0, 65535] ({url[:80]!r})") from None
     path = p.path.rstrip("/")
@@ -144,7 +143,7 @@ def parse_stream_message(data: str):
     evs = obj.get("events") or []
     if not isinstance(evs, list):
         raise ValueError("stream message: events must be a list")
-    return snap, [Event.from_dict(e) for e in evs]
+    return snap, [event_from_dict(e) for e in evs]
 
 
 class AttachSession:
@@ -272,7 +271,7 @@ class AttachSession:
         with self.lock:
             if snap is not None:
                 self.snapshot = snap
-                self.series = L.append_snapshot(self.series, L.slim_snapshot(snap))
+                self.series = append_snapshot(self.series, slim_snapshot(snap))
             for e in evs:
                 if e.seq > self.last_event_seq:
                     self.events.append(e)

@@ -1,4 +1,4 @@
-"""AppTest of the Attach page (views/attach.py) against stub servers on 127.0.0.1: a vLLM-format
+"""AppTest of the Attach page (pages/attach.py) against stub servers on 127.0.0.1: a vLLM-format
 /metrics + KV events stub (the page decodes token text with the engine's tokenizer because the stub
 tokenizes with the same one), and a kvscope stub serving a tiny-model engine's recorded snapshot
 stream. Waits are bounded loops (hang guards, not timing assertions)."""
@@ -38,7 +38,7 @@ def _test_env():
 def _page():
     from streamlit.testing.v1 import AppTest
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    at.switch_page("views/attach.py")
+    at.switch_page("pages/attach.py")
     return at.run()
 
 

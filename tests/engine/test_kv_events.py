@@ -8,8 +8,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.kv_events import (AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, KVEventPublisher,
-                              KVEventSubscriber, apply_events, decode_batch, encode_batch, external_hash)
+from engine.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventBatch,
+    KVEventPublisher,
+    KVEventSubscriber,
+    apply_events,
+    decode_batch,
+    encode_batch,
+    external_hash,
+)
 
 BATCH = KVEventBatch(12.5, [BlockStored([7, 8], None, [1, 2, 3, 4], 2, None, "GPU", None),
                             BlockRemoved([7], "GPU"), AllBlocksCleared()], 0)
