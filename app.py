@@ -70,7 +70,8 @@ def home() -> None:
     st.html(theme.token_legend_html())
 
 
-_KERNEL_NAMES = {"cpu_kernel": "kvscope C kernel", "onednn": "oneDNN packed", "torch": "PyTorch"}
+_KERNEL_NAMES = {"cpu_kernel": "kvscope C kernel", "onednn": "oneDNN packed", "torch": "PyTorch",
+                 "flex": "FlexAttention in place (all rows)"}
 
 
 def _engine_panel(th) -> None:
