@@ -40,6 +40,8 @@ PAGES = [
      "what the KV cache saves: cost per token with and without it, and the 50-sequence budget"),
     ("replay.py", "Replay", "replay", ":material/replay:",
      "load a recorded trace and scrub through it step by step"),
+    ("attach.py", "Attach to a server", "attach", ":material/link:",
+     "a running kvscope or vLLM server: its metrics, queues and the prefix cache rebuilt from its KV events"),
 ]
 
 

@@ -230,6 +230,16 @@ def _validate(cls: type, root: str, data):
     raise ValueError(f"{_where(root, loc)}: {_EXPECTED.get(typ, err['msg'])}")
 
 
+def snapshot_from_dict(data) -> Snapshot:
+    """A Snapshot from its to_dict() JSON (the server's /v1/kvscope routes). ValueError naming the field."""
+    return _validate(Snapshot, "Snapshot", data)
+
+
+def event_from_dict(data) -> Event:
+    """An Event from its to_dict() JSON. ValueError naming the field."""
+    return _validate(Event, "event", data)
+
+
 _V1_BLOCK_COUNTS = (EventKind.ADMIT, EventKind.PREFILL, EventKind.SWAP_OUT, EventKind.SWAP_IN)
 
 
