@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import torch
 
 from . import events as ev
+from . import kv_quant
+from . import memory_math as mm
 from .block_manager import BlockManager, cdiv
 from .config import EngineConfig, SamplingParams
 from .events import EventRing
@@ -110,9 +112,12 @@ class LLMEngine:
         if config.max_model_len > max_pos:
             raise ValueError(f"max_model_len={config.max_model_len} exceeds the model's "
                              f"max_position_embeddings={max_pos}")
+        self.kv_cache_dtype = kv_quant.resolve(config.kv_cache_dtype, self.dtype)
         n_layers, n_kv, head_dim = kv_geometry(hf)
-        itemsize = torch.finfo(self.dtype).bits // 8
-        self.bytes_per_token = 2 * n_layers * n_kv * head_dim * itemsize
+        kv_quant.check_head_dim(self.kv_cache_dtype, head_dim)
+        self.bytes_per_token = mm.kv_bytes_per_token(
+            {"num_hidden_layers": n_layers, "num_attention_heads": hf.num_attention_heads,
+             "num_key_value_heads": n_kv, "head_dim": head_dim}, self.kv_cache_dtype)
         self.bytes_per_block = self.bytes_per_token * config.block_size
         if config.num_kv_blocks is not None:
             num_blocks = config.num_kv_blocks
@@ -159,7 +164,8 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, num_blocks=num_blocks, block_size=config.block_size,
                                   dtype=self.dtype, device=self.device, num_swap_blocks=num_swap,
                                   linear_backend=config.linear_backend,
-                                  attention_backend=config.attention_backend)
+                                  attention_backend=config.attention_backend,
+                                  kv_cache_dtype=self.kv_cache_dtype)
         self.events = EventRing(config.event_ring_size)
         self.t0 = time.perf_counter()
         self.step_num = 0
@@ -567,7 +573,7 @@ class LLMEngine:
                           c.max_model_len, c.max_num_seqs, c.max_num_batched_tokens, c.allocator, c.kv_cache,
                           self.bm.enable_prefix_caching, c.preemption_mode, c.victim_policy, spec,
                           self.bm.capacity, self.runner.linear_pack.kernel if self.runner.linear_pack is not None else "torch",
-                          "cpu_kernel" if self.runner.decode_kernel is not None else "torch")
+                          "cpu_kernel" if self.runner.decode_kernel is not None else "torch", self.kv_cache_dtype)
 
     def check_invariants(self) -> None:
         self.bm.check_invariants()

@@ -11,6 +11,9 @@ Bytes per token, all layers, K and V:
 * MLA (DeepSeek-V2/V3): each layer caches one compressed latent of ``kv_lora_rank`` numbers plus
   the shared rotary key of ``qk_rope_head_dim`` numbers: ``layers x (kv_lora_rank +
   qk_rope_head_dim) x bytes``; there is no separate K and V, so no factor 2.
+* 8-bit caches (fp8, int8) as kvscope stores them (engine/kv_quant.py): each cached row (one
+  token's K or V for one KV head, or one MLA latent) also keeps its own float32 scale, so add
+  ``rows x 4`` bytes: ``2 x layers x kv_heads x (head_dim + 4)`` for int8 head rows.
 
 Binary units throughout (KiB = 1024 B, GiB = 1024**3 B); :func:`format_bytes` also offers decimal.
 """
@@ -33,6 +36,8 @@ _DTYPE_ALIASES = {
     "float8_e5m2": "fp8", "e4m3": "fp8", "e5m2": "fp8",
     "i8": "int8", "uint8": "int8",
 }
+SCALED_DTYPES = ("fp8", "int8")          # one float32 scale per cached row (engine/kv_quant.py)
+KV_SCALE_BYTES = 4
 ATTENTION_KINDS = ("MHA", "GQA", "MQA", "MLA")
 
 _LAYERS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
@@ -205,10 +210,25 @@ def attention_kind(cfg) -> str:
 
 # ---------------------------------------------------------------- KV bytes
 
-def kv_bytes_per_token(cfg, dtype) -> int:
-    """KV-cache bytes one token occupies, all layers (K and V, or the MLA latent)."""
+def _canonical(dtype) -> str:
+    key = str(dtype).strip().lower().removeprefix("torch.")
+    return _DTYPE_ALIASES.get(key, key)
+
+
+def kv_scale_bytes_per_token(cfg, dtype) -> int:
+    """Bytes of per-row float32 scales one token adds to an 8-bit cache (0 for float dtypes)."""
+    if _canonical(dtype) not in SCALED_DTYPES:
+        return 0
     spec = kv_spec(cfg)
-    return spec.num_layers * spec.numbers_per_token_per_layer * dtype_bytes(dtype)
+    rows = 1 if spec.kind == "MLA" else 2 * spec.num_kv_heads
+    return spec.num_layers * rows * KV_SCALE_BYTES
+
+
+def kv_bytes_per_token(cfg, dtype) -> int:
+    """KV-cache bytes one token occupies, all layers (K and V, or the MLA latent), with the
+    per-row scales of an 8-bit cache. The engine sizes its pool with this function too."""
+    spec = kv_spec(cfg)
+    return spec.num_layers * spec.numbers_per_token_per_layer * dtype_bytes(dtype) + kv_scale_bytes_per_token(cfg, dtype)
 
 
 def _check_tokens(name, v, minimum=0):
@@ -310,13 +330,17 @@ def formula_factors(cfg, dtype) -> str:
     """The factors of the bytes-per-token product with this config's numbers (no result)."""
     spec = kv_spec(cfg)
     b = dtype_bytes(dtype)
+    sb = kv_scale_bytes_per_token(cfg, dtype)
+    scales = f" + {sb:,} scale bytes" if sb else ""
     if spec.kind == "MLA":
-        return f"{spec.num_layers} layers x ({spec.kv_lora_rank} latent + {spec.qk_rope_head_dim} rotary key) x {b} bytes"
+        return (f"{spec.num_layers} layers x ({spec.kv_lora_rank} latent + {spec.qk_rope_head_dim} rotary key) "
+                f"x {b} bytes{scales}")
     heads = "KV head" if spec.num_kv_heads == 1 else "KV heads"
     if spec.k_head_dim == spec.v_head_dim:
-        return f"2 (K and V) x {spec.num_layers} layers x {spec.num_kv_heads} {heads} x {spec.k_head_dim} head dim x {b} bytes"
+        return (f"2 (K and V) x {spec.num_layers} layers x {spec.num_kv_heads} {heads} x {spec.k_head_dim} head dim "
+                f"x {b} bytes{scales}")
     return (f"{spec.num_layers} layers x {spec.num_kv_heads} {heads} x ({spec.k_head_dim} K dim + "
-            f"{spec.v_head_dim} V dim) x {b} bytes")
+            f"{spec.v_head_dim} V dim) x {b} bytes{scales}")
 
 
 def formula_text(cfg, dtype) -> str:

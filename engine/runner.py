@@ -1,7 +1,7 @@
 """Batch preparation (input ids, positions, slot mapping, block tables) and the forward pass.
 
-Owns the K/V pool tensors (per layer, [num_blocks, block_size, num_kv_heads, head_dim]) and the
-CPU swap space. The HF model runs with attention implementation "kvscope" (engine/attention.py)
+Owns the K/V pool tensors (per layer, [num_blocks, block_size, num_kv_heads, head_dim], in the
+format of `kv_cache_dtype`: engine/kv_quant.py) and the CPU swap space. The HF model runs with attention implementation "kvscope" (engine/attention.py)
 only inside our forward; other callers of the same model object get transformers' SDPA.
 """
 from __future__ import annotations
@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from . import attention, cpu_kernels, linear
+from . import attention, cpu_kernels, kv_quant, linear
+from . import memory_math
 from .attention import AttnMetadata, PrefillItem, build_decode_mask, forward_context
 from .block_manager import cdiv
 
@@ -40,7 +41,7 @@ class BatchRow:
 class ModelRunner:
     def __init__(self, model, *, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device,
                  num_swap_blocks: int = 0, num_layers: int | None = None, linear_backend: str = "auto",
-                 attention_backend: str = "auto"):
+                 attention_backend: str = "auto", kv_cache_dtype: str = "auto"):
         attention.register()
         self.model = model
         self.device = device
@@ -49,15 +50,18 @@ class ModelRunner:
         self.num_layers, self.num_kv_heads, self.head_dim = kv_geometry(model.config)
         if num_layers is not None:
             self.num_layers = num_layers
-        shape = (num_blocks, block_size, self.num_kv_heads, self.head_dim)
-        self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+        self.kv_format = kv_quant.resolve(kv_cache_dtype, dtype)
+        kv_quant.check_head_dim(self.kv_format, self.head_dim)
+        geo = (block_size, self.num_kv_heads, self.head_dim)
+        self.kv_caches = [(kv_quant.allocate(self.kv_format, num_blocks, *geo, device),
+                           kv_quant.allocate(self.kv_format, num_blocks, *geo, device))
                           for _ in range(self.num_layers)]
         self.num_swap_blocks = num_swap_blocks
         self.swap_space = None
         if num_swap_blocks:
-            sshape = (num_swap_blocks, block_size, self.num_kv_heads, self.head_dim)
             pin = device.type == "cuda"
-            self.swap_space = [(torch.zeros(sshape, dtype=dtype, pin_memory=pin), torch.zeros(sshape, dtype=dtype, pin_memory=pin))
+            self.swap_space = [(kv_quant.allocate(self.kv_format, num_swap_blocks, *geo, "cpu", pin),
+                                kv_quant.allocate(self.kv_format, num_swap_blocks, *geo, "cpu", pin))
                                for _ in range(self.num_layers)]
         inner = getattr(model, "model", None)
         self.fast = all(hasattr(inner, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")) and hasattr(model, "lm_head")
@@ -70,7 +74,10 @@ class ModelRunner:
 
     @property
     def bytes_per_token(self) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * torch.finfo(self.dtype).bits // 8
+        """K+V bytes of one token in this pool, all its layers (memory_math's formula, scales included)."""
+        cfg = {"num_hidden_layers": self.num_layers, "num_attention_heads": self.model.config.num_attention_heads,
+               "num_key_value_heads": self.num_kv_heads, "head_dim": self.head_dim}
+        return memory_math.kv_bytes_per_token(cfg, self.kv_format)
 
     # ------------------------------------------------------------------ block copies
     @torch.inference_mode()
@@ -104,14 +111,15 @@ class ModelRunner:
             return
         idx = torch.tensor(slots, device=self.device)
         for k, v in self.kv_caches:
-            k.view(-1, self.num_kv_heads, self.head_dim).index_fill_(0, idx, 0)
-            v.view(-1, self.num_kv_heads, self.head_dim).index_fill_(0, idx, 0)
+            k.view(-1, *k.shape[2:]).index_fill_(0, idx, 0)
+            v.view(-1, *v.shape[2:]).index_fill_(0, idx, 0)
 
     def read_slots(self, layer: int, slots: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The K and V held at these flat slots, widened to float32: [len(slots), kv_heads, head_dim]."""
         idx = torch.tensor(slots, device=self.device)
         k, v = self.kv_caches[layer]
-        return (k.view(-1, self.num_kv_heads, self.head_dim).index_select(0, idx),
-                v.view(-1, self.num_kv_heads, self.head_dim).index_select(0, idx))
+        return (kv_quant.widen(k.view(-1, *k.shape[2:]).index_select(0, idx), self.kv_format, torch.float32),
+                kv_quant.widen(v.view(-1, *v.shape[2:]).index_select(0, idx), self.kv_format, torch.float32))
 
     # ------------------------------------------------------------------ forward
     def build_metadata(self, rows: list[BatchRow]):
@@ -142,7 +150,8 @@ class ModelRunner:
                 logit_rows.extend(range(t + r.logits_from, t + n))
             t += n
         dev = self.device
-        meta = AttnMetadata(self.kv_caches, torch.tensor(slots, device=dev), bs, prefills=prefills)
+        meta = AttnMetadata(self.kv_caches, torch.tensor(slots, device=dev), bs, prefills=prefills,
+                            kv_format=self.kv_format)
         if dec_idx:
             mb = max(len(x) for x in dec_tables)
             padded = [x + [x[-1]] * (mb - len(x)) for x in dec_tables]
