@@ -789,6 +789,8 @@ def suite_threads(ctx: C.BenchContext) -> SuiteResult:
     return res
 
 
+from .kvquant import suite_kvquant  # noqa: E402  (own module; imports SuiteResult from here lazily)
+
 SUITE_FUNCS = {
     "throughput": suite_throughput,
     "roofline": suite_roofline,
@@ -797,4 +799,5 @@ SUITE_FUNCS = {
     "speculative": suite_speculative,
     "cache": suite_cache,
     "threads": suite_threads,
+    "kvquant": suite_kvquant,
 }
