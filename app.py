@@ -11,6 +11,7 @@ from pathlib import Path
 
 import streamlit as st
 
+from engine import memory_math as mm
 from ui import engine_access as ea
 from ui import theme
 
@@ -90,13 +91,13 @@ def _engine_panel(th) -> None:
             st.rerun()
     c = st.columns(4)
     c[0].metric("Model", info.model)
-    c[1].metric("Device · dtype", f"{info.device} · {info.dtype}")
+    c[1].metric("Device · dtype · KV", f"{info.device} · {info.dtype} · {info.kv_cache_dtype}")
     c[2].metric("KV bytes per token", f"{info.bytes_per_token:,}")
     c[3].metric("KV budget", f"{info.kv_cache_bytes / 2**20:,.2f} MiB")
     st.caption(
-        f"bytes per token = 2 (K and V) × {info.num_layers} layers × {info.num_kv_heads} KV heads × "
-        f"{info.head_dim} head dim × {info.bytes_per_token // max(1, 2 * info.num_layers * info.num_kv_heads * info.head_dim)} "
-        f"bytes per value = {info.bytes_per_token:,} bytes. Pool: {info.num_blocks:,} blocks × "
+        f"bytes per token ({info.kv_cache_dtype}) = "
+        f"{mm.formula_factors(mm.config_from_engine_info(info), info.kv_cache_dtype).replace(' x ', ' × ')} "
+        f"= {info.bytes_per_token:,} bytes. Pool: {info.num_blocks:,} blocks × "
         f"{info.block_size} tokens = {info.num_blocks * info.block_size:,} token slots "
         f"({info.bytes_per_block:,} bytes per block).")
     m = snap.metrics

@@ -553,7 +553,8 @@ def long_context_prompts(tokenizer, n: int = 4, seed: int = 0, min_tokens: int =
         target = min_tokens + (max_tokens - min_tokens) * i // max(1, n - 1)
         lines = [_fill(rng, rng.choice(_REPLY_SENTENCES + _DIFF_TEMPLATES)) for _ in range(target // 4)]
         out.append(_lines_to_fit(tokenizer, lines, target,
-                                 lambda ls: _chat_ids(tokenizer, "Review thread:\n" + "\n".join(ls) + "\n\n" + _LONG_ASK)))
+                                 lambda ls: _chat_ids(tokenizer, "Review thread:\n" + "\n".join(ls)
+                                                      + "\n\n" + _LONG_ASK)))
     return out
 
 

@@ -162,7 +162,8 @@ def write_asset(by_dtype: dict, prompt_set: dict, *, quick: bool, model: str, pa
     now = datetime.datetime.now(datetime.timezone.utc)
     data = {"date": now.date().isoformat(), "measured_at": now.isoformat(timespec="seconds"),
             "command": "python -m engine bench kvquant" + (" --quick" if quick else ""), "model": model,
-            "machine": {k: v for k, v in C.machine_info().items() if k in ("cpu", "nproc", "torch", "torch_threads", "load_avg_1m_at_start")},
+            "machine": {k: v for k, v in C.machine_info().items()
+                        if k in ("cpu", "nproc", "torch", "torch_threads", "load_avg_1m_at_start")},
             "prompt_set": prompt_set, "dtypes": by_dtype}
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
