@@ -3,7 +3,10 @@
 The HF model's own embedding, norms, rotary, projections and MLP run unchanged; only attention
 is ours: it writes each new token's key/value into the block pool (slot mapping) and reads every
 key/value it attends to back from the pool through the block tables. The pool tensors are the
-cache; nothing else holds K/V.
+cache; nothing else holds K/V. What a slot holds is `kv_cache_dtype`'s format (engine/kv_quant.py:
+the model's dtype, bf16/fp16, or int8/fp8 codes with a per-row scale): writes encode, reads widen
+to the query's dtype, so every path (including a chunk's attention to its own new tokens when
+the pool is not in the model's dtype) sees the values the pool holds.
 
 Batches are flattened (ragged): the model sees one row of T tokens from many requests.
 - decode group (one query token per request): on CPU in fp32, engine/csrc/paged_attention.c

@@ -175,3 +175,15 @@ def test_parameter_count_override():
     assert _metrics(at)["Max concurrent"] == "2"
     assert "16,000,000,000 B weights" in at.code[0].value
     assert any("your parameter count" in c.value for c in at.caption)
+
+
+def test_measured_kv_quantization_cost_beside_the_dtype():
+    """assets/measurements/kvquant.json (bench kvquant on the default model) is shown with its date."""
+    import json
+    data = json.loads((Path(PAGE).parents[1] / "assets" / "measurements" / "kvquant.json").read_text())
+    at = _run(mc_dtype="int8")
+    assert not at.exception
+    caps = [c.value for c in at.caption if c.value.startswith("Measured ")]
+    assert len(caps) == 1 and f"Measured {data['date']}" in caps[0]
+    r = data["dtypes"]["int8"]
+    assert f"{r['token_agreement']:.0%} of greedy tokens identical" in caps[0]
