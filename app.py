@@ -91,7 +91,7 @@ def _engine_panel(th) -> None:
             st.rerun()
     c = st.columns(4)
     c[0].metric("Model", info.model)
-    c[1].metric("Device · dtype · KV", f"{info.device} · {info.dtype} · {info.kv_cache_dtype}")
+    c[1].metric("Device · dtype", f"{info.device} · {info.dtype}")
     c[2].metric("KV bytes per token", f"{info.bytes_per_token:,}")
     c[3].metric("KV budget", f"{info.kv_cache_bytes / 2**20:,.2f} MiB")
     st.caption(
