@@ -11,8 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import attention, cpu_kernels, kv_quant, linear
-from . import memory_math
+from . import attention, cpu_kernels, kv_quant, linear, memory_math
 from .attention import AttnMetadata, PrefillItem, build_decode_mask, forward_context
 from .block_manager import cdiv
 
