@@ -87,8 +87,9 @@ def test_dtype_and_concurrency_change_numbers():
     at.number_input(key="mc_concurrency").set_value(8)
     at.run()
     m = _metrics(at)
-    assert m["KV bytes per token"] == "65,536 B"
-    assert m["Total needed"] == "2 GiB"                      # 8 x 4,096 x 64 KiB
+    # 1 byte per number + a float32 scale per (token, KV head) row, as kvscope stores fp8: 65,536 + 2,048
+    assert m["KV bytes per token"] == "67,584 B"
+    assert m["Total needed"] == "2.06 GiB"                   # 8 x 4,096 x 67,584 B
     at.selectbox(key="mc_dtype").set_value("fp32")
     at.run()
     assert _metrics(at)["KV bytes per token"] == "262,144 B"
