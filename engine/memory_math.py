@@ -228,7 +228,8 @@ def kv_bytes_per_token(cfg, dtype) -> int:
     """KV-cache bytes one token occupies, all layers (K and V, or the MLA latent), with the
     per-row scales of an 8-bit cache. The engine sizes its pool with this function too."""
     spec = kv_spec(cfg)
-    return spec.num_layers * spec.numbers_per_token_per_layer * dtype_bytes(dtype) + kv_scale_bytes_per_token(cfg, dtype)
+    numbers = spec.num_layers * spec.numbers_per_token_per_layer
+    return numbers * dtype_bytes(dtype) + kv_scale_bytes_per_token(cfg, dtype)
 
 
 def _check_tokens(name, v, minimum=0):
