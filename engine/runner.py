@@ -2,8 +2,8 @@
 
 Owns the K/V pool tensors (per layer, [num_blocks, block_size, num_kv_heads, head_dim], in the
 format of `kv_cache_dtype`: engine/kv_quant.py) and the CPU swap space. The HF model runs with
-attention implementation "kvscope" (engine/attention.py)
-only inside our forward; other callers of the same model object get transformers' SDPA.
+attention implementation "kvscope" (engine/attention.py) only inside our forward; other callers
+of the same model object get transformers' SDPA.
 """
 from __future__ import annotations
 
