@@ -12,20 +12,11 @@ from dataclasses import dataclass
 
 import torch
 
-from . import attention, cpu_kernels, kv_quant, linear, memory_math
+from . import attention, cpu_kernels, kv_quant, linear
 from .attention import AttnMetadata, PrefillItem, build_decode_mask, forward_context
-from .block_manager import cdiv
+from .kv_layout import cdiv, dtype_bytes, kv_bytes_per_token, kv_geometry, kv_scale_bytes
 
 KERNEL_MAX_QUERY_TOKENS = 32    # up to this many new tokens after earlier context go to the decode kernel
-
-
-def kv_geometry(hf_config) -> tuple[int, int, int]:
-    """(num_layers, num_kv_heads, head_dim) from an HF config."""
-    n_layers = hf_config.num_hidden_layers
-    n_heads = hf_config.num_attention_heads
-    n_kv = getattr(hf_config, "num_key_value_heads", None) or n_heads
-    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // n_heads
-    return n_layers, n_kv, head_dim
 
 
 @dataclass(slots=True)
@@ -74,10 +65,9 @@ class ModelRunner:
 
     @property
     def bytes_per_token(self) -> int:
-        """K+V bytes of one token in this pool, all its layers (memory_math's formula, scales included)."""
-        cfg = {"num_hidden_layers": self.num_layers, "num_attention_heads": self.model.config.num_attention_heads,
-               "num_key_value_heads": self.num_kv_heads, "head_dim": self.head_dim}
-        return memory_math.kv_bytes_per_token(cfg, self.kv_format)
+        """K+V bytes of one token in this pool, all its layers (kv_layout's formula, scales included)."""
+        return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, dtype_bytes(self.kv_format),
+                                  scale_bytes=kv_scale_bytes(self.kv_format))
 
     # ------------------------------------------------------------------ block copies
     @torch.inference_mode()

@@ -86,10 +86,8 @@ def _prompt_set(ctx, tok):
 
 def suite_kvquant(ctx: C.BenchContext):
     import torch
-
-    from .suites import SuiteResult
     _, SamplingParams, _ = C.require_engine()
-    res = SuiteResult()
+    res = C.SuiteResult()
     new_tokens = ctx.pick(48, 16, smoke=6)
     decode_tokens = ctx.pick(48, 16, smoke=4)
     by_dtype: dict[str, dict] = {}

@@ -13,8 +13,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine import EngineConfig, LLMEngine, SamplingParams
-from engine import cpu_kernels, kv_quant
+from engine import EngineConfig, LLMEngine, SamplingParams, cpu_kernels, kv_quant
 from engine import memory_math as mm
 
 FP32_EPS = 2.0 ** -23
@@ -162,7 +161,8 @@ def test_byte_budget_holds_the_formulas_tokens():
     assert i8.num_blocks / fp32.num_blocks == pytest.approx(512 / 160, rel=0.01)
     assert bf.num_blocks == 2 * fp32.num_blocks
     # the default model (head_dim 64): 4 bytes of scale per 64 codes -> 3.76x the fp32 tokens
-    s = mm.PRESETS["SmolLM2-135M"]
+    from ui.presets import PRESETS
+    s = PRESETS["SmolLM2-135M"]
     assert mm.kv_bytes_per_token(s, "int8") == 2 * 30 * 3 * (64 + 4) == 12_240
     assert mm.kv_bytes_per_token(s, "fp32") / mm.kv_bytes_per_token(s, "int8") == pytest.approx(3.765, abs=1e-3)
     blocks = {dt: (64 << 20) // (16 * mm.kv_bytes_per_token(s, dt)) for dt in ("fp32", "bf16", "int8")}
