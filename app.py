@@ -11,8 +11,9 @@ from pathlib import Path
 
 import streamlit as st
 
-from engine.kv_layout import dtype_bytes
+from engine import memory_math as mm
 from ui import engine_access as ea
+from ui import memory_calc as mc
 from ui import theme
 
 ROOT = Path(__file__).resolve().parent
@@ -97,9 +98,9 @@ def _engine_panel(th) -> None:
     c[2].metric("KV bytes per token", f"{info.bytes_per_token:,}")
     c[3].metric("KV budget", f"{info.kv_cache_bytes / 2**20:,.2f} MiB")
     st.caption(
-        f"bytes per token = 2 (K and V) × {info.num_layers} layers × {info.num_kv_heads} KV heads × "
-        f"{info.head_dim} head dim × {dtype_bytes(info.dtype)} "
-        f"bytes per value = {info.bytes_per_token:,} bytes. Pool: {info.num_blocks:,} blocks × "
+        f"bytes per token ({info.kv_cache_dtype}) = "
+        f"{mm.formula_factors(mc.config_from_engine_info(info), info.kv_cache_dtype).replace(' x ', ' × ')} "
+        f"= {info.bytes_per_token:,} bytes. Pool: {info.num_blocks:,} blocks × "
         f"{info.block_size} tokens = {info.num_blocks * info.block_size:,} token slots "
         f"({info.bytes_per_block:,} bytes per block).")
     m = snap.metrics

@@ -12,6 +12,7 @@ PREEMPTION_MODES = ("recompute", "swap")
 VICTIM_POLICIES = ("last_admitted", "lru")
 SPEC_METHODS = ("ngram", "draft_model", "self_draft")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16", "fp8_e4m3", "int8")   # engine/kv_quant.py
 LINEAR_BACKENDS = ("auto", "torch")
 ATTENTION_BACKENDS = ("auto", "torch", "flex")
 MIN_TEMPERATURE = 1e-5
@@ -97,6 +98,9 @@ class EngineConfig:
     model: str = "default"
     device: str = "auto"
     dtype: str = "auto"
+    # what the K/V pool stores (vLLM's field name): "auto" = the model dtype; "int8" / "fp8_e4m3"
+    # one byte per number plus a float32 scale per (token, KV head) row (engine/kv_quant.py)
+    kv_cache_dtype: str = "auto"
     block_size: int = 16
     num_kv_blocks: int | None = None        # explicit pool size, or
     kv_cache_bytes: int | None = None       # a byte budget (K and V, all layers); default 256 MiB, at most 4096 blocks
@@ -138,6 +142,8 @@ class EngineConfig:
         _check(isinstance(self.device, str) and (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")),
                f"device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
         _check(self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        _check(self.kv_cache_dtype in KV_CACHE_DTYPES,
+               f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         _check(_is_int(self.block_size) and 1 <= self.block_size <= 256,
                f"block_size must be an integer in [1, 256], got {self.block_size!r}")
         if self.num_kv_blocks is not None:

@@ -15,12 +15,13 @@ from dataclasses import dataclass
 import torch
 
 from . import events as ev
+from . import kv_quant
 from .block_manager import BlockManager, cdiv
 from .config import EngineConfig, SamplingParams
 from .device import activation_reserve_bytes, cuda_memory, gpu_kv_budget_bytes
 from .events import EventRing
 from .families import check_supported
-from .kv_layout import kv_bytes_per_token, kv_geometry
+from .kv_layout import dtype_bytes, kv_bytes_per_token, kv_geometry, kv_scale_bytes
 from .metrics import MetricsTracker
 from .models import load_model, resolve_device, resolve_dtype
 from .outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -105,8 +106,11 @@ class LLMEngine:
         if config.max_model_len > max_pos:
             raise ValueError(f"max_model_len={config.max_model_len} exceeds the model's "
                              f"max_position_embeddings={max_pos}")
+        self.kv_cache_dtype = kv_quant.resolve(config.kv_cache_dtype, self.dtype)
         n_layers, n_kv, head_dim = kv_geometry(hf)
-        self.bytes_per_token = kv_bytes_per_token(n_layers, n_kv, head_dim, self.dtype.itemsize)
+        kv_quant.check_head_dim(self.kv_cache_dtype, head_dim)
+        self.bytes_per_token = kv_bytes_per_token(n_layers, n_kv, head_dim, dtype_bytes(self.kv_cache_dtype),
+                                                  scale_bytes=kv_scale_bytes(self.kv_cache_dtype))
         self.bytes_per_block = self.bytes_per_token * config.block_size
         if config.num_kv_blocks is not None:
             num_blocks = config.num_kv_blocks
@@ -157,7 +161,8 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, num_blocks=num_blocks, block_size=config.block_size,
                                   dtype=self.dtype, device=self.device, num_swap_blocks=num_swap,
                                   linear_backend=config.linear_backend,
-                                  attention_backend=config.attention_backend)
+                                  attention_backend=config.attention_backend,
+                                  kv_cache_dtype=self.kv_cache_dtype)
         self.events = EventRing(config.event_ring_size)
         self.engine_id = uuid.uuid4().hex[:12]
         self.t0 = time.perf_counter()
@@ -597,7 +602,7 @@ class LLMEngine:
                           c.max_model_len, c.max_num_seqs, c.max_num_batched_tokens, c.allocator, c.kv_cache,
                           self.bm.enable_prefix_caching, c.preemption_mode, c.victim_policy, spec,
                           self.bm.capacity, self.runner.linear_pack.kernel if self.runner.linear_pack is not None else "torch",
-                          self.runner.attention_backend)
+                          self.runner.attention_backend, self.kv_cache_dtype)
 
     def check_invariants(self) -> None:
         self.bm.check_invariants()

@@ -1,8 +1,9 @@
 """Batch preparation (input ids, positions, slot mapping, block tables) and the forward pass.
 
-Owns the K/V pool tensors (per layer, [num_blocks, block_size, num_kv_heads, head_dim]) and the
-CPU swap space. The HF model runs with attention implementation "kvscope" (engine/attention.py)
-only inside our forward; other callers of the same model object get transformers' SDPA.
+Owns the K/V pool tensors (per layer, [num_blocks, block_size, num_kv_heads, head_dim], in the
+format of `kv_cache_dtype`: engine/kv_quant.py) and the CPU swap space. The HF model runs with
+attention implementation "kvscope" (engine/attention.py) only inside our forward; other callers
+of the same model object get transformers' SDPA.
 """
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ from dataclasses import dataclass
 
 import torch
 
-from . import attention, cpu_kernels, linear, paged_flex
+from . import attention, cpu_kernels, kv_quant, linear, paged_flex
 from . import device as device_policy
 from .attention import AttnMetadata, PrefillItem, build_decode_mask, forward_context
-from .kv_layout import cdiv, kv_bytes_per_token, kv_geometry
+from .kv_layout import cdiv, dtype_bytes, kv_bytes_per_token, kv_geometry, kv_scale_bytes
 
 KERNEL_MAX_QUERY_TOKENS = 32    # up to this many new tokens after earlier context go to the decode kernel
 # model types whose HF model forward is exactly embed -> rotary -> decoder layers -> norm, so the
@@ -35,7 +36,7 @@ class BatchRow:
 class ModelRunner:
     def __init__(self, model, *, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device,
                  num_swap_blocks: int = 0, num_layers: int | None = None, linear_backend: str = "auto",
-                 attention_backend: str = "auto"):
+                 attention_backend: str = "auto", kv_cache_dtype: str = "auto"):
         attention.register()
         self.model = model
         self.device = device
@@ -44,15 +45,18 @@ class ModelRunner:
         self.num_layers, self.num_kv_heads, self.head_dim = kv_geometry(model.config)
         if num_layers is not None:
             self.num_layers = num_layers
-        shape = (num_blocks, block_size, self.num_kv_heads, self.head_dim)
-        self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+        self.kv_format = kv_quant.resolve(kv_cache_dtype, dtype)
+        kv_quant.check_head_dim(self.kv_format, self.head_dim)
+        geo = (block_size, self.num_kv_heads, self.head_dim)
+        self.kv_caches = [(kv_quant.allocate(self.kv_format, num_blocks, *geo, device),
+                           kv_quant.allocate(self.kv_format, num_blocks, *geo, device))
                           for _ in range(self.num_layers)]
         self.num_swap_blocks = num_swap_blocks
         self.swap_space = None
         if num_swap_blocks:
-            sshape = (num_swap_blocks, block_size, self.num_kv_heads, self.head_dim)
             pin = device.type == "cuda"
-            self.swap_space = [(torch.zeros(sshape, dtype=dtype, pin_memory=pin), torch.zeros(sshape, dtype=dtype, pin_memory=pin))
+            self.swap_space = [(kv_quant.allocate(self.kv_format, num_swap_blocks, *geo, "cpu", pin),
+                                kv_quant.allocate(self.kv_format, num_swap_blocks, *geo, "cpu", pin))
                                for _ in range(self.num_layers)]
         inner = getattr(model, "model", None)
         self.fast = (getattr(model.config, "model_type", None) in FAST_MODEL_TYPES and hasattr(model, "lm_head")
@@ -78,7 +82,9 @@ class ModelRunner:
 
     @property
     def bytes_per_token(self) -> int:
-        return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype.itemsize)
+        """K+V bytes of one token in this pool, all its layers (kv_layout's formula, scales included)."""
+        return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, dtype_bytes(self.kv_format),
+                                  scale_bytes=kv_scale_bytes(self.kv_format))
 
     # ------------------------------------------------------------------ block copies
     @torch.inference_mode()
@@ -112,14 +118,15 @@ class ModelRunner:
             return
         idx = torch.tensor(slots, device=self.device)
         for k, v in self.kv_caches:
-            k.view(-1, self.num_kv_heads, self.head_dim).index_fill_(0, idx, 0)
-            v.view(-1, self.num_kv_heads, self.head_dim).index_fill_(0, idx, 0)
+            k.view(-1, *k.shape[2:]).index_fill_(0, idx, 0)
+            v.view(-1, *v.shape[2:]).index_fill_(0, idx, 0)
 
     def read_slots(self, layer: int, slots: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The K and V held at these flat slots, widened to float32: [len(slots), kv_heads, head_dim]."""
         idx = torch.tensor(slots, device=self.device)
         k, v = self.kv_caches[layer]
-        return (k.view(-1, self.num_kv_heads, self.head_dim).index_select(0, idx),
-                v.view(-1, self.num_kv_heads, self.head_dim).index_select(0, idx))
+        return (kv_quant.widen(k.view(-1, *k.shape[2:]).index_select(0, idx), self.kv_format, torch.float32),
+                kv_quant.widen(v.view(-1, *v.shape[2:]).index_select(0, idx), self.kv_format, torch.float32))
 
     # ------------------------------------------------------------------ forward
     def build_metadata(self, rows: list[BatchRow]):
@@ -155,7 +162,8 @@ class ModelRunner:
                 logit_rows.extend(range(t + r.logits_from, t + n))
             t += n
         dev = self.device
-        meta = AttnMetadata(self.kv_caches, torch.tensor(slots, device=dev), bs, prefills=prefills, max_ctx=max_ctx)
+        meta = AttnMetadata(self.kv_caches, torch.tensor(slots, device=dev), bs, prefills=prefills, max_ctx=max_ctx,
+                            kv_format=self.kv_format)
         if flex_rows:
             meta.flex = paged_flex.build(flex_rows, self.kv_caches[0][0].shape[0], bs, dev)
         if dec_idx:

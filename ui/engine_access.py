@@ -27,6 +27,7 @@ def test_mode() -> bool:
 LIVE_INTERVAL_S = 0.25   # fragment refresh (4 Hz)
 
 BLOCK_SIZES = (4, 8, 16, 32)
+KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16", "fp8_e4m3", "int8")   # EngineConfig.kv_cache_dtype
 SPEC_CHOICES = ("off",) + SPEC_METHODS
 
 
@@ -213,6 +214,10 @@ def settings_sidebar() -> None:
         if info:
             st.caption(f"{info.bytes_per_token:,} bytes per token → "
                        f"{blocks * bs * info.bytes_per_token / 2**20:,.1f} MiB at block size {bs}")
+        kv_dtype = st.selectbox("KV cache dtype", KV_CACHE_DTYPES, index=KV_CACHE_DTYPES.index(cfg.kv_cache_dtype),
+                                help="What the pool stores per number: auto = the model's dtype; fp8_e4m3 and "
+                                     "int8 add a float32 scale per (token, KV head). Quantized caches are not "
+                                     "token-exact: the Memory calculator shows their measured agreement.")
         seqs = st.number_input("Max concurrent sequences", min_value=1, max_value=4096, value=int(cfg.max_num_seqs))
         prefix = st.toggle("Prefix caching", value=bool(cfg.enable_prefix_caching))
         pre = st.radio("Preemption mode", ("recompute", "swap"), horizontal=True,
@@ -233,6 +238,7 @@ def settings_sidebar() -> None:
             return
         try:
             new = cfg.replace(device=device, block_size=int(bs), num_kv_blocks=int(blocks), kv_cache_bytes=None,
+                              kv_cache_dtype=kv_dtype,
                               max_num_seqs=int(seqs), enable_prefix_caching=bool(prefix), preemption_mode=pre,
                               speculative=spec_config(method, int(k), num_layers=info.num_layers if info else None))
             st.session_state["engine_message"] = ("success", shared_engine().reconfigure(new))

@@ -35,6 +35,8 @@ SUITES: dict[str, Suite] = {s.name: s for s in (
     Suite("speculative", "suite_speculative", 6, "plain vs each drafter on passage-editing and open-ended prompts"),
     Suite("cache", "suite_cache", 2, "cost per generated token with and without the KV cache as context grows"),
     Suite("threads", "suite_threads", 2, "matmul time at 1 vs all threads, idle and with one core busy"),
+    Suite("kvquant", "suite_kvquant", 5, "each kv_cache_dtype vs the fp32 pool: greedy agreement, KL, needle recall, "
+          "tokens per MiB, decode tok/s (engine/bench/kvquant.py)"),
 )}
 DEFAULT_ALL = ("throughput", "roofline", "memory", "prefix", "speculative", "cache")
 
