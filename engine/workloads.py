@@ -306,7 +306,7 @@ def release_freeze(n: int = 24, seed: int = 0, *, turns: int = 4, window_s: floa
         budget = max(1, first_words - len(intro.split()) - len(question.split()))
         prompt = head + _diff(rng, budget) + "\n" + question
         prompt_words = len(prompt.split())
-        parent = None
+        parent, prev_tokens = None, 0
         for t in range(conv_turns):
             max_tokens = _lognormal_int(rng, output_median, output_sigma, output_min, output_max)
             if t > 0:

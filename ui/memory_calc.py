@@ -80,7 +80,7 @@ def compute(cfg, dtype: str, context_len: int, concurrency: int, memory_bytes: i
     else:
         lines += [f"total needed     = {_num(total)} B  ({format_bytes(total)}; weights left out)"]
     if free > 0:
-        lines += [f"max concurrent   = floor((memory - weights) / per sequence)",
+        lines += ["max concurrent   = floor((memory - weights) / per sequence)",
                   f"{pad}= floor(({_num(memory_bytes)} B - {_num(weights_bytes)} B) / {_num(per_seq)} B)",
                   f"{pad}= {_num(maxc)}"]
     else:
