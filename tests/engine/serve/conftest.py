@@ -6,8 +6,8 @@ import socket
 import pytest
 
 API_KEY = "sk-kvscope-test"
-TINY_SERVE = dict(model="tiny", device="cpu", num_kv_blocks=160, block_size=8, max_model_len=256,
-                  max_num_seqs=16, max_num_batched_tokens=512, num_threads=1)
+TINY_SERVE = {"model": "tiny", "device": "cpu", "num_kv_blocks": 160, "block_size": 8, "max_model_len": 256,
+              "max_num_seqs": 16, "max_num_batched_tokens": 512, "num_threads": 1}
 
 
 def free_port() -> int:

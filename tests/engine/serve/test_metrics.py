@@ -80,8 +80,8 @@ def test_spec_decode_metrics_agree_with_the_engine():
     from engine.thread import EngineThread
     th = EngineThread(config=EngineConfig(model="tiny", device="cpu", num_kv_blocks=64, block_size=8,
                                           max_model_len=256, num_threads=1,
-                                          speculative_config=dict(method="self_draft", draft_layers=1,
-                                                                      num_speculative_tokens=3)))
+                                          speculative_config={"method": "self_draft", "draft_layers": 1,
+                                                                      "num_speculative_tokens": 3}))
     try:
         x = MetricsExporter(th, "tiny")
         prompt = "one two three four one two three four one two three four one two three"

@@ -171,13 +171,13 @@ def test_min_tokens_masks_the_stop_token(client, llm):
     assert r.usage.completion_tokens >= 3
     # the masked first token is the runner-up of the model's distribution
     lp = client.completions.create(model="kvscope-tiny", prompt=PROMPT, max_tokens=1, temperature=0, logprobs=2)
-    second = [t for t in lp.choices[0].logprobs.top_logprobs[0] if t != llm.tokenizer.decode([first])][0]
+    second = next(t for t in lp.choices[0].logprobs.top_logprobs[0] if t != llm.tokenizer.decode([first]))
     assert r.choices[0].text.startswith(second)
 
 
 def test_seeded_sampling_is_reproducible(client):
-    kw = dict(model="kvscope-tiny", prompt=PROMPT, max_tokens=8, temperature=0.9, top_p=0.9, seed=7,
-              extra_body={"top_k": 50})
+    kw = {"model": "kvscope-tiny", "prompt": PROMPT, "max_tokens": 8, "temperature": 0.9, "top_p": 0.9, "seed": 7,
+          "extra_body": {"top_k": 50}}
     a = client.completions.create(**kw).choices[0].text
     b = client.completions.create(**kw).choices[0].text
     assert a == b
