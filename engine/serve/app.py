@@ -27,6 +27,7 @@ class ServerState:
     metrics: MetricsExporter | None = None
     kv_events: object | None = None           # engine.kv_events publisher, when --kv-events-endpoint is given
     in_flight: int = 0                        # HTTP requests being served (not yet finished)
+    bridge: tuple | None = None               # (Waker, Submitter) of the serving loop (engine/serve/bridge.py)
 
     @property
     def aliases(self) -> set[str]:

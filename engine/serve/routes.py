@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 import uuid
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from ..engine import _check_unicode
 from ..thread import EngineCrashed
+from .bridge import Submitter, Waker
 from .errors import APIError, param_of
 from .metrics import CONTENT_TYPE
 from .protocol import ChatCompletionRequest, CompletionRequest
@@ -90,24 +93,32 @@ async def stream_snapshots(request: Request, since: int = Query(0, ge=0), interv
 
 
 # ------------------------------------------------------------------ generation
+def _bridge(st, loop):
+    """The server loop's Waker and Submitter (made on first use in that loop)."""
+    b = getattr(st, "bridge", None)
+    if b is None or b[0].loop is not loop or b[1].thread is not st.thread:
+        b = st.bridge = (Waker(loop), Submitter(st.thread, loop))
+    return b
+
+
 class _Run:
     """One HTTP generation request: its engine requests (n choices x prompts) and an asyncio
-    event the engine thread sets after each update of any of them."""
+    event the engine thread sets (through the Waker) after each update of any of them."""
 
     def __init__(self, st, loop: asyncio.AbstractEventLoop):
         self.st, self.loop = st, loop
         self.event = asyncio.Event()
         self.handles: list = []
         self.prompt_lens: list[int] = []
+        self.waker, self.submitter = _bridge(st, loop)
 
     def notify(self) -> None:
-        self.loop.call_soon_threadsafe(self.event.set)
+        self.waker.notify(self)
 
-    def submit(self, prompt, params):
-        """Runs in a worker thread. Returns the handle; ValueError -> 400, EngineCrashed -> 503."""
-        h = self.st.thread.submit(prompt, params, request_id=f"http-{uuid.uuid4().hex[:12]}", origin="http",
-                                  listener=self.notify)
-        return h
+    async def submit(self, prompt, params):
+        """Returns the handle; ValueError -> 400, EngineCrashed -> 503 (raised by the caller's handler)."""
+        return await self.submitter.submit(prompt, params, request_id=f"http-{uuid.uuid4().hex[:12]}",
+                                           origin="http", listener=self.notify)
 
     def abort_unfinished(self) -> None:
         for h in self.handles:
@@ -130,17 +141,23 @@ def _check_capacity(st, n_new: int) -> None:
                             f"limit is {st.max_waiting} queued (--max-waiting); retry later")
 
 
+_TOK_LOCK = threading.Lock()     # the server's own tokenizer calls, one at a time (never the engine lock)
+
+
 def _tokenize(th, prompt) -> list[int]:
-    """Text -> ids with the engine's tokenizer (under the engine lock: one user of it at a time);
-    token ids pass through (the engine checks them against the vocabulary)."""
+    """Text -> ids with the engine's tokenizer; token ids pass through (the engine checks them
+    against the vocabulary)."""
     if isinstance(prompt, str):
         if not prompt:
             raise ValueError("prompt must not be empty")
         if len(prompt) > 1_000_000:
             raise ValueError(f"prompt is {len(prompt)} characters; the limit is 1000000")
-        with th.lock:
-            th.engine._tokenize_prompt(prompt)       # its checks (Unicode, empty) with its messages
-            return list(th.tokenizer.encode(prompt, add_special_tokens=False))
+        _check_unicode(prompt)
+        with _TOK_LOCK:
+            ids = list(th.tokenizer.encode(prompt, add_special_tokens=False))
+        if not ids:
+            raise ValueError("prompt must not be empty (it tokenizes to no tokens)")
+        return ids
     return list(prompt)
 
 
@@ -154,7 +171,7 @@ def _chat_ids(th, req: ChatCompletionRequest) -> list[int]:
             m["content"].encode("utf-8")
         except UnicodeEncodeError:
             raise ValueError("messages: content is not valid Unicode text (a lone surrogate)") from None
-    with th.lock:
+    with _TOK_LOCK:
         out = th.tokenizer.apply_chat_template(msgs, add_generation_prompt=req.add_generation_prompt, tokenize=True)
     if isinstance(out, dict) or hasattr(out, "input_ids"):
         out = out["input_ids"]
@@ -185,7 +202,7 @@ async def _start(st, prompts_ids: list[list[int]], body, logprobs: int | None, l
             run.prompt_lens.append(len(ids))
             limit = getattr(body, "max_completion_tokens", None) or body.max_tokens
             params = body.sampling_params(_max_tokens(th, limit, len(ids)), logprobs)
-            first = await asyncio.to_thread(run.submit, ids, params)
+            first = await run.submit(ids, params)
             run.handles.append(first)
             if n > 1:
                 # n > 1 forks the prompt's blocks: the rest start once the first has prefilled and
@@ -197,7 +214,7 @@ async def _start(st, prompts_ids: list[list[int]], body, logprobs: int | None, l
                     except TimeoutError:
                         pass
                 for _ in range(n - 1):
-                    run.handles.append(await asyncio.to_thread(run.submit, ids, params))
+                    run.handles.append(await run.submit(ids, params))
     except ValueError as e:
         run.abort_unfinished()
         st.in_flight -= run.counted
