@@ -140,6 +140,8 @@ class MetricsExporter:
                       TTFT_BUCKETS)
         self.itl = h("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
                      ITL_BUCKETS)
+        self.tpot = h("vllm:request_time_per_output_token_seconds",
+                      "Histogram of time_per_output_token_seconds per request.", ITL_BUCKETS)
         self.e2e = h("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
                      REQUEST_LATENCY_BUCKETS)
         self.queue = h("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
@@ -169,6 +171,8 @@ class MetricsExporter:
                 self.ttft.observe(max(0.0, req.first_token_time - req.arrival_time))
             for gap in itl_gaps(req.token_times):
                 self.itl.observe(gap)
+            if req.num_output_tokens > 1 and req.first_token_time is not None and req.token_times:
+                self.tpot.observe(max(0.0, req.token_times[-1] - req.first_token_time) / (req.num_output_tokens - 1))
             self.prompt_len.observe(req.num_prompt_tokens)
             self.gen_len.observe(req.num_output_tokens)
 
