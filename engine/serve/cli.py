@@ -85,9 +85,13 @@ def attach_kv_events(thread, endpoint: str, replay_endpoint: str | None, wire: s
         from .. import kv_events
     except ImportError as e:
         raise ValueError(f"--kv-events-endpoint: this build has no engine.kv_events module ({e})") from None
-    pub = kv_events.KVEventPublisher(endpoint, replay_endpoint=replay_endpoint, wire=wire)
-    if hasattr(pub, "attach"):
+    try:
+        pub = kv_events.KVEventPublisher(endpoint, replay_endpoint=replay_endpoint, wire=wire)
         pub.attach(thread)
+    except ValueError:
+        raise
+    except Exception as e:  # noqa: BLE001 - e.g. zmq: address already in use
+        raise ValueError(f"--kv-events-endpoint {endpoint}: {type(e).__name__}: {e}") from None
     return pub
 
 
