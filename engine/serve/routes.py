@@ -181,12 +181,15 @@ def _chat_ids(th, req: ChatCompletionRequest) -> list[int]:
     return ids
 
 
-def _max_tokens(th, requested: int | None, prompt_len: int) -> int:
+def _max_tokens(th, requested: int | None, prompt_len: int, tier: str | None = None) -> int:
     cfg = th.config
     if requested is not None:
         return requested
-    # vLLM's default: the rest of the context; also bounded by what the pool can ever hold
+    # vLLM's default: the rest of the context; also bounded by what the pool and the tier allow
     room = min(cfg.max_model_len, th.engine.bm.num_blocks * cfg.block_size) - prompt_len
+    t = cfg.tiers.get(tier or cfg.default_tier or "")
+    if t is not None:
+        room = min(room, t.max_context - prompt_len)
     return max(1, room)
 
 
@@ -201,7 +204,7 @@ async def _start(st, prompts_ids: list[list[int]], body, logprobs: int | None, l
         for ids in prompts_ids:
             run.prompt_lens.append(len(ids))
             limit = getattr(body, "max_completion_tokens", None) or body.max_tokens
-            params = body.sampling_params(_max_tokens(th, limit, len(ids)), logprobs)
+            params = body.sampling_params(_max_tokens(th, limit, len(ids), body.tier), logprobs)
             first = await run.submit(ids, params)
             run.handles.append(first)
             if n > 1:
@@ -249,8 +252,11 @@ def _finish_reason(out) -> str | None:
 
 
 def _raise_if_failed(h) -> None:
+    """The engine could not finish the request: 503 when it is down, shutting down or being
+    reconfigured (retry later), 500 when a step failed for this request (e.g. non-finite logits)."""
     if h.error and (h.output is None or h.output.outputs[0].finish_reason == "error" or not h.output.finished):
-        raise APIError(503 if not h.owner.healthy else 500, f"generation failed: {h.error}")
+        step_failed = h.output is not None and h.output.outputs[0].finish_reason == "error" and h.owner.healthy
+        raise APIError(500 if step_failed else 503, f"generation failed: {h.error}")
 
 
 async def _wait_all(request: Request, run: _Run) -> None:

@@ -182,3 +182,30 @@ def test_fuzzed_bodies_never_500(server, path, body):
         assert r.text.rstrip().endswith("data: [DONE]")
     else:
         assert r.json()["choices"]
+
+
+def test_engine_down_is_503():
+    from engine.config import EngineConfig
+    from engine.serve import create_app, run_in_background
+    from engine.thread import EngineThread
+
+    from .conftest import TINY_SERVE, free_port
+    th = EngineThread(config=EngineConfig(**TINY_SERVE))
+    port = free_port()
+    srv = run_in_background(create_app(th), "127.0.0.1", port)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        assert httpx.get(base + "/health").status_code == 200
+        th.shutdown()
+        assert_error(httpx.get(base + "/health"), 503, "engine is down")
+        assert_error(httpx.post(base + "/v1/completions", json=GOOD | {"model": None}), 503, "engine is down")
+    finally:
+        srv.should_exit = True
+        srv.thread.join(10)
+
+
+def test_default_max_tokens_is_the_rest_of_the_context(http):
+    prompt = list(range(1000, 1000 + 250))          # max_model_len 256: room for 6 tokens
+    r = http.post("/v1/completions", json={"prompt": prompt, "temperature": 0, "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 6 and r.json()["choices"][0]["finish_reason"] == "length"
