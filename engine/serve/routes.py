@@ -388,6 +388,7 @@ async def _stream(request: Request, st, run: _Run, body, chat: bool, rid: str, c
     th = st.thread
     obj = "chat.completion.chunk" if chat else "text_completion"
     usage_on = body.include_usage
+    continuous = bool(body.stream_options and body.stream_options.continuous_usage_stats and usage_on)
     cursors = [_Delta(body.stop if isinstance(body.stop, list) else ([body.stop] if body.stop else None))
                for _ in run.handles]
     done = [False] * len(run.handles)
@@ -397,6 +398,8 @@ async def _stream(request: Request, st, run: _Run, body, chat: bool, rid: str, c
         d = {"id": rid, "object": obj, "created": created, "model": st.model_name, "choices": choices}
         if usage != "absent":
             d["usage"] = usage
+        elif continuous:
+            d["usage"] = _usage(run, body.n)     # tokens so far, on every chunk (vLLM's continuous_usage_stats)
         elif usage_on:
             d["usage"] = None
         return f"data: {json.dumps(d)}\n\n"

@@ -191,3 +191,15 @@ def test_stop_string_is_cut(client, llm):
     chunks = list(client.completions.create(model="kvscope-tiny", prompt=PROMPT, max_tokens=12, temperature=0,
                                             stop=[stop], stream=True))
     assert "".join(c.choices[0].text for c in chunks if c.choices) == ref[:ref.index(stop)]
+
+
+def test_continuous_usage_stats(server):
+    import json
+
+    import httpx
+    body = {"prompt": PROMPT, "max_tokens": 5, "temperature": 0, "stream": True, "ignore_eos": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    with httpx.stream("POST", server.base + "/v1/completions", json=body, headers=server.headers, timeout=120) as r:
+        msgs = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: {")]
+    seen = [m["usage"]["completion_tokens"] for m in msgs]
+    assert all(m["usage"] is not None for m in msgs) and seen == sorted(seen) and seen[-1] == 5
