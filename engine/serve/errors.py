@@ -54,7 +54,7 @@ def validation_message(errors: list) -> tuple[str, str | None]:
     """pydantic/FastAPI errors -> one message naming the field(s) and the limit, and the first field."""
     parts, first, seen_fields = [], None, set()
     for e in errors[:5]:
-        loc = [str(x) for x in e.get("loc", ()) if x != "body"]
+        loc = [str(x) for x in e.get("loc", ()) if x not in ("body", "query", "path", "header")]
         # drop the union branch names pydantic adds ("prompt.str", "prompt.list[int].0")
         loc = [x for x in loc if not any(c in x for c in "[]") and x not in ("str", "int", "float", "bool", "list")]
         field = ".".join(loc)
