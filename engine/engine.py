@@ -259,14 +259,14 @@ class LLMEngine:
             if len(ids) >= cfg.max_model_len:
                 raise ValueError(f"prompt is {len(ids)} tokens; max_model_len is {cfg.max_model_len} "
                                  f"(prompt + at least 1 generated token must fit)")
+            if tier is not None and len(ids) + params.max_tokens > tier.max_context:
+                raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds tier "
+                                 f"{tier.name!r}'s context cap of {tier.max_context} tokens")
             if len(ids) + params.max_tokens > cfg.max_model_len:     # vLLM's wording
                 raise ValueError(f"This model's maximum context length is {cfg.max_model_len} tokens. However, you "
                                  f"requested {len(ids) + params.max_tokens} tokens ({len(ids)} in the prompt, "
                                  f"{params.max_tokens} in the completion). Please reduce the length of the prompt "
                                  f"or max_tokens (at most {cfg.max_model_len - len(ids)} here).")
-            if tier is not None and len(ids) + params.max_tokens > tier.max_context:
-                raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds tier "
-                                 f"{tier.name!r}'s context cap of {tier.max_context} tokens")
             if params.stop_token_ids and any(t >= self.vocab_size for t in params.stop_token_ids):
                 raise ValueError(f"stop_token_ids must be < vocab size {self.vocab_size}")
             worst = min(len(ids) + params.max_tokens, cfg.max_model_len)
