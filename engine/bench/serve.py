@@ -14,7 +14,7 @@ import sys
 import time
 
 from . import common as C
-from .suites import SuiteResult, kvscope_workload
+from .common import SuiteResult, kvscope_workload
 
 
 def _free_port() -> int:

@@ -4,8 +4,7 @@ import json
 
 import httpx
 
-from engine.events import Event
-from engine.snapshot import snapshot_from_dict
+from engine.events import event_from_dict, snapshot_from_dict
 
 
 def test_snapshot_round_trips(server):
@@ -32,7 +31,7 @@ def test_stream_sends_snapshots_and_the_events_after_since(server):
             msg = json.loads(line[6:])
             assert set(msg) == {"snapshot", "events"}
             snaps.append(snapshot_from_dict(msg["snapshot"]))
-            events += [Event.from_dict(e) for e in msg["events"]]
+            events += [event_from_dict(e) for e in msg["events"]]
             if any(e.kind == "finish" for e in events) or len(snaps) >= 5:
                 break
     assert events and events[0].seq == since + 1
