@@ -249,7 +249,7 @@ def origin_html(snap: Snapshot | None, origin: str = "http", max_rows: int = 12)
     rows = origin_rows(snap, origin)
     if not rows:
         return ""
-    live = sum(1 for r in rows if r.state not in TERMINAL_STATES)
+    live = sum(1 for r in rows if not r.is_terminal)
     items = "".join(
         f"<li><code>{html.escape(r.request_id)}</code> · {html.escape(r.state)}"
         f"{' (' + html.escape(r.finish_reason) + ')' if r.finish_reason else ''} · prompt {r.prompt_len}, "

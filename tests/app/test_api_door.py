@@ -70,7 +70,7 @@ def test_http_requests_show_on_the_pages_of_the_same_engine(door):
     snap = th.snapshot_now()
     http = [q for q in snap.requests if q.origin == "http"]
     assert len(http) == 1 and http[0].state == "finished" and http[0].output_len == 5
-    for page in ("views/playground.py", "views/load.py"):
+    for page in ("pages/playground.py", "pages/load.py"):
         at = AppTest.from_file(APP, default_timeout=TIMEOUT)
         at.switch_page(page)
         at.run()
