@@ -132,7 +132,8 @@ class GuardMiddleware:
         if self.api_key and scope.get("path") != "/health":
             auth = headers.get("authorization", "")
             if not auth:
-                return await error_response(401, "missing API key: send 'Authorization: Bearer <key>'")(scope, receive, send)
+                resp = error_response(401, "missing API key: send 'Authorization: Bearer <key>'")
+                return await resp(scope, receive, send)
             if auth != f"Bearer {self.api_key}":
                 return await error_response(401, "incorrect API key")(scope, receive, send)
         cl = headers.get("content-length")

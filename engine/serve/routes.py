@@ -268,7 +268,7 @@ async def _wait_all(request: Request, run: _Run) -> None:
             await asyncio.wait_for(run.event.wait(), DISCONNECT_POLL_S)
         except TimeoutError:
             if await request.is_disconnected():
-                raise asyncio.CancelledError()
+                raise asyncio.CancelledError() from None
 
 
 class _Delta:
