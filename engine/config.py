@@ -16,6 +16,7 @@ KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16", "fp8_e4m3", "int8")   # engin
 LINEAR_BACKENDS = ("auto", "torch")
 ATTENTION_BACKENDS = ("auto", "torch", "flex")
 MIN_TEMPERATURE = 1e-5
+MAX_LOGPROBS = 20                 # vLLM's default max_logprobs
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -93,6 +94,29 @@ class SpeculativeConfig:
                "speculative.probe_interval must be an integer >= 1")
 
 
+# vLLM's speculative_config keys that differ from SpeculativeConfig's field names
+_VLLM_SPEC_KEYS = {"model": "draft_model"}
+
+
+def speculative_from_dict(d) -> SpeculativeConfig:
+    """vLLM's `speculative_config` dict -> SpeculativeConfig. Keys: SpeculativeConfig's fields, and
+    vLLM's "model" for the draft model (method "draft_model" when a model is given without one)."""
+    if isinstance(d, SpeculativeConfig):
+        return d
+    _check(isinstance(d, dict), f"speculative_config must be a dict, got {type(d).__name__}")
+    known = {f.name for f in dataclasses.fields(SpeculativeConfig)}
+    kw = {}
+    for k, v in d.items():
+        name = _VLLM_SPEC_KEYS.get(k, k)
+        _check(name in known, f"speculative_config has an unknown key {k!r} (known: {sorted(known | set(_VLLM_SPEC_KEYS))})")
+        kw[name] = v
+    if "draft_model" in kw and "method" not in kw:
+        kw["method"] = "draft_model"
+    _check(kw.get("method", "ngram") in SPEC_METHODS,
+           f"speculative_config.method must be one of {SPEC_METHODS}, got {kw.get('method')!r}")
+    return SpeculativeConfig(**kw)
+
+
 @dataclass(slots=True)
 class EngineConfig:
     model: str = "default"
@@ -116,6 +140,9 @@ class EngineConfig:
     tiers: dict[str, TierConfig] = field(default_factory=default_tiers)
     default_tier: str | None = None
     speculative: SpeculativeConfig | None = None
+    # vLLM's spelling: speculative_config=dict(method="ngram", num_speculative_tokens=4, ...), turned
+    # into `speculative` (a SpeculativeConfig) here; give one of the two
+    speculative_config: dict | None = None
     seed: int = 0
     # torch intra-op threads on CPU. None = 1: on these 2-core machines a 2-thread matmul of 1-64
     # rows slowed ~10x whenever another process was busy (measured: a 9-block preemption run took
@@ -170,6 +197,10 @@ class EngineConfig:
                "tiers must be a dict of name -> TierConfig")
         if self.default_tier is not None:
             _check(self.default_tier in self.tiers, f"default_tier {self.default_tier!r} is not one of {list(self.tiers)}")
+        if self.speculative_config is not None:
+            _check(self.speculative is None, "give speculative or speculative_config, not both")
+            self.speculative = speculative_from_dict(self.speculative_config)
+            self.speculative_config = None
         if self.speculative is not None:
             _check(isinstance(self.speculative, SpeculativeConfig), "speculative must be a SpeculativeConfig")
         if self.num_threads is not None:
@@ -203,6 +234,8 @@ class SamplingParams:
     request_class: str | None = None  # speculative acceptance monitoring group
     cache_salt: str | None = None  # isolates prefix-cache sharing between tenants
     speculative: bool = True       # allow speculation for this request when the engine has it on
+    min_tokens: int = 0            # EOS / stop_token_ids masked (and stop strings ignored) until this many
+    logprobs: int | None = None    # None: none; N: the sampled token's logprob and the top N (vLLM: <= 20)
 
     def __post_init__(self):
         # below MIN_TEMPERATURE, logits / temperature overflows float32 (inf - inf = nan) and sampling fails
@@ -225,6 +258,11 @@ class SamplingParams:
             _check(isinstance(self.stop_token_ids, list) and all(_is_int(t) and t >= 0 for t in self.stop_token_ids),
                    "stop_token_ids must be a list of non-negative integers")
         _check(isinstance(self.ignore_eos, bool), "ignore_eos must be True or False")
+        _check(_is_int(self.min_tokens) and 0 <= self.min_tokens <= self.max_tokens,
+               f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}")
+        if self.logprobs is not None:
+            _check(_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS,
+                   f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
         if self.tier is not None:
             _check(isinstance(self.tier, str), "tier must be a string")
         if self.request_class is not None:

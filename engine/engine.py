@@ -287,6 +287,11 @@ class LLMEngine:
             if tier is not None and len(ids) + params.max_tokens > tier.max_context:
                 raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds tier "
                                  f"{tier.name!r}'s context cap of {tier.max_context} tokens")
+            if len(ids) + params.max_tokens > cfg.max_model_len:     # vLLM's wording
+                raise ValueError(f"This model's maximum context length is {cfg.max_model_len} tokens. However, you "
+                                 f"requested {len(ids) + params.max_tokens} tokens ({len(ids)} in the prompt, "
+                                 f"{params.max_tokens} in the completion). Please reduce the length of the prompt "
+                                 f"or max_tokens (at most {cfg.max_model_len - len(ids)} here).")
             if params.stop_token_ids and any(t >= self.vocab_size for t in params.stop_token_ids):
                 raise ValueError(f"stop_token_ids must be < vocab size {self.vocab_size}")
             worst = min(len(ids) + params.max_tokens, cfg.max_model_len)
@@ -468,12 +473,19 @@ class LLMEngine:
                     accepted, marks = self.spec.verify(req, req.spec_token_ids[:it.num_spec_tokens], lg)
                     new_ids = accepted
                 else:
-                    if greedy_ids is not None and req.params.greedy:
+                    row_lg = lg[-1]
+                    masked = req.num_output_tokens < req.params.min_tokens
+                    if masked:     # vLLM's min_tokens: EOS and stop_token_ids cannot be sampled yet
+                        row_lg = row_lg.clone()
+                        row_lg[self._min_tokens_mask(req)] = float("-inf")
+                    if greedy_ids is not None and req.params.greedy and not masked:
                         tok = greedy_ids[off - 1]
                     else:
-                        tok = sample(lg[-1], req.params, req.generator)
+                        tok = sample(row_lg, req.params, req.generator)
                     new_ids = [tok]
                     marks = [PLAIN]
+                if req.params.logprobs is not None:
+                    self._record_logprobs(req, lg[-len(new_ids):], new_ids)
             except Exception as e:  # e.g. non-finite logits: fail this request only, keep the loop alive
                 self._finish(req, Status.ABORTED, "error", error=f"step {self.step_num} failed for "
                              f"{req.request_id} while sampling: {type(e).__name__}: {str(e)[:300]}")
@@ -517,7 +529,7 @@ class LLMEngine:
                 if finished_reason:
                     break
             self._update_text(req)
-            if finished_reason is None and req.params.stop:
+            if finished_reason is None and req.params.stop and req.num_output_tokens >= req.params.min_tokens:
                 finished_reason = self._check_stop_strings(req)
             if not self.config.kv_cache and finished_reason is None:
                 # no-cache baseline: throw the K/V away; the next step recomputes the whole prefix
@@ -546,8 +558,25 @@ class LLMEngine:
         for kind, rid, data in self.bm.drain_events():
             self._emit(kind, rid, **data)
 
+    def _min_tokens_mask(self, req: Request) -> list[int]:
+        ids = set() if req.params.ignore_eos else set(self.eos_ids)
+        ids.update(req.params.stop_token_ids or ())
+        return sorted(ids)
+
+    def _record_logprobs(self, req: Request, rows: torch.Tensor, new_ids: list[int]) -> None:
+        """The model's own log-probabilities (raw logits, before temperature / top-k / top-p, as
+        vLLM returns them by default) of each emitted token, with the top `logprobs` alternatives."""
+        lp = torch.log_softmax(rows.float(), dim=-1)
+        k = req.params.logprobs
+        top = torch.topk(lp, k, dim=-1) if k else None
+        for j, tok in enumerate(new_ids):
+            alts = tuple(zip(top.indices[j].tolist(), top.values[j].tolist())) if top is not None else ()
+            req.logprobs.append((float(lp[j, tok]), alts))
+
     def _check_stop(self, req: Request, tok: int) -> str | None:
         p = req.params
+        if req.num_output_tokens < p.min_tokens:     # vLLM: no stop condition but length before min_tokens
+            return None
         if not p.ignore_eos and tok in self.eos_ids:
             req.stop_reason = tok
             return "stop"
@@ -579,7 +608,8 @@ class LLMEngine:
         m = self.metrics.request_metrics(req)
         return RequestOutput(req.request_id, req.prompt_text or None, list(req.prompt_token_ids),
                              [CompletionOutput(0, req.output_text, list(req.output_token_ids), req.finish_reason,
-                                               req.stop_reason)],
+                                               req.stop_reason,
+                                               list(req.logprobs) if req.params.logprobs is not None else None)],
                              req.is_finished, m, req.error)
 
     def get_request(self, request_id: str) -> Request | None:
@@ -643,7 +673,7 @@ class LLMEngine:
             r.arrival_time, r.first_token_time, r.finish_time, r.finish_reason, r.waiting_reason, r.error,
             r.num_preemptions, (r.prompt_text or self.decode(r.prompt_token_ids[:64]))[:200],
             r.output_text[-4000:], tuple(r.token_marks), tuple(r.history),
-            r.spec_num_drafts, r.spec_num_draft_tokens, r.spec_num_accepted_tokens)
+            r.spec_num_drafts, r.spec_num_draft_tokens, r.spec_num_accepted_tokens, r.origin)
 
 
 class LLM:

@@ -115,6 +115,7 @@ class RequestInfo:
     spec_num_drafts: int = 0
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
+    origin: str = "engine"        # who submitted it: "engine" (Python API), "app" (a page), "http" (the API server)
 
     @property
     def is_terminal(self) -> bool:

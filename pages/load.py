@@ -147,6 +147,8 @@ with st.container(border=True):
 
 if not run:
     st.info("No load launched in this session yet. Pick a scenario and press **Launch load**.")
+    if L.origin_html(th.snapshot()):
+        st.html(L.origin_html(th.snapshot()))     # requests sent to the OpenAI API (same engine)
     st.stop()
 
 fstat = run["feeder"].snapshot_status()
@@ -174,6 +176,8 @@ def live() -> None:
                f"{s.get('prompt_words_min', 0)}–{s.get('prompt_words_max', 0)} words, "
                f"{s.get('max_tokens_total', 0)} output tokens asked in total. Counts and charts are "
                "engine-wide (other sessions' requests included).")
+    if L.origin_html(snap):
+        st.html(L.origin_html(snap))              # requests sent to the OpenAI API, tagged with their origin
     if rec.restarts:
         st.warning("The shared engine was rebuilt during this run (settings changed or a restart), which "
                    "aborted its in-flight requests; the charts restart from the rebuilt engine's first step.")
