@@ -14,6 +14,7 @@ SPEC_METHODS = ("ngram", "draft_model", "self_draft")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LINEAR_BACKENDS = ("auto", "torch")
 ATTENTION_BACKENDS = ("auto", "torch")
+WEIGHT_FORMATS = ("auto", "gguf", "fp32")
 MIN_TEMPERATURE = 1e-5
 
 
@@ -124,6 +125,11 @@ class EngineConfig:
     # "auto": on CPU in fp32, decode attention reads K/V in place from the blocks with the C
     # kernel of engine/csrc (built on first use; torch fallback); "torch": gather + SDPA always
     attention_backend: str = "auto"
+    # "gguf": on CPU in fp32, Linears whose GGUF tensor (the model's source file) is Q4_1 / Q8_0
+    # compute from those blocks, bitwise as on the de-quantized weights (engine/linear.py);
+    # "fp32": the de-quantized fp32 weights; "auto": "gguf" where the model came from a GGUF and
+    # the C kernel builds, else "fp32"
+    weight_format: str = "auto"
     event_ring_size: int = 20000
     history_len: int = 512                  # per-request history points kept for the UI
 
@@ -166,6 +172,8 @@ class EngineConfig:
                f"linear_backend must be one of {LINEAR_BACKENDS}, got {self.linear_backend!r}")
         _check(self.attention_backend in ATTENTION_BACKENDS,
                f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
+        _check(self.weight_format in WEIGHT_FORMATS,
+               f"weight_format must be one of {WEIGHT_FORMATS}, got {self.weight_format!r}")
         _check(_is_int(self.event_ring_size) and 16 <= self.event_ring_size <= 10_000_000,
                "event_ring_size must be an integer in [16, 10000000]")
         _check(_is_int(self.history_len) and 2 <= self.history_len <= 100_000, "history_len must be in [2, 100000]")

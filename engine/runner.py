@@ -37,10 +37,26 @@ class BatchRow:
     logits_from: int    # index within `tokens` of the first row whose logits are needed (-1: none)
 
 
+def _weight_pack(model, weight_format: str):
+    """engine/linear.py's pack for the requested weight format ("auto": GGUF blocks where the
+    model came from a GGUF and the kernel runs, else fp32)."""
+    from .models import gguf_source
+    src = gguf_source(model)
+    if weight_format in ("auto", "gguf") and src is not None and model.dtype == torch.float32:
+        pack = linear.pack_model(model, weight_format="gguf", gguf_path=src)
+        if pack is not None and any(k != "fp32" for k in pack.formats):
+            return pack
+    if weight_format == "gguf":
+        why = ("the model was not loaded from a GGUF file (only model='default' on CPU in float32 is)" if src is None
+               else f"the quantized CPU kernel is not available here ({cpu_kernels.status()})")
+        raise ValueError(f"weight_format='gguf': {why}; use weight_format='fp32' or 'auto'")
+    return linear.pack_model(model)
+
+
 class ModelRunner:
     def __init__(self, model, *, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device,
                  num_swap_blocks: int = 0, num_layers: int | None = None, linear_backend: str = "auto",
-                 attention_backend: str = "auto"):
+                 attention_backend: str = "auto", weight_format: str = "auto"):
         attention.register()
         self.model = model
         self.device = device
@@ -62,11 +78,37 @@ class ModelRunner:
         inner = getattr(model, "model", None)
         self.fast = all(hasattr(inner, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")) and hasattr(model, "lm_head")
         self.last_forward_s = 0.0
-        self.linear_pack = linear.pack_model(model) if linear_backend == "auto" and device.type == "cpu" else None
+        self.linear_pack = None
+        if linear_backend == "auto" and device.type == "cpu":
+            self.linear_pack = _weight_pack(model, weight_format)
+        elif weight_format == "gguf":
+            raise ValueError("weight_format='gguf' needs linear_backend='auto' on CPU")
         self.decode_kernel = None
         if attention_backend == "auto" and device.type == "cpu" and dtype == torch.float32:
             if cpu_kernels.supports(model.config.num_attention_heads, self.num_kv_heads, self.head_dim):
                 self.decode_kernel = cpu_kernels.load()
+
+    @property
+    def weight_format(self) -> str:
+        """"gguf" / "fp32": what the packed Linears compute from; "torch": transformers' F.linear."""
+        return self.linear_pack.weight_format if self.linear_pack is not None else "torch"
+
+    @property
+    def weight_bytes_per_step(self) -> int:
+        """Weight bytes one forward pass reads: every Linear as the engine holds it (GGUF blocks
+        or fp32), plus the norms; the embedding rows looked up are not counted (one row a token)."""
+        lin = self.linear_pack.bytes if self.linear_pack is not None else 0
+        rest = 0
+        for m in self.model.modules():
+            w = getattr(m, "weight", None)
+            if not isinstance(w, torch.Tensor) or isinstance(m, torch.nn.Embedding):
+                continue
+            if isinstance(m, torch.nn.Linear):
+                if self.linear_pack is None or m not in self.linear_pack.members:
+                    rest += w.numel() * w.element_size()
+            elif w.dim() == 1:
+                rest += w.numel() * w.element_size()
+        return lin + rest
 
     @property
     def bytes_per_token(self) -> int:

@@ -171,6 +171,8 @@ class EngineInfo:
     kv_capacity_blocks: int = 0       # blocks allocated in the pool tensors (the budget can go up to this)
     linear_backend: str = "torch"     # "cpu_kernel" / "onednn": packed weights, q/k/v and gate/up merged (engine/linear.py)
     attention_backend: str = "torch"  # "cpu_kernel": decode attention read in place from the blocks (engine/csrc)
+    weight_format: str = "torch"      # "gguf": Linears read the GGUF's quantized blocks; "fp32": fp32 copies
+    weight_bytes_per_step: int = 0    # weight bytes one forward pass reads in that format (Linears + norms)
 
 
 @dataclass(frozen=True, slots=True)
