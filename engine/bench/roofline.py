@@ -297,3 +297,102 @@ def probe_threads(shape: ModelShape, candidates=None, rounds: int = 3, layers: i
         torch.set_num_threads(old)
     pick = min(best, key=best.get)
     return {"threads": pick, "ms": {n: v * 1e3 for n, v in best.items()}}
+
+
+# ---------------------------------------------------------------------------- batch-1 decode per weight format
+
+class KernelTimer:
+    """Within the block, wall time spent in the engine's packed Linears (the weights) and in the
+    paged decode-attention kernel, summed over calls; the rest of a step is everything else
+    (norms, rotary, K/V writes, sampling, Python). Timing is a perf_counter pair per call
+    (121 Linear groups + 30 attention calls a step for the default model)."""
+
+    def __init__(self, runner):
+        self.runner = runner
+        self.weights_s = 0.0
+        self.attention_s = 0.0
+
+    def _wrap(self, fn, slot):
+        def timed(*a, **kw):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                setattr(self, slot, getattr(self, slot) + time.perf_counter() - t)
+        return timed
+
+    def __enter__(self):
+        from engine import cpu_kernels
+        pack = self.runner.linear_pack
+        self._groups = {id(g): g for g, _ in pack.members.values()}.values() if pack is not None else ()
+        self._saved = [(g, g.matmul) for g in self._groups]
+        for g, mm in self._saved:
+            g.matmul = self._wrap(mm, "weights_s")
+        self._attn = cpu_kernels.paged_decode_attention
+        cpu_kernels.paged_decode_attention = self._wrap(self._attn, "attention_s")
+        return self
+
+    def __exit__(self, *exc):
+        from engine import cpu_kernels
+        for g, mm in self._saved:
+            g.matmul = mm
+        cpu_kernels.paged_decode_attention = self._attn
+
+
+def decode_steps(llm, prompt, params, request_id: str, timer=None) -> tuple[int, float]:
+    """(decode steps, their summed wall seconds) for one request alone, its prefill step excluded."""
+    eng = llm.engine
+    eng.add_request(request_id, prompt, params)
+    steps, total, first = 0, 0.0, True
+    while eng.has_unfinished_requests():
+        if timer is not None and first:
+            w, a = timer.weights_s, timer.attention_s
+        t = time.perf_counter()
+        eng.step()
+        dt = time.perf_counter() - t
+        if first:               # the prefill step: not decode
+            first = False
+            if timer is not None:
+                timer.weights_s, timer.attention_s = w, a
+            continue
+        steps += 1
+        total += dt
+    return steps, total
+
+
+def decode_bs1_by_format(ctx, prompt: list[int], n_new: int, formats=("auto", "fp32"), rounds: int = 2) -> dict:
+    """Batch-1 decode of one request with each weight format, in one process, the formats
+    alternating round by round (on a shared machine the CPU share drifts; alternation keeps the
+    ratio honest). Per format: best tok/s over the rounds, the format the engine resolved, the
+    weight bytes it reads per step, and the step split (ms per decode step in the Linears, the
+    attention kernel and the rest) from one extra timed run."""
+    from . import common as C
+    _, SamplingParams, _ = C.require_engine()
+    llms = {f: C.make_llm(ctx, max_num_seqs=4, num_kv_blocks=C.blocks_for([len(prompt)], n_new) + 8,
+                          weight_format=f) for f in formats}
+    out = {f: {"rates": []} for f in formats}
+    try:
+        for f, llm in llms.items():
+            C.warm_up(llm, SamplingParams, prompt)
+            info = llm.engine.info()
+            out[f]["format"] = info.weight_format
+            out[f]["weight_bytes"] = info.weight_bytes_per_step
+        params = C.greedy(SamplingParams, n_new)
+        for i in range(rounds):
+            for f, llm in llms.items():
+                steps, secs = decode_steps(llm, prompt, params, f"bs1-{f}-{i}")
+                if steps and secs > 0:
+                    out[f]["rates"].append(steps / secs)
+        for f, llm in llms.items():
+            with KernelTimer(llm.engine.runner) as kt:
+                steps, secs = decode_steps(llm, prompt, params, f"bs1-split-{f}", timer=kt)
+            if steps:
+                step = secs / steps * 1e3
+                w, a = kt.weights_s / steps * 1e3, kt.attention_s / steps * 1e3
+                out[f]["split_ms"] = {"step": step, "weights": w, "attention": a, "rest": step - w - a}
+    finally:
+        for llm in llms.values():
+            C.free_llm(llm)
+    for f in formats:
+        out[f]["tok_s"] = max(out[f]["rates"]) if out[f]["rates"] else None
+    return out

@@ -257,22 +257,8 @@ def suite_roofline(ctx: C.BenchContext) -> SuiteResult:
     ctx.start("kvscope batch-1 decode")
     p1 = prompts[_spread(prompts, 1)[0]]
     n1 = ctx.pick(64, 32, smoke=6)
-    llm = C.make_llm(ctx, max_num_seqs=4, num_kv_blocks=C.blocks_for([len(p1)], n1) + 8)
-    try:
-        C.warm_up(llm, SamplingParams, p1)
-        rates = []
-        for i in range(ctx.pick(3, 2, smoke=1)):
-            marks = C.token_times(llm, p1, C.greedy(SamplingParams, n1), request_id=f"bs1-{i}")
-            r = C.decode_rate(marks)
-            if r is None:  # step() did not report progress token by token: difference two runs
-                _, t1 = C.timed_generate(llm, [p1], C.greedy(SamplingParams, 1))
-                _, tn = C.timed_generate(llm, [p1], C.greedy(SamplingParams, n1))
-                r = (n1 - 1) / (tn - t1) if tn > t1 else None
-            rates.append(r)
-    finally:
-        C.free_llm(llm)
-    rates = [r for r in rates if r]
-    dec = max(rates) if rates else None
+    by_fmt = R.decode_bs1_by_format(ctx, p1, n1, rounds=ctx.pick(3, 2, smoke=1))
+    dec, dec32 = by_fmt["auto"]["tok_s"], by_fmt["fp32"]["tok_s"]
     ctx.done("kvscope bs1")
 
     bw = max(bw, R.measure_read_bandwidth(bw_mb, dtype=torch.float32))
@@ -285,13 +271,47 @@ def suite_roofline(ctx: C.BenchContext) -> SuiteResult:
 
     ctxlen = len(p1) + n1 / 2
     mroof = R.memory_roof_tok_s(shape, bw, dbytes, ctxlen)
-    res.add("weight_bytes", shape.weight_bytes(dbytes), f"matmul weights read per decode step ({ctx.dtype()})")
+    read = by_fmt["auto"]["weight_bytes"]
+    kv_step = shape.kv_bytes_per_token(dbytes) * ctxlen
+    mroof_read = bw * 1e9 / (read + kv_step)
+    res.add("weight_bytes", shape.weight_bytes(dbytes), f"matmul weights per decode step in {ctx.dtype()}", row=False)
+    res.add("weight_format", by_fmt["auto"]["format"], "what the default engine's Linears read: 'gguf' = the "
+            "file's quantized blocks (engine/csrc/quant_linear.c), 'fp32' = de-quantized copies")
+    res.add("weight_bytes_read_per_step", read, f"weight bytes one decode step reads in that format "
+            f"(fp32 copies: {by_fmt['fp32']['weight_bytes']})")
     res.add("kv_bytes_per_token", shape.kv_bytes_per_token(dbytes), "K+V, all layers")
-    res.add("memory_roof_tok_s", mroof, f"bandwidth / (weights + KV of {ctxlen:.0f} tokens) per step")
-    res.add("decode_bs1_tok_s", dec, f"kvscope, one request, prompt {len(p1)} tokens, {n1} new, prefill excluded"
-            + f", best of {ctx.pick(3, 2, smoke=1)}")
-    res.add("memory_roof_fraction", R.fraction(dec, mroof), "target >= 0.8")
+    res.add("memory_roof_tok_s", mroof_read, f"bandwidth / (weight bytes read + KV of {ctxlen:.0f} tokens) per step")
+    res.add("memory_roof_fp32_tok_s", mroof, "the same with fp32 weights", row=False)
+    res.add("decode_bs1_tok_s", dec, f"kvscope, default weight format ({by_fmt['auto']['format']}), one request, "
+            f"prompt {len(p1)} tokens, {n1} new, prefill excluded, best of {len(by_fmt['auto']['rates'])}")
+    res.add("decode_bs1_fp32_tok_s", dec32, "the same request with weight_format='fp32', rounds alternating with "
+            "the above in this process")
+    res.add("decode_bs1_speedup_vs_fp32", R.fraction(dec, dec32), "target >= 3")
+    res.add("memory_roof_fraction", R.fraction(dec, mroof_read), "against the bytes actually read; target >= 0.8")
+    for f, name in (("auto", ""), ("fp32", "_fp32")):
+        split = by_fmt[f].get("split_ms")
+        if split:
+            for part in ("step", "weights", "attention", "rest"):
+                res.add(f"bs1{name}_{part}_ms", split[part], "" if part != "step" else
+                        f"one timed decode run ({by_fmt[f]['format']}): ms per step in the Linears (weights), the "
+                        "paged attention kernel and everything else", row=part == "step" or not name)
     res.add("hf_decode_bs1_tok_s", hf_dec, "transformers generate, same request, prefill excluded")
+    gguf_path = None
+    try:
+        from engine.models import gguf_source
+        gguf_path = gguf_source(C.load_hf_model(ctx.model, ctx.dtype())[0])
+    except Exception:
+        pass
+    if gguf_path:
+        ctx.start("llama.cpp batch-1 decode")
+        lc = peers.llamacpp_decode_bs1(gguf_path, p1, n1, C.torch_threads(), reps=ctx.pick(3, 2, smoke=1))
+        ctx.done("llama.cpp bs1")
+        if "tok_s" in lc:
+            res.add("llamacpp_decode_bs1_tok_s", lc["tok_s"], f"llama.cpp (llama-cpp-python {lc['version']}) on the "
+                    f"same GGUF and request, {C.torch_threads()} threads, best of {len(lc['rates'])}, prefill excluded")
+            res.add("decode_bs1_vs_llamacpp", R.fraction(dec, lc["tok_s"]), "target >= 1")
+        else:
+            ctx.note(f"llama.cpp peer not measured: {lc.get('why')}")
 
     if not ctx.quick and C.torch_threads() > 1:
         ctx.start("matmul at 1 thread")
