@@ -196,6 +196,21 @@ def spec_config(method: str, k: int, *, mismatched: bool = False, num_layers: in
     return SpeculativeConfig(method=method, num_speculative_tokens=k, **fb)
 
 
+WEIGHT_FORMAT_CHOICES = ("auto", "gguf", "fp32")
+WEIGHT_FORMAT_LABELS = {"auto": "auto (GGUF blocks where the model has them)", "gguf": "GGUF blocks (Q4_1 / Q8_0)",
+                        "fp32": "fp32 (de-quantized copies)"}
+
+
+def weight_format_text(info) -> str:
+    """'GGUF blocks · 96.6 MB read per step' for an EngineInfo (older snapshots: '')."""
+    fmt = getattr(info, "weight_format", None)
+    nbytes = getattr(info, "weight_bytes_per_step", 0)
+    if not fmt or not nbytes:
+        return ""
+    name = {"gguf": "GGUF quantized blocks", "fp32": "fp32 copies", "torch": "fp32 (transformers' F.linear)"}
+    return f"{name.get(fmt, fmt)} · {nbytes / 1e6:,.1f} MB of weights read per step"
+
+
 def settings_sidebar() -> None:
     """Engine settings that rebuild the shared engine on Apply."""
     cfg = engine_config()
@@ -220,6 +235,11 @@ def settings_sidebar() -> None:
         cur_method = cfg.speculative.method if cfg.speculative else "off"
         method = st.selectbox("Speculative decoding", SPEC_CHOICES, index=SPEC_CHOICES.index(cur_method))
         k = st.slider("Draft length k", 1, 16, value=cfg.speculative.num_speculative_tokens if cfg.speculative else 4)
+        wf = st.selectbox("Weight format", WEIGHT_FORMAT_CHOICES, index=WEIGHT_FORMAT_CHOICES.index(cfg.weight_format),
+                          format_func=WEIGHT_FORMAT_LABELS.get,
+                          help="What the CPU Linear layers read each step. gguf: the model file's own "
+                               "quantized blocks (Q4_1 / Q8_0), widened to fp32 in registers — outputs "
+                               "bitwise those of the de-quantized weights; fp32: de-quantized copies.")
         confirm = st.checkbox("Rebuild the shared engine (in-flight requests are affected)", value=False)
         apply = st.form_submit_button("Apply", type="primary")
     if apply:
@@ -229,6 +249,7 @@ def settings_sidebar() -> None:
         try:
             new = cfg.replace(block_size=int(bs), num_kv_blocks=int(blocks), kv_cache_bytes=None,
                               max_num_seqs=int(seqs), enable_prefix_caching=bool(prefix), preemption_mode=pre,
+                              weight_format=wf,
                               speculative=spec_config(method, int(k), num_layers=info.num_layers if info else None))
             st.session_state["engine_message"] = ("success", shared_engine().reconfigure(new))
         except ValueError as e:
