@@ -24,7 +24,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__AVX2__) && defined(__F16C__)
+#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
 #include <immintrin.h>
 #define QL_AVX2 1
 #endif
@@ -167,15 +167,15 @@ static inline __attribute__((always_inline)) bconst block_consts(int type, const
     return c;
 }
 
-static inline __m256 opq8(__m256 v) { __asm__("" : "+x"(v)); return v; }
-
 static inline __attribute__((always_inline)) void widen_col(int type, const bconst *c, int k, v8 *w0, v8 *w1) {
     if (type == T_Q4_1) {
         const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(c->q + k * 8)));
         const __m256 lo = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(0x0f)));
         const __m256 hi = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(0xf0)));
-        *w0 = (v8)_mm256_add_ps(opq8(_mm256_mul_ps(c->d0, lo)), c->m0);
-        *w1 = (v8)_mm256_add_ps(opq8(_mm256_mul_ps(c->d1, hi)), c->m1);
+        /* d q is exact in fp32 (an 11-bit significand times a 4-bit integer), so rounding d q + m
+         * once (a fused multiply-add) gives exactly the dequantizer's round(round(d q) + m) */
+        *w0 = (v8)_mm256_fmadd_ps(c->d0, lo, c->m0);
+        *w1 = (v8)_mm256_fmadd_ps(c->d1, hi, c->m1);
     } else {
         const uint8_t *p = c->q + k * 16;
         const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
