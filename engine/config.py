@@ -14,7 +14,7 @@ SPEC_METHODS = ("ngram", "draft_model", "self_draft")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LINEAR_BACKENDS = ("auto", "torch")
 ATTENTION_BACKENDS = ("auto", "torch")
-WEIGHT_FORMATS = ("auto", "gguf", "fp32")
+WEIGHT_FORMATS = ("auto", "gguf", "fp32", "bf16", "fp16")
 MIN_TEMPERATURE = 1e-5
 
 
@@ -127,8 +127,10 @@ class EngineConfig:
     attention_backend: str = "auto"
     # "gguf": on CPU in fp32, Linears whose GGUF tensor (the model's source file) is Q4_1 / Q8_0
     # compute from those blocks, bitwise as on the de-quantized weights (engine/linear.py);
-    # "fp32": the de-quantized fp32 weights; "auto": "gguf" where the model came from a GGUF and
-    # the C kernel builds, else "fp32"
+    # "fp32": the de-quantized fp32 weights; "bf16" / "fp16": fp32 weights that are exactly such
+    # values (a 16-bit checkpoint loaded in fp32) held and read at 16 bits, widened exactly;
+    # "auto": "gguf" where the model came from a GGUF, else bf16 / fp16 where every weight is
+    # exactly one, else "fp32" (always "fp32" where the C kernel cannot be built)
     weight_format: str = "auto"
     event_ring_size: int = 20000
     history_len: int = 512                  # per-request history points kept for the UI

@@ -212,8 +212,19 @@ def linear_unchecked(lib, x: torch.Tensor, panels: torch.Tensor, n_out: int, bia
     return y
 
 
-QUANT_TYPES = {"Q4_1": 3, "Q8_0": 8}     # ggml type ids the quantized kernel reads
-QUANT_BLOCK = {3: (32, 20), 8: (32, 34)}  # type id -> (weights, bytes) per GGUF block
+QUANT_TYPES = {"Q4_1": 3, "Q8_0": 8, "F16": 1, "BF16": 30}   # ggml type ids the quantized kernel reads
+QUANT_BLOCK = {3: (32, 20), 8: (32, 34), 1: (32, 64), 30: (32, 64)}   # type id -> (weights, bytes) per block
+HALF_TYPES = {torch.bfloat16: 30, torch.float16: 1}
+
+
+def half_blocks(weight: torch.Tensor, dtype: torch.dtype):
+    """An fp32 weight [N, K] as rows of 16-bit `dtype` values (uint8 [N, 2K]) for qpack, or None
+    where some value is not exactly a `dtype` value (widening back would change the weight)."""
+    w = weight.detach()
+    h = w.to(dtype)
+    if not torch.equal(h.to(torch.float32), w):
+        return None
+    return h.contiguous().view(torch.int16).numpy().view("uint8").reshape(w.shape[0], -1)
 
 
 def qpack(lib, qtype: int, blocks, n_out: int, k: int, row_map=None) -> torch.Tensor:

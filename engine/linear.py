@@ -28,6 +28,7 @@ against `F.linear` on a random input when made, and not used when that check fai
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 import types
 import weakref
@@ -108,7 +109,39 @@ class ModelPack:
         self.formats: dict[str, int] = {}    # "Q4_1" / "Q8_0" / "fp32" -> Linears computing from it
 
 
-WEIGHT_FORMATS = ("fp32", "gguf")
+WEIGHT_FORMATS = ("fp32", "gguf", "bf16", "fp16")
+HALF_FORMATS = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class _HalfTensor:
+    """A Linear's fp32 weight held as exact 16-bit values, in the shape of a GGUF QuantTensor."""
+    type_name: str
+    type_id: int
+    blocks: object
+    rows: object
+    shape: tuple
+
+
+def _half_tensor(weight: torch.Tensor, fmt: str):
+    import numpy as np
+    dtype = HALF_FORMATS[fmt]
+    if weight.shape[1] % 32:
+        return None
+    blocks = cpu_kernels.half_blocks(weight, dtype)
+    if blocks is None:
+        return None
+    return _HalfTensor({"bf16": "BF16", "fp16": "F16"}[fmt], cpu_kernels.HALF_TYPES[dtype], blocks,
+                       np.arange(weight.shape[0]), tuple(weight.shape))
+
+
+def half_exact(model, fmt: str) -> bool:
+    """Every packable Linear weight of `model` is exactly a `fmt` ("bf16"/"fp16") value (as a
+    bf16 checkpoint loaded in fp32 is), with whole blocks of 32 columns."""
+    mods = [m for m in model.modules() if _eligible(m)]
+    dtype = HALF_FORMATS[fmt]
+    return bool(mods) and all(m.weight.shape[1] % 32 == 0 and torch.equal(m.weight.detach().to(dtype).float(),
+                                                                           m.weight.detach()) for m in mods)
 
 
 def _quant_matmul(lib, qtype: int, panels: torch.Tensor, n: int, k: int, bias):
@@ -163,14 +196,15 @@ def pack_model(model, kernel: str | None = None, weight_format: str = "fp32",
                gguf_path: str | None = None) -> ModelPack | None:
     """Packs (once per model object and weight format) every plain fp32 CPU nn.Linear of `model`,
     merging q/k/v and gate/up where a module has them. weight_format="gguf": the Linears whose
-    tensors in the GGUF file `gguf_path` are Q4_1 / Q8_0 compute from those blocks (the C kernel
-    only). Returns None where no packed kernel runs here."""
+    tensors in the GGUF file `gguf_path` are Q4_1 / Q8_0 / F16 / BF16 compute from those blocks;
+    "bf16" / "fp16": the Linears whose fp32 weights are exactly such values are held and read at
+    16 bits (the C kernel only). Returns None where no packed kernel runs here."""
     if weight_format not in WEIGHT_FORMATS:
         raise ValueError(f"weight_format must be one of {WEIGHT_FORMATS}, got {weight_format!r}")
     kernel = kernel or best_kernel()
     if kernel is None:
         return None
-    if weight_format == "gguf" and (kernel != "cpu_kernel" or not gguf_path):
+    if weight_format != "fp32" and (kernel != "cpu_kernel" or (weight_format == "gguf" and not gguf_path)):
         return None
     with _pack_lock:
         per_model = _packs.setdefault(model, {})
@@ -179,10 +213,12 @@ def pack_model(model, kernel: str | None = None, weight_format: str = "fp32",
         pack = ModelPack(kernel, weight_format)
         try:
             quant = {}
+            names = {m: n for n, m in model.named_modules()}
             if weight_format == "gguf":
                 from .gguf_weights import read_quant_tensors
                 quant = read_quant_tensors(gguf_path, model, cpu_kernels.QUANT_TYPES)
-            names = {m: n for n, m in model.named_modules()}
+            elif weight_format in HALF_FORMATS:
+                quant = {names[m]: _half_tensor(m.weight, weight_format) for m in model.modules() if _eligible(m)}
             with torch.inference_mode():
                 done = set()
                 for parent in model.modules():

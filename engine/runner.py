@@ -50,6 +50,16 @@ def _weight_pack(model, weight_format: str):
         why = ("the model was not loaded from a GGUF file (only model='default' on CPU in float32 is)" if src is None
                else f"the quantized CPU kernel is not available here ({cpu_kernels.status()})")
         raise ValueError(f"weight_format='gguf': {why}; use weight_format='fp32' or 'auto'")
+    for fmt in ("bf16", "fp16"):      # fp32 weights that are exactly 16-bit values: read at 16 bits
+        if weight_format == fmt or (weight_format == "auto" and src is None and model.dtype == torch.float32
+                                    and cpu_kernels.load() is not None and linear.half_exact(model, fmt)):
+            pack = linear.pack_model(model, weight_format=fmt)
+            if pack is not None and any(k != "fp32" for k in pack.formats):
+                return pack
+            if weight_format == fmt:
+                raise ValueError(f"weight_format={fmt!r}: no Linear weight of this model is exactly a {fmt} value "
+                                 f"in whole blocks of 32 columns, or the CPU kernel is not available "
+                                 f"({cpu_kernels.status()}); use weight_format='fp32' or 'auto'")
     return linear.pack_model(model)
 
 

@@ -196,9 +196,10 @@ def spec_config(method: str, k: int, *, mismatched: bool = False, num_layers: in
     return SpeculativeConfig(method=method, num_speculative_tokens=k, **fb)
 
 
-WEIGHT_FORMAT_CHOICES = ("auto", "gguf", "fp32")
+WEIGHT_FORMAT_CHOICES = ("auto", "gguf", "fp32", "bf16", "fp16")
 WEIGHT_FORMAT_LABELS = {"auto": "auto (GGUF blocks where the model has them)", "gguf": "GGUF blocks (Q4_1 / Q8_0)",
-                        "fp32": "fp32 (de-quantized copies)"}
+                        "fp32": "fp32 (de-quantized copies)", "bf16": "bf16 (weights that are exactly bf16)",
+                        "fp16": "fp16 (weights that are exactly fp16)"}
 
 
 def weight_format_text(info) -> str:
@@ -207,7 +208,8 @@ def weight_format_text(info) -> str:
     nbytes = getattr(info, "weight_bytes_per_step", 0)
     if not fmt or not nbytes:
         return ""
-    name = {"gguf": "GGUF quantized blocks", "fp32": "fp32 copies", "torch": "fp32 (transformers' F.linear)"}
+    name = {"gguf": "GGUF quantized blocks", "fp32": "fp32 copies", "torch": "fp32 (transformers' F.linear)",
+            "bf16": "bf16 values widened exactly", "fp16": "fp16 values widened exactly"}
     return f"{name.get(fmt, fmt)} · {nbytes / 1e6:,.1f} MB of weights read per step"
 
 

@@ -1,4 +1,6 @@
-/* kvscope CPU kernel: y = x W^T (+ b) with W held as the GGUF's quantized blocks (Q4_1, Q8_0).
+/* kvscope CPU kernel: y = x W^T (+ b) with W held as the GGUF's quantized blocks (Q4_1, Q8_0), or
+ * as 16-bit floats (F16, BF16: a GGUF's such tensors, or fp32 weights that are exactly bf16/fp16
+ * values, e.g. a bf16 checkpoint loaded in fp32), widened to fp32 exactly.
  *
  * A GGUF block covers 32 consecutive weights of one row: Q4_1 = fp16 d, fp16 m, 16 bytes of
  * nibbles (weight j in the low nibble of byte j, weight j+16 in the high one), w = d * q + m;
@@ -32,8 +34,11 @@
 #define NR 16
 #define KB 64
 #define QK 32
-#define T_Q4_1 3      /* ggml type ids */
+#define T_F16 1       /* ggml type ids */
+#define T_Q4_1 3
 #define T_Q8_0 8
+#define T_BF16 30
+#define IS_HALF(t) ((t) == T_F16 || (t) == T_BF16)
 
 typedef float v8 __attribute__((vector_size(32)));
 
@@ -69,8 +74,18 @@ static float half_to_float(uint16_t h) {
     return f;
 }
 
-static int block_bytes(int type) { return type == T_Q4_1 ? 20 : type == T_Q8_0 ? 34 : 0; }
-static int panel_block_bytes(int type) { return type == T_Q4_1 ? 320 : type == T_Q8_0 ? 544 : 0; }
+/* F16 / BF16 "blocks" are 32 plain 16-bit values (panel block: for k = 0..31 the 16 rows' values) */
+static int block_bytes(int type) { return type == T_Q4_1 ? 20 : type == T_Q8_0 ? 34 : IS_HALF(type) ? 64 : 0; }
+static int panel_block_bytes(int type) {
+    return type == T_Q4_1 ? 320 : type == T_Q8_0 ? 544 : IS_HALF(type) ? 1024 : 0;
+}
+
+static float bf16_to_float(uint16_t h) {
+    const uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
 
 long long kvscope_qpanel_bytes(int type, int N, int K) {
     if (!block_bytes(type) || N < 1 || K < QK || K % QK) return -1;
@@ -93,6 +108,10 @@ int kvscope_qpack(int type, const uint8_t *src, long long src_rows, const int32_
                 const int n = p * NR + j;
                 if (n >= N) continue;                       /* zero rows: d = m = q = 0 -> w = 0 */
                 const uint8_t *blk = src + ((size_t)row_map[n] * nb + b) * bb;
+                if (IS_HALF(type)) {
+                    for (int k = 0; k < QK; k++) memcpy(dst + 2 * (k * NR + j), blk + 2 * k, 2);
+                    continue;
+                }
                 memcpy(dst + 2 * j, blk, 2);                /* d */
                 if (type == T_Q4_1) {
                     memcpy(dst + 32 + 2 * j, blk + 2, 2);   /* m */
@@ -111,6 +130,14 @@ int kvscope_qpack(int type, const uint8_t *src, long long src_rows, const int32_
 /* one panel block's 16 x 32 weights in fp32, w[k * 16 + j]: the portable reference (and the
  * widening on CPUs without AVX2 / F16C) */
 static void widen_block_scalar(int type, const uint8_t *blk, float *w) {
+    if (IS_HALF(type)) {
+        for (int i = 0; i < QK * NR; i++) {
+            uint16_t h;
+            memcpy(&h, blk + 2 * i, 2);
+            w[i] = type == T_F16 ? half_to_float(h) : bf16_to_float(h);
+        }
+        return;
+    }
     for (int j = 0; j < NR; j++) {
         uint16_t dh;
         memcpy(&dh, blk + 2 * j, 2);
@@ -150,6 +177,11 @@ typedef struct { __m256 d0, d1, m0, m1; const uint8_t *q; } bconst;
 
 static inline __attribute__((always_inline)) bconst block_consts(int type, const uint8_t *blk) {
     bconst c;
+    if (IS_HALF(type)) {
+        c.d0 = c.d1 = c.m0 = c.m1 = _mm256_setzero_ps();
+        c.q = blk;
+        return c;
+    }
     c.d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
     c.d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)));
     if (type == T_Q4_1) {
@@ -176,6 +208,14 @@ static inline __attribute__((always_inline)) void widen_col(int type, const bcon
          * once (a fused multiply-add) gives exactly the dequantizer's round(round(d q) + m) */
         *w0 = (v8)_mm256_fmadd_ps(c->d0, lo, c->m0);
         *w1 = (v8)_mm256_fmadd_ps(c->d1, hi, c->m1);
+    } else if (type == T_F16) {
+        *w0 = (v8)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(c->q + k * 32)));
+        *w1 = (v8)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(c->q + k * 32 + 16)));
+    } else if (type == T_BF16) {
+        const __m256i a = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(c->q + k * 32)));
+        const __m256i b = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(c->q + k * 32 + 16)));
+        *w0 = (v8)_mm256_castsi256_ps(_mm256_slli_epi32(a, 16));
+        *w1 = (v8)_mm256_castsi256_ps(_mm256_slli_epi32(b, 16));
     } else {
         const uint8_t *p = c->q + k * 16;
         const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
@@ -251,10 +291,14 @@ static void qt_##TY##_##MR##_##P(const float *x, int K, const uint8_t *pan, cons
 }
 QT(3, 1, 4) QT(3, 1, 2) QT(3, 1, 1) QT(3, 2, 1) QT(3, 3, 1) QT(3, 4, 1) QT(3, 5, 1) QT(3, 6, 1)
 QT(8, 1, 4) QT(8, 1, 2) QT(8, 1, 1) QT(8, 2, 1) QT(8, 3, 1) QT(8, 4, 1) QT(8, 5, 1) QT(8, 6, 1)
+QT(1, 1, 4) QT(1, 1, 2) QT(1, 1, 1) QT(1, 2, 1) QT(1, 3, 1) QT(1, 4, 1) QT(1, 5, 1) QT(1, 6, 1)
+QT(30, 1, 4) QT(30, 1, 2) QT(30, 1, 1) QT(30, 2, 1) QT(30, 3, 1) QT(30, 4, 1) QT(30, 5, 1) QT(30, 6, 1)
 
 typedef void (*qt_fn)(const float *, int, const uint8_t *, const float *, float *, int, int);
 static const qt_fn QT4[7] = {0, qt_3_1_1, qt_3_2_1, qt_3_3_1, qt_3_4_1, qt_3_5_1, qt_3_6_1};
 static const qt_fn QT8[7] = {0, qt_8_1_1, qt_8_2_1, qt_8_3_1, qt_8_4_1, qt_8_5_1, qt_8_6_1};
+static const qt_fn QTF16[7] = {0, qt_1_1_1, qt_1_2_1, qt_1_3_1, qt_1_4_1, qt_1_5_1, qt_1_6_1};
+static const qt_fn QTBF16[7] = {0, qt_30_1_1, qt_30_2_1, qt_30_3_1, qt_30_4_1, qt_30_5_1, qt_30_6_1};
 #else
 static void widen_block(int type, const uint8_t *blk, float *w) { widen_block_scalar(type, blk, w); }
 #endif
@@ -279,9 +323,10 @@ int kvscope_qlinear(int type, const float *x, int M, int K, const uint8_t *panel
     if (n_threads > np) n_threads = np;
     int rc = 0;
 #ifdef QL_AVX2
-    const qt_fn *tiles = type == T_Q4_1 ? QT4 : QT8;
+    const qt_fn *tiles = type == T_Q4_1 ? QT4 : type == T_Q8_0 ? QT8 : type == T_F16 ? QTF16 : QTBF16;
     if (M == 1) {
-        const qt_fn g4 = type == T_Q4_1 ? qt_3_1_4 : qt_8_1_4, g2 = type == T_Q4_1 ? qt_3_1_2 : qt_8_1_2;
+        const qt_fn g4 = type == T_Q4_1 ? qt_3_1_4 : type == T_Q8_0 ? qt_8_1_4 : type == T_F16 ? qt_1_1_4 : qt_30_1_4;
+        const qt_fn g2 = type == T_Q4_1 ? qt_3_1_2 : type == T_Q8_0 ? qt_8_1_2 : type == T_F16 ? qt_1_1_2 : qt_30_1_2;
         #pragma omp parallel num_threads(n_threads) if (n_threads > 1)
         {
             const int t = omp_get_thread_num(), nt = omp_get_num_threads();

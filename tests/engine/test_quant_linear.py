@@ -14,12 +14,16 @@ from engine import cpu_kernels
 gguf = pytest.importorskip("gguf")
 LIB = cpu_kernels.load()
 needs_kernel = pytest.mark.skipif(LIB is None, reason=f"C kernels not built: {cpu_kernels.status()}")
-TYPES = {"Q4_1": 3, "Q8_0": 8}
+TYPES = {"Q4_1": 3, "Q8_0": 8, "F16": 1, "BF16": 30}
 
 
 def random_blocks(type_id: int, n: int, k: int, seed: int) -> np.ndarray:
     """n rows of k weights as GGUF blocks with finite random fp16 scales (and mins)."""
     rng = np.random.default_rng(seed)
+    if type_id in (1, 30):          # 16-bit floats: finite random values
+        w = torch.from_numpy(rng.standard_normal((n, k)).astype(np.float32) * 0.1)
+        h = w.to(torch.float16 if type_id == 1 else torch.bfloat16)
+        return h.view(torch.int16).numpy().view(np.uint8).reshape(n, -1)
     nb = n * k // 32
     d = (rng.standard_normal((nb, 1)) * 0.05).astype(np.float16).view(np.uint8)
     if type_id == 3:
@@ -32,6 +36,8 @@ def random_blocks(type_id: int, n: int, k: int, seed: int) -> np.ndarray:
 
 def dequantized(type_id: int, blocks: np.ndarray) -> torch.Tensor:
     """What transformers' GGUF loader holds: gguf-py's dequantize, as fp32."""
+    if type_id == 30:               # gguf-py widens BF16 the same way (bits << 16); torch's own here
+        return torch.from_numpy(blocks.copy()).view(torch.bfloat16).float().reshape(blocks.shape[0], -1)
     return torch.from_numpy(gguf.dequantize(blocks, gguf.GGMLQuantizationType(type_id)).copy()).float()
 
 
@@ -42,7 +48,7 @@ def test_widened_blocks_are_the_dequantized_weight(qtype, n, k):
     t = TYPES[qtype]
     b = random_blocks(t, n, k, seed=n + k)
     panels = cpu_kernels.qpack(LIB, t, b, n, k)
-    assert panels.numel() == -(-n // 16) * 16 * k // 32 * {3: 20, 8: 34}[t]   # the file's bits per weight
+    assert panels.numel() == -(-n // 16) * 16 * k // 32 * {3: 20, 8: 34, 1: 64, 30: 64}[t]   # the file's bits per weight
     assert torch.equal(cpu_kernels.qunpack(LIB, t, panels, n, k), dequantized(t, b))
 
 
@@ -137,3 +143,47 @@ def test_default_model_reads_its_gguf_blocks_and_greedy_equals_transformers():
     outs = llm.generate([ids[i] for i in idx], SamplingParams(max_tokens=MAX_TOKENS))
     for o, i in zip(outs, idx):
         assert o.outputs[0].token_ids == refs[i], f"prompt {i}"
+
+
+def _bf16_exact_tiny():
+    """A 2-layer random Llama whose fp32 weights are all exactly bf16 values (as a bf16
+    checkpoint loaded in fp32 is)."""
+    from transformers import LlamaForCausalLM
+
+    from engine.models import tiny_config
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(tiny_config(vocab_size=512)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    return model
+
+
+@needs_kernel
+def test_weights_that_are_exactly_bf16_are_read_at_16_bits_with_the_same_logits():
+    from engine import linear
+    from engine.runner import _weight_pack
+    model = _bf16_exact_tiny()
+    assert linear.half_exact(model, "bf16") and not linear.half_exact(model, "fp16")
+    half = _weight_pack(model, "auto")
+    fp32 = linear.pack_model(model)
+    assert half.weight_format == "bf16" and half.formats == {"BF16": model.config.num_hidden_layers * 7 + 1}
+    assert half.bytes * 2 == fp32.bytes
+    ids = torch.randint(0, 512, (1, 9), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        with linear.packed_linears(half):
+            a = model(ids).logits
+        with linear.packed_linears(fp32):
+            b = model(ids).logits
+    assert torch.equal(a, b)
+    fp16 = _weight_pack(model, "fp16")     # asked for: the Linears whose weights are exactly fp16 values
+    assert fp16.weight_format == "fp16" and set(fp16.formats) <= {"F16", "fp32"}
+    with torch.inference_mode(), linear.packed_linears(fp16):
+        assert torch.equal(model(ids).logits, b)
+    from transformers import LlamaForCausalLM
+
+    from engine.models import tiny_config
+    plain = LlamaForCausalLM(tiny_config(vocab_size=512)).eval()          # random fp32: not 16-bit values
+    assert _weight_pack(plain, "auto").weight_format == "fp32"
+    with pytest.raises(ValueError, match="weight_format='bf16'"):
+        _weight_pack(plain, "bf16")
