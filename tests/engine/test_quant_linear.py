@@ -48,7 +48,8 @@ def test_widened_blocks_are_the_dequantized_weight(qtype, n, k):
     t = TYPES[qtype]
     b = random_blocks(t, n, k, seed=n + k)
     panels = cpu_kernels.qpack(LIB, t, b, n, k)
-    assert panels.numel() == -(-n // 16) * 16 * k // 32 * {3: 20, 8: 34, 1: 64, 30: 64}[t]   # the file's bits per weight
+    # the file's bits per weight, rows padded to whole panels of 16
+    assert panels.numel() == -(-n // 16) * 16 * k // 32 * {3: 20, 8: 34, 1: 64, 30: 64}[t]
     assert torch.equal(cpu_kernels.qunpack(LIB, t, panels, n, k), dequantized(t, b))
 
 
