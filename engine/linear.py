@@ -21,7 +21,9 @@ Q4_1 or Q8_0 computes from the file's own blocks instead (engine/csrc/quant_line
 engine/gguf_weights.py): 5 / 8.5 bits read per weight instead of 32, and bitwise the same outputs
 as the fp32 packed kernel on the de-quantized weight, which transformers holds. That is checked
 when the pack is made (the widened blocks equal the HF weight, and the kernel's outputs equal the
-fp32 kernel's at 1, 3 and 7 rows); a group that fails it keeps fp32 panels.
+fp32 kernel's at 1, 3 and 7 rows); a group that fails it keeps fp32 panels. weight_format="bf16" /
+"fp16" does the same for fp32 weights that are exactly 16-bit values (a bf16 checkpoint loaded in
+fp32): held at 16 bits, widened exactly, half the bytes read.
 
 A pack is made per (model object, weight format) and shared by every engine on it; it is checked
 against `F.linear` on a random input when made, and not used when that check fails.
