@@ -289,12 +289,12 @@ def suite_roofline(ctx: C.BenchContext) -> SuiteResult:
     res.add("decode_bs1_speedup_vs_fp32", R.fraction(dec, dec32), "target >= 3")
     res.add("memory_roof_fraction", R.fraction(dec, mroof_read), "against the bytes actually read; target >= 0.8")
     for f, name in (("auto", ""), ("fp32", "_fp32")):
-        split = by_fmt[f].get("split_ms")
-        if split:
-            for part in ("step", "weights", "attention", "rest"):
-                res.add(f"bs1{name}_{part}_ms", split[part], "" if part != "step" else
-                        f"one timed decode run ({by_fmt[f]['format']}): ms per step in the Linears (weights), the "
-                        "paged attention kernel and everything else", row=part == "step" or not name)
+        for key, unit in (("split_ms", "ms"), ("split_cpu_ms", "cpu_ms")):
+            split = by_fmt[f].get(key)
+            for part in ("step", "weights", "attention", "rest") if split else ():
+                res.add(f"bs1{name}_{part}_{unit}", split[part], "" if part != "step" else
+                        f"one timed decode run ({by_fmt[f]['format']}): {unit.replace('_', ' ')} per step in the "
+                        "Linears (weights), the paged attention kernel and everything else", row=unit == "cpu_ms")
     res.add("hf_decode_bs1_tok_s", hf_dec, "transformers generate, same request, prefill excluded")
     gguf_path = None
     try:
