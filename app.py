@@ -1,9 +1,9 @@
 """kvscope: a live look inside an LLM inference engine. `streamlit run app.py`
 
 Entry point for every page (st.navigation): sets the page config, draws the shared engine
-settings in the sidebar, then runs the chosen page. Pages live in views/ — not pages/, because
-with st.navigation a folder named pages/ made Streamlit answer direct page URLs on a fresh server
-with its automatic page list instead of this script.
+settings in the sidebar, then runs the chosen page from pages/. Each page file starts with
+`ui.shell.enter_app()`, which routes a direct page URL on a fresh server through this script
+(see ui/shell.py and docs/DESIGN.md).
 """
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ from pathlib import Path
 
 import streamlit as st
 
+from engine.kv_layout import dtype_bytes
 from ui import engine_access as ea
 from ui import theme
 
 ROOT = Path(__file__).resolve().parent
-VIEWS = ROOT / "views"
+PAGES_DIR = ROOT / "pages"
 
-# (file in views/, title, url path, icon, one-line description for Home)
+# (file in pages/, title, url path, icon, one-line description for Home)
 PAGES = [
     ("playground.py", "Playground", "playground", ":material/chat:",
      "type a prompt; watch its blocks, cache growth, phases and (with speculation) every draft token"),
@@ -58,15 +59,10 @@ def home() -> None:
         _engine_panel(th)
     st.subheader("Pages")
     cols = st.columns(2)
-    i = 0
-    for fname, title, url, icon, desc in PAGES:
-        page = _page_objects.get(fname)
-        if page is None:
-            continue
+    for i, (fname, title, _url, icon, desc) in enumerate(PAGES):
         with cols[i % 2]:
-            st.page_link(page, label=title, icon=icon)
+            st.page_link(_page_objects[fname], label=title, icon=icon)
             st.caption(desc)
-        i += 1
     st.subheader("Colours used on every page")
     st.html(theme.block_legend_html())
     st.html(theme.token_legend_html())
@@ -95,7 +91,7 @@ def _engine_panel(th) -> None:
     c[3].metric("KV budget", f"{info.kv_cache_bytes / 2**20:,.2f} MiB")
     st.caption(
         f"bytes per token = 2 (K and V) × {info.num_layers} layers × {info.num_kv_heads} KV heads × "
-        f"{info.head_dim} head dim × {info.bytes_per_token // max(1, 2 * info.num_layers * info.num_kv_heads * info.head_dim)} "
+        f"{info.head_dim} head dim × {dtype_bytes(info.dtype)} "
         f"bytes per value = {info.bytes_per_token:,} bytes. Pool: {info.num_blocks:,} blocks × "
         f"{info.block_size} tokens = {info.num_blocks * info.block_size:,} token slots "
         f"({info.bytes_per_block:,} bytes per block).")
@@ -118,10 +114,7 @@ def _build_navigation():
     pages = [st.Page(home, title="Home", icon=":material/home:", url_path="home", default=True)]
     objs = {}
     for fname, title, url, icon, _ in PAGES:
-        path = VIEWS / fname
-        if not path.is_file():  # pages being written by others: skip until the file exists
-            continue
-        p = st.Page(str(path), title=title, url_path=url, icon=icon)
+        p = st.Page(str(PAGES_DIR / fname), title=title, url_path=url, icon=icon)
         objs[fname] = p
         pages.append(p)
     return pages, objs

@@ -100,7 +100,7 @@ class EngineConfig:
     dtype: str = "auto"
     block_size: int = 16
     num_kv_blocks: int | None = None        # explicit pool size, or
-    kv_cache_bytes: int | None = None       # a byte budget (K and V, all layers); default 64 MiB
+    kv_cache_bytes: int | None = None       # a byte budget (K and V, all layers); default 256 MiB, at most 4096 blocks
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 512
     max_model_len: int = 2048

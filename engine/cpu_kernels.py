@@ -4,17 +4,14 @@ and called through ctypes on tensors' memory.
 - `paged_decode_attention` (csrc/paged_attention.c): decode attention read in place from the
   paged K/V pool. The torch reference in engine/attention.py gathers every running request's
   blocks into a dense, padded copy each layer and step and then runs SDPA over it; this kernel
-  reads each key and value once from its block. Measured on a 2-core AMD EPYC (16 decode
-  sequences of 40-360 tokens, 30 layers, pools cold in cache): 38-68 ms gather + SDPA vs 16-22 ms.
+  reads each key and value once from its block (timings: docs/BENCHMARKS.md).
 - `qlinear` (csrc/quant_linear.c): the same product with the weight held as a GGUF's Q4_1 / Q8_0
   blocks (interleaved 16 rows to a panel, same bytes) or as exact F16 / BF16 values, widened to
   fp32 in registers with the dequantizer's arithmetic and summed in linear.c's order: bitwise the
   fp32 kernel's result on the de-quantized weight, reading 5 / 8.5 / 16 bits per weight, not 32.
 - `linear` (csrc/linear.c): y = x W^T on weights packed once into 16-column panels, for every
-  row count (decode's 1-16 rows and prefill's 512). Measured on the same machine, one pass over
-  the default model's 30 layers + lm_head: 17 / 41 / 920 ms at 1 / 16 / 512 rows, vs 32 / 56 /
-  1000 ms with oneDNN-packed weights and 38 / 85 / 960 ms with F.linear. Each output is summed in
-  the same order whatever the row count, so results do not depend on the batch.
+  row count (decode's 1-16 rows and prefill's 512). Each output is summed in the same order
+  whatever the row count, so results do not depend on the batch.
 
 The library is compiled once per (source, compiler, CPU) into the kvscope cache directory
 (`-O3 -march=native`, about a second) and reused by every later process. Where there is no

@@ -12,9 +12,7 @@ Kernels, in order of preference:
   logits do not depend on what it is batched with.
 - "onednn": `torch.ops.mkldnn._reorder_linear_weight` / `_linear_pointwise`, where the C kernel
   cannot be built.
-Measured on a 2-core AMD EPYC (fp32, 2 threads), one pass over the default model's 30 layers +
-lm_head at 1 / 16 / 512 rows: F.linear (MKL) 38 / 85 / 960 ms, oneDNN packed and merged 32 / 56 /
-1000 ms, the C kernel 17 / 41 / 920 ms (one row reads four panels at a time: 21 ms before).
+Their measured times are in docs/BENCHMARKS.md.
 
 With weight_format="gguf" (a model loaded from a GGUF file), each Linear whose GGUF tensor is
 Q4_1 or Q8_0 computes from the file's own blocks instead (engine/csrc/quant_linear.c, blocks from

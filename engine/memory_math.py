@@ -1,214 +1,29 @@
 """KV-cache and weight memory arithmetic from a model config. Pure Python; no torch, no streamlit.
 
-A config is either a plain dict (a parsed ``config.json``) or any object with attributes
-(a transformers ``PretrainedConfig``). Field names follow Hugging Face, with the common aliases
-of older architectures (``n_layer``, ``n_head``, ``n_embd``, Falcon's ``multi_query`` ...).
+The formulas and the config reader live in engine/kv_layout.py (one home, shared with the engine
+and the roofline); this module adds what the memory calculator needs on top: per-sequence and
+concurrency sums, attention-kind what-ifs, weight estimates, config parsing.
 
-Bytes per token, all layers, K and V:
-
-* MHA / GQA / MQA: ``2 x layers x kv_heads x head_dim x bytes`` (the 2 is one K and one V vector
-  per KV head). MHA has ``kv_heads == heads``, MQA has ``kv_heads == 1``, GQA anything between.
-* MLA (DeepSeek-V2/V3): each layer caches one compressed latent of ``kv_lora_rank`` numbers plus
-  the shared rotary key of ``qk_rope_head_dim`` numbers: ``layers x (kv_lora_rank +
-  qk_rope_head_dim) x bytes``; there is no separate K and V, so no factor 2.
-
-Binary units throughout (KiB = 1024 B, GiB = 1024**3 B); :func:`format_bytes` also offers decimal.
+Binary units throughout (KiB = 1024 B, GiB = 1024**3 B).
 """
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 
-KiB = 1024
-MiB = 1024 ** 2
-GiB = 1024 ** 3
-
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
-_DTYPE_ALIASES = {
-    "float32": "fp32", "float": "fp32", "f32": "fp32",
-    "bfloat16": "bf16",
-    "float16": "fp16", "half": "fp16", "f16": "fp16",
-    "float8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "float8_e4m3fn": "fp8",
-    "float8_e5m2": "fp8", "e4m3": "fp8", "e5m2": "fp8",
-    "i8": "int8", "uint8": "int8",
-}
-ATTENTION_KINDS = ("MHA", "GQA", "MQA", "MLA")
-
-_LAYERS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
-_HEADS = ("num_attention_heads", "n_head", "num_heads", "n_heads")
-_KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num")
-_HIDDEN = ("hidden_size", "n_embd", "d_model", "dim")
-_VOCAB = ("vocab_size", "padded_vocab_size")
-_INTER = ("intermediate_size", "ffn_hidden_size", "n_inner", "ffn_dim")
-
-
-# ---------------------------------------------------------------- field access
-
-def _raw(cfg, key):
-    if isinstance(cfg, dict):
-        return cfg.get(key)
-    return getattr(cfg, key, None)
-
-
-def _text_part(cfg):
-    """Multimodal configs (Llava, Gemma 3, ...) keep the language model under ``text_config``."""
-    if not any(_raw(cfg, k) is not None for k in _LAYERS):
-        sub = _raw(cfg, "text_config")
-        if sub is not None:
-            return sub
-    return cfg
-
-
-def _first(cfg, names):
-    for n in names:
-        v = _raw(cfg, n)
-        if v is not None:
-            return n, v
-    return None, None
-
-
-MAX_CONFIG_INT = 2 ** 40     # far above any real model; keeps every derived product a finite float
-
-
-def _pos_int(name, v):
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v)) or v != int(v) or int(v) < 1:
-        raise ValueError(f"config field {name!r} must be a positive integer, got {v!r}")
-    if v > MAX_CONFIG_INT:
-        raise ValueError(f"config field {name!r} must be at most {MAX_CONFIG_INT}, got {v!r}")
-    return int(v)
-
-
-def _need(cfg, names, what):
-    n, v = _first(cfg, names)
-    if v is None:
-        alias = f" (also accepted: {', '.join(names[1:])})" if len(names) > 1 else ""
-        raise ValueError(f"config is missing {names[0]!r}{alias}: needed for {what}")
-    return _pos_int(n, v)
-
-
-def _opt(cfg, names):
-    n, v = _first(cfg, names)
-    return None if v is None else _pos_int(n, v)
-
-
-def dtype_bytes(dtype) -> int:
-    """Bytes per number for fp32/bf16/fp16/fp8/int8 (also accepts 'bfloat16', torch dtypes ...)."""
-    key = str(dtype).strip().lower().removeprefix("torch.")
-    key = _DTYPE_ALIASES.get(key, key)
-    if key not in DTYPE_BYTES:
-        raise ValueError(f"dtype must be one of {tuple(DTYPE_BYTES)}, got {dtype!r}")
-    return DTYPE_BYTES[key]
-
-
-# ---------------------------------------------------------------- the resolved attention shape
-
-@dataclass(frozen=True, slots=True)
-class KVSpec:
-    """What one token costs in the KV cache, per layer, in numbers (not bytes)."""
-
-    kind: str                     # MHA | GQA | MQA | MLA
-    num_layers: int
-    num_heads: int | None         # query heads (None when the source did not report them)
-    num_kv_heads: int | None      # None for MLA
-    k_head_dim: int | None
-    v_head_dim: int | None
-    kv_lora_rank: int | None = None
-    qk_rope_head_dim: int | None = None
-
-    @property
-    def head_dim(self) -> int | None:
-        return self.k_head_dim if self.k_head_dim == self.v_head_dim else None
-
-    @property
-    def numbers_per_token_per_layer(self) -> int:
-        if self.kind == "MLA":
-            return self.kv_lora_rank + self.qk_rope_head_dim
-        return self.num_kv_heads * (self.k_head_dim + self.v_head_dim)
-
-
-def _is_mla(cfg) -> bool:
-    return _raw(cfg, "kv_lora_rank") is not None
-
-
-def kv_spec(cfg) -> KVSpec:
-    """Resolve a config into its KV-cache shape; ValueError naming the first missing/bad field."""
-    if cfg is None or not (isinstance(cfg, dict) or hasattr(cfg, "__dict__") or hasattr(cfg, "__slots__")):
-        raise ValueError(f"config must be a dict or a config object, got {type(cfg).__name__}")
-    cfg = _text_part(cfg)
-    layers = _need(cfg, _LAYERS, "the number of layers")
-    heads = _opt(cfg, _HEADS)
-    if _is_mla(cfg):
-        rank = _pos_int("kv_lora_rank", _raw(cfg, "kv_lora_rank"))
-        rope = _raw(cfg, "qk_rope_head_dim")
-        if rope is None:
-            raise ValueError("config is missing 'qk_rope_head_dim': MLA (kv_lora_rank is set) caches "
-                             "the latent plus the rotary key of this size")
-        return KVSpec("MLA", layers, heads, None, None, None, rank, _pos_int("qk_rope_head_dim", rope))
-
-    kv_name, kv = _first(cfg, _KV_HEADS)
-    if kv is not None:
-        kv = _pos_int(kv_name, kv)
-    elif _raw(cfg, "multi_query") and not _raw(cfg, "new_decoder_architecture"):
-        kv = 1                                          # Falcon-7B style MQA
-    elif heads is not None:
-        kv = heads                                      # no KV-head field: plain MHA
-    else:
-        raise ValueError(f"config is missing {_HEADS[0]!r} (also accepted: {', '.join(_HEADS[1:])}) "
-                         f"and {_KV_HEADS[0]!r}: needed for the number of KV heads")
-    if heads is not None:
-        if kv > heads:
-            raise ValueError(f"{kv_name or 'num_key_value_heads'} ({kv}) must not exceed "
-                             f"num_attention_heads ({heads})")
-        if heads % kv:
-            raise ValueError(f"num_attention_heads ({heads}) must be divisible by "
-                             f"{kv_name or 'num_key_value_heads'} ({kv})")
-
-    nope, rope, vdim = (_raw(cfg, k) for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
-    if nope is not None and rope is not None and vdim is not None:
-        # DeepSeek-style attention without the latent compression: K and V differ in size
-        kd = _pos_int("qk_nope_head_dim", nope) + _pos_int("qk_rope_head_dim", rope)
-        vd = _pos_int("v_head_dim", vdim)
-    else:
-        hd = _raw(cfg, "head_dim")
-        if hd is not None:
-            hd = _pos_int("head_dim", hd)
-        else:
-            if heads is None:
-                raise ValueError("config is missing 'head_dim' (and 'num_attention_heads' to derive it "
-                                 "from hidden_size)")
-            hidden = _need(cfg, _HIDDEN, "head_dim = hidden_size / num_attention_heads")
-            if hidden % heads:
-                raise ValueError(f"config has no 'head_dim' and hidden_size ({hidden}) is not divisible "
-                                 f"by num_attention_heads ({heads})")
-            hd = hidden // heads
-        kd = vd = hd
-
-    if heads is None:
-        kind = "MQA" if kv == 1 else "GQA"              # best guess; see attention_kind
-    elif kv == heads:
-        kind = "MHA"
-    elif kv == 1:
-        kind = "MQA"
-    else:
-        kind = "GQA"
-    return KVSpec(kind, layers, heads, kv, kd, vd)
-
-
-def attention_kind(cfg) -> str:
-    """"MHA" | "GQA" | "MQA" | "MLA". Needs num_attention_heads unless the config is MLA or has 1 KV head."""
-    spec = kv_spec(cfg)
-    if spec.num_heads is None and spec.kind == "GQA":
-        raise ValueError("config is missing 'num_attention_heads': needed to tell MHA from GQA")
-    return spec.kind
+# re-exported: the calculator's callers use mm.*
+from engine.kv_layout import (  # noqa: F401
+    ATTENTION_KINDS, DTYPE_BYTES, HEADS_FIELDS, HIDDEN_FIELDS, INTER_FIELDS, KV_HEADS_FIELDS, LAYERS_FIELDS,
+    MAX_CONFIG_INT, VOCAB_FIELDS, GiB, KiB, KVSpec, MiB, _need, _opt, _pos_int, _raw, _text_part, attention_kind,
+    cdiv, dtype_bytes, kv_spec, spec_bytes_per_token,
+)
 
 
 # ---------------------------------------------------------------- KV bytes
 
 def kv_bytes_per_token(cfg, dtype) -> int:
     """KV-cache bytes one token occupies, all layers (K and V, or the MLA latent)."""
-    spec = kv_spec(cfg)
-    return spec.num_layers * spec.numbers_per_token_per_layer * dtype_bytes(dtype)
+    return spec_bytes_per_token(kv_spec(cfg), dtype_bytes(dtype))
 
 
 def _check_tokens(name, v, minimum=0):
@@ -223,7 +38,7 @@ def kv_bytes_per_sequence(cfg, dtype, context_len, block_size: int | None = None
     tokens = context_len
     if block_size is not None:
         _check_tokens("block_size", block_size, 1)
-        tokens = -(-context_len // block_size) * block_size
+        tokens = cdiv(context_len, block_size) * block_size
     return kv_bytes_per_token(cfg, dtype) * tokens
 
 
@@ -264,7 +79,7 @@ def with_attention_kind(cfg, kind: str, num_kv_heads: int | None = None) -> dict
         if out.get("v_head_dim") is None or out.get("qk_nope_head_dim") is None:
             raise ValueError("config is missing 'qk_nope_head_dim'/'v_head_dim': needed to expand MLA "
                              "into per-head K and V")
-    for k in _KV_HEADS[1:]:
+    for k in KV_HEADS_FIELDS[1:]:
         out.pop(k, None)
     out.pop("multi_query", None)
     if kind == "MHA":
@@ -365,8 +180,8 @@ def estimate_params(cfg, param_count: int | None = None) -> ParamEstimate:
     cfg = _text_part(cfg)
     if spec.num_heads is None:
         raise ValueError("config is missing 'num_attention_heads': needed to count attention weights")
-    h = _need(cfg, _HIDDEN, "the weight count")
-    vocab = _need(cfg, _VOCAB, "the embedding weight count")
+    h = _need(cfg, HIDDEN_FIELDS, "the weight count")
+    vocab = _need(cfg, VOCAB_FIELDS, "the embedding weight count")
     heads, L = spec.num_heads, spec.num_layers
     notes = []
 
@@ -387,7 +202,7 @@ def estimate_params(cfg, param_count: int | None = None) -> ParamEstimate:
             attn += heads * spec.k_head_dim + spec.num_kv_heads * (spec.k_head_dim + spec.v_head_dim) + h
 
     m = _mlp_matrices(cfg)
-    inter = _opt(cfg, _INTER)
+    inter = _opt(cfg, INTER_FIELDS)
     if inter is None:
         inter = 4 * h
         notes.append("intermediate size not in config: assumed 4 x hidden")
@@ -457,108 +272,3 @@ def parse_config_json(text: str) -> dict:
         raise ValueError(f"config JSON must be an object {{...}}, got {type(cfg).__name__}")
     kv_spec(cfg)
     return cfg
-
-
-def format_bytes(n: float, decimal: bool = False) -> str:
-    """``131072 -> '128 KiB'``; ``decimal=True`` uses kB/MB/GB (1000-based)."""
-    if n != n or n is None:
-        return "n/a"
-    base, units = (1000, ("B", "kB", "MB", "GB", "TB", "PB")) if decimal else \
-        (1024, ("B", "KiB", "MiB", "GiB", "TiB", "PiB"))
-    v = float(n)
-    i = 0
-    while abs(v) >= base and i < len(units) - 1:
-        v /= base
-        i += 1
-    if i == 0:
-        return f"{int(v):,} B"
-    s = f"{v:,.2f}".rstrip("0").rstrip(".")
-    return f"{s} {units[i]}"
-
-
-def config_from_engine_info(info) -> dict:
-    """A config dict for the loaded model, from the app's ``engine_info`` (an EngineInfo-like object
-    or dict). Uses a full HF config when one is attached (``hf_config``/``model_config``/``config``),
-    else the fields EngineInfo reports (layers, KV heads, head dim; query heads if present)."""
-    for key in ("hf_config", "model_config", "config"):
-        sub = _raw(info, key)
-        if isinstance(sub, dict) or (sub is not None and hasattr(sub, "to_dict")):
-            return config_to_dict(sub)
-    out = {"num_hidden_layers": _raw(info, "num_layers") or _raw(info, "num_hidden_layers"),
-           "num_key_value_heads": _raw(info, "num_kv_heads") or _raw(info, "num_key_value_heads"),
-           "head_dim": _raw(info, "head_dim")}
-    heads = _raw(info, "num_heads") or _raw(info, "num_attention_heads")
-    if heads:
-        out["num_attention_heads"] = heads
-    kv_spec(out)
-    return out
-
-
-# ---------------------------------------------------------------- presets (published config values)
-
-PRESETS: dict[str, dict] = {
-    "SmolLM2-135M": {
-        "model_type": "llama", "architectures": ["LlamaForCausalLM"],
-        "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
-        "hidden_size": 576, "intermediate_size": 1536, "vocab_size": 49152,
-        "tie_word_embeddings": True, "hidden_act": "silu", "max_position_embeddings": 8192,
-        "rope_theta": 100000, "rms_norm_eps": 1e-05,
-    },
-    "Llama-3-8B": {
-        "model_type": "llama", "architectures": ["LlamaForCausalLM"],
-        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
-        "hidden_size": 4096, "intermediate_size": 14336, "vocab_size": 128256,
-        "tie_word_embeddings": False, "hidden_act": "silu", "max_position_embeddings": 8192,
-        "rope_theta": 500000.0, "rms_norm_eps": 1e-05,
-    },
-    "Llama-3-70B": {
-        "model_type": "llama", "architectures": ["LlamaForCausalLM"],
-        "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
-        "hidden_size": 8192, "intermediate_size": 28672, "vocab_size": 128256,
-        "tie_word_embeddings": False, "hidden_act": "silu", "max_position_embeddings": 8192,
-        "rope_theta": 500000.0, "rms_norm_eps": 1e-05,
-    },
-    "Mistral-7B (v0.2)": {
-        "model_type": "mistral", "architectures": ["MistralForCausalLM"],
-        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-        "hidden_size": 4096, "intermediate_size": 14336, "vocab_size": 32000,
-        "tie_word_embeddings": False, "hidden_act": "silu", "max_position_embeddings": 32768,
-        "rope_theta": 1000000.0, "sliding_window": None, "rms_norm_eps": 1e-05,
-    },
-    "DeepSeek-V3 (MLA)": {
-        "model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"],
-        "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128,
-        "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
-        "vocab_size": 129280, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64,
-        "qk_nope_head_dim": 128, "v_head_dim": 128, "n_routed_experts": 256, "n_shared_experts": 1,
-        "num_experts_per_tok": 8, "first_k_dense_replace": 3, "moe_layer_freq": 1,
-        "tie_word_embeddings": False, "hidden_act": "silu", "max_position_embeddings": 163840,
-        "rms_norm_eps": 1e-06,
-    },
-    "Llama-2-7B (MHA)": {
-        "model_type": "llama", "architectures": ["LlamaForCausalLM"],
-        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
-        "hidden_size": 4096, "intermediate_size": 11008, "vocab_size": 32000,
-        "tie_word_embeddings": False, "hidden_act": "silu", "max_position_embeddings": 4096,
-        "rms_norm_eps": 1e-05,
-    },
-    "Falcon-7B (MQA)": {
-        "model_type": "falcon", "architectures": ["FalconForCausalLM"],
-        "num_hidden_layers": 32, "num_attention_heads": 71, "multi_query": True,
-        "new_decoder_architecture": False, "parallel_attn": True, "bias": False, "alibi": False,
-        "hidden_size": 4544, "vocab_size": 65024,
-    },
-}
-
-# Published total parameter counts, used instead of the computed estimate where the estimate
-# would miss pieces (DeepSeek-V3: 671B total, 37B active per token; the MTP module is extra).
-PRESET_PARAM_COUNTS: dict[str, int] = {
-    "DeepSeek-V3 (MLA)": 671_000_000_000,
-}
-
-
-def preset(name: str) -> dict:
-    if name not in PRESETS:
-        raise ValueError(f"preset must be one of {tuple(PRESETS)}, got {name!r}")
-    return dict(PRESETS[name])
-

@@ -13,18 +13,9 @@ import torch
 
 from . import attention, cpu_kernels, linear
 from .attention import AttnMetadata, PrefillItem, build_decode_mask, forward_context
-from .block_manager import cdiv
+from .kv_layout import cdiv, kv_bytes_per_token, kv_geometry
 
 KERNEL_MAX_QUERY_TOKENS = 32    # up to this many new tokens after earlier context go to the decode kernel
-
-
-def kv_geometry(hf_config) -> tuple[int, int, int]:
-    """(num_layers, num_kv_heads, head_dim) from an HF config."""
-    n_layers = hf_config.num_hidden_layers
-    n_heads = hf_config.num_attention_heads
-    n_kv = getattr(hf_config, "num_key_value_heads", None) or n_heads
-    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // n_heads
-    return n_layers, n_kv, head_dim
 
 
 @dataclass(slots=True)
@@ -122,7 +113,7 @@ class ModelRunner:
 
     @property
     def bytes_per_token(self) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * torch.finfo(self.dtype).bits // 8
+        return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype.itemsize)
 
     # ------------------------------------------------------------------ block copies
     @torch.inference_mode()

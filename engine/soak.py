@@ -34,6 +34,9 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from .config import EngineConfig, SamplingParams, TierConfig, default_tiers
+from .events import EventKind
+from .kv_layout import cdiv
+from .rates import prefix_hit_rate
 from .workloads import make_workload
 
 SCENARIO_ORDER = ("release-freeze", "shared-system-prompt", "mixed")
@@ -201,8 +204,8 @@ class SoakReport:
         return "\n".join(lines)
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+_NEEDS_REASON = (EventKind.PREEMPT, EventKind.EVICT, EventKind.REJECT, EventKind.ABORT, EventKind.ERROR,
+                 EventKind.SWAP_OUT, EventKind.SWAP_IN, EventKind.BLOCK_FREE)
 
 
 def _drain_events(eng, last_seq: int, report: SoakReport, problems: list) -> int:
@@ -212,10 +215,10 @@ def _drain_events(eng, last_seq: int, report: SoakReport, problems: list) -> int
     for e in evs:
         report.events_seen += 1
         reason = e.data.get("reason")
-        if e.kind in ("preempt", "evict", "reject", "abort", "error", "swap_out", "swap_in", "block_free") \
+        if e.kind in _NEEDS_REASON \
                 and not (isinstance(reason, str) and reason):
             problems.append(f"{e.kind} event for {e.request_id} has no reason")
-        if e.kind == "preempt":
+        if e.kind == EventKind.PREEMPT:
             report.preemptions += 1
             if e.data.get("mode") == "swap":
                 report.preemptions_swap += 1
@@ -223,9 +226,9 @@ def _drain_events(eng, last_seq: int, report: SoakReport, problems: list) -> int
                 report.preemptions_recompute += 1
             if "swap space full" in (reason or ""):
                 report.swap_full_fallbacks += 1
-        elif e.kind == "swap_out":
+        elif e.kind == EventKind.SWAP_OUT:
             report.swap_outs += 1
-        elif e.kind == "swap_in":
+        elif e.kind == EventKind.SWAP_IN:
             report.swap_ins += 1
     return evs[-1].seq if evs else last_seq
 
@@ -239,7 +242,7 @@ def reference_run(requests: list[SoakRequest], model: str, block_size: int, max_
     from .models import load_model
     tokenizer = load_model(model, device)[1]
     tok_counts = {r.request_id: len(tokenizer.encode(r.prompt, add_special_tokens=False)) for r in requests}
-    largest = max(_cdiv(min(tok_counts[r.request_id] + r.max_tokens, max_model_len), block_size)
+    largest = max(cdiv(min(tok_counts[r.request_id] + r.max_tokens, max_model_len), block_size)
                   for r in requests)
     eng = LLMEngine(EngineConfig(model=model, device=device, block_size=block_size, max_model_len=max_model_len,
                                  num_kv_blocks=max_num_seqs * largest, max_num_seqs=max_num_seqs,
@@ -419,22 +422,19 @@ def run_soak(requests: list[SoakRequest], reference: dict[str, list[int]], *, mo
     bm = eng.bm
     if eng.has_unfinished_requests() or eng.requests:
         problems.append(f"engine still holds {len(eng.requests)} requests at the end")
-    if bm.tables:
-        problems.append(f"block tables left at the end: {sorted(bm.tables)[:5]}")
-    owned = [b.block_id for b in bm.blocks if b.ref_cnt and b.block_id not in bm.retired]
-    if owned:
-        problems.append(f"blocks still owned at the end: {owned[:10]}")
-    if len(bm.free_queue) != bm.num_blocks:
-        problems.append(f"{bm.num_blocks - len(bm.free_queue)} blocks neither free nor cached-free at the end")
-    rep.end_cached_free_blocks = sum(1 for b in bm.free_queue if bm.blocks[b].block_hash is not None)
-    rep.end_free_blocks = len(bm.free_queue) - rep.end_cached_free_blocks
+    if bm.request_ids():
+        problems.append(f"block tables left at the end: {sorted(bm.request_ids())[:5]}")
+    if bm.num_used_blocks:
+        problems.append(f"{bm.num_used_blocks} blocks still owned (neither free nor cached-free) at the end")
+    rep.end_cached_free_blocks = bm.num_cached_free_blocks
+    rep.end_free_blocks = bm.num_free_blocks - rep.end_cached_free_blocks
     rep.end_swap_used = bm.num_swap_used
-    if bm.num_swap_used or bm.swapped:
+    if bm.num_swap_used or not bm.is_empty:
         problems.append(f"swap space not empty at the end: {bm.num_swap_used} slots used")
     if mode == "swap" and rep.swap_full_fallbacks == 0 and rep.preemptions:
         problems.append("swap mode never hit the swap-full fallback (swap space too large for this run?)")
     q, h = bm.prefix_queries, bm.prefix_hits
-    rep.prefix_hit_rate = h / q if q else 0.0
+    rep.prefix_hit_rate = prefix_hit_rate(h, q)
     rep.event_ring_len = len(eng.events)
     rep.event_ring_maxlen = eng.events.maxlen
     del eng

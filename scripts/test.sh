@@ -1,13 +1,23 @@
 #!/usr/bin/env bash
-# Runs kvscope's whole test suite from a fresh clone: sets up .venv (scripts/setup.sh), installs
-# Debian's chromium for the browser screenshot tests when it is missing, pins the environment
-# (offline, tiny model for test servers) and runs pytest. Extra arguments go to pytest, e.g.
+# Runs kvscope's whole test suite from a fresh clone: sets up .venv (scripts/setup.sh), lints
+# (ruff check and ruff format --check over the whole tree, configured in pyproject.toml; either
+# failing fails the run before any test starts), installs Debian's chromium for the browser
+# screenshot tests when it is missing, pins the environment (offline, tiny model for test
+# servers) and runs pytest. Extra arguments go to pytest, e.g.
 #   bash scripts/test.sh -m "not browser"      bash scripts/test.sh tests/browser -x
-# Exit status is pytest's.
+# Exit status is 1 when lint fails, else pytest's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/setup.sh
+
+lint_ok=1
+.venv/bin/ruff check . || lint_ok=0
+.venv/bin/ruff format --check . || lint_ok=0
+if [ "$lint_ok" = 0 ]; then
+  echo "test.sh: lint failed (fix, or '.venv/bin/ruff check --fix .' / '.venv/bin/ruff format .')" >&2
+  exit 1
+fi
 
 export KVSCOPE_CHROMIUM=${KVSCOPE_CHROMIUM:-/usr/bin/chromium}
 if [ ! -x "$KVSCOPE_CHROMIUM" ]; then

@@ -1,37 +1,28 @@
 """Side-by-side measurements on private engines: paged vs contiguous allocation, KV cache vs no
 cache, and the seed's 50-growing-sequences exercise (no eviction vs LRU preemption).
 
-Two halves, neither imports Streamlit:
-- runners that drive an `LLMEngine` step by step and record its Snapshots/Events (and the wall
-  time of each step); they only read what the engine reports;
-- pure figure builders and summaries over those records, unit-tested for their numbers.
+Pure figure builders and summaries over the records engine/recording.py makes (RunRecord,
+CostPoint), unit-tested for their numbers; no Streamlit, and nothing here drives an engine.
 """
 from __future__ import annotations
 
 import html
-import threading
-import time
-import uuid
-from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Sequence
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from engine.events import ADMIT, PREEMPT, REJECT, SWAP_OUT, WAIT, Event
+from engine.events import ADMIT, PREEMPT, REJECT, SWAP_OUT, WAIT
+from engine.rates import prefix_hit_rate
+from engine.experiments import PrefixRow
+from engine.recording import CostPoint, RunRecord
 from engine.snapshot import Snapshot
 from ui import theme
-from ui.load import RECORDED_EXCLUDE, SERIES_CAP, append_snapshot, slim_snapshot
 
 _O = theme.OKABE_ITO
 A_COLOR, B_COLOR = _O["blue"], _O["vermillion"]        # the two sides of every comparison
 FILLED_COLOR, ALLOC_COLOR = _O["blue"], _O["orange"]
 LIVE_STATES = ("waiting", "running", "preempted", "swapped")
-
-# One private-engine measurement at a time per server: they compete for the same CPU cores (and
-# with the shared engine), so running two at once would only make both numbers worse.
-RUN_LOCK = threading.Lock()
-
 
 def _layout(fig: go.Figure, title: str, height: int = 320, **kw) -> go.Figure:
     """Figure title at the top, subplot titles under it, the legend below the x axes (so neither
@@ -44,71 +35,6 @@ def _layout(fig: go.Figure, title: str, height: int = 320, **kw) -> go.Figure:
     fig.update_xaxes(gridcolor=theme.GRID, zerolinecolor=theme.GRID)
     fig.update_yaxes(gridcolor=theme.GRID, zerolinecolor=theme.GRID)
     return fig
-
-
-# ==================================================================== runners
-
-@dataclass
-class RunRecord:
-    """What one engine run reported: bounded snapshot series (one per step, thinned beyond the
-    cap), every event of the run, per-step wall times and the engine's outputs."""
-    label: str
-    series: list[Snapshot] = field(default_factory=list)
-    events: list[Event] = field(default_factory=list)
-    step_wall_s: list[float] = field(default_factory=list)
-    outputs: dict = field(default_factory=dict)
-    steps: int = 0
-    wall_s: float = 0.0
-    add_errors: list[str] = field(default_factory=list)
-    truncated: bool = False         # stopped at max_steps with work left
-    peak: Snapshot | None = None    # full snapshot (block list included) at the allocation peak
-    budget_tokens: int | None = None  # exercise: the fixed budget to compare against (when the
-                                      # engine itself ran with a bigger pool, to measure demand)
-
-    def trace_text(self) -> str:
-        from engine.events import trace_to_string
-        snaps = list(self.series)
-        if self.peak is not None:   # put the peak's block list into the trace (pool map in replay)
-            snaps = [self.peak if s.step == self.peak.step else s for s in snaps]
-        return trace_to_string(snaps, self.events)
-
-
-def run_engine(engine, requests: Sequence[tuple[str, object, object]], *, label: str,
-               max_steps: int = 5000, cap: int = SERIES_CAP,
-               on_step: Callable[[int, Snapshot], None] | None = None) -> RunRecord:
-    """Add every (request_id, prompt, SamplingParams) to `engine` at once, then step until idle
-    (or `max_steps`). A ValueError from add_request is kept as the engine's rejection message.
-    Snapshots are slimmed (no per-request tokens/history/blocks); the one at the allocation peak
-    is kept whole. Per-token events (decode, prefill chunks) are left out of the record."""
-    rec = RunRecord(label=label)
-    seq0 = engine.events.last_seq
-    for rid, prompt, params in requests:
-        try:
-            engine.add_request(rid, prompt, params)
-        except ValueError as e:
-            rec.add_errors.append(f"{rid}: {e}")
-    def keep(snap):
-        rec.series = append_snapshot(rec.series, slim_snapshot(snap), cap)
-        if rec.peak is None or snap.metrics.slots_allocated > rec.peak.metrics.slots_allocated:
-            rec.peak = snap
-
-    keep(engine.snapshot())
-    t_start = time.perf_counter()
-    while engine.has_unfinished_requests() and rec.steps < max_steps:
-        t = time.perf_counter()
-        for out in engine.step():
-            if out.finished:
-                rec.outputs[out.request_id] = out
-        rec.step_wall_s.append(time.perf_counter() - t)
-        rec.steps += 1
-        snap = engine.snapshot()
-        keep(snap)
-        if on_step is not None:
-            on_step(rec.steps, snap)
-    rec.wall_s = time.perf_counter() - t_start
-    rec.truncated = engine.has_unfinished_requests()
-    rec.events = [e for e in engine.events.since(seq0) if e.kind not in RECORDED_EXCLUDE]
-    return rec
 
 
 # ==================================================================== paged vs contiguous
@@ -206,42 +132,6 @@ def allocator_bars(sa: dict, sb: dict) -> go.Figure:
 
 
 # ==================================================================== KV cache vs no cache
-
-@dataclass(frozen=True, slots=True)
-class CostPoint:
-    generated: int        # tokens generated so far (after this step)
-    context_len: int      # prompt + generated tokens the step attended over
-    step_s: float         # measured wall time of the step
-    fed_tokens: int = 0   # tokens the step ran through the model for this request (from its events)
-
-
-def measure_decode_cost(engine, prompt, n_tokens: int, *, request_id: str | None = None) -> tuple[float, list[CostPoint]]:
-    """Generate `n_tokens` for one request, one engine step at a time, timing each step.
-    Returns (prefill step seconds, one CostPoint per decode step). The request ignores EOS so
-    both modes run the same number of steps. `fed_tokens` comes from the engine's own prefill /
-    decode events: 1 per step with the cache, the whole context without it."""
-    from engine import SamplingParams
-    rid = request_id or f"cost-{uuid.uuid4().hex[:8]}"
-    engine.add_request(rid, prompt, SamplingParams(max_tokens=n_tokens, ignore_eos=True))
-    prefill_s = None
-    pts: list[CostPoint] = []
-    while engine.has_unfinished_requests():
-        seq = engine.events.last_seq
-        t = time.perf_counter()
-        engine.step()
-        dt = time.perf_counter() - t
-        mine = [e for e in engine.events.since(seq, kinds=("prefill", "decode")) if e.request_id == rid]
-        fed = sum(int(e.data.get("tokens", 0)) for e in mine if e.kind == "prefill")
-        fed = fed or sum(1 for e in mine if e.kind == "decode")
-        r = engine.snapshot().request(rid)
-        out_len = r.output_len if r is not None else (pts[-1].generated + 1 if pts else 1)
-        ctx = (r.prompt_len + r.output_len) if r is not None else (pts[-1].context_len + 1 if pts else 0)
-        if prefill_s is None:
-            prefill_s = dt
-            continue
-        pts.append(CostPoint(out_len, ctx, dt, fed))
-    return prefill_s or 0.0, pts
-
 
 def cumulative(points: Sequence[CostPoint]) -> list[float]:
     out, acc = [], 0.0
@@ -436,43 +326,13 @@ def exercise_figure(runs: Sequence[RunRecord]) -> go.Figure:
 
 # ==================================================================== prefix cache: with vs forced misses
 
-@dataclass(frozen=True, slots=True)
-class PrefixRow:
-    """One request of a prefix-cache measurement, as the engine reported it."""
-    request_id: str
-    turn: int
-    ttft_s: float | None
-    prompt_tokens: int
-    cached_tokens: int     # prompt tokens served from the prefix cache at admission
-
-
-def sharing_stats(snap: Snapshot | None) -> dict:
-    """Blocks held by more than one request right now, and the largest ref count."""
-    if snap is None:
-        return {"shared_blocks": 0, "max_ref": 0, "refs_saved": 0}
-    shared = [b for b in snap.blocks if b.ref_count > 1]
-    return {"shared_blocks": len(shared), "max_ref": max((b.ref_count for b in shared), default=0),
-            # blocks that would exist without sharing, minus blocks that do
-            "refs_saved": sum(b.ref_count - 1 for b in shared)}
-
-
-def more_shared(a: Snapshot | None, b: Snapshot | None) -> Snapshot | None:
-    """Whichever snapshot shows more sharing (ties: the later one)."""
-    if a is None:
-        return b
-    if b is None:
-        return a
-    ka, kb = sharing_stats(a), sharing_stats(b)
-    return a if (ka["refs_saved"], ka["shared_blocks"]) > (kb["refs_saved"], kb["shared_blocks"]) else b
-
-
 def prefix_summary(rows: Sequence[PrefixRow]) -> dict:
     ttfts = [r.ttft_s for r in rows if r.ttft_s is not None]
     prompt = sum(r.prompt_tokens for r in rows)
     cached = sum(r.cached_tokens for r in rows)
     return {"requests": len(rows), "mean_ttft_s": (sum(ttfts) / len(ttfts)) if ttfts else None,
             "prompt_tokens": prompt, "cached_tokens": cached,
-            "hit_rate": (cached / prompt) if prompt else 0.0}
+            "hit_rate": prefix_hit_rate(cached, prompt)}
 
 
 def prefix_figure(with_cache: Sequence[PrefixRow], forced_miss: Sequence[PrefixRow]) -> go.Figure:
@@ -502,18 +362,6 @@ def prefix_figure(with_cache: Sequence[PrefixRow], forced_miss: Sequence[PrefixR
     return _layout(fig, "Shared system prompt: TTFT with the prefix cache vs forced misses", height=360)
 
 
-def exercise_prompts(n: int, prompt_tokens: int, *, seed: int = 0, lo: int = 1000, hi: int = 40000) -> list[list[int]]:
-    """`n` distinct prompts of exactly `prompt_tokens` token ids (ordinary vocabulary ids, no
-    special tokens; distinct first tokens so no two sequences share a cached prefix)."""
-    import random
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        first = lo + i
-        out.append([first] + [rng.randrange(lo + n, hi) for _ in range(prompt_tokens - 1)])
-    return out
-
-
 def waiting_reasons(rec: RunRecord, limit: int = 6) -> list[tuple[str, int]]:
     """The engine's waiting reasons seen during the run, with the most requests waiting for
     that reason at any one step (so the numbers are never double-counted across steps). The
@@ -528,57 +376,3 @@ def waiting_reasons(rec: RunRecord, limit: int = 6) -> list[tuple[str, int]]:
         for k, v in now.items():
             peak[k] = max(peak.get(k, 0), v)
     return sorted(peak.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]
-
-
-def chat_prompt(tokenizer, system: str, user: str) -> str:
-    """System + user turn through the model's chat template (the text the engine tokenizes)."""
-    msgs = [{"role": "system", "content": system}, {"role": "user", "content": user}]
-    try:
-        return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-    except Exception:   # a tokenizer without a chat template: plain text, same shared prefix
-        return f"System: {system}\n\nUser: {user}\nAssistant:"
-
-
-def measure_prefix(th, prompts: Sequence[str], max_tokens: int, *, mode: str, run_tag: str,
-                   on_poll: Callable[[Snapshot], None] | None = None, timeout_s: float = 600.0):
-    """Run `prompts` (all starting with the same system prompt) on the shared EngineThread: the
-    first alone, then the rest together, so the rest can reuse the first one's cached blocks.
-
-    mode "cache": one fresh cache_salt for the whole run (a clean, private cache namespace: the
-    first request misses, the others may hit). mode "miss": a fresh salt per request, so nothing
-    can be shared — the same requests with the prefix cache effectively off.
-    Returns (rows, snapshot with the most sharing seen). TTFT and cached tokens are the engine's."""
-    from engine import SamplingParams
-    base_salt = f"{run_tag}-{uuid.uuid4().hex[:8]}"
-    best: Snapshot | None = None
-    rows: list[PrefixRow] = []
-
-    def params(i):
-        salt = base_salt if mode == "cache" else f"{base_salt}-{i}"
-        return SamplingParams(max_tokens=max_tokens, ignore_eos=True, cache_salt=salt)
-
-    def wait(handles):
-        nonlocal best
-        deadline = time.monotonic() + timeout_s
-        while not all(h.finished for h in handles):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"prefix-cache measurement did not finish within {timeout_s:.0f}s")
-            # snapshot_now: a fresh snapshot between two steps (the published one is refreshed only
-            # every 50 ms, and a fast wave can share and finish within that). Costs ~1 ms a call.
-            snap = th.snapshot_now() if hasattr(th, "snapshot_now") else th.snapshot()
-            best = more_shared(best, snap)
-            if on_poll is not None:
-                on_poll(snap)
-            time.sleep(0.005)
-        snap = th.snapshot()
-        best = more_shared(best, snap)
-
-    waves = [[0], list(range(1, len(prompts)))] if len(prompts) > 1 else [[0]]
-    for wave in waves:
-        handles = [(i, th.submit(prompts[i], params(i), request_id=f"{run_tag}-{mode}-t{i + 1}")) for i in wave]
-        wait([h for _, h in handles])
-        for i, h in handles:
-            out = h.result(timeout=5)
-            rows.append(PrefixRow(h.request_id, i + 1, out.metrics.ttft, len(out.prompt_token_ids),
-                                  out.metrics.num_cached_tokens))
-    return rows, best

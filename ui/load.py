@@ -1,5 +1,5 @@
-"""Concurrent-load views: pure figure builders over a bounded series of Snapshots, plus the
-background feeder that submits a workload to an EngineThread at its arrival times.
+"""Concurrent-load views: pure figure builders over a bounded series of Snapshots (the feeder
+that submits a workload and the recorder live in engine/recording.py).
 
 Figures here take `Snapshot`s (and `Event`s) and return Plotly figures; no Streamlit. The same
 functions draw the live page and the replay page, so everything shown can be rebuilt from a trace.
@@ -7,46 +7,16 @@ functions draw the live page and the replay page, so everything shown can be reb
 from __future__ import annotations
 
 import math
-import threading
-import time
-from collections import deque
-from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, Sequence
+from typing import Iterable, Sequence
 
+import numpy as np
 import plotly.graph_objects as go
 
-from engine.snapshot import Snapshot
+from engine.snapshot import RequestState, Snapshot
 from ui import theme
 
-SERIES_CAP = 600          # snapshots kept for the over-time charts (older half thinned beyond it)
 MAX_GROWTH_LINES = 24     # per-request cache-growth lines drawn at most
-TERMINAL_STATES = ("finished", "rejected", "aborted")
-MAX_LOAD_REQUESTS = 300   # the feeder never submits more than this in one run
 PERCENTILES = (50, 90, 99)
-
-
-# ------------------------------------------------------------------ bounded series
-
-def append_snapshot(series: list[Snapshot], snap: Snapshot | None, cap: int = SERIES_CAP) -> list[Snapshot]:
-    """Append `snap` unless it is not newer than the last one (same or earlier step: an idle
-    engine adds nothing); when over `cap`, drop every other point of the older half so the whole
-    run stays visible at a coarser resolution. Returns a new list."""
-    if snap is None:
-        return list(series)
-    if series and snap.step <= series[-1].step:
-        return list(series)
-    out = list(series) + [snap]
-    if len(out) > cap:
-        half = len(out) // 2
-        out = out[:half][::2] + out[half:]
-    return out
-
-
-def slim_snapshot(snap: Snapshot, keep_blocks: bool = False) -> Snapshot:
-    """A copy for the over-time series and traces: per-request token marks, histories and texts
-    dropped (they grow with every token), the block list kept only when asked (keyframes)."""
-    reqs = tuple(replace(r, tokens=(), history=(), prompt_preview="", output_text="") for r in snap.requests)
-    return replace(snap, requests=reqs, blocks=snap.blocks if keep_blocks else ())
 
 
 def _t(series: Sequence[Snapshot], t0: float | None) -> tuple[list[float], float]:
@@ -145,11 +115,11 @@ def growth_lines(series: Sequence[Snapshot], max_lines: int = MAX_GROWTH_LINES) 
                 continue             # finished: its line ended with the drop to 0
             latest[r.request_id] = r
             xs, ys = sampled.setdefault(r.request_id, ([], []))
-            if not ys and r.num_computed_tokens == 0 and r.state in ("waiting", "finished", "rejected", "aborted"):
+            if not ys and r.num_computed_tokens == 0 and (r.state == RequestState.WAITING or r.is_terminal):
                 continue             # not started yet (or never started): no line until it holds KV
             xs.append(s.time)
             ys.append(r.num_computed_tokens)
-            if r.state in TERMINAL_STATES:
+            if r.is_terminal:
                 done.add(r.request_id)
     lines: dict[str, tuple[list[float], list[int]]] = {}
     for rid, r in latest.items():
@@ -193,16 +163,9 @@ def _safe(s: str) -> str:
 # ------------------------------------------------------------------ latency percentiles
 
 def percentile(values: Sequence[float], p: float) -> float | None:
-    """Linear-interpolated percentile (numpy's default method), None when empty."""
-    v = sorted(x for x in values if x is not None and not math.isnan(x))
-    if not v:
-        return None
-    if len(v) == 1:
-        return float(v[0])
-    k = (len(v) - 1) * p / 100.0
-    lo = math.floor(k)
-    hi = min(lo + 1, len(v) - 1)
-    return float(v[lo] + (v[hi] - v[lo]) * (k - lo))
+    """numpy's linear-interpolated percentile of the values (None and NaN skipped); None when empty."""
+    v = [x for x in values if x is not None and not math.isnan(x)]
+    return float(np.percentile(v, p)) if v else None
 
 
 def latency_percentiles(snap: Snapshot | None) -> dict[str, dict[int, float | None]]:
@@ -262,163 +225,6 @@ def percentiles_figure(series: Sequence[Snapshot], t0: float | None = None) -> g
 
 
 # ------------------------------------------------------------------ feeder
-
-@dataclass
-class FeederStatus:
-    total: int
-    submitted: int = 0
-    rejected: int = 0
-    errors: list[str] = field(default_factory=list)
-    request_ids: list[str] = field(default_factory=list)
-    done: bool = False
-    stopped: bool = False
-
-
-class LoadFeeder:
-    """Submits `requests` (objects with .arrival_s, .prompt, .max_tokens, .tier) through `submit`
-    at their arrival times, on a daemon thread. Bounded (MAX_LOAD_REQUESTS) and stoppable.
-
-    `submit(prompt, params, request_id)` is the EngineThread's submit; a ValueError from it (bad
-    input, over a tier's cap) is counted as a rejection with the engine's message, and the feeder
-    goes on with the next request."""
-
-    MAX_ERRORS = 50
-
-    def __init__(self, submit: Callable, requests: Sequence, make_params: Callable, run_id: str,
-                 time_scale: float = 1.0, clock: Callable[[], float] = time.monotonic):
-        self._submit = submit
-        self._requests = sorted(list(requests)[:MAX_LOAD_REQUESTS], key=lambda r: r.arrival_s)
-        self._make_params = make_params
-        self._run_id = run_id
-        self._scale = max(0.0, float(time_scale))
-        self._clock = clock
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self.status = FeederStatus(total=len(self._requests))
-        self._thread = threading.Thread(target=self._run, name=f"kvscope-feeder-{run_id}", daemon=True)
-
-    def start(self) -> "LoadFeeder":
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def join(self, timeout: float | None = None) -> None:
-        self._thread.join(timeout)
-
-    @property
-    def alive(self) -> bool:
-        return self._thread.is_alive()
-
-    def snapshot_status(self) -> FeederStatus:
-        with self._lock:
-            s = self.status
-            return FeederStatus(s.total, s.submitted, s.rejected, list(s.errors), list(s.request_ids),
-                                s.done, s.stopped)
-
-    def _run(self) -> None:
-        t0 = self._clock()
-        try:
-            for i, req in enumerate(self._requests):
-                delay = t0 + req.arrival_s * self._scale - self._clock()
-                if delay > 0 and self._stop.wait(delay):
-                    break
-                if self._stop.is_set():
-                    break
-                rid = f"{self._run_id}-{getattr(req, 'request_id', None) or f'{i:03d}'}"
-                try:
-                    prompt = req.prompt if getattr(req, "prompt", None) is not None else req.prompt_token_ids
-                    self._submit(prompt, self._make_params(req), request_id=rid)
-                    with self._lock:
-                        self.status.submitted += 1
-                        self.status.request_ids.append(rid)
-                except ValueError as e:
-                    with self._lock:
-                        self.status.rejected += 1
-                        if len(self.status.errors) < self.MAX_ERRORS:
-                            self.status.errors.append(f"{rid}: {e}")
-                except Exception as e:  # engine down / reconfigured: stop feeding, say why
-                    with self._lock:
-                        self.status.errors.append(f"{rid}: {type(e).__name__}: {e}")
-                    break
-        finally:
-            with self._lock:
-                self.status.stopped = self._stop.is_set()
-                self.status.done = True
-
-
-# ------------------------------------------------------------------ recorder
-
-# Events kept for the log and the trace: every kind except the per-token/per-chunk chatter.
-RECORDED_EXCLUDE = ("decode", "prefill")
-EVENT_CAP = 5000
-KEYFRAME_EVERY = 20       # every n-th recorded snapshot keeps its block list (pool map in replay)
-
-
-class LoadRecorder:
-    """Collects what an EngineThread reports during one load run: a bounded, slimmed series of
-    the Snapshots it publishes (one per poll, when the step moved on), the latest full Snapshot,
-    and the run's events (bounded). `poll(th)` is cheap, lock-free on the engine side, and
-    idempotent."""
-
-    def __init__(self, run_id: str, start_time: float = 0.0, start_seq: int = 0, cap: int = SERIES_CAP):
-        self.run_id = run_id
-        self.start_time = start_time
-        self.last_seq = start_seq
-        self.cap = cap
-        self.series: list[Snapshot] = []
-        self.latest: Snapshot | None = None
-        self.events: deque = deque(maxlen=EVENT_CAP)
-        self._n = 0
-        self.restarts = 0
-        self._lock = threading.Lock()
-
-    def _add(self, snap: Snapshot) -> None:
-        if snap.time < self.start_time or (self.series and snap.step <= self.series[-1].step):
-            return
-        keep = self._n % KEYFRAME_EVERY == 0
-        self._n += 1
-        self.series = append_snapshot(self.series, slim_snapshot(snap, keep_blocks=keep), self.cap)
-
-    def poll(self, th) -> Snapshot:
-        with self._lock:
-            # th.snapshot() is the thread's last published snapshot: lock-free, so a page never
-            # waits for a long engine step (recent_snapshots() would take the engine lock)
-            snap = th.snapshot()
-            if (self.series and snap.step < self.series[-1].step) or th.events.last_seq < self.last_seq:
-                # the shared engine was rebuilt (sidebar settings, restart): its steps, clock and
-                # event numbers start again from 0, so the run's record starts again too
-                self.restarts += 1
-                self.series, self.latest, self.start_time, self.last_seq = [], None, 0.0, 0
-                self.events.clear()
-            self._add(snap)
-            self.latest = snap
-            for e in th.events.since(self.last_seq):
-                self.last_seq = max(self.last_seq, e.seq)
-                if e.kind not in RECORDED_EXCLUDE:
-                    self.events.append(e)
-            return snap
-
-    def trace_snapshots(self) -> list[Snapshot]:
-        """The series, with the latest snapshot (block list included) as the last one."""
-        with self._lock:
-            out = list(self.series)
-            if self.latest is not None:
-                last = slim_snapshot(self.latest, keep_blocks=True)
-                if out and out[-1].step == last.step:
-                    out[-1] = last
-                elif not out or last.step > out[-1].step:
-                    out.append(last)
-            return out
-
-    def trace_text(self) -> str:
-        from engine.events import trace_to_string
-        snaps = self.trace_snapshots()
-        with self._lock:
-            evs = list(self.events)
-        return trace_to_string(snaps, evs)
-
 
 def run_request_ids_pending(snap: Snapshot | None, request_ids: Iterable[str]) -> int:
     """How many of `request_ids` are still waiting, running or swapped in `snap`."""

@@ -1,5 +1,6 @@
 """Memory calculator views: pure functions of (config, dtype, sizes) -> numbers, text and Plotly
-figures. No Streamlit; the page only lays these out. All arithmetic comes from engine.memory_math."""
+figures. No Streamlit; the page only lays these out. All arithmetic comes from engine.memory_math; byte formatting and the loaded model's config
+are here."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -67,24 +68,24 @@ def compute(cfg, dtype: str, context_len: int, concurrency: int, memory_bytes: i
     pad = " " * 17
     lines = [
         f"bytes per token  = {mm.formula_factors(cfg, dtype)}",
-        f"{pad}= {_num(bpt)} B  ({mm.format_bytes(bpt)})",
+        f"{pad}= {_num(bpt)} B  ({format_bytes(bpt)})",
         f"per sequence     = {_num(bpt)} B x {_num(context_len)} tokens",
-        f"{pad}= {_num(per_seq)} B  ({mm.format_bytes(per_seq)})",
+        f"{pad}= {_num(per_seq)} B  ({format_bytes(per_seq)})",
         f"KV for the batch = {_num(per_seq)} B x {_seqs(concurrency)}",
-        f"{pad}= {_num(kv_total)} B  ({mm.format_bytes(kv_total)})",
+        f"{pad}= {_num(kv_total)} B  ({format_bytes(kv_total)})",
     ]
     if weights_bytes:
         lines += [f"total needed     = {_num(kv_total)} B KV + {_num(weights_bytes)} B weights",
-                  f"{pad}= {_num(total)} B  ({mm.format_bytes(total)})"]
+                  f"{pad}= {_num(total)} B  ({format_bytes(total)})"]
     else:
-        lines += [f"total needed     = {_num(total)} B  ({mm.format_bytes(total)}; weights left out)"]
+        lines += [f"total needed     = {_num(total)} B  ({format_bytes(total)}; weights left out)"]
     if free > 0:
         lines += [f"max concurrent   = floor((memory - weights) / per sequence)",
                   f"{pad}= floor(({_num(memory_bytes)} B - {_num(weights_bytes)} B) / {_num(per_seq)} B)",
                   f"{pad}= {_num(maxc)}"]
     else:
-        lines += [f"max concurrent   = 0: the weights alone ({mm.format_bytes(weights_bytes)}) "
-                  f"do not fit in {mm.format_bytes(memory_bytes)}"]
+        lines += [f"max concurrent   = 0: the weights alone ({format_bytes(weights_bytes)}) "
+                  f"do not fit in {format_bytes(memory_bytes)}"]
     return MemoryResult(kind, dtype, context_len, concurrency, bpt, per_seq, kv_total, weights_bytes,
                         total, memory_bytes, maxc, total <= memory_bytes, tuple(lines))
 
@@ -94,7 +95,7 @@ def summary_rows(r: MemoryResult) -> list[dict]:
     rows = [("KV bytes per token", r.bytes_per_token), ("KV per sequence", r.bytes_per_sequence),
             (f"KV for {_seqs(r.concurrency)}", r.kv_total), ("weights", r.weights),
             ("total needed", r.total), ("GPU memory", r.memory)]
-    out = [{"quantity": q, "bytes": _num(b), "size": mm.format_bytes(b)} for q, b in rows]
+    out = [{"quantity": q, "bytes": _num(b), "size": format_bytes(b)} for q, b in rows]
     out.append({"quantity": "max concurrent sequences", "bytes": "", "size": _num(r.max_concurrent)})
     return out
 
@@ -122,7 +123,7 @@ def bytes_by_kind_figure(cfg, dtype: str, height: int = 300) -> go.Figure:
                     line=dict(color=[theme.INK if k == own else "#FFFFFF" for k in kinds],
                               width=[3 if k == own else 0 for k in kinds]),
                     pattern=dict(shape=["/" if k == own else "" for k in kinds])),
-        text=[mm.format_bytes(by[k]) for k in kinds], textposition="outside", cliponaxis=False,
+        text=[format_bytes(by[k]) for k in kinds], textposition="outside", cliponaxis=False,
         hovertext=[f"{k}: {by[k]:,} B per token. {KIND_HELP[k]}" for k in kinds], hoverinfo="text",
         showlegend=False))
     fig.update_layout(**theme.base_layout(height, f"KV bytes per token by attention kind ({dtype})"))
@@ -149,7 +150,7 @@ def memory_vs_context_figure(cfg, dtype: str, context_len: int, concurrency: int
             marker=dict(size=6 if k == own else 4),
             hovertemplate="%{x:,} tokens: %{y:,.2f} GiB<extra>" + k + "</extra>"))
     fig.add_hline(y=memory_bytes / mm.GiB, line=dict(color=theme.INK, dash="dash", width=1.5),
-                  annotation_text=f"GPU memory {mm.format_bytes(memory_bytes)}", annotation_position="top left")
+                  annotation_text=f"GPU memory {format_bytes(memory_bytes)}", annotation_position="top left")
     chosen = (weights_bytes + by[own] * context_len * concurrency) / mm.GiB
     fig.add_trace(go.Scatter(x=[context_len], y=[chosen], mode="markers", name="your setting",
                              marker=dict(symbol="diamond", size=12, color=theme.INK),
@@ -175,7 +176,44 @@ def max_concurrency_figure(cfg, dtype: str, context_len: int, memory_bytes: int,
         marker=dict(color=[theme.INK if x == context_len else KIND_COLORS[own] for x in xs]),
         hovertemplate="%{x} tokens: %{y:,} sequences<extra></extra>", showlegend=False))
     fig.update_layout(**theme.base_layout(
-        height, f"Max concurrent sequences in {mm.format_bytes(memory_bytes)} ({own}, {dtype})"))
+        height, f"Max concurrent sequences in {format_bytes(memory_bytes)} ({own}, {dtype})"))
     fig.update_layout(xaxis=dict(type="category", title="context length per sequence (tokens)"),
                       yaxis=dict(title="sequences", gridcolor=theme.GRID, rangemode="tozero"))
     return fig
+
+
+# ------------------------------------------------------------------ formatting, the loaded model
+
+def format_bytes(n: float, decimal: bool = False) -> str:
+    """``131072 -> '128 KiB'``; ``decimal=True`` uses kB/MB/GB (1000-based)."""
+    if n != n or n is None:
+        return "n/a"
+    base, units = (1000, ("B", "kB", "MB", "GB", "TB", "PB")) if decimal else \
+        (1024, ("B", "KiB", "MiB", "GiB", "TiB", "PiB"))
+    v = float(n)
+    i = 0
+    while abs(v) >= base and i < len(units) - 1:
+        v /= base
+        i += 1
+    if i == 0:
+        return f"{int(v):,} B"
+    s = f"{v:,.2f}".rstrip("0").rstrip(".")
+    return f"{s} {units[i]}"
+
+
+def config_from_engine_info(info) -> dict:
+    """A config dict for the loaded model, from the app's ``engine_info`` (an EngineInfo-like object
+    or dict). Uses a full HF config when one is attached (``hf_config``/``model_config``/``config``),
+    else the fields EngineInfo reports (layers, KV heads, head dim; query heads if present)."""
+    for key in ("hf_config", "model_config", "config"):
+        sub = mm._raw(info, key)
+        if isinstance(sub, dict) or (sub is not None and hasattr(sub, "to_dict")):
+            return mm.config_to_dict(sub)
+    out = {"num_hidden_layers": mm._raw(info, "num_layers") or mm._raw(info, "num_hidden_layers"),
+           "num_key_value_heads": mm._raw(info, "num_kv_heads") or mm._raw(info, "num_key_value_heads"),
+           "head_dim": mm._raw(info, "head_dim")}
+    heads = mm._raw(info, "num_heads") or mm._raw(info, "num_attention_heads")
+    if heads:
+        out["num_attention_heads"] = heads
+    mm.kv_spec(out)
+    return out

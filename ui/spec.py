@@ -1,7 +1,7 @@
 """Speculative decoding views: theory curve vs measurement, per-position acceptance, costs.
 
 Formulas
-- E(α, k) = (1 − α^(k+1)) / (1 − α): expected tokens per target pass when each of k draft tokens
+- E(α, k) = (1 − α^(k+1)) / (1 − α) (engine's definition): expected tokens per target pass when each of k draft tokens
   is accepted independently with probability α and a rejection stops the run (one target token
   is always emitted: the replacement or the bonus). E(1, k) = k + 1; E(α, k) ≥ 1.
 - α for that curve is estimated from per-position counts: accepted / reached, where a position
@@ -17,18 +17,20 @@ from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
+from engine import rates
+from engine.speculative.math import expected_tokens_per_pass as _engine_expected_tokens_per_pass
+
 from . import theme
 from .theme import ACCEPTED, BONUS, PLAIN, REPLACED
 
 
 def expected_tokens_per_pass(alpha: float, k: int) -> float:
+    """E(α, k) from the engine's one definition, for a page's inputs (checked here)."""
     if k < 0:
         raise ValueError("k must be >= 0")
     if not 0 <= alpha <= 1:
         raise ValueError("alpha must be in [0, 1]")
-    if alpha == 1:
-        return float(k + 1)
-    return (1 - alpha ** (k + 1)) / (1 - alpha)
+    return _engine_expected_tokens_per_pass(alpha, k)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,8 +110,8 @@ def request_summary(req) -> SpecSummary:
     passes = max(0, req.output_len - acc)
     return SpecSummary(
         num_drafts=req.spec_num_drafts, num_draft_tokens=req.spec_num_draft_tokens, num_accepted=acc,
-        acceptance_rate=acc / req.spec_num_draft_tokens if req.spec_num_draft_tokens else None,
-        mean_acceptance_length=1 + acc / req.spec_num_drafts if req.spec_num_drafts else None,
+        acceptance_rate=rates.acceptance_rate(acc, req.spec_num_draft_tokens),
+        mean_acceptance_length=rates.mean_acceptance_length(acc, req.spec_num_drafts),
         alpha=pc.alpha, target_passes=passes,
         tokens_per_target_pass=req.output_len / passes if passes else None,
     )

@@ -7,10 +7,11 @@ import gc
 import math
 import os
 import platform
-import random
 import time
 from dataclasses import dataclass, field
 
+from .. import recording
+from ..workloads import chat_prompts, filler_ids  # noqa: F401  (the suites call C.*)
 from .report import BenchUnavailable, Progress
 
 
@@ -146,101 +147,6 @@ def machine_info() -> dict:
 
 # ---------------------------------------------------------------------------- workloads
 
-_TOPICS = [
-    "how tides work", "the history of the printing press", "why bread dough rises", "how a bicycle stays upright",
-    "what makes a good unit test", "how vaccines train the immune system", "the water cycle",
-    "how compilers turn source code into machine code", "why the sky is blue", "how bees communicate",
-    "the causes of inflation", "how a hash table works", "the life cycle of a star", "how to plan a vegetable garden",
-    "why cats purr", "how noise-cancelling headphones work", "the rules of chess openings",
-    "how glaciers shape valleys", "what a database index does", "how to brew good coffee",
-]
-_SENTENCES = [
-    "Please explain it step by step and keep the explanation concrete.",
-    "I am preparing a short talk for colleagues who are curious but not experts.",
-    "Include one everyday example that makes the idea easy to remember.",
-    "Mention a common misconception and say why it is wrong.",
-    "I read a few articles about this last week and some of them disagreed with each other.",
-    "If there are numbers involved, give rough orders of magnitude rather than exact figures.",
-    "My notes so far say that the basic mechanism is simple but the details are subtle.",
-    "A friend told me the standard textbook account leaves out an important part of the story.",
-    "It would help to know which parts are well established and which are still debated.",
-    "Please also suggest what I could read next if I want to go deeper.",
-    "Assume the audience has a high-school background in science and mathematics.",
-    "Keep the tone friendly and avoid unnecessary jargon where a plain word will do.",
-]
-
-
-def _templated_ids(tok, text: str) -> list[int]:
-    ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
-    if isinstance(ids, dict) or hasattr(ids, "keys"):
-        ids = ids["input_ids"]
-    return list(ids)
-
-
-def _fallback_prompts(tok, n: int, seed: int, min_tokens: int, max_tokens: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        target = rng.randint(min_tokens, max_tokens)
-        words = [f"Tell me about {rng.choice(_TOPICS)}."]
-        pool = _SENTENCES[:]
-        while len(_templated_ids(tok, " ".join(words))) < target:
-            if not pool:
-                pool = _SENTENCES[:]
-            words.append(pool.pop(rng.randrange(len(pool))))
-        words = " ".join(words).split()
-        lo, hi = 1, len(words)  # longest word prefix whose templated length is <= target
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if len(_templated_ids(tok, " ".join(words[:mid]))) <= target:
-                lo = mid
-            else:
-                hi = mid - 1
-        out.append(_templated_ids(tok, " ".join(words[:lo])))
-    return out
-
-
-def _to_ids(tok, item) -> list[int]:
-    if isinstance(item, str):
-        return list(tok(item, add_special_tokens=False)["input_ids"])
-    if isinstance(item, dict):
-        for k in ("prompt_token_ids", "input_ids", "token_ids", "prompt"):
-            if k in item:
-                return _to_ids(tok, item[k])
-    for attr in ("prompt_token_ids", "token_ids", "prompt"):
-        if hasattr(item, attr):
-            return _to_ids(tok, getattr(item, attr))
-    ids = list(item)
-    if not all(isinstance(t, int) for t in ids):
-        raise TypeError(f"cannot turn a workload item of type {type(item).__name__} into token ids")
-    return ids
-
-
-def chat_prompts(tok, n: int, seed: int = 0, min_tokens: int = 30, max_tokens: int = 300) -> tuple[list[list[int]], str]:
-    """n chat-templated prompts as token ids, and where they came from."""
-    try:
-        from engine.workloads import w16_prompts
-    except ImportError:
-        w16_prompts = None
-    if w16_prompts is not None:
-        import inspect
-        kw = {"return_token_ids": True} if "return_token_ids" in inspect.signature(w16_prompts).parameters else {}
-        items = w16_prompts(tok, n=n, seed=seed, min_tokens=min_tokens, max_tokens=max_tokens, **kw)
-        return [_to_ids(tok, x) for x in items], "engine.workloads.w16_prompts"
-    return _fallback_prompts(tok, n, seed, min_tokens, max_tokens), "engine.bench fallback generator"
-
-
-def filler_ids(tok, n_tokens: int, seed: int = 0) -> list[int]:
-    """n_tokens of plain English-ish text (no chat template), for context-length sweeps."""
-    rng = random.Random(seed)
-    text = []
-    ids: list[int] = []
-    while len(ids) < n_tokens:
-        text.append(rng.choice(_SENTENCES) + " " + f"The topic is {rng.choice(_TOPICS)}.")
-        ids = list(tok(" ".join(text), add_special_tokens=False)["input_ids"])
-    return ids[:n_tokens]
-
-
 # ---------------------------------------------------------------------------- kvscope
 
 def require_engine():
@@ -308,16 +214,16 @@ def token_times(llm, prompt: list[int], params, request_id: str = "bench-timing"
     t0 = time.perf_counter()
     eng.add_request(request_id, prompt, params)
     marks = [(t0, 0)]
-    n = 0
-    while eng.has_unfinished_requests():
-        outs = eng.step() or []
+
+    def after_step(_n, outs, _dt):
         now = time.perf_counter()
         for o in outs:
             if getattr(o, "request_id", None) == request_id:
                 k = len(o.outputs[0].token_ids)
-                if k > n:
-                    n = k
+                if k > marks[-1][1]:
                     marks.append((now, k))
+
+    recording.drive(eng, on_step=after_step)
     return marks
 
 
@@ -352,3 +258,60 @@ def snapshot_metrics(llm):
 def torch_threads() -> int:
     import torch
     return torch.get_num_threads()
+
+
+# ---------------------------------------------------------------------------- suite results
+
+@dataclass
+class SuiteResult:
+    fields: dict = field(default_factory=dict)
+    rows: list = field(default_factory=list)      # (name, value, note)
+    figures: list = field(default_factory=list)   # (file stem, plotly figure)
+
+    def add(self, name, value, note: str = "", row: bool = True):
+        self.fields[name] = value
+        if row:
+            self.rows.append((name, value, note))
+
+
+def _ratio(a, b):
+    return a / b if (a is not None and b) else None
+
+
+def _spread(items: list, k: int) -> list[int]:
+    """Indices of k items spread evenly over the items sorted by length (a representative subset)."""
+    order = sorted(range(len(items)), key=lambda i: len(items[i]))
+    if k >= len(items):
+        return list(range(len(items)))
+    return sorted(order[round(j * (len(items) - 1) / (k - 1))] for j in range(k)) if k > 1 else [order[len(order) // 2]]
+
+
+# ---------------------------------------------------------------------------- kvscope on a workload
+
+def kvscope_workload(ctx: BenchContext, prompts: list[list[int]], new_tokens: int, tag: str):
+    """kvscope on a batch workload (all requests submitted at once via LLM.generate).
+    Returns (token lists, wall seconds, engine info dict). Cached per (tag, size) in the context."""
+    cache = ctx.__dict__.setdefault("_kv_runs", {})
+    key = (tag, len(prompts), new_tokens)
+    if key in cache:
+        return cache[key]
+    LLM, SamplingParams, _ = require_engine()
+    llm = make_llm(ctx, max_num_seqs=max(len(prompts), 1),
+                     num_kv_blocks=blocks_for([len(p) for p in prompts], new_tokens),
+                     max_model_len=max(2048, max(len(p) for p in prompts) + new_tokens + 16))
+    try:
+        warm_up(llm, SamplingParams, prompts[0])
+        outs, wall = timed_generate(llm, prompts, greedy(SamplingParams, new_tokens))
+        toks = [token_ids_of(o) for o in outs]
+        info = {}
+        try:
+            snap = llm.engine.snapshot()
+            info = {"dtype": snap.info.dtype, "block_size": snap.info.block_size,
+                    "max_num_batched_tokens": snap.info.max_num_batched_tokens,
+                    "num_blocks": snap.info.num_blocks}
+        except Exception:
+            pass
+    finally:
+        free_llm(llm)
+    cache[key] = (toks, wall, info)
+    return cache[key]

@@ -1,4 +1,4 @@
-"""Output of the benchmark command: a progress bar on stderr, a readable table, one JSON line, files
+"""Output of the benchmark command: a progress bar on stderr (tqdm), a readable table, one JSON line, files
 under results/ and optional PNG plots (Plotly + kaleido, only when a Chromium is installed).
 
 Pure formatting lives here so that tests can check it without running a model.
@@ -13,6 +13,9 @@ import shutil
 import sys
 import time
 
+import pandas as pd
+from tqdm import tqdm
+
 
 class BenchUnavailable(RuntimeError):
     """A suite needs an engine feature that is missing; the suite reports it and exits non-zero."""
@@ -21,47 +24,32 @@ class BenchUnavailable(RuntimeError):
 # ---------------------------------------------------------------------------- progress bar
 
 class Progress:
-    """A small progress bar on stderr: `[#####.....] 3/6 phase (12.3 s)`.
+    """The bench's progress bar on stderr (tqdm): `bench phase [#####...] 3/6 (12.3 s)`.
 
-    On a terminal it redraws in place; otherwise (pipes, CI logs) it prints one line per phase."""
+    ctx.start(phase) names the phase about to run; ctx.done(phase) advances the bar by one."""
 
     def __init__(self, total: int, label: str = "", stream=None, width: int = 24):
         self.total = max(1, int(total))
-        self.done = 0
         self.label = label
-        self.stream = stream if stream is not None else sys.stderr
-        self.width = width
-        self.t0 = time.perf_counter()
-        self._tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.bar = tqdm(total=self.total, desc=label, file=stream if stream is not None else sys.stderr,
+                        ascii=".#", bar_format="{desc} [{bar:%d}] {n_fmt}/{total_fmt} ({elapsed_s:.1f} s)" % width,
+                        mininterval=0, miniters=1, dynamic_ncols=False, leave=True)
 
-    def render(self, phase: str) -> str:
-        frac = min(1.0, self.done / self.total)
-        n = int(round(frac * self.width))
-        el = time.perf_counter() - self.t0
-        return f"{self.label} [{'#' * n}{'.' * (self.width - n)}] {self.done}/{self.total} {phase} ({el:.1f} s)"
+    @property
+    def done(self) -> int:
+        return self.bar.n
 
     def start(self, phase: str) -> None:
         """Announce a phase that is about to run (does not advance the bar)."""
-        self._write(self.render(phase + " ..."))
+        self.bar.set_description_str(f"{self.label} {phase} ...")
 
     def advance(self, phase: str = "", n: int = 1) -> None:
-        self.done = min(self.total, self.done + n)
-        self._write(self.render(phase))
+        self.bar.set_description_str(f"{self.label} {phase}".rstrip(), refresh=False)
+        self.bar.update(max(0, min(n, self.total - self.bar.n)))
+        self.bar.refresh()
 
     def close(self) -> None:
-        if self._tty:
-            self.stream.write("\n")
-            self.stream.flush()
-
-    def _write(self, line: str) -> None:
-        try:
-            if self._tty:
-                self.stream.write("\r\x1b[2K" + line)
-            else:
-                self.stream.write(line + "\n")
-            self.stream.flush()
-        except (OSError, ValueError):
-            pass
+        self.bar.close()
 
 
 # ---------------------------------------------------------------------------- values
@@ -99,22 +87,20 @@ def fmt_value(v) -> str:
 
 
 def format_table(rows, title: str | None = None, headers=("metric", "value", "note")) -> str:
-    """rows: iterable of (name, value[, note]). Returns a monospace table as one string."""
-    body = []
-    for r in rows:
-        r = tuple(r)
-        name, value = str(r[0]), fmt_value(r[1])
-        note = str(r[2]) if len(r) > 2 and r[2] is not None else ""
-        body.append((name, value, note))
+    """rows: iterable of (name, value[, note]). Returns a monospace table as one string (pandas):
+    names left-aligned, values (fmt_value) right-aligned, notes left-aligned."""
+    body = [(str(r[0]), fmt_value(r[1]), str(r[2]) if len(r) > 2 and r[2] is not None else "")
+            for r in map(tuple, rows)]
+    df = pd.DataFrame(body, columns=list(headers))
     w0 = max([len(headers[0])] + [len(b[0]) for b in body])
     w1 = max([len(headers[1])] + [len(b[1]) for b in body])
-    lines = []
-    if title:
-        lines.append(title)
+    w2 = max([len(b[2]) for b in body] or [0])
+    text = df.to_string(index=False, header=False, formatters={   # pandas right-justifies: pad each cell
+        headers[0]: lambda v: f"{v:<{w0}}", headers[1]: lambda v: f" {v:>{w1}}", headers[2]: lambda v: f" {v:<{w2}}"})
+    lines = [title] if title else []
     lines.append(f"{headers[0]:<{w0}}  {headers[1]:>{w1}}  {headers[2]}".rstrip())
     lines.append(f"{'-' * w0}  {'-' * w1}  {'-' * max(4, len(headers[2]))}")
-    for name, value, note in body:
-        lines.append(f"{name:<{w0}}  {value:>{w1}}  {note}".rstrip())
+    lines += [ln.rstrip() for ln in text.splitlines()] if body else []
     return "\n".join(lines)
 
 

@@ -20,13 +20,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-
-def _get(cfg, *names, default=None):
-    for n in names:
-        v = cfg.get(n) if isinstance(cfg, dict) else getattr(cfg, n, None)
-        if v is not None:
-            return v
-    return default
+from . import common as C
+from . import peers
+from .common import SuiteResult, _spread
+from .report import bar_figure, line_figure
+from ..kv_layout import (HEADS_FIELDS, HIDDEN_FIELDS, INTER_FIELDS, VOCAB_FIELDS, config_int, kv_bytes_per_token,
+                         kv_geometry)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,14 +40,11 @@ class ModelShape:
 
     @classmethod
     def from_config(cls, cfg) -> "ModelShape":
-        hidden = int(_get(cfg, "hidden_size", "n_embd"))
-        heads = int(_get(cfg, "num_attention_heads", "n_head"))
-        kv = int(_get(cfg, "num_key_value_heads", default=heads))
-        hd = _get(cfg, "head_dim")
-        hd = int(hd) if hd else hidden // heads
-        return cls(hidden=hidden, intermediate=int(_get(cfg, "intermediate_size", "n_inner")),
-                   layers=int(_get(cfg, "num_hidden_layers", "n_layer")), heads=heads, kv_heads=kv,
-                   head_dim=hd, vocab=int(_get(cfg, "vocab_size")))
+        layers, kv, hd = kv_geometry(cfg)
+        return cls(hidden=config_int(cfg, HIDDEN_FIELDS, "the linear shapes"),
+                   intermediate=config_int(cfg, INTER_FIELDS, "the MLP shapes"),
+                   layers=layers, heads=config_int(cfg, HEADS_FIELDS, "the attention FLOPs"), kv_heads=kv,
+                   head_dim=hd, vocab=config_int(cfg, VOCAB_FIELDS, "the lm_head shape"))
 
     def layer_linears(self) -> list[tuple[str, int, int]]:
         """(name, K in, N out) of one decoder layer's linear layers (Llama layout)."""
@@ -81,7 +77,7 @@ class ModelShape:
         return self.flops_body() + self.flops_lm_head() + self.flops_attention(context)
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
+        return kv_bytes_per_token(self.layers, self.kv_heads, self.head_dim, dtype_bytes)
 
     def weight_bytes(self, dtype_bytes: int) -> int:
         return self.linear_params() * dtype_bytes
@@ -403,3 +399,159 @@ def decode_bs1_by_format(ctx, prompt: list[int], n_new: int, formats=("auto", "f
     for f in formats:
         out[f]["tok_s"] = max(out[f]["rates"]) if out[f]["rates"] else None
     return out
+# ---------------------------------------------------------------------------- roofline
+
+def shape_of(model) -> ModelShape:
+    return ModelShape.from_config(model.config)
+
+
+def suite_roofline(ctx: C.BenchContext) -> SuiteResult:
+    import torch
+    C.require_engine()
+    res = SuiteResult()
+    ctx.start("load model")
+    model, tok = ctx.hf()
+    shape = shape_of(model)
+    dt = getattr(torch, ctx.dtype())
+    dbytes = torch.tensor([], dtype=dt).element_size()
+    ctx.done("model")
+
+    # The roofs are measured right next to the kvscope runs they bound (matmul before and after
+    # W16, bandwidth before and after batch-1 decode; best of each pair): on a shared machine the
+    # CPU share changes minute to minute, and a roof from another moment is not a roof.
+    # 512 rows: the engine's prefill chunks (max_num_batched_tokens) run there, so the roof must too
+    rows = ctx.pick((1, 16, 64, 256, 512, 1024), (1, 16, 64, 256, 512), smoke=(1, 16))
+    min_t = ctx.pick(0.5, 0.2, smoke=0.01)
+    ctx.start(f"matmul GFLOP/s at M in {rows}")
+    mm, by_kernel = measure_best_matmuls(shape, rows=rows, dtype=dt, min_time=min_t)
+    ctx.done("matmul")
+
+    ctx.start("kvscope W16")
+    prompts, _ = C.chat_prompts(tok, ctx.pick(16, 16, smoke=4), seed=0, min_tokens=30, max_tokens=300)
+    new = ctx.pick(64, 64, smoke=8)
+    # best of two runs, as the roof is the best of two measurements (not reused from another suite)
+    runs = [C.kvscope_workload(ctx, prompts, new, f"W16-roofline-{i}") for i in range(ctx.pick(2, 2, smoke=1))]
+    k_toks, k_wall, _ = min(runs, key=lambda r: r[1])
+    n_gen = sum(len(t) for t in k_toks)
+    kv_tok_s = n_gen / k_wall
+    ctx.done("kvscope W16")
+
+    peak_m = max(mm, key=lambda m: mm[m]["all_gflops"])
+    ctx.start(f"matmul again at M={peak_m}")
+    again, _ = measure_best_matmuls(shape, rows=(peak_m,), dtype=dt, min_time=min_t)
+    if again[peak_m]["all_gflops"] > mm[peak_m]["all_gflops"]:
+        mm[peak_m] = again[peak_m]
+    peak = mm[peak_m]["all_gflops"]
+    for m in rows:
+        res.add(f"matmul_gflops_m{m}", mm[m]["all_gflops"],
+                f"{shape.layers} layers' q,k,v,o,gate,up,down + lm_head at {m} rows; {mm[m]['slab_ms']:.1f} ms per pass "
+                f"({mm[m]['kernel']} kernel)")
+    for name, per_m in by_kernel.items():
+        for m in rows:
+            res.add(f"matmul_{name}_gflops_m{m}", per_m[m]["all_gflops"], "", row=False)
+    res.add("peak_matmul_gflops", peak, f"best of the above (M={peak_m}, {mm[peak_m]['kernel']} kernel, measured "
+            f"before and after W16), {ctx.dtype()}")
+    res.add("peak_matmul_kernel", mm[peak_m]["kernel"], "torch: F.linear per projection; packed: the engine's "
+            "packed, merged Linears (engine/linear.py)", row=False)
+    ctx.done("matmul again")
+
+    lens = [len(p) for p in prompts]
+    cr = compute_roof(shape, peak, lens, new)
+    res.add("gflop_per_generated_token", cr["gflop_per_generated_token"],
+            f"2 x {shape.linear_params() / 1e6:.1f} M matmul params + attention at mean prompt length")
+    res.add("workload_gflop", cr["workload_gflop"], f"W16 with a KV cache: {sum(lens)} prompt + {n_gen} generated tokens")
+    res.add("kvscope_tok_s", kv_tok_s, f"W16 generated tokens / s, best of {len(runs)} runs")
+    res.add("kvscope_achieved_gflops", cr["workload_gflop"] / k_wall, "workload FLOPs / kvscope wall time")
+    res.add("compute_roof_tok_s", cr["compute_roof_tok_s"],
+            "generated tok/s if every FLOP of W16 (prefill included) ran at peak matmul rate")
+    res.add("compute_roof_fraction", fraction(kv_tok_s, cr["compute_roof_tok_s"]), "= achieved / peak FLOP rate")
+    res.add("compute_roof_naive_tok_s", cr["compute_roof_naive_tok_s"],
+            "peak / FLOPs of one generated token (prompt tokens counted as free)")
+    res.add("compute_roof_naive_fraction", fraction(kv_tok_s, cr["compute_roof_naive_tok_s"]), "")
+
+    # batch-1 decode: one request alone, prefill excluded, with bandwidth measured around it
+    LLM, SamplingParams, _ = C.require_engine()
+    ctx.start("memory read bandwidth")
+    bw_mb = ctx.pick(1024, 256, smoke=16)
+    bw = measure_read_bandwidth(bw_mb, dtype=torch.float32)
+    ctx.done("bandwidth")
+    ctx.start("kvscope batch-1 decode")
+    p1 = prompts[_spread(prompts, 1)[0]]
+    n1 = ctx.pick(64, 32, smoke=6)
+    by_fmt = decode_bs1_by_format(ctx, p1, n1, rounds=ctx.pick(3, 2, smoke=1))
+    dec, dec32 = by_fmt["auto"]["tok_s"], by_fmt["fp32"]["tok_s"]
+    ctx.done("kvscope bs1")
+
+    bw = max(bw, measure_read_bandwidth(bw_mb, dtype=torch.float32))
+    res.add("mem_bw_gb_s", bw, "torch.sum over a large fp32 tensor, best pass before/after bs1 decode (GB = 1e9 B)")
+    ctx.start("transformers batch-1 decode")
+    _, t1 = peers.hf_sequential(model, tok, [p1], 1)
+    _, tn = peers.hf_sequential(model, tok, [p1], n1)
+    hf_dec = (n1 - 1) / (tn - t1) if tn > t1 else None
+    ctx.done("transformers bs1")
+
+    ctxlen = len(p1) + n1 / 2
+    mroof = memory_roof_tok_s(shape, bw, dbytes, ctxlen)
+    read = by_fmt["auto"]["weight_bytes"]
+    mroof_read = bw * 1e9 / (read + shape.kv_bytes_per_token(dbytes) * ctxlen)
+    res.add("weight_bytes", shape.weight_bytes(dbytes), f"matmul weights per decode step in {ctx.dtype()}", row=False)
+    res.add("weight_format", by_fmt["auto"]["format"], "what the default engine's Linears read: 'gguf' = the "
+            "file's quantized blocks (engine/csrc/quant_linear.c), 'fp32' = de-quantized copies")
+    res.add("weight_bytes_read_per_step", read, f"weight bytes one decode step reads in that format "
+            f"(fp32 copies: {by_fmt['fp32']['weight_bytes']})")
+    res.add("kv_bytes_per_token", shape.kv_bytes_per_token(dbytes), "K+V, all layers")
+    res.add("memory_roof_tok_s", mroof_read, f"bandwidth / (weight bytes read + KV of {ctxlen:.0f} tokens) per step")
+    res.add("memory_roof_fp32_tok_s", mroof, "the same with fp32 weights", row=False)
+    res.add("decode_bs1_tok_s", dec, f"kvscope, default weight format ({by_fmt['auto']['format']}), one request, "
+            f"prompt {len(p1)} tokens, {n1} new, prefill excluded, best of {len(by_fmt['auto']['rates'])}")
+    res.add("decode_bs1_fp32_tok_s", dec32, "the same request with weight_format='fp32', rounds alternating with "
+            "the above in this process")
+    res.add("decode_bs1_speedup_vs_fp32", fraction(dec, dec32), "target >= 3")
+    res.add("memory_roof_fraction", fraction(dec, mroof_read), "against the bytes actually read; target >= 0.8")
+    for f, name in (("auto", ""), ("fp32", "_fp32")):
+        for key, unit in (("split_ms", "ms"), ("split_cpu_ms", "cpu_ms")):
+            split = by_fmt[f].get(key)
+            for part in ("step", "weights", "attention", "rest") if split else ():
+                res.add(f"bs1{name}_{part}_{unit}", split[part], "" if part != "step" else
+                        f"one timed decode run ({by_fmt[f]['format']}): {unit.replace('_', ' ')} per step in the "
+                        "Linears (weights), the paged attention kernel and everything else", row=unit == "cpu_ms")
+    res.add("hf_decode_bs1_tok_s", hf_dec, "transformers generate, same request, prefill excluded")
+    gguf_path = None
+    try:
+        from engine.models import gguf_source
+        gguf_path = gguf_source(C.load_hf_model(ctx.model, ctx.dtype())[0])
+    except Exception:
+        pass
+    if gguf_path:
+        ctx.start("llama.cpp batch-1 decode")
+        lc = peers.llamacpp_decode_bs1(gguf_path, p1, n1, C.torch_threads(), reps=ctx.pick(3, 2, smoke=1))
+        ctx.done("llama.cpp bs1")
+        if "tok_s" in lc:
+            res.add("llamacpp_decode_bs1_tok_s", lc["tok_s"], f"llama.cpp (llama-cpp-python {lc['version']}) on the "
+                    f"same GGUF and request, {C.torch_threads()} threads, best of {len(lc['rates'])}, prefill excluded")
+            res.add("decode_bs1_vs_llamacpp", fraction(dec, lc["tok_s"]), "target >= 1")
+        else:
+            ctx.note(f"llama.cpp peer not measured: {lc.get('why')}")
+
+    if not ctx.quick and C.torch_threads() > 1:
+        ctx.start("matmul at 1 thread")
+        old = C.torch_threads()
+        torch.set_num_threads(1)
+        try:
+            mm1 = measure_model_matmuls(shape, rows=(1, 64, 256), dtype=dt, min_time=0.3)
+        finally:
+            torch.set_num_threads(old)
+        for m in (1, 64, 256):
+            res.add(f"matmul_gflops_m{m}_1thread", mm1[m]["all_gflops"], "same pass with torch.set_num_threads(1)")
+        ctx.done("1 thread")
+
+    res.figures.append(("roofline_matmul", line_figure(
+        f"Matmul GFLOP/s at the model's shapes ({ctx.dtype()}, {C.torch_threads()} threads)",
+        {"all (body + lm_head)": (list(rows), [mm[m]["all_gflops"] for m in rows]),
+         "decoder body": (list(rows), [mm[m]["body_gflops"] for m in rows]),
+         "lm_head": (list(rows), [mm[m]["lm_head_gflops"] for m in rows])}, "rows (M)", "GFLOP/s")))
+    res.figures.append(("roofline_vs_roofs", bar_figure(
+        "kvscope vs the machine's roofs (tokens / s)",
+        ["W16 kvscope", "W16 compute roof", "bs1 decode kvscope", "bs1 memory roof"],
+        [kv_tok_s, cr["compute_roof_tok_s"] or 0, dec or 0, mroof], "tokens / s")))
+    return res

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.browser.shot import (APP_SCRIPT, StreamlitServer, launch_browser, new_context)
+from tests.browser.shot import APP_SCRIPT, StreamlitServer, launch_browser, new_context
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,15 +2,25 @@
 pixel-identical shots across server restarts, the click wait, direct page URLs on a fresh
 server, the exception check, and that a one-unit colour change is caught."""
 import io
-import shutil
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
-from tests.browser.shot import (assert_no_exception, assert_screenshot, choose_option,
-                                click_and_wait, diff_pixels, new_context, open_page,
-                                page_has_no_exception, rerun_after, take_screenshot)
+from tests.browser.shot import (
+    assert_no_exception,
+    assert_screenshot,
+    choose_option,
+    click_and_wait,
+    diff_pixels,
+    new_context,
+    open_page,
+    page_has_no_exception,
+    rerun_after,
+    take_screenshot,
+)
 
 DEMO = Path(__file__).parent / "fixtures_app" / "demo_app.py"
 
@@ -24,6 +34,20 @@ def test_diff_pixels_counts_one_unit_changes():
     count, diff = diff_pixels(a, b)
     assert count == 2 and diff.getpixel((1, 1)) == (255, 0, 255)
     assert diff_pixels(a, Image.new("RGB", (4, 4)))[0] == -1
+
+
+@settings(max_examples=300, deadline=None)
+@given(colour=st.tuples(*[st.integers(0, 255)] * 3), x=st.integers(0, 4), y=st.integers(0, 3),
+       channel=st.integers(0, 2), up=st.booleans())
+def test_diff_pixels_catches_any_one_unit_change_anywhere(colour, x, y, channel, up):
+    a = Image.new("RGB", (5, 4), colour)
+    changed = list(colour)
+    changed[channel] += 1 if (up and colour[channel] < 255) or colour[channel] == 0 else -1
+    b = a.copy()
+    b.putpixel((x, y), tuple(changed))
+    count, diff = diff_pixels(a, b)
+    assert count == 1 and diff.getpixel((x, y)) == (255, 0, 255)
+    assert diff_pixels(b, a)[0] == 1
 
 
 @pytest.mark.browser

@@ -9,11 +9,12 @@ traces. Pages whose charts carry wall-clock times are checked for content, not p
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 
 import pytest
 
-from tests.browser.shot import (APP_SCRIPT, assert_no_exception, assert_screenshot, click_and_wait,
-                                open_page, wait_drawn)
+from tests.browser.shot import APP_SCRIPT, assert_no_exception, assert_screenshot, click_and_wait, open_page, wait_drawn
+from tests.factories import make_engine_info
 
 pytestmark = pytest.mark.browser
 MEMORY_ENV = {"KVSCOPE_TEST_SERVER": "memory-pages"}
@@ -82,10 +83,8 @@ def test_load_run_draws_engine_numbers(mem_server, page):
 def _hostile_trace() -> bytes:
     bad = '<img src=x onerror="window.__pwned=1">'
     svg = '"><svg onload="window.__pwned=2">'
-    info = dict(model=bad, device="cpu", dtype="float32", num_layers=2, num_kv_heads=3, head_dim=64,
-                block_size=4, num_blocks=4, bytes_per_token=1536, bytes_per_block=6144, kv_cache_bytes=24576,
-                max_model_len=64, max_num_seqs=4, max_num_batched_tokens=64, allocator="paged", kv_cache=True,
-                enable_prefix_caching=True, preemption_mode="recompute", victim_policy="lru", speculative=None)
+    info = asdict(make_engine_info(model=bad, block_size=4, num_blocks=4, max_model_len=64, max_num_seqs=4,
+                                   max_num_batched_tokens=64))
     req = dict(request_id=svg, state="running", tier=None, prompt_len=3, output_len=1, num_computed_tokens=4,
                num_cached_tokens=0, block_table=[0], slots_allocated=4, kv_bytes=6144,
                waiting_reason="<script>window.__pwned=3</script>", prompt_preview=bad)

@@ -9,8 +9,14 @@ from __future__ import annotations
 
 import pytest
 
-from tests.browser.shot import (APP_SCRIPT, assert_no_exception, assert_screenshot, choose_option,
-                                click_and_wait, open_page)
+from tests.browser.shot import (
+    APP_SCRIPT,
+    assert_no_exception,
+    assert_screenshot,
+    choose_option,
+    click_and_wait,
+    open_page,
+)
 
 pytestmark = pytest.mark.browser
 
@@ -40,6 +46,11 @@ def test_direct_page_urls_on_a_fresh_server(fresh_app_server, page):
     open_page(page, fresh_app_server.url, "playground")
     assert page.locator("h1", has_text="Playground").count() == 1
     assert page.get_by_role("button", name="Generate").count() == 1
+    # drawn through app.py: its navigation (Home first) and the shared engine settings, not
+    # Streamlit's automatic list of the pages/ folder (which names app.py "app")
+    nav = [t.split("\n")[-1] for t in page.locator('[data-testid="stSidebarNav"] a').all_inner_texts()]
+    assert nav[0] == "Home" and "app" not in nav, nav
+    assert page.get_by_text("Engine settings").count() == 1
     open_page(page, fresh_app_server.url, "speculative")
     assert page.locator("h1", has_text="Speculative decoding").count() == 1
 

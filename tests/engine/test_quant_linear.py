@@ -128,7 +128,7 @@ def test_gguf_format_needs_a_gguf_model():
 @needs_kernel
 def test_default_model_reads_its_gguf_blocks_and_greedy_equals_transformers():
     from engine import LLM, SamplingParams
-    from tests.exact_ref import MAX_TOKENS, reference
+    from tests.engine.exact_ref import MAX_TOKENS, reference
     ids, refs = reference()
     llm = LLM(model="default", weight_format="gguf", num_kv_blocks=128)
     info = llm.engine.info()

@@ -1,0 +1,212 @@
+"""The experiment plans the comparison pages run (on private engines, or on the shared thread): which engines, with
+which settings, on which requests. Pages call these and only draw; each run is measured by
+engine/recording.py.
+
+- `measure_cache_vs_nocache`: one request generated step by step with the KV cache and without
+  it (kv_cache=False recomputes the whole context every step), each step timed.
+- `run_allocator`: the Paged vs contiguous page's workload on one private engine per allocator.
+- `measure_prefix`: the Prefix cache page's turns on the shared EngineThread, with one cache
+  namespace (hits) or one per request (forced misses).
+- `exercise_plan` / `run_exercise`: the seed's "fifty growing sequences vs a fixed budget":
+  (A) no eviction and memory unbounded, (B) the budget enforced by reserving each sequence's final
+  length at admission, (C) the budget enforced with LRU preemption (recompute).
+"""
+from __future__ import annotations
+
+import gc
+import random
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from .config import EngineConfig, SamplingParams
+from .engine import LLMEngine
+from .kv_layout import cdiv
+from .recording import CostPoint, RunRecord, measure_decode_cost, run_engine
+from .snapshot import Snapshot
+
+# One private-engine measurement at a time per server: they compete for the same CPU cores (and
+# with the shared engine), so running two at once would only make both numbers worse.
+RUN_LOCK = threading.Lock()
+
+
+def exercise_prompts(n: int, prompt_tokens: int, *, seed: int = 0, lo: int = 1000, hi: int = 40000) -> list[list[int]]:
+    """`n` distinct prompts of exactly `prompt_tokens` token ids (ordinary vocabulary ids, no
+    special tokens; distinct first tokens so no two sequences share a cached prefix)."""
+    rng = random.Random(seed)
+    return [[lo + i] + [rng.randrange(lo + n, hi) for _ in range(prompt_tokens - 1)] for i in range(n)]
+
+
+def measure_cache_vs_nocache(base: EngineConfig, n_tokens: int, prompt_tokens: int, *,
+                             on_phase: Callable[[int, bool], None] | None = None
+                             ) -> dict[str, tuple[float, list[CostPoint]]]:
+    """{"cache": (prefill s, points), "nocache": (...)} for one greedy request of `prompt_tokens`
+    that generates `n_tokens` (EOS ignored), on two private engines built from `base`. A short
+    warm-up request first on each engine takes the first-call overheads out of the measurement.
+    on_phase(i, with_cache) is called before each engine runs."""
+    mml = prompt_tokens + n_tokens + 8
+    blocks = cdiv(mml, base.block_size) + 2
+    prompt = exercise_prompts(1, prompt_tokens, seed=7)[0]
+    res = {}
+    for i, (key, kv) in enumerate((("cache", True), ("nocache", False))):
+        if on_phase is not None:
+            on_phase(i, kv)
+        eng = LLMEngine(base.replace(speculative=None, kv_cache_bytes=None, kv_cache=kv, num_kv_blocks=blocks,
+                                   max_model_len=max(mml, 64), enable_prefix_caching=False,
+                                   max_num_batched_tokens=max(512, mml)))
+        measure_decode_cost(eng, prompt[: min(8, prompt_tokens)], 4, request_id="warmup")
+        res[key] = measure_decode_cost(eng, prompt, n_tokens, request_id=f"{key}-0")
+        del eng
+        gc.collect()
+    return res
+
+
+ALLOCATOR_LABELS = {"paged": "paged (blocks on demand)", "contiguous": "contiguous (one max_model_len slab each)"}
+
+
+def run_allocator(base: EngineConfig, allocator: str, requests, *, model: str, block_size: int,
+                  budget_blocks: int, max_model_len: int,
+                  on_step: Callable[[int, Snapshot], None] | None = None) -> RunRecord:
+    """The Paged vs contiguous page's run: workload `requests` (engine.workloads requests; EOS
+    ignored so lengths are the workload's) on a private engine with `allocator`, prefix caching
+    off so only allocation differs."""
+    cfg = base.replace(model=model, allocator=allocator, block_size=block_size, num_kv_blocks=budget_blocks,
+                       kv_cache_bytes=None, max_model_len=max_model_len, max_num_seqs=256,
+                       max_num_batched_tokens=max(512, max_model_len), enable_prefix_caching=False,
+                       speculative=None, preemption_mode="recompute", event_ring_size=100_000)
+    eng = LLMEngine(cfg)
+    try:
+        return run_engine(eng, [(f"{allocator[:1]}-{r.request_id}", r.prompt,
+                                 SamplingParams(max_tokens=r.max_tokens, ignore_eos=True)) for r in requests],
+                          label=ALLOCATOR_LABELS[allocator], on_step=on_step, max_steps=20_000)
+    finally:
+        del eng
+        gc.collect()
+
+
+def exercise_plan(base: EngineConfig, *, n: int, prompt_tokens: int, growth: int, budget_blocks: int,
+                  block_size: int, model: str) -> list[tuple[str, str, EngineConfig]]:
+    """(label, tag, engine config) of runs A, B, C; ValueError when the budget cannot hold even
+    one sequence at its final length."""
+    final = prompt_tokens + growth
+    per_seq = cdiv(final, block_size)
+    if per_seq > budget_blocks:
+        raise ValueError(f"one sequence needs {per_seq} blocks; the budget of {budget_blocks} cannot hold even one")
+    common = dict(model=model, block_size=block_size, max_num_seqs=max(n, 1), enable_prefix_caching=False,
+                  max_num_batched_tokens=max(512, final), event_ring_size=200_000, speculative=None,
+                  kv_cache_bytes=None)
+    runs = [
+        ("A · no eviction, memory unbounded", "A",
+         dict(num_kv_blocks=max(n * per_seq, budget_blocks) + 1, max_model_len=max(final, 16), victim_policy="lru")),
+        ("B · no eviction, full length reserved at admission", "B",
+         dict(num_kv_blocks=budget_blocks, allocator="contiguous", max_model_len=final)),
+        ("C · LRU preemption within the budget", "C",
+         dict(num_kv_blocks=budget_blocks, max_model_len=max(final, 16), victim_policy="lru",
+              preemption_mode="recompute")),
+    ]
+    return [(label, tag, base.replace(**common, **kw)) for label, tag, kw in runs]
+
+
+def run_exercise(plan: list[tuple[str, str, EngineConfig]], prompts: list[list[int]], growth: int, *,
+                 budget_tokens: int, on_step: Callable[[int, int, object], None] | None = None) -> list[RunRecord]:
+    """Runs the plan one engine at a time (each freed before the next); on_step(run index, step,
+    snapshot) after every step."""
+    records = []
+    for i, (label, tag, config) in enumerate(plan):
+        reqs = [(f"{tag}-s{k:03d}", p, SamplingParams(max_tokens=growth, ignore_eos=True))
+                for k, p in enumerate(prompts)]
+        eng = LLMEngine(config)
+        rec = run_engine(eng, reqs, label=label, max_steps=50_000,
+                         on_step=None if on_step is None else (lambda s, snap, i=i: on_step(i, s, snap)))
+        rec.budget_tokens = budget_tokens
+        records.append(rec)
+        del eng
+        gc.collect()
+    return records
+
+
+# ------------------------------------------------------------------ prefix cache: hits vs forced misses
+
+@dataclass(frozen=True, slots=True)
+class PrefixRow:
+    """One request of a prefix-cache measurement, as the engine reported it."""
+    request_id: str
+    turn: int
+    ttft_s: float | None
+    prompt_tokens: int
+    cached_tokens: int     # prompt tokens served from the prefix cache at admission
+
+
+def sharing_stats(snap: Snapshot | None) -> dict:
+    """Blocks held by more than one request right now, and the largest ref count."""
+    if snap is None:
+        return {"shared_blocks": 0, "max_ref": 0, "refs_saved": 0}
+    shared = [b for b in snap.blocks if b.ref_count > 1]
+    return {"shared_blocks": len(shared), "max_ref": max((b.ref_count for b in shared), default=0),
+            # blocks that would exist without sharing, minus blocks that do
+            "refs_saved": sum(b.ref_count - 1 for b in shared)}
+
+
+def more_shared(a: Snapshot | None, b: Snapshot | None) -> Snapshot | None:
+    """Whichever snapshot shows more sharing (ties: the later one)."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    ka, kb = sharing_stats(a), sharing_stats(b)
+    return a if (ka["refs_saved"], ka["shared_blocks"]) > (kb["refs_saved"], kb["shared_blocks"]) else b
+
+
+def chat_prompt(tokenizer, system: str, user: str) -> str:
+    """System + user turn through the model's chat template (the text the engine tokenizes)."""
+    msgs = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+    try:
+        return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    except Exception:   # a tokenizer without a chat template: plain text, same shared prefix
+        return f"System: {system}\n\nUser: {user}\nAssistant:"
+
+
+def measure_prefix(th, prompts: Sequence[str], max_tokens: int, *, mode: str, run_tag: str,
+                   on_poll: Callable[[Snapshot], None] | None = None, timeout_s: float = 600.0):
+    """Run `prompts` (all starting with the same system prompt) on the shared EngineThread: the
+    first alone, then the rest together, so the rest can reuse the first one's cached blocks.
+
+    mode "cache": one fresh cache_salt for the whole run (a clean, private cache namespace: the
+    first request misses, the others may hit). mode "miss": a fresh salt per request, so nothing
+    can be shared — the same requests with the prefix cache effectively off.
+    Returns (rows, snapshot with the most sharing seen). TTFT and cached tokens are the engine's."""
+    base_salt = f"{run_tag}-{uuid.uuid4().hex[:8]}"
+    best: Snapshot | None = None
+    rows: list[PrefixRow] = []
+
+    def params(i):
+        salt = base_salt if mode == "cache" else f"{base_salt}-{i}"
+        return SamplingParams(max_tokens=max_tokens, ignore_eos=True, cache_salt=salt)
+
+    def wait(handles):
+        nonlocal best
+        deadline = time.monotonic() + timeout_s
+        while not all(h.finished for h in handles):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"prefix-cache measurement did not finish within {timeout_s:.0f}s")
+            # snapshot_now: a fresh snapshot between two steps (the published one can be a step or
+            # more old, and a fast wave can share and finish within that)
+            snap = th.snapshot_now() if hasattr(th, "snapshot_now") else th.snapshot()
+            best = more_shared(best, snap)
+            if on_poll is not None:
+                on_poll(snap)
+            time.sleep(0.005)
+        snap = th.snapshot()
+        best = more_shared(best, snap)
+
+    waves = [[0], list(range(1, len(prompts)))] if len(prompts) > 1 else [[0]]
+    for wave in waves:
+        handles = [(i, th.submit(prompts[i], params(i), request_id=f"{run_tag}-{mode}-t{i + 1}")) for i in wave]
+        wait([h for _, h in handles])
+        for i, h in handles:
+            out = h.result(timeout=5)
+            rows.append(PrefixRow(h.request_id, i + 1, out.metrics.ttft, len(out.prompt_token_ids),
+                                  out.metrics.num_cached_tokens))
+    return rows, best

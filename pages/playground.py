@@ -1,0 +1,192 @@
+"""Playground: one prompt, streamed, with its KV cache drawn live beside it."""
+from __future__ import annotations
+
+import time
+
+import streamlit as st
+
+from engine.config import SamplingParams
+from engine.thread import EngineCrashed
+from ui import engine_access as ea
+from ui import growth, pool, shell, theme, tokens
+
+shell.enter_app()
+
+EXAMPLE = "Explain in two sentences why a KV cache makes text generation faster."
+SS = st.session_state
+
+st.title("Playground")
+st.caption("Type a prompt (the model's chat template is applied). The answer streams on the left; "
+           "on the right, live from the engine: the whole block pool, this request's block table, "
+           "its cache growth and phases, and every generated token.")
+
+th = ea.require_engine()
+
+
+def _evict_steps(rid: str) -> list[int]:
+    try:
+        return [e.step for e in th.events.since(0, kinds=["evict"]) if e.request_id == rid]
+    except Exception:
+        return []
+
+
+def _fmt_bytes(n: int) -> str:
+    return f"{n:,} B" if n < 1024 else f"{n / 1024:,.1f} KiB" if n < 2**20 else f"{n / 2**20:,.1f} MiB"
+
+
+
+
+def render_views(rid: str | None, tag: str) -> None:
+    snap = ea.current_snapshot(th)
+    colors = theme.request_colors_for(snap)
+    ea.chart(pool.pool_map_figure(snap, colors, highlight=rid), key=f"pool_{tag}")
+    st.html(theme.block_legend_html())
+    if rid is None:
+        st.info("Submit a prompt to see its block table, cache growth and tokens.")
+        return
+    req = snap.request(rid)
+    if req is None:
+        st.info("This request is no longer in the engine's snapshot (only recent finished requests are kept).")
+        return
+    stats = growth.phase_stats(req, now=snap.time)
+    c = st.columns(2) + st.columns(2)
+    with c[0].container(key=f"pg_timing_a_{tag}"):
+        st.metric("TTFT", growth.format_seconds(stats.ttft_s), help="arrival → first generated token (wall clock)")
+    with c[1].container(key=f"pg_timing_b_{tag}"):
+        st.metric("Decode", "—" if stats.decode_tok_s is None else f"{stats.decode_tok_s:.0f} tok/s",
+                  help="generated tokens after the first / time since the first token (wall clock)")
+    c[2].metric("Prompt · output", f"{req.prompt_len} · {req.output_len}", help="tokens")
+    c[3].metric("K/V held", _fmt_bytes(req.kv_bytes), help="bytes of keys and values this request holds now")
+    st.caption(f"State: {req.state}" + (f" ({req.finish_reason})" if req.finish_reason else "")
+               + (f" · prefix-cache hit: {req.num_cached_tokens} prompt tokens" if req.num_cached_tokens else "")
+               + (f" · preempted {req.num_preemptions}×" if req.num_preemptions else ""))
+    if req.block_table:
+        ea.chart(pool.block_table_figure(snap, rid, colors), key=f"bt_{tag}")
+    elif req.is_terminal:
+        held = max((p.num_blocks for p in req.history), default=0)
+        st.markdown("**Block table**")
+        st.caption(f"Finished: it held up to {held} block(s); they were released at the end. Full blocks "
+                   "stay cached-free (grey, “c”) so the same prefix can be reused without recomputation.")
+    else:
+        st.markdown("**Block table**")
+        st.caption(f"No blocks held right now ({req.state}"
+                   + (f": {req.waiting_reason}" if req.waiting_reason else "") + ").")
+    ev = _evict_steps(rid)
+    ea.chart(growth.growth_figure(req, snap.info.block_size, evict_steps=ev), key=f"growth_{tag}")
+    ea.chart(growth.phase_figure(req), key=f"phase_{tag}")
+    st.caption(f"{stats.prefill_steps} prefill step(s) for {stats.prompt_tokens} prompt tokens, "
+               f"{stats.decode_steps} decode step(s) for {stats.output_tokens} generated tokens. "
+               "Prefill processes the prompt in parallel; decode adds one token (or, with speculation, "
+               "several) per step.")
+    st.markdown("**Generated tokens**")
+    if snap.info.speculative is None:
+        st.caption("Speculative decoding is off (sidebar): every token comes from one target pass.")
+    st.html(tokens.strip_with_legend(req.tokens, evicted_before_step=max(ev) if ev else None,
+                                     prompt_evicted_tokens=req.prompt_len if ev else 0))
+
+
+left, right = st.columns([5, 7], gap="large")
+
+with left:
+    with st.form("pg_form"):
+        prompt = st.text_area("Prompt", value=SS.get("pg_prompt", EXAMPLE), height=110, max_chars=20000)
+        max_tokens = st.slider("Max new tokens", 1, 256, 48)
+        submitted = st.form_submit_button("Generate", type="primary")
+    actions = st.container()
+    answer = st.container()
+
+with right:
+    slot = st.empty()
+
+_n = [0]
+
+
+def _refresh_views(rid: str, last: list) -> None:
+    if ea.live_interval() and time.monotonic() - last[0] >= ea.LIVE_INTERVAL_S:
+        last[0] = time.monotonic()
+        _n[0] += 1
+        with slot.container():
+            render_views(rid, f"s{_n[0]}")
+
+
+def _stream(h):
+    last = [0.0]
+    for delta in h.stream():
+        yield delta
+        _refresh_views(h.request_id, last)
+
+
+def _resume(rid: str):
+    """After a rerun (e.g. the Evict button) while the answer is still being generated: the text
+    so far, then the rest as the engine produces it (read from snapshots)."""
+    sent, last = 0, [0.0]
+    while True:
+        req = th.snapshot_now().request(rid)
+        if req is None:
+            return
+        text = req.output_text
+        if len(text) > sent:
+            yield text[sent:]
+            sent = len(text)
+        if req.is_terminal:
+            return
+        _refresh_views(rid, last)
+        time.sleep(0.05)
+
+
+def evict_button(rid: str) -> None:
+    with actions:
+        if st.button("Evict KV cache", key="pg_evict",
+                     help="Drop this request's keys and values from the pool; the engine must recompute "
+                     "them (prompt and generated tokens) before it can continue."):
+            try:
+                r = th.evict(rid)
+                st.info(f"Evicted: {r.get('blocks_freed', '?')} blocks freed, "
+                        f"{r.get('tokens_to_recompute', '?')} tokens to recompute."
+                        if isinstance(r, dict) else "Evicted.")
+            except ValueError as e:
+                st.warning(f"Nothing to evict: {e}")
+
+
+h = None
+if submitted:
+    try:
+        h = th.submit(prompt, SamplingParams(max_tokens=int(max_tokens), temperature=0.0, seed=0), chat=True)
+    except ValueError as e:
+        with answer:
+            st.error(f"Not submitted: {e}")
+    except EngineCrashed as e:
+        with answer:
+            st.error(f"Not submitted: the engine is down ({e}). Restart it from the Home page.")
+if h is not None:
+    SS["pg_rid"], SS["pg_prompt"], SS["pg_answer"] = h.request_id, prompt, ""
+    evict_button(h.request_id)
+    with answer:
+        with st.chat_message("user"):
+            st.text(prompt)
+        with st.chat_message("assistant"):
+            try:
+                SS["pg_answer"] = st.write_stream(_stream(h)) or ""
+            except (EngineCrashed, TimeoutError) as e:
+                st.error(f"The request did not complete: {e}")
+elif SS.get("pg_rid"):
+    rid = SS["pg_rid"]
+    evict_button(rid)
+    with answer:
+        with st.chat_message("user"):
+            st.text(SS.get("pg_prompt", ""))
+        with st.chat_message("assistant"):
+            req = th.snapshot_now().request(rid)
+            if req is not None and not req.is_terminal:
+                SS["pg_answer"] = st.write_stream(_resume(rid)) or ""
+            else:
+                st.markdown((req.output_text if req is not None else SS.get("pg_answer", "")) or "…")
+
+
+@st.fragment(run_every=ea.live_interval())
+def live():
+    render_views(SS.get("pg_rid"), "live")
+
+
+with slot.container():   # the same place the streaming updates used: no stale duplicate below
+    live()

@@ -1,0 +1,221 @@
+"""Speculative decoding: guess k tokens cheaply, verify them in one target pass, measure it."""
+from __future__ import annotations
+
+import time
+import uuid
+
+import streamlit as st
+
+from engine.config import SamplingParams
+from ui import engine_access as ea
+from ui import shell, spec, theme, tokens
+
+shell.enter_app()
+
+SS = st.session_state
+METHODS = ("ngram", "self_draft", "draft_model")
+METHOD_HELP = {
+    "ngram": "prompt lookup: the draft is what followed the last few tokens earlier in the context "
+             "(free to compute; strong when the answer repeats or edits the prompt)",
+    "self_draft": "the target model made cheaper (a dynamic-int8 copy) drafts for itself",
+    "draft_model": "a separate small model with the same tokenizer drafts",
+}
+EXAMPLE = ("Copy this sentence exactly, changing only the word cat to dog: The quick brown cat jumps over "
+           "the lazy fox, and the quick brown cat runs back home again before the rain.")
+
+st.title("Speculative decoding")
+st.caption("A cheap drafter guesses k tokens; the target model checks all of them in one forward pass "
+           "and keeps the longest correct prefix, plus one token of its own. The output is the same "
+           "as plain decoding; only the number of target passes changes.")
+
+th = ea.require_engine()
+cfg = ea.engine_config()
+info = th.snapshot().info
+
+with st.container(border=True):
+    c = st.columns([2, 2, 2, 3])
+    cur = cfg.speculative
+    method = c[0].selectbox("Method", METHODS, index=METHODS.index(cur.method) if cur and cur.method in METHODS else 0,
+                            help="; ".join(f"{m}: {h}" for m, h in METHOD_HELP.items()), key="spec_method")
+    k = c[1].slider("Draft length k", 1, 8, value=min(8, cur.num_speculative_tokens) if cur else 4, key="spec_k")
+    max_tokens = c[2].slider("Max new tokens", 8, 256, 64, key="spec_max_tokens")
+    mismatched = c[3].toggle("Mismatched draft (break it)", value=False, key="spec_mismatched",
+                             help="Use a poor drafter: the target itself, cut after its first ~1/8 of layers. "
+                                  "Watch acceptance collapse and the speedup fall to about 1× or below.")
+    draft_model = None
+    if method == "draft_model" and not mismatched:
+        draft_model = st.text_input("Draft model (path or hub id, same tokenizer as the target)", value="",
+                                    key="spec_draft_model")
+    st.caption(METHOD_HELP["self_draft" if mismatched else method]
+               + (" — mismatched: early exit after the first ~1/8 of the target's layers" if mismatched else ""))
+    prompt = st.text_area("Prompt", value=SS.get("spec_prompt", EXAMPLE), height=90, max_chars=20000,
+                          key="spec_prompt_box")
+    run = st.button("Run speculative and plain decoding", type="primary", key="spec_run")
+
+
+def _wanted():
+    if mismatched:
+        return ea.spec_config("self_draft", int(k), mismatched=True, num_layers=info.num_layers)
+    if method == "draft_model":
+        from engine.config import SpeculativeConfig
+        return SpeculativeConfig(method="draft_model", num_speculative_tokens=int(k), draft_model=draft_model or None,
+                                 enable_fallback=not ea.test_mode())
+    return ea.spec_config(method, int(k))
+
+
+def _same(a, b) -> bool:
+    return a is not None and b is not None and a == b
+
+
+def _event_time(e, *names):
+    for n in names:
+        v = e.data.get(n)
+        if isinstance(v, (int, float)):
+            return float(v) / (1000.0 if n.endswith("_ms") else 1.0)
+    return None
+
+
+def _costs(spec_req, plain_req, verify_events) -> spec.Costs:
+    def per_token(r):
+        if r is None or r.first_token_time is None or r.finish_time is None or r.output_len < 2:
+            return None
+        return (r.finish_time - r.first_token_time) / (r.output_len - 1)
+
+    def e2e(r):
+        return None if r is None or r.finish_time is None else r.finish_time - r.arrival_time
+
+    d = [t for t in (_event_time(e, "draft_time_s", "draft_s", "draft_ms") for e in verify_events) if t is not None]
+    v = [t for t in (_event_time(e, "verify_time_s", "verify_s", "verify_ms") for e in verify_events) if t is not None]
+    return spec.Costs(plain_per_token=per_token(plain_req), spec_per_token=per_token(spec_req),
+                      draft_per_pass=sum(d) / len(d) if d else None, verify_per_pass=sum(v) / len(v) if v else None,
+                      plain_e2e=e2e(plain_req), spec_e2e=e2e(spec_req))
+
+
+def _wait(h, on_tick=None):
+    """Wait for a handle's request to finish; its final RequestInfo from a fresh snapshot."""
+    while not h.finished and th.healthy:
+        r = th.snapshot().request(h.request_id)
+        if r is not None and on_tick:
+            on_tick(r)
+        time.sleep(0.05)
+    return th.snapshot_now().request(h.request_id)
+
+
+def _submit(label: str, speculative: bool, n: int, salt: str):
+    return th.submit(prompt, SamplingParams(max_tokens=n, temperature=0.0, seed=0, cache_salt=f"{label}-{salt}",
+                                            speculative=speculative, request_class="spec-page"), chat=True)
+
+
+if run:
+    SS["spec_prompt"] = prompt
+    SS.pop("spec_result", None)
+    notes = []
+    try:
+        want = _wanted()
+        if not _same(want, cfg.speculative):
+            msg = ea.shared_engine().reconfigure(cfg.replace(speculative=want))
+            notes.append(f"The shared engine now speculates with {want.method} k={want.num_speculative_tokens}"
+                         + (f" (mismatched: early exit after {want.draft_layers} layer(s))" if mismatched else "")
+                         + ". " + msg)
+            th = ea.require_engine()
+    except ValueError as e:
+        st.error(f"Could not switch the engine to that drafter: {e}")
+        st.stop()
+    salt = uuid.uuid4().hex[:8]  # separate prefix-cache namespaces: each run pays its full prefill
+    try:
+        _wait(_submit("warmup", True, 2, salt))   # first pass after a rebuild is slower: keep it out of the timing
+        seq0 = th.events.last_seq
+        with st.spinner("Plain decoding of the prompt (the baseline for the speedup)…"):
+            plain_req = _wait(_submit("plain", False, int(max_tokens), salt))
+        hs = _submit("spec", True, int(max_tokens), salt)
+    except ValueError as e:
+        st.error(f"Not submitted: {e}")
+        st.stop()
+    live = st.empty()
+
+    def tick(r):
+        if ea.live_interval():
+            with live.container():
+                st.markdown("**Tokens as they are verified**")
+                st.html(tokens.token_strip_html(r.tokens))
+
+    spec_req = _wait(hs, tick)
+    evs = th.events.since(seq0)
+    SS["spec_result"] = dict(
+        spec=spec_req, plain=plain_req, k=int(want.num_speculative_tokens) if want else int(k),
+        label=th.snapshot_now().info.speculative, notes=notes,
+        verify=[e for e in evs if e.kind == "spec_verify" and e.request_id == hs.request_id],
+        fallback=[e for e in evs if e.kind == "spec_fallback"],
+    )
+    st.rerun()   # redraw everything (sidebar included) from the new engine state
+
+res = SS.get("spec_result")
+if not res:
+    st.info("Pick a method and k, then run a prompt. Prompts whose answer repeats or edits the prompt "
+            "suit n-gram drafting; switch on the mismatched draft to see speculation stop paying.")
+    st.html(theme.token_legend_html())
+    st.stop()
+
+for note in res.get("notes", ()):
+    st.info(note)
+sreq, preq = res["spec"], res["plain"]
+if sreq is None:
+    st.warning("The speculative request is no longer in the engine (it was rebuilt meanwhile). Run again.")
+    st.stop()
+summ = spec.request_summary(sreq)
+pc = spec.position_counts(sreq.tokens)
+costs = _costs(sreq, preq, res["verify"])
+
+st.subheader(f"Result — {res['label'] or 'speculation off'}")
+if sreq.error:
+    st.error(f"The request failed: {sreq.error}")
+with st.container(key="spec_numbers"):
+    c = st.columns(5)
+    c[0].metric("Acceptance rate", "—" if summ.acceptance_rate is None else f"{summ.acceptance_rate:.0%}",
+                help="vLLM's definition: accepted draft tokens / draft tokens")
+    c[1].metric("α per position", "—" if summ.alpha is None else f"{summ.alpha:.2f}",
+                help="accepted / judged draft positions (a position is judged when every earlier draft token "
+                     "of its pass was accepted): the α of the theory curve")
+    c[2].metric("Tokens / target pass", "—" if summ.tokens_per_target_pass is None
+                else f"{summ.tokens_per_target_pass:.2f}",
+                help=f"{sreq.output_len} tokens / {summ.target_passes} target passes (incl. the prefill pass "
+                     "and passes without a draft)")
+    c[3].metric("Accept length", "—" if summ.mean_acceptance_length is None
+                else f"{summ.mean_acceptance_length:.2f}",
+                help="vLLM's mean acceptance length: 1 + accepted / drafts = tokens per verify pass")
+    c[4].metric("Accepted / drafted", f"{summ.num_accepted} / {summ.num_draft_tokens}",
+                help=f"draft tokens accepted / proposed, over {summ.num_drafts} verify passes")
+with st.container(key="spec_timing"):
+    c = st.columns(3)
+    c[0].metric("Wall-clock speedup vs plain", "—" if costs.speedup is None else f"{costs.speedup:.2f}×",
+                help="plain end-to-end time / speculative end-to-end time, same prompt, same output")
+    c[1].metric("Speculative e2e", "—" if costs.spec_e2e is None else f"{costs.spec_e2e:.2f} s")
+    c[2].metric("Plain e2e", "—" if costs.plain_e2e is None else f"{costs.plain_e2e:.2f} s")
+if preq is not None and sreq.output_text != preq.output_text:
+    st.warning("The speculative and plain outputs differ (expected only with sampling, not greedy).")
+elif preq is not None:
+    st.caption(f"Same output as plain decoding: {sreq.output_len} tokens, identical text.")
+
+st.markdown("**Generated tokens**")
+st.html(tokens.strip_with_legend(sreq.tokens))
+
+left, right = st.columns(2, gap="large")
+with left:
+    ea.chart(spec.theory_figure(summ.alpha, res["k"], summ.mean_acceptance_length, k_max=16,
+                                measured_label="measured tokens per verify pass"), key="spec_theory")
+    if summ.num_drafts == 0:
+        st.caption("No draft was proposed for this answer (n-gram lookup found no earlier match), so there is "
+                   "no measured point: every token came from a plain target pass.")
+    ea.chart(spec.position_figure(pc), key="spec_pos")
+with right:
+    with st.container(key="spec_costs"):
+        ea.chart(spec.costs_figure(costs), key="spec_costs_fig")
+    st.markdown("**Fallback events**")
+    if res["fallback"]:
+        rows = [{"step": e.step, "class": str(e.data.get("request_class", "")),
+                 "action": "resumed speculating" if e.data.get("speculating") else "fell back to plain decoding",
+                 "reason": str(e.data.get("reason", ""))} for e in res["fallback"]]
+        st.dataframe(rows, hide_index=True, width="stretch",
+                     column_config={"reason": st.column_config.TextColumn("reason", width="large")})
+    else:
+        st.caption("None during this run: speculation stayed on for this request class.")

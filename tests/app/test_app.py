@@ -1,0 +1,305 @@
+"""AppTest of the app shell (Home, sidebar settings, navigation) and of the Playground and
+Speculative pages, on the real engine with the tiny model in test mode.
+
+All tests in this module share the server-wide engine (st.cache_resource lives in-process), as
+browser sessions do; it is shut down at the end of the module.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+APP = str(REPO_ROOT / "app.py")
+TIMEOUT = 600  # a hang guard on 2 busy cores, not a speed assertion
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _test_env():
+    old = {k: os.environ.get(k) for k in ("KVSCOPE_TEST_MODE", "KVSCOPE_MODEL")}
+    os.environ["KVSCOPE_TEST_MODE"] = "1"
+    os.environ["KVSCOPE_MODEL"] = "tiny"
+    yield
+    from ui import engine_access as ea
+    holder = ea.shared_engine()
+    if holder.thread is not None:
+        holder.thread.shutdown()
+    ea.shared_engine.clear()
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def _app():
+    from streamlit.testing.v1 import AppTest
+    return AppTest.from_file(APP, default_timeout=TIMEOUT)
+
+
+def _engine():
+    from ui import engine_access as ea
+    return ea.get_engine()
+
+
+def _no_exception(at):
+    assert not at.exception, [e.value for e in at.exception]
+
+
+def _metric(at, label):
+    for m in at.metric:
+        if m.label == label:
+            return m.value
+    raise AssertionError(f"no metric {label!r}: {[m.label for m in at.metric]}")
+
+
+def _plotly_specs(at):
+    out = []
+    for el in at.main.get("plotly_chart"):
+        out.append(json.loads(el.proto.spec))
+    return out
+
+
+def _html(at) -> str:
+    return "\n".join(h.proto.body for h in at.html)
+
+
+def _button(at, label):
+    for b in at.button:
+        if b.label == label:
+            return b
+    raise AssertionError(f"no button {label!r}: {[b.label for b in at.button]}")
+
+
+def _restore_default_engine():
+    from ui import engine_access as ea
+    th = _engine()
+    if th.config != ea.default_config():
+        ea.shared_engine().reconfigure(ea.default_config())
+
+
+# --------------------------------------------------------------------------- Home
+
+def test_home_shows_the_real_engine():
+    at = _app().run()
+    _no_exception(at)
+    th = _engine()
+    hf = th.engine.model.config
+    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+    expected = 2 * hf.num_hidden_layers * hf.num_key_value_heads * head_dim * 4  # float32
+    assert _metric(at, "KV bytes per token") == f"{expected:,}"
+    assert _metric(at, "Model") == "tiny"
+    assert _metric(at, "Device · dtype") == "cpu · float32"
+    info = th.snapshot().info
+    assert _metric(at, "KV budget") == f"{info.kv_cache_bytes / 2**20:,.2f} MiB"
+    assert any("Engine healthy" in s.value for s in at.success)
+    # the memory calculator gets the loaded model's shape from the session
+    assert at.session_state["engine_info"].bytes_per_token == expected
+    assert "cached-free" in _html(at) and "draft rejected" in _html(at)
+
+
+def test_home_and_sidebar_show_the_weight_format_and_bytes_read():
+    from ui import engine_access as ea
+    at = _app().run()
+    _no_exception(at)
+    info = _engine().snapshot().info
+    assert info.weight_format == "fp32" and info.weight_bytes_per_step > 0     # tiny: no GGUF behind it
+    shown = f"fp32 copies · {info.weight_bytes_per_step / 1e6:,.1f} MB of weights read per step"
+    assert any(shown in c.value for c in at.caption)
+    wf = next(s for s in at.sidebar.selectbox if s.label == "Weight format")
+    assert wf.options[wf.index] == ea.WEIGHT_FORMAT_LABELS["auto"]
+    wf.select("gguf")                  # the tiny model has no GGUF: a message naming the field
+    at.sidebar.checkbox[0].check()
+    _button(at, "Apply").click().run()
+    _no_exception(at)
+    assert any("weight_format='gguf'" in e.value for e in at.sidebar.error)
+    assert _engine().snapshot().info.weight_format == "fp32"
+
+
+def test_home_offers_restart_after_a_crash():
+    th = _engine()
+
+    def boom():
+        raise RuntimeError("injected loop failure")
+
+    th.engine.step = boom                 # the next step kills the loop
+    th.submit("hello", chat=True)
+    deadline = time.monotonic() + TIMEOUT
+    while th.healthy and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not th.healthy
+    at = _app().run()
+    _no_exception(at)
+    assert any("injected loop failure" in e.value for e in at.error)
+    _button(at, "Restart engine").click().run()
+    _no_exception(at)
+    assert th.healthy
+    assert any("Engine healthy" in s.value for s in at.success)
+
+
+def test_sidebar_apply_needs_confirmation_then_rebuilds():
+    at = _app().run()
+    sb = at.sidebar
+    sb.selectbox[0].select(8)       # block size
+    sb.number_input[0].set_value(64)  # KV blocks
+    _button(at, "Apply").click().run()
+    _no_exception(at)
+    assert any("Tick the confirmation" in w.value for w in at.sidebar.warning)
+    assert _engine().snapshot().info.block_size == 4
+    at.sidebar.selectbox[0].select(8)
+    at.sidebar.number_input[0].set_value(64)
+    at.sidebar.checkbox[0].check()
+    _button(at, "Apply").click().run()
+    _no_exception(at)
+    info = _engine().snapshot_now().info
+    assert (info.block_size, info.num_blocks) == (8, 64)
+    assert any("rebuilt" in s.value for s in at.sidebar.success)
+    assert _metric(at, "KV budget") == f"{info.kv_cache_bytes / 2**20:,.2f} MiB"
+    _restore_default_engine()
+
+
+# --------------------------------------------------------------------------- Playground
+
+def _playground():
+    at = _app()
+    at.switch_page("pages/playground.py")
+    return at.run()
+
+
+def test_playground_generates_and_draws_the_engine_state():
+    at = _playground()
+    _no_exception(at)
+    at.text_area[0].input("Name three colours.")
+    at.slider[0].set_value(12)
+    _button(at, "Generate").click().run()
+    _no_exception(at)
+    th = _engine()
+    snap = th.snapshot_now()
+    rid = at.session_state["pg_rid"]
+    req = snap.request(rid)
+    assert req is not None and req.state == "finished" and req.output_len == 12
+    # the answer is the engine's text
+    assert at.session_state["pg_answer"] == req.output_text
+    specs = _plotly_specs(at)
+    pool_map = specs[0]
+    cells = [v for row in pool_map["data"][0]["z"] for v in row if v is not None]
+    assert len(cells) == snap.info.num_blocks
+    assert "used" in pool_map["layout"]["title"]["text"]
+    growth = next(s for s in specs if "cache growth" in s["layout"]["title"]["text"])
+    tokens_line = next(t for t in growth["data"] if t.get("name") == "tokens in cache")
+    assert tokens_line["y"] == [p.num_cached_tokens for p in req.history]
+    assert _metric(at, "Prompt · output") == f"{req.prompt_len} · {req.output_len}"
+    strip = _html(at)
+    assert strip.count("tok-plain") == req.output_len
+    assert st_static_config(at)
+
+
+def st_static_config(at) -> bool:
+    """Test mode: every chart is static (no hover, no mode bar, no resize)."""
+    for el in at.main.get("plotly_chart"):
+        cfg = json.loads(el.proto.config)
+        if not (cfg.get("staticPlot") is True and cfg.get("displayModeBar") is False
+                and cfg.get("responsive") is False):
+            return False
+    return True
+
+
+HOSTILE = '<script>alert(1)</script><img src=x onerror=alert(2)>"><svg onload=alert(3)> \u202eevil\u200b'
+
+
+def test_playground_prompt_is_data_not_markup():
+    at = _playground()
+    at.text_area[0].input(HOSTILE)
+    at.slider[0].set_value(4)
+    _button(at, "Generate").click().run()
+    _no_exception(at)
+    # the prompt is echoed as plain text, never as HTML
+    assert any(HOSTILE in t.value for t in at.text)
+    html = _html(at)
+    for bad in ("<script", "<img", "<svg", "onerror=", "onload=", "\u202e"):
+        assert bad not in html
+
+
+def test_playground_bad_input_is_a_message_not_a_traceback():
+    at = _playground()
+    at.text_area[0].input("   ")
+    _button(at, "Generate").click().run()
+    _no_exception(at)
+    assert any("Not submitted" in e.value and "prompt" in e.value for e in at.error)
+
+
+def test_evict_of_a_finished_request_explains_itself():
+    at = _playground()
+    at.text_area[0].input("Hi")
+    at.slider[0].set_value(3)
+    _button(at, "Generate").click().run()
+    _button(at, "Evict KV cache").click().run()
+    _no_exception(at)
+    assert any("Nothing to evict" in w.value for w in at.warning)
+
+
+def test_evicted_request_shows_the_recompute():
+    """A request evicted while running: the growth chart marks the eviction, the token strip
+    marks the tokens whose K/V were recomputed, the prompt's recompute is counted."""
+    from engine.config import SamplingParams
+    th = _engine()
+    h = th.submit("Count slowly to one hundred.", SamplingParams(max_tokens=200, ignore_eos=True), chat=True)
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        with th.lock:                      # between steps: the request is not moving
+            r = th.engine.get_request(h.request_id)
+            if r is not None and r.num_output_tokens >= 5 and not r.is_finished:
+                th.evict(h.request_id)
+                break
+        time.sleep(0.005)
+    h.result(TIMEOUT)
+    at = _app()
+    at.session_state["pg_rid"] = h.request_id
+    at.session_state["pg_prompt"] = "Count slowly to one hundred."
+    at.switch_page("pages/playground.py")
+    at.run()
+    _no_exception(at)
+    req = th.snapshot_now().request(h.request_id)
+    assert req.state == "finished" and req.num_preemptions >= 1
+    growth = next(s for s in _plotly_specs(at) if "cache growth" in s["layout"]["title"]["text"])
+    assert any("evicted" in a.get("text", "") for a in growth["layout"]["annotations"])
+    tokens_line = next(t for t in growth["data"] if t.get("name") == "tokens in cache")
+    ys = tokens_line["y"]
+    first = next(i for i, y in enumerate(ys) if y > 0)
+    drop = next(i for i in range(first, len(ys)) if ys[i] == 0)
+    assert max(ys[first:drop]) >= req.prompt_len + 4          # grew through prefill and decode
+    assert max(ys[drop:]) >= req.prompt_len + 4               # dropped to 0, then recomputed
+    html = _html(at)
+    assert "tok-evicted" in html and f"prompt: {req.prompt_len} tokens recomputed" in html
+
+
+# --------------------------------------------------------------------------- Speculative
+
+def test_speculative_page_measures_a_real_run():
+    at = _app()
+    at.switch_page("pages/speculative.py")
+    at.run()
+    _no_exception(at)
+    at.selectbox(key="spec_method").select("self_draft")
+    at.slider(key="spec_k").set_value(3)
+    at.slider(key="spec_max_tokens").set_value(24)
+    at.run()
+    at.button(key="spec_run").click().run()
+    _no_exception(at)
+    res = at.session_state["spec_result"]
+    sreq, preq = res["spec"], res["plain"]
+    assert _engine().snapshot().info.speculative == "self_draft k=3"
+    assert sreq.output_text == preq.output_text                 # greedy: identical output
+    assert _metric(at, "Accepted / drafted") == f"{sreq.spec_num_accepted_tokens} / {sreq.spec_num_draft_tokens}"
+    assert sreq.spec_num_draft_tokens > 0
+    specs = _plotly_specs(at)
+    theory = next(s for s in specs if s["layout"]["title"]["text"].startswith("tokens per target pass"))
+    meas = next(t for t in theory["data"] if t.get("name", "").startswith("measured"))
+    assert meas["x"] == [3]
+    assert meas["y"][0] == pytest.approx(1 + sreq.spec_num_accepted_tokens / sreq.spec_num_drafts)
+    assert "tok-accepted" in _html(at) or "tok-replaced" in _html(at)
+    _restore_default_engine()

@@ -1,0 +1,179 @@
+"""AppTest for the memory pages (pages/load.py, prefix_cache.py, paged_vs_contiguous.py,
+cache_vs_nocache.py, replay.py): they render without exceptions, their controls drive the
+engine, and what they show is the engine's numbers.
+
+Test mode (KVSCOPE_TEST_MODE=1, tiny model): no live polling, so a launched load is run to
+completion before the page draws; private-engine measurements use small sizes."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+VIEWS = Path(__file__).resolve().parents[2] / "pages"
+TIMEOUT = 900
+
+
+@pytest.fixture(autouse=True)
+def _test_mode(monkeypatch):
+    monkeypatch.setenv("KVSCOPE_TEST_MODE", "1")
+    monkeypatch.setenv("KVSCOPE_MODEL", "tiny")
+
+
+def _app(name: str) -> AppTest:
+    at = AppTest.from_file(str(VIEWS / name), default_timeout=TIMEOUT)
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def _submit(at: AppTest, form: str, label: str) -> AppTest:
+    at.button(key=f"FormSubmitter:{form}-{label}").click().run()
+    assert not at.exception, at.exception
+    return at
+
+
+def _metrics(at) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for m in at.metric:
+        out.setdefault(m.label, []).append(m.value)
+    return out
+
+
+def _html(at) -> str:
+    return "\n".join(h.proto.body for h in at.get("html"))
+
+
+def _engine():
+    from ui import engine_access as ea
+    return ea.get_engine()
+
+
+# ------------------------------------------------------------------ concurrent load
+
+def test_load_page_runs_a_workload_on_the_shared_engine():
+    at = _app("load.py")
+    assert "No load launched" in at.info[0].value
+    at.button_group(key="load_scenario").set_value("mixed").run()
+    at.number_input(key="load_n").set_value(6)
+    _submit(at, "load_form", "Launch load")
+    m = _metrics(at)
+    assert m["Submitted"] == ["6 / 6"]
+    assert m["Rejected at submit"] == ["0"]
+    assert len(at.get("plotly_chart")) == 4
+    assert any("done" in c.value for c in at.caption)
+    th = _engine()
+    snap = th.snapshot()
+    finished = [r for r in snap.requests if r.request_id.startswith("L") and "-mix-" in r.request_id]
+    assert finished and all(r.state == "finished" for r in finished)
+    html = _html(at)
+    assert "kvs-ev" in html and ">admit<" in html and "p50" in html
+
+
+def test_load_page_budget_control_changes_the_engine():
+    th = _engine()
+    at = _app("load.py")
+    before = th.snapshot().info.num_blocks
+    at.slider(key="load_budget").set_value(before - 8)
+    _submit(at, "budget_form", "Apply budget")
+    assert th.snapshot_now().info.num_blocks == before - 8
+    assert any(e.kind == "config" and e.data.get("num_blocks") == before - 8 for e in th.events.since(0))
+    at.slider(key="load_budget").set_value(before)
+    _submit(at, "budget_form", "Apply budget")
+    assert th.snapshot_now().info.num_blocks == before
+
+
+def test_load_page_shows_engine_rejections():
+    at = _app("load.py")
+    at.button_group(key="load_scenario").set_value("mixed").run()
+    at.number_input(key="load_n").set_value(3)
+    at.multiselect(key="load_tiers").set_value(["free"])
+    at.number_input(key="load_omax").set_value(4000)      # prompt + max_tokens over the free tier's cap
+    at.number_input(key="load_omed").set_value(4000)
+    _submit(at, "load_form", "Launch load")
+    m = _metrics(at)
+    assert m["Rejected at submit"] == ["3"]
+    assert any("refused at submission" in e.label for e in at.expander)
+    assert any("context cap" in c.value for c in at.code)
+
+
+# ------------------------------------------------------------------ prefix cache
+
+def test_prefix_cache_page_measures_hits_on_the_engine():
+    at = _app("prefix_cache.py")
+    at.text_area(key="pc_users").set_value("first <script>alert(1)</script>\nsecond <img src=x onerror=alert(2)>\nthird")
+    at.slider(key="pc_max_tokens").set_value(32)     # the later turns share blocks for 32+ steps
+    _submit(at, "pc_form", "Measure with and without sharing")
+    assert not at.error, [e.value for e in at.error]
+    m = _metrics(at)
+    assert m["Hit rate with forced misses"] == ["0%"]
+    assert int(m["Prefix hit rate (this run)"][0].rstrip("%")) > 0
+    assert m["Blocks shared at peak"][0] != "0 (×0)"
+    res = at.session_state["pc_result"]
+    assert res["hit"][0].cached_tokens == 0 and all(r.cached_tokens > 0 for r in res["hit"][1:])
+    assert all(r.cached_tokens == 0 for r in res["miss"])
+    assert len(at.get("plotly_chart")) == 2                     # TTFT figure + pool map
+    assert "<script>alert" not in _html(at) and "<img src=x" not in _html(at)
+
+
+# ------------------------------------------------------------------ paged vs contiguous
+
+def test_paged_vs_contiguous_page_reads_waste_from_snapshots():
+    at = _app("paged_vs_contiguous.py")
+    at.number_input(key="pvc_n").set_value(10)
+    _submit(at, "pvc_form", "Run both allocators")
+    res = at.session_state["pvc_result"]
+    from ui import compare as C
+    sa, sb = C.allocator_summary(res["paged"]), C.allocator_summary(res["contiguous"])
+    assert sa["allocator"] == "paged" and sb["allocator"] == "contiguous"
+    assert sb["mean_waste"] > sa["mean_waste"] and sa["peak_running"] > sb["peak_running"]
+    m = _metrics(at)
+    assert m["Peak running"] == [str(sa["peak_running"]), str(sb["peak_running"])]
+    assert "10 of 10 requests produced identical tokens" in at.markdown[-1].value
+    assert len(at.get("plotly_chart")) >= 2
+
+
+# ------------------------------------------------------------------ cache vs no-cache
+
+def test_cache_vs_nocache_counts_tokens_fed():
+    at = _app("cache_vs_nocache.py")
+    at.number_input(key="cvn_n").set_value(16)
+    at.number_input(key="cvn_p").set_value(10)
+    _submit(at, "cvn_cost_form", "Measure with and without the cache")
+    m = _metrics(at)
+    # with the cache: one token per decode step; without: the whole context every step
+    assert m["Tokens through the model, with cache"] == ["15"]
+    assert m["Tokens through the model, no cache"] == [f"{sum(10 + i for i in range(1, 16)):,}"]
+
+
+def test_cache_vs_nocache_exercise_three_runs():
+    at = _app("cache_vs_nocache.py")
+    at.number_input(key="cvn_seqs").set_value(10)
+    at.number_input(key="cvn_plen").set_value(8)
+    at.number_input(key="cvn_growth").set_value(16)
+    at.number_input(key="cvn_budget").set_value(8)
+    _submit(at, "cvn_ex_form", "Run the three engines")
+    m = _metrics(at)
+    assert m["Finished"] == ["10 / 10"] * 3
+    pre = [int(x) for x in m["Preemptions"]]
+    assert pre[0] == 0 and pre[1] == 0 and pre[2] > 0
+    assert int(m["Peak KV slots"][0].replace(",", "")) > 8 * 16       # A: past the budget
+    assert all(int(x.replace(",", "")) <= 8 * 16 for x in m["Peak KV slots"][1:])
+    assert "MemoryBudgetExceeded" in at.error[0].value
+
+
+# ------------------------------------------------------------------ replay
+
+def test_replay_page_scrubs_a_recorded_trace():
+    at = _app("replay.py")
+    steps = []
+    for tick in (0, 10, 40):
+        at.slider(key="rp_tick").set_value(tick).run()
+        assert not at.exception
+        steps.append(int(_metrics(at)["Engine step"][0]))
+    assert steps[0] < steps[1] < steps[2]
+    assert len(at.get("plotly_chart")) >= 4
+    at.selectbox(key="rp_demo").set_value("shared-system-prompt.jsonl").run()
+    assert not at.exception
+    assert "prefix_hit" in _html(at) or "admit" in _html(at)

@@ -1,0 +1,101 @@
+"""ui/memory_calc.py: numbers, formula text and figures are pure functions of the inputs."""
+import plotly.graph_objects as go
+import pytest
+
+from engine import memory_math as mm
+from engine.memory_math import GiB, MiB
+from ui import memory_calc as mc
+from ui.presets import PRESETS
+
+L3 = PRESETS["Llama-3-8B"]
+DS = PRESETS["DeepSeek-V3 (MLA)"]
+
+
+def test_compute_llama3_worked_example():
+    r = mc.compute(L3, "bf16", 4096, 1, 80 * GiB)
+    assert r.kind == "GQA"
+    assert r.bytes_per_token == 131_072
+    assert r.bytes_per_sequence == 512 * MiB
+    assert r.kv_total == 512 * MiB and r.total == 512 * MiB and r.fits
+    assert r.max_concurrent == 160
+    text = "\n".join(r.formula_lines)
+    assert r.formula_lines[0] == "bytes per token  = 2 (K and V) x 32 layers x 8 KV heads x 128 head dim x 2 bytes"
+    assert r.formula_lines[1].strip() == "= 131,072 B  (128 KiB)"
+    assert "131,072 B x 4,096 tokens" in text and "= 536,870,912 B  (512 MiB)" in text
+    assert r.formula_lines[-1].strip() == "= 160"
+    assert max(len(line) for line in r.formula_lines) <= 90      # readable without scrolling
+
+
+def test_compute_with_weights_and_concurrency():
+    w = mm.weights_bytes(L3, "bf16")
+    r = mc.compute(L3, "bf16", 32_768, 8, 80 * GiB, w)
+    assert r.kv_total == 32 * GiB and r.total == 32 * GiB + w
+    assert r.max_concurrent == (80 * GiB - w) // (4 * GiB)
+    assert any("weights" in line and f"{w:,} B" in line for line in r.formula_lines)
+    too_small = mc.compute(L3, "bf16", 4096, 1, 10 * GiB, w)
+    assert too_small.max_concurrent == 0 and not too_small.fits
+    assert "do not fit" in too_small.formula_lines[-1]
+
+
+def test_compute_mla_and_bad_concurrency():
+    r = mc.compute(DS, "bf16", 131_072, 1, 80 * GiB)
+    assert r.kind == "MLA" and r.bytes_per_token == 70_272
+    assert "512 latent + 64 rotary key" in r.formula_lines[0]
+    assert r.formula_lines[1].strip() == "= 70,272 B  (68.62 KiB)"
+    with pytest.raises(ValueError, match="concurrency"):
+        mc.compute(L3, "bf16", 4096, 0, GiB)
+
+
+def test_summary_rows():
+    rows = mc.summary_rows(mc.compute(L3, "bf16", 131_072, 1, 80 * GiB))
+    by = {r["quantity"]: r for r in rows}
+    assert by["KV bytes per token"]["bytes"] == "131,072" and by["KV bytes per token"]["size"] == "128 KiB"
+    assert by["KV per sequence"]["size"] == "16 GiB"
+    assert by["max concurrent sequences"]["size"] == "5"
+
+
+def test_context_points():
+    pts = mc.context_points(4096, hi=131_072)
+    assert pts[0] == 512 and pts[-1] == 131_072 and 4096 in pts
+    assert pts == sorted(pts) and len(pts) <= mc.MAX_CONTEXT_POINTS
+    assert 3000 in mc.context_points(3000)
+    assert len(mc.context_points(10_000_000, hi=10_000_000)) <= mc.MAX_CONTEXT_POINTS + 1
+
+
+def test_bytes_by_kind_figure_values():
+    fig = mc.bytes_by_kind_figure(L3, "bf16")
+    assert isinstance(fig, go.Figure)
+    bar = fig.data[0]
+    assert list(bar.x) == ["MHA", "GQA (this config)", "MQA"]
+    assert list(bar.y) == [524_288, 131_072, 16_384]
+    assert list(bar.text) == ["512 KiB", "128 KiB", "16 KiB"]
+    ds = mc.bytes_by_kind_figure(DS, "bf16").data[0]
+    assert list(ds.x)[-1] == "MLA (this config)" and list(ds.y)[-1] == 70_272
+
+
+def test_memory_vs_context_figure():
+    fig = mc.memory_vs_context_figure(L3, "bf16", 32_768, 1, 80 * GiB)
+    by = {t.name: t for t in fig.data}
+    assert set(by) == {"MHA", "GQA (this config)", "MQA", "your setting"}
+    xs = list(by["GQA (this config)"].x)
+    i = xs.index(32_768)
+    assert by["MHA"].y[i] == 16.0 and by["GQA (this config)"].y[i] == 4.0 and by["MQA"].y[i] == 0.5
+    assert list(by["your setting"].y) == [4.0]
+    assert fig.layout.shapes[0].y0 == 80.0          # the GPU memory line
+    with_w = mc.memory_vs_context_figure(L3, "bf16", 32_768, 2, 80 * GiB, 16 * GiB)
+    assert [t for t in with_w.data if t.name == "your setting"][0].y[0] == 16 + 8
+
+
+def test_max_concurrency_figure():
+    fig = mc.max_concurrency_figure(L3, "bf16", 32_768, 80 * GiB)
+    bar = fig.data[0]
+    xs = list(bar.x)
+    assert list(bar.y)[xs.index("32,768")] == 20
+    assert list(bar.y)[xs.index("131,072")] == 5
+    assert list(bar.y)[xs.index("2,048")] == 320
+
+
+def test_figures_are_pure():
+    a = mc.memory_vs_context_figure(L3, "fp8", 8192, 4, 24 * GiB, GiB).to_json()
+    b = mc.memory_vs_context_figure(L3, "fp8", 8192, 4, 24 * GiB, GiB).to_json()
+    assert a == b
