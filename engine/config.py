@@ -15,6 +15,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16", "fp8_e4m3", "int8")   # engine/kv_quant.py
 LINEAR_BACKENDS = ("auto", "torch")
 ATTENTION_BACKENDS = ("auto", "torch", "flex")
+WEIGHT_FORMATS = ("auto", "gguf", "fp32", "bf16", "fp16")
 MIN_TEMPERATURE = 1e-5
 MAX_LOGPROBS = 20                 # vLLM's default max_logprobs
 
@@ -161,6 +162,13 @@ class EngineConfig:
     # total memory this engine may use (weights and activations included); the KV pool gets the
     # rest (vLLM's gpu_memory_utilization; engine/device.py)
     gpu_memory_utilization: float = 0.9
+    # "gguf": on CPU in fp32, Linears whose GGUF tensor (the model's source file) is Q4_1 / Q8_0
+    # compute from those blocks, bitwise as on the de-quantized weights (engine/linear.py);
+    # "fp32": the de-quantized fp32 weights; "bf16" / "fp16": fp32 weights that are exactly such
+    # values (a 16-bit checkpoint loaded in fp32) held and read at 16 bits, widened exactly;
+    # "auto": "gguf" where the model came from a GGUF, else bf16 / fp16 where every weight is
+    # exactly one, else "fp32" (always "fp32" where the C kernel cannot be built)
+    weight_format: str = "auto"
     event_ring_size: int = 20000
     history_len: int = 512                  # per-request history points kept for the UI
 
@@ -212,6 +220,8 @@ class EngineConfig:
         gmu = self.gpu_memory_utilization
         _check(isinstance(gmu, (int, float)) and not isinstance(gmu, bool) and 0 < gmu <= 1,
                f"gpu_memory_utilization must be a number in (0, 1], got {self.gpu_memory_utilization!r}")
+        _check(self.weight_format in WEIGHT_FORMATS,
+               f"weight_format must be one of {WEIGHT_FORMATS}, got {self.weight_format!r}")
         _check(_is_int(self.event_ring_size) and 16 <= self.event_ring_size <= 10_000_000,
                "event_ring_size must be an integer in [16, 10000000]")
         _check(_is_int(self.history_len) and 2 <= self.history_len <= 100_000, "history_len must be in [2, 100000]")

@@ -5,6 +5,10 @@ and called through ctypes on tensors' memory.
   paged K/V pool. The torch reference in engine/attention.py gathers every running request's
   blocks into a dense, padded copy each layer and step and then runs SDPA over it; this kernel
   reads each key and value once from its block (timings: docs/BENCHMARKS.md).
+- `qlinear` (csrc/quant_linear.c): the same product with the weight held as a GGUF's Q4_1 / Q8_0
+  blocks (interleaved 16 rows to a panel, same bytes) or as exact F16 / BF16 values, widened to
+  fp32 in registers with the dequantizer's arithmetic and summed in linear.c's order: bitwise the
+  fp32 kernel's result on the de-quantized weight, reading 5 / 8.5 / 16 bits per weight, not 32.
 - `linear` (csrc/linear.c): y = x W^T on weights packed once into 16-column panels, for every
   row count (decode's 1-16 rows and prefill's 512). Each output is summed in the same order
   whatever the row count, so results do not depend on the batch.
@@ -25,7 +29,8 @@ import threading
 
 import torch
 
-SOURCES = [os.path.join(os.path.dirname(__file__), "csrc", f) for f in ("paged_attention.c", "linear.c")]
+SOURCES = [os.path.join(os.path.dirname(__file__), "csrc", f)
+           for f in ("paged_attention.c", "linear.c", "quant_linear.c")]
 ABI_VERSION = 4
 CFLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
 MIN_PARALLEL_KEYS = 4096         # below this many (key position x KV head) pairs one thread is faster
@@ -114,6 +119,14 @@ def load():
                     lib.kvscope_linear_pack.restype = None
                     lib.kvscope_linear_packed_floats.argtypes = [I, I]
                     lib.kvscope_linear_packed_floats.restype = ctypes.c_longlong
+                    lib.kvscope_qpanel_bytes.argtypes = [I, I, I]
+                    lib.kvscope_qpanel_bytes.restype = ctypes.c_longlong
+                    lib.kvscope_qpack.argtypes = [I, P, ctypes.c_longlong, P, I, I, P]
+                    lib.kvscope_qpack.restype = I
+                    lib.kvscope_qunpack.argtypes = [I, P, I, I, P]
+                    lib.kvscope_qunpack.restype = I
+                    lib.kvscope_qlinear.argtypes = [I, P, I, I, P, I, P, P, I]
+                    lib.kvscope_qlinear.restype = I
                     _self_test(lib)
                     _self_test_linear(lib)
                 except Exception as e:        # build or self-test failed: the torch path stays
@@ -198,6 +211,67 @@ def linear_unchecked(lib, x: torch.Tensor, panels: torch.Tensor, n_out: int, bia
                             n_threads if n_threads is not None else torch.get_num_threads())
     if rc != 0:
         raise RuntimeError(f"kvscope_linear failed with code {rc}")
+    return y
+
+
+QUANT_TYPES = {"Q4_1": 3, "Q8_0": 8, "F16": 1, "BF16": 30}   # ggml type ids the quantized kernel reads
+QUANT_BLOCK = {3: (32, 20), 8: (32, 34), 1: (32, 64), 30: (32, 64)}   # type id -> (weights, bytes) per block
+HALF_TYPES = {torch.bfloat16: 30, torch.float16: 1}
+
+
+def half_blocks(weight: torch.Tensor, dtype: torch.dtype):
+    """An fp32 weight [N, K] as rows of 16-bit `dtype` values (uint8 [N, 2K]) for qpack, or None
+    where some value is not exactly a `dtype` value (widening back would change the weight)."""
+    w = weight.detach()
+    h = w.to(dtype)
+    if not torch.equal(h.to(torch.float32), w):
+        return None
+    return h.contiguous().view(torch.int16).numpy().view("uint8").reshape(w.shape[0], -1)
+
+
+def qpack(lib, qtype: int, blocks, n_out: int, k: int, row_map=None) -> torch.Tensor:
+    """GGUF blocks (uint8 tensor or array of n_src rows x k/32 blocks) -> the panel layout
+    `qlinear` reads (uint8). Output n takes GGUF row row_map[n] (default n)."""
+    import numpy as np
+    src = np.ascontiguousarray(np.asarray(blocks, dtype=np.uint8))
+    per_block = QUANT_BLOCK.get(qtype, (0, 0))
+    if not per_block[0] or k % per_block[0]:
+        raise ValueError(f"no quantized kernel for ggml type {qtype} at {k} columns")
+    n_src = src.size // (k // per_block[0] * per_block[1])
+    if src.size != n_src * (k // per_block[0]) * per_block[1]:
+        raise ValueError(f"{src.size} bytes are not whole rows of {k} columns")
+    rm = np.ascontiguousarray(np.arange(n_out) if row_map is None else np.asarray(row_map), dtype=np.int32)
+    if rm.shape != (n_out,):
+        raise ValueError(f"row_map needs {n_out} entries")
+    out = torch.empty(lib.kvscope_qpanel_bytes(qtype, n_out, k), dtype=torch.uint8)
+    rc = lib.kvscope_qpack(qtype, src.ctypes.data, n_src, rm.ctypes.data, n_out, k, out.data_ptr())
+    if rc != 0:
+        raise ValueError(f"kvscope_qpack failed with code {rc}")
+    return out
+
+
+def qunpack(lib, qtype: int, panels: torch.Tensor, n_out: int, k: int) -> torch.Tensor:
+    """The fp32 weight [n_out, k] that `qlinear` computes with."""
+    w = torch.empty(n_out, k, dtype=torch.float32)
+    if lib.kvscope_qunpack(qtype, panels.data_ptr(), n_out, k, w.data_ptr()) != 0:
+        raise ValueError("kvscope_qunpack: bad type or sizes")
+    return w
+
+
+def qlinear(lib, qtype: int, x: torch.Tensor, panels: torch.Tensor, n_out: int, bias: torch.Tensor | None = None,
+            n_threads: int | None = None) -> torch.Tensor:
+    """x [..., K] fp32 -> x W^T (+ bias) with W the quantized panels made by qpack."""
+    if x.dtype != torch.float32 or x.device.type != "cpu":
+        raise ValueError("the linear kernel needs float32 CPU input")
+    if not x.is_contiguous():
+        x = x.contiguous()
+    k = x.shape[-1]
+    y = torch.empty((*x.shape[:-1], n_out), dtype=torch.float32)
+    rc = lib.kvscope_qlinear(qtype, x.data_ptr(), x.numel() // k if k else 0, k, panels.data_ptr(), n_out,
+                             bias.data_ptr() if bias is not None else None, y.data_ptr(),
+                             n_threads if n_threads is not None else torch.get_num_threads())
+    if rc != 0:
+        raise RuntimeError(f"kvscope_qlinear failed with code {rc}")
     return y
 
 

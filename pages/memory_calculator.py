@@ -14,6 +14,7 @@ import json  # noqa: E402
 import streamlit as st  # noqa: E402
 
 from engine import memory_math as mm  # noqa: E402
+from ui import engine_access as ea  # noqa: E402
 from ui import memory_calc as mc  # noqa: E402
 from ui import presets, shell  # noqa: E402
 
@@ -100,6 +101,10 @@ with c3:
     params_b = float(st.number_input("Parameter count override (billions; 0 = from the config)",
                                      min_value=0.0, max_value=100_000.0, value=0.0, step=1.0,
                                      key="mc_params_b", disabled=not include_weights))
+
+if source == SRC_LOADED and getattr(engine_info, "weight_bytes_per_step", 0):
+    st.caption(f"The loaded engine's weights: {ea.weight_format_text(engine_info)} (the bytes each decode step "
+               "streams, whatever the dtype chosen above for the memory sum).")
 
 # ------------------------------------------------------------------ numbers
 try:

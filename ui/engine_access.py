@@ -197,6 +197,23 @@ def spec_config(method: str, k: int, *, mismatched: bool = False, num_layers: in
     return SpeculativeConfig(method=method, num_speculative_tokens=k, **fb)
 
 
+WEIGHT_FORMAT_CHOICES = ("auto", "gguf", "fp32", "bf16", "fp16")
+WEIGHT_FORMAT_LABELS = {"auto": "auto (GGUF blocks where the model has them)", "gguf": "GGUF blocks (Q4_1 / Q8_0)",
+                        "fp32": "fp32 (de-quantized copies)", "bf16": "bf16 (weights that are exactly bf16)",
+                        "fp16": "fp16 (weights that are exactly fp16)"}
+
+
+def weight_format_text(info) -> str:
+    """'GGUF blocks · 96.6 MB read per step' for an EngineInfo (older snapshots: '')."""
+    fmt = getattr(info, "weight_format", None)
+    nbytes = getattr(info, "weight_bytes_per_step", 0)
+    if not fmt or not nbytes:
+        return ""
+    name = {"gguf": "GGUF quantized blocks", "fp32": "fp32 copies", "torch": "fp32 (transformers' F.linear)",
+            "bf16": "bf16 values widened exactly", "fp16": "fp16 values widened exactly"}
+    return f"{name.get(fmt, fmt)} · {nbytes / 1e6:,.1f} MB of weights read per step"
+
+
 def settings_sidebar() -> None:
     """Engine settings that rebuild the shared engine on Apply."""
     cfg = engine_config()
@@ -230,6 +247,11 @@ def settings_sidebar() -> None:
         if len(devices) > 1:   # a GPU is present: offer it and the CPU ("auto" is the first one)
             cur = cfg.device if cfg.device in devices else devices[0]
             device = st.selectbox("Device", devices, index=devices.index(cur))
+        wf = st.selectbox("Weight format", WEIGHT_FORMAT_CHOICES, index=WEIGHT_FORMAT_CHOICES.index(cfg.weight_format),
+                          format_func=WEIGHT_FORMAT_LABELS.get,
+                          help="What the CPU Linear layers read each step. gguf: the model file's own "
+                               "quantized blocks (Q4_1 / Q8_0), widened to fp32 in registers — outputs "
+                               "bitwise those of the de-quantized weights; fp32: de-quantized copies.")
         confirm = st.checkbox("Rebuild the shared engine (in-flight requests are affected)", value=False)
         apply = st.form_submit_button("Apply", type="primary")
     if apply:
@@ -240,6 +262,7 @@ def settings_sidebar() -> None:
             new = cfg.replace(device=device, block_size=int(bs), num_kv_blocks=int(blocks), kv_cache_bytes=None,
                               kv_cache_dtype=kv_dtype,
                               max_num_seqs=int(seqs), enable_prefix_caching=bool(prefix), preemption_mode=pre,
+                              weight_format=wf,
                               speculative=spec_config(method, int(k), num_layers=info.num_layers if info else None))
             st.session_state["engine_message"] = ("success", shared_engine().reconfigure(new))
         except ValueError as e:

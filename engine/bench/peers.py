@@ -122,3 +122,61 @@ def verify_cost_ratios(model, prompt: list[int], ks=(1, 2, 4, 8), reps: int = 5)
         for k in ks:
             out[f"verify_cost_ratio_k{k}"] = one(k + 1) / t1
     return out
+
+
+# ---------------------------------------------------------------------------- llama.cpp (optional)
+
+LLAMACPP_PIN = "llama-cpp-python==0.3.36"
+_LLAMACPP_SCRIPT = r"""
+import json, sys, time
+from llama_cpp import Llama
+path, threads, n_new, reps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+prompt = json.loads(sys.stdin.read())
+llm = Llama(model_path=path, n_ctx=len(prompt) + n_new + 8, n_threads=threads, n_threads_batch=threads,
+            n_batch=512, verbose=False)
+rates, toks = [], None
+for _ in range(reps + 1):                      # the first pass warms up (page cache, allocations)
+    llm.reset()
+    llm.eval(prompt)
+    out, t = [], time.perf_counter()
+    for _ in range(n_new):
+        tok = llm.sample(temp=0.0)
+        out.append(tok)
+        llm.eval([tok])
+    rates.append(n_new / (time.perf_counter() - t))   # n_new single-token decode passes
+    toks = out
+import llama_cpp
+print(json.dumps({"tok_s": max(rates[1:]), "rates": rates[1:], "tokens": toks, "version": llama_cpp.__version__}))
+"""
+
+
+def llamacpp_python() -> str | None:
+    """The Python of the bench-peer environment that scripts/bench_peers.sh installs llama.cpp
+    into ($KVSCOPE_PEERS_VENV, default <kvscope cache>/peers-venv), where it exists."""
+    import os
+    venv = os.environ.get("KVSCOPE_PEERS_VENV")
+    if not venv:
+        from engine.models import cache_dir
+        venv = os.path.join(cache_dir(), "peers-venv")
+    py = os.path.join(venv, "bin", "python")
+    return py if os.path.exists(py) else None
+
+
+def llamacpp_decode_bs1(gguf_path: str, prompt: list[int], n_new: int, threads: int, reps: int = 2,
+                        timeout: float = 600) -> dict:
+    """llama.cpp's single-stream greedy decode of the same GGUF (llama-cpp-python in the peer
+    environment, a subprocess of this run): best tok/s over `reps` timed passes after a warm-up,
+    prefill excluded, `threads` threads. Returns {} with a "why" where it cannot run."""
+    import json
+    import subprocess
+    py = llamacpp_python()
+    if py is None:
+        return {"why": f"no llama.cpp peer environment (run scripts/bench_peers.sh to install {LLAMACPP_PIN})"}
+    try:
+        proc = subprocess.run([py, "-c", _LLAMACPP_SCRIPT, gguf_path, str(threads), str(n_new), str(reps)],
+                              input=json.dumps(prompt), capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.SubprocessError) as e:
+        return {"why": f"llama.cpp peer failed: {type(e).__name__}: {e}"}
+    if proc.returncode != 0:
+        return {"why": f"llama.cpp peer failed: {(proc.stderr or proc.stdout).strip()[-300:]}"}
+    return json.loads(proc.stdout.strip().splitlines()[-1])

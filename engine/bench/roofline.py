@@ -293,6 +293,110 @@ def probe_threads(shape: ModelShape, candidates=None, rounds: int = 3, layers: i
     return {"threads": pick, "ms": {n: v * 1e3 for n, v in best.items()}}
 
 
+# ---------------------------------------------------------------------------- batch-1 decode per weight format
+
+class KernelTimer:
+    """Within the block, wall time spent in the engine's packed Linears (the weights) and in the
+    paged decode-attention kernel, summed over calls; the rest of a step is everything else
+    (norms, rotary, K/V writes, sampling, Python). Timing is a perf_counter pair per call
+    (121 Linear groups + 30 attention calls a step for the default model). Each is also timed in
+    this thread's CPU time (`*_cpu_s`): on a machine shared with other work, wall time includes
+    the slices other processes took, CPU time only the work (exact for the engine's default of one
+    thread, where the kernels run on the calling thread)."""
+
+    def __init__(self, runner):
+        self.runner = runner
+        self.weights_s = self.attention_s = self.weights_cpu_s = self.attention_cpu_s = 0.0
+
+    def _wrap(self, fn, slot):
+        def timed(*a, **kw):
+            t, c = time.perf_counter(), time.thread_time()
+            try:
+                return fn(*a, **kw)
+            finally:
+                setattr(self, slot, getattr(self, slot) + time.perf_counter() - t)
+                setattr(self, slot.replace("_s", "_cpu_s"), getattr(self, slot.replace("_s", "_cpu_s"))
+                        + time.thread_time() - c)
+        return timed
+
+    def __enter__(self):
+        from engine import cpu_kernels
+        pack = self.runner.linear_pack
+        self._groups = {id(g): g for g, _ in pack.members.values()}.values() if pack is not None else ()
+        self._saved = [(g, g.matmul) for g in self._groups]
+        for g, mm in self._saved:
+            g.matmul = self._wrap(mm, "weights_s")
+        self._attn = cpu_kernels.paged_decode_attention
+        cpu_kernels.paged_decode_attention = self._wrap(self._attn, "attention_s")
+        return self
+
+    def __exit__(self, *exc):
+        from engine import cpu_kernels
+        for g, mm in self._saved:
+            g.matmul = mm
+        cpu_kernels.paged_decode_attention = self._attn
+
+
+def decode_steps(llm, prompt, params, request_id: str, timer=None) -> tuple[int, float, float]:
+    """(decode steps, their summed wall seconds, their summed CPU seconds in this thread) for one
+    request alone, its prefill step excluded."""
+    eng = llm.engine
+    eng.add_request(request_id, prompt, params)
+    steps, total, cpu, first = 0, 0.0, 0.0, True
+    while eng.has_unfinished_requests():
+        if timer is not None and first:
+            saved = (timer.weights_s, timer.attention_s, timer.weights_cpu_s, timer.attention_cpu_s)
+        t, c = time.perf_counter(), time.thread_time()
+        eng.step()
+        dt, dc = time.perf_counter() - t, time.thread_time() - c
+        if first:               # the prefill step: not decode
+            first = False
+            if timer is not None:
+                timer.weights_s, timer.attention_s, timer.weights_cpu_s, timer.attention_cpu_s = saved
+            continue
+        steps += 1
+        total += dt
+        cpu += dc
+    return steps, total, cpu
+
+
+def decode_bs1_by_format(ctx, prompt: list[int], n_new: int, formats=("auto", "fp32"), rounds: int = 2) -> dict:
+    """Batch-1 decode of one request with each weight format, in one process, the formats
+    alternating round by round (on a shared machine the CPU share drifts; alternation keeps the
+    ratio honest). Per format: best tok/s over the rounds, the format the engine resolved, the
+    weight bytes it reads per step, and the step split (ms per decode step in the Linears, the
+    attention kernel and the rest) from one extra timed run."""
+    from . import common as C
+    _, SamplingParams, _ = C.require_engine()
+    llms = {f: C.make_llm(ctx, max_num_seqs=4, num_kv_blocks=C.blocks_for([len(prompt)], n_new) + 8,
+                          weight_format=f) for f in formats}
+    out = {f: {"rates": []} for f in formats}
+    try:
+        for f, llm in llms.items():
+            C.warm_up(llm, SamplingParams, prompt)
+            info = llm.engine.info()
+            out[f]["format"] = info.weight_format
+            out[f]["weight_bytes"] = info.weight_bytes_per_step
+        params = C.greedy(SamplingParams, n_new)
+        for i in range(rounds):
+            for f, llm in llms.items():
+                steps, secs, _ = decode_steps(llm, prompt, params, f"bs1-{f}-{i}")
+                if steps and secs > 0:
+                    out[f]["rates"].append(steps / secs)
+        for f, llm in llms.items():
+            with KernelTimer(llm.engine.runner) as kt:
+                steps, secs, cpu = decode_steps(llm, prompt, params, f"bs1-split-{f}", timer=kt)
+            if steps:
+                for key, total, w, a in (("split_ms", secs, kt.weights_s, kt.attention_s),
+                                         ("split_cpu_ms", cpu, kt.weights_cpu_s, kt.attention_cpu_s)):
+                    step, w, a = total / steps * 1e3, w / steps * 1e3, a / steps * 1e3
+                    out[f][key] = {"step": step, "weights": w, "attention": a, "rest": step - w - a}
+    finally:
+        for llm in llms.values():
+            C.free_llm(llm)
+    for f in formats:
+        out[f]["tok_s"] = max(out[f]["rates"]) if out[f]["rates"] else None
+    return out
 # ---------------------------------------------------------------------------- roofline
 
 def shape_of(model) -> ModelShape:
@@ -372,22 +476,8 @@ def suite_roofline(ctx: C.BenchContext) -> SuiteResult:
     ctx.start("kvscope batch-1 decode")
     p1 = prompts[_spread(prompts, 1)[0]]
     n1 = ctx.pick(64, 32, smoke=6)
-    llm = C.make_llm(ctx, max_num_seqs=4, num_kv_blocks=C.blocks_for([len(p1)], n1) + 8)
-    try:
-        C.warm_up(llm, SamplingParams, p1)
-        rates = []
-        for i in range(ctx.pick(3, 2, smoke=1)):
-            marks = C.token_times(llm, p1, C.greedy(SamplingParams, n1), request_id=f"bs1-{i}")
-            r = C.decode_rate(marks)
-            if r is None:  # step() did not report progress token by token: difference two runs
-                _, t1 = C.timed_generate(llm, [p1], C.greedy(SamplingParams, 1))
-                _, tn = C.timed_generate(llm, [p1], C.greedy(SamplingParams, n1))
-                r = (n1 - 1) / (tn - t1) if tn > t1 else None
-            rates.append(r)
-    finally:
-        C.free_llm(llm)
-    rates = [r for r in rates if r]
-    dec = max(rates) if rates else None
+    by_fmt = decode_bs1_by_format(ctx, p1, n1, rounds=ctx.pick(3, 2, smoke=1))
+    dec, dec32 = by_fmt["auto"]["tok_s"], by_fmt["fp32"]["tok_s"]
     ctx.done("kvscope bs1")
 
     bw = max(bw, measure_read_bandwidth(bw_mb, dtype=torch.float32))
@@ -400,13 +490,46 @@ def suite_roofline(ctx: C.BenchContext) -> SuiteResult:
 
     ctxlen = len(p1) + n1 / 2
     mroof = memory_roof_tok_s(shape, bw, dbytes, ctxlen)
-    res.add("weight_bytes", shape.weight_bytes(dbytes), f"matmul weights read per decode step ({ctx.dtype()})")
+    read = by_fmt["auto"]["weight_bytes"]
+    mroof_read = bw * 1e9 / (read + shape.kv_bytes_per_token(dbytes) * ctxlen)
+    res.add("weight_bytes", shape.weight_bytes(dbytes), f"matmul weights per decode step in {ctx.dtype()}", row=False)
+    res.add("weight_format", by_fmt["auto"]["format"], "what the default engine's Linears read: 'gguf' = the "
+            "file's quantized blocks (engine/csrc/quant_linear.c), 'fp32' = de-quantized copies")
+    res.add("weight_bytes_read_per_step", read, f"weight bytes one decode step reads in that format "
+            f"(fp32 copies: {by_fmt['fp32']['weight_bytes']})")
     res.add("kv_bytes_per_token", shape.kv_bytes_per_token(dbytes), "K+V, all layers")
-    res.add("memory_roof_tok_s", mroof, f"bandwidth / (weights + KV of {ctxlen:.0f} tokens) per step")
-    res.add("decode_bs1_tok_s", dec, f"kvscope, one request, prompt {len(p1)} tokens, {n1} new, prefill excluded"
-            + f", best of {ctx.pick(3, 2, smoke=1)}")
-    res.add("memory_roof_fraction", fraction(dec, mroof), "target >= 0.8")
+    res.add("memory_roof_tok_s", mroof_read, f"bandwidth / (weight bytes read + KV of {ctxlen:.0f} tokens) per step")
+    res.add("memory_roof_fp32_tok_s", mroof, "the same with fp32 weights", row=False)
+    res.add("decode_bs1_tok_s", dec, f"kvscope, default weight format ({by_fmt['auto']['format']}), one request, "
+            f"prompt {len(p1)} tokens, {n1} new, prefill excluded, best of {len(by_fmt['auto']['rates'])}")
+    res.add("decode_bs1_fp32_tok_s", dec32, "the same request with weight_format='fp32', rounds alternating with "
+            "the above in this process")
+    res.add("decode_bs1_speedup_vs_fp32", fraction(dec, dec32), "target >= 3")
+    res.add("memory_roof_fraction", fraction(dec, mroof_read), "against the bytes actually read; target >= 0.8")
+    for f, name in (("auto", ""), ("fp32", "_fp32")):
+        for key, unit in (("split_ms", "ms"), ("split_cpu_ms", "cpu_ms")):
+            split = by_fmt[f].get(key)
+            for part in ("step", "weights", "attention", "rest") if split else ():
+                res.add(f"bs1{name}_{part}_{unit}", split[part], "" if part != "step" else
+                        f"one timed decode run ({by_fmt[f]['format']}): {unit.replace('_', ' ')} per step in the "
+                        "Linears (weights), the paged attention kernel and everything else", row=unit == "cpu_ms")
     res.add("hf_decode_bs1_tok_s", hf_dec, "transformers generate, same request, prefill excluded")
+    gguf_path = None
+    try:
+        from engine.models import gguf_source
+        gguf_path = gguf_source(C.load_hf_model(ctx.model, ctx.dtype())[0])
+    except Exception:
+        pass
+    if gguf_path:
+        ctx.start("llama.cpp batch-1 decode")
+        lc = peers.llamacpp_decode_bs1(gguf_path, p1, n1, C.torch_threads(), reps=ctx.pick(3, 2, smoke=1))
+        ctx.done("llama.cpp bs1")
+        if "tok_s" in lc:
+            res.add("llamacpp_decode_bs1_tok_s", lc["tok_s"], f"llama.cpp (llama-cpp-python {lc['version']}) on the "
+                    f"same GGUF and request, {C.torch_threads()} threads, best of {len(lc['rates'])}, prefill excluded")
+            res.add("decode_bs1_vs_llamacpp", fraction(dec, lc["tok_s"]), "target >= 1")
+        else:
+            ctx.note(f"llama.cpp peer not measured: {lc.get('why')}")
 
     if not ctx.quick and C.torch_threads() > 1:
         ctx.start("matmul at 1 thread")

@@ -107,6 +107,16 @@ static void gemv_range(const float *x, int K, const float *panels, int N, const 
 typedef void (*tile_fn)(const float *, int, const float *, const float *, float *, int, int);
 static const tile_fn TILES[7] = {0, tile_1, tile_2, tile_3, tile_4, tile_5, tile_6};
 
+/* every row of one panel (nvalid of its 16 outputs real): y[m][0..nvalid) for m < M, row stride
+ * ldy; also what quant_linear.c runs over a panel it has widened to fp32 */
+void kvscope_linear_panel(const float *x, int M, int K, const float *panel, const float *bias, float *y, int ldy,
+                          int nvalid) {
+    for (int m = 0; m < M; m += 6) {
+        const int mr = M - m < 6 ? M - m : 6;
+        TILES[mr](x + (size_t)m * K, K, panel, bias, y + (size_t)m * ldy, ldy, nvalid);
+    }
+}
+
 long long kvscope_linear_packed_floats(int N, int K) { return (long long)((N + NR - 1) / NR) * K * NR; }
 
 /* w [N, K] row-major -> panels (kvscope_linear_packed_floats(N, K) floats) */
@@ -137,13 +147,8 @@ int kvscope_linear(const float *x, int M, int K, const float *panels, int N, con
         return 0;
     }
     #pragma omp parallel for num_threads(n_threads) schedule(static) if (n_threads > 1)
-    for (int p = 0; p < np; p++) {
-        const float *pan = panels + (size_t)p * K * NR;
-        const int nvalid = N - p * NR < NR ? N - p * NR : NR;
-        for (int m = 0; m < M; m += 6) {
-            const int mr = M - m < 6 ? M - m : 6;
-            TILES[mr](x + (size_t)m * K, K, pan, bias ? bias + p * NR : NULL, y + (size_t)m * N + p * NR, N, nvalid);
-        }
-    }
+    for (int p = 0; p < np; p++)
+        kvscope_linear_panel(x, M, K, panels + (size_t)p * K * NR, bias ? bias + p * NR : NULL, y + p * NR, N,
+                             N - p * NR < NR ? N - p * NR : NR);
     return 0;
 }

@@ -102,6 +102,24 @@ def test_home_shows_the_real_engine():
     assert "cached-free" in _html(at) and "draft rejected" in _html(at)
 
 
+def test_home_and_sidebar_show_the_weight_format_and_bytes_read():
+    from ui import engine_access as ea
+    at = _app().run()
+    _no_exception(at)
+    info = _engine().snapshot().info
+    assert info.weight_format == "fp32" and info.weight_bytes_per_step > 0     # tiny: no GGUF behind it
+    shown = f"fp32 copies · {info.weight_bytes_per_step / 1e6:,.1f} MB of weights read per step"
+    assert any(shown in c.value for c in at.caption)
+    wf = next(s for s in at.sidebar.selectbox if s.label == "Weight format")
+    assert wf.options[wf.index] == ea.WEIGHT_FORMAT_LABELS["auto"]
+    wf.select("gguf")                  # the tiny model has no GGUF: a message naming the field
+    at.sidebar.checkbox[0].check()
+    _button(at, "Apply").click().run()
+    _no_exception(at)
+    assert any("weight_format='gguf'" in e.value for e in at.sidebar.error)
+    assert _engine().snapshot().info.weight_format == "fp32"
+
+
 def test_home_offers_restart_after_a_crash():
     th = _engine()
 
