@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 from .config import EngineConfig, SamplingParams
 from .engine import LLMEngine
 from .kv_layout import cdiv
-from .recording import CostPoint, RunRecord, measure_decode_cost, run_engine
+from .recording import CostPoint, RunRecord, drive, measure_decode_cost, run_engine
 from .snapshot import Snapshot
 
 # One private-engine measurement at a time per server: they compete for the same CPU cores (and
@@ -210,3 +210,84 @@ def measure_prefix(th, prompts: Sequence[str], max_tokens: int, *, mode: str, ru
             rows.append(PrefixRow(h.request_id, i + 1, out.metrics.ttft, len(out.prompt_token_ids),
                                   out.metrics.num_cached_tokens))
     return rows, best
+
+
+# ------------------------------------------------------------------ speculative vs plain, controlled
+
+@dataclass
+class SpecComparison:
+    """The Speculative page's measurement: `comparison` (a = plain seconds, b = speculative
+    seconds, so its ratio is the speedup), the last round's final RequestInfo of each side, the
+    speculative request's verify events and any fallback events, and the private engine's label."""
+    comparison: object               # measure.Comparison
+    spec: object                     # RequestInfo
+    plain: object
+    verify: list
+    fallback: list
+    label: str
+    k: int
+    tokens_per_target_pass: float | None
+    outputs_match: bool
+
+
+def private_engine(base: EngineConfig, **changes) -> LLMEngine:
+    """An engine for one experiment, separate from the shared one: its own small KV pool and
+    scheduler, the SAME loaded model (models.load_model keeps one copy per (name, device, dtype)
+    in the process, so no second copy of the weights). Never touches the shared engine's pool."""
+    return LLMEngine(base.replace(**changes))
+
+
+def compare_speculative(base: EngineConfig, prompt, spec, max_tokens: int, *, min_rounds: int = 3,
+                        budget_s: float | None = None, busy: Callable[[], int] | None = None,
+                        busy_what: str = "", on_sample: Callable[[int, str, object], None] | None = None,
+                        chat: bool = True) -> SpecComparison:
+    """Plain vs speculative decoding of one greedy prompt on one private engine (speculation
+    configured by `spec`; plain requests set SamplingParams.speculative=False), alternating sides
+    per engine/measure.py. Prefix caching is off so each run pays its full prefill. A short
+    untimed request of each side first takes first-call costs out of the numbers."""
+    from . import measure
+    if spec is None:
+        raise ValueError("speculative: choose a drafter (method and k) to compare against plain decoding")
+    mml = min(base.max_model_len, 4096)
+    eng = private_engine(base, speculative=spec, enable_prefix_caching=False, kv_cache_bytes=None,
+                         num_kv_blocks=cdiv(mml, base.block_size) * 2 + 4, max_num_seqs=2, max_model_len=mml,
+                         allocator="paged", preemption_mode="recompute", max_num_batched_tokens=max(512, mml))
+    ids = eng.apply_chat_template(prompt) if chat and isinstance(prompt, str) else prompt
+    last: dict[str, object] = {}
+    seqs: dict[str, int] = {}
+    ntok = {}
+
+    def one(side: str, tag: str, n: int):
+        rid = f"{side}-{tag}"
+        seqs[side] = eng.events.last_seq
+        t = time.perf_counter()
+        drive(eng, [(0, rid, ids, SamplingParams(max_tokens=n, temperature=0.0, seed=0, request_class="spec-page",
+                                                 speculative=side == "spec"))], max_idle_steps=1000)
+        dt = time.perf_counter() - t
+        info = eng.snapshot().request(rid)
+        last[side] = info
+        ntok[side] = info.output_len if info is not None else 0
+        return measure.Sample(dt, {"tokens": ntok[side], "request_id": rid})
+
+    try:
+        one("plain", "warmup", 2)
+        one("spec", "warmup", 2)
+        cmp_ = measure.compare(lambda r: one("plain", f"r{r}", max_tokens), lambda r: one("spec", f"r{r}", max_tokens),
+                               names=("plain", "spec"), min_rounds=min_rounds, budget_s=budget_s, busy=busy,
+                               busy_what=busy_what, on_sample=on_sample)
+        sreq, preq = last["spec"], last["plain"]
+        acc = sreq.spec_num_accepted_tokens if sreq is not None else 0
+        passes = (sreq.output_len - acc) if sreq is not None else 0
+        tpp = sreq.output_len / passes if passes > 0 else None
+        cmp_ = cmp_.with_suspect(measure.suspect_speedup(cmp_.ratio.median, tpp))
+        evs = eng.events.since(seqs["spec"])
+        srid = sreq.request_id if sreq is not None else None
+        return SpecComparison(
+            comparison=cmp_, spec=sreq, plain=preq,
+            verify=[e for e in evs if e.kind == "spec_verify" and e.request_id == srid],
+            fallback=[e for e in evs if e.kind == "spec_fallback"],
+            label=eng.snapshot().info.speculative or "", k=int(spec.num_speculative_tokens),
+            tokens_per_target_pass=tpp,
+            outputs_match=(sreq is not None and preq is not None and sreq.output_text == preq.output_text))
+    finally:
+        gc.collect()   # the private engine's pool goes with this frame (nothing else refers to it)
