@@ -108,7 +108,7 @@ if launch:
         now = th.snapshot()
         rec = recording.SnapshotRecorder(run_id, start_time=now.time, start_seq=th.events.last_seq)
         feeder = recording.LoadFeeder(th.submit, reqs, lambda r: SamplingParams(**r.sampling_kwargs()), run_id,
-                              time_scale=0.0 if ea.test_mode() else 1.0)
+                              time_scale=0.0 if ea.test_mode() else 1.0, bound_to=th)
         SS["load_run"] = {"run_id": run_id, "feeder": feeder, "rec": rec, "scenario": scenario,
                           "summary": summarize(reqs), "t0": now.time}
         feeder.start()
