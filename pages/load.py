@@ -12,7 +12,7 @@ from engine.workloads import SCENARIOS, make_workload, summarize
 from ui import engine_access as ea
 from ui import events_table as et
 from ui import load as L
-from ui import shell
+from ui import room, shell
 
 shell.enter_app()
 
@@ -107,7 +107,7 @@ if launch:
         run_id = f"L{uuid.uuid4().hex[:4]}"
         now = th.snapshot()
         rec = recording.SnapshotRecorder(run_id, start_time=now.time, start_seq=th.events.last_seq)
-        feeder = recording.LoadFeeder(th.submit, reqs, lambda r: SamplingParams(**r.sampling_kwargs()), run_id,
+        feeder = recording.LoadFeeder(room.submitter(th), reqs, lambda r: SamplingParams(**r.sampling_kwargs()), run_id,
                               time_scale=0.0 if ea.test_mode() else 1.0, bound_to=th)
         SS["load_run"] = {"run_id": run_id, "feeder": feeder, "rec": rec, "scenario": scenario,
                           "summary": summarize(reqs), "t0": now.time}
@@ -133,7 +133,7 @@ with st.container(border=True):
     with c[0].form("budget_form", border=False):
         new_budget = st.slider("KV budget (blocks) — tighten it mid-run to make the server preempt", 1, int(cap),
                                int(cur.num_blocks), key="load_budget")
-        if st.form_submit_button("Apply budget"):
+        if st.form_submit_button("Apply budget") and room.operator_only("The KV budget"):
             try:
                 th.set_kv_budget(int(new_budget))
                 st.toast(f"KV budget set to {int(new_budget)} blocks")
@@ -174,6 +174,11 @@ def live() -> None:
                f"{s.get('prompt_words_min', 0)}–{s.get('prompt_words_max', 0)} words, "
                f"{s.get('max_tokens_total', 0)} output tokens asked in total. Counts and charts are "
                "engine-wide (other sessions' requests included).")
+    oc = room.outcomes(rec.events, fs.request_ids)
+    st.caption(f"This run's requests: {oc['finished']} finished, {oc['aborted']} aborted, "
+               f"{oc['rejected']} rejected, {pending} in flight.")
+    if fs.rebuilt:
+        st.warning("Feeding stopped: the shared engine was rebuilt, so the rest of this load was not submitted.")
     if rec.restarts:
         st.warning("The shared engine was rebuilt during this run (settings changed or a restart), which "
                    "aborted its in-flight requests; the charts restart from the rebuilt engine's first step.")

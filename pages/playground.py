@@ -8,7 +8,7 @@ import streamlit as st
 from engine.config import SamplingParams
 from engine.thread import EngineCrashed
 from ui import engine_access as ea
-from ui import growth, pool, shell, theme, tokens
+from ui import growth, pool, room, shell, theme, tokens
 
 shell.enter_app()
 
@@ -152,7 +152,7 @@ def evict_button(rid: str) -> None:
 h = None
 if submitted:
     try:
-        h = th.submit(prompt, SamplingParams(max_tokens=int(max_tokens), temperature=0.0, seed=0), chat=True)
+        h = room.submit(th, prompt, SamplingParams(max_tokens=int(max_tokens), temperature=0.0, seed=0), chat=True)
     except ValueError as e:
         with answer:
             st.error(f"Not submitted: {e}")

@@ -241,3 +241,16 @@ def current_run(kind: str) -> Run | None:
     """The run named in the URL, when it is of this page's kind."""
     run = room().get(st.query_params.get("run"))
     return run if run is not None and run.kind == kind else None
+
+
+def outcomes(events, request_ids) -> dict[str, int]:
+    """{"finished", "aborted", "rejected"} counts of these requests from recorded finish/abort/
+    reject events (each request counted once, by its last terminal event)."""
+    ids = set(request_ids)
+    last: dict[str, str] = {}
+    for e in events:
+        kind = getattr(e.kind, "value", e.kind)
+        if e.request_id in ids and kind in ("finish", "abort", "reject"):
+            last[e.request_id] = kind
+    vals = list(last.values())
+    return {"finished": vals.count("finish"), "aborted": vals.count("abort"), "rejected": vals.count("reject")}
