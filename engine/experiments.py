@@ -39,28 +39,67 @@ def exercise_prompts(n: int, prompt_tokens: int, *, seed: int = 0, lo: int = 100
     return [[lo + i] + [rng.randrange(lo + n, hi) for _ in range(prompt_tokens - 1)] for i in range(n)]
 
 
+def _cache_engines(base: EngineConfig, n_tokens: int, prompt_tokens: int):
+    """{"cache": engine, "nocache": engine} (private, same loaded weights) and the prompt."""
+    mml = prompt_tokens + n_tokens + 8
+    blocks = cdiv(mml, base.block_size) + 2
+    prompt = exercise_prompts(1, prompt_tokens, seed=7)[0]
+    engines = {}
+    for key, kv in (("cache", True), ("nocache", False)):
+        engines[key] = private_engine(base, speculative=None, kv_cache_bytes=None, kv_cache=kv, num_kv_blocks=blocks,
+                                      max_model_len=max(mml, 64), enable_prefix_caching=False,
+                                      max_num_batched_tokens=max(512, mml))
+        measure_decode_cost(engines[key], prompt[: min(8, prompt_tokens)], 4, request_id="warmup")
+    return engines, prompt
+
+
 def measure_cache_vs_nocache(base: EngineConfig, n_tokens: int, prompt_tokens: int, *,
                              on_phase: Callable[[int, bool], None] | None = None
                              ) -> dict[str, tuple[float, list[CostPoint]]]:
     """{"cache": (prefill s, points), "nocache": (...)} for one greedy request of `prompt_tokens`
-    that generates `n_tokens` (EOS ignored), on two private engines built from `base`. A short
+    that generates `n_tokens` (EOS ignored), on two private engines built from `base`, once each
+    (`compare_cache_vs_nocache` is the controlled, repeated version the page shows). A short
     warm-up request first on each engine takes the first-call overheads out of the measurement.
     on_phase(i, with_cache) is called before each engine runs."""
-    mml = prompt_tokens + n_tokens + 8
-    blocks = cdiv(mml, base.block_size) + 2
-    prompt = exercise_prompts(1, prompt_tokens, seed=7)[0]
+    engines, prompt = _cache_engines(base, n_tokens, prompt_tokens)
     res = {}
     for i, (key, kv) in enumerate((("cache", True), ("nocache", False))):
         if on_phase is not None:
             on_phase(i, kv)
-        eng = LLMEngine(base.replace(speculative=None, kv_cache_bytes=None, kv_cache=kv, num_kv_blocks=blocks,
-                                   max_model_len=max(mml, 64), enable_prefix_caching=False,
-                                   max_num_batched_tokens=max(512, mml)))
-        measure_decode_cost(eng, prompt[: min(8, prompt_tokens)], 4, request_id="warmup")
-        res[key] = measure_decode_cost(eng, prompt, n_tokens, request_id=f"{key}-0")
-        del eng
-        gc.collect()
+        res[key] = measure_decode_cost(engines[key], prompt, n_tokens, request_id=f"{key}-0")
+    del engines
+    gc.collect()
     return res
+
+
+def compare_cache_vs_nocache(base: EngineConfig, n_tokens: int, prompt_tokens: int, *, min_rounds: int = 3,
+                             budget_s: float | None = None, busy: Callable[[], int] | None = None,
+                             busy_what: str = "", on_sample: Callable[[int, str, object], None] | None = None) -> dict:
+    """The Cache vs no-cache page's timing, controlled (engine/measure.py): the same decode on the
+    no-cache and the cache engine, alternated, `min_rounds`+ rounds. Compared: decode seconds
+    (sum of the decode steps). Returns {"comparison" (a = nocache, b = cache, ratio = how many
+    times slower without the cache), "cache": (prefill s, points), "nocache": (...)} with the
+    points of the round whose no-cache/cache ratio is the median one."""
+    from . import measure
+    engines, prompt = _cache_engines(base, n_tokens, prompt_tokens)
+    runs: dict[str, list] = {"cache": [], "nocache": []}
+
+    def side(key):
+        def run(r):
+            pre, pts = measure_decode_cost(engines[key], prompt, n_tokens, request_id=f"{key}-r{r}")
+            runs[key].append((pre, pts))
+            return measure.Sample(sum(p.step_s for p in pts) or 1e-9, {"prefill_s": pre})
+        return run
+
+    try:
+        cmp_ = measure.compare(side("nocache"), side("cache"), names=("nocache", "cache"), min_rounds=min_rounds,
+                               budget_s=budget_s, busy=busy, busy_what=busy_what, on_sample=on_sample)
+    finally:
+        engines.clear()     # free both private pools now
+        gc.collect()
+    ratios = [a.seconds / b.seconds for a, b in zip(cmp_.samples_a, cmp_.samples_b)]
+    mid = sorted(range(len(ratios)), key=lambda i: ratios[i])[len(ratios) // 2]
+    return {"comparison": cmp_, "cache": runs["cache"][mid], "nocache": runs["nocache"][mid]}
 
 
 ALLOCATOR_LABELS = {"paged": "paged (blocks on demand)", "contiguous": "contiguous (one max_model_len slab each)"}

@@ -40,7 +40,7 @@ TERMINAL = ("finished", "rejected", "aborted")
 def render_views(rid: str | None, tag: str) -> None:
     snap = ea.current_snapshot(th)
     colors = theme.request_colors_for(snap)
-    ea.chart(pool.pool_map_figure(snap, colors, highlight=rid), key=f"pool_{tag}")
+    ea.chart(pool.pool_map_figure(snap, colors, highlight=rid, mine=room.mine(snap)), key=f"pool_{tag}")
     st.html(theme.block_legend_html())
     if rid is None:
         st.info("Submit a prompt to see its block table, cache growth and tokens.")

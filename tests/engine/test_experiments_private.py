@@ -46,3 +46,18 @@ def test_compare_speculative_leaves_shared_engine_alone(method):
         assert (th.engine.step_num > step0) or not c.contended
     finally:
         th.shutdown()
+
+
+def test_compare_cache_vs_nocache_alternates_and_returns_median_round():
+    from engine.experiments import compare_cache_vs_nocache
+    res = compare_cache_vs_nocache(BASE, 6, 8)
+    c = res["comparison"]
+    assert c.names == ("nocache", "cache") and c.rounds == 3
+    assert [s for _, s in c.order] == ["nocache", "cache", "cache", "nocache", "nocache", "cache"]
+    for key in ("cache", "nocache"):
+        pre, pts = res[key]
+        assert len(pts) == 5                                  # 6 tokens: 1 from the prefill step + 5 decode steps
+    # the engine's own events: 1 token fed per decode step with the cache, the whole context without
+    assert [p.fed_tokens for p in res["cache"][1]] == [1] * 5
+    assert [p.fed_tokens for p in res["nocache"][1]] == [p.context_len - 1 for p in res["nocache"][1]]
+    assert not c.contended                                     # no busy counter given: nothing to flag

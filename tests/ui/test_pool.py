@@ -91,3 +91,23 @@ def test_empty_pool_does_not_crash():
     snap = snapshot(0, [])
     fig = pool.pool_map_figure(snap)
     assert fig.layout.height > 0
+
+
+def test_pool_map_outlines_this_sessions_other_requests():
+    """`mine` marks blocks of the viewer's other requests (dotted), apart from the highlighted one."""
+    from engine import LLMEngine
+    from engine.config import EngineConfig, SamplingParams
+    from ui import pool as P
+    eng = LLMEngine(EngineConfig(model="tiny", device="cpu", dtype="float32", block_size=4, num_kv_blocks=32,
+                                 max_num_seqs=4, max_model_len=64, seed=0, num_threads=1))
+    for rid in ("a", "b", "c"):
+        eng.add_request(rid, [7, 8, 9, 10, 11, 12], SamplingParams(max_tokens=4, ignore_eos=True))
+    eng.step()
+    snap = eng.snapshot()
+    fig = P.pool_map_figure(snap, highlight="a", mine={"a", "b"})
+    mine = [t for t in fig.data if t.name == "your other requests' blocks"]
+    assert len(mine) == 1
+    want = {i for i, b in enumerate(snap.blocks) if "b" in b.owners}
+    assert len(mine[0].x) == len(want) == len(snap.request("b").block_table)
+    assert not [t for t in P.pool_map_figure(snap, highlight="a", mine={"a"}).data
+                if t.name == "your other requests' blocks"]
