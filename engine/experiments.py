@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 from .config import EngineConfig, SamplingParams
 from .engine import LLMEngine
 from .kv_layout import cdiv
-from .recording import CostPoint, RunRecord, drive, measure_decode_cost, run_engine
+from .recording import CostPoint, RunRecord, SnapshotRecorder, drive, measure_decode_cost, run_engine
 from .snapshot import Snapshot
 
 # One private-engine measurement at a time per server: they compete for the same CPU cores (and
@@ -330,3 +330,62 @@ def compare_speculative(base: EngineConfig, prompt, spec, max_tokens: int, *, mi
             outputs_match=(sreq is not None and preq is not None and sreq.output_text == preq.output_text))
     finally:
         gc.collect()   # the private engine's pool goes with this frame (nothing else refers to it)
+
+
+def compare_prefix(base: EngineConfig, prompts: Sequence[str], max_tokens: int, *, prompt_lens: Sequence[int],
+                   min_rounds: int = 3, budget_s: float | None = None, busy: Callable[[], int] | None = None,
+                   busy_what: str = "", on_sample: Callable[[int, str, object], None] | None = None) -> dict:
+    """The Prefix cache page's cold vs warm, controlled and off the shared pool: a private
+    EngineThread (same loaded weights, its own pool sized for the turns) runs `measure_prefix`
+    with forced misses ("miss": a fresh salt per request, so every turn is cold) and with sharing
+    ("cache": one fresh salt per round, so later turns reuse turn 1's blocks), alternated per
+    engine/measure.py. Compared: mean TTFT of the later turns (all turns when there is one).
+    Returns {"comparison" (a = miss, b = cache: ratio = how many times faster the warm turns
+    reach their first token), "hit", "miss" (rows of the median round), "best" (snapshot with the
+    most sharing seen), "rec" (SnapshotRecorder of the private engine)}."""
+    from . import measure
+    from .thread import EngineThread
+    if not prompts:
+        raise ValueError("prompts: give at least one turn")
+    bs = base.block_size
+    need = sum(cdiv(n + max_tokens + 1, bs) for n in prompt_lens) + len(prompts) + 4
+    mml = max(max(prompt_lens) + max_tokens + 8, 64)
+    pth = EngineThread(private_engine(base, speculative=None, enable_prefix_caching=True, kv_cache=True,
+                                      kv_cache_bytes=None, num_kv_blocks=2 * need, allocator="paged",
+                                      max_num_seqs=max(len(prompts), 1), max_model_len=min(mml, base.max_model_len),
+                                      preemption_mode="recompute", max_num_batched_tokens=max(512, mml)))
+    tag = f"pc{uuid.uuid4().hex[:4]}"
+    rec = SnapshotRecorder(tag, start_time=pth.snapshot().time, start_seq=pth.events.last_seq)
+    rows: dict[str, list] = {"cache": [], "miss": []}
+    best: list = [None]
+
+    def later(rws):
+        sel = rws[1:] if len(rws) > 1 else rws
+        vals = [r.ttft_s for r in sel if r.ttft_s is not None]
+        if not vals:
+            raise RuntimeError("the engine reported no TTFT for the turns")
+        return sum(vals) / len(vals)
+
+    def side(mode):
+        def run(r):
+            rws, b = measure_prefix(pth, prompts, max_tokens, mode=mode, run_tag=f"{tag}-r{r}",
+                                    on_poll=lambda s: rec.poll(pth))
+            rows[mode].append(rws)
+            if mode == "cache":
+                best[0] = more_shared(best[0], b)
+            return measure.Sample(later(rws))
+        return run
+
+    try:
+        one_warm = measure_prefix(pth, prompts[:1], 2, mode="miss", run_tag=f"{tag}-warmup")
+        del one_warm
+        cmp_ = measure.compare(side("miss"), side("cache"), names=("miss", "cache"), min_rounds=min_rounds,
+                               budget_s=budget_s, busy=busy, busy_what=busy_what, on_sample=on_sample)
+        rec.poll(pth)
+    finally:
+        pth.shutdown()
+        gc.collect()
+    ratios = [a.seconds / b.seconds for a, b in zip(cmp_.samples_a, cmp_.samples_b)]
+    mid = sorted(range(len(ratios)), key=lambda i: ratios[i])[len(ratios) // 2]
+    return {"comparison": cmp_, "hit": rows["cache"][mid], "miss": rows["miss"][mid], "best": best[0], "rec": rec,
+            "tag": tag}
