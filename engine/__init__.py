@@ -7,7 +7,10 @@ __all__ = ["EngineConfig", "SamplingParams", "SpeculativeConfig", "TierConfig",
 
 
 def __getattr__(name):  # lazy: importing engine.config must not import torch
-    if name in ("LLM", "LLMEngine", "RequestOutput", "CompletionOutput"):
+    if name in ("RequestOutput", "CompletionOutput", "RequestMetrics"):
+        from . import outputs
+        return getattr(outputs, name)
+    if name in ("LLM", "LLMEngine"):
         from . import engine as _e
         return getattr(_e, name)
     if name == "EngineThread":

@@ -19,7 +19,9 @@ import struct
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from .events import EventKind
 from .kv_layout import cdiv  # noqa: F401  (callers import it from here too)
+from .snapshot import BlockInfo, BlockState
 
 
 def hash_block(parent: bytes | None, token_ids, salt: str | None) -> bytes:
@@ -56,8 +58,8 @@ class BlockManager:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.hash_to_block: dict[bytes, int] = {}
-        self.tables: dict[str, list[int]] = {}
-        self.num_tokens: dict[str, int] = {}       # tokens whose K/V are written, per request
+        self.block_tables: dict[str, list[int]] = {}
+        self._num_tokens: dict[str, int] = {}      # tokens whose K/V are written, per request
         self.req_hashes: dict[str, list[bytes]] = {}
         # swap space (CPU): slot ids
         self.num_swap_blocks = num_swap_blocks
@@ -67,7 +69,7 @@ class BlockManager:
         self.prefix_queries = 0
         self.prefix_hits = 0
         self.evicted_hashes = 0
-        self.pending_events: list[tuple[str, str | None, dict]] = []
+        self._pending_events: list[tuple[str, str | None, dict]] = []
 
     # ------------------------------------------------------------------ queries
     @property
@@ -82,12 +84,93 @@ class BlockManager:
         return self.num_used_blocks / self.num_blocks if self.num_blocks else 0.0
 
     def table(self, rid: str) -> list[int]:
-        return self.tables.get(rid, [])
+        return self.block_tables.get(rid, [])
+
+    def num_tokens(self, rid: str) -> int:
+        """Tokens whose K/V are written in rid's blocks (0 for a request holding none)."""
+        return self._num_tokens.get(rid, 0)
+
+    def request_ids(self) -> list[str]:
+        """Ids holding a block table, in allocation order."""
+        return list(self.block_tables)
+
+    def has_table(self, rid: str) -> bool:
+        return rid in self.block_tables
+
+    def is_swapped(self, rid: str) -> bool:
+        return rid in self.swapped
+
+    @property
+    def is_empty(self) -> bool:
+        """No request holds anything: no block table, token count, memoised hashes or swap slots."""
+        return not (self.block_tables or self._num_tokens or self.req_hashes or self.swapped)
+
+    @property
+    def num_cached_free_blocks(self) -> int:
+        """Free blocks whose content is still indexed by the prefix cache (reusable on a hit)."""
+        return sum(1 for b in self.free_queue if self.blocks[b].block_hash is not None)
+
+    @property
+    def num_cached_hashes(self) -> int:
+        return len(self.hash_to_block)
+
+    def ref_count(self, bid: int) -> int:
+        return self.blocks[bid].ref_cnt
+
+    def free_block_ids(self) -> list[int]:
+        """The free queue in eviction order (first = next to be reused)."""
+        return list(self.free_queue)
+
+    def slot_usage(self) -> tuple[int, int]:
+        """(slots in blocks held by block tables, of those the slots holding a token)."""
+        allocated = sum(len(t) for t in self.block_tables.values()) * self.block_size
+        filled = sum(self._num_tokens.get(rid, 0) for rid in self.block_tables)
+        return allocated, filled
+
+    def block_infos(self) -> list[BlockInfo]:
+        """One BlockInfo per block in service (retired ones left out), by block id: state, ref
+        count, the requests whose tables hold it and its filled slots."""
+        owners: dict[int, list[str]] = {}
+        fill: dict[int, int] = {}
+        bs = self.block_size
+        for rid, table in self.block_tables.items():
+            n = self._num_tokens.get(rid, 0)
+            for i, bid in enumerate(table):
+                owners.setdefault(bid, []).append(rid)
+                fill[bid] = max(fill.get(bid, 0), max(0, min(bs, n - i * bs)))
+        out = []
+        for bid in range(self.capacity):
+            if bid in self.retired:
+                continue
+            b = self.blocks[bid]
+            if b.ref_cnt > 0:
+                state = BlockState.USED
+            elif b.block_hash is not None:
+                state = BlockState.CACHED
+            else:
+                state = BlockState.FREE
+            out.append(BlockInfo(bid, state, b.ref_cnt, tuple(owners.get(bid, ())),
+                                 fill.get(bid, bs if state == BlockState.CACHED else 0),
+                                 b.block_hash.hex()[:8] if b.block_hash is not None else None))
+        return out
+
+    def fingerprint(self) -> tuple:
+        """The whole bookkeeping state as a hashable value (tests compare it before and after a
+        refused operation)."""
+        return (tuple(self.free_queue), tuple((k, tuple(v)) for k, v in self.block_tables.items()),
+                tuple(self._num_tokens.items()), tuple(b.ref_cnt for b in self.blocks),
+                tuple(sorted(self.hash_to_block.values())), tuple(sorted(self.retired)),
+                tuple(self.free_swap), self.num_blocks)
+
+    def drain_events(self) -> list[tuple[EventKind, str | None, dict]]:
+        """Events recorded since the last call: (kind, request id, data)."""
+        out, self._pending_events = self._pending_events, []
+        return out
 
     def blocks_needed(self, rid: str, total_tokens: int) -> int:
         if self.allocator == "contiguous":
-            return 0 if rid in self.tables else self.slab_blocks
-        return max(0, cdiv(total_tokens, self.block_size) - len(self.tables.get(rid, ())))
+            return 0 if rid in self.block_tables else self.slab_blocks
+        return max(0, cdiv(total_tokens, self.block_size) - len(self.block_tables.get(rid, ())))
 
     # ------------------------------------------------------------------ prefix cache
     def block_hashes(self, rid: str, token_ids: list[int], salt: str | None) -> list[bytes]:
@@ -123,8 +206,8 @@ class BlockManager:
         """Register hashes of the request's full, written blocks (first writer wins)."""
         if not self.enable_prefix_caching:
             return
-        n = self.num_tokens.get(rid, 0)
-        table = self.tables.get(rid, [])
+        n = self._num_tokens.get(rid, 0)
+        table = self.block_tables.get(rid, [])
         hashes = self.block_hashes(rid, token_ids[:n], salt)
         for i, h in enumerate(hashes[: n // self.block_size]):
             b = self.blocks[table[i]]
@@ -142,7 +225,7 @@ class BlockManager:
         if b.block_hash is not None:
             if self.hash_to_block.get(b.block_hash) == bid:
                 del self.hash_to_block[b.block_hash]
-            self.pending_events.append(("prefix_evict", None, {
+            self._pending_events.append((EventKind.PREFIX_EVICT, None, {
                 "block": bid, "hash": b.block_hash.hex()[:8], "reason": reason}))
             self.evicted_hashes += 1
             b.block_hash = None
@@ -171,7 +254,7 @@ class BlockManager:
         need = self.blocks_needed(rid, total_tokens) - len(computed_blocks)
         # hit blocks sitting in the free queue are taken out of it, so they don't count as free
         reusable_free = sum(1 for b in computed_blocks if self.blocks[b].ref_cnt == 0)
-        if self.allocator == "contiguous" and rid not in self.tables:
+        if self.allocator == "contiguous" and rid not in self.block_tables:
             return self._find_run(self.slab_blocks)
         return need <= self.num_free_blocks - reusable_free
 
@@ -188,8 +271,8 @@ class BlockManager:
         Returns the newly allocated block ids. Raises NoFreeBlocks with nothing changed."""
         if not self.can_allocate(rid, total_tokens, computed_blocks):
             raise NoFreeBlocks(rid)
-        table = self.tables.setdefault(rid, [])
-        self.num_tokens.setdefault(rid, 0)
+        table = self.block_tables.setdefault(rid, [])
+        self._num_tokens.setdefault(rid, 0)
         if self.allocator == "contiguous":
             if table:
                 return []
@@ -205,7 +288,7 @@ class BlockManager:
                     del self.free_queue[bid]
                 b.ref_cnt += 1
                 table.append(bid)
-            self.num_tokens[rid] = len(computed_blocks) * self.block_size
+            self._num_tokens[rid] = len(computed_blocks) * self.block_size
         new = [self._pop_free() for _ in range(self.blocks_needed(rid, total_tokens))]
         table.extend(new)
         return new
@@ -213,10 +296,10 @@ class BlockManager:
     def commit(self, rid: str, num_tokens: int) -> list[int]:
         """Record that rid's K/V now hold num_tokens tokens; release blocks past them (e.g. the
         slots of rejected speculative tokens). Returns the released block ids."""
-        self.num_tokens[rid] = num_tokens
+        self._num_tokens[rid] = num_tokens
         if self.allocator == "contiguous":
             return []
-        table = self.tables.get(rid, [])
+        table = self.block_tables.get(rid, [])
         keep = cdiv(num_tokens, self.block_size)
         released = []
         while len(table) > keep:
@@ -235,20 +318,37 @@ class BlockManager:
         if b.ref_cnt == 0:
             self.free_queue[bid] = None      # tail: most recently freed, evicted last
 
-    def free(self, rid: str) -> list[int]:
-        """Drop rid's block table. Blocks whose ref count reaches 0 keep their hash (cached-free)."""
-        table = self.tables.pop(rid, [])
-        self.num_tokens.pop(rid, None)
+    def free(self, rid: str, *, to_head: bool = False) -> list[int]:
+        """Drop rid's block table. Blocks whose ref count reaches 0 keep their hash (cached-free).
+        to_head=True puts the freed blocks at the head of the free queue in table order (reused
+        first), e.g. blocks lent for the duration of one draft so the next allocation takes these
+        same blocks back instead of evicting cached prefixes."""
+        table = self.block_tables.pop(rid, [])
+        self._num_tokens.pop(rid, None)
         self.req_hashes.pop(rid, None)
         for bid in reversed(table):        # tail blocks first into the queue -> evicted first
             self._release(bid)
+        if to_head:
+            for bid in reversed(table):
+                if bid in self.free_queue:
+                    self.free_queue.move_to_end(bid, last=False)
         return table
+
+    def drop_hashes(self, rid: str) -> None:
+        """Unregister the prefix-cache hashes of the blocks only rid holds, so that freeing them
+        leaves nothing to hit (a manual eviction really recomputes)."""
+        for bid in self.block_tables.get(rid, []):
+            b = self.blocks[bid]
+            if b.ref_cnt == 1 and b.block_hash is not None:
+                if self.hash_to_block.get(b.block_hash) == bid:
+                    del self.hash_to_block[b.block_hash]
+                b.block_hash = None
 
     def ensure_writable(self, rid: str, start: int, end: int) -> list[tuple[int, int]]:
         """Copy-on-write: any block of rid covering token positions [start, end) that another
         request also holds is replaced by a private copy. Returns (src, dst) copies to perform."""
         copies = []
-        table = self.tables.get(rid, [])
+        table = self.block_tables.get(rid, [])
         if end <= start:
             return copies
         for i in range(start // self.block_size, min(len(table), cdiv(end, self.block_size))):
@@ -261,7 +361,7 @@ class BlockManager:
                 b.ref_cnt -= 1
                 table[i] = dst
                 copies.append((bid, dst))
-                self.pending_events.append(("cow", rid, {"src": bid, "dst": dst,
+                self._pending_events.append((EventKind.COW, rid, {"src": bid, "dst": dst,
                                                           "reason": "write into a block shared with another request"}))
             elif b.block_hash is not None:
                 # sole owner rewrites a registered block: its content changes, so unregister it
@@ -272,15 +372,15 @@ class BlockManager:
 
     # ------------------------------------------------------------------ swap
     def can_swap_out(self, rid: str) -> bool:
-        return len(self.tables.get(rid, [])) <= len(self.free_swap)
+        return len(self.block_tables.get(rid, [])) <= len(self.free_swap)
 
     def swap_out(self, rid: str) -> list[tuple[int, int]]:
         """Move rid's blocks to swap slots. Returns (gpu block, swap slot) copies to perform
         BEFORE the gpu blocks are reused. The gpu blocks are released."""
-        table = self.tables.get(rid, [])
+        table = self.block_tables.get(rid, [])
         slots = [self.free_swap.pop() for _ in table]
         pairs = list(zip(table, slots))
-        n = self.num_tokens.get(rid, 0)
+        n = self._num_tokens.get(rid, 0)
         self.free(rid)
         self.swapped[rid] = (slots, n)
         return pairs
@@ -293,8 +393,8 @@ class BlockManager:
         """Bring rid back: returns (swap slot, gpu block) copies; the swap slots are released."""
         slots, n = self.swapped.pop(rid)
         table = [self._pop_free() for _ in slots]
-        self.tables[rid] = table
-        self.num_tokens[rid] = n
+        self.block_tables[rid] = table
+        self._num_tokens[rid] = n
         self.free_swap.extend(reversed(slots))
         return list(zip(slots, table))
 
@@ -336,7 +436,7 @@ class BlockManager:
         the block; the hash index points at blocks carrying that hash; slots in use cover
         exactly the tokens cached (paged) or the reserved slab (contiguous)."""
         refs = [0] * self.capacity
-        for rid, table in self.tables.items():
+        for rid, table in self.block_tables.items():
             for bid in table:
                 assert 0 <= bid < self.capacity and bid not in self.retired, f"{rid}: block {bid} outside the pool"
                 refs[bid] += 1
@@ -353,8 +453,8 @@ class BlockManager:
         assert len(self.free_queue) + sum(1 for r in refs if r) == self.num_blocks, "a block is neither free nor owned"
         for h, bid in self.hash_to_block.items():
             assert self.blocks[bid].block_hash == h, f"hash index points at block {bid} with another hash"
-        for rid, table in self.tables.items():
-            n = self.num_tokens.get(rid, 0)
+        for rid, table in self.block_tables.items():
+            n = self._num_tokens.get(rid, 0)
             if self.allocator == "contiguous":
                 assert len(table) == self.slab_blocks and n <= len(table) * self.block_size, f"{rid}: slab mismatch"
             else:

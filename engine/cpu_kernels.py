@@ -4,13 +4,10 @@ and called through ctypes on tensors' memory.
 - `paged_decode_attention` (csrc/paged_attention.c): decode attention read in place from the
   paged K/V pool. The torch reference in engine/attention.py gathers every running request's
   blocks into a dense, padded copy each layer and step and then runs SDPA over it; this kernel
-  reads each key and value once from its block. Measured on a 2-core AMD EPYC (16 decode
-  sequences of 40-360 tokens, 30 layers, pools cold in cache): 38-68 ms gather + SDPA vs 16-22 ms.
+  reads each key and value once from its block (timings: docs/BENCHMARKS.md).
 - `linear` (csrc/linear.c): y = x W^T on weights packed once into 16-column panels, for every
-  row count (decode's 1-16 rows and prefill's 512). Measured on the same machine, one pass over
-  the default model's 30 layers + lm_head: 17 / 41 / 920 ms at 1 / 16 / 512 rows, vs 32 / 56 /
-  1000 ms with oneDNN-packed weights and 38 / 85 / 960 ms with F.linear. Each output is summed in
-  the same order whatever the row count, so results do not depend on the batch.
+  row count (decode's 1-16 rows and prefill's 512). Each output is summed in the same order
+  whatever the row count, so results do not depend on the batch.
 
 The library is compiled once per (source, compiler, CPU) into the kvscope cache directory
 (`-O3 -march=native`, about a second) and reused by every later process. Where there is no

@@ -1,14 +1,16 @@
 """LLMEngine (add_request / step / abort_request / evict / snapshot) and LLM (batch generate).
 
-One step = schedule -> (copy-on-write, swaps) -> one flattened forward pass -> sample or verify
--> stop checks -> events and metrics. Every memory decision becomes an Event with a reason.
+One step (vLLM v1's shape) = schedule (drafts, then the Scheduler's batch) -> execute (copy-on-write,
+one flattened forward pass) -> update from output (sample or verify, stop checks, events and
+metrics). Every memory decision becomes an Event with a reason.
 """
 from __future__ import annotations
 
 import itertools
 import time
+import uuid
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -21,10 +23,13 @@ from .metrics import MetricsTracker
 from .models import load_model, resolve_device, resolve_dtype
 from .runner import BatchRow, ModelRunner
 from .sampler import make_generator, sample
-from .scheduler import Scheduler
-from .sequence import Request, Status
-from .snapshot import (PLAIN, BlockInfo, EngineInfo, RequestInfo, Snapshot,
-                       CACHED, FREE, USED)
+from .outputs import CompletionOutput, RequestMetrics, RequestOutput
+from .scheduler import Scheduler, SchedulerOutput
+from .sequence import Request, Status, WaitReason
+from .snapshot import PLAIN, EngineInfo, RequestInfo, Snapshot
+from .speculative.decoder import SpecDecoder
+
+__all__ = ["LLM", "LLMEngine", "CompletionOutput", "RequestMetrics", "RequestOutput"]
 
 DEFAULT_KV_BYTES = 256 * 1024 * 1024
 MAX_DEFAULT_BLOCKS = 4096
@@ -57,39 +62,12 @@ def _available_bytes(device: torch.device) -> int | None:
 
 
 @dataclass(slots=True)
-class CompletionOutput:
-    index: int
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None = None
-    stop_reason: str | int | None = None
-
-
-@dataclass(slots=True)
-class RequestMetrics:
-    arrival_time: float
-    first_scheduled_time: float | None
-    first_token_time: float | None
-    finish_time: float | None
-    ttft: float | None
-    tpot: float | None
-    e2e_latency: float | None
-    itl: list[float] = field(default_factory=list)
-    num_cached_tokens: int = 0
-    num_preemptions: int = 0
-    spec_num_drafts: int = 0
-    spec_num_draft_tokens: int = 0
-    spec_num_accepted_tokens: int = 0
-
-
-@dataclass(slots=True)
-class RequestOutput:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    outputs: list[CompletionOutput]
-    finished: bool
-    metrics: RequestMetrics
+class ModelOutput:
+    """What execute() hands to update_from_output(): the rows fed, their logits and the forward
+    pass's seconds, or the error that failed the pass."""
+    rows: list[BatchRow]
+    logits: torch.Tensor | None = None
+    forward_s: float = 0.0
     error: str | None = None
 
 
@@ -161,12 +139,11 @@ class LLMEngine:
                                   linear_backend=config.linear_backend,
                                   attention_backend=config.attention_backend)
         self.events = EventRing(config.event_ring_size)
+        self.engine_id = uuid.uuid4().hex[:12]
         self.t0 = time.perf_counter()
         self.step_num = 0
         self.scheduler = Scheduler(config, self.bm, self._emit, self.runner.swap_out, self.runner.swap_in,
-                                   self.runner.copy_blocks)
-        self.scheduler.bytes_per_token = self.bytes_per_token
-        self.scheduler.now = self.now
+                                   self.runner.copy_blocks, clock=self.now, bytes_per_token=self.bytes_per_token)
         self.requests: dict[str, Request] = {}
         self.finished: deque[Request] = deque(maxlen=64)
         self.metrics = MetricsTracker()
@@ -174,8 +151,10 @@ class LLMEngine:
         self.eos_ids = self._eos_ids()
         self.spec = None
         if config.speculative is not None:
-            from .speculative import SpecDecoder
-            self.spec = SpecDecoder(self, config.speculative)
+            self.spec = SpecDecoder(config.speculative, engine_config=config, bm=self.bm, runner=self.runner,
+                                    scheduler=self.scheduler, emit=self._emit, model=self.model,
+                                    tokenizer=self.tokenizer, device=self.device, dtype=self.dtype,
+                                    is_live=self.requests.__contains__)
         self.fault_injector = None        # tests: callable(step_items) that may raise
         self._emit(ev.CONFIG, None, model=config.model, num_blocks=num_blocks, block_size=config.block_size,
                    bytes_per_token=self.bytes_per_token, reason="engine started")
@@ -277,7 +256,7 @@ class LLMEngine:
         req.request_class = params.request_class or (tier.name if tier else "default")
         req.history = deque(maxlen=cfg.history_len)       # EngineConfig.history_len bounds the UI history
         req.generator = make_generator(params, self.device)
-        req.waiting_reason = "queued"
+        req.waiting_reason, req.wait_reason = "queued", WaitReason.QUEUED
         self.requests[request_id] = req
         self.scheduler.add(req)
         req.add_history(self.step_num, self.now(), 0, self.bytes_per_token, "waiting")
@@ -334,13 +313,7 @@ class LLMEngine:
             raise ValueError(f"request {request_id!r} is {req.status.value}, not running: nothing to evict")
         table = list(self.bm.table(request_id))
         tokens = req.num_computed_tokens
-        # drop the hashes too, so the recompute really recomputes
-        for bid in table:
-            b = self.bm.blocks[bid]
-            if b.ref_cnt == 1 and b.block_hash is not None:
-                if self.bm.hash_to_block.get(b.block_hash) == bid:
-                    del self.bm.hash_to_block[b.block_hash]
-                b.block_hash = None
+        self.bm.drop_hashes(request_id)      # so the recompute really recomputes
         self.scheduler.preempt(req, "manual eviction", mode="recompute")
         self.metrics.num_evictions += 1
         self._emit(ev.EVICT, request_id, blocks_freed=len(table), tokens_to_recompute=req.num_tokens,
@@ -358,6 +331,16 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         self.step_num += 1
         t_step = time.perf_counter()
+        sched = self._schedule()
+        if not sched.items:
+            self.bm.apply_target()
+            self._finish_step(t_step)
+            return []
+        out = self._execute(sched)
+        return self._update_from_output(sched, out, t_step)
+
+    def _schedule(self) -> SchedulerOutput:
+        """Drafts for the requests in decode (speculative decoding), then the Scheduler's batch."""
         if self.spec is not None:
             decoding = [r for r in self.scheduler.running if r.num_tokens - r.num_computed_tokens == 1]
             try:
@@ -367,12 +350,10 @@ class LLMEngine:
                     r.spec_token_ids = []
                 self._emit(ev.ERROR, None, reason=f"drafting failed, decoding plainly this step: "
                                                   f"{type(e).__name__}: {str(e)[:200]}")
-        sched = self.scheduler.schedule(self.step_num)
-        outputs: list[RequestOutput] = []
-        if not sched.items:
-            self.bm.apply_target()
-            self._finish_step(t_step)
-            return outputs
+        return self.scheduler.schedule(self.step_num)
+
+    def _execute(self, sched: SchedulerOutput) -> ModelOutput:
+        """Copy-on-write where needed, then one flattened forward pass over the scheduled rows."""
         rows: list[BatchRow] = []
         for it in sched.items:
             req = it.req
@@ -393,16 +374,22 @@ class LLMEngine:
                 self.fault_injector(sched.items)
             t_fwd = time.perf_counter()
             logits = self.runner.forward(rows)
-            fwd_s = time.perf_counter() - t_fwd
+            return ModelOutput(rows, logits, time.perf_counter() - t_fwd)
         except Exception as e:  # fail only the requests in this step
-            msg = f"step {self.step_num} failed: {type(e).__name__}: {str(e)[:300]}"
+            return ModelOutput(rows, error=f"step {self.step_num} failed: {type(e).__name__}: {str(e)[:300]}")
+
+    def _update_from_output(self, sched: SchedulerOutput, out: ModelOutput, t_step: float) -> list[RequestOutput]:
+        """Sample (or verify drafts), commit K/V, append tokens, check stops, emit events."""
+        outputs: list[RequestOutput] = []
+        if out.error is not None:
             for it in sched.items:
                 if not it.req.is_finished:
-                    self._finish(it.req, Status.ABORTED, "error", error=msg)
+                    self._finish(it.req, Status.ABORTED, "error", error=out.error)
                     outputs.append(self._output(it.req))
             self.metrics.num_errors += 1
             self._finish_step(t_step)
             return outputs
+        rows, logits, fwd_s = out.rows, out.logits, out.forward_s
         if self.spec is not None:
             self.spec.record_forward(sched.items, fwd_s)
         # ---- consume logits
@@ -424,7 +411,7 @@ class LLMEngine:
                 req.num_computed_tokens = start + len(row.tokens)
                 self.bm.commit(req.request_id, req.num_computed_tokens)
                 self._emit(ev.PREFILL, req.request_id, start=start, tokens=len(row.tokens),
-                           blocks=len(self.bm.table(req.request_id)), chunk=True)
+                           num_blocks=len(self.bm.table(req.request_id)), chunk=True)
                 req.add_history(self.step_num, now, len(self.bm.table(req.request_id)), self.bytes_per_token, "prefill")
                 continue
             try:
@@ -462,7 +449,7 @@ class LLMEngine:
             req.spec_token_ids = []
             if phase == "prefill":
                 self._emit(ev.PREFILL, req.request_id, start=start, tokens=len(row.tokens),
-                           blocks=len(self.bm.table(req.request_id)), chunk=False)
+                           num_blocks=len(self.bm.table(req.request_id)), chunk=False)
             finished_reason = None
             for j, tok in enumerate(new_ids):
                 req.output_token_ids.append(tok)
@@ -507,9 +494,8 @@ class LLMEngine:
         self.last_step_s = time.perf_counter() - t_step
 
     def _flush_bm_events(self) -> None:
-        for kind, rid, data in self.bm.pending_events:
+        for kind, rid, data in self.bm.drain_events():
             self._emit(kind, rid, **data)
-        self.bm.pending_events.clear()
 
     def _check_stop(self, req: Request, tok: int) -> str | None:
         p = req.params
@@ -574,62 +560,36 @@ class LLMEngine:
         s = self.scheduler
         live = list(s.waiting)
         for req in s.running:
-            n = self.bm.num_tokens.get(req.request_id, 0)
+            n = self.bm.num_tokens(req.request_id)
             assert n == req.num_computed_tokens, (
                 f"{req.request_id}: block manager holds {n} tokens, request says {req.num_computed_tokens}")
         for req in live:
             if req.status != Status.RUNNING:
-                assert req.request_id not in self.bm.tables or req.num_computed_tokens > 0, \
+                assert not self.bm.has_table(req.request_id) or req.num_computed_tokens > 0, \
                     f"waiting {req.request_id} holds blocks"
         for req in s.swapped:
-            assert req.request_id in self.bm.swapped and req.request_id not in self.bm.tables
+            assert self.bm.is_swapped(req.request_id) and not self.bm.has_table(req.request_id)
         ids = [r.request_id for r in itertools.chain(s.waiting, s.running, s.swapped)]
         assert len(ids) == len(set(ids)), "a request is in two queues"
-        for rid in self.bm.tables:
+        for rid in self.bm.request_ids():
             if rid.endswith("#draft") and rid[:-len("#draft")] in self.requests:
                 continue                     # a live request's draft-model K/V (engine/speculative.py)
             assert rid in self.requests, f"blocks held by unknown request {rid}"
 
     def snapshot(self, max_finished: int = 16) -> Snapshot:
-        bm = self.bm
-        owners: dict[int, list[str]] = {}
-        fill: dict[int, int] = {}
-        bs = bm.block_size
-        for rid, table in bm.tables.items():
-            n = bm.num_tokens.get(rid, 0)
-            for i, bid in enumerate(table):
-                owners.setdefault(bid, []).append(rid)
-                f = max(0, min(bs, n - i * bs))
-                fill[bid] = max(fill.get(bid, 0), f)
-        blocks = []
-        for bid in range(bm.capacity):
-            if bid in bm.retired:
-                continue
-            b = bm.blocks[bid]
-            if b.ref_cnt > 0:
-                state = USED
-            elif b.block_hash is not None:
-                state = CACHED
-            else:
-                state = FREE
-            blocks.append(BlockInfo(bid, state, b.ref_cnt, tuple(owners.get(bid, ())),
-                                    fill.get(bid, bs if state == CACHED else 0),
-                                    b.block_hash.hex()[:8] if b.block_hash is not None else None))
         s = self.scheduler
         reqs = [self._request_info(r) for r in itertools.chain(s.running, s.waiting, s.swapped)]
         reqs += [self._request_info(r) for r in list(self.finished)[-max_finished:]]
-        slots_alloc = sum(len(t) * bs for t in bm.tables.values())
-        slots_filled = sum(bm.num_tokens.get(rid, 0) for rid in bm.tables)
-        metrics = self.metrics.snapshot(self, slots_alloc, slots_filled)
-        return Snapshot(self.step_num, self.now(), self.info(), tuple(blocks), tuple(reqs), metrics,
+        metrics = self.metrics.snapshot(self.bm, s, self.spec.metrics() if self.spec is not None else None)
+        return Snapshot(self.step_num, self.now(), self.info(), tuple(self.bm.block_infos()), tuple(reqs), metrics,
                         tuple(r.request_id for r in s.waiting), tuple(r.request_id for r in s.running),
-                        tuple(r.request_id for r in s.swapped))
+                        tuple(r.request_id for r in s.swapped), engine_id=self.engine_id)
 
     def _request_info(self, r: Request) -> RequestInfo:
         table = tuple(self.bm.table(r.request_id))
-        n = self.bm.num_tokens.get(r.request_id, 0) if table else 0
+        n = self.bm.num_tokens(r.request_id) if table else 0
         return RequestInfo(
-            r.request_id, r.status.value, r.tier, r.num_prompt_tokens, r.num_output_tokens, n,
+            r.request_id, r.status, r.tier, r.num_prompt_tokens, r.num_output_tokens, n,
             r.num_cached_tokens, table, len(table) * self.bm.block_size, n * self.bytes_per_token, r.priority,
             r.arrival_time, r.first_token_time, r.finish_time, r.finish_reason, r.waiting_reason, r.error,
             r.num_preemptions, (r.prompt_text or self.decode(r.prompt_token_ids[:64]))[:200],

@@ -12,9 +12,7 @@ Kernels, in order of preference:
   logits do not depend on what it is batched with.
 - "onednn": `torch.ops.mkldnn._reorder_linear_weight` / `_linear_pointwise`, where the C kernel
   cannot be built.
-Measured on a 2-core AMD EPYC (fp32, 2 threads), one pass over the default model's 30 layers +
-lm_head at 1 / 16 / 512 rows: F.linear (MKL) 38 / 85 / 960 ms, oneDNN packed and merged 32 / 56 /
-1000 ms, the C kernel 17 / 41 / 920 ms (one row reads four panels at a time: 21 ms before).
+Their measured times are in docs/BENCHMARKS.md.
 
 A pack is made per model object and shared by every engine on it; it is checked against
 `F.linear` on a random input when made, and not used when that check fails.

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from collections import deque
 
+from .outputs import RequestMetrics
 from .rates import prefix_hit_rate
-from .snapshot import EngineMetrics, SpecMetrics
+from .snapshot import EngineMetrics, RequestState, SpecMetrics
 
 WINDOW = 1000
 
@@ -38,9 +39,9 @@ class MetricsTracker:
         self.last_step_s = dt
 
     def on_finish(self, req) -> None:
-        if req.status.value == "finished":
+        if req.status == RequestState.FINISHED:
             self.num_finished += 1
-        elif req.status.value == "aborted":
+        elif req.status == RequestState.ABORTED:
             self.num_aborted += 1
         if req.first_token_time is not None and req.finish_time is not None:
             self.e2e.append(req.finish_time - req.arrival_time)
@@ -49,7 +50,6 @@ class MetricsTracker:
 
     @staticmethod
     def request_metrics(req):
-        from .engine import RequestMetrics
         ttft = req.first_token_time - req.arrival_time if req.first_token_time is not None else None
         e2e = req.finish_time - req.arrival_time if req.finish_time is not None and req.first_token_time is not None else None
         tpot = None
@@ -61,12 +61,12 @@ class MetricsTracker:
                               ttft, tpot, e2e, itl, req.num_cached_tokens, req.num_preemptions,
                               req.spec_num_drafts, req.spec_num_draft_tokens, req.spec_num_accepted_tokens)
 
-    def snapshot(self, engine, slots_alloc: int, slots_filled: int) -> EngineMetrics:
-        bm = engine.bm
-        s = engine.scheduler
-        n_cached = sum(1 for b in bm.free_queue if bm.blocks[b].block_hash is not None)
-        preempted_waiting = sum(1 for r in s.waiting if r.status.value == "preempted")
-        spec = engine.spec.metrics() if engine.spec is not None else SpecMetrics()
+    def snapshot(self, bm, s, spec: SpecMetrics | None) -> EngineMetrics:
+        """bm: the BlockManager; s: the Scheduler; spec: the speculative decoder's metrics."""
+        slots_alloc, slots_filled = bm.slot_usage()
+        n_cached = bm.num_cached_free_blocks
+        preempted_waiting = sum(1 for r in s.waiting if r.status == RequestState.PREEMPTED)
+        spec = spec if spec is not None else SpecMetrics()
         q, h = bm.prefix_queries, bm.prefix_hits
         return EngineMetrics(
             num_running=len(s.running), num_waiting=len(s.waiting), num_swapped=len(s.swapped),

@@ -224,7 +224,12 @@ class SnapshotRecorder:
             # th.snapshot() is the thread's last published snapshot: lock-free, so a page never
             # waits for a long engine step (recent_snapshots() would take the engine lock)
             snap = th.snapshot()
-            if (self.series and snap.step < self.series[-1].step) or th.events.last_seq < self.last_seq:
+            prev = self.latest
+            if prev is not None and prev.engine_id and snap.engine_id:
+                rebuilt = snap.engine_id != prev.engine_id
+            else:    # snapshots without an engine id (made by hand or by an older engine)
+                rebuilt = bool(self.series and snap.step < self.series[-1].step) or th.events.last_seq < self.last_seq
+            if rebuilt:
                 # the shared engine was rebuilt (sidebar settings, restart): its steps, clock and
                 # event numbers start again from 0, so the run's record starts again too
                 self.restarts += 1

@@ -15,7 +15,8 @@ from typing import Callable
 
 from .block_manager import BlockManager, cdiv
 from .config import EngineConfig
-from .sequence import Request, Status
+from .events import EventKind
+from .sequence import Request, Status, WaitReason
 
 
 @dataclass(slots=True)
@@ -34,7 +35,7 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, config: EngineConfig, bm: BlockManager, emit: Callable, swap_out: Callable,
-                 swap_in: Callable, copy_blocks: Callable):
+                 swap_in: Callable, copy_blocks: Callable, *, clock: Callable[[], float], bytes_per_token: int):
         self.config = config
         self.bm = bm
         self.emit = emit                  # emit(kind, request_id, **data)
@@ -48,8 +49,8 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_swaps = 0
         self.step = 0
-        self.bytes_per_token = 0          # set by the engine; for history points
-        self.now = lambda: 0.0            # set by the engine
+        self.bytes_per_token = bytes_per_token   # for history points
+        self.now = clock                  # seconds since the engine started
 
     # ------------------------------------------------------------------ queues
     def add(self, req: Request) -> None:
@@ -69,6 +70,26 @@ class Scheduler:
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
+
+    def waiting_for_memory(self) -> bool:
+        """Some waiting request could not be admitted for lack of free KV blocks."""
+        return any(r.wait_reason == WaitReason.NO_FREE_BLOCKS for r in self.waiting)
+
+    _MEMORY_WAITS = (WaitReason.NO_FREE_BLOCKS, WaitReason.NO_CONTIGUOUS_RUN, WaitReason.MEMORY_PRESSURE,
+                     WaitReason.SWAPPED)
+
+    def _wait(self, req: Request, reason: WaitReason | None, text: str | None) -> None:
+        """Record why req is not running (None: it runs); a WAIT event when it starts waiting for memory."""
+        if reason in self._MEMORY_WAITS and req.wait_reason != reason:
+            self.emit(EventKind.WAIT, req.request_id, wait_reason=reason, reason=text)
+        req.wait_reason = reason
+        req.waiting_reason = text
+
+    def _allocate(self, req: Request, total_tokens: int, computed: list[int] = ()) -> None:
+        new = self.bm.allocate(req.request_id, total_tokens, computed)
+        if new:
+            self.emit(EventKind.BLOCK_ALLOC, req.request_id, blocks=list(new),
+                      reason=f"block table grown to cover {total_tokens} tokens")
 
     # ------------------------------------------------------------------ preemption
     def _pick_victim(self, current: Request, scheduled: set[str]) -> Request:
@@ -96,18 +117,19 @@ class Scheduler:
             req.status = Status.SWAPPED
             self.swapped.append(req)
             self.num_swaps += 1
-            self.emit("preempt", req.request_id, mode="swap", blocks_freed=nblocks, tokens_to_recompute=0,
+            self.emit(EventKind.PREEMPT, req.request_id, mode="swap", blocks_freed=nblocks, tokens_to_recompute=0,
                       reason=why)
-            self.emit("swap_out", req.request_id, blocks=nblocks, swap_slots=[s for _, s in pairs],
+            self.emit(EventKind.SWAP_OUT, req.request_id, blocks=[b for b, _ in pairs],
+                      swap_slots=[s for _, s in pairs],
                       tokens=req.num_computed_tokens, reason=why)
         else:
             self.bm.free(req.request_id)
             req.num_computed_tokens = 0
             req.spec_token_ids = []
             req.status = Status.PREEMPTED
-            req.waiting_reason = "preempted: " + why
+            self._wait(req, WaitReason.PREEMPTED, "preempted: " + why)
             self.waiting.appendleft(req)
-            self.emit("preempt", req.request_id, mode="recompute", blocks_freed=nblocks,
+            self.emit(EventKind.PREEMPT, req.request_id, mode="recompute", blocks_freed=nblocks,
                       tokens_to_recompute=req.num_tokens, reason=why)
         req.add_history(self.step, self.now(), 0, self.bytes_per_token,
                         "swapped" if req.status == Status.SWAPPED else "preempted")
@@ -127,23 +149,23 @@ class Scheduler:
         while self.swapped and len(self.running) < cfg.max_num_seqs:
             req = self.swapped[0]
             if not bm.can_swap_in(req.request_id):
-                req.waiting_reason = "swapped out: waiting for free blocks to swap back in"
+                self._wait(req, WaitReason.SWAPPED, "swapped out: waiting for free blocks to swap back in")
                 break
             self.swapped.popleft()
             pairs = bm.swap_in(req.request_id)
             self.swap_in_fn(pairs)
             req.status = Status.RUNNING
-            req.waiting_reason = None
+            self._wait(req, None, None)
             self.running.append(req)
-            self.emit("swap_in", req.request_id, blocks=len(pairs), tokens=req.num_computed_tokens,
-                      reason="blocks available again")
+            self.emit(EventKind.SWAP_IN, req.request_id, blocks=[b for _, b in pairs], swap_slots=[s for s, _ in pairs],
+                      tokens=req.num_computed_tokens, reason="blocks available again")
 
         # 2. running requests
         i = 0
         while i < len(self.running):
             req = self.running[i]
             if budget <= 0:
-                req.waiting_reason = "token budget (max_num_batched_tokens) used up this step"
+                self._wait(req, WaitReason.TOKEN_BUDGET, "token budget (max_num_batched_tokens) used up this step")
                 i += 1
                 continue
             base = req.num_tokens - req.num_computed_tokens
@@ -169,11 +191,11 @@ class Scheduler:
                     break
             if not ok:
                 continue          # req was removed from running; same index now holds the next one
-            bm.allocate(req.request_id, req.num_computed_tokens + num_new)
+            self._allocate(req, req.num_computed_tokens + num_new)
             out.items.append(ScheduledItem(req, num_new, n_spec))
             scheduled.add(req.request_id)
             req.last_scheduled_step = step
-            req.waiting_reason = None
+            self._wait(req, None, None)
             budget -= num_new
             i += 1
 
@@ -181,13 +203,14 @@ class Scheduler:
         while self.waiting:
             req = self.waiting[0]
             if out.preempted:
-                req.waiting_reason = "not admitted: memory pressure (a request was preempted this step)"
+                self._wait(req, WaitReason.MEMORY_PRESSURE,
+                           "not admitted: memory pressure (a request was preempted this step)")
                 break
             if len(self.running) >= cfg.max_num_seqs:
-                req.waiting_reason = f"seq limit: max_num_seqs={cfg.max_num_seqs} running"
+                self._wait(req, WaitReason.SEQ_LIMIT, f"seq limit: max_num_seqs={cfg.max_num_seqs} running")
                 break
             if budget <= 0:
-                req.waiting_reason = "token budget (max_num_batched_tokens) used up this step"
+                self._wait(req, WaitReason.TOKEN_BUDGET, "token budget (max_num_batched_tokens) used up this step")
                 break
             computed, hit_tokens = ([], 0)
             if req.num_computed_tokens == 0:
@@ -198,13 +221,14 @@ class Scheduler:
             if not bm.can_allocate(req.request_id, total, computed):
                 need = bm.blocks_needed(req.request_id, total) - len(computed)
                 if cfg.allocator == "contiguous":
-                    req.waiting_reason = (f"no contiguous run of {bm.slab_blocks} free blocks "
-                                          f"({bm.num_free_blocks} free in total)")
+                    self._wait(req, WaitReason.NO_CONTIGUOUS_RUN, f"no contiguous run of {bm.slab_blocks} free "
+                               f"blocks ({bm.num_free_blocks} free in total)")
                 else:
-                    req.waiting_reason = f"no free KV blocks: needs {need}, {bm.num_free_blocks} free"
+                    self._wait(req, WaitReason.NO_FREE_BLOCKS,
+                               f"no free KV blocks: needs {need}, {bm.num_free_blocks} free")
                 break
             self.waiting.popleft()
-            bm.allocate(req.request_id, total, computed)
+            self._allocate(req, total, computed)
             bm.record_prefix_query(req.num_tokens, hit_tokens)
             first_time = req.admit_order < 0
             req.num_computed_tokens = hit_tokens
@@ -213,14 +237,14 @@ class Scheduler:
                 self.admit_counter += 1
                 req.num_cached_tokens = hit_tokens
             if hit_tokens:
-                self.emit("prefix_hit", req.request_id, blocks=list(computed), tokens=hit_tokens,
+                self.emit(EventKind.PREFIX_HIT, req.request_id, blocks=list(computed), tokens=hit_tokens,
                           reason="longest cached prefix of full blocks reused")
-            self.emit("admit", req.request_id, resumed=not first_time, prompt_tokens=req.num_prompt_tokens,
+            self.emit(EventKind.ADMIT, req.request_id, resumed=not first_time, prompt_tokens=req.num_prompt_tokens,
                       tokens_to_compute=req.num_tokens - hit_tokens, cached_tokens=hit_tokens,
-                      blocks=len(bm.table(req.request_id)),
+                      num_blocks=len(bm.table(req.request_id)),
                       reason="resumed after preemption" if not first_time else "blocks and budget available")
             req.status = Status.RUNNING
-            req.waiting_reason = None
+            self._wait(req, None, None)
             req.last_scheduled_step = step
             self.running.append(req)
             out.items.append(ScheduledItem(req, num_new, 0))
@@ -229,7 +253,7 @@ class Scheduler:
 
         for req in self.waiting:
             if req is not (self.waiting[0] if self.waiting else None) and not req.waiting_reason:
-                req.waiting_reason = "queued behind earlier requests (FCFS)"
+                self._wait(req, WaitReason.QUEUED, "queued behind earlier requests (FCFS)")
         out.num_batched_tokens = cfg.max_num_batched_tokens - budget
         return out
 

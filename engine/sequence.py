@@ -13,21 +13,25 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .config import SamplingParams
-from .snapshot import HistoryPoint, TokenMark
+from .snapshot import HistoryPoint, RequestState, TokenMark
 
 
-class Status(str, enum.Enum):
-    WAITING = "waiting"
-    RUNNING = "running"
-    PREEMPTED = "preempted"      # waiting again after a recompute preemption / eviction
-    SWAPPED = "swapped"
-    FINISHED = "finished"
-    REJECTED = "rejected"
-    ABORTED = "aborted"
+class WaitReason(enum.StrEnum):
+    """Why a request did not run this step (Request.wait_reason; Request.waiting_reason is the
+    sentence shown to people)."""
 
-    @property
-    def is_finished(self) -> bool:
-        return self in (Status.FINISHED, Status.REJECTED, Status.ABORTED)
+    QUEUED = "queued"                        # behind earlier requests (FCFS), or not yet looked at
+    TOKEN_BUDGET = "token_budget"            # max_num_batched_tokens used up this step
+    SEQ_LIMIT = "seq_limit"                  # max_num_seqs running
+    NO_FREE_BLOCKS = "no_free_blocks"        # not enough free KV blocks to admit it
+    NO_CONTIGUOUS_RUN = "no_contiguous_run"  # contiguous allocator: no free run long enough
+    MEMORY_PRESSURE = "memory_pressure"      # someone was preempted this step
+    PREEMPTED = "preempted"                  # waiting to recompute after a preemption / eviction
+    SWAPPED = "swapped"                      # swapped out, waiting for blocks to swap back in
+
+
+# The request state machine's states (the contract's RequestState; `Status` is its engine-side name).
+Status = RequestState
 
 
 @dataclass(slots=True)
@@ -50,7 +54,8 @@ class Request:
     finish_time: float | None = None
     finish_reason: str | None = None
     error: str | None = None
-    waiting_reason: str | None = None
+    waiting_reason: str | None = None     # the sentence shown to people
+    wait_reason: WaitReason | None = None  # the same, typed
     num_preemptions: int = 0
     output_text: str = ""
     stop_reason: str | int | None = None
@@ -85,7 +90,7 @@ class Request:
 
     @property
     def is_finished(self) -> bool:
-        return self.status.is_finished
+        return self.status.is_terminal
 
     def add_history(self, step: int, t: float, num_blocks: int, bytes_per_token: int, phase: str) -> None:
         self.history.append(HistoryPoint(step, t, self.num_computed_tokens, num_blocks,

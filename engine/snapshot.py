@@ -6,17 +6,44 @@ All classes are frozen; tuples, never lists, so a Snapshot can be shared across 
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+import enum
+from dataclasses import asdict, dataclass, field
 
 from . import rates
 
-# Block states in the pool map.
-FREE = "free"            # never used, or evicted from the prefix cache: holds nothing useful
-CACHED = "cached"        # ref count 0 but its content is still indexed by the prefix cache (reusable)
-USED = "used"            # owned by one or more requests (ref count >= 1)
+# Trace loading (engine/events.py) validates these classes with pydantic: strict types, unknown
+# fields refused, no NaN/Infinity (a class attribute, not a field; pydantic reads it).
+TRACE_VALIDATION = {"strict": True, "extra": "forbid", "allow_inf_nan": False}
 
-# Request states (see engine/sequence.py for the state machine).
-REQUEST_STATES = ("waiting", "running", "preempted", "swapped", "finished", "rejected", "aborted")
+class BlockState(enum.StrEnum):
+    """A block's state in the pool map."""
+
+    FREE = "free"            # never used, or evicted from the prefix cache: holds nothing useful
+    CACHED = "cached"        # ref count 0 but its content is still indexed by the prefix cache (reusable)
+    USED = "used"            # owned by one or more requests (ref count >= 1)
+
+
+FREE, CACHED, USED = BlockState.FREE, BlockState.CACHED, BlockState.USED
+
+
+class RequestState(enum.StrEnum):
+    """A request's state (the state machine is in engine/sequence.py)."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"      # waiting again after a recompute preemption / eviction
+    SWAPPED = "swapped"
+    FINISHED = "finished"
+    REJECTED = "rejected"
+    ABORTED = "aborted"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in _TERMINAL
+
+
+_TERMINAL = frozenset({RequestState.FINISHED, RequestState.REJECTED, RequestState.ABORTED})
+REQUEST_STATES = tuple(RequestState)
 
 # Token marks for the token strip.
 PLAIN, ACCEPTED, REJECTED, BONUS, REPLACED = "plain", "accepted", "rejected", "bonus", "replaced"
@@ -24,8 +51,9 @@ PLAIN, ACCEPTED, REJECTED, BONUS, REPLACED = "plain", "accepted", "rejected", "b
 
 @dataclass(frozen=True, slots=True)
 class BlockInfo:
+    __pydantic_config__ = TRACE_VALIDATION
     block_id: int
-    state: str                    # FREE | CACHED | USED
+    state: BlockState
     ref_count: int
     owners: tuple[str, ...]       # request ids whose block table holds this block
     fill: int                     # slots holding a token (0..block_size)
@@ -38,6 +66,7 @@ class TokenMark:
     target accepted) | bonus (the extra token from a verify pass) | replaced (the target's token
     that replaced a rejected draft). `rejected_id` is the draft token that was rejected."""
 
+    __pydantic_config__ = TRACE_VALIDATION
     token_id: int
     text: str
     kind: str = PLAIN
@@ -48,6 +77,7 @@ class TokenMark:
 
 @dataclass(frozen=True, slots=True)
 class HistoryPoint:
+    __pydantic_config__ = TRACE_VALIDATION
     step: int
     time: float
     num_cached_tokens: int        # tokens whose K/V are in the pool for this request
@@ -58,8 +88,9 @@ class HistoryPoint:
 
 @dataclass(frozen=True, slots=True)
 class RequestInfo:
+    __pydantic_config__ = TRACE_VALIDATION
     request_id: str
-    state: str
+    state: RequestState
     tier: str | None
     prompt_len: int
     output_len: int
@@ -85,12 +116,18 @@ class RequestInfo:
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
 
+    @property
+    def is_terminal(self) -> bool:
+        """finished, rejected or aborted: it will not change again."""
+        return self.state in _TERMINAL
+
 
 @dataclass(frozen=True, slots=True)
 class SpecMetrics:
     """vLLM's definitions. acceptance_rate = accepted / draft tokens;
     mean_acceptance_length = 1 + accepted / drafts."""
 
+    __pydantic_config__ = TRACE_VALIDATION
     method: str | None = None
     num_speculative_tokens: int = 0
     num_drafts: int = 0
@@ -116,6 +153,7 @@ class SpecMetrics:
 
 @dataclass(frozen=True, slots=True)
 class EngineMetrics:
+    __pydantic_config__ = TRACE_VALIDATION
     num_running: int = 0
     num_waiting: int = 0
     num_swapped: int = 0
@@ -150,6 +188,7 @@ class EngineMetrics:
 
 @dataclass(frozen=True, slots=True)
 class EngineInfo:
+    __pydantic_config__ = TRACE_VALIDATION
     model: str
     device: str
     dtype: str
@@ -177,6 +216,7 @@ class EngineInfo:
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
+    __pydantic_config__ = TRACE_VALIDATION
     step: int
     time: float
     info: EngineInfo
@@ -188,6 +228,7 @@ class Snapshot:
     swapped_ids: tuple[str, ...] = ()
     healthy: bool = True
     error: str | None = None
+    engine_id: str = ""               # unique per LLMEngine instance: a new id means a rebuilt engine
 
     def request(self, request_id: str) -> RequestInfo | None:
         for r in self.requests:
@@ -197,63 +238,3 @@ class Snapshot:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def _build(cls, data):
-    """Rebuild a frozen dataclass tree from plain JSON data, checking field names and types."""
-    if not isinstance(data, dict):
-        raise ValueError(f"{cls.__name__}: expected an object, got {type(data).__name__}")
-    known = {f.name: f for f in fields(cls)}
-    unknown = set(data) - set(known)
-    if unknown:
-        raise ValueError(f"{cls.__name__}: unknown field(s) {sorted(unknown)[:5]}")
-    kwargs = {}
-    for name, f in known.items():
-        if name not in data:
-            continue
-        v = data[name]
-        t = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
-        if t in _NESTED:
-            v = _build(_NESTED[t], v)
-        elif t.startswith("tuple[") and any(n in t for n in _NESTED):
-            inner = next(n for n in _NESTED if f"tuple[{n}," in t)
-            if not isinstance(v, list):
-                raise ValueError(f"{cls.__name__}.{name}: expected a list")
-            v = tuple(_build(_NESTED[inner], x) for x in v)
-        elif t.startswith("tuple["):
-            if not isinstance(v, list):
-                raise ValueError(f"{cls.__name__}.{name}: expected a list")
-            if any(isinstance(x, (dict, list)) for x in v):
-                raise ValueError(f"{cls.__name__}.{name}: expected a list of scalars")
-            inner = t[len("tuple["):].split(",")[0].strip()
-            ok = {"str": lambda x: isinstance(x, str),
-                  "int": lambda x: isinstance(x, int) and not isinstance(x, bool),
-                  "float": lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)}.get(inner)
-            if ok is not None and not all(ok(x) for x in v):
-                raise ValueError(f"{cls.__name__}.{name}: expected a list of {inner} values")
-            v = tuple(v)
-        elif t in ("int", "float", "str", "bool") or "|" in t:
-            if isinstance(v, (dict, list)):
-                raise ValueError(f"{cls.__name__}.{name}: expected a scalar")
-            if t == "int" and (not isinstance(v, int) or isinstance(v, bool)):
-                raise ValueError(f"{cls.__name__}.{name}: expected an integer")
-            if t == "str" and not isinstance(v, str):
-                raise ValueError(f"{cls.__name__}.{name}: expected a string")
-            if t == "float" and (not isinstance(v, (int, float)) or isinstance(v, bool)):
-                raise ValueError(f"{cls.__name__}.{name}: expected a number")
-        kwargs[name] = v
-    try:
-        return cls(**kwargs)
-    except TypeError as e:  # missing required fields
-        raise ValueError(f"{cls.__name__}: {e}") from None
-
-
-_NESTED = {
-    "BlockInfo": BlockInfo, "TokenMark": TokenMark, "HistoryPoint": HistoryPoint,
-    "RequestInfo": RequestInfo, "SpecMetrics": SpecMetrics, "EngineMetrics": EngineMetrics,
-    "EngineInfo": EngineInfo,
-}
-
-
-def snapshot_from_dict(data: dict) -> Snapshot:
-    return _build(Snapshot, data)

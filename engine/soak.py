@@ -34,6 +34,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from .config import EngineConfig, SamplingParams, TierConfig, default_tiers
+from .events import EventKind
 from .kv_layout import cdiv
 from .rates import prefix_hit_rate
 from .workloads import make_workload
@@ -203,6 +204,10 @@ class SoakReport:
         return "\n".join(lines)
 
 
+_NEEDS_REASON = (EventKind.PREEMPT, EventKind.EVICT, EventKind.REJECT, EventKind.ABORT, EventKind.ERROR,
+                 EventKind.SWAP_OUT, EventKind.SWAP_IN, EventKind.BLOCK_FREE)
+
+
 def _drain_events(eng, last_seq: int, report: SoakReport, problems: list) -> int:
     evs = eng.events.since(last_seq)
     if evs and evs[0].seq != last_seq + 1:
@@ -210,10 +215,10 @@ def _drain_events(eng, last_seq: int, report: SoakReport, problems: list) -> int
     for e in evs:
         report.events_seen += 1
         reason = e.data.get("reason")
-        if e.kind in ("preempt", "evict", "reject", "abort", "error", "swap_out", "swap_in", "block_free") \
+        if e.kind in _NEEDS_REASON \
                 and not (isinstance(reason, str) and reason):
             problems.append(f"{e.kind} event for {e.request_id} has no reason")
-        if e.kind == "preempt":
+        if e.kind == EventKind.PREEMPT:
             report.preemptions += 1
             if e.data.get("mode") == "swap":
                 report.preemptions_swap += 1
@@ -221,9 +226,9 @@ def _drain_events(eng, last_seq: int, report: SoakReport, problems: list) -> int
                 report.preemptions_recompute += 1
             if "swap space full" in (reason or ""):
                 report.swap_full_fallbacks += 1
-        elif e.kind == "swap_out":
+        elif e.kind == EventKind.SWAP_OUT:
             report.swap_outs += 1
-        elif e.kind == "swap_in":
+        elif e.kind == EventKind.SWAP_IN:
             report.swap_ins += 1
     return evs[-1].seq if evs else last_seq
 
@@ -417,17 +422,14 @@ def run_soak(requests: list[SoakRequest], reference: dict[str, list[int]], *, mo
     bm = eng.bm
     if eng.has_unfinished_requests() or eng.requests:
         problems.append(f"engine still holds {len(eng.requests)} requests at the end")
-    if bm.tables:
-        problems.append(f"block tables left at the end: {sorted(bm.tables)[:5]}")
-    owned = [b.block_id for b in bm.blocks if b.ref_cnt and b.block_id not in bm.retired]
-    if owned:
-        problems.append(f"blocks still owned at the end: {owned[:10]}")
-    if len(bm.free_queue) != bm.num_blocks:
-        problems.append(f"{bm.num_blocks - len(bm.free_queue)} blocks neither free nor cached-free at the end")
-    rep.end_cached_free_blocks = sum(1 for b in bm.free_queue if bm.blocks[b].block_hash is not None)
-    rep.end_free_blocks = len(bm.free_queue) - rep.end_cached_free_blocks
+    if bm.request_ids():
+        problems.append(f"block tables left at the end: {sorted(bm.request_ids())[:5]}")
+    if bm.num_used_blocks:
+        problems.append(f"{bm.num_used_blocks} blocks still owned (neither free nor cached-free) at the end")
+    rep.end_cached_free_blocks = bm.num_cached_free_blocks
+    rep.end_free_blocks = bm.num_free_blocks - rep.end_cached_free_blocks
     rep.end_swap_used = bm.num_swap_used
-    if bm.num_swap_used or bm.swapped:
+    if bm.num_swap_used or not bm.is_empty:
         problems.append(f"swap space not empty at the end: {bm.num_swap_used} slots used")
     if mode == "swap" and rep.swap_full_fallbacks == 0 and rep.preemptions:
         problems.append("swap mode never hit the swap-full fallback (swap space too large for this run?)")

@@ -17,7 +17,6 @@ from ui import room, shell
 shell.enter_app()
 
 SS = st.session_state
-TERMINAL = ("finished", "rejected", "aborted")
 
 st.title("Concurrent load")
 st.caption(

@@ -34,7 +34,6 @@ def _fmt_bytes(n: int) -> str:
     return f"{n:,} B" if n < 1024 else f"{n / 1024:,.1f} KiB" if n < 2**20 else f"{n / 2**20:,.1f} MiB"
 
 
-TERMINAL = ("finished", "rejected", "aborted")
 
 
 def render_views(rid: str | None, tag: str) -> None:
@@ -63,7 +62,7 @@ def render_views(rid: str | None, tag: str) -> None:
                + (f" · preempted {req.num_preemptions}×" if req.num_preemptions else ""))
     if req.block_table:
         ea.chart(pool.block_table_figure(snap, rid, colors), key=f"bt_{tag}")
-    elif req.state in TERMINAL:
+    elif req.is_terminal:
         held = max((p.num_blocks for p in req.history), default=0)
         st.markdown("**Block table**")
         st.caption(f"Finished: it held up to {held} block(s); they were released at the end. Full blocks "
@@ -129,7 +128,7 @@ def _resume(rid: str):
         if len(text) > sent:
             yield text[sent:]
             sent = len(text)
-        if req.state in TERMINAL:
+        if req.is_terminal:
             return
         _refresh_views(rid, last)
         time.sleep(0.05)
@@ -178,7 +177,7 @@ elif SS.get("pg_rid"):
             st.text(SS.get("pg_prompt", ""))
         with st.chat_message("assistant"):
             req = th.snapshot_now().request(rid)
-            if req is not None and req.state not in TERMINAL:
+            if req is not None and not req.is_terminal:
                 SS["pg_answer"] = st.write_stream(_resume(rid)) or ""
             else:
                 st.markdown((req.output_text if req is not None else SS.get("pg_answer", "")) or "…")

@@ -12,11 +12,10 @@ from typing import Iterable, Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from engine.snapshot import Snapshot
+from engine.snapshot import RequestState, Snapshot
 from ui import theme
 
 MAX_GROWTH_LINES = 24     # per-request cache-growth lines drawn at most
-TERMINAL_STATES = ("finished", "rejected", "aborted")
 PERCENTILES = (50, 90, 99)
 
 
@@ -116,11 +115,11 @@ def growth_lines(series: Sequence[Snapshot], max_lines: int = MAX_GROWTH_LINES) 
                 continue             # finished: its line ended with the drop to 0
             latest[r.request_id] = r
             xs, ys = sampled.setdefault(r.request_id, ([], []))
-            if not ys and r.num_computed_tokens == 0 and r.state in ("waiting", "finished", "rejected", "aborted"):
+            if not ys and r.num_computed_tokens == 0 and (r.state == RequestState.WAITING or r.is_terminal):
                 continue             # not started yet (or never started): no line until it holds KV
             xs.append(s.time)
             ys.append(r.num_computed_tokens)
-            if r.state in TERMINAL_STATES:
+            if r.is_terminal:
                 done.add(r.request_id)
     lines: dict[str, tuple[list[float], list[int]]] = {}
     for rid, r in latest.items():

@@ -10,7 +10,7 @@ from .report import BenchUnavailable, bar_figure
 
 
 def theory_tokens_per_pass(alpha, k: int):
-    from engine.speculative import expected_tokens_per_pass
+    from engine.speculative.math import expected_tokens_per_pass
     return None if alpha is None else expected_tokens_per_pass(alpha, k)
 
 

@@ -403,7 +403,7 @@ def _cases() -> list[Case]:
             ("empty file", "", r"^trace is empty$"),
             ("header only", H, r"^trace holds no snapshot$"),
             ("no header line", '{"kind": "snapshot", "snapshot": {}}\n', r"^trace line 1: the first line must be the header"),
-            ("header version 2", '{"kind": "kvscope-trace", "version": 2}\n', r"^trace line 1: the first line must be the header"),
+            ("header version 3", '{"kind": "kvscope-trace", "version": 3}\n', r"^trace line 1: the first line must be the header"),
             ("a pickle payload (os.system in __reduce__)", pickle.dumps(_Evil()), r"^trace is not valid UTF-8: 'utf-8' codec can't decode byte 0x80 in position 0"),
             ("UTF-16 text", H.encode("utf-16"), r"^trace is not valid UTF-8: 'utf-8' codec can't decode byte 0xff in position 0"),
             ("Latin-1 bytes", H.encode() + b"caf\xe9\n", r"^trace is not valid UTF-8: 'utf-8' codec can't decode byte 0xe9"),
@@ -432,10 +432,9 @@ CASES = _cases()
 
 def fingerprint(eng: LLMEngine):
     bm, s = eng.bm, eng.scheduler
-    return (tuple(bm.free_queue), tuple((k, tuple(v)) for k, v in bm.tables.items()), dict(bm.num_tokens),
+    return (bm.fingerprint(),
             tuple(r.request_id for r in s.waiting), tuple(r.request_id for r in s.running),
-            tuple(r.request_id for r in s.swapped), tuple(eng.requests), eng.step_num, bm.num_swap_used,
-            tuple(b.ref_cnt for b in bm.blocks))
+            tuple(r.request_id for r in s.swapped), tuple(eng.requests), eng.step_num, bm.num_swap_used)
 
 
 def run_case(case: Case, ctx: Ctx):

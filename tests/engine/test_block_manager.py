@@ -30,7 +30,7 @@ def test_no_free_blocks_changes_nothing():
     bm.commit("a", 8)
     with pytest.raises(NoFreeBlocks):
         bm.allocate("b", 1)
-    assert "b" not in bm.tables or bm.table("b") == []
+    assert not bm.has_table("b") or bm.table("b") == []
     bm.check_invariants()
 
 
@@ -40,11 +40,11 @@ def test_prefix_hit_shares_full_blocks_and_lru_eviction():
     bm.allocate("a", 10)
     bm.commit("a", 10)
     bm.cache_full_blocks("a", toks, None)
-    assert len(bm.hash_to_block) == 2
+    assert bm.num_cached_hashes == 2
     hit, n = bm.get_computed_blocks("b", toks + [99], None)
     assert n == 8 and hit == bm.table("a")[:2]
     bm.allocate("b", 11, hit)
-    assert [bm.blocks[x].ref_cnt for x in hit] == [2, 2]
+    assert [bm.ref_count(x) for x in hit] == [2, 2]
     bm.commit("b", 11)
     bm.check_invariants()
     bm.free("a")
@@ -53,10 +53,11 @@ def test_prefix_hit_shares_full_blocks_and_lru_eviction():
     assert bm.get_computed_blocks("c", toks + [5], None)[1] == 8
     assert bm.get_computed_blocks("d", toks + [5], "other")[1] == 0
     # allocating everything evicts the cached blocks (their hashes dropped)
-    bm.req_hashes.clear()
+    bm.free("c")     # the lookups memoised their hashes; dropping them leaves the pool as it was
+    bm.free("d")
     bm.allocate("e", 24)
-    assert bm.hash_to_block == {}
-    assert any(e[0] == "prefix_evict" for e in bm.pending_events)
+    assert bm.num_cached_hashes == 0
+    assert any(e[0] == "prefix_evict" for e in bm.drain_events())
 
 
 def test_hit_capped_to_leave_last_token():
@@ -79,7 +80,7 @@ def test_copy_on_write_never_writes_shared_block():
     shared = bm.table("b")[0]
     copies = bm.ensure_writable("b", 2, 3)     # a write into the shared first block
     assert copies and copies[0][0] == shared and bm.table("b")[0] != shared
-    assert bm.blocks[shared].ref_cnt == 1
+    assert bm.ref_count(shared) == 1
     bm.commit("b", 9)
     bm.check_invariants()
 
@@ -102,7 +103,7 @@ def test_swap_roundtrip_and_budget_shrink():
     assert len(pairs) == 3 and bm.num_swap_used == 3 and bm.num_free_blocks == 8
     bm.check_invariants()
     back = bm.swap_in("a")
-    assert len(back) == 3 and bm.num_swap_used == 0 and bm.num_tokens["a"] == 10
+    assert len(back) == 3 and bm.num_swap_used == 0 and bm.num_tokens("a") == 10
     bm.check_invariants()
     bm.set_num_blocks(4)
     assert bm.num_blocks == 4 and bm.num_free_blocks == 1
@@ -124,21 +125,21 @@ def test_block_manager_random_ops_keep_invariants(seq, block_size, num_blocks):
     for op, r, n in seq:
         rid = f"r{r}"
         try:
-            if op == "alloc" and rid not in bm.tables:
+            if op == "alloc" and not bm.has_table(rid):
                 t = [r % 3] * n
                 hit, hn = bm.get_computed_blocks(rid, t, None)
                 bm.allocate(rid, n, hit)
                 bm.commit(rid, n)
                 bm.cache_full_blocks(rid, t, None)
                 toks[rid] = t
-            elif op == "grow" and rid in bm.tables:
+            elif op == "grow" and bm.has_table(rid):
                 t = toks[rid] + [7] * n
                 bm.allocate(rid, len(t))
                 bm.commit(rid, len(t))
                 toks[rid] = t
                 bm.cache_full_blocks(rid, t, None)
-            elif op == "commit_back" and rid in bm.tables:
-                keep = max(0, bm.num_tokens[rid] - n)
+            elif op == "commit_back" and bm.has_table(rid):
+                keep = max(0, bm.num_tokens(rid) - n)
                 bm.commit(rid, keep)
                 toks[rid] = toks[rid][:keep]
             elif op == "free":
@@ -147,7 +148,7 @@ def test_block_manager_random_ops_keep_invariants(seq, block_size, num_blocks):
         except NoFreeBlocks:
             pass
         bm.check_invariants()
-    for rid in list(bm.tables):
+    for rid in bm.request_ids():
         bm.free(rid)
     bm.check_invariants()
     assert bm.num_free_blocks == num_blocks

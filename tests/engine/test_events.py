@@ -180,6 +180,6 @@ def test_write_trace_output_is_plain_json_lines(run, tmp_path):
     raw = p.read_bytes()
     raw.decode("utf-8")
     lines = raw.decode().splitlines()
-    assert json.loads(lines[0]) == {"kind": "kvscope-trace", "version": 1}
+    assert json.loads(lines[0]) == {"kind": "kvscope-trace", "version": 2}
     assert all(set(json.loads(ln)) in ({"kind", "snapshot"}, {"kind", "event"}) for ln in lines[1:])
     assert read_trace(raw).snapshots == snaps[:2]

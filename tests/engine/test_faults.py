@@ -69,9 +69,9 @@ def assert_idle_and_clean(eng: LLMEngine) -> None:
     eng.check_invariants()
     bm = eng.bm
     assert not eng.has_unfinished_requests() and not eng.requests
-    assert not bm.tables and bm.num_swap_used == 0
-    assert len(bm.free_queue) == bm.num_blocks            # every block free or cached-free
-    assert all(b.ref_cnt == 0 for b in bm.blocks)
+    assert bm.is_empty and bm.num_swap_used == 0
+    assert bm.num_free_blocks == bm.num_blocks            # every block free or cached-free
+    assert all(bm.ref_count(b) == 0 for b in range(bm.capacity))
 
 
 # ---------------------------------------------------------------- faults inside a step
@@ -102,7 +102,7 @@ def test_injected_fault_fails_only_that_steps_requests_and_frees_their_blocks():
     for o in outs:
         assert o.finished and o.outputs[0].finish_reason == "error"
         assert o.error == f"step {failed_step} failed: RuntimeError: injected forward failure"
-    assert "r0" not in eng.bm.tables and "r1" not in eng.bm.tables
+    assert not eng.bm.has_table("r0") and not eng.bm.has_table("r1")
     assert eng.bm.num_free_blocks == free_before + held_before
     eng.check_invariants()
     errs = [e for e in eng.events.since(0) if e.kind == "error"]

@@ -51,10 +51,10 @@ def check_rolled_back_slots_are_clear(eng: LLMEngine) -> None:
     released). Early-exit drafts wrote into the same slots before; those must be gone too."""
     bs = eng.bm.block_size
     for e in eng.events.since(0, kinds=[ev.SPEC_VERIFY]):
-        if e.step != eng.step_num or e.request_id not in eng.bm.tables:
+        if e.step != eng.step_num or not eng.bm.has_table(e.request_id):
             continue
         rid = e.request_id
-        n = eng.bm.num_tokens[rid]
+        n = eng.bm.num_tokens(rid)
         table = eng.bm.table(rid)
         req = eng.requests[rid]
         assert n == req.num_computed_tokens
@@ -94,7 +94,7 @@ def test_greedy_identical_to_plain_tiny(tiny_reference, method, k, batch):
     if method != "ngram":          # model drafters always draft
         assert m.num_drafts > 0
     check_metric_consistency(eng)
-    assert not [rid for rid in eng.bm.tables], "blocks still held after every request finished"
+    assert not eng.bm.request_ids(), "blocks still held after every request finished"
     assert eng.bm.num_free_blocks == eng.bm.num_blocks
 
 
@@ -204,10 +204,10 @@ def test_draft_model_blocks_in_pool_map():
         if rid + DRAFT_SUFFIX in owners:
             seen = True
             # the draft's blocks cover its cached tokens exactly
-            n = eng.bm.num_tokens[rid + DRAFT_SUFFIX]
+            n = eng.bm.num_tokens(rid + DRAFT_SUFFIX)
             assert len(eng.bm.table(rid + DRAFT_SUFFIX)) == -(-n // eng.bm.block_size)
     assert seen
-    assert not eng.bm.tables and eng.bm.num_free_blocks == eng.bm.num_blocks
+    assert not eng.bm.request_ids() and eng.bm.num_free_blocks == eng.bm.num_blocks
     frees = [e for e in eng.events.since(0, kinds=[ev.BLOCK_FREE]) if e.request_id == rid + DRAFT_SUFFIX]
     assert frees and all(e.data["reason"] for e in frees)
 
@@ -229,7 +229,7 @@ def test_abort_mid_speculation_frees_draft_blocks():
     assert eng.bm.table(rid + DRAFT_SUFFIX)
     eng.abort_request(rid)
     eng.check_invariants()
-    assert not eng.bm.tables and eng.bm.num_free_blocks == eng.bm.num_blocks
+    assert not eng.bm.request_ids() and eng.bm.num_free_blocks == eng.bm.num_blocks
 
 
 # ------------------------------------------------------------------------------- sampling
@@ -367,9 +367,9 @@ def test_early_exit_borrowed_blocks_go_back_where_they_were():
     eng.step()
     req = eng.requests[rid]
     assert req.num_tokens - req.num_computed_tokens == 1
-    order, table = list(eng.bm.free_queue), list(eng.bm.table(rid))
+    order, table = eng.bm.free_block_ids(), list(eng.bm.table(rid))
     eng.spec.propose([req])
     assert len(req.spec_token_ids) == 8
-    assert list(eng.bm.free_queue) == order and eng.bm.table(rid) == table
+    assert eng.bm.free_block_ids() == order and eng.bm.table(rid) == table
     eng.check_invariants()
     req.spec_token_ids = []

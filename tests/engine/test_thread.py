@@ -188,7 +188,7 @@ def test_many_threads_submit_stream_abort_evict_and_reconfigure():
         with th.lock:
             th.engine.check_invariants()
             bm = th.engine.bm
-            assert not bm.tables and bm.num_swap_used == 0 and len(bm.free_queue) == bm.num_blocks
+            assert bm.is_empty and bm.num_swap_used == 0 and bm.num_free_blocks == bm.num_blocks
         outcome = [r[3] if r[0] == "ok" else "crashed" for r in results.values()]
         print({**counts, **{k: outcome.count(k) for k in set(outcome)}})
         assert counts["reconfigure"] == 2 and counts["budget"] > 0 and counts["snapshots"] > 0
@@ -331,8 +331,8 @@ def test_many_requests_leave_no_per_request_state_behind():
         eng.step()
     bm = eng.bm
     assert not eng.requests and len(eng.finished) == eng.finished.maxlen
-    assert not bm.tables and not bm.num_tokens and not bm.req_hashes and not bm.swapped
-    assert len(bm.hash_to_block) <= bm.num_blocks
+    assert bm.is_empty
+    assert bm.num_cached_hashes <= bm.num_blocks
     assert len(eng.events) <= eng.events.maxlen
 
 

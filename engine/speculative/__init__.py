@@ -1,0 +1,27 @@
+"""Speculative decoding: drafters (n-gram prompt lookup, a draft model, early-exit self-draft),
+verification (greedy; rejection sampling that keeps the target distribution), the per-class
+monitor that falls back to plain decoding when speculation does not pay, and E(alpha, k).
+
+    math.py      expected_tokens_per_pass (E(alpha, k)), break_even_alpha
+    verify.py    verify_greedy, verify_sampling
+    drafters.py  ngram_propose, ModelDrafter, SpecContext, draft ids ("<rid>#draft")
+    monitor.py   CostModel, ClassState
+    decoder.py   SpecDecoder (the hooks LLMEngine.step calls)
+    measure.py   speedup_vs_plain (builds engines; imported on first use)
+"""
+from .decoder import SpecDecoder
+from .drafters import DRAFT_SUFFIX, ModelDrafter, SpecContext, draft_id, ngram_propose
+from .math import break_even_alpha, expected_tokens_per_pass
+from .monitor import ClassState, CostModel
+from .verify import verify_greedy, verify_sampling
+
+__all__ = ["DRAFT_SUFFIX", "ClassState", "CostModel", "ModelDrafter", "SpecContext", "SpecDecoder",
+           "break_even_alpha", "draft_id", "expected_tokens_per_pass", "ngram_propose", "speedup_vs_plain",
+           "verify_greedy", "verify_sampling"]
+
+
+def __getattr__(name):   # measure.py builds LLMEngines: importing it here would be a cycle
+    if name == "speedup_vs_plain":
+        from .measure import speedup_vs_plain
+        return speedup_vs_plain
+    raise AttributeError(name)
