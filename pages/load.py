@@ -173,9 +173,9 @@ def live() -> None:
                f"{s.get('prompt_words_min', 0)}–{s.get('prompt_words_max', 0)} words, "
                f"{s.get('max_tokens_total', 0)} output tokens asked in total. Counts and charts are "
                "engine-wide (other sessions' requests included).")
-    oc = room.outcomes(rec.events, fs.request_ids)
+    oc = room.outcomes(fs.request_ids)
     st.caption(f"This run's requests: {oc['finished']} finished, {oc['aborted']} aborted, "
-               f"{oc['rejected']} rejected, {pending} in flight.")
+               f"{oc['failed'] + fs.rejected} rejected or failed, {oc['in_flight']} in flight.")
     if fs.rebuilt:
         st.warning("Feeding stopped: the shared engine was rebuilt, so the rest of this load was not submitted.")
     if rec.restarts:

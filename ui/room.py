@@ -28,6 +28,7 @@ import streamlit as st
 
 MAX_RUNS = 32            # finished runs kept for reloads (oldest dropped first)
 MAX_OWNED = 20_000       # request ids remembered per server (oldest dropped first)
+MAX_HANDLES = 1_000      # handles kept for outcome counts (> recording.MAX_LOAD_REQUESTS x 3)
 TERMINAL = ("finished", "rejected", "aborted")
 
 
@@ -115,6 +116,7 @@ class Room:
     def __init__(self):
         self.lock = threading.Lock()
         self.owners: OrderedDict[str, str] = OrderedDict()     # request id -> session id
+        self.handles: OrderedDict[str, object] = OrderedDict()  # request id -> RequestHandle (recent)
         self.runs: OrderedDict[str, Run] = OrderedDict()
 
     # ownership
@@ -123,6 +125,16 @@ class Room:
             self.owners[request_id] = sid
             while len(self.owners) > MAX_OWNED:
                 self.owners.popitem(last=False)
+
+    def keep(self, handle) -> None:
+        with self.lock:
+            self.handles[handle.request_id] = handle
+            while len(self.handles) > MAX_HANDLES:
+                self.handles.popitem(last=False)
+
+    def handle(self, request_id: str):
+        with self.lock:
+            return self.handles.get(request_id)
 
     def owner(self, request_id: str) -> str | None:
         with self.lock:
@@ -181,6 +193,7 @@ def submit(th, prompt, params=None, request_id: str | None = None, **kw):
     """th.submit, recording this session as the request's owner."""
     h = th.submit(prompt, params, request_id=request_id, **kw)
     room().own(h.request_id, session_id())
+    room().keep(h)
     return h
 
 
@@ -192,6 +205,7 @@ def submitter(th) -> Callable:
     def _submit(prompt, params=None, request_id=None, **kw):
         h = th.submit(prompt, params, request_id=request_id, **kw)
         rm.own(h.request_id, sid)
+        rm.keep(h)
         return h
     return _submit
 
@@ -243,14 +257,25 @@ def current_run(kind: str) -> Run | None:
     return run if run is not None and run.kind == kind else None
 
 
-def outcomes(events, request_ids) -> dict[str, int]:
-    """{"finished", "aborted", "rejected"} counts of these requests from recorded finish/abort/
-    reject events (each request counted once, by its last terminal event)."""
-    ids = set(request_ids)
-    last: dict[str, str] = {}
-    for e in events:
-        kind = getattr(e.kind, "value", e.kind)
-        if e.request_id in ids and kind in ("finish", "abort", "reject"):
-            last[e.request_id] = kind
-    vals = list(last.values())
-    return {"finished": vals.count("finish"), "aborted": vals.count("abort"), "rejected": vals.count("reject")}
+def outcomes(request_ids) -> dict[str, int]:
+    """{"finished", "aborted", "failed", "in_flight"} counts of these requests, from the handles
+    their submitter kept (the engine's final word on each: its output's finish reason, or the
+    error a rebuild or a crash failed it with). Ids without a kept handle count as "unknown"."""
+    out = {"finished": 0, "aborted": 0, "failed": 0, "in_flight": 0, "unknown": 0}
+    rm = room()
+    for rid in request_ids:
+        h = rm.handle(rid)
+        if h is None:
+            out["unknown"] += 1
+        elif not h.finished:
+            out["in_flight"] += 1
+        else:
+            reason = getattr(getattr(h, "output", None), "outputs", None)
+            reason = reason[0].finish_reason if reason else None
+            if reason == "abort" or (h.error and "abort" in h.error):
+                out["aborted"] += 1
+            elif h.error or reason in ("error", "rejected"):
+                out["failed"] += 1
+            else:
+                out["finished"] += 1
+    return out

@@ -5,7 +5,6 @@ import threading
 
 import pytest
 
-from engine.events import Event, EventKind
 from tests.factories import request, snapshot
 from ui import room as R
 
@@ -52,11 +51,19 @@ def test_submitter_records_the_owner_from_the_submitting_session(sid):
     assert R.room().owner("auto-1") == "later"
 
 
-def test_outcomes_count_each_request_once_by_its_last_terminal_event():
-    ev = [Event(1, 1, 0.0, EventKind.FINISH, "r1"), Event(2, 1, 0.0, EventKind.ABORT, "r2"),
-          Event(3, 1, 0.0, EventKind.REJECT, "r3"), Event(4, 1, 0.0, EventKind.FINISH, "other"),
-          Event(5, 1, 0.0, EventKind.ADMIT, "r4")]
-    assert R.outcomes(ev, ["r1", "r2", "r3", "r4"]) == {"finished": 1, "aborted": 1, "rejected": 1}
+def test_outcomes_from_the_kept_handles(sid):
+    from types import SimpleNamespace as NS
+
+    def handle(rid, finished=True, reason="length", error=None):
+        out = NS(outputs=[NS(finish_reason=reason)]) if finished else None
+        return NS(request_id=rid, finished=finished, output=out, error=error)
+
+    rm = R.room()
+    for h in (handle("r1"), handle("r2", reason="abort"), handle("r3", reason=None, error="aborted: the engine was "
+              "reconfigured"), handle("r4", finished=False), handle("r5", reason="error", error="step failed")):
+        rm.keep(h)
+    assert R.outcomes(["r1", "r2", "r3", "r4", "r5", "gone"]) == {
+        "finished": 1, "aborted": 2, "failed": 1, "in_flight": 1, "unknown": 1}
 
 
 def test_runs_are_kept_server_side_and_serialised_by_the_lock():
