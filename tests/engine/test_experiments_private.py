@@ -19,6 +19,8 @@ def test_private_engine_shares_weight_tensors():
     assert priv.model is shared.model
     for (n1, p1), (n2, p2) in zip(shared.model.named_parameters(), priv.model.named_parameters()):
         assert n1 == n2 and p1.data_ptr() == p2.data_ptr()
+    # the packed copies of the Linear weights (CPU fast path) are per model object: the same pack
+    assert priv.runner.linear_pack is shared.runner.linear_pack
     # its own pool: the KV tensors are not the shared engine's
     assert priv.runner is not shared.runner and priv.bm is not shared.bm
 
