@@ -58,8 +58,9 @@ def test_load_keeps_running_through_a_speculative_comparison(room_server, browse
         assert m, ta[:2000]
         finished, aborted, rejected, inflight = map(int, m.groups())
         sub, total = map(int, re.search(r"Submitted\s+(\d+) / (\d+)", ta).groups())
-        assert sub == total > 0                          # the feeder was never stopped
-        assert aborted == 0 and inflight == 0 and finished > 0 and finished + rejected == total
+        refused = int(re.search(r"Rejected at submit\s+(\d+)", ta).group(1))   # too long for the test pool
+        assert sub + refused == total > 0                # the feeder went through the whole workload
+        assert aborted == 0 and inflight == 0 and finished == sub > 0 and rejected == refused
         assert "engine was rebuilt" not in ta and "Feeding stopped" not in ta
     finally:
         a_ctx.close()
@@ -83,7 +84,7 @@ def test_reload_keeps_the_run_and_another_persons_rebuild_does_not_break_it(room
         again = _main(a)
         assert head in again and cond in again
         # B changes the engine for everyone (block size; confirmed), A's page keeps working
-        open_page(b, room_server.url, "home")
+        open_page(b, room_server.url, "")
         side = b.locator('[data-testid="stSidebar"]')
         assert "nothing would be aborted" in side.inner_text() or "in-flight request(s)" in side.inner_text()
         side.get_by_text("Rebuild the shared engine, aborting the requests above").click()
