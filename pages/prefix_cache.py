@@ -19,7 +19,8 @@ st.caption(
     "Requests that begin with the same text — a long system prompt — produce the same keys and values "
     "for those tokens. The engine identifies every full block by a hash chained from the previous block's "
     "hash and the block's tokens, so a new request can reuse the blocks of its longest cached prefix "
-    "(their reference count goes up) and only compute the rest. Measured here on the shared engine.")
+    "(their reference count goes up) and only compute the rest. Measured here on a private engine that "
+    "shares the loaded weights.")
 
 th = ea.require_engine()
 snap0 = th.snapshot()
@@ -51,8 +52,8 @@ with st.form("pc_form"):
     c = st.columns(3)
     max_tokens = c[0].slider("Answer length (tokens)", 1, 128, 8 if small else 16, key="pc_max_tokens")
     c[1].caption("The first turn runs alone, then the others together — so they can reuse its blocks.")
-    c[2].caption("Two runs: a fresh cache namespace (cache_salt) shared by the run, then one fresh salt per "
-                 "request, which forces misses on the same engine.")
+    c[2].caption("Two sides, alternated for 3 rounds: one fresh cache namespace (cache_salt) per round, "
+                 "and one fresh salt per request, which forces misses on the same engine.")
     go = st.form_submit_button("Measure with and without sharing", type="primary")
 
 if go:

@@ -174,6 +174,7 @@ with st.container(key="spec_timing"):
                 help=f"min {cmp_.b.lo:.2f} s, max {cmp_.b.hi:.2f} s over {cmp_.rounds} runs")
     c[2].metric("Plain e2e (median)", f"{cmp_.a.median:.2f} s",
                 help=f"min {cmp_.a.lo:.2f} s, max {cmp_.a.hi:.2f} s over {cmp_.rounds} runs")
+with st.container(key="spec_conditions"):
     if cmp_.suspect:
         st.warning(f"Speedup {cmp_.ratio.median:.2f}× is suspect and not reported: {cmp_.suspect}")
     cond = (f"Conditions: {cmp_.conditions()}. Spread: speedup {cmp_.ratio.lo:.2f}–{cmp_.ratio.hi:.2f}×, "

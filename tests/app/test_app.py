@@ -144,6 +144,21 @@ def test_sidebar_apply_needs_confirmation_then_rebuilds():
     _restore_default_engine()
 
 
+def test_operator_token_gates_engine_wide_changes(monkeypatch):
+    monkeypatch.setenv("KVSCOPE_OPERATOR_TOKEN", "tok-123")
+    at = _app().run()
+    _no_exception(at)
+    caps = " ".join(c.value for c in at.sidebar.caption)
+    assert "Viewer: your own prompts only" in caps
+    assert "nothing would be aborted" in caps or "in-flight request(s)" in caps
+    assert _button(at, "Apply").disabled
+    at.sidebar.text_input(key="operator_token_input").input("wrong").run()
+    assert _button(at, "Apply").disabled
+    at.sidebar.text_input(key="operator_token_input").input("tok-123").run()
+    assert not _button(at, "Apply").disabled
+    assert "Operator: you can change the engine" in " ".join(c.value for c in at.sidebar.caption)
+
+
 # --------------------------------------------------------------------------- Playground
 
 def _playground():
