@@ -96,6 +96,7 @@ class Comparison:
     contended_rounds: int = 0
     busy_delta: int = 0              # total movement of the busy counter during the samples
     busy_what: str = ""              # what the busy counter counts (shown in the conditions)
+    busy_checked: bool = True        # False: no busy counter was given, contention unknown
     budget_s: float | None = None
     elapsed_s: float = 0.0
     suspect: str | None = None       # reason, when a bound contradicts the ratio
@@ -116,7 +117,9 @@ class Comparison:
                  f"{a} and {b} alternated, first side swapped each round"]
         if self.budget_s is not None:
             parts.append(f"rounds fitted to a {self.budget_s:.0f} s budget")
-        if self.contended:
+        if not self.busy_checked:
+            parts.append("contention not checked (no counter of other work)")
+        elif self.contended:
             what = f" ({self.busy_delta} {self.busy_what})" if self.busy_what else ""
             parts.append(f"CONTENDED: other work ran during {self.contended_rounds} of {self.rounds} rounds{what}")
         else:
@@ -184,7 +187,8 @@ def compare(run_a: Callable[[int], object], run_b: Callable[[int], object], *,
     return Comparison(names=names, a=spread(s.seconds for s in a_s), b=spread(s.seconds for s in b_s),
                       ratio=spread(x.seconds / y.seconds for x, y in zip(a_s, b_s)), rounds=r, order=tuple(seq),
                       samples_a=tuple(a_s), samples_b=tuple(b_s), contended_rounds=contended, busy_delta=busy_total,
-                      busy_what=busy_what, budget_s=budget_s, elapsed_s=clock() - t0)
+                      busy_what=busy_what, busy_checked=busy is not None, budget_s=budget_s,
+                      elapsed_s=clock() - t0)
 
 
 def suspect_ratio(ratio: float | None, bound: float | None, *, margin: float = SUSPECT_MARGIN,

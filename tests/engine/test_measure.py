@@ -50,7 +50,9 @@ def test_compare_runs_in_order_and_passes_round():
     assert c.rounds == 3
     assert c.ratio.median == 2.0 and c.a.median == 2.0 and c.b.median == 1.0
     assert not c.contended and c.result == 2.0
-    assert "median of 3 rounds" in c.conditions() and "uncontended" in c.conditions()
+    assert "median of 3 rounds" in c.conditions() and "contention not checked" in c.conditions()
+    quiet = M.compare(side("plain", 2.0), side("spec", 1.0), busy=lambda: 0, clock=clock)
+    assert "uncontended" in quiet.conditions()
 
 
 @given(st.lists(st.floats(0.001, 1000.0), min_size=1, max_size=30))
