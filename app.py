@@ -20,6 +20,10 @@ PAGES_DIR = ROOT / "pages"
 
 # (file in pages/, title, url path, icon, one-line description for Home)
 PAGES = [
+    ("demo.py", "Demo", "demo", ":material/slideshow:",
+     "a guided tour in chapters: the release-freeze afternoon and speculation, from recorded traces or live"),
+    ("claims.py", "Claims", "claims", ":material/fact_check:",
+     "the seeds' claims about inference, each beside this machine's measurement: holds or not, and why"),
     ("playground.py", "Playground", "playground", ":material/chat:",
      "type a prompt; watch its blocks, cache growth, phases and (with speculation) every draft token"),
     ("load.py", "Concurrent load", "load", ":material/groups:",
@@ -36,6 +40,8 @@ PAGES = [
      "what the KV cache saves: cost per token with and without it, and the 50-sequence budget"),
     ("replay.py", "Replay", "replay", ":material/replay:",
      "load a recorded trace and scrub through it step by step"),
+    ("attach.py", "Attach to a server", "attach", ":material/link:",
+     "a running kvscope or vLLM server: its metrics, queues and the prefix cache rebuilt from its KV events"),
 ]
 
 
@@ -68,7 +74,8 @@ def home() -> None:
     st.html(theme.token_legend_html())
 
 
-_KERNEL_NAMES = {"cpu_kernel": "kvscope C kernel", "onednn": "oneDNN packed", "torch": "PyTorch"}
+_KERNEL_NAMES = {"cpu_kernel": "kvscope C kernel", "onednn": "oneDNN packed", "torch": "PyTorch",
+                 "flex": "FlexAttention in place (all rows)"}
 
 
 def _engine_panel(th) -> None:

@@ -15,7 +15,9 @@ Batches are flattened (ragged): the model sees one row of T tokens from many req
   with a causal mask aligned to its position in the sequence; a chunk with no earlier context
   attends to its own new keys/values directly (the same values the pool now holds), without
   reading them back.
-The same torch code runs on CUDA; a fused varlen/paged CUDA kernel is not wired yet.
+With EngineConfig.attention_backend="flex" (engine/paged_flex.py) all of the above is replaced
+by one FlexAttention call per layer over the whole flattened batch, reading K/V in place through
+the block tables: compiled on CUDA, eager on CPU (where the test suite checks it).
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from . import cpu_kernels
+from . import cpu_kernels, paged_flex
 
 ATTN_NAME = "kvscope"
 _ctx = threading.local()
@@ -55,6 +57,8 @@ class AttnMetadata:
     decode_max_ctx: int = 0
     prefills: list[PrefillItem] = field(default_factory=list)
     layer_offset: int = 0                # pools index = module.layer_idx + offset (draft models share a pool list)
+    flex: object = None                  # engine/paged_flex.FlexMeta: every row through one FlexAttention call
+    max_ctx: int = 0                     # the longest context any row of this batch attends to
 
 
 class forward_context:
@@ -85,6 +89,22 @@ def _gather(pool: torch.Tensor, block_ids: torch.Tensor, length: int | None = No
     return x.transpose(0, 1)                            # [h, tokens, d]
 
 
+def _refuse_unsupported(kwargs: dict, max_ctx: int) -> None:
+    """The paged paths attend to every earlier token with plain softmax(QK^T)V: a layer asking
+    for more (a sliding window shorter than the context, logit softcapping, sinks) is refused,
+    never run wrong. engine/families.py refuses such configs before an engine starts; this is the
+    last line for a model that slips through."""
+    window = kwargs.get("sliding_window")
+    if window is not None and window < max_ctx:
+        raise ValueError(f"sliding-window attention (window {window}, context {max_ctx}) is not supported by "
+                         "kvscope's paged attention")
+    if kwargs.get("softcap"):
+        raise ValueError(f"attention logit softcapping (softcap={kwargs['softcap']}) is not supported by "
+                         "kvscope's paged attention")
+    if kwargs.get("s_aux") is not None:
+        raise ValueError("attention sinks (s_aux) are not supported by kvscope's paged attention")
+
+
 def paged_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     meta = current_metadata()
     if meta is None:
@@ -93,6 +113,7 @@ def paged_attention_forward(module, query, key, value, attention_mask, scaling=N
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
+    _refuse_unsupported(kwargs, meta.max_ctx)
     layer = module.layer_idx + meta.layer_offset
     k_pool, v_pool = meta.kv_caches[layer]
     # query: [1, H, T, D]; key/value: [1, Hkv, T, D]
@@ -103,6 +124,8 @@ def paged_attention_forward(module, query, key, value, attention_mask, scaling=N
     v_pool.view(-1, hkv, d).index_copy_(0, meta.slot_mapping, v_new)
 
     q = query[0]                                         # [H, T, D]
+    if meta.flex is not None:
+        return paged_flex.attend(q, k_pool, v_pool, meta.flex, scaling).unsqueeze(0), None
     T = q.shape[1]
     out = torch.empty((T, q.shape[0], q.shape[2]), dtype=query.dtype, device=query.device)  # [T, H, D]
     gqa = q.shape[0] != hkv

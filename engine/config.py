@@ -13,7 +13,7 @@ VICTIM_POLICIES = ("last_admitted", "lru")
 SPEC_METHODS = ("ngram", "draft_model", "self_draft")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LINEAR_BACKENDS = ("auto", "torch")
-ATTENTION_BACKENDS = ("auto", "torch")
+ATTENTION_BACKENDS = ("auto", "torch", "flex")
 MIN_TEMPERATURE = 1e-5
 
 
@@ -122,8 +122,14 @@ class EngineConfig:
     # "torch": transformers' own F.linear everywhere
     linear_backend: str = "auto"
     # "auto": on CPU in fp32, decode attention reads K/V in place from the blocks with the C
-    # kernel of engine/csrc (built on first use; torch fallback); "torch": gather + SDPA always
+    # kernel of engine/csrc (built on first use; torch fallback); on CUDA the torch path until the
+    # GPU check has verified "flex" there (engine/device.py); "torch": gather + SDPA always;
+    # "flex": every row in one FlexAttention call reading K/V in place (engine/paged_flex.py)
     attention_backend: str = "auto"
+    # CUDA, when neither num_kv_blocks nor kv_cache_bytes is given: the fraction of the device's
+    # total memory this engine may use (weights and activations included); the KV pool gets the
+    # rest (vLLM's gpu_memory_utilization; engine/device.py)
+    gpu_memory_utilization: float = 0.9
     event_ring_size: int = 20000
     history_len: int = 512                  # per-request history points kept for the UI
 
@@ -166,6 +172,9 @@ class EngineConfig:
                f"linear_backend must be one of {LINEAR_BACKENDS}, got {self.linear_backend!r}")
         _check(self.attention_backend in ATTENTION_BACKENDS,
                f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
+        gmu = self.gpu_memory_utilization
+        _check(isinstance(gmu, (int, float)) and not isinstance(gmu, bool) and 0 < gmu <= 1,
+               f"gpu_memory_utilization must be a number in (0, 1], got {self.gpu_memory_utilization!r}")
         _check(_is_int(self.event_ring_size) and 16 <= self.event_ring_size <= 10_000_000,
                "event_ring_size must be an integer in [16, 10000000]")
         _check(_is_int(self.history_len) and 2 <= self.history_len <= 100_000, "history_len must be in [2, 100000]")

@@ -17,13 +17,15 @@ import torch
 from . import events as ev
 from .block_manager import BlockManager, cdiv
 from .config import EngineConfig, SamplingParams
+from .device import activation_reserve_bytes, cuda_memory, gpu_kv_budget_bytes
 from .events import EventRing
+from .families import check_supported
 from .kv_layout import kv_bytes_per_token, kv_geometry
 from .metrics import MetricsTracker
 from .models import load_model, resolve_device, resolve_dtype
+from .outputs import CompletionOutput, RequestMetrics, RequestOutput
 from .runner import BatchRow, ModelRunner
 from .sampler import make_generator, sample
-from .outputs import CompletionOutput, RequestMetrics, RequestOutput
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Request, Status, WaitReason
 from .snapshot import PLAIN, EngineInfo, RequestInfo, Snapshot
@@ -36,6 +38,19 @@ MAX_DEFAULT_BLOCKS = 4096
 MAX_PROMPT_CHARS = 1_000_000
 MAX_BLOCKS = 1_000_000           # same cap as EngineConfig.num_kv_blocks, also for kv_cache_bytes
 MEMORY_FRACTION = 0.9            # of the available memory a KV pool (or swap space) may take
+
+
+def _schedule_rows(items, rows) -> list[list]:
+    """What one forward pass held, per request: [request_id, kind, num_tokens, start] with kind
+    "verify" (a decode row carrying draft tokens), "decode" (the newest output token alone) or
+    "prefill" (a prompt chunk, even a 1-token one, or a recompute after preemption)."""
+    out = []
+    for it, row in zip(items, rows):
+        n = len(row.tokens)
+        decode = n == 1 and row.start >= it.req.num_prompt_tokens    # feeding its newest output token
+        kind = "verify" if it.num_spec_tokens else ("decode" if decode else "prefill")
+        out.append([row.request_id, kind, n, row.start])
+    return out
 
 
 def _check_unicode(text: str) -> None:
@@ -84,6 +99,7 @@ class LLMEngine:
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.model, self.tokenizer = load_model(config.model, config.device, config.dtype)
         hf = self.model.config
+        check_supported(hf, config.max_model_len)
         self.vocab_size = hf.vocab_size
         max_pos = getattr(hf, "max_position_embeddings", None) or config.max_model_len
         if config.max_model_len > max_pos:
@@ -95,6 +111,8 @@ class LLMEngine:
         if config.num_kv_blocks is not None:
             num_blocks = config.num_kv_blocks
             field_name = f"num_kv_blocks={num_blocks}"
+        elif config.kv_cache_bytes is None and self.device.type == "cuda":
+            num_blocks, field_name = self._gpu_pool_blocks(hf)
         else:
             budget = config.kv_cache_bytes or DEFAULT_KV_BYTES
             num_blocks = budget // self.bytes_per_block
@@ -108,6 +126,8 @@ class LLMEngine:
         # tensor by tensor would end in the OOM killer, taking the server down)
         pool_bytes = num_blocks * self.bytes_per_block
         avail = _available_bytes(self.device)
+        if field_name.startswith("gpu_memory_utilization"):
+            avail = None                 # sized from free device memory just above
         if avail is not None and pool_bytes > MEMORY_FRACTION * avail:
             raise ValueError(f"{field_name} needs {pool_bytes / 2**30:.1f} GiB of KV cache ({self.bytes_per_block} "
                              f"bytes per block); the {self.device.type} has {avail / 2**30:.1f} GiB available and "
@@ -160,6 +180,28 @@ class LLMEngine:
                    bytes_per_token=self.bytes_per_token, reason="engine started")
 
     # ------------------------------------------------------------------ helpers
+    def _gpu_pool_blocks(self, hf) -> tuple[int, str]:
+        """(blocks, the field that sized them) for a CUDA pool sized by gpu_memory_utilization."""
+        c = self.config
+        budget = self._gpu_budget(hf, self.dtype.itemsize)
+        num_blocks = min(budget // self.bytes_per_block, MAX_BLOCKS)
+        if num_blocks < 1:
+            raise ValueError(f"gpu_memory_utilization={c.gpu_memory_utilization} leaves {budget} bytes for "
+                             f"the KV cache, less than one block ({self.bytes_per_block} bytes)")
+        return num_blocks, f"gpu_memory_utilization={c.gpu_memory_utilization}"
+
+    def _gpu_budget(self, hf, itemsize: int) -> int:
+        """KV bytes on CUDA from free device memory (engine/device.py), read after the weights loaded."""
+        c = self.config
+        mem = cuda_memory(self.device)
+        if mem is None:
+            return DEFAULT_KV_BYTES
+        hidden = getattr(hf, "hidden_size", 0) or 0
+        inter = getattr(hf, "intermediate_size", None) or 4 * hidden
+        reserve = activation_reserve_bytes(c.max_num_batched_tokens, hidden, inter, hf.vocab_size, c.max_num_seqs,
+                                           itemsize)
+        return gpu_kv_budget_bytes(mem[0], mem[1], c.gpu_memory_utilization, reserve)
+
     def now(self) -> float:
         return time.perf_counter() - self.t0
 
@@ -374,7 +416,9 @@ class LLMEngine:
                 self.fault_injector(sched.items)
             t_fwd = time.perf_counter()
             logits = self.runner.forward(rows)
-            return ModelOutput(rows, logits, time.perf_counter() - t_fwd)
+            fwd_s = time.perf_counter() - t_fwd
+            self._emit(ev.SCHEDULE, None, rows=_schedule_rows(sched.items, rows), forward_s=fwd_s)
+            return ModelOutput(rows, logits, fwd_s)
         except Exception as e:  # fail only the requests in this step
             return ModelOutput(rows, error=f"step {self.step_num} failed: {type(e).__name__}: {str(e)[:300]}")
 
@@ -553,7 +597,7 @@ class LLMEngine:
                           c.max_model_len, c.max_num_seqs, c.max_num_batched_tokens, c.allocator, c.kv_cache,
                           self.bm.enable_prefix_caching, c.preemption_mode, c.victim_policy, spec,
                           self.bm.capacity, self.runner.linear_pack.kernel if self.runner.linear_pack is not None else "torch",
-                          "cpu_kernel" if self.runner.decode_kernel is not None else "torch")
+                          self.runner.attention_backend)
 
     def check_invariants(self) -> None:
         self.bm.check_invariants()

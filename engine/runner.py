@@ -11,11 +11,15 @@ from dataclasses import dataclass
 
 import torch
 
-from . import attention, cpu_kernels, linear
+from . import attention, cpu_kernels, linear, paged_flex
+from . import device as device_policy
 from .attention import AttnMetadata, PrefillItem, build_decode_mask, forward_context
 from .kv_layout import cdiv, kv_bytes_per_token, kv_geometry
 
 KERNEL_MAX_QUERY_TOKENS = 32    # up to this many new tokens after earlier context go to the decode kernel
+# model types whose HF model forward is exactly embed -> rotary -> decoder layers -> norm, so the
+# runner may call those pieces itself (skipping HF's mask building); others run model(...) whole
+FAST_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 
 
 @dataclass(slots=True)
@@ -51,13 +55,26 @@ class ModelRunner:
             self.swap_space = [(torch.zeros(sshape, dtype=dtype, pin_memory=pin), torch.zeros(sshape, dtype=dtype, pin_memory=pin))
                                for _ in range(self.num_layers)]
         inner = getattr(model, "model", None)
-        self.fast = all(hasattr(inner, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")) and hasattr(model, "lm_head")
+        self.fast = (getattr(model.config, "model_type", None) in FAST_MODEL_TYPES and hasattr(model, "lm_head")
+                     and all(hasattr(inner, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")))
         self.last_forward_s = 0.0
+        # CPU-only speed paths (packed Linears, the C decode kernel) never run on CUDA
         self.linear_pack = linear.pack_model(model) if linear_backend == "auto" and device.type == "cpu" else None
         self.decode_kernel = None
-        if attention_backend == "auto" and device.type == "cpu" and dtype == torch.float32:
+        self.attention_backend = "torch"
+        want = attention_backend
+        if want == "auto":
+            want = device_policy.auto_attention_backend(device.type, dtype == torch.float32, True)
+        if want == "flex":
+            why = paged_flex.unavailable_reason(device, block_size)
+            if why and attention_backend == "flex":
+                raise ValueError(why)
+            self.attention_backend = "torch" if why else "flex"
+        elif want == "cpu_kernel" and device.type == "cpu" and dtype == torch.float32:
             if cpu_kernels.supports(model.config.num_attention_heads, self.num_kv_heads, self.head_dim):
                 self.decode_kernel = cpu_kernels.load()
+                if self.decode_kernel is not None:
+                    self.attention_backend = "cpu_kernel"
 
     @property
     def bytes_per_token(self) -> int:
@@ -108,7 +125,9 @@ class ModelRunner:
     def build_metadata(self, rows: list[BatchRow]):
         bs = self.block_size
         ids, pos, slots, logit_rows = [], [], [], []
-        dec_idx, dec_tables, dec_lens, prefills = [], [], [], []
+        dec_idx, dec_tables, dec_lens, prefills, flex_rows = [], [], [], [], []
+        flex = self.attention_backend == "flex"
+        max_ctx = 0
         t = 0
         for r in rows:
             n = len(r.tokens)
@@ -119,7 +138,10 @@ class ModelRunner:
             ids.extend(r.tokens)
             pos.extend(range(r.start, r.start + n))
             ctx = r.start + n
-            if r.start > 0 and (n == 1 or (n <= KERNEL_MAX_QUERY_TOKENS and self.decode_kernel is not None)):
+            max_ctx = max(max_ctx, ctx)
+            if flex:
+                flex_rows.append((t, n, r.start, table[:cdiv(ctx, bs)]))
+            elif r.start > 0 and (n == 1 or (n <= KERNEL_MAX_QUERY_TOKENS and self.decode_kernel is not None)):
                 # decode rows: one token after earlier context, or (with the kernel) a few of them
                 # (speculative verification, a short chunk), each a row over the context up to
                 # itself, which is the causal mask; their K/V are in the pool before attention reads it
@@ -133,7 +155,9 @@ class ModelRunner:
                 logit_rows.extend(range(t + r.logits_from, t + n))
             t += n
         dev = self.device
-        meta = AttnMetadata(self.kv_caches, torch.tensor(slots, device=dev), bs, prefills=prefills)
+        meta = AttnMetadata(self.kv_caches, torch.tensor(slots, device=dev), bs, prefills=prefills, max_ctx=max_ctx)
+        if flex_rows:
+            meta.flex = paged_flex.build(flex_rows, self.kv_caches[0][0].shape[0], bs, dev)
         if dec_idx:
             mb = max(len(x) for x in dec_tables)
             padded = [x + [x[-1]] * (mb - len(x)) for x in dec_tables]

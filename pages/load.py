@@ -13,6 +13,7 @@ from ui import engine_access as ea
 from ui import events_table as et
 from ui import load as L
 from ui import room, shell
+from ui.batching_view import batching_view
 
 shell.enter_app()
 
@@ -202,6 +203,7 @@ def live() -> None:
     with b:
         ea.chart(f_kv, key="load_kv")
         ea.chart(f_pct, key="load_pct")
+    batching_view(rec.events, key="load_batching")
     pct = L.latency_percentiles(snap)
     st.html(L.percentile_table_html(pct, L.percentile_counts(snap)))
     st.subheader("Event log")

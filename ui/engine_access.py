@@ -17,7 +17,7 @@ import threading
 import streamlit as st
 
 from engine.config import SPEC_METHODS, EngineConfig, SpeculativeConfig
-
+from engine.device import detect_devices
 
 
 def test_mode() -> bool:
@@ -222,6 +222,11 @@ def settings_sidebar() -> None:
         cur_method = cfg.speculative.method if cfg.speculative else "off"
         method = st.selectbox("Speculative decoding", SPEC_CHOICES, index=SPEC_CHOICES.index(cur_method))
         k = st.slider("Draft length k", 1, 16, value=cfg.speculative.num_speculative_tokens if cfg.speculative else 4)
+        devices = detect_devices()
+        device = cfg.device
+        if len(devices) > 1:   # a GPU is present: offer it and the CPU ("auto" is the first one)
+            cur = cfg.device if cfg.device in devices else devices[0]
+            device = st.selectbox("Device", devices, index=devices.index(cur))
         st.caption(room.rebuild_warning(snap))
         confirm = st.checkbox("Rebuild the shared engine, aborting the requests above", value=False,
                               key="confirm_rebuild")
@@ -234,7 +239,7 @@ def settings_sidebar() -> None:
             sb.warning("Rebuilding the shared engine needs the operator token.")
             return
         try:
-            new = cfg.replace(block_size=int(bs), num_kv_blocks=int(blocks), kv_cache_bytes=None,
+            new = cfg.replace(device=device, block_size=int(bs), num_kv_blocks=int(blocks), kv_cache_bytes=None,
                               max_num_seqs=int(seqs), enable_prefix_caching=bool(prefix), preemption_mode=pre,
                               speculative=spec_config(method, int(k), num_layers=info.num_layers if info else None))
             st.session_state["engine_message"] = ("success", shared_engine().reconfigure(new))
