@@ -117,7 +117,9 @@ if launch:
             while time.monotonic() < deadline:
                 rec.poll(th)
                 st_ = feeder.snapshot_status()
-                if st_.done and L.run_request_ids_pending(th.snapshot(), st_.request_ids) == 0:
+                # the handles are the engine's final word (the published snapshot can predate a submit)
+                if st_.done and room.outcomes(st_.request_ids)["in_flight"] == 0 \
+                        and L.run_request_ids_pending(th.snapshot(), st_.request_ids) == 0:
                     break
                 time.sleep(0.02)
             rec.poll(th)
