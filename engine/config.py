@@ -246,6 +246,7 @@ class SamplingParams:
     speculative: bool = True       # allow speculation for this request when the engine has it on
     min_tokens: int = 0            # EOS / stop_token_ids masked (and stop strings ignored) until this many
     logprobs: int | None = None    # None: none; N: the sampled token's logprob and the top N (vLLM: <= 20)
+    num_speculative_tokens: int | None = None  # this request's draft length (<= the engine's k; None = engine's)
 
     def __post_init__(self):
         # below MIN_TEMPERATURE, logits / temperature overflows float32 (inf - inf = nan) and sampling fails
@@ -255,6 +256,9 @@ class SamplingParams:
         _check(_is_int(self.top_k) and self.top_k >= 0, f"top_k must be an integer >= 0, got {self.top_k!r}")
         _check(isinstance(self.top_p, (int, float)) and not isinstance(self.top_p, bool) and 0 < self.top_p <= 1,
                f"top_p must be in (0, 1], got {self.top_p!r}")
+        _check(self.num_speculative_tokens is None
+               or (_is_int(self.num_speculative_tokens) and 1 <= self.num_speculative_tokens <= 16),
+               f"num_speculative_tokens must be None or an integer in [1, 16], got {self.num_speculative_tokens!r}")
         _check(_is_int(self.max_tokens) and self.max_tokens >= 1,
                f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         if self.seed is not None:

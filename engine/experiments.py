@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 from .config import EngineConfig, SamplingParams
 from .engine import LLMEngine
 from .kv_layout import cdiv
-from .recording import CostPoint, RunRecord, measure_decode_cost, run_engine
+from .recording import CostPoint, RunRecord, SnapshotRecorder, drive, measure_decode_cost, run_engine
 from .snapshot import Snapshot
 
 # One private-engine measurement at a time per server: they compete for the same CPU cores (and
@@ -39,28 +39,67 @@ def exercise_prompts(n: int, prompt_tokens: int, *, seed: int = 0, lo: int = 100
     return [[lo + i] + [rng.randrange(lo + n, hi) for _ in range(prompt_tokens - 1)] for i in range(n)]
 
 
+def _cache_engines(base: EngineConfig, n_tokens: int, prompt_tokens: int):
+    """{"cache": engine, "nocache": engine} (private, same loaded weights) and the prompt."""
+    mml = prompt_tokens + n_tokens + 8
+    blocks = cdiv(mml, base.block_size) + 2
+    prompt = exercise_prompts(1, prompt_tokens, seed=7)[0]
+    engines = {}
+    for key, kv in (("cache", True), ("nocache", False)):
+        engines[key] = private_engine(base, speculative=None, kv_cache_bytes=None, kv_cache=kv, num_kv_blocks=blocks,
+                                      max_model_len=max(mml, 64), enable_prefix_caching=False,
+                                      max_num_batched_tokens=max(512, mml))
+        measure_decode_cost(engines[key], prompt[: min(8, prompt_tokens)], 4, request_id="warmup")
+    return engines, prompt
+
+
 def measure_cache_vs_nocache(base: EngineConfig, n_tokens: int, prompt_tokens: int, *,
                              on_phase: Callable[[int, bool], None] | None = None
                              ) -> dict[str, tuple[float, list[CostPoint]]]:
     """{"cache": (prefill s, points), "nocache": (...)} for one greedy request of `prompt_tokens`
-    that generates `n_tokens` (EOS ignored), on two private engines built from `base`. A short
+    that generates `n_tokens` (EOS ignored), on two private engines built from `base`, once each
+    (`compare_cache_vs_nocache` is the controlled, repeated version the page shows). A short
     warm-up request first on each engine takes the first-call overheads out of the measurement.
     on_phase(i, with_cache) is called before each engine runs."""
-    mml = prompt_tokens + n_tokens + 8
-    blocks = cdiv(mml, base.block_size) + 2
-    prompt = exercise_prompts(1, prompt_tokens, seed=7)[0]
+    engines, prompt = _cache_engines(base, n_tokens, prompt_tokens)
     res = {}
     for i, (key, kv) in enumerate((("cache", True), ("nocache", False))):
         if on_phase is not None:
             on_phase(i, kv)
-        eng = LLMEngine(base.replace(speculative=None, kv_cache_bytes=None, kv_cache=kv, num_kv_blocks=blocks,
-                                   max_model_len=max(mml, 64), enable_prefix_caching=False,
-                                   max_num_batched_tokens=max(512, mml)))
-        measure_decode_cost(eng, prompt[: min(8, prompt_tokens)], 4, request_id="warmup")
-        res[key] = measure_decode_cost(eng, prompt, n_tokens, request_id=f"{key}-0")
-        del eng
-        gc.collect()
+        res[key] = measure_decode_cost(engines[key], prompt, n_tokens, request_id=f"{key}-0")
+    del engines
+    gc.collect()
     return res
+
+
+def compare_cache_vs_nocache(base: EngineConfig, n_tokens: int, prompt_tokens: int, *, min_rounds: int = 3,
+                             budget_s: float | None = None, busy: Callable[[], int] | None = None,
+                             busy_what: str = "", on_sample: Callable[[int, str, object], None] | None = None) -> dict:
+    """The Cache vs no-cache page's timing, controlled (engine/measure.py): the same decode on the
+    no-cache and the cache engine, alternated, `min_rounds`+ rounds. Compared: decode seconds
+    (sum of the decode steps). Returns {"comparison" (a = nocache, b = cache, ratio = how many
+    times slower without the cache), "cache": (prefill s, points), "nocache": (...)} with the
+    points of the round whose no-cache/cache ratio is the median one."""
+    from . import measure
+    engines, prompt = _cache_engines(base, n_tokens, prompt_tokens)
+    runs: dict[str, list] = {"cache": [], "nocache": []}
+
+    def side(key):
+        def run(r):
+            pre, pts = measure_decode_cost(engines[key], prompt, n_tokens, request_id=f"{key}-r{r}")
+            runs[key].append((pre, pts))
+            return measure.Sample(sum(p.step_s for p in pts) or 1e-9, {"prefill_s": pre})
+        return run
+
+    try:
+        cmp_ = measure.compare(side("nocache"), side("cache"), names=("nocache", "cache"), min_rounds=min_rounds,
+                               budget_s=budget_s, busy=busy, busy_what=busy_what, on_sample=on_sample)
+    finally:
+        engines.clear()     # free both private pools now
+        gc.collect()
+    ratios = [a.seconds / b.seconds for a, b in zip(cmp_.samples_a, cmp_.samples_b)]
+    mid = sorted(range(len(ratios)), key=lambda i: ratios[i])[len(ratios) // 2]
+    return {"comparison": cmp_, "cache": runs["cache"][mid], "nocache": runs["nocache"][mid]}
 
 
 ALLOCATOR_LABELS = {"paged": "paged (blocks on demand)", "contiguous": "contiguous (one max_model_len slab each)"}
@@ -210,3 +249,143 @@ def measure_prefix(th, prompts: Sequence[str], max_tokens: int, *, mode: str, ru
             rows.append(PrefixRow(h.request_id, i + 1, out.metrics.ttft, len(out.prompt_token_ids),
                                   out.metrics.num_cached_tokens))
     return rows, best
+
+
+# ------------------------------------------------------------------ speculative vs plain, controlled
+
+@dataclass
+class SpecComparison:
+    """The Speculative page's measurement: `comparison` (a = plain seconds, b = speculative
+    seconds, so its ratio is the speedup), the last round's final RequestInfo of each side, the
+    speculative request's verify events and any fallback events, and the private engine's label."""
+    comparison: object               # measure.Comparison
+    spec: object                     # RequestInfo
+    plain: object
+    verify: list
+    fallback: list
+    label: str
+    k: int
+    tokens_per_target_pass: float | None
+    outputs_match: bool
+
+
+def private_engine(base: EngineConfig, **changes) -> LLMEngine:
+    """An engine for one experiment, separate from the shared one: its own small KV pool and
+    scheduler, the SAME loaded model (models.load_model keeps one copy per (name, device, dtype)
+    in the process, so no second copy of the weights). Never touches the shared engine's pool."""
+    return LLMEngine(base.replace(**changes))
+
+
+def compare_speculative(base: EngineConfig, prompt, spec, max_tokens: int, *, min_rounds: int = 3,
+                        budget_s: float | None = None, busy: Callable[[], int] | None = None,
+                        busy_what: str = "", on_sample: Callable[[int, str, object], None] | None = None,
+                        chat: bool = True) -> SpecComparison:
+    """Plain vs speculative decoding of one greedy prompt on one private engine (speculation
+    configured by `spec`; plain requests set SamplingParams.speculative=False), alternating sides
+    per engine/measure.py. Prefix caching is off so each run pays its full prefill. A short
+    untimed request of each side first takes first-call costs out of the numbers."""
+    from . import measure
+    if spec is None:
+        raise ValueError("speculative: choose a drafter (method and k) to compare against plain decoding")
+    mml = min(base.max_model_len, 4096)
+    eng = private_engine(base, speculative=spec, enable_prefix_caching=False, kv_cache_bytes=None,
+                         num_kv_blocks=cdiv(mml, base.block_size) * 2 + 4, max_num_seqs=2, max_model_len=mml,
+                         allocator="paged", preemption_mode="recompute", max_num_batched_tokens=max(512, mml))
+    ids = eng.apply_chat_template(prompt) if chat and isinstance(prompt, str) else prompt
+    last: dict[str, object] = {}
+    seqs: dict[str, int] = {}
+    ntok = {}
+
+    def one(side: str, tag: str, n: int):
+        rid = f"{side}-{tag}"
+        seqs[side] = eng.events.last_seq
+        t = time.perf_counter()
+        drive(eng, [(0, rid, ids, SamplingParams(max_tokens=n, temperature=0.0, seed=0, request_class="spec-page",
+                                                 speculative=side == "spec"))], max_idle_steps=1000)
+        dt = time.perf_counter() - t
+        info = eng.snapshot().request(rid)
+        last[side] = info
+        ntok[side] = info.output_len if info is not None else 0
+        return measure.Sample(dt, {"tokens": ntok[side], "request_id": rid})
+
+    try:
+        one("plain", "warmup", 2)
+        one("spec", "warmup", 2)
+        cmp_ = measure.compare(lambda r: one("plain", f"r{r}", max_tokens), lambda r: one("spec", f"r{r}", max_tokens),
+                               names=("plain", "spec"), min_rounds=min_rounds, budget_s=budget_s, busy=busy,
+                               busy_what=busy_what, on_sample=on_sample)
+        sreq, preq = last["spec"], last["plain"]
+        acc = sreq.spec_num_accepted_tokens if sreq is not None else 0
+        passes = (sreq.output_len - acc) if sreq is not None else 0
+        tpp = sreq.output_len / passes if passes > 0 else None
+        cmp_ = cmp_.with_suspect(measure.suspect_speedup(cmp_.ratio.median, tpp))
+        evs = eng.events.since(seqs["spec"])
+        srid = sreq.request_id if sreq is not None else None
+        return SpecComparison(
+            comparison=cmp_, spec=sreq, plain=preq,
+            verify=[e for e in evs if e.kind == "spec_verify" and e.request_id == srid],
+            fallback=[e for e in evs if e.kind == "spec_fallback"],
+            label=eng.snapshot().info.speculative or "", k=int(spec.num_speculative_tokens),
+            tokens_per_target_pass=tpp,
+            outputs_match=(sreq is not None and preq is not None and sreq.output_text == preq.output_text))
+    finally:
+        gc.collect()   # the private engine's pool goes with this frame (nothing else refers to it)
+
+
+def compare_prefix(base: EngineConfig, prompts: Sequence[str], max_tokens: int, *, prompt_lens: Sequence[int],
+                   min_rounds: int = 3, budget_s: float | None = None, busy: Callable[[], int] | None = None,
+                   busy_what: str = "", on_sample: Callable[[int, str, object], None] | None = None) -> dict:
+    """The Prefix cache page's cold vs warm, controlled and off the shared pool: a private
+    EngineThread (same loaded weights, its own pool sized for the turns) runs `measure_prefix`
+    with forced misses ("miss": a fresh salt per request, so every turn is cold) and with sharing
+    ("cache": one fresh salt per round, so later turns reuse turn 1's blocks), alternated per
+    engine/measure.py. Compared: mean TTFT of the later turns (all turns when there is one).
+    Returns {"comparison" (a = miss, b = cache: ratio = how many times faster the warm turns
+    reach their first token), "hit", "miss" (rows of the median round), "best" (snapshot with the
+    most sharing seen), "rec" (SnapshotRecorder of the private engine)}."""
+    from . import measure
+    from .thread import EngineThread
+    if not prompts:
+        raise ValueError("prompts: give at least one turn")
+    bs = base.block_size
+    need = sum(cdiv(n + max_tokens + 1, bs) for n in prompt_lens) + len(prompts) + 4
+    mml = max(max(prompt_lens) + max_tokens + 8, 64)
+    pth = EngineThread(private_engine(base, speculative=None, enable_prefix_caching=True, kv_cache=True,
+                                      kv_cache_bytes=None, num_kv_blocks=2 * need, allocator="paged",
+                                      max_num_seqs=max(len(prompts), 1), max_model_len=min(mml, base.max_model_len),
+                                      preemption_mode="recompute", max_num_batched_tokens=max(512, mml)))
+    tag = f"pc{uuid.uuid4().hex[:4]}"
+    rec = SnapshotRecorder(tag, start_time=pth.snapshot().time, start_seq=pth.events.last_seq)
+    rows: dict[str, list] = {"cache": [], "miss": []}
+    best: list = [None]
+
+    def later(rws):
+        sel = rws[1:] if len(rws) > 1 else rws
+        vals = [r.ttft_s for r in sel if r.ttft_s is not None]
+        if not vals:
+            raise RuntimeError("the engine reported no TTFT for the turns")
+        return sum(vals) / len(vals)
+
+    def side(mode):
+        def run(r):
+            rws, b = measure_prefix(pth, prompts, max_tokens, mode=mode, run_tag=f"{tag}-r{r}",
+                                    on_poll=lambda s: rec.poll(pth))
+            rows[mode].append(rws)
+            if mode == "cache":
+                best[0] = more_shared(best[0], b)
+            return measure.Sample(later(rws))
+        return run
+
+    try:
+        one_warm = measure_prefix(pth, prompts[:1], 2, mode="miss", run_tag=f"{tag}-warmup")
+        del one_warm
+        cmp_ = measure.compare(side("miss"), side("cache"), names=("miss", "cache"), min_rounds=min_rounds,
+                               budget_s=budget_s, busy=busy, busy_what=busy_what, on_sample=on_sample)
+        rec.poll(pth)
+    finally:
+        pth.shutdown()
+        gc.collect()
+    ratios = [a.seconds / b.seconds for a, b in zip(cmp_.samples_a, cmp_.samples_b)]
+    mid = sorted(range(len(ratios)), key=lambda i: ratios[i])[len(ratios) // 2]
+    return {"comparison": cmp_, "hit": rows["cache"][mid], "miss": rows["miss"][mid], "best": best[0], "rec": rec,
+            "tag": tag}

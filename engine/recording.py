@@ -276,6 +276,7 @@ class FeederStatus:
     request_ids: list[str] = field(default_factory=list)
     done: bool = False
     stopped: bool = False
+    rebuilt: bool = False       # stopped because the engine it fed was rebuilt
 
 
 class LoadFeeder:
@@ -284,13 +285,20 @@ class LoadFeeder:
 
     `submit(prompt, params, request_id)` is the EngineThread's submit; a ValueError from it (bad
     input, over a tier's cap) is counted as a rejection with the engine's message, and the feeder
-    goes on with the next request."""
+    goes on with the next request.
+
+    `bound_to` (an EngineThread): the feeder feeds the engine that thread runs when it starts;
+    once the thread's engine is rebuilt (another object), the feeder stops and says so, instead
+    of submitting the rest of the workload into an engine its run never saw."""
 
     MAX_ERRORS = 50
+    REBUILT = "stopped: the engine this load fed was rebuilt"
 
     def __init__(self, submit: Callable, requests: Sequence, make_params: Callable, run_id: str,
-                 time_scale: float = 1.0, clock: Callable[[], float] = time.monotonic):
+                 time_scale: float = 1.0, clock: Callable[[], float] = time.monotonic, bound_to=None):
         self._submit = submit
+        self._bound_to = bound_to
+        self._engine = getattr(bound_to, "engine", None)
         self._requests = sorted(list(requests)[:MAX_LOAD_REQUESTS], key=lambda r: r.arrival_s)
         self._make_params = make_params
         self._run_id = run_id
@@ -319,7 +327,7 @@ class LoadFeeder:
         with self._lock:
             s = self.status
             return FeederStatus(s.total, s.submitted, s.rejected, list(s.errors), list(s.request_ids),
-                                s.done, s.stopped)
+                                s.done, s.stopped, s.rebuilt)
 
     def _run(self) -> None:
         t0 = self._clock()
@@ -329,6 +337,12 @@ class LoadFeeder:
                 if delay > 0 and self._stop.wait(delay):
                     break
                 if self._stop.is_set():
+                    break
+                if self._bound_to is not None and getattr(self._bound_to, "engine", None) is not self._engine:
+                    with self._lock:
+                        self.status.errors.append(self.REBUILT)
+                        self.status.rebuilt = True
+                    self._stop.set()
                     break
                 rid = f"{self._run_id}-{getattr(req, 'request_id', None) or f'{i:03d}'}"
                 try:

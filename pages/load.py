@@ -12,7 +12,7 @@ from engine.workloads import SCENARIOS, make_workload, summarize
 from ui import engine_access as ea
 from ui import events_table as et
 from ui import load as L
-from ui import shell
+from ui import room, shell
 from ui.batching_view import batching_view
 
 shell.enter_app()
@@ -107,8 +107,8 @@ if launch:
         run_id = f"L{uuid.uuid4().hex[:4]}"
         now = th.snapshot()
         rec = recording.SnapshotRecorder(run_id, start_time=now.time, start_seq=th.events.last_seq)
-        feeder = recording.LoadFeeder(th.submit, reqs, lambda r: SamplingParams(**r.sampling_kwargs()), run_id,
-                              time_scale=0.0 if ea.test_mode() else 1.0)
+        feeder = recording.LoadFeeder(room.submitter(th), reqs, lambda r: SamplingParams(**r.sampling_kwargs()), run_id,
+                              time_scale=0.0 if ea.test_mode() else 1.0, bound_to=th)
         SS["load_run"] = {"run_id": run_id, "feeder": feeder, "rec": rec, "scenario": scenario,
                           "summary": summarize(reqs), "t0": now.time}
         feeder.start()
@@ -117,7 +117,9 @@ if launch:
             while time.monotonic() < deadline:
                 rec.poll(th)
                 st_ = feeder.snapshot_status()
-                if st_.done and L.run_request_ids_pending(th.snapshot(), st_.request_ids) == 0:
+                # the handles are the engine's final word (the published snapshot can predate a submit)
+                if st_.done and room.outcomes(st_.request_ids)["in_flight"] == 0 \
+                        and L.run_request_ids_pending(th.snapshot(), st_.request_ids) == 0:
                     break
                 time.sleep(0.02)
             rec.poll(th)
@@ -133,7 +135,7 @@ with st.container(border=True):
     with c[0].form("budget_form", border=False):
         new_budget = st.slider("KV budget (blocks) — tighten it mid-run to make the server preempt", 1, int(cap),
                                int(cur.num_blocks), key="load_budget")
-        if st.form_submit_button("Apply budget"):
+        if st.form_submit_button("Apply budget") and room.operator_only("The KV budget"):
             try:
                 th.set_kv_budget(int(new_budget))
                 st.toast(f"KV budget set to {int(new_budget)} blocks")
@@ -178,6 +180,11 @@ def live() -> None:
                "engine-wide (other sessions' requests included).")
     if L.origin_html(snap):
         st.html(L.origin_html(snap))              # requests sent to the OpenAI API, tagged with their origin
+    oc = room.outcomes(fs.request_ids)
+    st.caption(f"This run's requests: {oc['finished']} finished, {oc['aborted']} aborted, "
+               f"{oc['failed'] + fs.rejected} rejected or failed, {oc['in_flight']} in flight.")
+    if fs.rebuilt:
+        st.warning("Feeding stopped: the shared engine was rebuilt, so the rest of this load was not submitted.")
     if rec.restarts:
         st.warning("The shared engine was rebuilt during this run (settings changed or a restart), which "
                    "aborted its in-flight requests; the charts restart from the rebuilt engine's first step.")

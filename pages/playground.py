@@ -8,7 +8,7 @@ import streamlit as st
 from engine.config import SamplingParams
 from engine.thread import EngineCrashed
 from ui import engine_access as ea
-from ui import growth, pool, shell, theme, tokens
+from ui import growth, pool, room, shell, theme, tokens
 from ui import load as L
 
 shell.enter_app()
@@ -40,7 +40,7 @@ def _fmt_bytes(n: int) -> str:
 def render_views(rid: str | None, tag: str) -> None:
     snap = ea.current_snapshot(th)
     colors = theme.request_colors_for(snap)
-    ea.chart(pool.pool_map_figure(snap, colors, highlight=rid), key=f"pool_{tag}")
+    ea.chart(pool.pool_map_figure(snap, colors, highlight=rid, mine=room.mine(snap)), key=f"pool_{tag}")
     st.html(theme.block_legend_html())
     if L.origin_html(snap):
         st.html(L.origin_html(snap))              # HTTP API requests on the same engine (their blocks are above)
@@ -154,7 +154,7 @@ def evict_button(rid: str) -> None:
 h = None
 if submitted:
     try:
-        h = th.submit(prompt, SamplingParams(max_tokens=int(max_tokens), temperature=0.0, seed=0), chat=True)
+        h = room.submit(th, prompt, SamplingParams(max_tokens=int(max_tokens), temperature=0.0, seed=0), chat=True)
     except ValueError as e:
         with answer:
             st.error(f"Not submitted: {e}")

@@ -1,11 +1,9 @@
 """Prefix cache: one system prompt, several user turns, blocks shared by reference count."""
 from __future__ import annotations
 
-import uuid
-
 import streamlit as st
 
-from engine import experiments, recording
+from engine import experiments
 from engine.workloads import make_workload
 from ui import compare as C
 from ui import engine_access as ea
@@ -21,7 +19,8 @@ st.caption(
     "Requests that begin with the same text — a long system prompt — produce the same keys and values "
     "for those tokens. The engine identifies every full block by a hash chained from the previous block's "
     "hash and the block's tokens, so a new request can reuse the blocks of its longest cached prefix "
-    "(their reference count goes up) and only compute the rest. Measured here on the shared engine.")
+    "(their reference count goes up) and only compute the rest. Measured here on a private engine that "
+    "shares the loaded weights.")
 
 th = ea.require_engine()
 snap0 = th.snapshot()
@@ -53,8 +52,8 @@ with st.form("pc_form"):
     c = st.columns(3)
     max_tokens = c[0].slider("Answer length (tokens)", 1, 128, 8 if small else 16, key="pc_max_tokens")
     c[1].caption("The first turn runs alone, then the others together — so they can reuse its blocks.")
-    c[2].caption("Two runs: a fresh cache namespace (cache_salt) shared by the run, then one fresh salt per "
-                 "request, which forces misses on the same engine.")
+    c[2].caption("Two sides, alternated for 3 rounds: one fresh cache namespace (cache_salt) per round, "
+                 "and one fresh salt per request, which forces misses on the same engine.")
     go = st.form_submit_button("Measure with and without sharing", type="primary")
 
 if go:
@@ -63,17 +62,15 @@ if go:
         st.error("Give a system prompt and at least one user turn.")
     else:
         prompts = [experiments.chat_prompt(th.tokenizer, system.strip(), u) for u in turns]
-        tag = f"pc{uuid.uuid4().hex[:4]}"
-        rec = recording.SnapshotRecorder(tag, start_time=th.snapshot().time, start_seq=th.events.last_seq)
+        lens = [len(th.tokenizer(p_, add_special_tokens=False)["input_ids"]) for p_ in prompts]
         try:
-            with st.spinner("Running the turns on the shared engine…"):
-                hit_rows, best = experiments.measure_prefix(th, prompts, int(max_tokens), mode="cache", run_tag=tag,
-                                                  on_poll=lambda s: rec.poll(th))
-                miss_rows, _ = experiments.measure_prefix(th, prompts, int(max_tokens), mode="miss", run_tag=tag,
-                                                on_poll=lambda s: rec.poll(th))
-            rec.poll(th)
-            SS["pc_result"] = {"hit": hit_rows, "miss": miss_rows, "best": best, "rec": rec, "tag": tag,
-                               "turns": len(turns)}
+            with st.spinner("Cold and warm turns alternating on a private engine (same weights, its own pool)…"), \
+                    experiments.RUN_LOCK:
+                out = experiments.compare_prefix(
+                    ea.engine_config(), prompts, int(max_tokens), prompt_lens=lens, busy=lambda: th.engine.step_num,
+                    busy_what="shared-engine steps (other requests on the same cores)")
+            SS["pc_result"] = {"hit": out["hit"], "miss": out["miss"], "best": out["best"], "rec": out["rec"],
+                               "tag": out["tag"], "turns": len(turns), "comparison": out["comparison"]}
         except ValueError as e:        # the engine refused a request (too long for the budget, a tier cap…)
             st.error(f"The engine refused a request: {e}")
         except Exception as e:         # engine crashed / timed out: say so, keep the page
@@ -81,8 +78,8 @@ if go:
 
 res = SS.get("pc_result")
 if not res:
-    st.info("Press **Measure** to run the turns twice on the shared engine: with prefix sharing and with "
-            "forced misses.")
+    st.info("Press **Measure** to run the turns with prefix sharing and with forced misses, alternating, "
+            "on a private engine that shares the loaded weights.")
     st.stop()
 
 hit, miss, best = res["hit"], res["miss"], res["best"]
@@ -99,6 +96,14 @@ c[3].metric("Mean TTFT, later turns (misses)",
 c[4].metric("Blocks shared at peak", f"{share['shared_blocks']} (×{share['max_ref']})",
             help="blocks held by more than one request at once, and the largest reference count")
 
+cmp_ = res.get("comparison")
+if cmp_:
+    (st.warning if cmp_.contended else st.caption)(
+        f"Mean TTFT of the later turns, cold / warm: median {cmp_.ratio.median:.2f}× (range {cmp_.ratio.lo:.2f}–"
+        f"{cmp_.ratio.hi:.2f}×); warm median {1000 * cmp_.b.median:.0f} ms ({1000 * cmp_.b.lo:.0f}–"
+        f"{1000 * cmp_.b.hi:.0f}), cold {1000 * cmp_.a.median:.0f} ms ({1000 * cmp_.a.lo:.0f}–{1000 * cmp_.a.hi:.0f}). "
+        f"Conditions: {cmp_.conditions()}. Run on a private engine sharing the loaded weights (the shared pool "
+        "was not touched); the turns shown are the median round's.")
 ea.chart(C.prefix_figure(hit, miss), key="pc_fig")
 
 if best is not None and share["shared_blocks"]:
@@ -122,8 +127,9 @@ if later_hit and later_miss and later_hit["mean_ttft_s"] and later_miss["mean_tt
         f"of their prompt tokens already cached — the full blocks of the shared system prompt; a partly filled "
         f"last block is never shared — and prefilled only the rest. Their mean time to first token was "
         f"{1000 * later_hit['mean_ttft_s']:.0f} ms, against {1000 * later_miss['mean_ttft_s']:.0f} ms for the same "
-        f"turns with a fresh salt each (every prompt token computed). TTFT is wall time on a shared engine, so "
-        "other sessions' work can move it; the cached-token counts come straight from the engine.")
+        f"turns with a fresh salt each (every prompt token computed). TTFT is wall time on a shared CPU, so "
+        "other sessions' work can move it (see the conditions above); the cached-token counts come straight from "
+        "the engine.")
 with st.expander("Prefix-cache events of this measurement"):
     evs = [e for e in res["rec"].events if (e.request_id or "").startswith(res["tag"])]
     st.html(et.events_html(et.filter_events(evs, ("prefix_hit", "admit", "preempt", "finish", "reject"), limit=60)))

@@ -1,14 +1,10 @@
 """Speculative decoding: guess k tokens cheaply, verify them in one target pass, measure it."""
 from __future__ import annotations
 
-import time
-import uuid
-
 import streamlit as st
 
-from engine.config import SamplingParams
 from ui import engine_access as ea
-from ui import shell, spec, theme, tokens
+from ui import room, shell, spec, theme, tokens
 
 shell.enter_app()
 
@@ -63,10 +59,6 @@ def _wanted():
     return ea.spec_config(method, int(k))
 
 
-def _same(a, b) -> bool:
-    return a is not None and b is not None and a == b
-
-
 def _event_time(e, *names):
     for n in names:
         v = e.data.get(n)
@@ -91,82 +83,67 @@ def _costs(spec_req, plain_req, verify_events) -> spec.Costs:
                       plain_e2e=e2e(plain_req), spec_e2e=e2e(spec_req))
 
 
-def _wait(h, on_tick=None):
-    """Wait for a handle's request to finish; its final RequestInfo from a fresh snapshot."""
-    while not h.finished and th.healthy:
-        r = th.snapshot().request(h.request_id)
-        if r is not None and on_tick:
-            on_tick(r)
-        time.sleep(0.05)
-    return th.snapshot_now().request(h.request_id)
-
-
-def _submit(label: str, speculative: bool, n: int, salt: str):
-    return th.submit(prompt, SamplingParams(max_tokens=n, temperature=0.0, seed=0, cache_salt=f"{label}-{salt}",
-                                            speculative=speculative, request_class="spec-page"), chat=True)
-
+# The comparison runs on a private engine that shares the loaded weights (engine/experiments.py):
+# the shared engine is never rebuilt and nobody's requests are aborted. It runs in the background
+# (ui/room.py), so this tab can be reloaded and other tabs are never blocked.
+BUDGET_S = None if ea.test_mode() else 30.0
 
 if run:
-    SS["spec_prompt"] = prompt
-    SS.pop("spec_result", None)
-    notes = []
     try:
         want = _wanted()
-        if not _same(want, cfg.speculative):
-            msg = ea.shared_engine().reconfigure(cfg.replace(speculative=want))
-            notes.append(f"The shared engine now speculates with {want.method} k={want.num_speculative_tokens}"
-                         + (f" (mismatched: early exit after {want.draft_layers} layer(s))" if mismatched else "")
-                         + ". " + msg)
-            th = ea.require_engine()
     except ValueError as e:
-        st.error(f"Could not switch the engine to that drafter: {e}")
+        st.error(f"Not run: {e}")
         st.stop()
-    salt = uuid.uuid4().hex[:8]  # separate prefix-cache namespaces: each run pays its full prefill
-    try:
-        _wait(_submit("warmup", True, 2, salt))   # first pass after a rebuild is slower: keep it out of the timing
-        seq0 = th.events.last_seq
-        with st.spinner("Plain decoding of the prompt (the baseline for the speedup)…"):
-            plain_req = _wait(_submit("plain", False, int(max_tokens), salt))
-        hs = _submit("spec", True, int(max_tokens), salt)
-    except ValueError as e:
-        st.error(f"Not submitted: {e}")
+    SS["spec_prompt"] = prompt
+    base, text, n_tok = cfg, prompt, int(max_tokens)
+
+    def _experiment(progress):
+        from engine.experiments import compare_speculative
+        progress("building a private engine on the loaded weights, then warm-up runs")
+
+        def on_sample(r, side, smp):
+            progress(f"round {r + 1}: {side} took {smp.seconds:.2f} s")
+        return compare_speculative(base, text, want, n_tok, busy=lambda: th.engine.step_num,
+                                   busy_what="shared-engine steps (other requests on the same cores)",
+                                   budget_s=BUDGET_S, on_sample=on_sample)
+
+    room.start_run("speculative", _experiment)
+    st.rerun()
+
+cur_run = room.current_run("speculative")
+if cur_run is not None and not cur_run.finished:
+    if ea.test_mode():     # no polling in test mode: wait here (this tab only), then draw once
+        cur_run.wait(600)
+    else:
+        @st.fragment(run_every=0.5)
+        def _progress():
+            if cur_run.finished:
+                st.rerun()
+            st.info(f"Comparison {cur_run.run_id} {cur_run.status}: {cur_run.progress}. "
+                    "It runs on a private engine; the shared engine and other tabs keep going.")
+        _progress()
         st.stop()
-    live = st.empty()
+if cur_run is not None and cur_run.status == "error":
+    st.error(f"The comparison failed: {cur_run.error}")
+    st.stop()
+res = cur_run.result if cur_run is not None else None
 
-    def tick(r):
-        if ea.live_interval():
-            with live.container():
-                st.markdown("**Tokens as they are verified**")
-                st.html(tokens.token_strip_html(r.tokens))
-
-    spec_req = _wait(hs, tick)
-    evs = th.events.since(seq0)
-    SS["spec_result"] = dict(
-        spec=spec_req, plain=plain_req, k=int(want.num_speculative_tokens) if want else int(k),
-        label=th.snapshot_now().info.speculative, notes=notes,
-        verify=[e for e in evs if e.kind == "spec_verify" and e.request_id == hs.request_id],
-        fallback=[e for e in evs if e.kind == "spec_fallback"],
-    )
-    st.rerun()   # redraw everything (sidebar included) from the new engine state
-
-res = SS.get("spec_result")
 if not res:
     st.info("Pick a method and k, then run a prompt. Prompts whose answer repeats or edits the prompt "
             "suit n-gram drafting; switch on the mismatched draft to see speculation stop paying.")
     st.html(theme.token_legend_html())
     st.stop()
 
-for note in res.get("notes", ()):
-    st.info(note)
-sreq, preq = res["spec"], res["plain"]
+sreq, preq = res.spec, res.plain
 if sreq is None:
-    st.warning("The speculative request is no longer in the engine (it was rebuilt meanwhile). Run again.")
+    st.warning("The speculative request's final state was not recorded. Run again.")
     st.stop()
 summ = spec.request_summary(sreq)
 pc = spec.position_counts(sreq.tokens)
-costs = _costs(sreq, preq, res["verify"])
+costs = _costs(sreq, preq, res.verify)
+cmp_ = res.comparison
 
-st.subheader(f"Result — {res['label'] or 'speculation off'}")
+st.subheader(f"Result — {res.label or 'speculation off'}")
 if sreq.error:
     st.error(f"The request failed: {sreq.error}")
 with st.container(key="spec_numbers"):
@@ -187,10 +164,24 @@ with st.container(key="spec_numbers"):
                 help=f"draft tokens accepted / proposed, over {summ.num_drafts} verify passes")
 with st.container(key="spec_timing"):
     c = st.columns(3)
-    c[0].metric("Wall-clock speedup vs plain", "—" if costs.speedup is None else f"{costs.speedup:.2f}×",
-                help="plain end-to-end time / speculative end-to-end time, same prompt, same output")
-    c[1].metric("Speculative e2e", "—" if costs.spec_e2e is None else f"{costs.spec_e2e:.2f} s")
-    c[2].metric("Plain e2e", "—" if costs.plain_e2e is None else f"{costs.plain_e2e:.2f} s")
+    if cmp_.suspect:
+        c[0].metric("Wall-clock speedup vs plain", "suspect",
+                    help="not shown as a result: " + cmp_.suspect)
+    else:
+        c[0].metric("Wall-clock speedup vs plain", f"{cmp_.ratio.median:.2f}×",
+                    help="median over rounds of plain seconds / speculative seconds, same prompt, same output")
+    c[1].metric("Speculative e2e (median)", f"{cmp_.b.median:.2f} s",
+                help=f"min {cmp_.b.lo:.2f} s, max {cmp_.b.hi:.2f} s over {cmp_.rounds} runs")
+    c[2].metric("Plain e2e (median)", f"{cmp_.a.median:.2f} s",
+                help=f"min {cmp_.a.lo:.2f} s, max {cmp_.a.hi:.2f} s over {cmp_.rounds} runs")
+with st.container(key="spec_conditions"):
+    if cmp_.suspect:
+        st.warning(f"Speedup {cmp_.ratio.median:.2f}× is suspect and not reported: {cmp_.suspect}")
+    cond = (f"Conditions: {cmp_.conditions()}. Spread: speedup {cmp_.ratio.lo:.2f}–{cmp_.ratio.hi:.2f}×, "
+            f"speculative {cmp_.b.lo:.2f}–{cmp_.b.hi:.2f} s, plain {cmp_.a.lo:.2f}–{cmp_.a.hi:.2f} s. "
+            "Measured on a private engine that shares the loaded weights; the shared engine was not rebuilt "
+            "and no request was aborted.")
+    (st.warning if cmp_.contended else st.caption)(cond)
 if preq is not None and sreq.output_text != preq.output_text:
     st.warning("The speculative and plain outputs differ (expected only with sampling, not greedy).")
 elif preq is not None:
@@ -201,7 +192,7 @@ st.html(tokens.strip_with_legend(sreq.tokens))
 
 left, right = st.columns(2, gap="large")
 with left:
-    ea.chart(spec.theory_figure(summ.alpha, res["k"], summ.mean_acceptance_length, k_max=16,
+    ea.chart(spec.theory_figure(summ.alpha, res.k, summ.mean_acceptance_length, k_max=16,
                                 measured_label="measured tokens per verify pass"), key="spec_theory")
     if summ.num_drafts == 0:
         st.caption("No draft was proposed for this answer (n-gram lookup found no earlier match), so there is "
@@ -211,10 +202,10 @@ with right:
     with st.container(key="spec_costs"):
         ea.chart(spec.costs_figure(costs), key="spec_costs_fig")
     st.markdown("**Fallback events**")
-    if res["fallback"]:
+    if res.fallback:
         rows = [{"step": e.step, "class": str(e.data.get("request_class", "")),
                  "action": "resumed speculating" if e.data.get("speculating") else "fell back to plain decoding",
-                 "reason": str(e.data.get("reason", ""))} for e in res["fallback"]]
+                 "reason": str(e.data.get("reason", ""))} for e in res.fallback]
         st.dataframe(rows, hide_index=True, width="stretch",
                      column_config={"reason": st.column_config.TextColumn("reason", width="large")})
     else:

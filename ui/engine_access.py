@@ -220,6 +220,8 @@ def settings_sidebar() -> None:
     snap = snapshot()
     info = snap.info if snap is not None else None
     sb = st.sidebar
+    from ui import room
+    room.operator_sidebar()
     sb.subheader("Engine settings")
     sb.caption("Shared by everyone using this server. Apply rebuilds the engine.")
     with sb.form("engine_settings", border=False):
@@ -252,11 +254,16 @@ def settings_sidebar() -> None:
                           help="What the CPU Linear layers read each step. gguf: the model file's own "
                                "quantized blocks (Q4_1 / Q8_0), widened to fp32 in registers — outputs "
                                "bitwise those of the de-quantized weights; fp32: de-quantized copies.")
-        confirm = st.checkbox("Rebuild the shared engine (in-flight requests are affected)", value=False)
-        apply = st.form_submit_button("Apply", type="primary")
+        st.caption(room.rebuild_warning(snap))
+        confirm = st.checkbox("Rebuild the shared engine, aborting the requests above", value=False,
+                              key="confirm_rebuild")
+        apply = st.form_submit_button("Apply", type="primary", disabled=not room.is_operator())
     if apply:
         if not confirm:
             sb.warning("Tick the confirmation box to rebuild the shared engine.")
+            return
+        if not room.is_operator():
+            sb.warning("Rebuilding the shared engine needs the operator token.")
             return
         try:
             new = cfg.replace(device=device, block_size=int(bs), num_kv_blocks=int(blocks), kv_cache_bytes=None,

@@ -88,8 +88,11 @@ def _grid_cols(n_cells: int) -> int:
 
 def pool_map_figure(snapshot, colors: theme.RequestColors | None = None, *, max_cells: int = MAX_CELLS,
                     height: int | None = None, title: str | None = "KV block pool",
-                    highlight: str | None = None) -> go.Figure:
-    """Every physical block as a cell. `highlight` (a request id) outlines that request's blocks."""
+                    highlight: str | None = None, mine=()) -> go.Figure:
+    """Every physical block as a cell. `highlight` (a request id) outlines that request's blocks;
+    `mine` (request ids: this browser session's other requests) outlines theirs dotted, so one
+    person picks out their own requests in the engine-wide pool."""
+    mine = set(mine) - {highlight}
     colors = colors or theme.request_colors_for(snapshot)
     cells, group = pool_cells(snapshot, max_cells)
     n = len(cells)
@@ -102,6 +105,7 @@ def pool_map_figure(snapshot, colors: theme.RequestColors | None = None, *, max_
     bpt, kv_dtype = snapshot.info.bytes_per_token, html.escape(snapshot.info.kv_cache_dtype)   # the pool's real bytes
     shared_x, shared_y, shared_t = [], [], []
     hl_x, hl_y = [], []
+    mine_x, mine_y = [], []
     for i, c in enumerate(cells):
         r, col = divmod(i, cols)
         if c.state in (USED, SHARED):
@@ -131,6 +135,9 @@ def pool_map_figure(snapshot, colors: theme.RequestColors | None = None, *, max_
         if highlight is not None and highlight in c.owners:
             hl_x.append(col)
             hl_y.append(r)
+        elif mine and mine.intersection(c.owners):
+            mine_x.append(col)
+            mine_y.append(r)
 
     fig = go.Figure()
     fig.add_trace(go.Heatmap(
@@ -144,6 +151,12 @@ def pool_map_figure(snapshot, colors: theme.RequestColors | None = None, *, max_
             x=hl_x, y=hl_y, mode="markers", hoverinfo="skip",
             marker=dict(symbol="square-open", size=_marker_size(cols), color=theme.INK, line=dict(width=2)),
             name=f"{html.escape(theme.short_id(highlight, 24))}'s blocks", showlegend=True,
+        ))
+    if mine_x:
+        fig.add_trace(go.Scatter(
+            x=mine_x, y=mine_y, mode="markers", hoverinfo="skip",
+            marker=dict(symbol="square-open-dot", size=_marker_size(cols), color=theme.INK, line=dict(width=1)),
+            name="your other requests' blocks", showlegend=True,
         ))
     if shared_x:
         fig.add_trace(go.Scatter(

@@ -1,7 +1,7 @@
 """The speculative suite: each drafter interleaved with plain decoding on the same prompts."""
 from __future__ import annotations
 
-from .. import rates
+from .. import measure, rates
 from .. import workloads as W
 from . import common as C
 from . import peers
@@ -41,11 +41,12 @@ def suite_speculative(ctx: C.BenchContext) -> SuiteResult:
         res.add(key, v, "best-of timing, KV cache of the prompt" if key.startswith("verify_cost") else "")
     ctx.done("verify cost")
 
-    # Plain and speculative engines run the same prompt back to back, alternating which goes
-    # first, and the whole set is run `rounds` times; each side's best round is compared. Run one
-    # after the other once, the open-ended ratio (~1.0 by construction once the class falls back)
-    # swung between 0.90 and 1.18 on a shared 2-core machine, as did two identical plain engines.
-    rounds = ctx.pick(3, 2, smoke=1)
+    # Plain and speculative engines run the same prompt set alternately, the first side swapped each
+    # round, `rounds` rounds (engine/measure.compare, the one home the pages use too); each side's
+    # median is compared. Run one after the other once, the open-ended ratio (~1.0 by construction
+    # once the class falls back) swung between 0.90 and 1.18 on a shared 2-core machine, as did two
+    # identical plain engines.
+    rounds = ctx.pick(3, 3, smoke=1)
 
     def make(spec_cfg):
         llm = C.make_llm(ctx, speculative=spec_cfg, max_num_seqs=4,
@@ -64,33 +65,34 @@ def suite_speculative(ctx: C.BenchContext) -> SuiteResult:
         return w, C.token_ids_of(o[0])
 
     def interleaved(plain_llm, spec_llm):
-        """{set: (best round wall, tokens of round 1, None)} for plain and {set: (..., spec deltas)}."""
+        """{set: (median round wall, tokens of round 1, None)} for plain and {set: (..., spec deltas)}."""
         plain, spec = {}, {}
         for sname, ps in sets.items():
             before = C.snapshot_metrics(spec_llm).spec
-            walls = {"plain": [], "spec": []}
             toks = {"plain": [], "spec": []}
-            for rnd in range(rounds):
-                pw = sw = 0.0
-                for i, p in enumerate(ps):       # batch 1: speculation is a latency tool
-                    if (i + rnd) % 2 == 0:
-                        (w1, t1), (w2, t2) = one(plain_llm, p, sname), one(spec_llm, p, sname)
-                    else:
-                        (w2, t2), (w1, t1) = one(spec_llm, p, sname), one(plain_llm, p, sname)
-                    pw, sw = pw + w1, sw + w2
-                    toks["plain"].append(t1)
-                    toks["spec"].append(t2)
-                walls["plain"].append(pw)
-                walls["spec"].append(sw)
+
+            def side(name, llm, ps=ps, sname=sname, toks=toks):
+                def run(_round):
+                    wall = 0.0
+                    for p in ps:       # batch 1: speculation is a latency tool
+                        w, t = one(llm, p, sname)
+                        wall += w
+                        toks[name].append(t)
+                    return measure.Sample(wall)
+                return run
+
+            cmp_ = measure.compare(side("plain", plain_llm), side("spec", spec_llm), names=("plain", "spec"),
+                                   min_rounds=rounds)
             after = C.snapshot_metrics(spec_llm).spec
             d = {f: getattr(after, f) - getattr(before, f) for f in
                  ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_target_passes", "num_emitted_tokens")}
             d["engine_verify_cost_ratio"] = after.verify_cost_ratio
             d["fell_back"] = sname in after.fallback_classes  # this set's request class
             d["rounds_match"] = toks["spec"] == toks["plain"]
+            d["comparison"] = cmp_
             n = len(ps)
-            plain[sname] = (min(walls["plain"]), toks["plain"][:n], None)
-            spec[sname] = (min(walls["spec"]), toks["spec"][:n], d)
+            plain[sname] = (cmp_.a.median, toks["plain"][:n], None)
+            spec[sname] = (cmp_.b.median, toks["spec"][:n], d)
         return plain, spec
 
     ctx.start("plain decoding")
@@ -126,7 +128,11 @@ def suite_speculative(ctx: C.BenchContext) -> SuiteResult:
                 res.add(f"{pre}_tokens_per_target_pass", tpp, "emitted tokens / target passes")
                 res.add(f"{pre}_theory_tokens_per_pass", theory_tokens_per_pass(alpha, kk),
                         f"(1 - a^(k+1)) / (1 - a), k={kk}")
-                res.add(f"{pre}_speedup", speedup, f"tok/s vs plain, same prompts, batch 1, best of {rounds} interleaved rounds"
+                cmp_ = d["comparison"]
+                why = measure.suspect_speedup(speedup, tpp)
+                res.add(f"{pre}_speedup", speedup, f"tok/s vs plain, same prompts, batch 1, median of {cmp_.rounds} "
+                        f"alternated rounds (wall range plain {cmp_.a.lo:.2f}-{cmp_.a.hi:.2f} s, spec "
+                        f"{cmp_.b.lo:.2f}-{cmp_.b.hi:.2f} s)" + (f"; SUSPECT: {why}" if why else "")
                         + (" (target >= 2)" if (dname, sname) == ("ngram", "passage_edit") else "")
                         + (" (target >= 0.95)" if (dname, sname) == ("ngram", "open_ended") else ""))
                 res.add(f"{pre}_outputs_match", st == pt and d["rounds_match"],

@@ -180,8 +180,9 @@ class SpecDecoder:
             st = self.class_state(req.request_class)
             if not (st.enabled and st.speculating):
                 continue
-            k = min(st.k or self.k, req.params.max_tokens - req.num_output_tokens - 1,
-                    max_len - req.num_tokens - 1)
+            # a request may ask for fewer draft tokens than the engine's k (SamplingParams), never more
+            k = min(req.params.num_speculative_tokens or st.k or self.k, st.k or self.k,
+                    req.params.max_tokens - req.num_output_tokens - 1, max_len - req.num_tokens - 1)
             if self.drafter is not None and not self.drafter.shared and self.ctx.is_live(draft_id(req.request_id)):
                 continue     # a user request is literally named "<rid>#draft": never share its table
             if k >= 1:

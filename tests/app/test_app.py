@@ -162,6 +162,21 @@ def test_sidebar_apply_needs_confirmation_then_rebuilds():
     _restore_default_engine()
 
 
+def test_operator_token_gates_engine_wide_changes(monkeypatch):
+    monkeypatch.setenv("KVSCOPE_OPERATOR_TOKEN", "tok-123")
+    at = _app().run()
+    _no_exception(at)
+    caps = " ".join(c.value for c in at.sidebar.caption)
+    assert "Viewer: your own prompts only" in caps
+    assert "nothing would be aborted" in caps or "in-flight request(s)" in caps
+    assert _button(at, "Apply").disabled
+    at.sidebar.text_input(key="operator_token_input").input("wrong").run()
+    assert _button(at, "Apply").disabled
+    at.sidebar.text_input(key="operator_token_input").input("tok-123").run()
+    assert not _button(at, "Apply").disabled
+    assert "Operator: you can change the engine" in " ".join(c.value for c in at.sidebar.caption)
+
+
 # --------------------------------------------------------------------------- Playground
 
 def _playground():
@@ -288,11 +303,21 @@ def test_speculative_page_measures_a_real_run():
     at.slider(key="spec_k").set_value(3)
     at.slider(key="spec_max_tokens").set_value(24)
     at.run()
+    from ui import engine_access as ea
+    from ui import room
+    gen, before = ea.shared_engine().generation, _engine().snapshot().info.speculative
     at.button(key="spec_run").click().run()
     _no_exception(at)
-    res = at.session_state["spec_result"]
-    sreq, preq = res["spec"], res["plain"]
-    assert _engine().snapshot().info.speculative == "self_draft k=3"
+    # measured on a private engine: the shared engine was not rebuilt and keeps its settings
+    assert ea.shared_engine().generation == gen
+    assert _engine().snapshot().info.speculative == before
+    run = room.room().get(at.query_params["run"])
+    assert run is not None and run.kind == "speculative" and run.status == "done", run
+    res = run.result
+    sreq, preq = res.spec, res.plain
+    assert res.label == "self_draft k=3"
+    assert res.comparison.rounds == 3 and [s for _, s in res.comparison.order[:4]] == ["plain", "spec", "spec", "plain"]
+    assert "median of 3 rounds" in _html(at) + " ".join(str(c.value) for c in list(at.caption) + list(at.warning))
     assert sreq.output_text == preq.output_text                 # greedy: identical output
     assert _metric(at, "Accepted / drafted") == f"{sreq.spec_num_accepted_tokens} / {sreq.spec_num_draft_tokens}"
     assert sreq.spec_num_draft_tokens > 0

@@ -115,6 +115,12 @@ def test_prefix_cache_page_measures_hits_on_the_engine():
     assert all(r.cached_tokens == 0 for r in res["miss"])
     assert len(at.get("plotly_chart")) == 2                     # TTFT figure + pool map
     assert "<script>alert" not in _html(at) and "<img src=x" not in _html(at)
+    c = res["comparison"]                                       # cold vs warm, alternated, 3 rounds
+    assert c.names == ("miss", "cache") and c.rounds == 3
+    assert any("median of 3 rounds" in str(x.value) for x in list(at.caption) + list(at.warning))
+    # measured on a private engine: nothing of it ever entered the shared engine
+    from ui import engine_access as ea
+    assert not any(r.request_id.startswith(res["tag"]) for r in ea.get_engine().snapshot().requests)
 
 
 # ------------------------------------------------------------------ paged vs contiguous

@@ -24,6 +24,7 @@ pytestmark = pytest.mark.browser
 HIDE_TIMING_CSS = """
 [class*="st-key-pg_timing"] [data-testid="stMetricValue"],
 .st-key-spec_timing [data-testid="stMetricValue"],
+.st-key-spec_conditions, .st-key-spec_conditions *,
 .st-key-spec_costs { visibility: hidden !important; }
 """
 

@@ -393,3 +393,33 @@ def test_early_exit_borrowed_blocks_go_back_where_they_were():
     assert eng.bm.free_block_ids() == order and eng.bm.table(rid) == table
     eng.check_invariants()
     req.spec_token_ids = []
+
+
+def test_per_request_draft_length_caps_each_pass_and_keeps_output():
+    """SamplingParams.num_speculative_tokens: one request drafts at most 2 tokens per pass on a k=6
+    engine while another uses the engine's 6, in the same batch; greedy outputs equal plain decoding's."""
+    eng = spec_engine(k=6, spec=TINY_METHODS["self_draft_early_exit"])
+    plain = LLMEngine(EngineConfig(model="tiny", num_threads=1))
+    prompt = TINY_PROMPTS[1]
+    a = eng.add_request("short-k", prompt, SamplingParams(max_tokens=20, ignore_eos=True, num_speculative_tokens=2))
+    b = eng.add_request("full-k", prompt, SamplingParams(max_tokens=20, ignore_eos=True))
+    seq0 = eng.events.last_seq
+    outs = {}
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            if o.finished:
+                outs[o.request_id] = o.outputs[0].token_ids
+    drafts = {}
+    for e in eng.events.since(seq0, kinds=["spec_verify"]):
+        drafts.setdefault(e.request_id, []).append(int(e.data["k"]))
+    assert drafts[a] and max(drafts[a]) <= 2
+    assert max(drafts[b]) > 2
+    plain.add_request("p", prompt, SamplingParams(max_tokens=20, ignore_eos=True))
+    ref = None
+    while plain.has_unfinished_requests():
+        for o in plain.step():
+            if o.finished:
+                ref = o.outputs[0].token_ids
+    assert outs[a] == outs[b] == ref
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        SamplingParams(num_speculative_tokens=0)

@@ -112,3 +112,23 @@ def test_pool_map_hover_shows_the_pools_real_bytes():
     assert f"fill: {min(n, 4)}/4 slots · {min(n, 4) * 160:,} of 640 bytes (int8)" in first
     old = dataclasses.replace(snap, info=dataclasses.replace(snap.info, kv_cache_dtype="<b>"))
     assert "(&lt;b&gt;)" in [h for row in pool.pool_map_figure(old).data[0].customdata for h in row if h][0]
+
+
+def test_pool_map_outlines_this_sessions_other_requests():
+    """`mine` marks blocks of the viewer's other requests (dotted), apart from the highlighted one."""
+    from engine import LLMEngine
+    from engine.config import EngineConfig, SamplingParams
+    from ui import pool as P
+    eng = LLMEngine(EngineConfig(model="tiny", device="cpu", dtype="float32", block_size=4, num_kv_blocks=32,
+                                 max_num_seqs=4, max_model_len=64, seed=0, num_threads=1))
+    for rid in ("a", "b", "c"):
+        eng.add_request(rid, [7, 8, 9, 10, 11, 12], SamplingParams(max_tokens=4, ignore_eos=True))
+    eng.step()
+    snap = eng.snapshot()
+    fig = P.pool_map_figure(snap, highlight="a", mine={"a", "b"})
+    mine = [t for t in fig.data if t.name == "your other requests' blocks"]
+    assert len(mine) == 1
+    want = {i for i, b in enumerate(snap.blocks) if "b" in b.owners}
+    assert len(mine[0].x) == len(want) == len(snap.request("b").block_table)
+    assert not [t for t in P.pool_map_figure(snap, highlight="a", mine={"a"}).data
+                if t.name == "your other requests' blocks"]
