@@ -198,20 +198,21 @@ class BlockManager:
             hit.append(b)
         return hit, len(hit) * self.block_size
 
-    def peek_prefix_hit(self, token_ids: list[int], salt: str | None) -> int:
-        """How many leading full blocks of token_ids a request admitted now would take from the
-        prefix cache (same cap as get_computed_blocks: the last token is always computed).
+    def peek_prefix_hit(self, token_ids: list[int], salt: str | None) -> list[int]:
+        """The cached blocks a request with token_ids admitted now would take for its leading full
+        blocks (same cap as get_computed_blocks: the last token is always computed).
         Read-only: no ref count, free-queue (LRU) order, hash index, memo or counter changes."""
         if not self.enable_prefix_caching:
-            return 0
+            return []
         bs = self.block_size
-        parent, n = None, 0
+        parent, hit = None, []
         for i in range((len(token_ids) - 1) // bs):
             parent = hash_block(parent, token_ids[i * bs:(i + 1) * bs], salt)
-            if parent not in self.hash_to_block:
+            bid = self.hash_to_block.get(parent)
+            if bid is None:
                 break
-            n += 1
-        return n
+            hit.append(bid)
+        return hit
 
     def record_prefix_query(self, num_tokens: int, num_hit_tokens: int) -> None:
         self.prefix_queries += num_tokens

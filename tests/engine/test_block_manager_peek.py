@@ -41,12 +41,13 @@ def test_peek_matches_admission_and_changes_nothing(cached, probe, salt):
         if bm.num_free_blocks * BS >= len(toks) + BS:
             _fill(bm, f"c{i}", toks, keep)
     before = full_state(bm)
-    n = bm.peek_prefix_hit(probe, salt)
+    peek = bm.peek_prefix_hit(probe, salt)
     assert full_state(bm) == before
+    n = len(peek)
     # what admission would take: same count (get_computed_blocks memoises hashes, so on a copy)
     other = copy.deepcopy(bm)
     hit, hit_tokens = other.get_computed_blocks("probe", probe, salt)
-    assert n == len(hit) and hit_tokens == n * BS
+    assert peek == hit and hit_tokens == n * BS
     assert n <= (len(probe) - 1) // BS
 
 
@@ -54,9 +55,9 @@ def test_peek_sees_where_an_edited_prefix_stops_matching():
     bm = BlockManager(16, BS)
     shared = list(range(10, 22))                   # 3 full blocks
     _fill(bm, "a", shared + [1, 2], keep=False)
-    assert bm.peek_prefix_hit(shared + [7, 8], None) == 3
+    assert len(bm.peek_prefix_hit(shared + [7, 8], None)) == 3
     edited = shared[:5] + [99] + shared[6:]        # edit inside block 1
-    assert bm.peek_prefix_hit(edited + [7, 8], None) == 1
-    assert bm.peek_prefix_hit(shared + [7, 8], "other-tenant") == 0   # a salt never matches unsalted
+    assert len(bm.peek_prefix_hit(edited + [7, 8], None)) == 1
+    assert bm.peek_prefix_hit(shared + [7, 8], "other-tenant") == []   # a salt never matches unsalted
     off = BlockManager(16, BS, enable_prefix_caching=False)
-    assert off.peek_prefix_hit(shared + [7], None) == 0
+    assert off.peek_prefix_hit(shared + [7], None) == []
