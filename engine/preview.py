@@ -31,6 +31,7 @@ class PromptPreview:
     cached_free_blocks: int
     verdict: str                   # fits / preempt / wait / rejected
     reason: str
+    token_texts: tuple[str, ...] = ()   # each token decoded alone (for display)
 
     @property
     def num_tokens(self) -> int:
@@ -86,7 +87,8 @@ def preview(engine, ids: list[int], content_tokens: int, params: SamplingParams)
     free, cached_free = bm.num_free_blocks, bm.num_cached_free_blocks
     verdict, reason = _verdict(engine, ids, params, hit_ids, worst)
     return PromptPreview(tuple(ids), content_tokens, bm.block_size, len(hit_ids), engine.bytes_per_token,
-                         params.max_tokens, worst, free, cached_free, verdict, reason)
+                         params.max_tokens, worst, free, cached_free, verdict, reason,
+                         tuple(engine.tokenizer.decode([i]) for i in ids))
 
 
 def _verdict(engine, ids, params, hit_ids: list[int], worst: int) -> tuple[str, str]:

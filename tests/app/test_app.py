@@ -146,6 +146,11 @@ def test_sidebar_apply_needs_confirmation_then_rebuilds():
 
 # --------------------------------------------------------------------------- Playground
 
+def _type(at, prefix, text, field="prompt"):
+    """What a keystroke sends: the keyup field's component state (the browser test types for real)."""
+    at.session_state[f"_st_keyup_{prefix}_{field}"] = {"value": text}
+
+
 def _playground():
     at = _app()
     at.switch_page("pages/playground.py")
@@ -155,8 +160,8 @@ def _playground():
 def test_playground_generates_and_draws_the_engine_state():
     at = _playground()
     _no_exception(at)
-    at.text_area[0].input("Name three colours.")
-    at.slider[0].set_value(12)
+    _type(at, "pg", "Name three colours.")
+    at.slider(key="pg_max_tokens").set_value(12)
     _button(at, "Generate").click().run()
     _no_exception(at)
     th = _engine()
@@ -195,12 +200,13 @@ HOSTILE = '<script>alert(1)</script><img src=x onerror=alert(2)>"><svg onload=al
 
 def test_playground_prompt_is_data_not_markup():
     at = _playground()
-    at.text_area[0].input(HOSTILE)
-    at.slider[0].set_value(4)
+    _type(at, "pg", HOSTILE)
+    at.slider(key="pg_max_tokens").set_value(4)
     _button(at, "Generate").click().run()
     _no_exception(at)
-    # the prompt is echoed as plain text, never as HTML
+    # the prompt is echoed as plain text, never as HTML; the preview's chips escape every token
     assert any(HOSTILE in t.value for t in at.text)
+    assert "kvscope-preview-block" in _html(at)
     html = _html(at)
     for bad in ("<script", "<img", "<svg", "onerror=", "onload=", "\u202e"):
         assert bad not in html
@@ -208,16 +214,52 @@ def test_playground_prompt_is_data_not_markup():
 
 def test_playground_bad_input_is_a_message_not_a_traceback():
     at = _playground()
-    at.text_area[0].input("   ")
+    _type(at, "pg", "   ")
     _button(at, "Generate").click().run()
     _no_exception(at)
     assert any("Not submitted" in e.value and "prompt" in e.value for e in at.error)
 
 
+def test_playground_preview_follows_typing_and_changes_nothing():
+    """Each keystroke reruns the preview: counts from the engine's own tokenizer and pool, the
+    system-prompt edit's block, and not one change in the engine's snapshot."""
+    from engine.config import SamplingParams
+    from engine.preview import template_ids
+    at = _playground()
+    th = _engine()
+    system = "You are the release-freeze assistant. Answer briefly."
+    _type(at, "pg", system, field="system")
+    _type(at, "pg", "Is the <b>API</b> frozen?")
+    at.slider(key="pg_max_tokens").set_value(8)
+    at.run()
+    _button(at, "Generate").click().run()
+    _no_exception(at)
+    before = th.snapshot_now()
+    for typed in ("W", "Wh", "What", "What is frozen"):
+        _type(at, "pg", typed)
+        at.run()
+        _no_exception(at)
+        ids, content = template_ids(th.tokenizer, typed, system)
+        text = "\n".join(m.value for m in at.markdown)
+        assert f"**{len(ids)} tokens** with the chat template: {content} typed + {len(ids) - content} template" in text
+        pv = th.preview(typed, SamplingParams(max_tokens=8), system=system)
+        assert pv.hit_blocks >= 1 and f"blocks 0–{pv.hit_blocks - 1}" in text
+    after = th.snapshot_now()
+    assert (after.blocks, after.requests, after.step) == (before.blocks, before.requests, before.step)
+    _type(at, "pg", system.replace("briefly", "kindly"), field="system")
+    at.run()
+    edited, _ = template_ids(th.tokenizer, "What is frozen", system.replace("briefly", "kindly"))
+    first = next(i for i, (a, b) in enumerate(zip(edited, template_ids(th.tokenizer, "Is the <b>API</b> frozen?",
+                                                                          system)[0])) if a != b)
+    assert f"differs from the previous prompt at token {first} → block {first // 4}" in \
+        "\n".join(m.value for m in at.markdown)
+    assert "<b>API" not in _html(at)
+
+
 def test_evict_of_a_finished_request_explains_itself():
     at = _playground()
-    at.text_area[0].input("Hi")
-    at.slider[0].set_value(3)
+    _type(at, "pg", "Hi")
+    at.slider(key="pg_max_tokens").set_value(3)
     _button(at, "Generate").click().run()
     _button(at, "Evict KV cache").click().run()
     _no_exception(at)
