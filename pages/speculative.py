@@ -8,7 +8,7 @@ import streamlit as st
 
 from engine.config import SamplingParams
 from ui import engine_access as ea
-from ui import shell, spec, theme, tokens
+from ui import preview, shell, spec, theme, tokens
 
 shell.enter_app()
 
@@ -48,9 +48,10 @@ with st.container(border=True):
                                     key="spec_draft_model")
     st.caption(METHOD_HELP["self_draft" if mismatched else method]
                + (" — mismatched: early exit after the first ~1/8 of the target's layers" if mismatched else ""))
-    prompt = st.text_area("Prompt", value=SS.get("spec_prompt", EXAMPLE), height=90, max_chars=20000,
-                          key="spec_prompt_box")
+    preview.prompt_with_preview(th, "spec", SamplingParams(max_tokens=int(max_tokens)),
+                                default=SS.get("spec_prompt", EXAMPLE))
     run = st.button("Run speculative and plain decoding", type="primary", key="spec_run")
+    system, prompt = preview.typed("spec")
 
 
 def _wanted():
@@ -102,8 +103,9 @@ def _wait(h, on_tick=None):
 
 
 def _submit(label: str, speculative: bool, n: int, salt: str):
-    return th.submit(prompt, SamplingParams(max_tokens=n, temperature=0.0, seed=0, cache_salt=f"{label}-{salt}",
-                                            speculative=speculative, request_class="spec-page"), chat=True)
+    return preview.submit(th, "spec", SamplingParams(max_tokens=n, temperature=0.0, seed=0,
+                                                     cache_salt=f"{label}-{salt}", speculative=speculative,
+                                                     request_class="spec-page"))
 
 
 if run:

@@ -9,4 +9,4 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 PORT=${PORT:-8501}
 echo "kvscope: starting on http://localhost:${PORT} (model: ${KVSCOPE_MODEL:-default})"
 exec .venv/bin/python -m streamlit run app.py --server.headless true --server.port "$PORT" \
-  --browser.gatherUsageStats false --server.fileWatcherType none "$@"
+  --browser.gatherUsageStats false --server.fileWatcherType none --client.toolbarMode minimal "$@"

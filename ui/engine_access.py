@@ -18,6 +18,7 @@ import streamlit as st
 
 from engine.config import SPEC_METHODS, EngineConfig, SpeculativeConfig
 
+from . import sidebar_limits
 
 
 def test_mode() -> bool:
@@ -217,6 +218,7 @@ def settings_sidebar() -> None:
         prefix = st.toggle("Prefix caching", value=bool(cfg.enable_prefix_caching))
         pre = st.radio("Preemption mode", ("recompute", "swap"), horizontal=True,
                        index=0 if cfg.preemption_mode == "recompute" else 1)
+        limits = sidebar_limits.limit_inputs(st, cfg)
         cur_method = cfg.speculative.method if cfg.speculative else "off"
         method = st.selectbox("Speculative decoding", SPEC_CHOICES, index=SPEC_CHOICES.index(cur_method))
         k = st.slider("Draft length k", 1, 16, value=cfg.speculative.num_speculative_tokens if cfg.speculative else 4)
@@ -229,7 +231,8 @@ def settings_sidebar() -> None:
         try:
             new = cfg.replace(block_size=int(bs), num_kv_blocks=int(blocks), kv_cache_bytes=None,
                               max_num_seqs=int(seqs), enable_prefix_caching=bool(prefix), preemption_mode=pre,
-                              speculative=spec_config(method, int(k), num_layers=info.num_layers if info else None))
+                              speculative=spec_config(method, int(k), num_layers=info.num_layers if info else None),
+                              **limits)
             st.session_state["engine_message"] = ("success", shared_engine().reconfigure(new))
         except ValueError as e:
             st.session_state["engine_message"] = ("error", f"Settings not applied: {e}")

@@ -144,6 +144,30 @@ def test_sidebar_apply_needs_confirmation_then_rebuilds():
     _restore_default_engine()
 
 
+def test_sidebar_sets_victim_policy_and_tier_caps():
+    """Victim policy, a tier's cap and the default tier reach the engine; the playground preview
+    then rejects a request over that cap with the engine's own reason."""
+    at = _app().run()
+    at.sidebar.selectbox(key="sb_victim_policy").select("lru")
+    at.sidebar.number_input(key="sb_tier_free").set_value(60)
+    at.sidebar.selectbox(key="sb_default_tier").select("free")
+    at.sidebar.checkbox[0].check()
+    _button(at, "Apply").click().run()
+    _no_exception(at)
+    cfg = _engine().config
+    assert (cfg.victim_policy, cfg.tiers["free"].max_context, cfg.default_tier) == ("lru", 60, "free")
+    assert _engine().snapshot_now().info.victim_policy == "lru"
+    at.switch_page("pages/playground.py")
+    _type(at, "pg", "Name three colours.")
+    at.run()
+    at.slider(key="pg_max_tokens").set_value(40)
+    at.run()
+    _no_exception(at)
+    assert any("Would be rejected" in e.value and "'free''s context cap of 60 tokens" in e.value for e in at.error), \
+        [e.value for e in at.error] + [m.value for m in at.markdown][:3]
+    _restore_default_engine()
+
+
 # --------------------------------------------------------------------------- Playground
 
 def _type(at, prefix, text, field="prompt"):
