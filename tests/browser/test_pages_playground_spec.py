@@ -7,6 +7,8 @@ the measured-cost chart) are hidden while the shot is taken; everything else mus
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.browser.shot import (
@@ -76,7 +78,11 @@ def test_playground_answer(server, page):
 
 def test_playground_hostile_prompt_is_text(server, page):
     open_page(page, server.url, "playground")
-    page.get_by_label("Prompt").fill(HOSTILE)
+    field = page.locator(".stkeyup").filter(
+        has=page.locator("label.stkeyup__label", has_text=re.compile("^Prompt$"))).locator("input")
+    field.fill(HOSTILE)
+    page.wait_for_function("() => document.querySelector('.kvscope-preview') && document.querySelector("
+                           "'.kvscope-preview').textContent.includes('__pwned')", timeout=120_000, polling=50)
     click_and_wait(page, page.get_by_role("button", name="Generate"))
     assert_no_exception(page)
     assert page.evaluate("() => window.__pwned") is None
