@@ -32,6 +32,7 @@ class PromptPreview:
     verdict: str                   # fits / preempt / wait / rejected
     reason: str
     token_texts: tuple[str, ...] = ()   # each token decoded alone (for display)
+    step: int = 0                  # the engine step the pool and queues were read at
 
     @property
     def num_tokens(self) -> int:
@@ -88,7 +89,7 @@ def preview(engine, ids: list[int], content_tokens: int, params: SamplingParams)
     verdict, reason = _verdict(engine, ids, params, hit_ids, worst)
     return PromptPreview(tuple(ids), content_tokens, bm.block_size, len(hit_ids), engine.bytes_per_token,
                          params.max_tokens, worst, free, cached_free, verdict, reason,
-                         tuple(engine.tokenizer.decode([i]) for i in ids))
+                         tuple(engine.tokenizer.decode([i]) for i in ids), engine.step_num)
 
 
 def _verdict(engine, ids, params, hit_ids: list[int], worst: int) -> tuple[str, str]:

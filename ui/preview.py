@@ -90,7 +90,8 @@ def summary_lines(pv: PromptPreview, previous: tuple[int, ...] | None = None) ->
                      f"from there on cannot be shared with it")
     lines.append(f"**KV needed:** {fmt_bytes(pv.kv_bytes_prompt)} at the prompt's end ({pv.num_tokens:,} × "
                  f"{pv.bytes_per_token:,} B) · {fmt_bytes(pv.kv_bytes_worst)} at max tokens "
-                 f"({pv.worst_tokens:,} tokens, {pv.blocks_worst:,} blocks) · pool now: {pv.free_blocks:,} free "
+                 f"({pv.worst_tokens:,} tokens, {pv.blocks_worst:,} blocks) · pool at step {pv.step:,}: "
+                 f"{pv.free_blocks:,} free "
                  f"({pv.cached_free_blocks:,} cached-free)")
     return lines
 
