@@ -332,7 +332,7 @@ def test_speculative_page_measures_a_real_run():
     at.switch_page("pages/speculative.py")
     at.run()
     _no_exception(at)
-    at.selectbox(key="spec_method").select("self_draft")
+    at.selectbox(key="spec_drafter").select("self-draft: int8 copy")
     at.slider(key="spec_k").set_value(3)
     at.slider(key="spec_max_tokens").set_value(24)
     at.run()
@@ -351,3 +351,19 @@ def test_speculative_page_measures_a_real_run():
     assert meas["y"][0] == pytest.approx(1 + sreq.spec_num_accepted_tokens / sreq.spec_num_drafts)
     assert "tok-accepted" in _html(at) or "tok-replaced" in _html(at)
     _restore_default_engine()
+
+
+def test_speculative_page_draft_model_that_cannot_load_is_a_clear_error():
+    at = _app()
+    at.switch_page("pages/speculative.py")
+    at.run()
+    at.selectbox(key="spec_drafter").select("draft model")
+    at.run()
+    assert at.text_input(key="spec_draft_model").value == "tiny"     # the offline poor drafter is offered
+    at.text_input(key="spec_draft_model").input("/nonexistent/draft-model")
+    at.slider(key="spec_k").set_value(16)
+    at.button(key="spec_run").click().run()
+    _no_exception(at)
+    assert any("Could not switch the engine to that drafter" in e.value and "/nonexistent/draft-model" in e.value
+               for e in at.error), [e.value for e in at.error]
+    assert _engine().snapshot().info.speculative is None or "draft_model" not in _engine().snapshot().info.speculative

@@ -98,7 +98,7 @@ def test_speculative_self_draft(server, page):
     # choose_option waits for the rerun the choice starts: with a bare wait_drawn, the next
     # click's wait could be satisfied by this rerun finishing late (seen once in a CI run: the
     # page was read in its no-result state while the Run click's rerun had not started yet)
-    choose_option(page, "Method", "self_draft")
+    choose_option(page, "Drafter", "self-draft: int8 copy")
     click_and_wait(page, page.get_by_role("button", name="Run speculative and plain decoding"))
     assert_no_exception(page)
     main = page.locator('[data-testid="stMain"]').inner_text()
