@@ -204,6 +204,12 @@ elif preq is not None:
 
 st.markdown("**Generated tokens**")
 st.html(tokens.strip_with_legend(sreq.tokens))
+ticks = spec_widget.tick_steps(sreq)
+if len(ticks) > 1:
+    tick = st.select_slider("Tick timeline: scrub the run step by step (engine steps)", ticks, value=ticks[-1],
+                            key="spec_tick")
+    st.caption(spec_widget.tick_caption(sreq, tick, th.snapshot().info.bytes_per_block))
+    st.html(tokens.token_strip_html(spec_widget.at_tick(sreq, tick)[0]))
 
 left, right = st.columns(2, gap="large")
 with left:

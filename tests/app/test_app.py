@@ -350,6 +350,15 @@ def test_speculative_page_measures_a_real_run():
     assert meas["x"] == [3]
     assert meas["y"][0] == pytest.approx(1 + sreq.spec_num_accepted_tokens / sreq.spec_num_drafts)
     assert "tok-accepted" in _html(at) or "tok-replaced" in _html(at)
+    # the tick timeline: scrubbing back shows only the tokens produced by then
+    ticks = sorted({p.step for p in sreq.history} | {t.step for t in sreq.tokens})
+    first_tok = min(t.step for t in sreq.tokens)
+    at.select_slider(key="spec_tick").set_value(first_tok).run()
+    _no_exception(at)
+    n = sum(1 for t in sreq.tokens if t.step <= first_tok)
+    assert any(c.value.startswith(f"Step {first_tok}:") for c in at.caption)
+    assert at.select_slider(key="spec_tick").options == [str(t) for t in ticks]
+    assert 1 <= n < sreq.output_len
     _restore_default_engine()
 
 

@@ -38,3 +38,15 @@ def test_kv_bar_reads_the_snapshot():
     out = W.kv_bar_html(snap)
     assert "16 of 64 blocks used" in out and "8 cached-free" in out
     assert "width:25.00%" in out and "width:12.50%" in out
+
+
+def test_tick_timeline_replays_the_request():
+    from tests.factories import hist, request, tok
+    req = request("r1", tokens=(tok(5, "a", "plain", step=2), tok(6, "b", "accepted", step=3),
+                                tok(7, "c", "bonus", step=3)),
+                  history=(hist(0, 0, 0, "waiting"), hist(1, 4, 1, "prefill"), hist(3, 7, 2, "decode")))
+    assert W.tick_steps(req) == [0, 1, 2, 3]
+    toks, p = W.at_tick(req, 2)
+    assert [t.token_id for t in toks] == [5] and p.step == 1
+    assert W.tick_caption(req, 3, 100) == ("Step 3: decode, 7 tokens' K/V in 2 block(s) (200 bytes of blocks). "
+                                           "Tokens so far: 1 accepted, 1 bonus, 1 plain.")
