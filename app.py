@@ -11,8 +11,9 @@ from pathlib import Path
 
 import streamlit as st
 
-from engine.kv_layout import dtype_bytes
+from engine import memory_math as mm
 from ui import engine_access as ea
+from ui import memory_calc as mc
 from ui import theme
 
 ROOT = Path(__file__).resolve().parent
@@ -20,6 +21,10 @@ PAGES_DIR = ROOT / "pages"
 
 # (file in pages/, title, url path, icon, one-line description for Home)
 PAGES = [
+    ("demo.py", "Demo", "demo", ":material/slideshow:",
+     "a guided tour in chapters: the release-freeze afternoon and speculation, from recorded traces or live"),
+    ("claims.py", "Claims", "claims", ":material/fact_check:",
+     "the seeds' claims about inference, each beside this machine's measurement: holds or not, and why"),
     ("playground.py", "Playground", "playground", ":material/chat:",
      "type a prompt; watch its blocks, cache growth, phases and (with speculation) every draft token"),
     ("load.py", "Concurrent load", "load", ":material/groups:",
@@ -36,6 +41,8 @@ PAGES = [
      "what the KV cache saves: cost per token with and without it, and the 50-sequence budget"),
     ("replay.py", "Replay", "replay", ":material/replay:",
      "load a recorded trace and scrub through it step by step"),
+    ("attach.py", "Attach to a server", "attach", ":material/link:",
+     "a running kvscope or vLLM server: its metrics, queues and the prefix cache rebuilt from its KV events"),
 ]
 
 
@@ -68,7 +75,8 @@ def home() -> None:
     st.html(theme.token_legend_html())
 
 
-_KERNEL_NAMES = {"cpu_kernel": "kvscope C kernel", "onednn": "oneDNN packed", "torch": "PyTorch"}
+_KERNEL_NAMES = {"cpu_kernel": "kvscope C kernel", "onednn": "oneDNN packed", "torch": "PyTorch",
+                 "flex": "FlexAttention in place (all rows)"}
 
 
 def _engine_panel(th) -> None:
@@ -90,9 +98,9 @@ def _engine_panel(th) -> None:
     c[2].metric("KV bytes per token", f"{info.bytes_per_token:,}")
     c[3].metric("KV budget", f"{info.kv_cache_bytes / 2**20:,.2f} MiB")
     st.caption(
-        f"bytes per token = 2 (K and V) × {info.num_layers} layers × {info.num_kv_heads} KV heads × "
-        f"{info.head_dim} head dim × {dtype_bytes(info.dtype)} "
-        f"bytes per value = {info.bytes_per_token:,} bytes. Pool: {info.num_blocks:,} blocks × "
+        f"bytes per token ({info.kv_cache_dtype}) = "
+        f"{mm.formula_factors(mc.config_from_engine_info(info), info.kv_cache_dtype).replace(' x ', ' × ')} "
+        f"= {info.bytes_per_token:,} bytes. Pool: {info.num_blocks:,} blocks × "
         f"{info.block_size} tokens = {info.num_blocks * info.block_size:,} token slots "
         f"({info.bytes_per_block:,} bytes per block).")
     m = snap.metrics

@@ -1,6 +1,7 @@
 """Command line: python -m engine generate "prompt" [--max-tokens N] [--temperature T] [--json]
                  python -m engine bench SUITE [--quick] [--json]
-                 python -m engine soak [...]"""
+                 python -m engine soak [...]
+                 python -m engine serve [--model M] [--port 8000] [...]   (OpenAI-compatible API)"""
 from __future__ import annotations
 
 import argparse
@@ -87,7 +88,7 @@ def _generate(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    cmds = ("generate", "bench", "soak")
+    cmds = ("generate", "bench", "soak", "serve")
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in cmds:
         print(__doc__.strip())
         return 0 if argv and argv[0] in ("-h", "--help") else 2
@@ -97,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     if cmd == "bench":
         from .bench import main as bench_main
         return bench_main(rest)
+    if cmd == "serve":
+        from .serve.cli import main as serve_main
+        return serve_main(rest)
     from .soak import main as soak_main
     return soak_main(rest)
 

@@ -3,7 +3,10 @@
 The HF model's own embedding, norms, rotary, projections and MLP run unchanged; only attention
 is ours: it writes each new token's key/value into the block pool (slot mapping) and reads every
 key/value it attends to back from the pool through the block tables. The pool tensors are the
-cache; nothing else holds K/V.
+cache; nothing else holds K/V. What a slot holds is `kv_cache_dtype`'s format (engine/kv_quant.py:
+the model's dtype, bf16/fp16, or int8/fp8 codes with a per-row scale): writes encode, reads widen
+to the query's dtype, so every path (including a chunk's attention to its own new tokens when
+the pool is not in the model's dtype) sees the values the pool holds.
 
 Batches are flattened (ragged): the model sees one row of T tokens from many requests.
 - decode group (one query token per request): on CPU in fp32, engine/csrc/paged_attention.c
@@ -15,7 +18,9 @@ Batches are flattened (ragged): the model sees one row of T tokens from many req
   with a causal mask aligned to its position in the sequence; a chunk with no earlier context
   attends to its own new keys/values directly (the same values the pool now holds), without
   reading them back.
-The same torch code runs on CUDA; a fused varlen/paged CUDA kernel is not wired yet.
+With EngineConfig.attention_backend="flex" (engine/paged_flex.py) all of the above is replaced
+by one FlexAttention call per layer over the whole flattened batch, reading K/V in place through
+the block tables: compiled on CUDA, eager on CPU (where the test suite checks it).
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from . import cpu_kernels
+from . import cpu_kernels, kv_quant, paged_flex
 
 ATTN_NAME = "kvscope"
 _ctx = threading.local()
@@ -42,6 +47,7 @@ class PrefillItem:
 @dataclass(slots=True)
 class AttnMetadata:
     kv_caches: list                      # per layer (k_pool, v_pool), each [num_blocks, block_size, kv_heads, head_dim]
+                                         # (int8/fp8: uint8 [.., head_dim + 4], engine/kv_quant.py)
     slot_mapping: torch.Tensor           # [T] flat slot (block * block_size + offset) for each new token
     block_size: int
     decode_idx: torch.Tensor | None = None       # [Bd] positions in the batch of single-token queries
@@ -55,6 +61,9 @@ class AttnMetadata:
     decode_max_ctx: int = 0
     prefills: list[PrefillItem] = field(default_factory=list)
     layer_offset: int = 0                # pools index = module.layer_idx + offset (draft models share a pool list)
+    flex: object = None                  # engine/paged_flex.FlexMeta: every row through one FlexAttention call
+    max_ctx: int = 0                     # the longest context any row of this batch attends to
+    kv_format: str = ""                  # the pool's kv_cache_dtype (engine/kv_quant.py); "" = the pool tensor's dtype
 
 
 class forward_context:
@@ -76,13 +85,30 @@ def current_metadata() -> AttnMetadata | None:
     return getattr(_ctx, "meta", None)
 
 
-def _gather(pool: torch.Tensor, block_ids: torch.Tensor, length: int | None = None) -> torch.Tensor:
-    """Blocks -> [kv_heads, tokens, head_dim] (whole blocks copied, then trimmed)."""
-    x = pool.index_select(0, block_ids)                 # [nb, bs, h, d]
+def _gather(pool: torch.Tensor, block_ids: torch.Tensor, length: int | None, fmt: str,
+            dtype: torch.dtype) -> torch.Tensor:
+    """Blocks -> [kv_heads, tokens, head_dim] in `dtype` (whole blocks copied and widened, then trimmed)."""
+    x = kv_quant.widen(pool.index_select(0, block_ids), fmt, dtype)   # [nb, bs, h, d]
     x = x.reshape(-1, x.shape[-2], x.shape[-1])         # [nb*bs, h, d]
     if length is not None:
         x = x[:length]
     return x.transpose(0, 1)                            # [h, tokens, d]
+
+
+def _refuse_unsupported(kwargs: dict, max_ctx: int) -> None:
+    """The paged paths attend to every earlier token with plain softmax(QK^T)V: a layer asking
+    for more (a sliding window shorter than the context, logit softcapping, sinks) is refused,
+    never run wrong. engine/families.py refuses such configs before an engine starts; this is the
+    last line for a model that slips through."""
+    window = kwargs.get("sliding_window")
+    if window is not None and window < max_ctx:
+        raise ValueError(f"sliding-window attention (window {window}, context {max_ctx}) is not supported by "
+                         "kvscope's paged attention")
+    if kwargs.get("softcap"):
+        raise ValueError(f"attention logit softcapping (softcap={kwargs['softcap']}) is not supported by "
+                         "kvscope's paged attention")
+    if kwargs.get("s_aux") is not None:
+        raise ValueError("attention sinks (s_aux) are not supported by kvscope's paged attention")
 
 
 def paged_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -93,37 +119,40 @@ def paged_attention_forward(module, query, key, value, attention_mask, scaling=N
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
+    _refuse_unsupported(kwargs, meta.max_ctx)
     layer = module.layer_idx + meta.layer_offset
     k_pool, v_pool = meta.kv_caches[layer]
     # query: [1, H, T, D]; key/value: [1, Hkv, T, D]
-    hkv, d = k_pool.shape[2], k_pool.shape[3]
-    k_new = key[0].transpose(0, 1).to(k_pool.dtype)      # [T, Hkv, D]
-    v_new = value[0].transpose(0, 1).to(v_pool.dtype)
-    k_pool.view(-1, hkv, d).index_copy_(0, meta.slot_mapping, k_new)
-    v_pool.view(-1, hkv, d).index_copy_(0, meta.slot_mapping, v_new)
+    hkv, d = key.shape[1], key.shape[3]
+    fmt = meta.kv_format or kv_quant.format_of(k_pool.dtype)
+    kv_quant.write(k_pool, meta.slot_mapping, key[0].transpose(0, 1), fmt)      # [T, Hkv, D] at their slots
+    kv_quant.write(v_pool, meta.slot_mapping, value[0].transpose(0, 1), fmt)
 
     q = query[0]                                         # [H, T, D]
+    if meta.flex is not None:
+        return paged_flex.attend(q, k_pool, v_pool, meta.flex, scaling).unsqueeze(0), None
     T = q.shape[1]
     out = torch.empty((T, q.shape[0], q.shape[2]), dtype=query.dtype, device=query.device)  # [T, H, D]
     gqa = q.shape[0] != hkv
 
     if meta.decode_kernel is not None:
-        # decode rows straight from the blocks (engine/csrc/paged_attention.c), no gather; the
-        # runner only sets the kernel for fp32 pools and models
-        if q.dtype != torch.float32 or k_pool.dtype != torch.float32:
-            raise RuntimeError(f"the CPU decode kernel needs float32 queries and pools, got {q.dtype} / {k_pool.dtype}")
+        # decode rows straight from the blocks (engine/csrc/paged_attention.c), no gather, each
+        # key/value widened to fp32 as it is read; the runner only sets the kernel for fp32 models
+        if q.dtype != torch.float32:
+            raise RuntimeError(f"the CPU decode kernel needs float32 queries, got {q.dtype}")
         qt = q.transpose(0, 1)
         if not qt.is_contiguous():
             qt = qt.contiguous()
         cpu_kernels.paged_decode_attention(meta.decode_kernel, out, qt, k_pool, v_pool, meta.decode_rows32,
                                            meta.decode_lens32, meta.decode_tables32,
-                                           scaling if scaling is not None else d ** -0.5, meta.decode_max_ctx)
+                                           scaling if scaling is not None else d ** -0.5, meta.decode_max_ctx,
+                                           kv_format=kv_quant.KERNEL_CODES[fmt])
     elif meta.decode_idx is not None and meta.decode_idx.numel():
         bd = meta.decode_idx.numel()
         kd = k_pool.index_select(0, meta.decode_blocks.reshape(-1))          # [Bd*nb, bs, h, d]
         vd = v_pool.index_select(0, meta.decode_blocks.reshape(-1))
-        kd = kd.view(bd, -1, hkv, d).transpose(1, 2).to(q.dtype)              # [Bd, h, L, d]
-        vd = vd.view(bd, -1, hkv, d).transpose(1, 2).to(q.dtype)
+        kd = kv_quant.widen(kd, fmt, q.dtype).view(bd, -1, hkv, d).transpose(1, 2)   # [Bd, h, L, d]
+        vd = kv_quant.widen(vd, fmt, q.dtype).view(bd, -1, hkv, d).transpose(1, 2)
         qd = q.index_select(1, meta.decode_idx).transpose(0, 1).unsqueeze(2)  # [Bd, H, 1, D]
         if bd == 1:  # single request: trim to its length, no mask (same call as transformers' decode)
             n = meta.decode_len1
@@ -139,8 +168,8 @@ def paged_attention_forward(module, query, key, value, attention_mask, scaling=N
             kp = key[:, :, p.q_start:p.q_start + p.q_len]
             vp = value[:, :, p.q_start:p.q_start + p.q_len]
         else:
-            kp = _gather(k_pool, p.block_ids, p.ctx_len).unsqueeze(0).to(q.dtype)  # [1, h, ctx, d]
-            vp = _gather(v_pool, p.block_ids, p.ctx_len).unsqueeze(0).to(q.dtype)
+            kp = _gather(k_pool, p.block_ids, p.ctx_len, fmt, q.dtype).unsqueeze(0)  # [1, h, ctx, d]
+            vp = _gather(v_pool, p.block_ids, p.ctx_len, fmt, q.dtype).unsqueeze(0)
         if p.q_len == p.ctx_len:
             op = F.scaled_dot_product_attention(qp, kp, vp, is_causal=p.q_len > 1, scale=scaling, enable_gqa=gqa)
         else:

@@ -70,6 +70,9 @@ class BlockManager:
         self.prefix_hits = 0
         self.evicted_hashes = 0
         self._pending_events: list[tuple[str, str | None, dict]] = []
+        # called as listener("stored", hash, parent_hash, token_ids) when a hash enters the prefix
+        # cache index and listener("removed", hash, None, None) when it leaves (engine/kv_events.py)
+        self.hash_listener = None
 
     # ------------------------------------------------------------------ queries
     @property
@@ -233,18 +236,33 @@ class BlockManager:
                 continue   # same content already cached in another block
             b.block_hash = h
             self.hash_to_block[h] = b.block_id
+            if self.hash_listener is not None:
+                self.hash_listener("stored", h, hashes[i - 1] if i else None,
+                                   token_ids[i * self.block_size:(i + 1) * self.block_size])
+
+    def uncache(self, bid: int) -> bytes | None:
+        """Drop block bid's prefix-cache hash (its content is about to change or was discarded).
+        Returns the hash it had."""
+        b = self.blocks[bid]
+        h = b.block_hash
+        if h is None:
+            return None
+        if self.hash_to_block.get(h) == bid:
+            del self.hash_to_block[h]
+            if self.hash_listener is not None:
+                self.hash_listener("removed", h, None, None)
+        b.block_hash = None
+        return h
 
     # ------------------------------------------------------------------ allocation
     def _pop_free(self, reason: str = "cached-free block reused for new content (LRU)") -> int:
         bid, _ = self.free_queue.popitem(last=False)
         b = self.blocks[bid]
         if b.block_hash is not None:
-            if self.hash_to_block.get(b.block_hash) == bid:
-                del self.hash_to_block[b.block_hash]
             self._pending_events.append((EventKind.PREFIX_EVICT, None, {
                 "block": bid, "hash": b.block_hash.hex()[:8], "reason": reason}))
             self.evicted_hashes += 1
-            b.block_hash = None
+            self.uncache(bid)
         b.ref_cnt = 1
         return bid
 
@@ -356,9 +374,7 @@ class BlockManager:
         for bid in self.block_tables.get(rid, []):
             b = self.blocks[bid]
             if b.ref_cnt == 1 and b.block_hash is not None:
-                if self.hash_to_block.get(b.block_hash) == bid:
-                    del self.hash_to_block[b.block_hash]
-                b.block_hash = None
+                self.uncache(bid)
 
     def ensure_writable(self, rid: str, start: int, end: int) -> list[tuple[int, int]]:
         """Copy-on-write: any block of rid covering token positions [start, end) that another
@@ -381,9 +397,7 @@ class BlockManager:
                                                           "reason": "write into a block shared with another request"}))
             elif b.block_hash is not None:
                 # sole owner rewrites a registered block: its content changes, so unregister it
-                if self.hash_to_block.get(b.block_hash) == bid:
-                    del self.hash_to_block[b.block_hash]
-                b.block_hash = None
+                self.uncache(bid)
         return copies
 
     # ------------------------------------------------------------------ swap

@@ -12,9 +12,11 @@ PREEMPTION_MODES = ("recompute", "swap")
 VICTIM_POLICIES = ("last_admitted", "lru")
 SPEC_METHODS = ("ngram", "draft_model", "self_draft")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16", "fp8_e4m3", "int8")   # engine/kv_quant.py
 LINEAR_BACKENDS = ("auto", "torch")
-ATTENTION_BACKENDS = ("auto", "torch")
+ATTENTION_BACKENDS = ("auto", "torch", "flex")
 MIN_TEMPERATURE = 1e-5
+MAX_LOGPROBS = 20                 # vLLM's default max_logprobs
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -92,11 +94,37 @@ class SpeculativeConfig:
                "speculative.probe_interval must be an integer >= 1")
 
 
+# vLLM's speculative_config keys that differ from SpeculativeConfig's field names
+_VLLM_SPEC_KEYS = {"model": "draft_model"}
+
+
+def speculative_from_dict(d) -> SpeculativeConfig:
+    """vLLM's `speculative_config` dict -> SpeculativeConfig. Keys: SpeculativeConfig's fields, and
+    vLLM's "model" for the draft model (method "draft_model" when a model is given without one)."""
+    if isinstance(d, SpeculativeConfig):
+        return d
+    _check(isinstance(d, dict), f"speculative_config must be a dict, got {type(d).__name__}")
+    known = {f.name for f in dataclasses.fields(SpeculativeConfig)}
+    kw = {}
+    for k, v in d.items():
+        name = _VLLM_SPEC_KEYS.get(k, k)
+        _check(name in known, f"speculative_config has an unknown key {k!r} (known: {sorted(known | set(_VLLM_SPEC_KEYS))})")
+        kw[name] = v
+    if "draft_model" in kw and "method" not in kw:
+        kw["method"] = "draft_model"
+    _check(kw.get("method", "ngram") in SPEC_METHODS,
+           f"speculative_config.method must be one of {SPEC_METHODS}, got {kw.get('method')!r}")
+    return SpeculativeConfig(**kw)
+
+
 @dataclass(slots=True)
 class EngineConfig:
     model: str = "default"
     device: str = "auto"
     dtype: str = "auto"
+    # what the K/V pool stores (vLLM's field name): "auto" = the model dtype; "int8" / "fp8_e4m3"
+    # one byte per number plus a float32 scale per (token, KV head) row (engine/kv_quant.py)
+    kv_cache_dtype: str = "auto"
     block_size: int = 16
     num_kv_blocks: int | None = None        # explicit pool size, or
     kv_cache_bytes: int | None = None       # a byte budget (K and V, all layers); default 256 MiB, at most 4096 blocks
@@ -112,6 +140,9 @@ class EngineConfig:
     tiers: dict[str, TierConfig] = field(default_factory=default_tiers)
     default_tier: str | None = None
     speculative: SpeculativeConfig | None = None
+    # vLLM's spelling: speculative_config=dict(method="ngram", num_speculative_tokens=4, ...), turned
+    # into `speculative` (a SpeculativeConfig) here; give one of the two
+    speculative_config: dict | None = None
     seed: int = 0
     # torch intra-op threads on CPU. None = 1: on these 2-core machines a 2-thread matmul of 1-64
     # rows slowed ~10x whenever another process was busy (measured: a 9-block preemption run took
@@ -122,8 +153,14 @@ class EngineConfig:
     # "torch": transformers' own F.linear everywhere
     linear_backend: str = "auto"
     # "auto": on CPU in fp32, decode attention reads K/V in place from the blocks with the C
-    # kernel of engine/csrc (built on first use; torch fallback); "torch": gather + SDPA always
+    # kernel of engine/csrc (built on first use; torch fallback); on CUDA the torch path until the
+    # GPU check has verified "flex" there (engine/device.py); "torch": gather + SDPA always;
+    # "flex": every row in one FlexAttention call reading K/V in place (engine/paged_flex.py)
     attention_backend: str = "auto"
+    # CUDA, when neither num_kv_blocks nor kv_cache_bytes is given: the fraction of the device's
+    # total memory this engine may use (weights and activations included); the KV pool gets the
+    # rest (vLLM's gpu_memory_utilization; engine/device.py)
+    gpu_memory_utilization: float = 0.9
     event_ring_size: int = 20000
     history_len: int = 512                  # per-request history points kept for the UI
 
@@ -132,6 +169,8 @@ class EngineConfig:
         _check(isinstance(self.device, str) and (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")),
                f"device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
         _check(self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        _check(self.kv_cache_dtype in KV_CACHE_DTYPES,
+               f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         _check(_is_int(self.block_size) and 1 <= self.block_size <= 256,
                f"block_size must be an integer in [1, 256], got {self.block_size!r}")
         if self.num_kv_blocks is not None:
@@ -158,6 +197,10 @@ class EngineConfig:
                "tiers must be a dict of name -> TierConfig")
         if self.default_tier is not None:
             _check(self.default_tier in self.tiers, f"default_tier {self.default_tier!r} is not one of {list(self.tiers)}")
+        if self.speculative_config is not None:
+            _check(self.speculative is None, "give speculative or speculative_config, not both")
+            self.speculative = speculative_from_dict(self.speculative_config)
+            self.speculative_config = None
         if self.speculative is not None:
             _check(isinstance(self.speculative, SpeculativeConfig), "speculative must be a SpeculativeConfig")
         if self.num_threads is not None:
@@ -166,6 +209,9 @@ class EngineConfig:
                f"linear_backend must be one of {LINEAR_BACKENDS}, got {self.linear_backend!r}")
         _check(self.attention_backend in ATTENTION_BACKENDS,
                f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
+        gmu = self.gpu_memory_utilization
+        _check(isinstance(gmu, (int, float)) and not isinstance(gmu, bool) and 0 < gmu <= 1,
+               f"gpu_memory_utilization must be a number in (0, 1], got {self.gpu_memory_utilization!r}")
         _check(_is_int(self.event_ring_size) and 16 <= self.event_ring_size <= 10_000_000,
                "event_ring_size must be an integer in [16, 10000000]")
         _check(_is_int(self.history_len) and 2 <= self.history_len <= 100_000, "history_len must be in [2, 100000]")
@@ -188,6 +234,8 @@ class SamplingParams:
     request_class: str | None = None  # speculative acceptance monitoring group
     cache_salt: str | None = None  # isolates prefix-cache sharing between tenants
     speculative: bool = True       # allow speculation for this request when the engine has it on
+    min_tokens: int = 0            # EOS / stop_token_ids masked (and stop strings ignored) until this many
+    logprobs: int | None = None    # None: none; N: the sampled token's logprob and the top N (vLLM: <= 20)
 
     def __post_init__(self):
         # below MIN_TEMPERATURE, logits / temperature overflows float32 (inf - inf = nan) and sampling fails
@@ -210,6 +258,11 @@ class SamplingParams:
             _check(isinstance(self.stop_token_ids, list) and all(_is_int(t) and t >= 0 for t in self.stop_token_ids),
                    "stop_token_ids must be a list of non-negative integers")
         _check(isinstance(self.ignore_eos, bool), "ignore_eos must be True or False")
+        _check(_is_int(self.min_tokens) and 0 <= self.min_tokens <= self.max_tokens,
+               f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}")
+        if self.logprobs is not None:
+            _check(_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS,
+                   f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
         if self.tier is not None:
             _check(isinstance(self.tier, str), "tier must be a string")
         if self.request_class is not None:

@@ -106,6 +106,8 @@ def load():
                     f = lib.kvscope_paged_decode
                     f.argtypes = [P, P, P, P, P, P, P, I, I, I, I, I, I, ctypes.c_float, I, I]
                     f.restype = I
+                    lib.kvscope_paged_decode_kv.argtypes = [*f.argtypes, I]
+                    lib.kvscope_paged_decode_kv.restype = I
                     lib.kvscope_linear.argtypes = [P, I, I, P, I, P, P, I]
                     lib.kvscope_linear.restype = I
                     lib.kvscope_linear_pack.argtypes = [P, I, I, P]
@@ -135,22 +137,25 @@ def supports(num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
 
 def paged_decode_attention(lib, out: torch.Tensor, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                            q_rows: torch.Tensor, ctx_lens: torch.Tensor, tables: torch.Tensor, scale: float,
-                           max_ctx: int, n_threads: int | None = None) -> None:
+                           max_ctx: int, n_threads: int | None = None, kv_format: int = 0) -> None:
     """out[q_rows[s]] = softmax(q[q_rows[s]] . K_s^T * scale) V_s for every decode sequence s,
     K_s/V_s being positions 0..ctx_lens[s]-1 of the blocks tables[s]. q, out: [T, H, D];
     pools: [num_blocks, block_size, Hkv, D]; q_rows, ctx_lens: [S] int32; tables: [S, max_blocks]
-    int32. The caller guarantees block ids < num_blocks and ctx_lens[s] <= max_blocks * block_size."""
+    int32. The caller guarantees block ids < num_blocks and ctx_lens[s] <= max_blocks * block_size.
+    kv_format: engine/kv_quant.KERNEL_CODES (0 fp32; int8 / fp8 pools are uint8 rows of D codes
+    + a float32 scale, bf16 / fp16 pools their own dtype), widened to fp32 as read."""
     for t in (q, out, k_pool, v_pool, q_rows, ctx_lens, tables):
         assert t.is_contiguous() and t.device.type == "cpu"
     n_seqs, max_blocks = tables.shape
-    _, bs, hkv, d = k_pool.shape
+    _, bs, hkv, _ = k_pool.shape
+    d = q.shape[2]
     if n_threads is None:
         n_threads = torch.get_num_threads()
     if max_ctx * hkv * n_seqs < MIN_PARALLEL_KEYS:
         n_threads = 1
-    rc = lib.kvscope_paged_decode(q.data_ptr(), out.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(),
-                                  q_rows.data_ptr(), ctx_lens.data_ptr(), tables.data_ptr(), n_seqs, max_blocks,
-                                  bs, q.shape[1], hkv, d, float(scale), max_ctx, n_threads)
+    rc = lib.kvscope_paged_decode_kv(q.data_ptr(), out.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(),
+                                     q_rows.data_ptr(), ctx_lens.data_ptr(), tables.data_ptr(), n_seqs, max_blocks,
+                                     bs, q.shape[1], hkv, d, float(scale), max_ctx, n_threads, kv_format)
     if rc != 0:
         raise RuntimeError(f"kvscope_paged_decode failed with code {rc}")
 

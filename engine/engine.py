@@ -15,15 +15,18 @@ from dataclasses import dataclass
 import torch
 
 from . import events as ev
+from . import kv_quant
 from .block_manager import BlockManager, cdiv
 from .config import EngineConfig, SamplingParams
+from .device import activation_reserve_bytes, cuda_memory, gpu_kv_budget_bytes
 from .events import EventRing
-from .kv_layout import kv_bytes_per_token, kv_geometry
+from .families import check_supported
+from .kv_layout import dtype_bytes, kv_bytes_per_token, kv_geometry, kv_scale_bytes
 from .metrics import MetricsTracker
 from .models import load_model, resolve_device, resolve_dtype
+from .outputs import CompletionOutput, RequestMetrics, RequestOutput
 from .runner import BatchRow, ModelRunner
 from .sampler import make_generator, sample
-from .outputs import CompletionOutput, RequestMetrics, RequestOutput
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Request, Status, WaitReason
 from .snapshot import PLAIN, EngineInfo, RequestInfo, Snapshot
@@ -36,6 +39,19 @@ MAX_DEFAULT_BLOCKS = 4096
 MAX_PROMPT_CHARS = 1_000_000
 MAX_BLOCKS = 1_000_000           # same cap as EngineConfig.num_kv_blocks, also for kv_cache_bytes
 MEMORY_FRACTION = 0.9            # of the available memory a KV pool (or swap space) may take
+
+
+def _schedule_rows(items, rows) -> list[list]:
+    """What one forward pass held, per request: [request_id, kind, num_tokens, start] with kind
+    "verify" (a decode row carrying draft tokens), "decode" (the newest output token alone) or
+    "prefill" (a prompt chunk, even a 1-token one, or a recompute after preemption)."""
+    out = []
+    for it, row in zip(items, rows):
+        n = len(row.tokens)
+        decode = n == 1 and row.start >= it.req.num_prompt_tokens    # feeding its newest output token
+        kind = "verify" if it.num_spec_tokens else ("decode" if decode else "prefill")
+        out.append([row.request_id, kind, n, row.start])
+    return out
 
 
 def _check_unicode(text: str) -> None:
@@ -84,17 +100,23 @@ class LLMEngine:
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.model, self.tokenizer = load_model(config.model, config.device, config.dtype)
         hf = self.model.config
+        check_supported(hf, config.max_model_len)
         self.vocab_size = hf.vocab_size
         max_pos = getattr(hf, "max_position_embeddings", None) or config.max_model_len
         if config.max_model_len > max_pos:
             raise ValueError(f"max_model_len={config.max_model_len} exceeds the model's "
                              f"max_position_embeddings={max_pos}")
+        self.kv_cache_dtype = kv_quant.resolve(config.kv_cache_dtype, self.dtype)
         n_layers, n_kv, head_dim = kv_geometry(hf)
-        self.bytes_per_token = kv_bytes_per_token(n_layers, n_kv, head_dim, self.dtype.itemsize)
+        kv_quant.check_head_dim(self.kv_cache_dtype, head_dim)
+        self.bytes_per_token = kv_bytes_per_token(n_layers, n_kv, head_dim, dtype_bytes(self.kv_cache_dtype),
+                                                  scale_bytes=kv_scale_bytes(self.kv_cache_dtype))
         self.bytes_per_block = self.bytes_per_token * config.block_size
         if config.num_kv_blocks is not None:
             num_blocks = config.num_kv_blocks
             field_name = f"num_kv_blocks={num_blocks}"
+        elif config.kv_cache_bytes is None and self.device.type == "cuda":
+            num_blocks, field_name = self._gpu_pool_blocks(hf)
         else:
             budget = config.kv_cache_bytes or DEFAULT_KV_BYTES
             num_blocks = budget // self.bytes_per_block
@@ -108,6 +130,8 @@ class LLMEngine:
         # tensor by tensor would end in the OOM killer, taking the server down)
         pool_bytes = num_blocks * self.bytes_per_block
         avail = _available_bytes(self.device)
+        if field_name.startswith("gpu_memory_utilization"):
+            avail = None                 # sized from free device memory just above
         if avail is not None and pool_bytes > MEMORY_FRACTION * avail:
             raise ValueError(f"{field_name} needs {pool_bytes / 2**30:.1f} GiB of KV cache ({self.bytes_per_block} "
                              f"bytes per block); the {self.device.type} has {avail / 2**30:.1f} GiB available and "
@@ -137,7 +161,8 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, num_blocks=num_blocks, block_size=config.block_size,
                                   dtype=self.dtype, device=self.device, num_swap_blocks=num_swap,
                                   linear_backend=config.linear_backend,
-                                  attention_backend=config.attention_backend)
+                                  attention_backend=config.attention_backend,
+                                  kv_cache_dtype=self.kv_cache_dtype)
         self.events = EventRing(config.event_ring_size)
         self.engine_id = uuid.uuid4().hex[:12]
         self.t0 = time.perf_counter()
@@ -160,6 +185,28 @@ class LLMEngine:
                    bytes_per_token=self.bytes_per_token, reason="engine started")
 
     # ------------------------------------------------------------------ helpers
+    def _gpu_pool_blocks(self, hf) -> tuple[int, str]:
+        """(blocks, the field that sized them) for a CUDA pool sized by gpu_memory_utilization."""
+        c = self.config
+        budget = self._gpu_budget(hf, self.dtype.itemsize)
+        num_blocks = min(budget // self.bytes_per_block, MAX_BLOCKS)
+        if num_blocks < 1:
+            raise ValueError(f"gpu_memory_utilization={c.gpu_memory_utilization} leaves {budget} bytes for "
+                             f"the KV cache, less than one block ({self.bytes_per_block} bytes)")
+        return num_blocks, f"gpu_memory_utilization={c.gpu_memory_utilization}"
+
+    def _gpu_budget(self, hf, itemsize: int) -> int:
+        """KV bytes on CUDA from free device memory (engine/device.py), read after the weights loaded."""
+        c = self.config
+        mem = cuda_memory(self.device)
+        if mem is None:
+            return DEFAULT_KV_BYTES
+        hidden = getattr(hf, "hidden_size", 0) or 0
+        inter = getattr(hf, "intermediate_size", None) or 4 * hidden
+        reserve = activation_reserve_bytes(c.max_num_batched_tokens, hidden, inter, hf.vocab_size, c.max_num_seqs,
+                                           itemsize)
+        return gpu_kv_budget_bytes(mem[0], mem[1], c.gpu_memory_utilization, reserve)
+
     def now(self) -> float:
         return time.perf_counter() - self.t0
 
@@ -260,6 +307,11 @@ class LLMEngine:
         if tier is not None and len(ids) + params.max_tokens > tier.max_context:
             raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds tier "
                              f"{tier.name!r}'s context cap of {tier.max_context} tokens")
+        if len(ids) + params.max_tokens > cfg.max_model_len:     # vLLM's wording
+            raise ValueError(f"This model's maximum context length is {cfg.max_model_len} tokens. However, you "
+                             f"requested {len(ids) + params.max_tokens} tokens ({len(ids)} in the prompt, "
+                             f"{params.max_tokens} in the completion). Please reduce the length of the prompt "
+                             f"or max_tokens (at most {cfg.max_model_len - len(ids)} here).")
         if params.stop_token_ids and any(t >= self.vocab_size for t in params.stop_token_ids):
             raise ValueError(f"stop_token_ids must be < vocab size {self.vocab_size}")
         worst = min(len(ids) + params.max_tokens, cfg.max_model_len)
@@ -381,7 +433,9 @@ class LLMEngine:
                 self.fault_injector(sched.items)
             t_fwd = time.perf_counter()
             logits = self.runner.forward(rows)
-            return ModelOutput(rows, logits, time.perf_counter() - t_fwd)
+            fwd_s = time.perf_counter() - t_fwd
+            self._emit(ev.SCHEDULE, None, rows=_schedule_rows(sched.items, rows), forward_s=fwd_s)
+            return ModelOutput(rows, logits, fwd_s)
         except Exception as e:  # fail only the requests in this step
             return ModelOutput(rows, error=f"step {self.step_num} failed: {type(e).__name__}: {str(e)[:300]}")
 
@@ -426,12 +480,19 @@ class LLMEngine:
                     accepted, marks = self.spec.verify(req, req.spec_token_ids[:it.num_spec_tokens], lg)
                     new_ids = accepted
                 else:
-                    if greedy_ids is not None and req.params.greedy:
+                    row_lg = lg[-1]
+                    masked = req.num_output_tokens < req.params.min_tokens
+                    if masked:     # vLLM's min_tokens: EOS and stop_token_ids cannot be sampled yet
+                        row_lg = row_lg.clone()
+                        row_lg[self._min_tokens_mask(req)] = float("-inf")
+                    if greedy_ids is not None and req.params.greedy and not masked:
                         tok = greedy_ids[off - 1]
                     else:
-                        tok = sample(lg[-1], req.params, req.generator)
+                        tok = sample(row_lg, req.params, req.generator)
                     new_ids = [tok]
                     marks = [PLAIN]
+                if req.params.logprobs is not None:
+                    self._record_logprobs(req, lg[-len(new_ids):], new_ids)
             except Exception as e:  # e.g. non-finite logits: fail this request only, keep the loop alive
                 self._finish(req, Status.ABORTED, "error", error=f"step {self.step_num} failed for "
                              f"{req.request_id} while sampling: {type(e).__name__}: {str(e)[:300]}")
@@ -475,7 +536,7 @@ class LLMEngine:
                 if finished_reason:
                     break
             self._update_text(req)
-            if finished_reason is None and req.params.stop:
+            if finished_reason is None and req.params.stop and req.num_output_tokens >= req.params.min_tokens:
                 finished_reason = self._check_stop_strings(req)
             if not self.config.kv_cache and finished_reason is None:
                 # no-cache baseline: throw the K/V away; the next step recomputes the whole prefix
@@ -504,8 +565,25 @@ class LLMEngine:
         for kind, rid, data in self.bm.drain_events():
             self._emit(kind, rid, **data)
 
+    def _min_tokens_mask(self, req: Request) -> list[int]:
+        ids = set() if req.params.ignore_eos else set(self.eos_ids)
+        ids.update(req.params.stop_token_ids or ())
+        return sorted(ids)
+
+    def _record_logprobs(self, req: Request, rows: torch.Tensor, new_ids: list[int]) -> None:
+        """The model's own log-probabilities (raw logits, before temperature / top-k / top-p, as
+        vLLM returns them by default) of each emitted token, with the top `logprobs` alternatives."""
+        lp = torch.log_softmax(rows.float(), dim=-1)
+        k = req.params.logprobs
+        top = torch.topk(lp, k, dim=-1) if k else None
+        for j, tok in enumerate(new_ids):
+            alts = tuple(zip(top.indices[j].tolist(), top.values[j].tolist())) if top is not None else ()
+            req.logprobs.append((float(lp[j, tok]), alts))
+
     def _check_stop(self, req: Request, tok: int) -> str | None:
         p = req.params
+        if req.num_output_tokens < p.min_tokens:     # vLLM: no stop condition but length before min_tokens
+            return None
         if not p.ignore_eos and tok in self.eos_ids:
             req.stop_reason = tok
             return "stop"
@@ -537,7 +615,8 @@ class LLMEngine:
         m = self.metrics.request_metrics(req)
         return RequestOutput(req.request_id, req.prompt_text or None, list(req.prompt_token_ids),
                              [CompletionOutput(0, req.output_text, list(req.output_token_ids), req.finish_reason,
-                                               req.stop_reason)],
+                                               req.stop_reason,
+                                               list(req.logprobs) if req.params.logprobs is not None else None)],
                              req.is_finished, m, req.error)
 
     def get_request(self, request_id: str) -> Request | None:
@@ -560,7 +639,7 @@ class LLMEngine:
                           c.max_model_len, c.max_num_seqs, c.max_num_batched_tokens, c.allocator, c.kv_cache,
                           self.bm.enable_prefix_caching, c.preemption_mode, c.victim_policy, spec,
                           self.bm.capacity, self.runner.linear_pack.kernel if self.runner.linear_pack is not None else "torch",
-                          "cpu_kernel" if self.runner.decode_kernel is not None else "torch")
+                          self.runner.attention_backend, self.kv_cache_dtype)
 
     def check_invariants(self) -> None:
         self.bm.check_invariants()
@@ -601,7 +680,7 @@ class LLMEngine:
             r.arrival_time, r.first_token_time, r.finish_time, r.finish_reason, r.waiting_reason, r.error,
             r.num_preemptions, (r.prompt_text or self.decode(r.prompt_token_ids[:64]))[:200],
             r.output_text[-4000:], tuple(r.token_marks), tuple(r.history),
-            r.spec_num_drafts, r.spec_num_draft_tokens, r.spec_num_accepted_tokens)
+            r.spec_num_drafts, r.spec_num_draft_tokens, r.spec_num_accepted_tokens, r.origin)
 
 
 class LLM:

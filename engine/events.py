@@ -45,6 +45,7 @@ class EventKind(enum.StrEnum):
     SPEC_VERIFY = "spec_verify"      # proposed, accepted, rejected/replacement, bonus, times
     SPEC_FALLBACK = "spec_fallback"  # a request class stopped / resumed speculating
     CONFIG = "config"                # engine started or its KV budget changed
+    SCHEDULE = "schedule"            # one per forward pass: who was in it (rows) and its forward time
 
 
 # The data keys of each kind: (always present, present in some events of the kind).
@@ -75,6 +76,8 @@ EVENT_PAYLOADS: dict[EventKind, tuple[tuple[str, ...], tuple[str, ...]]] = {
                               ("acceptance_rate", "mean_acceptance_length", "cost_ratio", "break_even_alpha",
                                "mean_k", "batch", "draft_s_per_request", "plain_pass_s", "verify_pass_s")),
     EventKind.CONFIG: (("num_blocks", "reason"), ("model", "block_size", "bytes_per_token", "previous")),
+    # rows: [[request_id, "prefill" | "decode" | "verify", num_tokens, start], ...] in batch order
+    EventKind.SCHEDULE: (("rows", "forward_s"), ()),
 }
 
 
@@ -94,7 +97,7 @@ BLOCK_FREE, PREFIX_HIT, PREFIX_EVICT, COW = (EventKind.BLOCK_FREE, EventKind.PRE
                                              EventKind.COW)
 PREEMPT, SWAP_OUT, SWAP_IN, EVICT = EventKind.PREEMPT, EventKind.SWAP_OUT, EventKind.SWAP_IN, EventKind.EVICT
 FINISH, ABORT, ERROR, CONFIG = EventKind.FINISH, EventKind.ABORT, EventKind.ERROR, EventKind.CONFIG
-SPEC_VERIFY, SPEC_FALLBACK = EventKind.SPEC_VERIFY, EventKind.SPEC_FALLBACK
+SPEC_VERIFY, SPEC_FALLBACK, SCHEDULE = EventKind.SPEC_VERIFY, EventKind.SPEC_FALLBACK, EventKind.SCHEDULE
 EVENT_KINDS = tuple(EventKind)
 
 TRACE_VERSION = 2
@@ -225,6 +228,16 @@ def _validate(cls: type, root: str, data):
     if typ == "enum":
         raise ValueError(f"{_where(root, loc)}: unknown value {str(got)[:40]!r} ({err['msg']})")
     raise ValueError(f"{_where(root, loc)}: {_EXPECTED.get(typ, err['msg'])}")
+
+
+def snapshot_from_dict(data) -> Snapshot:
+    """A Snapshot from its to_dict() JSON (the server's /v1/kvscope routes). ValueError naming the field."""
+    return _validate(Snapshot, "Snapshot", data)
+
+
+def event_from_dict(data) -> Event:
+    """An Event from its to_dict() JSON. ValueError naming the field."""
+    return _validate(Event, "event", data)
 
 
 _V1_BLOCK_COUNTS = (EventKind.ADMIT, EventKind.PREFILL, EventKind.SWAP_OUT, EventKind.SWAP_IN)

@@ -14,6 +14,9 @@ Bytes per token, all layers:
 * MLA (DeepSeek-V2/V3): each layer caches one compressed latent of ``kv_lora_rank`` numbers plus
   the shared rotary key of ``qk_rope_head_dim`` numbers: ``layers x (kv_lora_rank +
   qk_rope_head_dim) x bytes``; there is no separate K and V, so no factor 2.
+* 8-bit caches (fp8, int8) as kvscope stores them (engine/kv_quant.py): each cached row (one
+  token's K or V for one KV head, or one MLA latent) also keeps its own float32 scale:
+  ``+ rows x 4`` bytes, i.e. ``2 x layers x kv_heads x (head_dim + 4)`` for int8 head rows.
 """
 from __future__ import annotations
 
@@ -27,14 +30,17 @@ def cdiv(a: int, b: int) -> int:
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, itemsize: int,
-                       v_head_dim: int | None = None) -> int:
-    """Bytes one token occupies in a K/V cache: one K and one V vector per KV head, every layer."""
-    return num_layers * num_kv_heads * (head_dim + (head_dim if v_head_dim is None else v_head_dim)) * itemsize
+                       v_head_dim: int | None = None, scale_bytes: int = 0) -> int:
+    """Bytes one token occupies in a K/V cache: one K and one V vector per KV head, every layer,
+    each row with `scale_bytes` of scale (kv_scale_bytes(dtype): 4 for kvscope's int8 / fp8)."""
+    numbers = num_kv_heads * (head_dim + (head_dim if v_head_dim is None else v_head_dim))
+    return num_layers * (numbers * itemsize + 2 * num_kv_heads * scale_bytes)
 
 
-def latent_bytes_per_token(num_layers: int, kv_lora_rank: int, qk_rope_head_dim: int, itemsize: int) -> int:
+def latent_bytes_per_token(num_layers: int, kv_lora_rank: int, qk_rope_head_dim: int, itemsize: int,
+                           scale_bytes: int = 0) -> int:
     """MLA: one latent plus the shared rotary key per layer (no separate K and V)."""
-    return num_layers * (kv_lora_rank + qk_rope_head_dim) * itemsize
+    return num_layers * ((kv_lora_rank + qk_rope_head_dim) * itemsize + scale_bytes)
 
 
 KiB = 1024
@@ -42,6 +48,8 @@ MiB = 1024 ** 2
 GiB = 1024 ** 3
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+SCALED_DTYPES = ("fp8", "int8")          # one float32 scale per cached row (engine/kv_quant.py)
+KV_SCALE_BYTES = 4
 _DTYPE_ALIASES = {
     "float32": "fp32", "float": "fp32", "f32": "fp32",
     "bfloat16": "bf16",
@@ -116,6 +124,12 @@ def dtype_bytes(dtype) -> int:
     if key not in DTYPE_BYTES:
         raise ValueError(f"dtype must be one of {tuple(DTYPE_BYTES)}, got {dtype!r}")
     return DTYPE_BYTES[key]
+
+
+def kv_scale_bytes(dtype) -> int:
+    """Scale bytes per cached row: KV_SCALE_BYTES for fp8 / int8 (kvscope's layout), 0 otherwise."""
+    key = str(dtype).strip().lower().removeprefix("torch.")
+    return KV_SCALE_BYTES if _DTYPE_ALIASES.get(key, key) in SCALED_DTYPES else 0
 
 
 # ---------------------------------------------------------------- the resolved attention shape
@@ -220,11 +234,13 @@ def attention_kind(cfg) -> str:
     return spec.kind
 
 
-def spec_bytes_per_token(spec: KVSpec, itemsize: int) -> int:
+def spec_bytes_per_token(spec: KVSpec, itemsize: int, scale_bytes: int = 0) -> int:
     """Bytes per token for a resolved KVSpec (any attention kind)."""
     if spec.kind == "MLA":
-        return latent_bytes_per_token(spec.num_layers, spec.kv_lora_rank, spec.qk_rope_head_dim, itemsize)
-    return kv_bytes_per_token(spec.num_layers, spec.num_kv_heads, spec.k_head_dim, itemsize, spec.v_head_dim)
+        return latent_bytes_per_token(spec.num_layers, spec.kv_lora_rank, spec.qk_rope_head_dim, itemsize,
+                                      scale_bytes)
+    return kv_bytes_per_token(spec.num_layers, spec.num_kv_heads, spec.k_head_dim, itemsize, spec.v_head_dim,
+                              scale_bytes)
 
 
 def kv_geometry(cfg) -> tuple[int, int, int]:

@@ -13,17 +13,23 @@ from dataclasses import dataclass, field
 
 # re-exported: the calculator's callers use mm.*
 from engine.kv_layout import (  # noqa: F401
-    ATTENTION_KINDS, DTYPE_BYTES, HEADS_FIELDS, HIDDEN_FIELDS, INTER_FIELDS, KV_HEADS_FIELDS, LAYERS_FIELDS,
-    MAX_CONFIG_INT, VOCAB_FIELDS, GiB, KiB, KVSpec, MiB, _need, _opt, _pos_int, _raw, _text_part, attention_kind,
-    cdiv, dtype_bytes, kv_spec, spec_bytes_per_token,
+    ATTENTION_KINDS, DTYPE_BYTES, HEADS_FIELDS, HIDDEN_FIELDS, INTER_FIELDS, KV_HEADS_FIELDS, KV_SCALE_BYTES,
+    LAYERS_FIELDS, MAX_CONFIG_INT, SCALED_DTYPES, VOCAB_FIELDS, GiB, KiB, KVSpec, MiB, _need, _opt, _pos_int, _raw,
+    _text_part, attention_kind, cdiv, dtype_bytes, kv_scale_bytes, kv_spec, spec_bytes_per_token,
 )
 
 
 # ---------------------------------------------------------------- KV bytes
 
 def kv_bytes_per_token(cfg, dtype) -> int:
-    """KV-cache bytes one token occupies, all layers (K and V, or the MLA latent)."""
-    return spec_bytes_per_token(kv_spec(cfg), dtype_bytes(dtype))
+    """KV-cache bytes one token occupies, all layers (K and V, or the MLA latent), with the
+    per-row scales of an 8-bit cache as kvscope stores it (engine/kv_quant.py)."""
+    return spec_bytes_per_token(kv_spec(cfg), dtype_bytes(dtype), kv_scale_bytes(dtype))
+
+
+def kv_scale_bytes_per_token(cfg, dtype) -> int:
+    """The part of kv_bytes_per_token that is per-row float32 scales (0 for float dtypes)."""
+    return kv_bytes_per_token(cfg, dtype) - spec_bytes_per_token(kv_spec(cfg), dtype_bytes(dtype))
 
 
 def _check_tokens(name, v, minimum=0):
@@ -125,13 +131,17 @@ def formula_factors(cfg, dtype) -> str:
     """The factors of the bytes-per-token product with this config's numbers (no result)."""
     spec = kv_spec(cfg)
     b = dtype_bytes(dtype)
+    sb = kv_scale_bytes_per_token(cfg, dtype)
+    scales = f" + {sb:,} scale bytes" if sb else ""
     if spec.kind == "MLA":
-        return f"{spec.num_layers} layers x ({spec.kv_lora_rank} latent + {spec.qk_rope_head_dim} rotary key) x {b} bytes"
+        return (f"{spec.num_layers} layers x ({spec.kv_lora_rank} latent + {spec.qk_rope_head_dim} rotary key) "
+                f"x {b} bytes{scales}")
     heads = "KV head" if spec.num_kv_heads == 1 else "KV heads"
     if spec.k_head_dim == spec.v_head_dim:
-        return f"2 (K and V) x {spec.num_layers} layers x {spec.num_kv_heads} {heads} x {spec.k_head_dim} head dim x {b} bytes"
+        return (f"2 (K and V) x {spec.num_layers} layers x {spec.num_kv_heads} {heads} x {spec.k_head_dim} head dim "
+                f"x {b} bytes{scales}")
     return (f"{spec.num_layers} layers x {spec.num_kv_heads} {heads} x ({spec.k_head_dim} K dim + "
-            f"{spec.v_head_dim} V dim) x {b} bytes")
+            f"{spec.v_head_dim} V dim) x {b} bytes{scales}")
 
 
 def formula_text(cfg, dtype) -> str:

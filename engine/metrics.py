@@ -28,6 +28,7 @@ class MetricsTracker:
         self.generation_tokens = 0
         self.busy_s = 0.0
         self.last_step_s = 0.0
+        self.listeners: list = []    # callables(req) told of every finished/aborted request (the /metrics exporter)
 
     def on_first_token(self, req) -> None:
         self.ttft.append(req.first_token_time - req.arrival_time)
@@ -47,6 +48,11 @@ class MetricsTracker:
             self.e2e.append(req.finish_time - req.arrival_time)
             if req.num_output_tokens > 1:
                 self.tpot.append((req.finish_time - req.first_token_time) / (req.num_output_tokens - 1))
+        for fn in self.listeners:
+            try:
+                fn(req)
+            except Exception:  # an observer never takes the engine down
+                pass
 
     @staticmethod
     def request_metrics(req):

@@ -105,7 +105,7 @@ def _ensure_default_cache() -> str:
 def _load_default_cpu():
     """(model fp32 on CPU, tokenizer) from the safetensors cache; a missing or corrupt cache is
     rebuilt from the GGUF."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
     for attempt in range(2):
         d = _ensure_default_cache()
         try:
@@ -157,31 +157,113 @@ def _load_cached(name: str, device: torch.device, dtype: torch.dtype):
     with _lock:
         if key in _cache:
             return _cache[key]
-        if name == "default":
-            base = _cache.get(("default", "cpu", "torch.float32"))
-            if base is None:
-                base = _load_default_cpu()
-                _cache[("default", "cpu", "torch.float32")] = base
+        if name.startswith("mem:"):
+            raise ValueError(f"model={name!r} is not registered in this process on {device} in {dtype} "
+                             "(engine.models.register_model)")
+        if name == "default" and (device.type, dtype) != ("cpu", torch.float32):
+            model = _from_pretrained(_ensure_default_cache(), dtype, device)
+            tok = load_tokenizer("default")
+        elif name == "default":
+            base = _load_default_cpu()
             model, tok = base
-            if (device.type, dtype) != ("cpu", torch.float32):
-                import copy
-                model = copy.deepcopy(model).to(device=device, dtype=dtype)
         elif name == "tiny":
             model, tok = _build_tiny()
             model = model.to(device=device, dtype=dtype)
         else:
-            from transformers import AutoModelForCausalLM, AutoTokenizer
+            from transformers import AutoTokenizer
             if not (os.path.isdir(name) or ("/" in name and not name.startswith(("/", ".")))):
                 raise ValueError(f"model={name!r}: not 'default', 'tiny', an existing local directory or a hub id")
             try:
                 tok = AutoTokenizer.from_pretrained(name)
-                model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype).to(device)
+                model = _from_pretrained(name, dtype, device)
             except Exception as e:
                 raise ValueError(f"model={name!r} could not be loaded: {type(e).__name__}: {str(e)[:300]}") from None
         model.eval()
         model.requires_grad_(False)
         _cache[key] = (model, tok)
         return model, tok
+
+
+def _from_pretrained(path: str, dtype: torch.dtype, device: torch.device):
+    """Weights loaded in `dtype` straight onto `device` (no float32 copy on the host)."""
+    from transformers import AutoModelForCausalLM
+    if device.type == "cpu":
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map={"": str(device)})
+
+
+def build_random(config, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0,
+                 init: str = "scaled"):
+    """A random-weight model of any transformers causal-LM config, created directly on `device` in
+    `dtype` (no host copy), weights seeded on the CPU generator so every device gets the same values.
+    init="scaled": embeddings N(0, 1), matrices N(0, 1/fan_in), norms 1, biases N(0, 0.1):
+    activations stay O(1) through any depth and logits are well separated, so greedy argmaxes
+    are not near-ties (a near-tie would make an fp32 rounding difference look like a bug);
+    "hf": the model's own initialisation."""
+    from transformers import AutoModelForCausalLM
+    device = torch.device(device)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        if init == "scaled":
+            gen = torch.Generator().manual_seed(seed)
+            with torch.no_grad():
+                for name, p in model.named_parameters():
+                    if p.dim() >= 2:
+                        std = 1.0 if "embed" in name or "wte" in name or "embed_in" in name else p.shape[-1] ** -0.5
+                        vals = torch.randn(p.shape, generator=gen) * std
+                    elif name.endswith("weight"):          # norm scales
+                        vals = torch.ones(p.shape)
+                    else:
+                        vals = torch.randn(p.shape, generator=gen) * 0.1
+                    p.copy_(vals.to(dtype))
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
+class IdTokenizer:
+    """The tokenizer of a random-weight model fed token ids (the family tests, the GPU check): no
+    vocabulary files exist, so a token decodes to "<id>" and text prompts are refused."""
+
+    def __init__(self, vocab_size: int, eos_token_id: int | None = None):
+        self.vocab_size = vocab_size
+        self.eos_token_id = eos_token_id
+        self.pad_token_id = 0
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return "".join(f"<{int(i)}>" for i in ids)
+
+    def encode(self, text, add_special_tokens: bool = False):
+        raise ValueError("this model has no tokenizer: send the prompt as a list of token ids")
+
+    def apply_chat_template(self, *a, **kw):
+        raise ValueError("this model has no tokenizer or chat template: send the prompt as a list of token ids")
+
+
+def register_model(name: str, model, tokenizer=None) -> None:
+    """Makes an in-memory model (e.g. from build_random) loadable as EngineConfig(model=name,
+    device=<its device>, dtype=<its dtype>). Names start with "mem:"."""
+    if not isinstance(name, str) or not name.startswith("mem:"):
+        raise ValueError(f"a registered model's name must start with 'mem:', got {name!r}")
+    p = next(model.parameters())
+    if tokenizer is None:
+        eos = getattr(model.config, "eos_token_id", None)
+        tokenizer = IdTokenizer(model.config.vocab_size, eos if isinstance(eos, int) else None)
+    devices = {str(p.device)} | ({p.device.type} if p.device.index in (None, 0) else set())
+    with _lock:
+        for d in devices:           # "cuda:0" and "cuda" name the same device
+            _cache[(name, d, str(p.dtype))] = (model, tokenizer)
+
+
+def unregister_model(name: str) -> None:
+    with _lock:
+        for key in [k for k in _cache if isinstance(k, tuple) and k[0] == name]:
+            del _cache[key]
 
 
 def load_model(name: str = "default", device: str = "auto", dtype: str = "auto"):

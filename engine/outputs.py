@@ -12,6 +12,7 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    logprobs: list | None = None      # per token (logprob, ((token_id, logprob), ...)) when asked for
 
 
 @dataclass(slots=True)

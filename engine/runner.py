@@ -1,8 +1,9 @@
 """Batch preparation (input ids, positions, slot mapping, block tables) and the forward pass.
 
-Owns the K/V pool tensors (per layer, [num_blocks, block_size, num_kv_heads, head_dim]) and the
-CPU swap space. The HF model runs with attention implementation "kvscope" (engine/attention.py)
-only inside our forward; other callers of the same model object get transformers' SDPA.
+Owns the K/V pool tensors (per layer, [num_blocks, block_size, num_kv_heads, head_dim], in the
+format of `kv_cache_dtype`: engine/kv_quant.py) and the CPU swap space. The HF model runs with
+attention implementation "kvscope" (engine/attention.py) only inside our forward; other callers
+of the same model object get transformers' SDPA.
 """
 from __future__ import annotations
 
@@ -11,11 +12,15 @@ from dataclasses import dataclass
 
 import torch
 
-from . import attention, cpu_kernels, linear
+from . import attention, cpu_kernels, kv_quant, linear, paged_flex
+from . import device as device_policy
 from .attention import AttnMetadata, PrefillItem, build_decode_mask, forward_context
-from .kv_layout import cdiv, kv_bytes_per_token, kv_geometry
+from .kv_layout import cdiv, dtype_bytes, kv_bytes_per_token, kv_geometry, kv_scale_bytes
 
 KERNEL_MAX_QUERY_TOKENS = 32    # up to this many new tokens after earlier context go to the decode kernel
+# model types whose HF model forward is exactly embed -> rotary -> decoder layers -> norm, so the
+# runner may call those pieces itself (skipping HF's mask building); others run model(...) whole
+FAST_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 
 
 @dataclass(slots=True)
@@ -31,7 +36,7 @@ class BatchRow:
 class ModelRunner:
     def __init__(self, model, *, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device,
                  num_swap_blocks: int = 0, num_layers: int | None = None, linear_backend: str = "auto",
-                 attention_backend: str = "auto"):
+                 attention_backend: str = "auto", kv_cache_dtype: str = "auto"):
         attention.register()
         self.model = model
         self.device = device
@@ -40,28 +45,46 @@ class ModelRunner:
         self.num_layers, self.num_kv_heads, self.head_dim = kv_geometry(model.config)
         if num_layers is not None:
             self.num_layers = num_layers
-        shape = (num_blocks, block_size, self.num_kv_heads, self.head_dim)
-        self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+        self.kv_format = kv_quant.resolve(kv_cache_dtype, dtype)
+        kv_quant.check_head_dim(self.kv_format, self.head_dim)
+        geo = (block_size, self.num_kv_heads, self.head_dim)
+        self.kv_caches = [(kv_quant.allocate(self.kv_format, num_blocks, *geo, device),
+                           kv_quant.allocate(self.kv_format, num_blocks, *geo, device))
                           for _ in range(self.num_layers)]
         self.num_swap_blocks = num_swap_blocks
         self.swap_space = None
         if num_swap_blocks:
-            sshape = (num_swap_blocks, block_size, self.num_kv_heads, self.head_dim)
             pin = device.type == "cuda"
-            self.swap_space = [(torch.zeros(sshape, dtype=dtype, pin_memory=pin), torch.zeros(sshape, dtype=dtype, pin_memory=pin))
+            self.swap_space = [(kv_quant.allocate(self.kv_format, num_swap_blocks, *geo, "cpu", pin),
+                                kv_quant.allocate(self.kv_format, num_swap_blocks, *geo, "cpu", pin))
                                for _ in range(self.num_layers)]
         inner = getattr(model, "model", None)
-        self.fast = all(hasattr(inner, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")) and hasattr(model, "lm_head")
+        self.fast = (getattr(model.config, "model_type", None) in FAST_MODEL_TYPES and hasattr(model, "lm_head")
+                     and all(hasattr(inner, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")))
         self.last_forward_s = 0.0
+        # CPU-only speed paths (packed Linears, the C decode kernel) never run on CUDA
         self.linear_pack = linear.pack_model(model) if linear_backend == "auto" and device.type == "cpu" else None
         self.decode_kernel = None
-        if attention_backend == "auto" and device.type == "cpu" and dtype == torch.float32:
+        self.attention_backend = "torch"
+        want = attention_backend
+        if want == "auto":
+            want = device_policy.auto_attention_backend(device.type, dtype == torch.float32, True)
+        if want == "flex":
+            why = paged_flex.unavailable_reason(device, block_size)
+            if why and attention_backend == "flex":
+                raise ValueError(why)
+            self.attention_backend = "torch" if why else "flex"
+        elif want == "cpu_kernel" and device.type == "cpu" and dtype == torch.float32:
             if cpu_kernels.supports(model.config.num_attention_heads, self.num_kv_heads, self.head_dim):
                 self.decode_kernel = cpu_kernels.load()
+                if self.decode_kernel is not None:
+                    self.attention_backend = "cpu_kernel"
 
     @property
     def bytes_per_token(self) -> int:
-        return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype.itemsize)
+        """K+V bytes of one token in this pool, all its layers (kv_layout's formula, scales included)."""
+        return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, dtype_bytes(self.kv_format),
+                                  scale_bytes=kv_scale_bytes(self.kv_format))
 
     # ------------------------------------------------------------------ block copies
     @torch.inference_mode()
@@ -95,20 +118,23 @@ class ModelRunner:
             return
         idx = torch.tensor(slots, device=self.device)
         for k, v in self.kv_caches:
-            k.view(-1, self.num_kv_heads, self.head_dim).index_fill_(0, idx, 0)
-            v.view(-1, self.num_kv_heads, self.head_dim).index_fill_(0, idx, 0)
+            k.view(-1, *k.shape[2:]).index_fill_(0, idx, 0)
+            v.view(-1, *v.shape[2:]).index_fill_(0, idx, 0)
 
     def read_slots(self, layer: int, slots: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The K and V held at these flat slots, widened to float32: [len(slots), kv_heads, head_dim]."""
         idx = torch.tensor(slots, device=self.device)
         k, v = self.kv_caches[layer]
-        return (k.view(-1, self.num_kv_heads, self.head_dim).index_select(0, idx),
-                v.view(-1, self.num_kv_heads, self.head_dim).index_select(0, idx))
+        return (kv_quant.widen(k.view(-1, *k.shape[2:]).index_select(0, idx), self.kv_format, torch.float32),
+                kv_quant.widen(v.view(-1, *v.shape[2:]).index_select(0, idx), self.kv_format, torch.float32))
 
     # ------------------------------------------------------------------ forward
     def build_metadata(self, rows: list[BatchRow]):
         bs = self.block_size
         ids, pos, slots, logit_rows = [], [], [], []
-        dec_idx, dec_tables, dec_lens, prefills = [], [], [], []
+        dec_idx, dec_tables, dec_lens, prefills, flex_rows = [], [], [], [], []
+        flex = self.attention_backend == "flex"
+        max_ctx = 0
         t = 0
         for r in rows:
             n = len(r.tokens)
@@ -119,7 +145,10 @@ class ModelRunner:
             ids.extend(r.tokens)
             pos.extend(range(r.start, r.start + n))
             ctx = r.start + n
-            if r.start > 0 and (n == 1 or (n <= KERNEL_MAX_QUERY_TOKENS and self.decode_kernel is not None)):
+            max_ctx = max(max_ctx, ctx)
+            if flex:
+                flex_rows.append((t, n, r.start, table[:cdiv(ctx, bs)]))
+            elif r.start > 0 and (n == 1 or (n <= KERNEL_MAX_QUERY_TOKENS and self.decode_kernel is not None)):
                 # decode rows: one token after earlier context, or (with the kernel) a few of them
                 # (speculative verification, a short chunk), each a row over the context up to
                 # itself, which is the causal mask; their K/V are in the pool before attention reads it
@@ -133,7 +162,10 @@ class ModelRunner:
                 logit_rows.extend(range(t + r.logits_from, t + n))
             t += n
         dev = self.device
-        meta = AttnMetadata(self.kv_caches, torch.tensor(slots, device=dev), bs, prefills=prefills)
+        meta = AttnMetadata(self.kv_caches, torch.tensor(slots, device=dev), bs, prefills=prefills, max_ctx=max_ctx,
+                            kv_format=self.kv_format)
+        if flex_rows:
+            meta.flex = paged_flex.build(flex_rows, self.kv_caches[0][0].shape[0], bs, dev)
         if dec_idx:
             mb = max(len(x) for x in dec_tables)
             padded = [x + [x[-1]] * (mb - len(x)) for x in dec_tables]

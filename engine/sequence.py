@@ -71,6 +71,8 @@ class Request:
     spec_token_ids: list[int] = field(default_factory=list)   # drafts to verify next step
     pending_marks: list = field(default_factory=list)   # marks for tokens appended this step
     detok_offset: int = 0                 # output tokens already turned into output_text
+    origin: str = "engine"                # who submitted it: "engine" (Python API), "app", "http"
+    logprobs: list = field(default_factory=list)   # per output token (logprob, ((id, logprob), ...)) if asked
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -115,6 +115,7 @@ class RequestInfo:
     spec_num_drafts: int = 0
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
+    origin: str = "engine"        # who submitted it: "engine" (Python API), "app" (a page), "http" (the API server)
 
     @property
     def is_terminal(self) -> bool:
@@ -212,6 +213,7 @@ class EngineInfo:
     kv_capacity_blocks: int = 0       # blocks allocated in the pool tensors (the budget can go up to this)
     linear_backend: str = "torch"     # "cpu_kernel" / "onednn": packed weights, q/k/v and gate/up merged (engine/linear.py)
     attention_backend: str = "torch"  # "cpu_kernel": decode attention read in place from the blocks (engine/csrc)
+    kv_cache_dtype: str = "fp32"      # what the pool stores: fp32 / bf16 / fp16 / fp8_e4m3 / int8 (engine/kv_quant.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,7 @@ class RequestHandle:
         self._sent = ""
         self.output: RequestOutput | None = None
         self.error: str | None = None
+        self.listener = None      # callable() run (on the engine thread) after every update: async bridges
 
     # called by the loop
     def _push(self, out: RequestOutput) -> None:
@@ -53,15 +54,38 @@ class RequestHandle:
             if out.error:
                 self.error = out.error
             self._finish()
+        self._tell()
 
     def _fail(self, error: str) -> None:
         self.error = error
         self._finish()
+        self._tell()
 
     def _finish(self) -> None:
         if not self._done.is_set():
             self._done.set()
             self._q.put(_DONE)
+
+    def _tell(self) -> None:
+        if self.listener is not None:
+            try:
+                self.listener()
+            except Exception:  # a closed event loop (client gone) must not hurt the engine loop
+                pass
+
+    def deltas(self) -> tuple[list[str], bool]:
+        """Non-blocking: the text deltas queued so far and whether the request is done (then
+        .error says if it failed)."""
+        out, done = [], False
+        while True:
+            try:
+                item = self._q.get_nowait()
+            except queue.Empty:
+                return out, done
+            if item is _DONE:
+                done = True
+            else:
+                out.append(item)
 
     @property
     def finished(self) -> bool:
@@ -184,18 +208,19 @@ class EngineThread:
             raise EngineCrashed(self.error or "engine is not running")
 
     def submit(self, prompt, params: SamplingParams | None = None, request_id: str | None = None,
-               chat: bool = False) -> RequestHandle:
+               chat: bool = False, origin: str = "app", listener=None) -> RequestHandle:
         """Queues a request; raises ValueError (field + limit) for bad input, EngineCrashed if
-        the loop is down."""
+        the loop is down. `origin` tags it in snapshots ("app", "http"); `listener()` is called on
+        the engine thread after each update of the handle."""
         deadline = time.monotonic() + RECONFIGURE_WAIT_S
         while True:     # during a reconfiguration, wait for the new engine instead of failing
             if not self._ready.wait(max(0.0, deadline - time.monotonic())):
                 raise EngineCrashed("the engine is being reconfigured; try again")
             with self.lock:
                 if self._ready.is_set():
-                    return self._submit_locked(prompt, params, request_id, chat)
+                    return self._submit_locked(prompt, params, request_id, chat, origin, listener)
 
-    def _submit_locked(self, prompt, params, request_id, chat) -> RequestHandle:
+    def _submit_locked(self, prompt, params, request_id, chat, origin="app", listener=None) -> RequestHandle:
         with self.lock:
             self._check_alive()     # under the lock: a loop that crashed meanwhile has set error
             if chat:
@@ -215,7 +240,9 @@ class EngineThread:
             self.engine.add_request(request_id, prompt_in, params)
             if chat:
                 self.engine.requests[request_id].prompt_text = prompt
+            self.engine.requests[request_id].origin = origin
             h = RequestHandle(self, request_id)
+            h.listener = listener
             self.handles[request_id] = h
             self._wake.notify_all()
             return h
@@ -308,6 +335,7 @@ class EngineThread:
             for h in list(self.handles.values()):
                 h._fail("aborted: the engine was reconfigured")
             self.handles.clear()
+            new_engine.metrics.listeners = self.engine.metrics.listeners   # e.g. the /metrics exporter
             self.engine = new_engine
             self.recent.clear()
             self._recent_items = 0

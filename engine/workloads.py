@@ -306,7 +306,7 @@ def release_freeze(n: int = 24, seed: int = 0, *, turns: int = 4, window_s: floa
         budget = max(1, first_words - len(intro.split()) - len(question.split()))
         prompt = head + _diff(rng, budget) + "\n" + question
         prompt_words = len(prompt.split())
-        parent = None
+        parent, prev_tokens = None, 0
         for t in range(conv_turns):
             max_tokens = _lognormal_int(rng, output_median, output_sigma, output_min, output_max)
             if t > 0:
@@ -659,3 +659,93 @@ def speculative_sets(tok):
     edit = [ids(f"Rewrite the passage below, replacing every '{a}' with '{b}'. Change nothing else and output only "
                 f"the rewritten passage.\n\n{p}") for a, b, p in _PASSAGES]
     return {"passage_edit": edit, "open_ended": [ids(t) for t in _OPEN]}
+
+
+# ---------------------------------------------------------------------------- KV-cache quantization set
+
+NEEDLE_DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
+_HAYSTACK = _LONG_SYSTEM_SENTENCES + _REPLY_SENTENCES
+_NEEDLE = "Note for the on-call engineer: the access code for the staging cluster is {code}."
+_NEEDLE_QUESTION = "What is the access code for the staging cluster? Answer with the number only."
+_LONG_ASK = "Summarize the open review issues above in three short bullet points."
+
+
+_NEEDLE_PRIMER = "The access code for the staging cluster is"
+
+
+@dataclass(slots=True)
+class NeedlePrompt:
+    prompt_token_ids: list[int]           # chat prompt + the assistant's primed answer start (_NEEDLE_PRIMER)
+    answer_token_ids: list[int]           # the code's tokens as they continue the primer
+    answer: str                           # the planted code, e.g. "4817"
+    depth: float                          # where the fact sits, as a fraction of the context lines
+    context_tokens: int                   # prompt length in tokens (primer included)
+
+
+def _chat_ids(tokenizer, text: str) -> list[int]:
+    return _ids(tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                              tokenize=True))
+
+
+def _lines_to_fit(tokenizer, lines: list[str], target: int, build) -> list[int]:
+    """The longest prefix of ``lines`` whose ``build(prefix)`` prompt is <= target tokens."""
+    lo, hi = 1, len(lines)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if len(build(lines[:mid])) <= target:
+            lo = mid
+        else:
+            hi = mid - 1
+    return build(lines[:lo])
+
+
+def long_context_prompts(tokenizer, n: int = 4, seed: int = 0, min_tokens: int = 1024,
+                         max_tokens: int = 2048) -> list[list[int]]:
+    """``n`` chat prompts of ``min_tokens``-``max_tokens`` tokens (targets evenly spread): a long
+    code-review thread (review comments and diff lines) followed by a request to summarize it."""
+    _check_int("n", n, 1, MAX_REQUESTS)
+    _check_int("min_tokens", min_tokens, 64, 1_000_000)
+    _check_int("max_tokens", max_tokens, min_tokens, 1_000_000)
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        target = min_tokens + (max_tokens - min_tokens) * i // max(1, n - 1)
+        lines = [_fill(rng, rng.choice(_REPLY_SENTENCES + _DIFF_TEMPLATES)) for _ in range(target // 4)]
+        out.append(_lines_to_fit(tokenizer, lines, target,
+                                 lambda ls: _chat_ids(tokenizer, "Review thread:\n" + "\n".join(ls)
+                                                      + "\n\n" + _LONG_ASK)))
+    return out
+
+
+def needle_prompts(tokenizer, depths=NEEDLE_DEPTHS, n_codes: int = 2, context_tokens: int = 1536,
+                   seed: int = 0) -> list[NeedlePrompt]:
+    """Needle-in-a-haystack prompts: up to ``context_tokens`` of assistant-policy and review
+    sentences with one fact (a 4-digit access code) planted at each depth, a question asking for
+    it, and the start of the assistant's answer ("The access code ... is"), so the next tokens
+    are the code itself: ``answer_token_ids``. ``n_codes`` different codes (and haystacks) per depth."""
+    _check_int("n_codes", n_codes, 1, 100)
+    _check_int("context_tokens", context_tokens, 64, 1_000_000)
+    primer = _ids(tokenizer(_NEEDLE_PRIMER, add_special_tokens=False))
+    out = []
+    for c in range(n_codes):
+        rng = random.Random(seed * 1000 + c)
+        code = str(rng.randint(1000, 9999))
+        hay = [_fill(rng, rng.choice(_HAYSTACK)) for _ in range(context_tokens // 6)]
+        for depth in depths:
+            if not 0 <= depth <= 1:
+                raise ValueError(f"needle depth must be in [0, 1], got {depth!r}")
+
+            def build(ls, depth=depth, code=code):
+                k = round(depth * len(ls))
+                text = "\n".join(ls[:k] + [_NEEDLE.format(code=code)] + ls[k:])
+                return _chat_ids(tokenizer, text + "\n\n" + _NEEDLE_QUESTION)
+            ids = _lines_to_fit(tokenizer, hay, context_tokens - len(primer) - 4, build) + primer
+            out.append(NeedlePrompt(ids, _answer_ids(tokenizer, code, primer), code, depth, len(ids)))
+    return out
+
+
+def _answer_ids(tokenizer, code: str, primer: list[int]) -> list[int]:
+    full = _ids(tokenizer(_NEEDLE_PRIMER + " " + code, add_special_tokens=False))
+    if full[:len(primer)] != primer or len(full) == len(primer):
+        raise ValueError("this tokenizer merges the needle's answer into its primer; cannot score the answer")
+    return full[len(primer):]

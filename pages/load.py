@@ -13,6 +13,7 @@ from ui import engine_access as ea
 from ui import events_table as et
 from ui import load as L
 from ui import shell
+from ui.batching_view import batching_view
 
 shell.enter_app()
 
@@ -149,6 +150,8 @@ with st.container(border=True):
 
 if not run:
     st.info("No load launched in this session yet. Pick a scenario and press **Launch load**.")
+    if L.origin_html(th.snapshot()):
+        st.html(L.origin_html(th.snapshot()))     # requests sent to the OpenAI API (same engine)
     st.stop()
 
 fstat = run["feeder"].snapshot_status()
@@ -178,6 +181,8 @@ def live() -> None:
                f"{s.get('prompt_words_min', 0)}–{s.get('prompt_words_max', 0)} words, "
                f"{s.get('max_tokens_total', 0)} output tokens asked in total. Counts and charts are "
                "engine-wide (other sessions' requests included).")
+    if L.origin_html(snap):
+        st.html(L.origin_html(snap))              # requests sent to the OpenAI API, tagged with their origin
     if rec.restarts:
         st.warning("The shared engine was rebuilt during this run (settings changed or a restart), which "
                    "aborted its in-flight requests; the charts restart from the rebuilt engine's first step.")
@@ -202,6 +207,7 @@ def live() -> None:
     with b:
         ea.chart(f_kv, key="load_kv")
         ea.chart(f_pct, key="load_pct")
+    batching_view(rec.events, key="load_batching")
     pct = L.latency_percentiles(snap)
     st.html(L.percentile_table_html(pct, L.percentile_counts(snap)))
     st.subheader("Event log")

@@ -22,6 +22,7 @@ shell.enter_app()
 PLOT_CONFIG = {"displayModeBar": False}
 DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
 SRC_PRESET, SRC_LOADED, SRC_JSON = "Preset", "The loaded model", "Paste config.json"
+KVQUANT_JSON = Path(_ROOT) / "assets" / "measurements" / "kvquant.json"   # written by `bench kvquant`
 AS_CONFIGURED = "as configured"
 
 st.title("Memory calculator")
@@ -77,7 +78,14 @@ with c1:
                 max((d for d in divisors if d <= 8), default=divisors[0])
             gqa_heads = st.selectbox("KV heads (GQA groups)", divisors, index=divisors.index(default),
                                      key="mc_gqa_heads")
-    dtype = st.selectbox("KV cache dtype", DTYPES, index=DTYPES.index("bf16"), key="mc_dtype")
+    dtype = st.selectbox("KV cache dtype", DTYPES, index=DTYPES.index("bf16"), key="mc_dtype",
+                         help="fp8 and int8 count one float32 scale per (token, KV head) row, as kvscope stores them.")
+    try:
+        measured = mc.kvquant_caption(json.loads(KVQUANT_JSON.read_text()), dtype)
+    except (OSError, ValueError):
+        measured = None
+    if measured:
+        st.caption(measured)
 with c2:
     context_len = int(st.number_input("Context length (tokens per sequence)", min_value=1,
                                       max_value=10_485_760, value=4096, step=1024, key="mc_context"))

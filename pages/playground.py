@@ -9,6 +9,7 @@ from engine.config import SamplingParams
 from engine.thread import EngineCrashed
 from ui import engine_access as ea
 from ui import growth, pool, preview, shell, theme, tokens
+from ui import load as L
 
 shell.enter_app()
 
@@ -42,6 +43,8 @@ def render_views(rid: str | None, tag: str) -> None:
     colors = theme.request_colors_for(snap)
     ea.chart(pool.pool_map_figure(snap, colors, highlight=rid), key=f"pool_{tag}")
     st.html(theme.block_legend_html())
+    if L.origin_html(snap):
+        st.html(L.origin_html(snap))              # HTTP API requests on the same engine (their blocks are above)
     if rid is None:
         st.info("Submit a prompt to see its block table, cache growth and tokens.")
         return

@@ -2,15 +2,18 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from pathlib import Path
 
 import streamlit as st
 
+from ui import demo as D
 from ui import engine_access as ea
 from ui import events_table as et
 from ui import load as L
 from ui import pool, shell, theme
 from ui import replay as R
+from ui.batching_view import batching_view
 
 shell.enter_app()
 
@@ -69,7 +72,15 @@ n = len(trace.snapshots)
 if n > 1:
     if not isinstance(SS.get("rp_tick"), int) or not 0 <= SS["rp_tick"] < n:
         SS["rp_tick"] = R.interesting_tick(trace)
-    tick = st.slider("Tick (one recorded snapshot each)", 0, n - 1, key="rp_tick")
+    if isinstance(SS.get("rp_next_tick"), int):      # auto-play's step, applied before the slider exists
+        SS["rp_tick"] = min(n - 1, SS.pop("rp_next_tick"))
+    pc = st.columns([1, 3])
+    playing = bool(SS.get("rp_play"))
+    pc[0].button("Pause" if playing else "▶ Play", key="rp_play_btn", width="stretch",
+                 on_click=lambda: SS.__setitem__("rp_play", not SS.get("rp_play")))
+    speed = pc[1].select_slider("Speed (recorded snapshots per second)", D.SPEEDS, value=1.0, key="rp_speed")
+    tick = st.slider("Tick (one recorded snapshot each)", 0, n - 1, key="rp_tick",
+                     on_change=lambda: SS.__setitem__("rp_play", False))
 else:
     tick = 0
 view = R.view_at(trace, tick)
@@ -92,6 +103,7 @@ with a:
 with b:
     ea.chart(L.kv_usage_figure(view.series, t0), key="rp_kv")
     ea.chart(L.percentiles_figure(view.series, t0), key="rp_pct")
+batching_view(view.events, key="rp_batching")
 
 st.subheader("Block pool")
 key_snap = next((s for s in reversed(view.series) if s.blocks), None)
@@ -119,3 +131,12 @@ kinds = st.multiselect("Kinds", sorted(set(et.MEMORY_KINDS) | {e.kind for e in t
                        default=[k for k in et.DEFAULT_KINDS], key="rp_kinds")
 st.caption(f"{len(now_evs)} event(s) since the previous tick; newest first, up to this tick:")
 st.html(et.events_html(et.filter_events(view.events, kinds)))
+
+if n > 1 and SS.get("rp_play") and not ea.test_mode():
+    # auto-play: wait one interval, then rerun at the next tick (stops by itself at the end)
+    time.sleep(D.PLAY_INTERVAL_S)
+    nxt, end = D.advance(tick, n, float(speed))
+    SS["rp_next_tick"] = nxt
+    if end:
+        SS["rp_play"] = False
+    st.rerun()

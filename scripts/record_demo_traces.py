@@ -6,7 +6,9 @@ Each trace is a run stepped synchronously (so the steps and events are reproduci
 times in it are the wall times of this machine): requests are added when the run's virtual
 clock (STEP_S per step) passes their arrival time. Snapshots are slimmed like the live pages'
 (no per-request token lists or histories) but keep the block pool every KEYFRAME_EVERY steps, so the
-replay can draw the pool map near any tick. Events: every kind except per-token decode/prefill chunks.
+replay can draw the pool map near any tick. Events: every kind except per-token decode/prefill chunks
+(the per-step SCHEDULE events keep who was in each forward pass). The Demo page tells its chapters
+from release-freeze.jsonl and speculation.jsonl.
 """
 from __future__ import annotations
 
@@ -19,21 +21,16 @@ sys.path.insert(0, str(ROOT))
 
 from engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
 from engine.events import trace_to_string  # noqa: E402
+from engine.recording import RECORDED_EXCLUDE, append_snapshot, slim_snapshot  # noqa: E402
 from engine.workloads import make_workload  # noqa: E402
-from ui.load import RECORDED_EXCLUDE, append_snapshot, slim_snapshot  # noqa: E402
+from ui.demo import RECORDINGS, speculation_requests  # noqa: E402
 
 STEP_S = 0.05
 MAX_SNAPSHOTS = 120
 KEYFRAME_EVERY = 3     # steps between snapshots that keep the whole block pool
 
 DEMOS = {
-    # many growing conversations against a budget far below their demand: preemptions
-    "release-freeze.jsonl": dict(
-        scenario="release-freeze", n=12,
-        params=dict(turns=2, window_s=2.0, prompt_median=50, prompt_max=120, context_max=200,
-                    output_median=40, output_min=16, output_max=64),
-        config=dict(block_size=16, num_kv_blocks=48, max_num_seqs=16, max_model_len=1024,
-                    enable_prefix_caching=True, preemption_mode="recompute", victim_policy="lru")),
+    RECORDINGS["release-freeze"]["file"]: RECORDINGS["release-freeze"],
     # one system prompt, many questions: shared blocks with ref counts, prefix hits
     "shared-system-prompt.jsonl": dict(
         scenario="shared-system-prompt", n=8,
@@ -41,10 +38,29 @@ DEMOS = {
                     arrival_rate=20.0),
         config=dict(block_size=16, num_kv_blocks=64, max_num_seqs=8, max_model_len=1024,
                     enable_prefix_caching=True)),
+    RECORDINGS["speculation"]["file"]: RECORDINGS["speculation"],
 }
 
 
+def record_sequential(model: str, spec: dict) -> str:
+    from engine.config import SpeculativeConfig
+    conf = dict(spec["config"])
+    conf["speculative"] = SpeculativeConfig(**conf["speculative"])
+    eng = LLMEngine(EngineConfig(model=model, device="cpu", dtype="float32", seed=0, num_threads=1, **conf))
+    series = [slim_snapshot(eng.snapshot(), keep_blocks=True)]
+    for r in speculation_requests(eng.tokenizer, spec):
+        eng.add_request(r.request_id, r.prompt, SamplingParams(**r.sampling_kwargs()))
+        while eng.has_unfinished_requests():
+            eng.step()
+            keep = eng.step_num % KEYFRAME_EVERY == 0 or not eng.has_unfinished_requests()
+            series = append_snapshot(series, slim_snapshot(eng.snapshot(), keep_blocks=keep), MAX_SNAPSHOTS)
+    events = [e for e in eng.events if e.kind not in RECORDED_EXCLUDE]
+    return trace_to_string(series, events)
+
+
 def record(model: str, spec: dict) -> str:
+    if spec.get("sequential"):
+        return record_sequential(model, spec)
     cfg = EngineConfig(model=model, device="cpu", dtype="float32", seed=0, num_threads=1, **spec["config"])
     eng = LLMEngine(cfg)
     reqs = make_workload(spec["scenario"], spec["n"], 0, **spec["params"])
@@ -74,10 +90,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="default")
     ap.add_argument("--out", default=str(ROOT / "assets" / "traces"))
+    ap.add_argument("--only", nargs="*", help="trace file names to record (default: all)")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     for name, spec in DEMOS.items():
+        if a.only and name not in a.only:
+            continue
         text = record(a.model, spec)
         (out / name).write_text(text)
         print(f"{name}: {len(text.splitlines())} lines, {len(text) / 1024:.0f} KiB")

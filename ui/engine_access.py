@@ -17,6 +17,7 @@ import threading
 import streamlit as st
 
 from engine.config import SPEC_METHODS, EngineConfig, SpeculativeConfig
+from engine.device import detect_devices
 
 from . import sidebar_limits
 
@@ -28,6 +29,7 @@ def test_mode() -> bool:
 LIVE_INTERVAL_S = 0.25   # fragment refresh (4 Hz)
 
 BLOCK_SIZES = (4, 8, 16, 32)
+KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16", "fp8_e4m3", "int8")   # EngineConfig.kv_cache_dtype
 SPEC_CHOICES = ("off",) + SPEC_METHODS
 
 
@@ -214,6 +216,10 @@ def settings_sidebar() -> None:
         if info:
             st.caption(f"{info.bytes_per_token:,} bytes per token → "
                        f"{blocks * bs * info.bytes_per_token / 2**20:,.1f} MiB at block size {bs}")
+        kv_dtype = st.selectbox("KV cache dtype", KV_CACHE_DTYPES, index=KV_CACHE_DTYPES.index(cfg.kv_cache_dtype),
+                                help="What the pool stores per number: auto = the model's dtype; fp8_e4m3 and "
+                                     "int8 add a float32 scale per (token, KV head). Quantized caches are not "
+                                     "token-exact: the Memory calculator shows their measured agreement.")
         seqs = st.number_input("Max concurrent sequences", min_value=1, max_value=4096, value=int(cfg.max_num_seqs))
         prefix = st.toggle("Prefix caching", value=bool(cfg.enable_prefix_caching))
         pre = st.radio("Preemption mode", ("recompute", "swap"), horizontal=True,
@@ -222,6 +228,11 @@ def settings_sidebar() -> None:
         cur_method = cfg.speculative.method if cfg.speculative else "off"
         method = st.selectbox("Speculative decoding", SPEC_CHOICES, index=SPEC_CHOICES.index(cur_method))
         k = st.slider("Draft length k", 1, 16, value=cfg.speculative.num_speculative_tokens if cfg.speculative else 4)
+        devices = detect_devices()
+        device = cfg.device
+        if len(devices) > 1:   # a GPU is present: offer it and the CPU ("auto" is the first one)
+            cur = cfg.device if cfg.device in devices else devices[0]
+            device = st.selectbox("Device", devices, index=devices.index(cur))
         confirm = st.checkbox("Rebuild the shared engine (in-flight requests are affected)", value=False)
         apply = st.form_submit_button("Apply", type="primary")
     if apply:
@@ -229,7 +240,8 @@ def settings_sidebar() -> None:
             sb.warning("Tick the confirmation box to rebuild the shared engine.")
             return
         try:
-            new = cfg.replace(block_size=int(bs), num_kv_blocks=int(blocks), kv_cache_bytes=None,
+            new = cfg.replace(device=device, block_size=int(bs), num_kv_blocks=int(blocks), kv_cache_bytes=None,
+                              kv_cache_dtype=kv_dtype,
                               max_num_seqs=int(seqs), enable_prefix_caching=bool(prefix), preemption_mode=pre,
                               speculative=spec_config(method, int(k), num_layers=info.num_layers if info else None),
                               **limits)

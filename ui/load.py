@@ -242,3 +242,28 @@ def run_request_ids_pending(snap: Snapshot | None, request_ids: Iterable[str]) -
         return 0
     live = set(snap.waiting_ids) | set(snap.running_ids) | set(snap.swapped_ids)
     return sum(1 for r in request_ids if r in live)
+
+
+# ------------------------------------------------------------------ requests from other doors
+
+def origin_rows(snap: Snapshot | None, origin: str = "http") -> list:
+    """The snapshot's requests submitted through `origin` ("http": the OpenAI API), live first."""
+    if snap is None:
+        return []
+    return [r for r in snap.requests if getattr(r, "origin", "app") == origin]
+
+
+def origin_html(snap: Snapshot | None, origin: str = "http", max_rows: int = 12) -> str:
+    """One line per request that came in through the HTTP API (escaped), or "" when there are none."""
+    import html
+    rows = origin_rows(snap, origin)
+    if not rows:
+        return ""
+    live = sum(1 for r in rows if not r.is_terminal)
+    items = "".join(
+        f"<li><code>{html.escape(r.request_id)}</code> · {html.escape(r.state)}"
+        f"{' (' + html.escape(r.finish_reason) + ')' if r.finish_reason else ''} · prompt {r.prompt_len}, "
+        f"output {r.output_len} tokens · {len(r.block_table)} blocks</li>" for r in rows[:max_rows])
+    more = f"<li>… and {len(rows) - max_rows} more</li>" if len(rows) > max_rows else ""
+    return (f"<div class='kv-origin'><b>From the HTTP API ({html.escape(origin)})</b>: {live} live, "
+            f"{len(rows) - live} recently ended<ul>{items}{more}</ul></div>")

@@ -80,7 +80,7 @@ def compute(cfg, dtype: str, context_len: int, concurrency: int, memory_bytes: i
     else:
         lines += [f"total needed     = {_num(total)} B  ({format_bytes(total)}; weights left out)"]
     if free > 0:
-        lines += [f"max concurrent   = floor((memory - weights) / per sequence)",
+        lines += ["max concurrent   = floor((memory - weights) / per sequence)",
                   f"{pad}= floor(({_num(memory_bytes)} B - {_num(weights_bytes)} B) / {_num(per_seq)} B)",
                   f"{pad}= {_num(maxc)}"]
     else:
@@ -217,3 +217,33 @@ def config_from_engine_info(info) -> dict:
         out["num_attention_heads"] = heads
     mm.kv_spec(out)
     return out
+
+
+# ---------------------------------------------------------------- measured cost of a quantized KV cache
+
+KVQUANT_NAMES = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8_e4m3", "int8": "int8"}
+
+
+def kvquant_caption(data: dict | None, dtype: str) -> str | None:
+    """One markdown line with `bench kvquant`'s measured figures for this KV dtype (the JSON of
+    assets/measurements/kvquant.json), or None when there is no measurement for it."""
+    if not isinstance(data, dict):
+        return None
+    row = (data.get("dtypes") or {}).get(KVQUANT_NAMES.get(dtype, dtype))
+    if not isinstance(row, dict):
+        return None
+    try:
+        date = str(data.get("date", "?"))
+        if KVQUANT_NAMES.get(dtype) == "fp32":
+            return (f"Measured {date} on kvscope's engine ({data.get('model', '?')} model): fp32 is the reference "
+                    f"for the other formats; {row['tokens_per_mib']:,.0f} tokens per MiB, "
+                    f"{row['decode_tok_s']:.1f} tok/s decode, needle recall {row['needle_recall']:.0%}.")
+        return (f"Measured {date} on kvscope's engine ({data.get('model', '?')} model) vs an fp32 cache: "
+                f"{row['token_agreement']:.0%} of greedy tokens identical, "
+                f"{row['sequences_identical']:.0%} of outputs identical, mean KL {row['mean_kl']:.2g} nats, "
+                f"needle recall {row['needle_recall']:.0%} (fp32: "
+                f"{data['dtypes']['fp32']['needle_recall']:.0%}), {row['tokens_per_mib']:,.0f} tokens per MiB "
+                f"({row['tokens_vs_fp32']:.2f}x fp32), {row['decode_tok_s']:.1f} tok/s decode. "
+                f"Command: `{data.get('command', 'python -m engine bench kvquant')}`.")
+    except (KeyError, TypeError, ValueError):
+        return None

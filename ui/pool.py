@@ -99,6 +99,7 @@ def pool_map_figure(snapshot, colors: theme.RequestColors | None = None, *, max_
     text = [[""] * cols for _ in range(rows)]
     hover = [[""] * cols for _ in range(rows)]
     bs = snapshot.info.block_size
+    bpt, kv_dtype = snapshot.info.bytes_per_token, html.escape(snapshot.info.kv_cache_dtype)   # the pool's real bytes
     shared_x, shared_y, shared_t = [], [], []
     hl_x, hl_y = [], []
     for i, c in enumerate(cells):
@@ -112,7 +113,7 @@ def pool_map_figure(snapshot, colors: theme.RequestColors | None = None, *, max_
         if group == 1:
             head = f"block {c.first_block}"
             body = (f"state: {theme.BLOCK_STATES[c.state].label}<br>ref count: {c.ref_count}"
-                    f"<br>fill: {c.fill}/{bs} slots")
+                    f"<br>fill: {c.fill}/{bs} slots · {c.fill * bpt:,} of {bs * bpt:,} bytes ({kv_dtype})")
         else:
             head = f"blocks {c.first_block}–{c.first_block + c.blocks - 1}"
             body = f"used {c.n_used}, cached-free {c.n_cached}, free {c.n_free}<br>max ref count: {c.ref_count}"

@@ -21,6 +21,7 @@ class Suite:
     func_name: str          # attribute of engine.bench.suites (imported lazily: it pulls in torch)
     phases: int             # progress-bar steps (normal mode; --quick uses the same bar)
     about: str
+    module: str = "suites"  # engine.bench.<module> holds func_name
 
 
 SUITES: dict[str, Suite] = {s.name: s for s in (
@@ -35,6 +36,10 @@ SUITES: dict[str, Suite] = {s.name: s for s in (
     Suite("speculative", "suite_speculative", 6, "plain vs each drafter on passage-editing and open-ended prompts"),
     Suite("cache", "suite_cache", 2, "cost per generated token with and without the KV cache as context grows"),
     Suite("threads", "suite_threads", 2, "matmul time at 1 vs all threads, idle and with one core busy"),
+    Suite("kvquant", "suite_kvquant", 5, "each kv_cache_dtype vs the fp32 pool: greedy agreement, KL, needle recall, "
+          "tokens per MiB, decode tok/s (engine/bench/kvquant.py)"),
+    Suite("serve", "suite_serve", 4, "W16 through the HTTP API (16 concurrent streams) vs in-process LLM.generate; "
+          "client-side TTFT / ITL", module="serve"),
 )}
 DEFAULT_ALL = ("throughput", "roofline", "memory", "prefix", "speculative", "cache")
 
@@ -165,8 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         suite = SUITES[name]
         t0 = time.perf_counter()
-        from . import suites as S
-        func = getattr(S, suite.func_name)
+        import importlib
+        func = getattr(importlib.import_module(f".{suite.module}", __package__), suite.func_name)
         try:
             with contextlib.redirect_stdout(sys.stderr):  # stray prints must not break the table/JSON
                 result = func(ctx)

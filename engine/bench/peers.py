@@ -28,7 +28,7 @@ def hf_sequential(model, tok, prompts: list[list[int]], max_new_tokens: int, on_
     t = time.perf_counter()
     with torch.inference_mode():
         for i, p in enumerate(prompts):
-            ids = torch.tensor([p], dtype=torch.long)
+            ids = torch.tensor([p], dtype=torch.long, device=next(model.parameters()).device)
             g = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=gc_)
             outs.append(g[0, len(p):].tolist())
             if on_each:
@@ -51,6 +51,8 @@ def hf_static(model, tok, prompts: list[list[int]], max_new_tokens: int):
     import torch
     gc_ = _gen_config(tok, max_new_tokens)
     ids, mask = left_pad(prompts, gc_.pad_token_id)
+    dev = next(model.parameters()).device
+    ids, mask = ids.to(dev), mask.to(dev)
     t = time.perf_counter()
     with torch.inference_mode():
         g = model.generate(ids, attention_mask=mask, generation_config=gc_)

@@ -219,7 +219,6 @@ def measure_model_matmuls(shape: ModelShape, rows=(1, 16, 64, 256), dtype=None, 
             }
             if on_progress:
                 on_progress(M)
-    del layers, head
     return out
 
 
@@ -249,7 +248,6 @@ def measure_read_bandwidth(mbytes: int = 512, dtype=None) -> float:
     nbytes = x.numel() * x.element_size()
     with torch.inference_mode():
         t = _best_time(lambda: x.sum(), min_reps=4, min_time=0.5, max_reps=20)
-    del x
     return nbytes / t / 1e9
 
 

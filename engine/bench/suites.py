@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from .cache import suite_cache
 from .common import SuiteResult, _spread  # noqa: F401  (tests and callers use S.*)
+from .kvquant import suite_kvquant
 from .memory import suite_memory
 from .prefix import suite_prefix
 from .roofline import suite_roofline
@@ -20,4 +21,5 @@ SUITE_FUNCS = {
     "speculative": suite_speculative,
     "cache": suite_cache,
     "threads": suite_threads,
+    "kvquant": suite_kvquant,
 }

@@ -5,7 +5,11 @@
  * tables[s][0..]. Nothing is gathered: every key and value is read once from its block, in place.
  * Softmax is exact up to fp32 rounding (max-subtracted, one exp per score, divided by the sum).
  *
- * Layouts (fp32, contiguous): q, out [T, H, D]; k_pool, v_pool [num_blocks, block_size, Hkv, D];
+ * Layouts (contiguous): q, out [T, H, D] fp32; k_pool, v_pool [num_blocks, block_size, Hkv, row]
+ * where a row is one (token, KV head) in the pool's format (engine/kv_quant.py): fp32 / bf16 /
+ * fp16 numbers (row = D of them), or int8 / fp8 e4m3 codes followed by their float32 scale
+ * (row = D + 4 bytes). Non-fp32 rows are widened to fp32 once per token as they are read (one
+ * token's Hkv rows into a small buffer), then the arithmetic is the fp32 kernel's, unchanged.
  * tables [n_seqs, max_blocks] int32. Grouped-query heads share a KV head (H % Hkv == 0).
  * Work is split over sequences on n_threads OpenMP threads. Built by
  * engine/cpu_kernels.py with the host compiler; portable C with GCC vector extensions (8 x fp32),
@@ -31,6 +35,69 @@ static inline float hsum(v8 a) { return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2]
 static inline v8 sel(v8i m, v8 a, v8 b) { return (v8)(((v8i)a & m) | ((v8i)b & ~m)); }
 static inline v8 splat(float x) { return (v8){x, x, x, x, x, x, x, x}; }
 
+enum { KV_FP32 = 0, KV_INT8 = 1, KV_FP8_E4M3 = 2, KV_BF16 = 3, KV_FP16 = 4 };
+
+static float fp8_e4m3_table[256];          /* code -> value (float8_e4m3fn: bias 7, no inf, 0x7f/0xff NaN) */
+
+__attribute__((constructor)) static void fp8_table_init(void) {
+    for (int c = 0; c < 256; c++) {
+        int e = (c >> 3) & 15, m = c & 7;
+        float v = e == 0 ? ldexpf((float)m, -9) : ldexpf(1.0f + m / 8.0f, e - 7);
+        if (e == 15 && m == 7) v = NAN;
+        fp8_e4m3_table[c] = (c & 0x80) ? -v : v;
+    }
+}
+
+static inline float fp16_to_f32(uint16_t h) {
+    uint32_t s = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, f;
+    if (e == 0) {                                   /* zero or subnormal: m * 2^-24 */
+        float v = ldexpf((float)m, -24);
+        return s ? -v : v;
+    }
+    f = e == 31 ? (s | 0x7f800000u | (m << 13)) : (s | ((e + 112) << 23) | (m << 13));
+    float r;
+    memcpy(&r, &f, sizeof r);
+    return r;
+}
+
+/* The Hkv rows of token l of a sequence, as fp32 [Hkv, D]: in place for fp32 pools, otherwise
+   widened into buf. int8: code * scale; fp8: table[code] * scale; bf16/fp16: exact widening. */
+static inline const float *kv_token(const unsigned char *pool, int fmt, size_t row, size_t blk, int bs,
+                                    const int32_t *tb, int l, int Hkv, int D, float *buf) {
+    const unsigned char *t = pool + (size_t)tb[l / bs] * blk + (size_t)(l % bs) * row * Hkv;
+    if (fmt == KV_FP32) return (const float *)t;
+    for (int h = 0; h < Hkv; h++) {
+        const unsigned char *r = t + (size_t)h * row;
+        float *o = buf + (size_t)h * D;
+        if (fmt == KV_INT8 || fmt == KV_FP8_E4M3) {
+            float sc;
+            memcpy(&sc, r + D, sizeof sc);
+            if (fmt == KV_INT8)
+                for (int i = 0; i < D; i++) o[i] = (float)(int8_t)r[i] * sc;
+            else
+                for (int i = 0; i < D; i++) o[i] = fp8_e4m3_table[r[i]] * sc;
+        } else if (fmt == KV_BF16) {
+            for (int i = 0; i < D; i++) {
+                uint16_t b;
+                memcpy(&b, r + 2 * i, 2);
+                uint32_t f = (uint32_t)b << 16;
+                memcpy(o + i, &f, 4);
+            }
+        } else {
+            for (int i = 0; i < D; i++) {
+                uint16_t b;
+                memcpy(&b, r + 2 * i, 2);
+                o[i] = fp16_to_f32(b);
+            }
+        }
+    }
+    return buf;
+}
+
+static size_t kv_row_bytes(int fmt, int D) {
+    return fmt == KV_FP32 ? (size_t)D * 4 : (fmt == KV_INT8 || fmt == KV_FP8_E4M3) ? (size_t)D + 4 : (size_t)D * 2;
+}
+
 /* e^x for x <= 0 (scores minus their max): Cephes expf range reduction + degree-6 polynomial. */
 static inline v8 exp_nonpos(v8 x) {
     x = sel(x < splat(-87.f), splat(-87.f), x);
@@ -53,12 +120,14 @@ static inline v8 exp_nonpos(v8 x) {
 
 /* One decode sequence: all H query heads attend over its context. Keys and values are read token
    row by token row ([Hkv, D] contiguous in the pool), each row once, so a block is read front to
-   back. sc holds H * (L + 8) scores; acc holds H * D accumulators. */
-static void attend_seq(const float *q, float *out, const float *k_pool, const float *v_pool,
+   back. sc holds H * (L + 8) scores; acc holds H * D accumulators; buf Hkv * D floats (one
+   widened token when the pool is not fp32). */
+static void attend_seq(const float *q, float *out, const unsigned char *k_pool, const unsigned char *v_pool,
                        const int32_t *q_rows, const int32_t *ctx_lens, const int32_t *tables,
-                       int max_blocks, int bs, int H, int Hkv, int D, float scale, int s, float *sc, v8 *acc) {
+                       int max_blocks, int bs, int H, int Hkv, int D, float scale, int s, float *sc, v8 *acc,
+                       int fmt, float *buf) {
     const int G = H / Hkv, nv = D / 8, L = ctx_lens[s], Lp = L + 8;
-    const size_t tok = (size_t)Hkv * D, blk = (size_t)bs * tok;
+    const size_t row = kv_row_bytes(fmt, D), blk = (size_t)bs * Hkv * row;
     const int32_t *tb = tables + (size_t)s * max_blocks;
     const float *qp = q + (size_t)q_rows[s] * H * D;
     float m[KV_MAX_HEADS], total[KV_MAX_HEADS];
@@ -66,7 +135,7 @@ static void attend_seq(const float *q, float *out, const float *k_pool, const fl
     for (int i = 0; i < H * nv; i++) qv[i] = ld(qp + 8 * i) * scale;
     for (int hq = 0; hq < H; hq++) m[hq] = -INFINITY;
     for (int l = 0; l < L; l++) {                       /* scores = q . k, one pass over the keys */
-        const float *krow = k_pool + (size_t)tb[l / bs] * blk + (size_t)(l % bs) * tok;
+        const float *krow = kv_token(k_pool, fmt, row, blk, bs, tb, l, Hkv, D, buf);
         for (int hq = 0; hq < H; hq++) {
             const float *k = krow + (size_t)(hq / G) * D;
             const v8 *qh = qv + hq * nv;
@@ -96,7 +165,7 @@ static void attend_seq(const float *q, float *out, const float *k_pool, const fl
     }
     for (int i = 0; i < H * nv; i++) acc[i] = splat(0.f);
     for (int l = 0; l < L; l++) {                       /* out = sum p v, one pass over the values */
-        const float *vrow = v_pool + (size_t)tb[l / bs] * blk + (size_t)(l % bs) * tok;
+        const float *vrow = kv_token(v_pool, fmt, row, blk, bs, tb, l, Hkv, D, buf);
         for (int hq = 0; hq < H; hq++) {
             const float *v = vrow + (size_t)(hq / G) * D;
             const float p = sc[hq * Lp + l];
@@ -113,12 +182,14 @@ static void attend_seq(const float *q, float *out, const float *k_pool, const fl
 
 int kvscope_abi_version(void) { return 4; }
 
-/* Returns 0 on success, a negative code for unsupported shapes or a failed allocation. */
-int kvscope_paged_decode(const float *q, float *out, const float *k_pool, const float *v_pool,
-                         const int32_t *q_rows, const int32_t *ctx_lens, const int32_t *tables,
-                         int n_seqs, int max_blocks, int bs, int H, int Hkv, int D, float scale,
-                         int max_ctx, int n_threads) {
-    if (D % 8 || D > KV_MAX_HEAD_DIM || Hkv < 1 || H % Hkv || H > KV_MAX_HEADS || bs < 1)
+/* Returns 0 on success, a negative code for unsupported shapes or a failed allocation.
+   kv_format: KV_FP32 / KV_INT8 / KV_FP8_E4M3 / KV_BF16 / KV_FP16 (engine/kv_quant.KERNEL_CODES). */
+int kvscope_paged_decode_kv(const float *q, float *out, const void *k_pool, const void *v_pool,
+                            const int32_t *q_rows, const int32_t *ctx_lens, const int32_t *tables,
+                            int n_seqs, int max_blocks, int bs, int H, int Hkv, int D, float scale,
+                            int max_ctx, int n_threads, int kv_format) {
+    if (D % 8 || D > KV_MAX_HEAD_DIM || Hkv < 1 || H % Hkv || H > KV_MAX_HEADS || bs < 1
+        || kv_format < KV_FP32 || kv_format > KV_FP16)
         return -1;
     if (n_seqs == 0) return 0;
     if (n_threads > n_seqs) n_threads = n_seqs;
@@ -126,7 +197,8 @@ int kvscope_paged_decode(const float *q, float *out, const float *k_pool, const 
     const size_t sc_floats = ((size_t)max_ctx + 8) * H, acc_vecs = (size_t)H * (D / 8);
     float *scores = (float *)malloc(sizeof(float) * sc_floats * n_threads);
     v8 *accs = (v8 *)aligned_alloc(32, sizeof(v8) * acc_vecs * n_threads);
-    if (!scores || !accs) { free(scores); free(accs); return -2; }
+    float *bufs = (float *)malloc(sizeof(float) * (size_t)Hkv * D * n_threads);
+    if (!scores || !accs || !bufs) { free(scores); free(accs); free(bufs); return -2; }
     /* OpenMP from the same libgomp that torch loaded (resolved by soname in-process): one pool of
        threads for torch's ops and this kernel, never two pools competing for the cores */
     #pragma omp parallel for num_threads(n_threads) schedule(dynamic, 1) if (n_threads > 1)
@@ -135,10 +207,20 @@ int kvscope_paged_decode(const float *q, float *out, const float *k_pool, const 
 #ifdef _OPENMP
         t = omp_get_thread_num();
 #endif
-        attend_seq(q, out, k_pool, v_pool, q_rows, ctx_lens, tables, max_blocks, bs, H, Hkv, D, scale, s,
-                   scores + sc_floats * t, accs + acc_vecs * t);
+        attend_seq(q, out, (const unsigned char *)k_pool, (const unsigned char *)v_pool, q_rows, ctx_lens, tables,
+                   max_blocks, bs, H, Hkv, D, scale, s, scores + sc_floats * t, accs + acc_vecs * t, kv_format,
+                   bufs + (size_t)Hkv * D * t);
     }
     free(scores);
     free(accs);
+    free(bufs);
     return 0;
+}
+
+int kvscope_paged_decode(const float *q, float *out, const float *k_pool, const float *v_pool,
+                         const int32_t *q_rows, const int32_t *ctx_lens, const int32_t *tables,
+                         int n_seqs, int max_blocks, int bs, int H, int Hkv, int D, float scale,
+                         int max_ctx, int n_threads) {
+    return kvscope_paged_decode_kv(q, out, k_pool, v_pool, q_rows, ctx_lens, tables, n_seqs, max_blocks, bs, H, Hkv,
+                                   D, scale, max_ctx, n_threads, KV_FP32);
 }

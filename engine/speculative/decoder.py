@@ -174,8 +174,9 @@ class SpecDecoder:
         max_len = self.ctx.engine_config.max_model_len
         for req in reqs:
             req.spec_token_ids = []
-            if not req.params.speculative:
-                continue
+            if not req.params.speculative or req.params.logprobs is not None \
+                    or req.num_output_tokens < req.params.min_tokens:
+                continue     # logprobs and min_tokens masking are done on plain decode steps
             st = self.class_state(req.request_class)
             if not (st.enabled and st.speculating):
                 continue

@@ -88,8 +88,9 @@ def test_dtype_and_concurrency_change_numbers():
     at.number_input(key="mc_concurrency").set_value(8)
     at.run()
     m = _metrics(at)
-    assert m["KV bytes per token"] == "65,536 B"
-    assert m["Total needed"] == "2 GiB"                      # 8 x 4,096 x 64 KiB
+    # 1 byte per number + a float32 scale per (token, KV head) row, as kvscope stores fp8: 65,536 + 2,048
+    assert m["KV bytes per token"] == "67,584 B"
+    assert m["Total needed"] == "2.06 GiB"                   # 8 x 4,096 x 67,584 B
     at.selectbox(key="mc_dtype").set_value("fp32")
     at.run()
     assert _metrics(at)["KV bytes per token"] == "262,144 B"
@@ -173,3 +174,15 @@ def test_parameter_count_override():
     assert _metrics(at)["Max concurrent"] == "2"
     assert "16,000,000,000 B weights" in at.code[0].value
     assert any("your parameter count" in c.value for c in at.caption)
+
+
+def test_measured_kv_quantization_cost_beside_the_dtype():
+    """assets/measurements/kvquant.json (bench kvquant on the default model) is shown with its date."""
+    import json
+    data = json.loads((Path(PAGE).parents[1] / "assets" / "measurements" / "kvquant.json").read_text())
+    at = _run(mc_dtype="int8")
+    assert not at.exception
+    caps = [c.value for c in at.caption if c.value.startswith("Measured ")]
+    assert len(caps) == 1 and f"Measured {data['date']}" in caps[0]
+    r = data["dtypes"]["int8"]
+    assert f"{r['token_agreement']:.0%} of greedy tokens identical" in caps[0]

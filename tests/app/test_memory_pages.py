@@ -61,7 +61,7 @@ def test_load_page_runs_a_workload_on_the_shared_engine():
     m = _metrics(at)
     assert m["Submitted"] == ["6 / 6"]
     assert m["Rejected at submit"] == ["0"]
-    assert len(at.get("plotly_chart")) == 4
+    assert len(at.get("plotly_chart")) == 5     # 4 over-time charts + the continuous-batching chart
     assert any("done" in c.value for c in at.caption)
     th = _engine()
     snap = th.snapshot()

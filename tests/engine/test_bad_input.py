@@ -248,7 +248,9 @@ def _cases() -> list[Case]:
             ("num_threads=0", dict(num_threads=0), r"^num_threads must be an integer in \[1, 256\]$"),
             ('linear_backend="mkl"', dict(linear_backend="mkl"), r"^linear_backend must be one of \('auto', 'torch'\), got 'mkl'$"),
             ('attention_backend="flash"', dict(attention_backend="flash"),
-             r"^attention_backend must be one of \('auto', 'torch'\), got 'flash'$"),
+             r"^attention_backend must be one of \('auto', 'torch', 'flex'\), got 'flash'$"),
+            ("gpu_memory_utilization=1.5", dict(gpu_memory_utilization=1.5),
+             r"^gpu_memory_utilization must be a number in \(0, 1\], got 1.5$"),
             ("event_ring_size=1", dict(event_ring_size=1), r"^event_ring_size must be an integer in \[16, 10000000\]$"),
             ("history_len=1", dict(history_len=1), r"^history_len must be in \[2, 100000\]$"),
     ):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 
 import pytest
 
@@ -296,3 +297,29 @@ def test_throughput_end_to_end_tiny(capsys, tmp_path):
     pol = obj["thread_policy"]
     assert pol["requested"] == "auto" and pol["used"] == obj["torch_threads"]
     assert "probe_ms" in pol and str(pol["used"]) in {str(k) for k in pol["probe_ms"]}
+
+
+@pytest.mark.skipif(not _engine_available(), reason="the kvscope engine is not importable")
+def test_kvquant_smoke_tiny(capsys, tmp_path):
+    """bench kvquant on the tiny model: every dtype's agreement figures exist and lie in [0, 1],
+    fp32 against itself agrees fully with zero KL, and the 8-bit pools hold more tokens per byte
+    (tiny model: head_dim 16, so 16 codes + a 4-byte scale per row: 512 / 160 = 3.2x)."""
+    from engine.bench import kvquant
+    before = os.path.getmtime(kvquant.ASSET) if os.path.exists(kvquant.ASSET) else None
+    rc = cli.main(["kvquant", "--smoke", "--model", "tiny", "--json", "--no-plots", "--threads", "1",
+                   "--out", str(tmp_path)])
+    obj = _last_json(capsys.readouterr().out)
+    assert rc == 0, obj["suites"]
+    by = obj["by_dtype"]
+    assert list(by) == ["fp32", "bf16", "fp16", "fp8_e4m3", "int8"]
+    for dt, r in by.items():
+        for k in ("token_agreement", "sequences_identical", "needle_recall"):
+            assert 0 <= r[k] <= 1, (dt, k)
+        assert r["mean_kl"] >= 0 and math.isfinite(r["mean_kl"])
+        assert r["decode_tok_s"] > 0 and r["kv_cache_dtype"] == dt
+        assert len(r["first_divergence"]) == obj["prompt_set"]["chat_prompts"] + obj["prompt_set"]["long_prompts"]
+    assert by["fp32"]["token_agreement"] == 1 and by["fp32"]["mean_kl"] == 0
+    assert [by[d]["bytes_per_token"] for d in by] == [512, 256, 256, 160, 160]
+    assert by["int8"]["tokens_vs_fp32"] == pytest.approx(3.2)
+    # only a default-model run replaces the committed measurement
+    assert (os.path.getmtime(kvquant.ASSET) if os.path.exists(kvquant.ASSET) else None) == before

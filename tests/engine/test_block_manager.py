@@ -171,11 +171,12 @@ engine_ops = st.lists(st.tuples(st.sampled_from(["add", "add", "step", "step", "
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(engine_ops, st.sampled_from([4, 16]), st.integers(6, 20), st.sampled_from(["recompute", "swap"]),
-       st.sampled_from(["last_admitted", "lru"]), st.booleans())
+       st.sampled_from(["last_admitted", "lru"]), st.booleans(), st.sampled_from(["auto", "int8"]))
 def test_engine_random_workloads_keep_invariants(tiny_engine_factory, seq, block_size, num_blocks, mode, policy,
-                                                 prefix):
+                                                 prefix, kv_cache_dtype):
     from engine import SamplingParams
     eng = tiny_engine_factory(block_size=block_size, num_kv_blocks=num_blocks, preemption_mode=mode,
+                              kv_cache_dtype=kv_cache_dtype,
                               victim_policy=policy, enable_prefix_caching=prefix, max_num_batched_tokens=48,
                               max_num_seqs=4, swap_space_bytes=4 * block_size * eng_bytes_per_token(),
                               max_model_len=512)

@@ -95,7 +95,10 @@ def test_smollm2_matches_default_model_shape():
                                      ("bfloat16", 2), ("torch.float32", 4), ("FP8", 1)])
 def test_dtypes(dtype, b):
     assert mm.dtype_bytes(dtype) == b
-    assert mm.kv_bytes_per_token(LLAMA3_8B, dtype) == 65_536 * b
+    # 8-bit caches keep a float32 scale per (token, KV head) row: 2 x 32 layers x 8 KV heads x 4 B
+    scales = 2 * 32 * 8 * 4 if b == 1 else 0
+    assert mm.kv_scale_bytes_per_token(LLAMA3_8B, dtype) == scales
+    assert mm.kv_bytes_per_token(LLAMA3_8B, dtype) == 65_536 * b + scales
 
 
 def test_bad_dtype_names_choices():

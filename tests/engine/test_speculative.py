@@ -82,6 +82,13 @@ def tiny_reference():
             "batch1": run(eng, TINY_PROMPTS[1:2], params, check=False)}
 
 
+@pytest.fixture(scope="module")
+def tiny_reference_int8():
+    """Plain decoding on an int8 K/V pool: the tokens speculation on the same pool must give."""
+    eng = LLMEngine(EngineConfig(model="tiny", num_threads=1, kv_cache_dtype="int8"))
+    return {"batch8": run(eng, TINY_PROMPTS, SamplingParams(max_tokens=20, ignore_eos=True), check=False)}
+
+
 @pytest.mark.parametrize("method", list(TINY_METHODS))
 @pytest.mark.parametrize("k", [1, 2, 4, 8])
 @pytest.mark.parametrize("batch", [1, 8])
@@ -188,6 +195,19 @@ def test_tight_pool_preemption_with_speculation(tiny_reference, method, mode):
                       preemption_mode=mode, swap_space_bytes=1 << 20)
     got = run(eng, TINY_PROMPTS, SamplingParams(max_tokens=20, ignore_eos=True))
     assert got == tiny_reference["batch8"]
+    assert eng.scheduler.num_preemptions > 0
+    assert eng.bm.num_free_blocks == eng.bm.num_blocks
+
+
+@pytest.mark.parametrize("method", ["ngram", "self_draft_early_exit"])
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_tight_pool_preemption_with_speculation_int8_kv(tiny_reference_int8, method, mode):
+    """The same on an int8 K/V pool: rolled-back slots cleared (scales too), invariants after
+    every step, and the plain int8 run's tokens."""
+    eng = spec_engine(k=4, spec=TINY_METHODS[method], num_kv_blocks=12, block_size=4, kv_cache_dtype="int8",
+                      preemption_mode=mode, swap_space_bytes=1 << 20)
+    got = run(eng, TINY_PROMPTS, SamplingParams(max_tokens=20, ignore_eos=True))
+    assert got == tiny_reference_int8["batch8"]
     assert eng.scheduler.num_preemptions > 0
     assert eng.bm.num_free_blocks == eng.bm.num_blocks
 

@@ -91,3 +91,24 @@ def test_empty_pool_does_not_crash():
     snap = snapshot(0, [])
     fig = pool.pool_map_figure(snap)
     assert fig.layout.height > 0
+
+
+def test_pool_map_hover_shows_the_pools_real_bytes():
+    """A block's hover gives its filled and total bytes at the pool's bytes per token and names the
+    KV dtype (the tiny model's int8 pool: 160 B per token, scales included)."""
+    import dataclasses
+
+    from engine import EngineConfig, LLMEngine, SamplingParams
+    from ui import pool
+    eng = LLMEngine(EngineConfig(model="tiny", kv_cache_dtype="int8", block_size=4, num_kv_blocks=16, num_threads=1))
+    eng.add_request("r", "hello world and more", SamplingParams(max_tokens=2, ignore_eos=True))
+    eng.step()
+    snap = eng.snapshot()
+    assert snap.info.kv_cache_dtype == "int8" and snap.info.bytes_per_token == 160
+    fig = pool.pool_map_figure(snap, max_cells=64)
+    hovers = [h for row in fig.data[0].customdata for h in row if h]
+    n = eng.bm.num_tokens("r")
+    first = next(h for h in hovers if "owners: r" in h)
+    assert f"fill: {min(n, 4)}/4 slots · {min(n, 4) * 160:,} of 640 bytes (int8)" in first
+    old = dataclasses.replace(snap, info=dataclasses.replace(snap.info, kv_cache_dtype="<b>"))
+    assert "(&lt;b&gt;)" in [h for row in pool.pool_map_figure(old).data[0].customdata for h in row if h][0]

@@ -1,0 +1,145 @@
+"""Request bodies of the OpenAI routes as pydantic models, and their mapping to SamplingParams.
+
+Unknown fields are refused (400 naming the field), types are strict (a string is not a number),
+ranges follow vLLM's: max_tokens >= 1, temperature in [0, 100] (engine limit), top_p in (0, 1],
+top_k -1/0 (off) or >= 1, n in [1, MAX_N], logprobs / top_logprobs in [0, 20]. kvscope extras:
+tier, request_class, cache_salt, speculative (per-request on/off)."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..config import MAX_LOGPROBS, SamplingParams
+
+MAX_N = 16                 # choices per request (each one is a request in the engine)
+MAX_STOP = 16              # stop strings (SamplingParams' limit)
+MAX_PROMPTS = 64           # prompts in one /v1/completions batch
+DEFAULT_MAX_TOKENS = 16    # OpenAI's / vLLM's completions default is "up to the context"; see resolve_max_tokens
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class _Common(_Strict):
+    model: str | None = Field(None, max_length=256)
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=100)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1)
+    min_tokens: int = Field(0, ge=0)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = Field(None, max_length=64)
+    seed: int | None = Field(None, ge=0, lt=2**63)
+    ignore_eos: bool = False
+    n: int = Field(1, ge=1, le=MAX_N)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = Field(None, max_length=256)
+    presence_penalty: float = Field(0.0, ge=0, le=0)      # not implemented by the engine: only the neutral value
+    frequency_penalty: float = Field(0.0, ge=0, le=0)
+    repetition_penalty: float = Field(1.0, ge=1, le=1)
+    # kvscope extras
+    tier: str | None = Field(None, max_length=64)
+    request_class: str | None = Field(None, max_length=64)
+    cache_salt: str | None = Field(None, max_length=256)
+    speculative: bool = True
+
+    @model_validator(mode="after")
+    def _check_common(self):
+        if isinstance(self.stop, list):
+            if len(self.stop) > MAX_STOP:
+                raise ValueError(f"stop: at most {MAX_STOP} strings, got {len(self.stop)}")
+            if any(not s for s in self.stop):
+                raise ValueError("stop: strings must not be empty")
+        elif self.stop == "":
+            raise ValueError("stop: must not be an empty string")
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options: only allowed when stream is true")
+        if self.top_k is not None and self.top_k < 0 and self.top_k != -1:
+            raise ValueError("top_k: must be -1 (off), 0 (off) or >= 1")
+        if self.temperature is not None and 0 < self.temperature < 1e-5:
+            raise ValueError("temperature: must be 0 (greedy) or >= 1e-05")
+        return self
+
+    def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
+        """Raises ValueError naming the field (SamplingParams' own checks)."""
+        return SamplingParams(
+            temperature=1.0 if self.temperature is None else float(self.temperature),
+            top_p=1.0 if self.top_p is None else float(self.top_p),
+            top_k=max(0, self.top_k or 0), max_tokens=max_tokens, min_tokens=self.min_tokens,
+            seed=self.seed, stop=[self.stop] if isinstance(self.stop, str) else self.stop,
+            stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos, logprobs=logprobs,
+            tier=self.tier, request_class=self.request_class, cache_salt=self.cache_salt,
+            speculative=self.speculative)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    echo: bool = False
+    suffix: None = None
+    best_of: int | None = Field(None, ge=1, le=MAX_N)
+
+    @model_validator(mode="after")
+    def _check_prompt(self):
+        p = self.prompt
+        if isinstance(p, list):
+            if not p:
+                raise ValueError("prompt: must not be an empty list")
+            if isinstance(p[0], (str, list)) and len(p) > MAX_PROMPTS:
+                raise ValueError(f"prompt: at most {MAX_PROMPTS} prompts in one request, got {len(p)}")
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError("best_of: only best_of == n is supported")
+        return self
+
+    def prompts(self) -> list:
+        p = self.prompt
+        if isinstance(p, str) or (p and isinstance(p[0], int)):
+            return [p]
+        return list(p)
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = Field(None, max_length=256)
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+
+class ChatCompletionRequest(_Common):
+    messages: list[ChatMessage] = Field(min_length=1, max_length=1024)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    add_generation_prompt: bool = True
+
+    @model_validator(mode="after")
+    def _check_chat(self):
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs: requires logprobs to be true")
+        return self
+
+    def chat_messages(self) -> list[dict]:
+        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]

@@ -1,0 +1,464 @@
+"""The endpoints: /v1/models, /v1/completions, /v1/chat/completions, /health, /metrics,
+/v1/kvscope/snapshot, /v1/kvscope/stream. Requests go to the shared EngineThread tagged
+origin="http"; a client that goes away mid-request has its requests aborted (blocks freed)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import uuid
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from ..engine import _check_unicode
+from ..thread import EngineCrashed
+from .bridge import Submitter, Waker
+from .errors import APIError, param_of
+from .metrics import CONTENT_TYPE
+from .protocol import ChatCompletionRequest, CompletionRequest
+
+router = APIRouter()
+DISCONNECT_POLL_S = 0.5
+
+
+def _state(request: Request):
+    return request.app.state.kvscope
+
+
+# ------------------------------------------------------------------ plain routes
+@router.get("/health")
+async def health(request: Request):
+    st = _state(request)
+    if not st.thread.healthy:
+        raise APIError(503, f"engine is down: {st.thread.error or 'not running'}")
+    return Response(status_code=200)
+
+
+@router.get("/v1/models")
+async def models(request: Request):
+    st = _state(request)
+    cfg = st.thread.config
+    return {"object": "list", "data": [{
+        "id": st.model_name, "object": "model", "created": st.created, "owned_by": "kvscope",
+        "root": cfg.model, "parent": None, "max_model_len": cfg.max_model_len, "permission": []}]}
+
+
+@router.get("/metrics")
+async def metrics(request: Request):
+    body = await asyncio.to_thread(_state(request).metrics.render)
+    return Response(body, media_type=CONTENT_TYPE)
+
+
+@router.get("/v1/kvscope/snapshot")
+async def snapshot(request: Request):
+    snap = await asyncio.to_thread(_state(request).thread.snapshot_now)
+    return JSONResponse(snap.to_dict())
+
+
+@router.get("/v1/kvscope/stream")
+async def stream_snapshots(request: Request, since: int = Query(0, ge=0), interval: float | None = Query(None),
+                           max_events: int = Query(5000, ge=0, le=100_000)):
+    """SSE: every `interval` seconds (default the server's, 0.25 s; bounded to [0.05, 10]) one
+    `data:` line {"snapshot": Snapshot.to_dict(), "events": [Event.to_dict(), ...]} with the
+    events after `since` (an event seq), when anything changed; a comment line keeps it alive."""
+    st = _state(request)
+    every = st.stream_interval_s if interval is None else interval
+    if not 0.05 <= every <= 10:
+        raise APIError(400, f"interval must be in [0.05, 10] seconds, got {every}", "interval")
+
+    async def gen():
+        last_seq, last_snap, idle = since, None, 0.0
+        while True:
+            if await request.is_disconnected():
+                return
+            th = st.thread
+            snap = th.snapshot()
+            evs = [e for e in th.events.since(last_seq)][:max_events] if max_events else []
+            if snap is not last_snap or evs:
+                if evs:
+                    last_seq = evs[-1].seq
+                last_snap, idle = snap, 0.0
+                payload = {"snapshot": snap.to_dict(), "events": [e.to_dict() for e in evs]}
+                yield f"data: {json.dumps(payload)}\n\n"
+            else:
+                idle += every
+                if idle >= 10:
+                    idle = 0.0
+                    yield ": keepalive\n\n"
+            await asyncio.sleep(every)
+
+    return StreamingResponse(gen(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+# ------------------------------------------------------------------ generation
+def _bridge(st, loop):
+    """The server loop's Waker and Submitter (made on first use in that loop)."""
+    b = getattr(st, "bridge", None)
+    if b is None or b[0].loop is not loop or b[1].thread is not st.thread:
+        b = st.bridge = (Waker(loop), Submitter(st.thread, loop))
+    return b
+
+
+class _Run:
+    """One HTTP generation request: its engine requests (n choices x prompts) and an asyncio
+    event the engine thread sets (through the Waker) after each update of any of them."""
+
+    def __init__(self, st, loop: asyncio.AbstractEventLoop):
+        self.st, self.loop = st, loop
+        self.event = asyncio.Event()
+        self.handles: list = []
+        self.prompt_lens: list[int] = []
+        self.waker, self.submitter = _bridge(st, loop)
+
+    def notify(self) -> None:
+        self.waker.notify(self)
+
+    async def submit(self, prompt, params):
+        """Returns the handle; ValueError -> 400, EngineCrashed -> 503 (raised by the caller's handler)."""
+        return await self.submitter.submit(prompt, params, request_id=f"http-{uuid.uuid4().hex[:12]}",
+                                           origin="http", listener=self.notify)
+
+    def abort_unfinished(self) -> None:
+        for h in self.handles:
+            if not h.finished:
+                self.st.thread.abort(h.request_id)
+
+
+def _check_model(st, name: str | None) -> None:
+    if name is not None and name not in st.aliases:
+        raise APIError(404, f"The model `{name}` does not exist (served: {st.model_name!r}).", "model")
+
+
+def _check_capacity(st, n_new: int) -> None:
+    th = st.thread
+    if not th.healthy:
+        raise APIError(503, f"engine is down: {th.error or 'not running'}")
+    waiting = th.snapshot().metrics.num_waiting
+    if waiting + st.in_flight + n_new > st.max_waiting + th.config.max_num_seqs:
+        raise APIError(429, f"server is at capacity: {waiting} requests waiting, {st.in_flight} in flight, the "
+                            f"limit is {st.max_waiting} queued (--max-waiting); retry later")
+
+
+_TOK_LOCK = threading.Lock()     # the server's own tokenizer calls, one at a time (never the engine lock)
+
+
+def _tokenize(th, prompt) -> list[int]:
+    """Text -> ids with the engine's tokenizer; token ids pass through (the engine checks them
+    against the vocabulary)."""
+    if isinstance(prompt, str):
+        if not prompt:
+            raise ValueError("prompt must not be empty")
+        if len(prompt) > 1_000_000:
+            raise ValueError(f"prompt is {len(prompt)} characters; the limit is 1000000")
+        _check_unicode(prompt)
+        with _TOK_LOCK:
+            ids = list(th.tokenizer.encode(prompt, add_special_tokens=False))
+        if not ids:
+            raise ValueError("prompt must not be empty (it tokenizes to no tokens)")
+        return ids
+    return list(prompt)
+
+
+def _chat_ids(th, req: ChatCompletionRequest) -> list[int]:
+    msgs = req.chat_messages()
+    total = sum(len(m["content"]) for m in msgs)
+    if total > 1_000_000:
+        raise ValueError(f"messages hold {total} characters; the limit is 1000000")
+    for m in msgs:
+        try:
+            m["content"].encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("messages: content is not valid Unicode text (a lone surrogate)") from None
+    with _TOK_LOCK:
+        out = th.tokenizer.apply_chat_template(msgs, add_generation_prompt=req.add_generation_prompt, tokenize=True)
+    if isinstance(out, dict) or hasattr(out, "input_ids"):
+        out = out["input_ids"]
+    ids = list(out)
+    if not ids:
+        raise ValueError("messages: the chat template produced no tokens")
+    return ids
+
+
+def _max_tokens(th, requested: int | None, prompt_len: int, tier: str | None = None) -> int:
+    cfg = th.config
+    if requested is not None:
+        return requested
+    # vLLM's default: the rest of the context; also bounded by what the pool and the tier allow
+    room = min(cfg.max_model_len, th.engine.bm.num_blocks * cfg.block_size) - prompt_len
+    t = cfg.tiers.get(tier or cfg.default_tier or "")
+    if t is not None:
+        room = min(room, t.max_context - prompt_len)
+    return max(1, room)
+
+
+async def _start(st, prompts_ids: list[list[int]], body, logprobs: int | None, loop) -> _Run:
+    run = _Run(st, loop)
+    th = st.thread
+    n = body.n
+    _check_capacity(st, n * len(prompts_ids))
+    st.in_flight += n * len(prompts_ids)
+    run.counted = n * len(prompts_ids)
+    try:
+        for ids in prompts_ids:
+            run.prompt_lens.append(len(ids))
+            limit = getattr(body, "max_completion_tokens", None) or body.max_tokens
+            params = body.sampling_params(_max_tokens(th, limit, len(ids), body.tier), logprobs)
+            first = await run.submit(ids, params)
+            run.handles.append(first)
+            if n > 1:
+                # n > 1 forks the prompt's blocks: the rest start once the first has prefilled and
+                # its full blocks are in the prefix cache, so they share them (ref count n)
+                while first.output is None and not first.finished:
+                    run.event.clear()
+                    try:
+                        await asyncio.wait_for(run.event.wait(), DISCONNECT_POLL_S)
+                    except TimeoutError:
+                        pass
+                for _ in range(n - 1):
+                    run.handles.append(await run.submit(ids, params))
+    except ValueError as e:
+        run.abort_unfinished()
+        st.in_flight -= run.counted
+        raise APIError(400, str(e), param_of(str(e))) from None
+    except EngineCrashed as e:
+        run.abort_unfinished()
+        st.in_flight -= run.counted
+        raise APIError(503, f"engine is down: {e}") from None
+    except BaseException:
+        run.abort_unfinished()
+        st.in_flight -= run.counted
+        raise
+    return run
+
+
+def _finish_run(st, run: _Run) -> None:
+    run.abort_unfinished()
+    st.in_flight -= run.counted
+    run.counted = 0
+
+
+def _usage(run: _Run, n: int) -> dict:
+    prompt = sum(run.prompt_lens)
+    completion = sum(len(h.output.outputs[0].token_ids) for h in run.handles if h.output is not None)
+    return {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion,
+            "prompt_tokens_details": None}
+
+
+def _finish_reason(out) -> str | None:
+    r = out.outputs[0].finish_reason if out is not None else None
+    return {"error": "abort"}.get(r, r) if r else None
+
+
+def _raise_if_failed(h) -> None:
+    """The engine could not finish the request: 503 when it is down, shutting down or being
+    reconfigured (retry later), 500 when a step failed for this request (e.g. non-finite logits)."""
+    if h.error and (h.output is None or h.output.outputs[0].finish_reason == "error" or not h.output.finished):
+        step_failed = h.output is not None and h.output.outputs[0].finish_reason == "error" and h.owner.healthy
+        raise APIError(500 if step_failed else 503, f"generation failed: {h.error}")
+
+
+async def _wait_all(request: Request, run: _Run) -> None:
+    while not all(h.finished for h in run.handles):
+        run.event.clear()
+        if all(h.finished for h in run.handles):
+            break
+        try:
+            await asyncio.wait_for(run.event.wait(), DISCONNECT_POLL_S)
+        except TimeoutError:
+            if await request.is_disconnected():
+                raise asyncio.CancelledError() from None
+
+
+class _Delta:
+    """Per-choice streaming cursor: new text (holding back an incomplete UTF-8 sequence and,
+    while stop strings may still match, their length - 1 characters) and new token ids."""
+
+    def __init__(self, stop: list[str] | None):
+        self.text_sent = 0
+        self.tokens_sent = 0
+        self.hold = max((len(s) for s in stop), default=1) - 1 if stop else 0
+
+    def take(self, out) -> tuple[str, list[int], int]:
+        c = out.outputs[0]
+        text = c.text
+        end = len(text)
+        if not out.finished:
+            end = len(text.rstrip("\ufffd"))
+            end = max(self.text_sent, end - self.hold)
+        delta = text[self.text_sent:end] if end > self.text_sent else ""
+        self.text_sent = max(self.text_sent, end)
+        first = self.tokens_sent
+        toks = c.token_ids[first:]
+        self.tokens_sent = len(c.token_ids)
+        return delta, toks, first
+
+
+def _tok_text(th, tid: int) -> str:
+    return th.tokenizer.decode([tid])
+
+
+def _completion_logprobs(th, c, first: int, count: int, offset0: int) -> dict | None:
+    if c.logprobs is None:
+        return None
+    toks, lps, tops, offs = [], [], [], []
+    off = offset0
+    for i in range(first, first + count):
+        tid = c.token_ids[i]
+        lp, alts = c.logprobs[i]
+        t = _tok_text(th, tid)
+        toks.append(t)
+        lps.append(lp)
+        top = {_tok_text(th, a): v for a, v in alts}
+        top.setdefault(t, lp)
+        tops.append(top)
+        offs.append(off)
+        off += len(t)
+    return {"text_offset": offs, "token_logprobs": lps, "tokens": toks, "top_logprobs": tops}
+
+
+def _chat_logprobs(th, c, first: int, count: int) -> dict | None:
+    if c.logprobs is None:
+        return None
+    content = []
+    for i in range(first, first + count):
+        tid = c.token_ids[i]
+        lp, alts = c.logprobs[i]
+        t = _tok_text(th, tid)
+        content.append({"token": t, "logprob": lp, "bytes": list(t.encode("utf-8")),
+                        "top_logprobs": [{"token": _tok_text(th, a), "logprob": v,
+                                          "bytes": list(_tok_text(th, a).encode("utf-8"))} for a, v in alts]})
+    return {"content": content}
+
+
+def _stop_reason(out):
+    return out.outputs[0].stop_reason if out is not None else None
+
+
+async def _generate(request: Request, body, chat: bool):
+    st = _state(request)
+    th = st.thread
+    _check_model(st, body.model)
+    if not th.healthy:
+        raise APIError(503, f"engine is down: {th.error or 'not running'}")
+    try:
+        if chat:
+            prompts_ids = [await asyncio.to_thread(_chat_ids, th, body)]
+            logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        else:
+            prompts_ids = [await asyncio.to_thread(_tokenize, th, p) for p in body.prompts()]
+            logprobs = body.logprobs
+    except ValueError as e:
+        raise APIError(400, str(e), param_of(str(e)) or ("messages" if chat else "prompt")) from None
+    loop = asyncio.get_running_loop()
+    rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+    created = int(time.time())
+    run = await _start(st, prompts_ids, body, logprobs, loop)
+    if body.stream:
+        return StreamingResponse(_stream(request, st, run, body, chat, rid, created),
+                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    try:
+        await _wait_all(request, run)
+    finally:
+        _finish_run(st, run)
+    for h in run.handles:
+        _raise_if_failed(h)
+    choices = []
+    for i, h in enumerate(run.handles):
+        out = h.output
+        c = out.outputs[0]
+        if chat:
+            choices.append({"index": i, "message": {"role": "assistant", "content": c.text, "tool_calls": []},
+                            "logprobs": _chat_logprobs(th, c, 0, len(c.token_ids)),
+                            "finish_reason": _finish_reason(out), "stop_reason": _stop_reason(out)})
+        else:
+            text = c.text
+            prefix = ""
+            if body.echo:
+                prefix = out.prompt or th.engine.decode(out.prompt_token_ids)
+            choices.append({"index": i, "text": prefix + text,
+                            "logprobs": _completion_logprobs(th, c, 0, len(c.token_ids), len(prefix)),
+                            "finish_reason": _finish_reason(out), "stop_reason": _stop_reason(out)})
+    return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
+            "model": st.model_name, "choices": choices, "usage": _usage(run, body.n)}
+
+
+async def _stream(request: Request, st, run: _Run, body, chat: bool, rid: str, created: int):
+    th = st.thread
+    obj = "chat.completion.chunk" if chat else "text_completion"
+    usage_on = body.include_usage
+    continuous = bool(body.stream_options and body.stream_options.continuous_usage_stats and usage_on)
+    cursors = [_Delta(body.stop if isinstance(body.stop, list) else ([body.stop] if body.stop else None))
+               for _ in run.handles]
+    done = [False] * len(run.handles)
+    offsets = [0] * len(run.handles)
+
+    def chunk(choices, usage="absent"):
+        d = {"id": rid, "object": obj, "created": created, "model": st.model_name, "choices": choices}
+        if usage != "absent":
+            d["usage"] = usage
+        elif continuous:
+            d["usage"] = _usage(run, body.n)     # tokens so far, on every chunk (vLLM's continuous_usage_stats)
+        elif usage_on:
+            d["usage"] = None
+        return f"data: {json.dumps(d)}\n\n"
+
+    try:
+        if chat:
+            yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                          "finish_reason": None} for i in range(len(run.handles))])
+        while not all(done):
+            run.event.clear()
+            for i, h in enumerate(run.handles):
+                if done[i] or h.output is None and not h.finished:
+                    continue
+                if h.error and (h.output is None or not h.output.finished or
+                                h.output.outputs[0].finish_reason == "error"):
+                    err = {"error": {"message": f"generation failed: {h.error}", "type": "InternalServerError",
+                                     "param": None, "code": 500}}
+                    yield f"data: {json.dumps(err)}\n\n"
+                    done[i] = True
+                    continue
+                out = h.output
+                text, toks, first = cursors[i].take(out)
+                finished = out.finished
+                if not text and not toks and not finished:
+                    continue
+                c = out.outputs[0]
+                fr = _finish_reason(out) if finished else None
+                if chat:
+                    ch = {"index": i, "delta": {"content": text} if text or not finished else {},
+                          "logprobs": _chat_logprobs(th, c, first, len(toks)) if toks else None,
+                          "finish_reason": fr}
+                else:
+                    ch = {"index": i, "text": text,
+                          "logprobs": _completion_logprobs(th, c, first, len(toks), offsets[i]) if toks else None,
+                          "finish_reason": fr}
+                    offsets[i] += len(text)
+                if finished:
+                    ch["stop_reason"] = _stop_reason(out)
+                    done[i] = True
+                yield chunk([ch])
+            if all(done):
+                break
+            try:
+                await asyncio.wait_for(run.event.wait(), DISCONNECT_POLL_S)
+            except TimeoutError:
+                if await request.is_disconnected():
+                    return
+        if usage_on:
+            yield chunk([], _usage(run, body.n))
+        yield "data: [DONE]\n\n"
+    finally:
+        _finish_run(st, run)        # aborts whatever did not finish: a client that left frees its blocks
+
+
+@router.post("/v1/completions")
+async def completions(request: Request, body: CompletionRequest):
+    return await _generate(request, body, chat=False)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request, body: ChatCompletionRequest):
+    return await _generate(request, body, chat=True)

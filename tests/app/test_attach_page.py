@@ -1,0 +1,160 @@
+"""AppTest of the Attach page (pages/attach.py) against stub servers on 127.0.0.1: a vLLM-format
+/metrics + KV events stub (the page decodes token text with the engine's tokenizer because the stub
+tokenizes with the same one), and a kvscope stub serving a tiny-model engine's recorded snapshot
+stream. Waits are bounded loops (hang guards, not timing assertions)."""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from tests.attach_stubs import KvscopeStub, VllmStub, demo_batches, record_frames
+from tests.conftest import REPO_ROOT
+
+APP = str(REPO_ROOT / "app.py")
+TIMEOUT = 600
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _test_env():
+    old = {k: os.environ.get(k) for k in ("KVSCOPE_TEST_MODE", "KVSCOPE_MODEL")}
+    os.environ["KVSCOPE_TEST_MODE"] = "1"
+    os.environ["KVSCOPE_MODEL"] = "tiny"
+    yield
+    from ui import engine_access as ea
+    holder = ea.shared_engine()
+    if holder.thread is not None:
+        holder.thread.shutdown()
+    ea.shared_engine.clear()
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def _page():
+    from streamlit.testing.v1 import AppTest
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.switch_page("pages/attach.py")
+    return at.run()
+
+
+def _attach(at, base, events="", replay=""):
+    at.text_input(key="at_base_in").input(base)
+    at.text_input(key="at_ev_in").input(events)
+    at.text_input(key="at_rp_in").input(replay)
+    next(b for b in at.button if b.label == "Attach").click()
+    return at.run()
+
+
+def _metric(at, label):
+    return next(m.value for m in at.metric if m.label == label)
+
+
+def _wait(cond, rounds=400):
+    for _ in range(rounds):
+        if cond():
+            return True
+        time.sleep(0.05)
+    return cond()
+
+
+def _specs(at):
+    return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+
+
+def test_attach_to_a_vllm_stub():
+    from ui import engine_access as ea
+    at = _page()
+    assert not at.exception
+    tok = ea.get_engine().tokenizer
+    text_a = tok.encode("The KV cache keeps keys and values of earlier tokens <b>so</b> decoding is fast.",
+                        add_special_tokens=False)[:8]
+    text_b = text_a[:4] + tok.encode(" & <i>more</i> text here", add_special_tokens=False)[:4]
+    stub = VllmStub(demo_batches("current", text_a, text_b, 4), tokenizer=tok)
+    try:
+        at = _attach(at, stub.base_url, stub.events_endpoint, stub.replay_endpoint)
+        assert not at.exception, [e.value for e in at.exception]
+        sess = at.session_state["at_session"]
+        assert sess.kind == "vllm"
+        assert _wait(lambda: (stub.pump() or True) and sess.event_state is not None
+                     and sess.event_state.last_seq == 2 and len(sess.history) >= 2 and sess.tokenizer_ok)
+        at.run()
+        assert not at.exception, [e.value for e in at.exception]
+        assert _metric(at, "KV cache usage") == "25.0 %"
+        assert _metric(at, "Prefix hit rate (10 s)") == "40.0 %"
+        assert _metric(at, "TTFT p50") == "50 ms"
+        titles = [s["layout"]["title"]["text"] for s in _specs(at)]
+        assert any(t.startswith("Acceptance per draft position") for t in titles)
+        tree = next(s for s in _specs(at) if s["layout"]["title"]["text"].startswith("Prefix cache rebuilt"))
+        assert "2 cached blocks, 1 chains" in tree["layout"]["title"]["text"]
+        labels = tree["data"][0]["labels"]
+        assert any("&lt;" in lab or "&amp;" in lab for lab in labels[1:]), labels     # decoded and escaped
+        assert not any("<i>" in h or "<b>so" in h for h in tree["data"][0]["hovertext"])
+        assert not at.warning, [w.value for w in at.warning]        # nothing missing on this stub
+    finally:
+        at.session_state["at_session"].stop()
+        stub.close()
+
+
+def test_attach_to_a_vllm_stub_without_events_or_spec_notes_what_is_missing():
+    at = _page()
+    stub = VllmStub([], spec=False)
+    try:
+        at = _attach(at, stub.base_url)
+        sess = at.session_state["at_session"]
+        assert _wait(lambda: len(sess.history) >= 1)
+        at.run()
+        notes = " ".join(w.value for w in at.warning)
+        assert "speculative acceptance per position" in notes and "no KV events endpoint" in notes
+        assert any("No speculative decoding counters" in c.value for c in at.caption)
+    finally:
+        at.session_state["at_session"].stop()
+        stub.close()
+
+
+def test_attach_to_a_kvscope_stub():
+    from engine import EngineConfig, LLMEngine, SamplingParams
+    from engine.kv_events import KVEventPublisher, external_hash
+    eng = LLMEngine(EngineConfig(model="tiny", device="cpu", num_kv_blocks=24, block_size=8, max_model_len=128))
+    pub = KVEventPublisher("tcp://127.0.0.1:0", replay_endpoint="tcp://127.0.0.1:0")   # the engine's real events
+    pub.attach(eng)
+    frames = record_frames(eng, [[1] * 20 + [i] * 5 for i in range(2, 6)], SamplingParams(max_tokens=5,
+                                                                                         temperature=0))
+    pub.flush()
+    cached = {external_hash(h) for h in eng.bm.hash_to_block}
+    stub = KvscopeStub(frames)
+    at = _page()
+    try:
+        at = _attach(at, stub.base_url, pub.endpoint, pub.replay_endpoint)
+        assert not at.exception, [e.value for e in at.exception]
+        sess = at.session_state["at_session"]
+        last = frames[-1][0]
+        assert _wait(lambda: sess.snapshot is not None and sess.snapshot.step == last.step
+                     and sess.tree.hashes() == cached)      # a late subscriber: rebuilt from the replay buffer
+        at.run()
+        tree = next(s for s in _specs(at) if s["layout"]["title"]["text"].startswith("Prefix cache rebuilt"))
+        assert f"{len(cached)} cached blocks" in tree["layout"]["title"]["text"]
+        assert any("token text decoded: the server runs the same tokenizer" in c.value for c in at.caption)
+        assert not at.exception, [e.value for e in at.exception]
+        m = last.metrics
+        assert _metric(at, "KV blocks used") == f"{m.num_blocks_used} / {last.info.num_blocks}"
+        assert _metric(at, "Preemptions") == str(m.num_preemptions_total)
+        specs = _specs(at)
+        pool_map = next(s for s in specs if "used" in s["layout"]["title"]["text"] and s["data"][0].get("z"))
+        cells = [v for row in pool_map["data"][0]["z"] for v in row if v is not None]
+        assert len(cells) == last.info.num_blocks
+    finally:
+        at.session_state["at_session"].stop()
+        stub.close()
+        pub.close()
+
+
+def test_bad_url_is_an_error_not_a_crash():
+    at = _page()
+    at = _attach(at, "ftp://nowhere")
+    assert not at.exception
+    assert any("base URL" in e.value for e in at.error)

@@ -1,0 +1,71 @@
+"""The sidebar offers the device when a GPU is present (engine/device.py decides the list). On a
+CPU-only machine the GPU's presence is mocked: the Device choice appears, choosing the CPU
+rebuilds the engine there, choosing CUDA without CUDA is a clear message, not a traceback."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from tests.conftest import REPO_ROOT
+
+APP = str(REPO_ROOT / "app.py")
+TIMEOUT = 600  # a hang guard on 2 busy cores, not a speed assertion
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _test_env():
+    old = {k: os.environ.get(k) for k in ("KVSCOPE_TEST_MODE", "KVSCOPE_MODEL")}
+    os.environ["KVSCOPE_TEST_MODE"] = "1"
+    os.environ["KVSCOPE_MODEL"] = "tiny"
+    yield
+    from ui import engine_access as ea
+    holder = ea.shared_engine()
+    if holder.thread is not None:
+        holder.thread.shutdown()
+    ea.shared_engine.clear()
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def _select(at, label):
+    for s in at.sidebar.selectbox:
+        if s.label == label:
+            return s
+    return None
+
+
+def _apply(at):
+    at.sidebar.checkbox[0].check()
+    for b in at.sidebar.button:
+        if b.label == "Apply":
+            b.click()
+    return at.run()
+
+
+def test_device_offered_only_with_a_gpu(monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    from ui import engine_access as ea
+    if not torch.cuda.is_available():
+        at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+        assert not at.exception
+        assert _select(at, "Device") is None
+    monkeypatch.setattr(ea, "detect_devices", lambda: ["cuda", "cpu"])
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    dev = _select(at, "Device")
+    assert dev is not None and dev.options == ["cuda", "cpu"]
+    dev.select("cpu")
+    at = _apply(at)
+    assert not at.exception
+    assert ea.get_engine().snapshot_now().info.device == "cpu"
+    if torch.cuda.is_available():
+        return
+    _select(at, "Device").select("cuda")
+    at = _apply(at)
+    assert not at.exception
+    assert any("CUDA is not available" in e.value for e in at.sidebar.error)

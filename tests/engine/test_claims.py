@@ -1,0 +1,66 @@
+"""Claims (issue 15 item 3): verdicts follow the stated rules; the bench's newest stamped result per
+suite is read with its date; a missing result says "not measured yet" with the reason, never a
+number; the committed fixture (a real quick bench run on the tiny model) gives a row per claim."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from engine import claims as C
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "bench"
+
+
+def test_latest_results_picks_newest_stamp_and_skips_junk(tmp_path):
+    (tmp_path / "prefix-20260101T000000Z.json").write_text(json.dumps({"model": "a", "fields": {"ttft_cold_s": 1}}))
+    (tmp_path / "prefix-20260102T000000Z.json").write_text(json.dumps({"model": "b", "fields": {"ttft_cold_s": 2}}))
+    (tmp_path / "cache-20260103T000000Z.json").write_text("{not json")
+    (tmp_path / "prefix-latest.json").write_text("{}")
+    res = C.latest_results(tmp_path)
+    assert set(res) == {"prefix"}
+    assert res["prefix"].model == "b" and res["prefix"].when.day == 2
+    assert "2026-01-02 00:00 UTC" in res["prefix"].label
+
+
+def test_no_results_means_not_measured(tmp_path):
+    rows = C.rows_from_bench(C.latest_results(tmp_path))
+    assert [r.key for r in rows] == list(C.CLAIMS)
+    assert all(r.holds is None and r.measured == "—" for r in rows)
+    assert all("not measured yet" in r.why or "press Measure" in r.why for r in rows)
+
+
+def test_rules():
+    r = C.memory_bound_row(0.036, 0.0147, 0.0018, 36.6, "x")
+    assert r.holds is True and "41 %" in r.why
+    assert C.memory_bound_row(0.01, 0.001, 0.002, 1.0, "x").holds is False
+    assert C.verify_cost_row({1: 1.05, 4: 1.31, 8: 1.7}, "x").holds is True
+    assert C.verify_cost_row({4: 1.6}, "x").holds is False
+    assert C.batching_row({1: 0.04, 8: 0.08}, "x").holds is True       # 4x total, each request slower
+    assert C.batching_row({1: 0.04, 8: 0.2}, "x").holds is False       # total only 1.6x
+    assert C.batching_row({1: 0.04}, "x").holds is None
+    f = {"passage_edit_speedup": 2.98, "open_ended_speedup": 1.10, "passage_edit_acceptance_rate": 0.841,
+         "passage_edit_tokens_per_target_pass": 3.6, "open_ended_acceptance_rate": 0.15}
+    theory = (1 - 0.841 ** 5) / (1 - 0.841)
+    r = C.speculation_row(f, "x")
+    assert r.holds is True and f"{theory:.2f}" in r.measured
+    assert C.speculation_row(dict(f, open_ended_speedup=0.8), "x").holds is False
+
+
+def test_fixture_rows():
+    res = C.latest_results(FIXTURE)
+    assert {"roofline", "memory", "prefix", "speculative", "cache"} <= set(res)
+    assert all(b.model == "tiny" for b in res.values())
+    rows = {r.key: r for r in C.rows_from_bench(res)}
+    for key in ("memory_bound", "verify_cost", "cache", "paged", "prefix", "speculation"):
+        assert rows[key].holds is not None, (key, rows[key].why)
+        assert "bench" in rows[key].source and "tiny" in rows[key].source
+    assert rows["kv_quant"].holds is None and "not measured yet" in rows["kv_quant"].why
+    m = res["memory"].fields
+    assert f"{100 * m['paged_waste']:.1f} %" in rows["paged"].measured
+
+
+def test_merge_prefers_live():
+    bench = [C._row("batching", "—", None, "press Measure", "this page"), C._row("cache", "1", True, "r", "b")]
+    live = [C.batching_row({1: 0.04, 2: 0.05}, "live")]
+    out = C.merge(bench, live)
+    assert out[0].source == "live" and out[1].source == "b"
