@@ -201,6 +201,22 @@ class BlockManager:
             hit.append(b)
         return hit, len(hit) * self.block_size
 
+    def peek_prefix_hit(self, token_ids: list[int], salt: str | None) -> list[int]:
+        """The cached blocks a request with token_ids admitted now would take for its leading full
+        blocks (same cap as get_computed_blocks: the last token is always computed).
+        Read-only: no ref count, free-queue (LRU) order, hash index, memo or counter changes."""
+        if not self.enable_prefix_caching:
+            return []
+        bs = self.block_size
+        parent, hit = None, []
+        for i in range((len(token_ids) - 1) // bs):
+            parent = hash_block(parent, token_ids[i * bs:(i + 1) * bs], salt)
+            bid = self.hash_to_block.get(parent)
+            if bid is None:
+                break
+            hit.append(bid)
+        return hit
+
     def record_prefix_query(self, num_tokens: int, num_hit_tokens: int) -> None:
         self.prefix_queries += num_tokens
         self.prefix_hits += num_hit_tokens

@@ -274,31 +274,7 @@ class LLMEngine:
             raise ValueError("request_id must not end with '#draft' (reserved for draft-model caches)")
         try:
             ids, text = self._tokenize_prompt(prompt)
-            cfg = self.config
-            tier_name = params.tier or cfg.default_tier
-            tier = None
-            if tier_name is not None:
-                if tier_name not in cfg.tiers:
-                    raise ValueError(f"tier {tier_name!r} is not configured (known: {sorted(cfg.tiers)})")
-                tier = cfg.tiers[tier_name]
-            if len(ids) >= cfg.max_model_len:
-                raise ValueError(f"prompt is {len(ids)} tokens; max_model_len is {cfg.max_model_len} "
-                                 f"(prompt + at least 1 generated token must fit)")
-            if tier is not None and len(ids) + params.max_tokens > tier.max_context:
-                raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds tier "
-                                 f"{tier.name!r}'s context cap of {tier.max_context} tokens")
-            if len(ids) + params.max_tokens > cfg.max_model_len:     # vLLM's wording
-                raise ValueError(f"This model's maximum context length is {cfg.max_model_len} tokens. However, you "
-                                 f"requested {len(ids) + params.max_tokens} tokens ({len(ids)} in the prompt, "
-                                 f"{params.max_tokens} in the completion). Please reduce the length of the prompt "
-                                 f"or max_tokens (at most {cfg.max_model_len - len(ids)} here).")
-            if params.stop_token_ids and any(t >= self.vocab_size for t in params.stop_token_ids):
-                raise ValueError(f"stop_token_ids must be < vocab size {self.vocab_size}")
-            worst = min(len(ids) + params.max_tokens, cfg.max_model_len)
-            need = self.scheduler.blocks_for_whole_request(worst)
-            if cfg.allocator == "paged" and need > self.bm.num_blocks:
-                raise ValueError(f"request needs up to {need} KV blocks ({worst} tokens) but the pool has "
-                                 f"{self.bm.num_blocks}; lower max_tokens or raise the KV budget")
+            tier = self.admission_check(ids, params)
         except ValueError as e:
             self._emit(ev.REJECT, request_id, reason=str(e))
             self.metrics.num_rejected += 1
@@ -306,13 +282,44 @@ class LLMEngine:
         req = Request(request_id, ids, params, self.now() if arrival_time is None else arrival_time,
                       prompt_text=text, tier=tier.name if tier else None, priority=tier.priority if tier else 0)
         req.request_class = params.request_class or (tier.name if tier else "default")
-        req.history = deque(maxlen=cfg.history_len)       # EngineConfig.history_len bounds the UI history
+        req.history = deque(maxlen=self.config.history_len)   # EngineConfig.history_len bounds the UI history
         req.generator = make_generator(params, self.device)
         req.waiting_reason, req.wait_reason = "queued", WaitReason.QUEUED
         self.requests[request_id] = req
         self.scheduler.add(req)
         req.add_history(self.step_num, self.now(), 0, self.bytes_per_token, "waiting")
         return request_id
+
+    def admission_check(self, ids: list[int], params: SamplingParams):
+        """The checks a prompt of token ids must pass to be accepted at all (tier, max_model_len,
+        tier context cap, stop ids, whole pool); raises ValueError naming the limit. Returns the
+        request's TierConfig (or None). Reads only: add_request and the as-you-type preview use it."""
+        cfg = self.config
+        tier_name = params.tier or cfg.default_tier
+        tier = None
+        if tier_name is not None:
+            if tier_name not in cfg.tiers:
+                raise ValueError(f"tier {tier_name!r} is not configured (known: {sorted(cfg.tiers)})")
+            tier = cfg.tiers[tier_name]
+        if len(ids) >= cfg.max_model_len:
+            raise ValueError(f"prompt is {len(ids)} tokens; max_model_len is {cfg.max_model_len} "
+                             f"(prompt + at least 1 generated token must fit)")
+        if tier is not None and len(ids) + params.max_tokens > tier.max_context:
+            raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds tier "
+                             f"{tier.name!r}'s context cap of {tier.max_context} tokens")
+        if len(ids) + params.max_tokens > cfg.max_model_len:     # vLLM's wording
+            raise ValueError(f"This model's maximum context length is {cfg.max_model_len} tokens. However, you "
+                             f"requested {len(ids) + params.max_tokens} tokens ({len(ids)} in the prompt, "
+                             f"{params.max_tokens} in the completion). Please reduce the length of the prompt "
+                             f"or max_tokens (at most {cfg.max_model_len - len(ids)} here).")
+        if params.stop_token_ids and any(t >= self.vocab_size for t in params.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be < vocab size {self.vocab_size}")
+        worst = min(len(ids) + params.max_tokens, cfg.max_model_len)
+        need = self.scheduler.blocks_for_whole_request(worst)
+        if cfg.allocator == "paged" and need > self.bm.num_blocks:
+            raise ValueError(f"request needs up to {need} KV blocks ({worst} tokens) but the pool has "
+                             f"{self.bm.num_blocks}; lower max_tokens or raise the KV budget")
+        return tier
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()

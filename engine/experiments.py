@@ -279,8 +279,9 @@ def private_engine(base: EngineConfig, **changes) -> LLMEngine:
 def compare_speculative(base: EngineConfig, prompt, spec, max_tokens: int, *, min_rounds: int = 3,
                         budget_s: float | None = None, busy: Callable[[], int] | None = None,
                         busy_what: str = "", on_sample: Callable[[int, str, object], None] | None = None,
-                        chat: bool = True) -> SpecComparison:
-    """Plain vs speculative decoding of one greedy prompt on one private engine (speculation
+                        chat: bool = True, temperature: float = 0.0) -> SpecComparison:
+    """Plain vs speculative decoding of one prompt (greedy unless `temperature` > 0: then both sides
+    sample with seed 0 and speculation verifies by rejection sampling) on one private engine (speculation
     configured by `spec`; plain requests set SamplingParams.speculative=False), alternating sides
     per engine/measure.py. Prefix caching is off so each run pays its full prefill. A short
     untimed request of each side first takes first-call costs out of the numbers."""
@@ -300,7 +301,8 @@ def compare_speculative(base: EngineConfig, prompt, spec, max_tokens: int, *, mi
         rid = f"{side}-{tag}"
         seqs[side] = eng.events.last_seq
         t = time.perf_counter()
-        drive(eng, [(0, rid, ids, SamplingParams(max_tokens=n, temperature=0.0, seed=0, request_class="spec-page",
+        drive(eng, [(0, rid, ids, SamplingParams(max_tokens=n, temperature=temperature, seed=0,
+                                                 request_class="spec-page",
                                                  speculative=side == "spec"))], max_idle_steps=1000)
         dt = time.perf_counter() - t
         info = eng.snapshot().request(rid)

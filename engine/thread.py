@@ -247,6 +247,19 @@ class EngineThread:
             self._wake.notify_all()
             return h
 
+    def preview(self, user: str, params: SamplingParams | None = None, system: str | None = None):
+        """What submitting `user` (chat template applied, optional system prompt) would do now,
+        without submitting it: engine.preview.PromptPreview. Changes nothing in the engine."""
+        from .preview import preview, template_ids
+        params = params if params is not None else SamplingParams()
+        for field, text in (("prompt", user), ("system prompt", system or "")):
+            if not isinstance(text, str) or len(text) > 1_000_000:
+                raise ValueError(f"{field} must be a string of at most 1000000 characters")
+        with self.lock:
+            self._check_alive()
+            ids, content = template_ids(self.engine.tokenizer, user, system) if user.strip() else ([], 0)
+            return preview(self.engine, ids, content, params)
+
     def abort(self, request_id: str) -> bool:
         with self.lock:
             done = self.engine.abort_request(request_id)

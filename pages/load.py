@@ -33,7 +33,10 @@ snap0 = th.snapshot()
 # ------------------------------------------------------------------ launch form
 SCEN_HELP = {
     "release-freeze": "code-review conversations arriving within a window, each turn re-sending the "
-                      "whole conversation so contexts grow (the seed's release-freeze afternoon)",
+                      "whole conversation so contexts grow (the seed's release-freeze afternoon). The "
+                      "assistant replies inside later turns' prompts are placeholder text of the length the "
+                      "earlier turn asked for, not the model's own answers: the workload is built before it "
+                      "runs, so the token counts and prefix sharing are real, the reply words are not.",
     "shared-system-prompt": "one long system prompt with many different user questions behind it",
     "mixed": "independent requests with lognormal prompt and output lengths",
 }
@@ -170,8 +173,10 @@ def live() -> None:
     c[2].metric("Running/waiting", f"{m.num_running} / {m.num_waiting}")
     c[3].metric("Preempted/swapped", f"{m.num_preempted} / {m.num_swapped}", help="right now")
     c[4].metric("Preemptions", m.num_preemptions_total, help="total since the engine started")
-    c[5].metric("KV in use", f"{100 * m.kv_cache_usage_perc:.0f}%",
-                help=f"{m.num_blocks_used} of {snap.info.num_blocks} blocks owned by requests")
+    used_b, pool_b = m.num_blocks_used * snap.info.bytes_per_block, snap.info.num_blocks * snap.info.bytes_per_block
+    c[5].metric("KV in use", f"{100 * m.kv_cache_usage_perc:.0f}% · {L.format_bytes(used_b)}",
+                help=f"{m.num_blocks_used} of {snap.info.num_blocks} blocks owned by requests: "
+                     f"{used_b:,} of {pool_b:,} bytes ({snap.info.bytes_per_block:,} bytes per block)")
     state = "feeding" if not fs.done else ("draining" if pending else "done")
     s = run["summary"]
     st.caption(f"Run {run['run_id']} · {run['scenario']} · {state} · {s.get('requests', 0)} requests, prompts "

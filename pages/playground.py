@@ -8,7 +8,7 @@ import streamlit as st
 from engine.config import SamplingParams
 from engine.thread import EngineCrashed
 from ui import engine_access as ea
-from ui import growth, pool, room, shell, theme, tokens
+from ui import growth, pool, preview, room, shell, theme, tokens
 from ui import load as L
 
 shell.enter_app()
@@ -17,7 +17,8 @@ EXAMPLE = "Explain in two sentences why a KV cache makes text generation faster.
 SS = st.session_state
 
 st.title("Playground")
-st.caption("Type a prompt (the model's chat template is applied). The answer streams on the left; "
+st.caption("Type a prompt (the model's chat template is applied): the preview under it follows every keystroke, "
+           "before anything runs. Generate streams the answer on the left; "
            "on the right, live from the engine: the whole block pool, this request's block table, "
            "its cache growth and phases, and every generated token.")
 
@@ -91,10 +92,11 @@ def render_views(rid: str | None, tag: str) -> None:
 left, right = st.columns([5, 7], gap="large")
 
 with left:
-    with st.form("pg_form"):
-        prompt = st.text_area("Prompt", value=SS.get("pg_prompt", EXAMPLE), height=110, max_chars=20000)
-        max_tokens = st.slider("Max new tokens", 1, 256, 48)
-        submitted = st.form_submit_button("Generate", type="primary")
+    max_tokens = st.slider("Max new tokens", 1, 256, 48, key="pg_max_tokens")
+    preview.prompt_with_preview(th, "pg", SamplingParams(max_tokens=int(max_tokens)),
+                                default=SS.get("pg_prompt", EXAMPLE))
+    submitted = st.button("Generate", type="primary", key="pg_generate")
+    system, prompt = preview.typed("pg")
     actions = st.container()
     answer = st.container()
 
@@ -154,7 +156,7 @@ def evict_button(rid: str) -> None:
 h = None
 if submitted:
     try:
-        h = room.submit(th, prompt, SamplingParams(max_tokens=int(max_tokens), temperature=0.0, seed=0), chat=True)
+        h = preview.submit(th, "pg", SamplingParams(max_tokens=int(max_tokens), temperature=0.0, seed=0))
     except ValueError as e:
         with answer:
             st.error(f"Not submitted: {e}")

@@ -8,7 +8,7 @@ from engine.workloads import make_workload
 from ui import compare as C
 from ui import engine_access as ea
 from ui import events_table as et
-from ui import pool, shell, theme
+from ui import pool, shell, side_channel, theme
 
 shell.enter_app()
 
@@ -80,59 +80,68 @@ res = SS.get("pc_result")
 if not res:
     st.info("Press **Measure** to run the turns with prefix sharing and with forced misses, alternating, "
             "on a private engine that shares the loaded weights.")
-    st.stop()
 
-hit, miss, best = res["hit"], res["miss"], res["best"]
-sh, sm = C.prefix_summary(hit), C.prefix_summary(miss)
-share = experiments.sharing_stats(best)
-c = st.columns(5)
-c[0].metric("Prefix hit rate (this run)", f"{100 * sh['hit_rate']:.0f}%",
-            help="prompt tokens served from the cache / all prompt tokens, over the run with sharing")
-c[1].metric("Hit rate with forced misses", f"{100 * sm['hit_rate']:.0f}%")
-c[2].metric("Mean TTFT, later turns (shared)",
-            "—" if len(hit) < 2 else f"{1000 * C.prefix_summary(hit[1:])['mean_ttft_s']:.0f} ms")
-c[3].metric("Mean TTFT, later turns (misses)",
-            "—" if len(miss) < 2 else f"{1000 * C.prefix_summary(miss[1:])['mean_ttft_s']:.0f} ms")
-c[4].metric("Blocks shared at peak", f"{share['shared_blocks']} (×{share['max_ref']})",
-            help="blocks held by more than one request at once, and the largest reference count")
 
-cmp_ = res.get("comparison")
-if cmp_:
-    (st.warning if cmp_.contended else st.caption)(
-        f"Mean TTFT of the later turns, cold / warm: median {cmp_.ratio.median:.2f}× (range {cmp_.ratio.lo:.2f}–"
-        f"{cmp_.ratio.hi:.2f}×); warm median {1000 * cmp_.b.median:.0f} ms ({1000 * cmp_.b.lo:.0f}–"
-        f"{1000 * cmp_.b.hi:.0f}), cold {1000 * cmp_.a.median:.0f} ms ({1000 * cmp_.a.lo:.0f}–{1000 * cmp_.a.hi:.0f}). "
-        f"Conditions: {cmp_.conditions()}. Run on a private engine sharing the loaded weights (the shared pool "
-        "was not touched); the turns shown are the median round's.")
-ea.chart(C.prefix_figure(hit, miss), key="pc_fig")
+def show_result(res) -> None:
+    hit, miss, best = res["hit"], res["miss"], res["best"]
+    sh, sm = C.prefix_summary(hit), C.prefix_summary(miss)
+    share = experiments.sharing_stats(best)
+    c = st.columns(6)
+    c[0].metric("Prefix hit rate (this run)", f"{100 * sh['hit_rate']:.0f}%",
+                help="prompt tokens served from the cache / all prompt tokens, over the run with sharing")
+    c[1].metric("Hit rate with forced misses", f"{100 * sm['hit_rate']:.0f}%")
+    c[2].metric("Mean TTFT, later turns (shared)",
+                "—" if len(hit) < 2 else f"{1000 * C.prefix_summary(hit[1:])['mean_ttft_s']:.0f} ms")
+    c[3].metric("Mean TTFT, later turns (misses)",
+                "—" if len(miss) < 2 else f"{1000 * C.prefix_summary(miss[1:])['mean_ttft_s']:.0f} ms")
+    saved = C.ttft_saved_ms(hit, miss)
+    c[5].metric("TTFT saved, later turns", "—" if saved is None else f"{saved:,.0f} ms",
+                help="mean TTFT of the later turns with forced misses minus with the prefix cache (cold − warm)")
+    c[4].metric("Blocks shared at peak", f"{share['shared_blocks']} (×{share['max_ref']})",
+                help="blocks held by more than one request at once, and the largest reference count")
 
-if best is not None and share["shared_blocks"]:
-    st.subheader("The pool while the later turns ran together")
-    ea.chart(pool.pool_map_figure(best, title="KV block pool at peak sharing"), key="pc_pool")
-    st.html(theme.block_legend_html())
-    st.caption(f"Engine step {best.step}. Cells marked ×n are one physical block in n requests' block tables: "
-               "the system prompt's keys and values, stored once.")
-elif best is not None:
-    st.caption("No block was shared by two running requests at the same moment in this run.")
+    cmp_ = res.get("comparison")
+    if cmp_:
+        (st.warning if cmp_.contended else st.caption)(
+            f"Mean TTFT of the later turns, cold / warm: median {cmp_.ratio.median:.2f}× (range {cmp_.ratio.lo:.2f}–"
+            f"{cmp_.ratio.hi:.2f}×); warm median {1000 * cmp_.b.median:.0f} ms ({1000 * cmp_.b.lo:.0f}–"
+            f"{1000 * cmp_.b.hi:.0f}), cold {1000 * cmp_.a.median:.0f} ms ({1000 * cmp_.a.lo:.0f}–{1000 * cmp_.a.hi:.0f}). "
+            f"Conditions: {cmp_.conditions()}. Run on a private engine sharing the loaded weights (the shared pool "
+            "was not touched); the turns shown are the median round's.")
+    ea.chart(C.prefix_figure(hit, miss), key="pc_fig")
 
-later_hit = C.prefix_summary(hit[1:]) if len(hit) > 1 else None
-later_miss = C.prefix_summary(miss[1:]) if len(miss) > 1 else None
-if later_hit and later_miss and later_hit["mean_ttft_s"] and later_miss["mean_ttft_s"]:
-    cached_each = [r.cached_tokens for r in hit[1:]]
-    span = (f"{min(cached_each)}" if min(cached_each) == max(cached_each)
-            else f"{min(cached_each)}–{max(cached_each)}")
-    st.markdown(
-        f"**What was measured.** Turn 1 found nothing cached in its fresh namespace and computed all "
-        f"{hit[0].prompt_tokens} prompt tokens. Turns 2–{len(hit)} then found {span} "
-        f"of their prompt tokens already cached — the full blocks of the shared system prompt; a partly filled "
-        f"last block is never shared — and prefilled only the rest. Their mean time to first token was "
-        f"{1000 * later_hit['mean_ttft_s']:.0f} ms, against {1000 * later_miss['mean_ttft_s']:.0f} ms for the same "
-        f"turns with a fresh salt each (every prompt token computed). TTFT is wall time on a shared CPU, so "
-        "other sessions' work can move it (see the conditions above); the cached-token counts come straight from "
-        "the engine.")
-with st.expander("Prefix-cache events of this measurement"):
-    evs = [e for e in res["rec"].events if (e.request_id or "").startswith(res["tag"])]
-    st.html(et.events_html(et.filter_events(evs, ("prefix_hit", "admit", "preempt", "finish", "reject"), limit=60)))
-st.download_button("Download this measurement's trace (JSONL)", data=res["rec"].trace_text,
-                   file_name=f"kvscope-prefix-{res['tag']}.jsonl", mime="application/jsonl", key="pc_dl",
-                   on_click="ignore")
+    if best is not None and share["shared_blocks"]:
+        st.subheader("The pool while the later turns ran together")
+        ea.chart(pool.pool_map_figure(best, title="KV block pool at peak sharing"), key="pc_pool")
+        st.html(theme.block_legend_html())
+        st.caption(f"Engine step {best.step}. Cells marked ×n are one physical block in n requests' block tables: "
+                   "the system prompt's keys and values, stored once.")
+    elif best is not None:
+        st.caption("No block was shared by two running requests at the same moment in this run.")
+
+    later_hit = C.prefix_summary(hit[1:]) if len(hit) > 1 else None
+    later_miss = C.prefix_summary(miss[1:]) if len(miss) > 1 else None
+    if later_hit and later_miss and later_hit["mean_ttft_s"] and later_miss["mean_ttft_s"]:
+        cached_each = [r.cached_tokens for r in hit[1:]]
+        span = (f"{min(cached_each)}" if min(cached_each) == max(cached_each)
+                else f"{min(cached_each)}–{max(cached_each)}")
+        st.markdown(
+            f"**What was measured.** Turn 1 found nothing cached in its fresh namespace and computed all "
+            f"{hit[0].prompt_tokens} prompt tokens. Turns 2–{len(hit)} then found {span} "
+            f"of their prompt tokens already cached — the full blocks of the shared system prompt; a partly filled "
+            f"last block is never shared — and prefilled only the rest. Their mean time to first token was "
+            f"{1000 * later_hit['mean_ttft_s']:.0f} ms, against {1000 * later_miss['mean_ttft_s']:.0f} ms for the same "
+            f"turns with a fresh salt each (every prompt token computed). TTFT is wall time on a shared CPU, so "
+            "other sessions' work can move it (see the conditions above); the cached-token counts come straight from "
+            "the engine.")
+    with st.expander("Prefix-cache events of this measurement"):
+        evs = [e for e in res["rec"].events if (e.request_id or "").startswith(res["tag"])]
+        st.html(et.events_html(et.filter_events(evs, ("prefix_hit", "admit", "preempt", "finish", "reject"), limit=60)))
+    st.download_button("Download this measurement's trace (JSONL)", data=res["rec"].trace_text,
+                       file_name=f"kvscope-prefix-{res['tag']}.jsonl", mime="application/jsonl", key="pc_dl",
+                       on_click="ignore")
+
+
+if res:
+    show_result(res)
+side_channel.render(st, th, small=small, chart=ea.chart)

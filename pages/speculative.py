@@ -3,19 +3,14 @@ from __future__ import annotations
 
 import streamlit as st
 
+from engine.config import SamplingParams
+
 from ui import engine_access as ea
-from ui import room, shell, spec, theme, tokens
+from ui import preview, room, shell, spec, spec_widget, theme, tokens
 
 shell.enter_app()
 
 SS = st.session_state
-METHODS = ("ngram", "self_draft", "draft_model")
-METHOD_HELP = {
-    "ngram": "prompt lookup: the draft is what followed the last few tokens earlier in the context "
-             "(free to compute; strong when the answer repeats or edits the prompt)",
-    "self_draft": "the target model made cheaper (a dynamic-int8 copy) drafts for itself",
-    "draft_model": "a separate small model with the same tokenizer drafts",
-}
 EXAMPLE = ("Copy this sentence exactly, changing only the word cat to dog: The quick brown cat jumps over "
            "the lazy fox, and the quick brown cat runs back home again before the rain.")
 
@@ -29,34 +24,45 @@ cfg = ea.engine_config()
 info = th.snapshot().info
 
 with st.container(border=True):
-    c = st.columns([2, 2, 2, 3])
+    c = st.columns([3, 2, 2, 3])
     cur = cfg.speculative
-    method = c[0].selectbox("Method", METHODS, index=METHODS.index(cur.method) if cur and cur.method in METHODS else 0,
-                            help="; ".join(f"{m}: {h}" for m, h in METHOD_HELP.items()), key="spec_method")
-    k = c[1].slider("Draft length k", 1, 8, value=min(8, cur.num_speculative_tokens) if cur else 4, key="spec_k")
+    labels = list(spec_widget.DRAFTERS)
+    drafter = c[0].selectbox("Drafter", labels, index=labels.index(spec_widget.label_of(cur)),
+                             help="; ".join(f"{k}: {v[1]}" for k, v in spec_widget.DRAFTERS.items()),
+                             key="spec_drafter")
+    k = c[1].slider("Draft length k", 1, spec_widget.K_MAX,
+                    value=cur.num_speculative_tokens if cur else 4, key="spec_k")
     max_tokens = c[2].slider("Max new tokens", 8, 256, 64, key="spec_max_tokens")
+    temperature = c[2].slider("Temperature", 0.0, 1.5, 0.0, 0.1, key="spec_temperature",
+                              help="0: greedy (output identical to plain decoding). Above 0: rejection sampling "
+                                   "keeps the target's distribution; each draft token is accepted with "
+                                   "probability min(1, p/q)")
     mismatched = c[3].toggle("Mismatched draft (break it)", value=False, key="spec_mismatched",
                              help="Use a poor drafter: the target itself, cut after its first ~1/8 of layers. "
                                   "Watch acceptance collapse and the speedup fall to about 1× or below.")
-    draft_model = None
-    if method == "draft_model" and not mismatched:
-        draft_model = st.text_input("Draft model (path or hub id, same tokenizer as the target)", value="",
-                                    key="spec_draft_model")
-    st.caption(METHOD_HELP["self_draft" if mismatched else method]
+    exit_layers, draft_model = 1, ""
+    if drafter == "self-draft: early exit" and not mismatched:
+        exit_layers = c[3].number_input("Exit after layer", 1, max(1, info.num_layers - 1),
+                                        max(1, info.num_layers // 2), key="spec_exit_layers")
+    if drafter == "draft model" and not mismatched:
+        draft_model = st.text_input("Draft model (local path or hub id, same tokenizer as the target)",
+                                    value="tiny", key="spec_draft_model",
+                                    help="'tiny' is kvscope's 2-layer random model: it loads offline and drafts "
+                                         "badly, an honest demo of a poor drafter")
+    st.caption(spec_widget.DRAFTERS[drafter][1]
                + (" — mismatched: early exit after the first ~1/8 of the target's layers" if mismatched else ""))
-    prompt = st.text_area("Prompt", value=SS.get("spec_prompt", EXAMPLE), height=90, max_chars=20000,
-                          key="spec_prompt_box")
+    st.html(spec_widget.kv_bar_html(th.snapshot()))
+    preview.prompt_with_preview(th, "spec", SamplingParams(max_tokens=int(max_tokens)),
+                                default=SS.get("spec_prompt", EXAMPLE))
     run = st.button("Run speculative and plain decoding", type="primary", key="spec_run")
+    system, prompt = preview.typed("spec")
 
 
 def _wanted():
     if mismatched:
         return ea.spec_config("self_draft", int(k), mismatched=True, num_layers=info.num_layers)
-    if method == "draft_model":
-        from engine.config import SpeculativeConfig
-        return SpeculativeConfig(method="draft_model", num_speculative_tokens=int(k), draft_model=draft_model or None,
-                                 enable_fallback=not ea.test_mode())
-    return ea.spec_config(method, int(k))
+    return spec_widget.drafter_config(drafter, int(k), exit_layers=int(exit_layers), draft_model=draft_model,
+                                      fallback=not ea.test_mode())
 
 
 def _event_time(e, *names):
@@ -103,7 +109,8 @@ if run:
 
         def on_sample(r, side, smp):
             progress(f"round {r + 1}: {side} took {smp.seconds:.2f} s")
-        return compare_speculative(base, text, want, n_tok, busy=lambda: th.engine.step_num,
+        return compare_speculative(base, text, want, n_tok, temperature=float(temperature),
+                                   busy=lambda: th.engine.step_num,
                                    busy_what="shared-engine steps (other requests on the same cores)",
                                    budget_s=BUDGET_S, on_sample=on_sample)
 
@@ -129,7 +136,7 @@ if cur_run is not None and cur_run.status == "error":
 res = cur_run.result if cur_run is not None else None
 
 if not res:
-    st.info("Pick a method and k, then run a prompt. Prompts whose answer repeats or edits the prompt "
+    st.info("Pick a drafter and k, then run a prompt. Prompts whose answer repeats or edits the prompt "
             "suit n-gram drafting; switch on the mismatched draft to see speculation stop paying.")
     st.html(theme.token_legend_html())
     st.stop()
@@ -182,6 +189,7 @@ with st.container(key="spec_conditions"):
             "Measured on a private engine that shares the loaded weights; the shared engine was not rebuilt "
             "and no request was aborted.")
     (st.warning if cmp_.contended else st.caption)(cond)
+st.html(spec_widget.kv_bar_html(th.snapshot_now()))
 if preq is not None and sreq.output_text != preq.output_text:
     st.warning("The speculative and plain outputs differ (expected only with sampling, not greedy).")
 elif preq is not None:
@@ -189,6 +197,12 @@ elif preq is not None:
 
 st.markdown("**Generated tokens**")
 st.html(tokens.strip_with_legend(sreq.tokens))
+ticks = spec_widget.tick_steps(sreq)
+if len(ticks) > 1:
+    tick = st.select_slider("Tick timeline: scrub the run step by step (engine steps)", ticks, value=ticks[-1],
+                            key="spec_tick")
+    st.caption(spec_widget.tick_caption(sreq, tick, th.snapshot().info.bytes_per_block))
+    st.html(tokens.token_strip_html(spec_widget.at_tick(sreq, tick)[0]))
 
 left, right = st.columns(2, gap="large")
 with left:

@@ -29,4 +29,5 @@ if [ "$KVSCOPE_API_PORT" != "off" ]; then
        "(same engine; up once the model has loaded)"
 fi
 exec .venv/bin/python -m streamlit run app_api.py --server.headless true --server.port "$PORT" \
-  --server.address "$ADDR" --browser.gatherUsageStats false --server.fileWatcherType none "$@"
+  --server.address "$ADDR" --browser.gatherUsageStats false --server.fileWatcherType none \
+  --client.toolbarMode minimal "$@"

@@ -335,6 +335,16 @@ def prefix_summary(rows: Sequence[PrefixRow]) -> dict:
             "hit_rate": prefix_hit_rate(cached, prompt)}
 
 
+def ttft_saved_ms(with_cache: Sequence[PrefixRow], forced_miss: Sequence[PrefixRow]) -> float | None:
+    """Mean TTFT of the later turns (2..n) with forced misses minus with the cache, in ms (cold − warm).
+    None without a later turn timed on both sides."""
+    warm = [r.ttft_s for r in with_cache[1:] if r.ttft_s is not None]
+    cold = [r.ttft_s for r in forced_miss[1:] if r.ttft_s is not None]
+    if not warm or not cold:
+        return None
+    return 1000 * (sum(cold) / len(cold) - sum(warm) / len(warm))
+
+
 def prefix_figure(with_cache: Sequence[PrefixRow], forced_miss: Sequence[PrefixRow]) -> go.Figure:
     """Left: TTFT per user turn, prefix cache vs forced misses. Right: prompt tokens per turn,
     split into served-from-cache and computed."""

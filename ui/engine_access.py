@@ -19,6 +19,8 @@ import streamlit as st
 from engine.config import SPEC_METHODS, EngineConfig, SpeculativeConfig
 from engine.device import detect_devices
 
+from . import sidebar_limits
+
 
 def test_mode() -> bool:
     """KVSCOPE_TEST_MODE=1 (read at every call, so tests can set it before running the app)."""
@@ -241,6 +243,7 @@ def settings_sidebar() -> None:
         prefix = st.toggle("Prefix caching", value=bool(cfg.enable_prefix_caching))
         pre = st.radio("Preemption mode", ("recompute", "swap"), horizontal=True,
                        index=0 if cfg.preemption_mode == "recompute" else 1)
+        limits = sidebar_limits.limit_inputs(st, cfg)
         cur_method = cfg.speculative.method if cfg.speculative else "off"
         method = st.selectbox("Speculative decoding", SPEC_CHOICES, index=SPEC_CHOICES.index(cur_method))
         k = st.slider("Draft length k", 1, 16, value=cfg.speculative.num_speculative_tokens if cfg.speculative else 4)
@@ -270,7 +273,8 @@ def settings_sidebar() -> None:
                               kv_cache_dtype=kv_dtype,
                               max_num_seqs=int(seqs), enable_prefix_caching=bool(prefix), preemption_mode=pre,
                               weight_format=wf,
-                              speculative=spec_config(method, int(k), num_layers=info.num_layers if info else None))
+                              speculative=spec_config(method, int(k), num_layers=info.num_layers if info else None),
+                              **limits)
             st.session_state["engine_message"] = ("success", shared_engine().reconfigure(new))
         except ValueError as e:
             st.session_state["engine_message"] = ("error", f"Settings not applied: {e}")

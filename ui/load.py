@@ -93,7 +93,10 @@ def kv_usage_figure(series: Sequence[Snapshot], t0: float | None = None) -> go.F
                                                         shape="hv")))
     fig.add_trace(go.Scatter(x=xs, y=u["budget"], name="budget (pool size)", mode="lines",
                              line=dict(color=theme.INK, width=2, dash="dash", shape="hv")))
-    ytitle = f"blocks ({series[-1].info.block_size} tokens each)" if series else "blocks"
+    ytitle = "blocks"
+    if series:
+        i = series[-1].info
+        ytitle = f"blocks ({i.block_size} tokens, {format_bytes(i.bytes_per_block)} each)"
     fig = _layout(fig, "KV blocks in use vs budget", ytitle)
     fig.update_yaxes(rangemode="tozero")
     return fig
@@ -137,6 +140,7 @@ def growth_lines(series: Sequence[Snapshot], max_lines: int = MAX_GROWTH_LINES) 
 def growth_figure(series: Sequence[Snapshot], t0: float | None = None,
                   max_lines: int = MAX_GROWTH_LINES) -> go.Figure:
     _, base = _t(series, t0)
+    bpt = series[-1].info.bytes_per_token if series else 0
     all_lines = growth_lines(series, max_lines=1_000_000)
     lines = dict(list(all_lines.items())[:max_lines])
     colors = theme.RequestColors(sorted(lines, key=lambda rid: (lines[rid][0][:1], rid)))
@@ -144,14 +148,20 @@ def growth_figure(series: Sequence[Snapshot], t0: float | None = None,
     for rid, (xs, ys) in sorted(lines.items()):
         fig.add_trace(go.Scatter(x=[x - base for x in xs], y=ys, name=_safe(rid), mode="lines",
                                  line=dict(color=colors.color(rid), width=1.5, shape="hv"),
-                                 showlegend=False, hovertemplate=f"{_safe(rid)}<br>%{{y}} tokens<extra></extra>"))
+                                 customdata=[y * bpt for y in ys], showlegend=False,
+                                 hovertemplate=f"{_safe(rid)}<br>%{{y}} tokens = %{{customdata:,}} bytes"
+                                               "<extra></extra>"))
     n_all = len(all_lines)
     title = "KV cache per request (tokens held)"
     if n_all > len(lines):
         title += f" — {len(lines)} largest of {n_all} shown"
-    fig = _layout(fig, title, "tokens in cache")
+    fig = _layout(fig, title, f"tokens in cache ({bpt:,} bytes each)" if bpt else "tokens in cache")
     fig.update_layout(hovermode="closest")
     return fig
+
+
+def format_bytes(n: int) -> str:
+    return f"{n:,} B" if n < 1024 else f"{n / 1024:,.1f} KiB" if n < 2**20 else f"{n / 2**20:,.1f} MiB"
 
 
 def _safe(s: str) -> str:

@@ -177,7 +177,36 @@ def test_operator_token_gates_engine_wide_changes(monkeypatch):
     assert "Operator: you can change the engine" in " ".join(c.value for c in at.sidebar.caption)
 
 
+def test_sidebar_sets_victim_policy_and_tier_caps():
+    """Victim policy, a tier's cap and the default tier reach the engine; the playground preview
+    then rejects a request over that cap with the engine's own reason."""
+    at = _app().run()
+    at.sidebar.selectbox(key="sb_victim_policy").select("lru")
+    at.sidebar.number_input(key="sb_tier_free").set_value(60)
+    at.sidebar.selectbox(key="sb_default_tier").select("free")
+    at.sidebar.checkbox[0].check()
+    _button(at, "Apply").click().run()
+    _no_exception(at)
+    cfg = _engine().config
+    assert (cfg.victim_policy, cfg.tiers["free"].max_context, cfg.default_tier) == ("lru", 60, "free")
+    assert _engine().snapshot_now().info.victim_policy == "lru"
+    at.switch_page("pages/playground.py")
+    _type(at, "pg", "Name three colours.")
+    at.run()
+    at.slider(key="pg_max_tokens").set_value(40)
+    at.run()
+    _no_exception(at)
+    assert any("Would be rejected" in e.value and "'free''s context cap of 60 tokens" in e.value for e in at.error), \
+        [e.value for e in at.error] + [m.value for m in at.markdown][:3]
+    _restore_default_engine()
+
+
 # --------------------------------------------------------------------------- Playground
+
+def _type(at, prefix, text, field="prompt"):
+    """What a keystroke sends: the keyup field's component state (the browser test types for real)."""
+    at.session_state[f"_st_keyup_{prefix}_{field}"] = {"value": text}
+
 
 def _playground():
     at = _app()
@@ -188,8 +217,8 @@ def _playground():
 def test_playground_generates_and_draws_the_engine_state():
     at = _playground()
     _no_exception(at)
-    at.text_area[0].input("Name three colours.")
-    at.slider[0].set_value(12)
+    _type(at, "pg", "Name three colours.")
+    at.slider(key="pg_max_tokens").set_value(12)
     _button(at, "Generate").click().run()
     _no_exception(at)
     th = _engine()
@@ -228,12 +257,13 @@ HOSTILE = '<script>alert(1)</script><img src=x onerror=alert(2)>"><svg onload=al
 
 def test_playground_prompt_is_data_not_markup():
     at = _playground()
-    at.text_area[0].input(HOSTILE)
-    at.slider[0].set_value(4)
+    _type(at, "pg", HOSTILE)
+    at.slider(key="pg_max_tokens").set_value(4)
     _button(at, "Generate").click().run()
     _no_exception(at)
-    # the prompt is echoed as plain text, never as HTML
+    # the prompt is echoed as plain text, never as HTML; the preview's chips escape every token
     assert any(HOSTILE in t.value for t in at.text)
+    assert "kvscope-preview-block" in _html(at)
     html = _html(at)
     for bad in ("<script", "<img", "<svg", "onerror=", "onload=", "\u202e"):
         assert bad not in html
@@ -241,16 +271,52 @@ def test_playground_prompt_is_data_not_markup():
 
 def test_playground_bad_input_is_a_message_not_a_traceback():
     at = _playground()
-    at.text_area[0].input("   ")
+    _type(at, "pg", "   ")
     _button(at, "Generate").click().run()
     _no_exception(at)
     assert any("Not submitted" in e.value and "prompt" in e.value for e in at.error)
 
 
+def test_playground_preview_follows_typing_and_changes_nothing():
+    """Each keystroke reruns the preview: counts from the engine's own tokenizer and pool, the
+    system-prompt edit's block, and not one change in the engine's snapshot."""
+    from engine.config import SamplingParams
+    from engine.preview import template_ids
+    at = _playground()
+    th = _engine()
+    system = "You are the release-freeze assistant. Answer briefly."
+    _type(at, "pg", system, field="system")
+    _type(at, "pg", "Is the <b>API</b> frozen?")
+    at.slider(key="pg_max_tokens").set_value(8)
+    at.run()
+    _button(at, "Generate").click().run()
+    _no_exception(at)
+    before = th.snapshot_now()
+    for typed in ("W", "Wh", "What", "What is frozen"):
+        _type(at, "pg", typed)
+        at.run()
+        _no_exception(at)
+        ids, content = template_ids(th.tokenizer, typed, system)
+        text = "\n".join(m.value for m in at.markdown)
+        assert f"**{len(ids)} tokens** with the chat template: {content} typed + {len(ids) - content} template" in text
+        pv = th.preview(typed, SamplingParams(max_tokens=8), system=system)
+        assert pv.hit_blocks >= 1 and f"blocks 0–{pv.hit_blocks - 1}" in text
+    after = th.snapshot_now()
+    assert (after.blocks, after.requests, after.step) == (before.blocks, before.requests, before.step)
+    _type(at, "pg", system.replace("briefly", "kindly"), field="system")
+    at.run()
+    edited, _ = template_ids(th.tokenizer, "What is frozen", system.replace("briefly", "kindly"))
+    first = next(i for i, (a, b) in enumerate(zip(edited, template_ids(th.tokenizer, "Is the <b>API</b> frozen?",
+                                                                          system)[0])) if a != b)
+    assert f"differs from the previous prompt at token {first} → block {first // 4}" in \
+        "\n".join(m.value for m in at.markdown)
+    assert "<b>API" not in _html(at)
+
+
 def test_evict_of_a_finished_request_explains_itself():
     at = _playground()
-    at.text_area[0].input("Hi")
-    at.slider[0].set_value(3)
+    _type(at, "pg", "Hi")
+    at.slider(key="pg_max_tokens").set_value(3)
     _button(at, "Generate").click().run()
     _button(at, "Evict KV cache").click().run()
     _no_exception(at)
@@ -299,7 +365,7 @@ def test_speculative_page_measures_a_real_run():
     at.switch_page("pages/speculative.py")
     at.run()
     _no_exception(at)
-    at.selectbox(key="spec_method").select("self_draft")
+    at.selectbox(key="spec_drafter").select("self-draft: int8 copy")
     at.slider(key="spec_k").set_value(3)
     at.slider(key="spec_max_tokens").set_value(24)
     at.run()
@@ -327,4 +393,29 @@ def test_speculative_page_measures_a_real_run():
     assert meas["x"] == [3]
     assert meas["y"][0] == pytest.approx(1 + sreq.spec_num_accepted_tokens / sreq.spec_num_drafts)
     assert "tok-accepted" in _html(at) or "tok-replaced" in _html(at)
+    # the tick timeline: scrubbing back shows only the tokens produced by then
+    ticks = sorted({p.step for p in sreq.history} | {t.step for t in sreq.tokens})
+    first_tok = min(t.step for t in sreq.tokens)
+    at.select_slider(key="spec_tick").set_value(first_tok).run()
+    _no_exception(at)
+    n = sum(1 for t in sreq.tokens if t.step <= first_tok)
+    assert any(c.value.startswith(f"Step {first_tok}:") for c in at.caption)
+    assert at.select_slider(key="spec_tick").options == [str(t) for t in ticks]
+    assert 1 <= n < sreq.output_len
     _restore_default_engine()
+
+
+def test_speculative_page_draft_model_that_cannot_load_is_a_clear_error():
+    at = _app()
+    at.switch_page("pages/speculative.py")
+    at.run()
+    at.selectbox(key="spec_drafter").select("draft model")
+    at.run()
+    assert at.text_input(key="spec_draft_model").value == "tiny"     # the offline poor drafter is offered
+    at.text_input(key="spec_draft_model").input("/nonexistent/draft-model")
+    at.slider(key="spec_k").set_value(16)
+    at.button(key="spec_run").click().run()
+    _no_exception(at)
+    assert any("Could not switch the engine to that drafter" in e.value and "/nonexistent/draft-model" in e.value
+               for e in at.error), [e.value for e in at.error]
+    assert _engine().snapshot().info.speculative is None or "draft_model" not in _engine().snapshot().info.speculative

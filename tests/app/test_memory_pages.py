@@ -121,6 +121,33 @@ def test_prefix_cache_page_measures_hits_on_the_engine():
     # measured on a private engine: nothing of it ever entered the shared engine
     from ui import engine_access as ea
     assert not any(r.request_id.startswith(res["tag"]) for r in ea.get_engine().snapshot().requests)
+    from ui import compare as C
+    cold = [r.ttft_s for r in res["miss"][1:]]
+    warm = [r.ttft_s for r in res["hit"][1:]]
+    saved = 1000 * (sum(cold) / len(cold) - sum(warm) / len(warm))
+    assert C.ttft_saved_ms(res["hit"], res["miss"]) == pytest.approx(saved)
+    assert m["TTFT saved, later turns"] == [f"{saved:,.0f} ms"]
+
+
+def test_prefix_cache_page_side_channel_and_salts():
+    """The side-channel section: every cell measured each round, the shared-cache probes of a cached
+    prefix hit it fully, the salted ones never do; the numbers shown are the probes'."""
+    from engine import side_channel as sc
+    at = _app("prefix_cache.py")
+    assert any("Measure the side channel" in i.value for i in at.info)
+    at.number_input(key="sc_prefix").set_value(16)
+    at.number_input(key="sc_rounds").set_value(2)
+    _submit(at, "sc_form", "Measure the side channel")
+    assert not at.error, [e.value for e in at.error]
+    res = at.session_state["sc_result"]
+    probes = res["probes"]
+    assert len(probes) == 8 and res["prefix"] == 16
+    assert all(p.hit_tokens == (16 if p.mode == "shared" and p.cached else 0) for p in probes)
+    m = _metrics(at)
+    assert m["Cross-tenant sharing, shared"] == ["100%"] and m["Cross-tenant sharing, salted"] == ["0%"]
+    thr = sc.threshold(probes)
+    assert m["Guess right, per-tenant salt"] == [f"{100 * sc.accuracy(probes, 'salted', thr):.0f}%"]
+    assert len(at.get("plotly_chart")) == 1
 
 
 # ------------------------------------------------------------------ paged vs contiguous

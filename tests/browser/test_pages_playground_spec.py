@@ -7,6 +7,8 @@ the measured-cost chart) are hidden while the shot is taken; everything else mus
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.browser.shot import (
@@ -77,7 +79,11 @@ def test_playground_answer(server, page):
 
 def test_playground_hostile_prompt_is_text(server, page):
     open_page(page, server.url, "playground")
-    page.get_by_label("Prompt").fill(HOSTILE)
+    field = page.locator(".stkeyup").filter(
+        has=page.locator("label.stkeyup__label", has_text=re.compile("^Prompt$"))).locator("input")
+    field.fill(HOSTILE)
+    page.wait_for_function("() => document.querySelector('.kvscope-preview') && document.querySelector("
+                           "'.kvscope-preview').textContent.includes('__pwned')", timeout=120_000, polling=50)
     click_and_wait(page, page.get_by_role("button", name="Generate"))
     assert_no_exception(page)
     assert page.evaluate("() => window.__pwned") is None
@@ -93,7 +99,7 @@ def test_speculative_self_draft(server, page):
     # choose_option waits for the rerun the choice starts: with a bare wait_drawn, the next
     # click's wait could be satisfied by this rerun finishing late (seen once in a CI run: the
     # page was read in its no-result state while the Run click's rerun had not started yet)
-    choose_option(page, "Method", "self_draft")
+    choose_option(page, "Drafter", "self-draft: int8 copy")
     click_and_wait(page, page.get_by_role("button", name="Run speculative and plain decoding"))
     assert_no_exception(page)
     main = page.locator('[data-testid="stMain"]').inner_text()
