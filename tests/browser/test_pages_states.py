@@ -15,8 +15,17 @@ from __future__ import annotations
 
 import pytest
 
-from tests.browser.shot import (OUT_DIR, APP_SCRIPT, assert_no_exception, assert_screenshot, choose_option,
-                                click_and_wait, open_page, rerun_after, take_screenshot)
+from tests.browser.shot import (
+    APP_SCRIPT,
+    OUT_DIR,
+    assert_no_exception,
+    assert_screenshot,
+    choose_option,
+    click_and_wait,
+    open_page,
+    rerun_after,
+    take_screenshot,
+)
 
 pytestmark = pytest.mark.browser
 STATES_ENV = {"KVSCOPE_TEST_SERVER": "page-states"}
