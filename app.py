@@ -5,6 +5,7 @@ settings in the sidebar, then runs the chosen page from pages/. Each page file s
 `ui.shell.enter_app()`, which routes a direct page URL on a fresh server through this script
 (see ui/shell.py and docs/DESIGN.md).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,28 +22,77 @@ PAGES_DIR = ROOT / "pages"
 
 # (file in pages/, title, url path, icon, one-line description for Home)
 PAGES = [
-    ("demo.py", "Demo", "demo", ":material/slideshow:",
-     "a guided tour in chapters: the release-freeze afternoon and speculation, from recorded traces or live"),
-    ("claims.py", "Claims", "claims", ":material/fact_check:",
-     "the seeds' claims about inference, each beside this machine's measurement: holds or not, and why"),
-    ("playground.py", "Playground", "playground", ":material/chat:",
-     "type a prompt; watch its blocks, cache growth, phases and (with speculation) every draft token"),
-    ("load.py", "Concurrent load", "load", ":material/groups:",
-     "launch many requests; queues, KV usage vs budget, preemptions, latency percentiles"),
-    ("speculative.py", "Speculative decoding", "speculative", ":material/fast_forward:",
-     "draft, verify, accept or reject: measured α and speedup against the theory curve"),
-    ("prefix_cache.py", "Prefix cache", "prefix_cache", ":material/share:",
-     "one system prompt, many users: shared blocks, hit rate, TTFT with and without the cache"),
-    ("memory_calculator.py", "Memory calculator", "memory_calculator", ":material/calculate:",
-     "KV bytes per token and per sequence for any model config, dtype and context"),
-    ("paged_vs_contiguous.py", "Paged vs contiguous", "paged_vs_contiguous", ":material/grid_view:",
-     "the same workload on both allocators: allocated vs filled slots, waste, admissions"),
-    ("cache_vs_nocache.py", "Cache vs no-cache", "cache_vs_nocache", ":material/speed:",
-     "what the KV cache saves: cost per token with and without it, and the 50-sequence budget"),
-    ("replay.py", "Replay", "replay", ":material/replay:",
-     "load a recorded trace and scrub through it step by step"),
-    ("attach.py", "Attach to a server", "attach", ":material/link:",
-     "a running kvscope or vLLM server: its metrics, queues and the prefix cache rebuilt from its KV events"),
+    (
+        "demo.py",
+        "Demo",
+        "demo",
+        ":material/slideshow:",
+        "a guided tour in chapters: the release-freeze afternoon and speculation, from recorded traces or live",
+    ),
+    (
+        "claims.py",
+        "Claims",
+        "claims",
+        ":material/fact_check:",
+        "the seeds' claims about inference, each beside this machine's measurement: holds or not, and why",
+    ),
+    (
+        "playground.py",
+        "Playground",
+        "playground",
+        ":material/chat:",
+        "type a prompt; watch its blocks, cache growth, phases and (with speculation) every draft token",
+    ),
+    (
+        "load.py",
+        "Concurrent load",
+        "load",
+        ":material/groups:",
+        "launch many requests; queues, KV usage vs budget, preemptions, latency percentiles",
+    ),
+    (
+        "speculative.py",
+        "Speculative decoding",
+        "speculative",
+        ":material/fast_forward:",
+        "draft, verify, accept or reject: measured α and speedup against the theory curve",
+    ),
+    (
+        "prefix_cache.py",
+        "Prefix cache",
+        "prefix_cache",
+        ":material/share:",
+        "one system prompt, many users: shared blocks, hit rate, TTFT with and without the cache",
+    ),
+    (
+        "memory_calculator.py",
+        "Memory calculator",
+        "memory_calculator",
+        ":material/calculate:",
+        "KV bytes per token and per sequence for any model config, dtype and context",
+    ),
+    (
+        "paged_vs_contiguous.py",
+        "Paged vs contiguous",
+        "paged_vs_contiguous",
+        ":material/grid_view:",
+        "the same workload on both allocators: allocated vs filled slots, waste, admissions",
+    ),
+    (
+        "cache_vs_nocache.py",
+        "Cache vs no-cache",
+        "cache_vs_nocache",
+        ":material/speed:",
+        "what the KV cache saves: cost per token with and without it, and the 50-sequence budget",
+    ),
+    ("replay.py", "Replay", "replay", ":material/replay:", "load a recorded trace and scrub through it step by step"),
+    (
+        "attach.py",
+        "Attach to a server",
+        "attach",
+        ":material/link:",
+        "a running kvscope or vLLM server: its metrics, queues and the prefix cache rebuilt from its KV events",
+    ),
 ]
 
 
@@ -55,7 +105,8 @@ def home() -> None:
         "maps its positions to those blocks. Here you can see the pool fill up as answers grow, "
         "requests share blocks for a common prompt, the scheduler preempt or swap requests when the "
         "budget runs out, and speculative decoding guess several tokens ahead and have the model "
-        "accept or reject them — all from the engine's own state, step by step.")
+        "accept or reject them — all from the engine's own state, step by step."
+    )
     th = ea.get_engine()
     if th is None:
         st.error(f"The engine could not be started: {ea.engine_error()}")
@@ -75,14 +126,18 @@ def home() -> None:
     st.html(theme.token_legend_html())
 
 
-_KERNEL_NAMES = {"cpu_kernel": "kvscope C kernel", "onednn": "oneDNN packed", "torch": "PyTorch",
-                 "flex": "FlexAttention in place (all rows)"}
+_KERNEL_NAMES = {
+    "cpu_kernel": "kvscope C kernel",
+    "onednn": "oneDNN packed",
+    "torch": "PyTorch",
+    "flex": "FlexAttention in place (all rows)",
+}
 
 
 def _engine_panel(th) -> None:
     snap = th.snapshot()
     info = snap.info
-    st.session_state["engine_info"] = info   # the memory calculator offers the loaded model's shape
+    st.session_state["engine_info"] = info  # the memory calculator offers the loaded model's shape
     healthy = th.healthy
     st.subheader("Engine")
     if healthy:
@@ -102,20 +157,25 @@ def _engine_panel(th) -> None:
         f"{mm.formula_factors(mc.config_from_engine_info(info), info.kv_cache_dtype).replace(' x ', ' × ')} "
         f"= {info.bytes_per_token:,} bytes. Pool: {info.num_blocks:,} blocks × "
         f"{info.block_size} tokens = {info.num_blocks * info.block_size:,} token slots "
-        f"({info.bytes_per_block:,} bytes per block).")
+        f"({info.bytes_per_block:,} bytes per block)."
+    )
     m = snap.metrics
     c = st.columns([2, 3, 3])
     c[0].metric("Running · waiting", f"{m.num_running} · {m.num_waiting}")
     c[1].metric("Blocks used · cached · free", f"{m.num_blocks_used} · {m.num_blocks_cached} · {m.num_blocks_free}")
     c[2].metric("Speculative decoding", info.speculative or "off")
-    st.caption(f"Prefix caching {'on' if info.enable_prefix_caching else 'off'} · preemption by "
-               f"{info.preemption_mode} · up to {info.max_num_seqs} concurrent sequences · "
-               f"max model length {info.max_model_len:,} tokens · {info.allocator} allocator · kernels: "
-               f"Linear {_KERNEL_NAMES.get(info.linear_backend, info.linear_backend)}, decode attention "
-               f"{_KERNEL_NAMES.get(info.attention_backend, info.attention_backend)}")
+    st.caption(
+        f"Prefix caching {'on' if info.enable_prefix_caching else 'off'} · preemption by "
+        f"{info.preemption_mode} · up to {info.max_num_seqs} concurrent sequences · "
+        f"max model length {info.max_model_len:,} tokens · {info.allocator} allocator · kernels: "
+        f"Linear {_KERNEL_NAMES.get(info.linear_backend, info.linear_backend)}, decode attention "
+        f"{_KERNEL_NAMES.get(info.attention_backend, info.attention_backend)}"
+    )
     if ea.weight_format_text(info):
-        st.caption(f"Weights: {ea.weight_format_text(info)}. Each decode step streams every weight once: "
-                   "reading the GGUF's 4-bit blocks in place of fp32 copies is the lever for batch-1 speed.")
+        st.caption(
+            f"Weights: {ea.weight_format_text(info)}. Each decode step streams every weight once: "
+            "reading the GGUF's 4-bit blocks in place of fp32 copies is the lever for batch-1 speed."
+        )
 
 
 def _build_navigation():

@@ -1,7 +1,8 @@
 """Command line: python -m engine generate "prompt" [--max-tokens N] [--temperature T] [--json]
-                 python -m engine bench SUITE [--quick] [--json]
-                 python -m engine soak [...]
-                 python -m engine serve [--model M] [--port 8000] [...]   (OpenAI-compatible API)"""
+python -m engine bench SUITE [--quick] [--json]
+python -m engine soak [...]
+python -m engine serve [--model M] [--port 8000] [...]   (OpenAI-compatible API)"""
+
 from __future__ import annotations
 
 import argparse
@@ -12,8 +13,10 @@ import time
 
 
 def _generate(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="python -m engine generate",
-                                 description="Generate text with kvscope's engine and print a one-line summary.")
+    ap = argparse.ArgumentParser(
+        prog="python -m engine generate",
+        description="Generate text with kvscope's engine and print a one-line summary.",
+    )
     ap.add_argument("prompt", help="the user message (the chat template is applied unless --raw)")
     ap.add_argument("--model", default=os.environ.get("KVSCOPE_MODEL", "default"))
     ap.add_argument("--max-tokens", type=int, default=128)
@@ -28,9 +31,11 @@ def _generate(argv: list[str]) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     a = ap.parse_args(argv)
     from .config import EngineConfig, SamplingParams
+
     try:
-        params = SamplingParams(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
-                                max_tokens=a.max_tokens, seed=a.seed)
+        params = SamplingParams(
+            temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, max_tokens=a.max_tokens, seed=a.seed
+        )
         cfg = EngineConfig(model=a.model, device=a.device, block_size=a.block_size, num_kv_blocks=a.num_kv_blocks)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -39,6 +44,7 @@ def _generate(argv: list[str]) -> int:
         print("error: prompt must not be empty", file=sys.stderr)
         return 2
     from .engine import LLMEngine
+
     t_load = time.perf_counter()
     try:
         eng = LLMEngine(cfg)
@@ -57,7 +63,7 @@ def _generate(argv: list[str]) -> int:
             peak_blocks = max(peak_blocks, len(eng.bm.table(rid)))
             text = o.outputs[0].text
             if not a.json and text.startswith(sent):
-                delta = text[len(sent):] if o.finished else text[len(sent):].rstrip("\ufffd")
+                delta = text[len(sent) :] if o.finished else text[len(sent) :].rstrip("\ufffd")
                 if delta:
                     sys.stdout.write(delta)
                     sys.stdout.flush()
@@ -66,23 +72,33 @@ def _generate(argv: list[str]) -> int:
     n = len(out.outputs[0].token_ids)
     decode_s = (m.finish_time - m.first_token_time) if n > 1 else 0.0
     summary = {
-        "text": out.outputs[0].text, "token_ids": out.outputs[0].token_ids,
-        "prompt_tokens": len(out.prompt_token_ids), "output_tokens": n,
-        "finish_reason": out.outputs[0].finish_reason, "ttft_s": round(m.ttft, 4),
+        "text": out.outputs[0].text,
+        "token_ids": out.outputs[0].token_ids,
+        "prompt_tokens": len(out.prompt_token_ids),
+        "output_tokens": n,
+        "finish_reason": out.outputs[0].finish_reason,
+        "ttft_s": round(m.ttft, 4),
         "tok_s": round((n - 1) / decode_s, 2) if decode_s > 0 else None,
-        "e2e_s": round(m.e2e_latency, 4), "kv_blocks_used": peak_blocks,
-        "kv_bytes": peak_blocks * eng.bytes_per_block, "block_size": eng.config.block_size,
-        "model": cfg.model, "device": str(eng.device), "load_s": round(load_s, 2),
+        "e2e_s": round(m.e2e_latency, 4),
+        "kv_blocks_used": peak_blocks,
+        "kv_bytes": peak_blocks * eng.bytes_per_block,
+        "block_size": eng.config.block_size,
+        "model": cfg.model,
+        "device": str(eng.device),
+        "load_s": round(load_s, 2),
     }
     if a.json:
         print(json.dumps(summary))
     else:
         print()
         tps = f"{summary['tok_s']} tok/s" if summary["tok_s"] else "n/a tok/s"
-        print(f"[{n} tokens ({summary['finish_reason']}) | prompt {summary['prompt_tokens']} tokens | "
-              f"TTFT {m.ttft * 1000:.0f} ms | {tps} | KV blocks used {peak_blocks} "
-              f"({peak_blocks * eng.bytes_per_block / 1024:.0f} KiB, block_size {eng.config.block_size}) | "
-              f"{cfg.model} on {eng.device}]", file=sys.stderr)
+        print(
+            f"[{n} tokens ({summary['finish_reason']}) | prompt {summary['prompt_tokens']} tokens | "
+            f"TTFT {m.ttft * 1000:.0f} ms | {tps} | KV blocks used {peak_blocks} "
+            f"({peak_blocks * eng.bytes_per_block / 1024:.0f} KiB, block_size {eng.config.block_size}) | "
+            f"{cfg.model} on {eng.device}]",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -97,11 +113,14 @@ def main(argv: list[str] | None = None) -> int:
         return _generate(rest)
     if cmd == "bench":
         from .bench import main as bench_main
+
         return bench_main(rest)
     if cmd == "serve":
         from .serve.cli import main as serve_main
+
         return serve_main(rest)
     from .soak import main as soak_main
+
     return soak_main(rest)
 
 

@@ -6,6 +6,7 @@ sides round differently (other kernels, other summation orders), and once one to
 the continuations part ways, so agreement is reported as measured, never claimed: the fraction
 of generated tokens identical at the same index, and where each request first diverged.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -14,11 +15,11 @@ from dataclasses import asdict, dataclass
 @dataclass(slots=True)
 class Agreement:
     requests: int
-    tokens: int                      # reference tokens compared
-    identical: int                   # tokens equal at the same index
-    fraction: float                  # identical / tokens
-    exact_requests: int              # requests whose whole continuation is identical
-    first_divergence: list           # per request: index of the first differing token, or None
+    tokens: int  # reference tokens compared
+    identical: int  # tokens equal at the same index
+    fraction: float  # identical / tokens
+    exact_requests: int  # requests whose whole continuation is identical
+    first_divergence: list  # per request: index of the first differing token, or None
 
     @property
     def exact(self) -> bool:
@@ -53,13 +54,20 @@ def hf_greedy(model, prompts: list[list[int]], max_new_tokens: int) -> list[list
     """transformers' own greedy `generate`, one request at a time on the model's device, EOS
     ignored (so both sides produce exactly max_new_tokens)."""
     import torch
+
     outs = []
     dev = next(model.parameters()).device
     with torch.inference_mode():
         for p in prompts:
             ids = torch.tensor([p], dtype=torch.long, device=dev)
-            g = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                               do_sample=False, eos_token_id=None,
-                               pad_token_id=0, num_beams=1)
-            outs.append(g[0, len(p):].tolist())
+            g = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+                num_beams=1,
+            )
+            outs.append(g[0, len(p) :].tolist())
     return outs

@@ -22,6 +22,7 @@ With EngineConfig.attention_backend="flex" (engine/paged_flex.py) all of the abo
 by one FlexAttention call per layer over the whole flattened batch, reading K/V in place through
 the block tables: compiled on CUDA, eager on CPU (where the test suite checks it).
 """
+
 from __future__ import annotations
 
 import threading
@@ -38,32 +39,32 @@ _ctx = threading.local()
 
 @dataclass(slots=True)
 class PrefillItem:
-    q_start: int            # offset of this request's first query token in the flattened batch
+    q_start: int  # offset of this request's first query token in the flattened batch
     q_len: int
-    ctx_len: int            # tokens of context after this chunk (positions 0..ctx_len-1)
+    ctx_len: int  # tokens of context after this chunk (positions 0..ctx_len-1)
     block_ids: torch.Tensor  # [ceil(ctx_len / block_size)] physical blocks
 
 
 @dataclass(slots=True)
 class AttnMetadata:
-    kv_caches: list                      # per layer (k_pool, v_pool), each [num_blocks, block_size, kv_heads, head_dim]
-                                         # (int8/fp8: uint8 [.., head_dim + 4], engine/kv_quant.py)
-    slot_mapping: torch.Tensor           # [T] flat slot (block * block_size + offset) for each new token
+    kv_caches: list  # per layer (k_pool, v_pool), each [num_blocks, block_size, kv_heads, head_dim]
+    # (int8/fp8: uint8 [.., head_dim + 4], engine/kv_quant.py)
+    slot_mapping: torch.Tensor  # [T] flat slot (block * block_size + offset) for each new token
     block_size: int
-    decode_idx: torch.Tensor | None = None       # [Bd] positions in the batch of single-token queries
-    decode_blocks: torch.Tensor | None = None    # [Bd, max_blocks]
-    decode_mask: torch.Tensor | None = None      # [Bd, 1, 1, max_blocks * block_size] bool (True = attend)
-    decode_len1: int = 0                         # context length when the decode group has one request
-    decode_kernel: object = None                 # engine/cpu_kernels library: decode read in place
-    decode_rows32: torch.Tensor | None = None    # [Bd] int32 batch rows of the decode queries
-    decode_lens32: torch.Tensor | None = None    # [Bd] int32 context lengths
+    decode_idx: torch.Tensor | None = None  # [Bd] positions in the batch of single-token queries
+    decode_blocks: torch.Tensor | None = None  # [Bd, max_blocks]
+    decode_mask: torch.Tensor | None = None  # [Bd, 1, 1, max_blocks * block_size] bool (True = attend)
+    decode_len1: int = 0  # context length when the decode group has one request
+    decode_kernel: object = None  # engine/cpu_kernels library: decode read in place
+    decode_rows32: torch.Tensor | None = None  # [Bd] int32 batch rows of the decode queries
+    decode_lens32: torch.Tensor | None = None  # [Bd] int32 context lengths
     decode_tables32: torch.Tensor | None = None  # [Bd, max_blocks] int32 block tables (padded)
     decode_max_ctx: int = 0
     prefills: list[PrefillItem] = field(default_factory=list)
-    layer_offset: int = 0                # pools index = module.layer_idx + offset (draft models share a pool list)
-    flex: object = None                  # engine/paged_flex.FlexMeta: every row through one FlexAttention call
-    max_ctx: int = 0                     # the longest context any row of this batch attends to
-    kv_format: str = ""                  # the pool's kv_cache_dtype (engine/kv_quant.py); "" = the pool tensor's dtype
+    layer_offset: int = 0  # pools index = module.layer_idx + offset (draft models share a pool list)
+    flex: object = None  # engine/paged_flex.FlexMeta: every row through one FlexAttention call
+    max_ctx: int = 0  # the longest context any row of this batch attends to
+    kv_format: str = ""  # the pool's kv_cache_dtype (engine/kv_quant.py); "" = the pool tensor's dtype
 
 
 class forward_context:
@@ -85,14 +86,15 @@ def current_metadata() -> AttnMetadata | None:
     return getattr(_ctx, "meta", None)
 
 
-def _gather(pool: torch.Tensor, block_ids: torch.Tensor, length: int | None, fmt: str,
-            dtype: torch.dtype) -> torch.Tensor:
+def _gather(
+    pool: torch.Tensor, block_ids: torch.Tensor, length: int | None, fmt: str, dtype: torch.dtype
+) -> torch.Tensor:
     """Blocks -> [kv_heads, tokens, head_dim] in `dtype` (whole blocks copied and widened, then trimmed)."""
-    x = kv_quant.widen(pool.index_select(0, block_ids), fmt, dtype)   # [nb, bs, h, d]
-    x = x.reshape(-1, x.shape[-2], x.shape[-1])         # [nb*bs, h, d]
+    x = kv_quant.widen(pool.index_select(0, block_ids), fmt, dtype)  # [nb, bs, h, d]
+    x = x.reshape(-1, x.shape[-2], x.shape[-1])  # [nb*bs, h, d]
     if length is not None:
         x = x[:length]
-    return x.transpose(0, 1)                            # [h, tokens, d]
+    return x.transpose(0, 1)  # [h, tokens, d]
 
 
 def _refuse_unsupported(kwargs: dict, max_ctx: int) -> None:
@@ -102,11 +104,14 @@ def _refuse_unsupported(kwargs: dict, max_ctx: int) -> None:
     last line for a model that slips through."""
     window = kwargs.get("sliding_window")
     if window is not None and window < max_ctx:
-        raise ValueError(f"sliding-window attention (window {window}, context {max_ctx}) is not supported by "
-                         "kvscope's paged attention")
+        raise ValueError(
+            f"sliding-window attention (window {window}, context {max_ctx}) is not supported by "
+            "kvscope's paged attention"
+        )
     if kwargs.get("softcap"):
-        raise ValueError(f"attention logit softcapping (softcap={kwargs['softcap']}) is not supported by "
-                         "kvscope's paged attention")
+        raise ValueError(
+            f"attention logit softcapping (softcap={kwargs['softcap']}) is not supported by kvscope's paged attention"
+        )
     if kwargs.get("s_aux") is not None:
         raise ValueError("attention sinks (s_aux) are not supported by kvscope's paged attention")
 
@@ -117,18 +122,20 @@ def paged_attention_forward(module, query, key, value, attention_mask, scaling=N
         # Not inside an engine forward (e.g. someone calls model.generate on a shared model):
         # behave exactly like transformers' SDPA path.
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                      scaling=scaling, **kwargs)
+
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     _refuse_unsupported(kwargs, meta.max_ctx)
     layer = module.layer_idx + meta.layer_offset
     k_pool, v_pool = meta.kv_caches[layer]
     # query: [1, H, T, D]; key/value: [1, Hkv, T, D]
     hkv, d = key.shape[1], key.shape[3]
     fmt = meta.kv_format or kv_quant.format_of(k_pool.dtype)
-    kv_quant.write(k_pool, meta.slot_mapping, key[0].transpose(0, 1), fmt)      # [T, Hkv, D] at their slots
+    kv_quant.write(k_pool, meta.slot_mapping, key[0].transpose(0, 1), fmt)  # [T, Hkv, D] at their slots
     kv_quant.write(v_pool, meta.slot_mapping, value[0].transpose(0, 1), fmt)
 
-    q = query[0]                                         # [H, T, D]
+    q = query[0]  # [H, T, D]
     if meta.flex is not None:
         return paged_flex.attend(q, k_pool, v_pool, meta.flex, scaling).unsqueeze(0), None
     T = q.shape[1]
@@ -143,15 +150,24 @@ def paged_attention_forward(module, query, key, value, attention_mask, scaling=N
         qt = q.transpose(0, 1)
         if not qt.is_contiguous():
             qt = qt.contiguous()
-        cpu_kernels.paged_decode_attention(meta.decode_kernel, out, qt, k_pool, v_pool, meta.decode_rows32,
-                                           meta.decode_lens32, meta.decode_tables32,
-                                           scaling if scaling is not None else d ** -0.5, meta.decode_max_ctx,
-                                           kv_format=kv_quant.KERNEL_CODES[fmt])
+        cpu_kernels.paged_decode_attention(
+            meta.decode_kernel,
+            out,
+            qt,
+            k_pool,
+            v_pool,
+            meta.decode_rows32,
+            meta.decode_lens32,
+            meta.decode_tables32,
+            scaling if scaling is not None else d**-0.5,
+            meta.decode_max_ctx,
+            kv_format=kv_quant.KERNEL_CODES[fmt],
+        )
     elif meta.decode_idx is not None and meta.decode_idx.numel():
         bd = meta.decode_idx.numel()
-        kd = k_pool.index_select(0, meta.decode_blocks.reshape(-1))          # [Bd*nb, bs, h, d]
+        kd = k_pool.index_select(0, meta.decode_blocks.reshape(-1))  # [Bd*nb, bs, h, d]
         vd = v_pool.index_select(0, meta.decode_blocks.reshape(-1))
-        kd = kv_quant.widen(kd, fmt, q.dtype).view(bd, -1, hkv, d).transpose(1, 2)   # [Bd, h, L, d]
+        kd = kv_quant.widen(kd, fmt, q.dtype).view(bd, -1, hkv, d).transpose(1, 2)  # [Bd, h, L, d]
         vd = kv_quant.widen(vd, fmt, q.dtype).view(bd, -1, hkv, d).transpose(1, 2)
         qd = q.index_select(1, meta.decode_idx).transpose(0, 1).unsqueeze(2)  # [Bd, H, 1, D]
         if bd == 1:  # single request: trim to its length, no mask (same call as transformers' decode)
@@ -161,12 +177,12 @@ def paged_attention_forward(module, query, key, value, attention_mask, scaling=N
             od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask, scale=scaling, enable_gqa=gqa)
         out.index_copy_(0, meta.decode_idx, od.squeeze(2))
 
-    direct = key.dtype == k_pool.dtype == q.dtype   # the pool holds exactly these values
+    direct = key.dtype == k_pool.dtype == q.dtype  # the pool holds exactly these values
     for p in meta.prefills:
-        qp = q[:, p.q_start:p.q_start + p.q_len].unsqueeze(0)                  # [1, H, q, D]
-        if p.q_len == p.ctx_len and direct:     # no earlier context: attend to the new K/V as they are
-            kp = key[:, :, p.q_start:p.q_start + p.q_len]
-            vp = value[:, :, p.q_start:p.q_start + p.q_len]
+        qp = q[:, p.q_start : p.q_start + p.q_len].unsqueeze(0)  # [1, H, q, D]
+        if p.q_len == p.ctx_len and direct:  # no earlier context: attend to the new K/V as they are
+            kp = key[:, :, p.q_start : p.q_start + p.q_len]
+            vp = value[:, :, p.q_start : p.q_start + p.q_len]
         else:
             kp = _gather(k_pool, p.block_ids, p.ctx_len, fmt, q.dtype).unsqueeze(0)  # [1, h, ctx, d]
             vp = _gather(v_pool, p.block_ids, p.ctx_len, fmt, q.dtype).unsqueeze(0)
@@ -178,12 +194,13 @@ def paged_attention_forward(module, query, key, value, attention_mask, scaling=N
             kj = torch.arange(p.ctx_len, device=q.device)[None, :]
             mask = (kj <= qi)[None, None]
             op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, scale=scaling, enable_gqa=gqa)
-        out[p.q_start:p.q_start + p.q_len] = op[0].transpose(0, 1)
+        out[p.q_start : p.q_start + p.q_len] = op[0].transpose(0, 1)
     return out.unsqueeze(0), None
 
 
 def register() -> None:
     from transformers import AttentionInterface
+
     AttentionInterface.register(ATTN_NAME, paged_attention_forward)
 
 

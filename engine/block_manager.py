@@ -12,6 +12,7 @@ Only full blocks are ever shared, and a request's hit is capped so that at least
 token is recomputed: writes go to blocks owned by one request. `ensure_writable` enforces the
 rule anyway (copy-on-write) so no shared block is ever written in place.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -45,8 +46,16 @@ class NoFreeBlocks(Exception):
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True,
-                 allocator: str = "paged", slab_tokens: int = 0, num_swap_blocks: int = 0):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        enable_prefix_caching: bool = True,
+        allocator: str = "paged",
+        slab_tokens: int = 0,
+        num_swap_blocks: int = 0,
+    ):
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching and allocator == "paged"
@@ -54,17 +63,17 @@ class BlockManager:
         self.slab_blocks = cdiv(slab_tokens, block_size) if allocator == "contiguous" else 0
         self.capacity = num_blocks
         self.target_blocks = num_blocks
-        self.retired: set[int] = set()            # blocks taken out of service by a budget cut
+        self.retired: set[int] = set()  # blocks taken out of service by a budget cut
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.hash_to_block: dict[bytes, int] = {}
         self.block_tables: dict[str, list[int]] = {}
-        self._num_tokens: dict[str, int] = {}      # tokens whose K/V are written, per request
+        self._num_tokens: dict[str, int] = {}  # tokens whose K/V are written, per request
         self.req_hashes: dict[str, list[bytes]] = {}
         # swap space (CPU): slot ids
         self.num_swap_blocks = num_swap_blocks
         self.free_swap: list[int] = list(range(num_swap_blocks - 1, -1, -1))
-        self.swapped: dict[str, tuple[list[int], int]] = {}   # rid -> (swap slots, num_tokens)
+        self.swapped: dict[str, tuple[list[int], int]] = {}  # rid -> (swap slots, num_tokens)
         # metrics
         self.prefix_queries = 0
         self.prefix_hits = 0
@@ -152,18 +161,31 @@ class BlockManager:
                 state = BlockState.CACHED
             else:
                 state = BlockState.FREE
-            out.append(BlockInfo(bid, state, b.ref_cnt, tuple(owners.get(bid, ())),
-                                 fill.get(bid, bs if state == BlockState.CACHED else 0),
-                                 b.block_hash.hex()[:8] if b.block_hash is not None else None))
+            out.append(
+                BlockInfo(
+                    bid,
+                    state,
+                    b.ref_cnt,
+                    tuple(owners.get(bid, ())),
+                    fill.get(bid, bs if state == BlockState.CACHED else 0),
+                    b.block_hash.hex()[:8] if b.block_hash is not None else None,
+                )
+            )
         return out
 
     def fingerprint(self) -> tuple:
         """The whole bookkeeping state as a hashable value (tests compare it before and after a
         refused operation)."""
-        return (tuple(self.free_queue), tuple((k, tuple(v)) for k, v in self.block_tables.items()),
-                tuple(self._num_tokens.items()), tuple(b.ref_cnt for b in self.blocks),
-                tuple(sorted(self.hash_to_block.values())), tuple(sorted(self.retired)),
-                tuple(self.free_swap), self.num_blocks)
+        return (
+            tuple(self.free_queue),
+            tuple((k, tuple(v)) for k, v in self.block_tables.items()),
+            tuple(self._num_tokens.items()),
+            tuple(b.ref_cnt for b in self.blocks),
+            tuple(sorted(self.hash_to_block.values())),
+            tuple(sorted(self.retired)),
+            tuple(self.free_swap),
+            self.num_blocks,
+        )
 
     def drain_events(self) -> list[tuple[EventKind, str | None, dict]]:
         """Events recorded since the last call: (kind, request id, data)."""
@@ -183,7 +205,7 @@ class BlockManager:
         n_full = len(token_ids) // bs
         while len(hs) < n_full:
             i = len(hs)
-            hs.append(hash_block(hs[-1] if hs else None, token_ids[i * bs:(i + 1) * bs], salt))
+            hs.append(hash_block(hs[-1] if hs else None, token_ids[i * bs : (i + 1) * bs], salt))
         return hs[:n_full]
 
     def get_computed_blocks(self, rid: str, token_ids: list[int], salt: str | None) -> tuple[list[int], int]:
@@ -210,7 +232,7 @@ class BlockManager:
         bs = self.block_size
         parent, hit = None, []
         for i in range((len(token_ids) - 1) // bs):
-            parent = hash_block(parent, token_ids[i * bs:(i + 1) * bs], salt)
+            parent = hash_block(parent, token_ids[i * bs : (i + 1) * bs], salt)
             bid = self.hash_to_block.get(parent)
             if bid is None:
                 break
@@ -233,12 +255,16 @@ class BlockManager:
             if b.block_hash is not None:
                 continue
             if h in self.hash_to_block:
-                continue   # same content already cached in another block
+                continue  # same content already cached in another block
             b.block_hash = h
             self.hash_to_block[h] = b.block_id
             if self.hash_listener is not None:
-                self.hash_listener("stored", h, hashes[i - 1] if i else None,
-                                   token_ids[i * self.block_size:(i + 1) * self.block_size])
+                self.hash_listener(
+                    "stored",
+                    h,
+                    hashes[i - 1] if i else None,
+                    token_ids[i * self.block_size : (i + 1) * self.block_size],
+                )
 
     def uncache(self, bid: int) -> bytes | None:
         """Drop block bid's prefix-cache hash (its content is about to change or was discarded).
@@ -259,8 +285,9 @@ class BlockManager:
         bid, _ = self.free_queue.popitem(last=False)
         b = self.blocks[bid]
         if b.block_hash is not None:
-            self._pending_events.append((EventKind.PREFIX_EVICT, None, {
-                "block": bid, "hash": b.block_hash.hex()[:8], "reason": reason}))
+            self._pending_events.append(
+                (EventKind.PREFIX_EVICT, None, {"block": bid, "hash": b.block_hash.hex()[:8], "reason": reason})
+            )
             self.evicted_hashes += 1
             self.uncache(bid)
         b.ref_cnt = 1
@@ -342,7 +369,7 @@ class BlockManager:
             self._release(bid)
         hs = self.req_hashes.get(rid)
         if hs is not None and len(hs) > num_tokens // self.block_size:
-            del hs[num_tokens // self.block_size:]
+            del hs[num_tokens // self.block_size :]
         return released
 
     def _release(self, bid: int) -> None:
@@ -350,7 +377,7 @@ class BlockManager:
         b.ref_cnt -= 1
         assert b.ref_cnt >= 0, f"block {bid} ref count below zero"
         if b.ref_cnt == 0:
-            self.free_queue[bid] = None      # tail: most recently freed, evicted last
+            self.free_queue[bid] = None  # tail: most recently freed, evicted last
 
     def free(self, rid: str, *, to_head: bool = False) -> list[int]:
         """Drop rid's block table. Blocks whose ref count reaches 0 keep their hash (cached-free).
@@ -360,7 +387,7 @@ class BlockManager:
         table = self.block_tables.pop(rid, [])
         self._num_tokens.pop(rid, None)
         self.req_hashes.pop(rid, None)
-        for bid in reversed(table):        # tail blocks first into the queue -> evicted first
+        for bid in reversed(table):  # tail blocks first into the queue -> evicted first
             self._release(bid)
         if to_head:
             for bid in reversed(table):
@@ -393,8 +420,13 @@ class BlockManager:
                 b.ref_cnt -= 1
                 table[i] = dst
                 copies.append((bid, dst))
-                self._pending_events.append((EventKind.COW, rid, {"src": bid, "dst": dst,
-                                                          "reason": "write into a block shared with another request"}))
+                self._pending_events.append(
+                    (
+                        EventKind.COW,
+                        rid,
+                        {"src": bid, "dst": dst, "reason": "write into a block shared with another request"},
+                    )
+                )
             elif b.block_hash is not None:
                 # sole owner rewrites a registered block: its content changes, so unregister it
                 self.uncache(bid)
@@ -489,7 +521,8 @@ class BlockManager:
                 assert len(table) == self.slab_blocks and n <= len(table) * self.block_size, f"{rid}: slab mismatch"
             else:
                 assert len(table) == cdiv(n, self.block_size), (
-                    f"{rid}: {len(table)} blocks for {n} cached tokens (block_size {self.block_size})")
+                    f"{rid}: {len(table)} blocks for {n} cached tokens (block_size {self.block_size})"
+                )
         used_swap = sum(len(s) for s, _ in self.swapped.values())
         assert used_swap + len(self.free_swap) == self.num_swap_blocks, "swap slots leaked"
         assert len(set(self.free_swap)) == len(self.free_swap), "swap slot freed twice"

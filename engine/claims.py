@@ -6,6 +6,7 @@ measurements made now on a loaded engine (`measure_live`). Every verdict comes f
 the numbers, stated in the row; a claim with no number says why instead (never a made-up value).
 Formulas live where the bench keeps them (engine.bench.roofline, engine.bench.suites).
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -24,13 +25,13 @@ from .speculative.math import expected_tokens_per_pass
 VERIFY_KS = tuple(range(1, 9))
 BATCH_SIZES = (1, 2, 4, 8)
 # thresholds, shown on the page with each verdict
-VERIFY_ABOUT_ONE = 1.5          # a (k+1)-token pass "costs about one pass" if within 1.5x of a 1-token pass
-BATCH_TOTAL_GAIN = 2.0          # total tok/s at the largest batch must be >= 2x batch 1
-PAGED_WASTE_MAX, CONTIG_WASTE_MIN = 0.04, 0.6    # seed 004: under 4 % vs 60-80 %
-PREFIX_TTFT_MAX_RATIO = 0.5     # a prefix hit must at least halve TTFT
-SPEC_PASSAGE_MIN, SPEC_OPEN_MIN = 2.0, 0.95      # seed 004: 2-3x; never much below plain
-SPEC_THEORY_TOL = 0.25          # measured tokens per pass within 25 % of (1 - a^(k+1)) / (1 - a)
-RECALL_MIN = 0.9                # quantized-KV recall vs full precision
+VERIFY_ABOUT_ONE = 1.5  # a (k+1)-token pass "costs about one pass" if within 1.5x of a 1-token pass
+BATCH_TOTAL_GAIN = 2.0  # total tok/s at the largest batch must be >= 2x batch 1
+PAGED_WASTE_MAX, CONTIG_WASTE_MIN = 0.04, 0.6  # seed 004: under 4 % vs 60-80 %
+PREFIX_TTFT_MAX_RATIO = 0.5  # a prefix hit must at least halve TTFT
+SPEC_PASSAGE_MIN, SPEC_OPEN_MIN = 2.0, 0.95  # seed 004: 2-3x; never much below plain
+SPEC_THEORY_TOL = 0.25  # measured tokens per pass within 25 % of (1 - a^(k+1)) / (1 - a)
+RECALL_MIN = 0.9  # quantized-KV recall vs full precision
 
 _STAMP = re.compile(r"^(?P<suite>[a-z_]+)-(?P<stamp>\d{8}T\d{6}Z)\.json$")
 
@@ -38,12 +39,12 @@ _STAMP = re.compile(r"^(?P<suite>[a-z_]+)-(?P<stamp>\d{8}T\d{6}Z)\.json$")
 @dataclass(frozen=True, slots=True)
 class ClaimRow:
     key: str
-    claim: str            # the claim, in kvscope's words
-    seeds: str            # which reference texts make it
-    measured: str         # the numbers, formatted
-    holds: bool | None    # None: not measured
-    why: str              # the rule applied to the numbers, or why there is no number
-    source: str           # bench file and date, or "measured on this page at ..."
+    claim: str  # the claim, in kvscope's words
+    seeds: str  # which reference texts make it
+    measured: str  # the numbers, formatted
+    holds: bool | None  # None: not measured
+    why: str  # the rule applied to the numbers, or why there is no number
+    source: str  # bench file and date, or "measured on this page at ..."
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +58,10 @@ class BenchResult:
 
     @property
     def label(self) -> str:
-        return (f"bench '{self.suite}' ({'quick, ' if self.quick else ''}model {self.model}), "
-                f"{Path(self.path).name}, {self.when:%Y-%m-%d %H:%M} UTC")
+        return (
+            f"bench '{self.suite}' ({'quick, ' if self.quick else ''}model {self.model}), "
+            f"{Path(self.path).name}, {self.when:%Y-%m-%d %H:%M} UTC"
+        )
 
 
 def results_dir() -> Path:
@@ -95,28 +98,42 @@ def _num(d: dict, k: str) -> float | None:
 
 
 def _missing(suite: str) -> str:
-    return (f"not measured yet: no '{suite}' bench result in {results_dir()} "
-            f"(run: python -m engine bench {suite} --quick)")
+    return (
+        f"not measured yet: no '{suite}' bench result in {results_dir()} (run: python -m engine bench {suite} --quick)"
+    )
 
 
 # ------------------------------------------------------------------ one function per claim
 
 CLAIMS = {
-    "memory_bound": ("A decode step is bound by memory: it must read every weight (and the KV cache) once, "
-                     "and the arithmetic on them is small.", "001, 002, 004"),
+    "memory_bound": (
+        "A decode step is bound by memory: it must read every weight (and the KV cache) once, "
+        "and the arithmetic on them is small.",
+        "001, 002, 004",
+    ),
     "verify_cost": ("Verifying k+1 tokens in one target pass costs about the same as generating one.", "000, 001"),
-    "batching": ("Batching amortises the weight reads: total tokens/s rises with batch size while each "
-                 "request's own speed falls.", "002, 004"),
-    "cache": ("Without a KV cache each new token recomputes the whole prefix, so its cost grows with the "
-              "context; with the cache it stays nearly flat.", "000, 001"),
-    "paged": ("Paged blocks waste little memory (under ~4 %); reserving a contiguous slab per request at its "
-              "maximum length wastes most of it (60-80 %).", "000, 002, 003, 004"),
+    "batching": (
+        "Batching amortises the weight reads: total tokens/s rises with batch size while each "
+        "request's own speed falls.",
+        "002, 004",
+    ),
+    "cache": (
+        "Without a KV cache each new token recomputes the whole prefix, so its cost grows with the "
+        "context; with the cache it stays nearly flat.",
+        "000, 001",
+    ),
+    "paged": (
+        "Paged blocks waste little memory (under ~4 %); reserving a contiguous slab per request at its "
+        "maximum length wastes most of it (60-80 %).",
+        "000, 002, 003, 004",
+    ),
     "prefix": ("Sharing a cached prompt prefix cuts time to first token for requests that repeat it.", "002, 004"),
-    "speculation": ("Speculative decoding speeds up decoding 2-3x when drafts are predictable, and tokens "
-                    "per pass follow (1 - a^(k+1)) / (1 - a); with unpredictable text it gains nothing.",
-                    "000, 001, 004"),
-    "kv_quant": ("Quantizing the KV cache hurts recall over long contexts before it shows on short prompts.",
-                 "003"),
+    "speculation": (
+        "Speculative decoding speeds up decoding 2-3x when drafts are predictable, and tokens "
+        "per pass follow (1 - a^(k+1)) / (1 - a); with unpredictable text it gains nothing.",
+        "000, 001, 004",
+    ),
+    "kv_quant": ("Quantizing the KV cache hurts recall over long contexts before it shows on short prompts.", "003"),
 }
 
 
@@ -125,19 +142,23 @@ def _row(key, measured, holds, why, source) -> ClaimRow:
     return ClaimRow(key, claim, seeds, measured, holds, why, source)
 
 
-def memory_bound_row(step_s: float | None, floor_s: float | None, compute_s: float | None,
-                     bw_gb_s: float | None, source: str) -> ClaimRow:
+def memory_bound_row(
+    step_s: float | None, floor_s: float | None, compute_s: float | None, bw_gb_s: float | None, source: str
+) -> ClaimRow:
     if step_s is None or floor_s is None or compute_s is None:
         return _row("memory_bound", "—", None, "missing: batch-1 decode step time, bandwidth or matmul rate", source)
     holds = floor_s >= compute_s
-    return _row("memory_bound",
-                f"batch-1 decode step {step_s * 1e3:.1f} ms; reading weights + KV at {bw_gb_s:.1f} GB/s takes at "
-                f"least {floor_s * 1e3:.1f} ms; its arithmetic at the best matmul rate {compute_s * 1e3:.1f} ms",
-                holds,
-                f"holds if the memory floor ≥ the compute floor: {floor_s * 1e3:.1f} ms "
-                f"{'≥' if holds else '<'} {compute_s * 1e3:.1f} ms ({floor_s / compute_s:.1f}×). The floor "
-                f"explains {100 * floor_s / step_s:.0f} % of the measured step; the rest is layer code around "
-                "the matmuls.", source)
+    return _row(
+        "memory_bound",
+        f"batch-1 decode step {step_s * 1e3:.1f} ms; reading weights + KV at {bw_gb_s:.1f} GB/s takes at "
+        f"least {floor_s * 1e3:.1f} ms; its arithmetic at the best matmul rate {compute_s * 1e3:.1f} ms",
+        holds,
+        f"holds if the memory floor ≥ the compute floor: {floor_s * 1e3:.1f} ms "
+        f"{'≥' if holds else '<'} {compute_s * 1e3:.1f} ms ({floor_s / compute_s:.1f}×). The floor "
+        f"explains {100 * floor_s / step_s:.0f} % of the measured step; the rest is layer code around "
+        "the matmuls.",
+        source,
+    )
 
 
 def verify_cost_row(ratios: dict[int, float], source: str, missing: str = "") -> ClaimRow:
@@ -147,9 +168,13 @@ def verify_cost_row(ratios: dict[int, float], source: str, missing: str = "") ->
     k4 = ratios.get(4, ratios[ks[len(ks) // 2]])
     kref = 4 if 4 in ratios else ks[len(ks) // 2]
     holds = k4 <= VERIFY_ABOUT_ONE
-    return _row("verify_cost", ", ".join(f"k={k}: {ratios[k]:.2f}×" for k in ks), holds,
-                f"cost of one pass over k+1 tokens / one 1-token pass. Holds if ≤ {VERIFY_ABOUT_ONE}× at k={kref}: "
-                f"{k4:.2f}×.", source)
+    return _row(
+        "verify_cost",
+        ", ".join(f"k={k}: {ratios[k]:.2f}×" for k in ks),
+        holds,
+        f"cost of one pass over k+1 tokens / one 1-token pass. Holds if ≤ {VERIFY_ABOUT_ONE}× at k={kref}: {k4:.2f}×.",
+        source,
+    )
 
 
 def batching_row(step_s: dict[int, float], source: str, missing: str = "") -> ClaimRow:
@@ -159,10 +184,17 @@ def batching_row(step_s: dict[int, float], source: str, missing: str = "") -> Cl
     total = {b: b / s for b, s in step_s.items()}
     per = {b: 1 / s for b, s in step_s.items()}
     holds = total[bmax] >= BATCH_TOTAL_GAIN * total[1] and per[bmax] < per[1]
-    return _row("batching", "; ".join(f"B={b}: {step_s[b] * 1e3:.1f} ms/step, {total[b]:.1f} tok/s total, "
-                                      f"{per[b]:.1f} per request" for b in sorted(step_s)), holds,
-                f"holds if total tok/s at B={bmax} ≥ {BATCH_TOTAL_GAIN}× batch 1 ({total[bmax] / total[1]:.2f}×) "
-                f"and each request is slower ({per[bmax]:.1f} vs {per[1]:.1f} tok/s).", source)
+    return _row(
+        "batching",
+        "; ".join(
+            f"B={b}: {step_s[b] * 1e3:.1f} ms/step, {total[b]:.1f} tok/s total, {per[b]:.1f} per request"
+            for b in sorted(step_s)
+        ),
+        holds,
+        f"holds if total tok/s at B={bmax} ≥ {BATCH_TOTAL_GAIN}× batch 1 ({total[bmax] / total[1]:.2f}×) "
+        f"and each request is slower ({per[bmax]:.1f} vs {per[1]:.1f} tok/s).",
+        source,
+    )
 
 
 def rows_from_bench(res: dict[str, BenchResult]) -> list[ClaimRow]:
@@ -175,66 +207,113 @@ def rows_from_bench(res: dict[str, BenchResult]) -> list[ClaimRow]:
         f = r.fields
         dec, roof, bw = _num(f, "decode_bs1_tok_s"), _num(f, "memory_roof_tok_s"), _num(f, "mem_bw_gb_s")
         gf, peak = _num(f, "gflop_per_generated_token"), _num(f, "peak_matmul_gflops")
-        rows.append(memory_bound_row(1 / dec if dec else None, 1 / roof if roof else None,
-                                     gf / peak if gf and peak else None, bw, r.label))
+        rows.append(
+            memory_bound_row(
+                1 / dec if dec else None, 1 / roof if roof else None, gf / peak if gf and peak else None, bw, r.label
+            )
+        )
     s = res.get("speculative")
     if s is None:
         rows.append(_row("verify_cost", "—", None, _missing("speculative"), "bench"))
     else:
         ratios = {k: v for k in VERIFY_KS if (v := _num(s.fields, f"verify_cost_ratio_k{k}")) is not None}
         rows.append(verify_cost_row(ratios, s.label))
-    rows.append(_row("batching", "—", None, "not in the bench JSON: press Measure to time decode steps at batch "
-                     f"sizes {', '.join(map(str, BATCH_SIZES))} on the loaded engine", "this page"))
+    rows.append(
+        _row(
+            "batching",
+            "—",
+            None,
+            "not in the bench JSON: press Measure to time decode steps at batch "
+            f"sizes {', '.join(map(str, BATCH_SIZES))} on the loaded engine",
+            "this page",
+        )
+    )
     c = res.get("cache")
     if c is None:
         rows.append(_row("cache", "—", None, _missing("cache"), "bench"))
     else:
-        pts = sorted((int(m[1]), v) for k in c.fields if (m := re.match(r"nocache_over_cache_at_(\d+)$", k))
-                     and (v := _num(c.fields, k)) is not None)
+        pts = sorted(
+            (int(m[1]), v)
+            for k in c.fields
+            if (m := re.match(r"nocache_over_cache_at_(\d+)$", k)) and (v := _num(c.fields, k)) is not None
+        )
         if len(pts) < 2:
             rows.append(_row("cache", "—", None, "the cache result has fewer than two context lengths", c.label))
         else:
             grows = all(b[1] > a[1] for a, b in zip(pts, pts[1:])) and pts[0][1] > 1
-            rows.append(_row("cache", ", ".join(f"at {n} tokens: no-cache {v:.1f}× the cached cost per token"
-                                                for n, v in pts), grows,
-                             "holds if no-cache / cache > 1 and grows with the context: "
-                             + " < ".join(f"{v:.1f}" for _, v in pts) if grows else
-                             "does not grow with the context here: " + ", ".join(f"{v:.1f}" for _, v in pts),
-                             c.label))
+            rows.append(
+                _row(
+                    "cache",
+                    ", ".join(f"at {n} tokens: no-cache {v:.1f}× the cached cost per token" for n, v in pts),
+                    grows,
+                    "holds if no-cache / cache > 1 and grows with the context: "
+                    + " < ".join(f"{v:.1f}" for _, v in pts)
+                    if grows
+                    else "does not grow with the context here: " + ", ".join(f"{v:.1f}" for _, v in pts),
+                    c.label,
+                )
+            )
     m = res.get("memory")
     pw, cw = (_num(m.fields, "paged_waste"), _num(m.fields, "contiguous_waste")) if m else (None, None)
     if m is None or pw is None or cw is None:
         rows.append(_row("paged", "—", None, _missing("memory"), m.label if m else "bench"))
     else:
         holds = pw < PAGED_WASTE_MAX and cw >= CONTIG_WASTE_MIN
-        rows.append(_row("paged", f"paged waste {100 * pw:.1f} %, contiguous {100 * cw:.1f} % "
-                         f"(max concurrency {m.fields.get('paged_max_concurrency')} vs "
-                         f"{m.fields.get('contiguous_max_concurrency')})", holds,
-                         f"holds if paged < {100 * PAGED_WASTE_MAX:.0f} % and contiguous ≥ "
-                         f"{100 * CONTIG_WASTE_MIN:.0f} % "
-                         "(1 − filled / allocated slots, time-averaged over the release-freeze run).", m.label))
+        rows.append(
+            _row(
+                "paged",
+                f"paged waste {100 * pw:.1f} %, contiguous {100 * cw:.1f} % "
+                f"(max concurrency {m.fields.get('paged_max_concurrency')} vs "
+                f"{m.fields.get('contiguous_max_concurrency')})",
+                holds,
+                f"holds if paged < {100 * PAGED_WASTE_MAX:.0f} % and contiguous ≥ "
+                f"{100 * CONTIG_WASTE_MIN:.0f} % "
+                "(1 − filled / allocated slots, time-averaged over the release-freeze run).",
+                m.label,
+            )
+        )
     p = res.get("prefix")
     cold, hit = (_num(p.fields, "ttft_cold_s"), _num(p.fields, "ttft_hit_s")) if p else (None, None)
     if p is None or not cold or hit is None:
         rows.append(_row("prefix", "—", None, _missing("prefix"), p.label if p else "bench"))
     else:
         holds = hit / cold <= PREFIX_TTFT_MAX_RATIO
-        rows.append(_row("prefix", f"TTFT cold {cold * 1e3:.0f} ms, with the prefix cached {hit * 1e3:.0f} ms", holds,
-                         f"holds if hit / cold ≤ {PREFIX_TTFT_MAX_RATIO}: {hit / cold:.2f}.", p.label))
+        rows.append(
+            _row(
+                "prefix",
+                f"TTFT cold {cold * 1e3:.0f} ms, with the prefix cached {hit * 1e3:.0f} ms",
+                holds,
+                f"holds if hit / cold ≤ {PREFIX_TTFT_MAX_RATIO}: {hit / cold:.2f}.",
+                p.label,
+            )
+        )
     if s is None:
         rows.append(_row("speculation", "—", None, _missing("speculative"), "bench"))
     else:
         rows.append(speculation_row(s.fields, s.label))
     q = res.get("kvquant")
     if q is None:
-        rows.append(_row("kv_quant", "—", None, "not measured yet: no 'kvquant' bench result (the quantized KV "
-                         "cache and its recall benchmark are not part of this build)", "bench"))
+        rows.append(
+            _row(
+                "kv_quant",
+                "—",
+                None,
+                "not measured yet: no 'kvquant' bench result (the quantized KV "
+                "cache and its recall benchmark are not part of this build)",
+                "bench",
+            )
+        )
     else:
         rec = {k: v for k, v in q.fields.items() if "recall" in k and isinstance(v, (int, float))}
-        rows.append(_row("kv_quant", ", ".join(f"{k} {v:.2f}" for k, v in sorted(rec.items())) or "—",
-                         (min(rec.values()) >= RECALL_MIN) if rec else None,
-                         f"holds if every recall ≥ {RECALL_MIN}" if rec else "no recall field in the kvquant result",
-                         q.label))
+        rows.append(
+            _row(
+                "kv_quant",
+                ", ".join(f"{k} {v:.2f}" for k, v in sorted(rec.items())) or "—",
+                (min(rec.values()) >= RECALL_MIN) if rec else None,
+                f"holds if every recall ≥ {RECALL_MIN}" if rec else "no recall field in the kvquant result",
+                q.label,
+            )
+        )
     return rows
 
 
@@ -248,17 +327,21 @@ def speculation_row(f: dict, source: str) -> ClaimRow:
         return _row("speculation", "—", None, "the speculative result lacks speedup / acceptance fields", source)
     near = abs(tpp - theory) <= SPEC_THEORY_TOL * theory
     holds = sp >= SPEC_PASSAGE_MIN and so >= SPEC_OPEN_MIN and near
-    return _row("speculation",
-                f"passage edit: α {a:.2f}, {tpp:.2f} tokens per target pass (theory at k={k}: {theory:.2f}), "
-                f"speedup {sp:.2f}×; open-ended: speedup {so:.2f}× "
-                f"(α {_num(f, 'open_ended_acceptance_rate') or 0:.2f})",
-                holds,
-                f"holds if passage-edit speedup ≥ {SPEC_PASSAGE_MIN}× ({sp:.2f}), open-ended ≥ {SPEC_OPEN_MIN}× "
-                f"({so:.2f}) and tokens per pass within {100 * SPEC_THEORY_TOL:.0f} % of theory "
-                f"({tpp:.2f} vs {theory:.2f}).", source)
+    return _row(
+        "speculation",
+        f"passage edit: α {a:.2f}, {tpp:.2f} tokens per target pass (theory at k={k}: {theory:.2f}), "
+        f"speedup {sp:.2f}×; open-ended: speedup {so:.2f}× "
+        f"(α {_num(f, 'open_ended_acceptance_rate') or 0:.2f})",
+        holds,
+        f"holds if passage-edit speedup ≥ {SPEC_PASSAGE_MIN}× ({sp:.2f}), open-ended ≥ {SPEC_OPEN_MIN}× "
+        f"({so:.2f}) and tokens per pass within {100 * SPEC_THEORY_TOL:.0f} % of theory "
+        f"({tpp:.2f} vs {theory:.2f}).",
+        source,
+    )
 
 
 # ------------------------------------------------------------------ live measurements
+
 
 def hold_engine(th, fn: Callable):
     """Run `fn()` with the shared engine paused between steps (its lock held), so a timing is not
@@ -279,12 +362,18 @@ def _wait_idle(th, timeout_s: float = 120.0) -> bool:
     return False
 
 
-def decode_step_times(th, batch_sizes=BATCH_SIZES, prompt_tokens: int = 48, new_tokens: int = 12,
-                      progress: Callable[[float, str], None] | None = None) -> tuple[dict[int, float], bool]:
+def decode_step_times(
+    th,
+    batch_sizes=BATCH_SIZES,
+    prompt_tokens: int = 48,
+    new_tokens: int = 12,
+    progress: Callable[[float, str], None] | None = None,
+) -> tuple[dict[int, float], bool]:
     """Median forward time of the decode-only passes holding exactly this run's B requests, for
     each batch size B, from the engine's SCHEDULE events. Returns (times, contended) where
     contended says another request shared some of the passes (those passes are not counted)."""
     from .config import SamplingParams
+
     times: dict[int, float] = {}
     contended = False
     tok = th.tokenizer
@@ -295,9 +384,14 @@ def decode_step_times(th, batch_sizes=BATCH_SIZES, prompt_tokens: int = 48, new_
         _wait_idle(th)
         seq0 = th.events.last_seq
         tag = f"claims-{time.monotonic_ns() % 10**9}-b{b}"
-        hs = [th.submit(base[j:j + prompt_tokens], SamplingParams(max_tokens=new_tokens, ignore_eos=True,
-                                                                    speculative=False), request_id=f"{tag}-{j}")
-              for j in range(b)]
+        hs = [
+            th.submit(
+                base[j : j + prompt_tokens],
+                SamplingParams(max_tokens=new_tokens, ignore_eos=True, speculative=False),
+                request_id=f"{tag}-{j}",
+            )
+            for j in range(b)
+        ]
         for h in hs:
             h.result(timeout=600)
         ids = {h.request_id for h in hs}
@@ -318,7 +412,8 @@ def measure_live(th, progress: Callable[[float, str], None] | None = None) -> di
     """Measure the live-measurable claims on the loaded engine `th` (an EngineThread). Returns the
     raw numbers plus the rows built from them."""
     from .experiments import RUN_LOCK
-    with RUN_LOCK:      # one measurement at a time per server (they compete for the same cores)
+
+    with RUN_LOCK:  # one measurement at a time per server (they compete for the same cores)
         return _measure_live(th, progress)
 
 
@@ -326,6 +421,7 @@ def _measure_live(th, progress) -> dict:
     import torch
 
     from .bench import peers
+
     say = progress or (lambda f, s: None)
     eng = th.engine
     model = eng.runner.model
@@ -342,17 +438,28 @@ def _measure_live(th, progress) -> dict:
     prompt = th.tokenizer.encode("Review the retry logic in the storage client before the freeze. " * 6)
     vc = hold_engine(th, lambda: peers.verify_cost_ratios(model, prompt, ks=VERIFY_KS, reps=3))
     say(1.0, "done")
-    ctx = 48 + 6      # the decode runs' mean context
+    ctx = 48 + 6  # the decode runs' mean context
     floor_s = 1 / RF.memory_roof_tok_s(shape, bw, dbytes, ctx)
     compute_s = shape.flops_per_generated_token(ctx) / (gflops * 1e9)
     when = _dt.datetime.now(_dt.timezone.utc)
     src = f"measured on this page, {when:%Y-%m-%d %H:%M:%S} UTC, model {eng.config.model}" + (
-        " (other requests shared some passes; those were left out)" if contended else "")
+        " (other requests shared some passes; those were left out)" if contended else ""
+    )
     ratios = {k: vc[f"verify_cost_ratio_k{k}"] for k in VERIFY_KS if f"verify_cost_ratio_k{k}" in vc}
-    rows = [memory_bound_row(steps.get(1), floor_s, compute_s, bw, src),
-            verify_cost_row(ratios, src), batching_row(steps, src)]
-    return {"when": when.isoformat(), "bandwidth_gb_s": bw, "matmul_gflops_m256": gflops, "decode_step_s": steps,
-            "verify_cost_ratio": ratios, "contended": contended, "rows": rows}
+    rows = [
+        memory_bound_row(steps.get(1), floor_s, compute_s, bw, src),
+        verify_cost_row(ratios, src),
+        batching_row(steps, src),
+    ]
+    return {
+        "when": when.isoformat(),
+        "bandwidth_gb_s": bw,
+        "matmul_gflops_m256": gflops,
+        "decode_step_s": steps,
+        "verify_cost_ratio": ratios,
+        "contended": contended,
+        "rows": rows,
+    }
 
 
 def merge(bench_rows: list[ClaimRow], live_rows: list[ClaimRow]) -> list[ClaimRow]:

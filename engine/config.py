@@ -2,6 +2,7 @@
 
 Every check raises ValueError naming the field and the limit, before anything is allocated.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -12,12 +13,12 @@ PREEMPTION_MODES = ("recompute", "swap")
 VICTIM_POLICIES = ("last_admitted", "lru")
 SPEC_METHODS = ("ngram", "draft_model", "self_draft")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16", "fp8_e4m3", "int8")   # engine/kv_quant.py
+KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16", "fp8_e4m3", "int8")  # engine/kv_quant.py
 LINEAR_BACKENDS = ("auto", "torch")
 ATTENTION_BACKENDS = ("auto", "torch", "flex")
 WEIGHT_FORMATS = ("auto", "gguf", "fp32", "bf16", "fp16")
 MIN_TEMPERATURE = 1e-5
-MAX_LOGPROBS = 20                 # vLLM's default max_logprobs
+MAX_LOGPROBS = 20  # vLLM's default max_logprobs
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -39,10 +40,14 @@ class TierConfig:
     priority: int = 0
 
     def __post_init__(self):
-        _check(isinstance(self.name, str) and 0 < len(self.name) <= 64,
-               "tier.name must be a non-empty string of at most 64 characters")
-        _check(_is_int(self.max_context) and self.max_context >= 1,
-               f"tier.max_context must be an integer >= 1, got {self.max_context!r}")
+        _check(
+            isinstance(self.name, str) and 0 < len(self.name) <= 64,
+            "tier.name must be a non-empty string of at most 64 characters",
+        )
+        _check(
+            _is_int(self.max_context) and self.max_context >= 1,
+            f"tier.max_context must be an integer >= 1, got {self.max_context!r}",
+        )
         _check(_is_int(self.priority), f"tier.priority must be an integer, got {self.priority!r}")
 
 
@@ -68,31 +73,44 @@ class SpeculativeConfig:
     draft_layers: int | None = None
     draft_quantize: str | None = None
     # acceptance monitoring / fallback
-    monitor_window: int = 32          # recent draft tokens per request class considered
-    probe_interval: int = 64          # plain steps of a fallen-back class before probing again
+    monitor_window: int = 32  # recent draft tokens per request class considered
+    probe_interval: int = 64  # plain steps of a fallen-back class before probing again
     enable_fallback: bool = True
 
     def __post_init__(self):
-        _check(self.method in SPEC_METHODS,
-               f"speculative.method must be one of {SPEC_METHODS}, got {self.method!r}")
-        _check(_is_int(self.num_speculative_tokens) and 1 <= self.num_speculative_tokens <= 16,
-               f"speculative.num_speculative_tokens must be an integer in [1, 16], got {self.num_speculative_tokens!r}")
-        _check(_is_int(self.prompt_lookup_min) and self.prompt_lookup_min >= 1,
-               "speculative.prompt_lookup_min must be an integer >= 1")
-        _check(_is_int(self.prompt_lookup_max) and self.prompt_lookup_max >= self.prompt_lookup_min,
-               "speculative.prompt_lookup_max must be an integer >= prompt_lookup_min")
+        _check(self.method in SPEC_METHODS, f"speculative.method must be one of {SPEC_METHODS}, got {self.method!r}")
+        _check(
+            _is_int(self.num_speculative_tokens) and 1 <= self.num_speculative_tokens <= 16,
+            f"speculative.num_speculative_tokens must be an integer in [1, 16], got {self.num_speculative_tokens!r}",
+        )
+        _check(
+            _is_int(self.prompt_lookup_min) and self.prompt_lookup_min >= 1,
+            "speculative.prompt_lookup_min must be an integer >= 1",
+        )
+        _check(
+            _is_int(self.prompt_lookup_max) and self.prompt_lookup_max >= self.prompt_lookup_min,
+            "speculative.prompt_lookup_max must be an integer >= prompt_lookup_min",
+        )
         if self.method == "draft_model":
-            _check(isinstance(self.draft_model, str) and self.draft_model,
-                   "speculative.draft_model must name a model (path or hub id) when method='draft_model'")
+            _check(
+                isinstance(self.draft_model, str) and self.draft_model,
+                "speculative.draft_model must name a model (path or hub id) when method='draft_model'",
+            )
         if self.draft_quantize is not None:
             _check(self.draft_quantize == "int8", "speculative.draft_quantize must be None or 'int8'")
         if self.draft_layers is not None:
-            _check(_is_int(self.draft_layers) and self.draft_layers >= 1,
-                   "speculative.draft_layers must be an integer >= 1")
-        _check(_is_int(self.monitor_window) and self.monitor_window >= 1,
-               "speculative.monitor_window must be an integer >= 1")
-        _check(_is_int(self.probe_interval) and self.probe_interval >= 1,
-               "speculative.probe_interval must be an integer >= 1")
+            _check(
+                _is_int(self.draft_layers) and self.draft_layers >= 1,
+                "speculative.draft_layers must be an integer >= 1",
+            )
+        _check(
+            _is_int(self.monitor_window) and self.monitor_window >= 1,
+            "speculative.monitor_window must be an integer >= 1",
+        )
+        _check(
+            _is_int(self.probe_interval) and self.probe_interval >= 1,
+            "speculative.probe_interval must be an integer >= 1",
+        )
 
 
 # vLLM's speculative_config keys that differ from SpeculativeConfig's field names
@@ -109,12 +127,17 @@ def speculative_from_dict(d) -> SpeculativeConfig:
     kw = {}
     for k, v in d.items():
         name = _VLLM_SPEC_KEYS.get(k, k)
-        _check(name in known, f"speculative_config has an unknown key {k!r} (known: {sorted(known | set(_VLLM_SPEC_KEYS))})")
+        _check(
+            name in known,
+            f"speculative_config has an unknown key {k!r} (known: {sorted(known | set(_VLLM_SPEC_KEYS))})",
+        )
         kw[name] = v
     if "draft_model" in kw and "method" not in kw:
         kw["method"] = "draft_model"
-    _check(kw.get("method", "ngram") in SPEC_METHODS,
-           f"speculative_config.method must be one of {SPEC_METHODS}, got {kw.get('method')!r}")
+    _check(
+        kw.get("method", "ngram") in SPEC_METHODS,
+        f"speculative_config.method must be one of {SPEC_METHODS}, got {kw.get('method')!r}",
+    )
     return SpeculativeConfig(**kw)
 
 
@@ -127,8 +150,8 @@ class EngineConfig:
     # one byte per number plus a float32 scale per (token, KV head) row (engine/kv_quant.py)
     kv_cache_dtype: str = "auto"
     block_size: int = 16
-    num_kv_blocks: int | None = None        # explicit pool size, or
-    kv_cache_bytes: int | None = None       # a byte budget (K and V, all layers); default 256 MiB, at most 4096 blocks
+    num_kv_blocks: int | None = None  # explicit pool size, or
+    kv_cache_bytes: int | None = None  # a byte budget (K and V, all layers); default 256 MiB, at most 4096 blocks
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 512
     max_model_len: int = 2048
@@ -170,41 +193,67 @@ class EngineConfig:
     # exactly one, else "fp32" (always "fp32" where the C kernel cannot be built)
     weight_format: str = "auto"
     event_ring_size: int = 20000
-    history_len: int = 512                  # per-request history points kept for the UI
+    history_len: int = 512  # per-request history points kept for the UI
 
     def __post_init__(self):
         _check(isinstance(self.model, str) and self.model, "model must be a non-empty string")
-        _check(isinstance(self.device, str) and (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")),
-               f"device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
+        _check(
+            isinstance(self.device, str)
+            and (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")),
+            f"device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}",
+        )
         _check(self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        _check(self.kv_cache_dtype in KV_CACHE_DTYPES,
-               f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
-        _check(_is_int(self.block_size) and 1 <= self.block_size <= 256,
-               f"block_size must be an integer in [1, 256], got {self.block_size!r}")
+        _check(
+            self.kv_cache_dtype in KV_CACHE_DTYPES,
+            f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}",
+        )
+        _check(
+            _is_int(self.block_size) and 1 <= self.block_size <= 256,
+            f"block_size must be an integer in [1, 256], got {self.block_size!r}",
+        )
         if self.num_kv_blocks is not None:
-            _check(_is_int(self.num_kv_blocks) and 1 <= self.num_kv_blocks <= 1_000_000,
-                   f"num_kv_blocks must be an integer in [1, 1000000], got {self.num_kv_blocks!r}")
+            _check(
+                _is_int(self.num_kv_blocks) and 1 <= self.num_kv_blocks <= 1_000_000,
+                f"num_kv_blocks must be an integer in [1, 1000000], got {self.num_kv_blocks!r}",
+            )
         if self.kv_cache_bytes is not None:
-            _check(_is_int(self.kv_cache_bytes) and self.kv_cache_bytes >= 1,
-                   f"kv_cache_bytes must be a positive integer, got {self.kv_cache_bytes!r}")
-        _check(_is_int(self.max_num_seqs) and 1 <= self.max_num_seqs <= 4096,
-               f"max_num_seqs must be an integer in [1, 4096], got {self.max_num_seqs!r}")
-        _check(_is_int(self.max_num_batched_tokens) and self.max_num_batched_tokens >= 1,
-               f"max_num_batched_tokens must be an integer >= 1, got {self.max_num_batched_tokens!r}")
-        _check(_is_int(self.max_model_len) and 2 <= self.max_model_len <= 1_048_576,
-               f"max_model_len must be an integer in [2, 1048576], got {self.max_model_len!r}")
-        _check(self.preemption_mode in PREEMPTION_MODES,
-               f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
-        _check(self.victim_policy in VICTIM_POLICIES,
-               f"victim_policy must be one of {VICTIM_POLICIES}, got {self.victim_policy!r}")
-        _check(_is_int(self.swap_space_bytes) and self.swap_space_bytes >= 0,
-               "swap_space_bytes must be an integer >= 0")
+            _check(
+                _is_int(self.kv_cache_bytes) and self.kv_cache_bytes >= 1,
+                f"kv_cache_bytes must be a positive integer, got {self.kv_cache_bytes!r}",
+            )
+        _check(
+            _is_int(self.max_num_seqs) and 1 <= self.max_num_seqs <= 4096,
+            f"max_num_seqs must be an integer in [1, 4096], got {self.max_num_seqs!r}",
+        )
+        _check(
+            _is_int(self.max_num_batched_tokens) and self.max_num_batched_tokens >= 1,
+            f"max_num_batched_tokens must be an integer >= 1, got {self.max_num_batched_tokens!r}",
+        )
+        _check(
+            _is_int(self.max_model_len) and 2 <= self.max_model_len <= 1_048_576,
+            f"max_model_len must be an integer in [2, 1048576], got {self.max_model_len!r}",
+        )
+        _check(
+            self.preemption_mode in PREEMPTION_MODES,
+            f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}",
+        )
+        _check(
+            self.victim_policy in VICTIM_POLICIES,
+            f"victim_policy must be one of {VICTIM_POLICIES}, got {self.victim_policy!r}",
+        )
+        _check(
+            _is_int(self.swap_space_bytes) and self.swap_space_bytes >= 0, "swap_space_bytes must be an integer >= 0"
+        )
         _check(self.allocator in ALLOCATORS, f"allocator must be one of {ALLOCATORS}, got {self.allocator!r}")
         _check(isinstance(self.kv_cache, bool), "kv_cache must be True or False")
-        _check(isinstance(self.tiers, dict) and all(isinstance(t, TierConfig) for t in self.tiers.values()),
-               "tiers must be a dict of name -> TierConfig")
+        _check(
+            isinstance(self.tiers, dict) and all(isinstance(t, TierConfig) for t in self.tiers.values()),
+            "tiers must be a dict of name -> TierConfig",
+        )
         if self.default_tier is not None:
-            _check(self.default_tier in self.tiers, f"default_tier {self.default_tier!r} is not one of {list(self.tiers)}")
+            _check(
+                self.default_tier in self.tiers, f"default_tier {self.default_tier!r} is not one of {list(self.tiers)}"
+            )
         if self.speculative_config is not None:
             _check(self.speculative is None, "give speculative or speculative_config, not both")
             self.speculative = speculative_from_dict(self.speculative_config)
@@ -212,18 +261,30 @@ class EngineConfig:
         if self.speculative is not None:
             _check(isinstance(self.speculative, SpeculativeConfig), "speculative must be a SpeculativeConfig")
         if self.num_threads is not None:
-            _check(_is_int(self.num_threads) and 1 <= self.num_threads <= 256, "num_threads must be an integer in [1, 256]")
-        _check(self.linear_backend in LINEAR_BACKENDS,
-               f"linear_backend must be one of {LINEAR_BACKENDS}, got {self.linear_backend!r}")
-        _check(self.attention_backend in ATTENTION_BACKENDS,
-               f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
+            _check(
+                _is_int(self.num_threads) and 1 <= self.num_threads <= 256, "num_threads must be an integer in [1, 256]"
+            )
+        _check(
+            self.linear_backend in LINEAR_BACKENDS,
+            f"linear_backend must be one of {LINEAR_BACKENDS}, got {self.linear_backend!r}",
+        )
+        _check(
+            self.attention_backend in ATTENTION_BACKENDS,
+            f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}",
+        )
         gmu = self.gpu_memory_utilization
-        _check(isinstance(gmu, (int, float)) and not isinstance(gmu, bool) and 0 < gmu <= 1,
-               f"gpu_memory_utilization must be a number in (0, 1], got {self.gpu_memory_utilization!r}")
-        _check(self.weight_format in WEIGHT_FORMATS,
-               f"weight_format must be one of {WEIGHT_FORMATS}, got {self.weight_format!r}")
-        _check(_is_int(self.event_ring_size) and 16 <= self.event_ring_size <= 10_000_000,
-               "event_ring_size must be an integer in [16, 10000000]")
+        _check(
+            isinstance(gmu, (int, float)) and not isinstance(gmu, bool) and 0 < gmu <= 1,
+            f"gpu_memory_utilization must be a number in (0, 1], got {self.gpu_memory_utilization!r}",
+        )
+        _check(
+            self.weight_format in WEIGHT_FORMATS,
+            f"weight_format must be one of {WEIGHT_FORMATS}, got {self.weight_format!r}",
+        )
+        _check(
+            _is_int(self.event_ring_size) and 16 <= self.event_ring_size <= 10_000_000,
+            "event_ring_size must be an integer in [16, 10000000]",
+        )
         _check(_is_int(self.history_len) and 2 <= self.history_len <= 100_000, "history_len must be in [2, 100000]")
 
     def replace(self, **changes) -> "EngineConfig":
@@ -233,58 +294,84 @@ class EngineConfig:
 @dataclass(slots=True)
 class SamplingParams:
     temperature: float = 0.0
-    top_k: int = 0                 # 0 = disabled
+    top_k: int = 0  # 0 = disabled
     top_p: float = 1.0
     max_tokens: int = 64
     seed: int | None = None
     stop: list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
-    tier: str | None = None        # admission tier (context cap, priority)
+    tier: str | None = None  # admission tier (context cap, priority)
     request_class: str | None = None  # speculative acceptance monitoring group
     cache_salt: str | None = None  # isolates prefix-cache sharing between tenants
-    speculative: bool = True       # allow speculation for this request when the engine has it on
-    min_tokens: int = 0            # EOS / stop_token_ids masked (and stop strings ignored) until this many
-    logprobs: int | None = None    # None: none; N: the sampled token's logprob and the top N (vLLM: <= 20)
+    speculative: bool = True  # allow speculation for this request when the engine has it on
+    min_tokens: int = 0  # EOS / stop_token_ids masked (and stop strings ignored) until this many
+    logprobs: int | None = None  # None: none; N: the sampled token's logprob and the top N (vLLM: <= 20)
     num_speculative_tokens: int | None = None  # this request's draft length (<= the engine's k; None = engine's)
 
     def __post_init__(self):
         # below MIN_TEMPERATURE, logits / temperature overflows float32 (inf - inf = nan) and sampling fails
-        _check(isinstance(self.temperature, (int, float)) and not isinstance(self.temperature, bool)
-               and (self.temperature == 0 or MIN_TEMPERATURE <= self.temperature <= 100),
-               f"temperature must be 0 (greedy) or a number in [{MIN_TEMPERATURE}, 100], got {self.temperature!r}")
+        _check(
+            isinstance(self.temperature, (int, float))
+            and not isinstance(self.temperature, bool)
+            and (self.temperature == 0 or MIN_TEMPERATURE <= self.temperature <= 100),
+            f"temperature must be 0 (greedy) or a number in [{MIN_TEMPERATURE}, 100], got {self.temperature!r}",
+        )
         _check(_is_int(self.top_k) and self.top_k >= 0, f"top_k must be an integer >= 0, got {self.top_k!r}")
-        _check(isinstance(self.top_p, (int, float)) and not isinstance(self.top_p, bool) and 0 < self.top_p <= 1,
-               f"top_p must be in (0, 1], got {self.top_p!r}")
-        _check(self.num_speculative_tokens is None
-               or (_is_int(self.num_speculative_tokens) and 1 <= self.num_speculative_tokens <= 16),
-               f"num_speculative_tokens must be None or an integer in [1, 16], got {self.num_speculative_tokens!r}")
-        _check(_is_int(self.max_tokens) and self.max_tokens >= 1,
-               f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        _check(
+            isinstance(self.top_p, (int, float)) and not isinstance(self.top_p, bool) and 0 < self.top_p <= 1,
+            f"top_p must be in (0, 1], got {self.top_p!r}",
+        )
+        _check(
+            self.num_speculative_tokens is None
+            or (_is_int(self.num_speculative_tokens) and 1 <= self.num_speculative_tokens <= 16),
+            f"num_speculative_tokens must be None or an integer in [1, 16], got {self.num_speculative_tokens!r}",
+        )
+        _check(
+            _is_int(self.max_tokens) and self.max_tokens >= 1,
+            f"max_tokens must be an integer >= 1, got {self.max_tokens!r}",
+        )
         if self.seed is not None:
-            _check(_is_int(self.seed) and 0 <= self.seed < 2**63, f"seed must be an integer in [0, 2^63), got {self.seed!r}")
+            _check(
+                _is_int(self.seed) and 0 <= self.seed < 2**63,
+                f"seed must be an integer in [0, 2^63), got {self.seed!r}",
+            )
         if self.stop is not None:
             if isinstance(self.stop, str):
                 self.stop = [self.stop]
-            _check(isinstance(self.stop, list) and all(isinstance(s, str) and s for s in self.stop) and len(self.stop) <= 16,
-                   "stop must be a list of at most 16 non-empty strings")
+            _check(
+                isinstance(self.stop, list)
+                and all(isinstance(s, str) and s for s in self.stop)
+                and len(self.stop) <= 16,
+                "stop must be a list of at most 16 non-empty strings",
+            )
         if self.stop_token_ids is not None:
-            _check(isinstance(self.stop_token_ids, list) and all(_is_int(t) and t >= 0 for t in self.stop_token_ids),
-                   "stop_token_ids must be a list of non-negative integers")
+            _check(
+                isinstance(self.stop_token_ids, list) and all(_is_int(t) and t >= 0 for t in self.stop_token_ids),
+                "stop_token_ids must be a list of non-negative integers",
+            )
         _check(isinstance(self.ignore_eos, bool), "ignore_eos must be True or False")
-        _check(_is_int(self.min_tokens) and 0 <= self.min_tokens <= self.max_tokens,
-               f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}")
+        _check(
+            _is_int(self.min_tokens) and 0 <= self.min_tokens <= self.max_tokens,
+            f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}",
+        )
         if self.logprobs is not None:
-            _check(_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS,
-                   f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+            _check(
+                _is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS,
+                f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}",
+            )
         if self.tier is not None:
             _check(isinstance(self.tier, str), "tier must be a string")
         if self.request_class is not None:
-            _check(isinstance(self.request_class, str) and len(self.request_class) <= 64,
-                   "request_class must be a string of at most 64 characters")
+            _check(
+                isinstance(self.request_class, str) and len(self.request_class) <= 64,
+                "request_class must be a string of at most 64 characters",
+            )
         if self.cache_salt is not None:
-            _check(isinstance(self.cache_salt, str) and len(self.cache_salt) <= 256,
-                   "cache_salt must be a string of at most 256 characters")
+            _check(
+                isinstance(self.cache_salt, str) and len(self.cache_salt) <= 256,
+                "cache_salt must be a string of at most 256 characters",
+            )
 
     @property
     def greedy(self) -> bool:

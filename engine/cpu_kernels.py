@@ -18,6 +18,7 @@ The library is compiled once per (source, compiler, CPU) into the kvscope cache 
 compiler or the build fails, `load()` returns None with the reason in `status()` and the engine
 uses the torch reference; nothing else changes. Set KVSCOPE_CPU_KERNELS=0 to never build or use it.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -29,11 +30,12 @@ import threading
 
 import torch
 
-SOURCES = [os.path.join(os.path.dirname(__file__), "csrc", f)
-           for f in ("paged_attention.c", "linear.c", "quant_linear.c")]
+SOURCES = [
+    os.path.join(os.path.dirname(__file__), "csrc", f) for f in ("paged_attention.c", "linear.c", "quant_linear.c")
+]
 ABI_VERSION = 4
 CFLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
-MIN_PARALLEL_KEYS = 4096         # below this many (key position x KV head) pairs one thread is faster
+MIN_PARALLEL_KEYS = 4096  # below this many (key position x KV head) pairs one thread is faster
 _lock = threading.Lock()
 _state: dict = {}
 
@@ -58,11 +60,13 @@ def _cpu_signature() -> str:
     except OSError:
         pass
     import platform
+
     return platform.machine() + platform.processor()
 
 
 def _build(cc: str) -> str:
     from .models import cache_dir
+
     src = b""
     for path in SOURCES:
         with open(path, "rb") as f:
@@ -85,7 +89,7 @@ def _build(cc: str) -> str:
         except OSError:
             pass
         raise RuntimeError(f"{os.path.basename(cc)} failed: {(proc.stderr or proc.stdout).strip()[:400]}")
-    os.replace(tmp, lib)            # atomic: a concurrent build of the same key writes the same bytes
+    os.replace(tmp, lib)  # atomic: a concurrent build of the same key writes the same bytes
     return lib
 
 
@@ -129,7 +133,7 @@ def load():
                     lib.kvscope_qlinear.restype = I
                     _self_test(lib)
                     _self_test_linear(lib)
-                except Exception as e:        # build or self-test failed: the torch path stays
+                except Exception as e:  # build or self-test failed: the torch path stays
                     lib, why = None, f"{type(e).__name__}: {str(e)[:400]}"
         _state["lib"] = lib
         _state["why"] = why
@@ -144,13 +148,29 @@ def status() -> str:
 def supports(num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
     """Head shapes the kernel handles (fp32 tensors on CPU are the caller's check): head_dim a
     multiple of 8 up to 256, up to 256 query heads, a whole number of them per KV head."""
-    return (head_dim % 8 == 0 and 0 < head_dim <= 256 and num_kv_heads > 0 and num_heads % num_kv_heads == 0
-            and num_heads <= 256)
+    return (
+        head_dim % 8 == 0
+        and 0 < head_dim <= 256
+        and num_kv_heads > 0
+        and num_heads % num_kv_heads == 0
+        and num_heads <= 256
+    )
 
 
-def paged_decode_attention(lib, out: torch.Tensor, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
-                           q_rows: torch.Tensor, ctx_lens: torch.Tensor, tables: torch.Tensor, scale: float,
-                           max_ctx: int, n_threads: int | None = None, kv_format: int = 0) -> None:
+def paged_decode_attention(
+    lib,
+    out: torch.Tensor,
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    q_rows: torch.Tensor,
+    ctx_lens: torch.Tensor,
+    tables: torch.Tensor,
+    scale: float,
+    max_ctx: int,
+    n_threads: int | None = None,
+    kv_format: int = 0,
+) -> None:
     """out[q_rows[s]] = softmax(q[q_rows[s]] . K_s^T * scale) V_s for every decode sequence s,
     K_s/V_s being positions 0..ctx_lens[s]-1 of the blocks tables[s]. q, out: [T, H, D];
     pools: [num_blocks, block_size, Hkv, D]; q_rows, ctx_lens: [S] int32; tables: [S, max_blocks]
@@ -166,9 +186,25 @@ def paged_decode_attention(lib, out: torch.Tensor, q: torch.Tensor, k_pool: torc
         n_threads = torch.get_num_threads()
     if max_ctx * hkv * n_seqs < MIN_PARALLEL_KEYS:
         n_threads = 1
-    rc = lib.kvscope_paged_decode_kv(q.data_ptr(), out.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(),
-                                     q_rows.data_ptr(), ctx_lens.data_ptr(), tables.data_ptr(), n_seqs, max_blocks,
-                                     bs, q.shape[1], hkv, d, float(scale), max_ctx, n_threads, kv_format)
+    rc = lib.kvscope_paged_decode_kv(
+        q.data_ptr(),
+        out.data_ptr(),
+        k_pool.data_ptr(),
+        v_pool.data_ptr(),
+        q_rows.data_ptr(),
+        ctx_lens.data_ptr(),
+        tables.data_ptr(),
+        n_seqs,
+        max_blocks,
+        bs,
+        q.shape[1],
+        hkv,
+        d,
+        float(scale),
+        max_ctx,
+        n_threads,
+        kv_format,
+    )
     if rc != 0:
         raise RuntimeError(f"kvscope_paged_decode failed with code {rc}")
 
@@ -185,8 +221,14 @@ def pack_linear(lib, weight: torch.Tensor) -> torch.Tensor:
     return panels
 
 
-def linear(lib, x: torch.Tensor, panels: torch.Tensor, n_out: int, bias: torch.Tensor | None = None,
-           n_threads: int | None = None) -> torch.Tensor:
+def linear(
+    lib,
+    x: torch.Tensor,
+    panels: torch.Tensor,
+    n_out: int,
+    bias: torch.Tensor | None = None,
+    n_threads: int | None = None,
+) -> torch.Tensor:
     """x [..., K] fp32 -> x W^T (+ bias) [..., n_out], W packed by pack_linear."""
     k = x.shape[-1]
     if panels.numel() != lib.kvscope_linear_packed_floats(n_out, k):
@@ -196,8 +238,14 @@ def linear(lib, x: torch.Tensor, panels: torch.Tensor, n_out: int, bias: torch.T
     return linear_unchecked(lib, x, panels, n_out, bias, n_threads)
 
 
-def linear_unchecked(lib, x: torch.Tensor, panels: torch.Tensor, n_out: int, bias: torch.Tensor | None = None,
-                     n_threads: int | None = None) -> torch.Tensor:
+def linear_unchecked(
+    lib,
+    x: torch.Tensor,
+    panels: torch.Tensor,
+    n_out: int,
+    bias: torch.Tensor | None = None,
+    n_threads: int | None = None,
+) -> torch.Tensor:
     """linear() without the size checks, for callers that made `panels` from a [n_out, K]
     weight themselves (engine/linear.py, once per step and layer)."""
     if x.dtype != torch.float32 or x.device.type != "cpu":
@@ -206,16 +254,23 @@ def linear_unchecked(lib, x: torch.Tensor, panels: torch.Tensor, n_out: int, bia
         x = x.contiguous()
     k = x.shape[-1]
     y = torch.empty((*x.shape[:-1], n_out), dtype=torch.float32)
-    rc = lib.kvscope_linear(x.data_ptr(), x.numel() // k if k else 0, k, panels.data_ptr(), n_out,
-                            bias.data_ptr() if bias is not None else None, y.data_ptr(),
-                            n_threads if n_threads is not None else torch.get_num_threads())
+    rc = lib.kvscope_linear(
+        x.data_ptr(),
+        x.numel() // k if k else 0,
+        k,
+        panels.data_ptr(),
+        n_out,
+        bias.data_ptr() if bias is not None else None,
+        y.data_ptr(),
+        n_threads if n_threads is not None else torch.get_num_threads(),
+    )
     if rc != 0:
         raise RuntimeError(f"kvscope_linear failed with code {rc}")
     return y
 
 
-QUANT_TYPES = {"Q4_1": 3, "Q8_0": 8, "F16": 1, "BF16": 30}   # ggml type ids the quantized kernel reads
-QUANT_BLOCK = {3: (32, 20), 8: (32, 34), 1: (32, 64), 30: (32, 64)}   # type id -> (weights, bytes) per block
+QUANT_TYPES = {"Q4_1": 3, "Q8_0": 8, "F16": 1, "BF16": 30}  # ggml type ids the quantized kernel reads
+QUANT_BLOCK = {3: (32, 20), 8: (32, 34), 1: (32, 64), 30: (32, 64)}  # type id -> (weights, bytes) per block
 HALF_TYPES = {torch.bfloat16: 30, torch.float16: 1}
 
 
@@ -233,6 +288,7 @@ def qpack(lib, qtype: int, blocks, n_out: int, k: int, row_map=None) -> torch.Te
     """GGUF blocks (uint8 tensor or array of n_src rows x k/32 blocks) -> the panel layout
     `qlinear` reads (uint8). Output n takes GGUF row row_map[n] (default n)."""
     import numpy as np
+
     src = np.ascontiguousarray(np.asarray(blocks, dtype=np.uint8))
     per_block = QUANT_BLOCK.get(qtype, (0, 0))
     if not per_block[0] or k % per_block[0]:
@@ -258,8 +314,15 @@ def qunpack(lib, qtype: int, panels: torch.Tensor, n_out: int, k: int) -> torch.
     return w
 
 
-def qlinear(lib, qtype: int, x: torch.Tensor, panels: torch.Tensor, n_out: int, bias: torch.Tensor | None = None,
-            n_threads: int | None = None) -> torch.Tensor:
+def qlinear(
+    lib,
+    qtype: int,
+    x: torch.Tensor,
+    panels: torch.Tensor,
+    n_out: int,
+    bias: torch.Tensor | None = None,
+    n_threads: int | None = None,
+) -> torch.Tensor:
     """x [..., K] fp32 -> x W^T (+ bias) with W the quantized panels made by qpack."""
     if x.dtype != torch.float32 or x.device.type != "cpu":
         raise ValueError("the linear kernel needs float32 CPU input")
@@ -267,9 +330,17 @@ def qlinear(lib, qtype: int, x: torch.Tensor, panels: torch.Tensor, n_out: int, 
         x = x.contiguous()
     k = x.shape[-1]
     y = torch.empty((*x.shape[:-1], n_out), dtype=torch.float32)
-    rc = lib.kvscope_qlinear(qtype, x.data_ptr(), x.numel() // k if k else 0, k, panels.data_ptr(), n_out,
-                             bias.data_ptr() if bias is not None else None, y.data_ptr(),
-                             n_threads if n_threads is not None else torch.get_num_threads())
+    rc = lib.kvscope_qlinear(
+        qtype,
+        x.data_ptr(),
+        x.numel() // k if k else 0,
+        k,
+        panels.data_ptr(),
+        n_out,
+        bias.data_ptr() if bias is not None else None,
+        y.data_ptr(),
+        n_threads if n_threads is not None else torch.get_num_threads(),
+    )
     if rc != 0:
         raise RuntimeError(f"kvscope_qlinear failed with code {rc}")
     return y
@@ -279,6 +350,7 @@ def _self_test_linear(lib) -> None:
     """The packed matmul against F.linear at several row counts, with and without bias, on a
     weight whose row count is not a multiple of the panel width."""
     import torch.nn.functional as F
+
     g = torch.Generator().manual_seed(1)
     w = torch.randn(37, 70, generator=g)
     b = torch.randn(37, generator=g)
@@ -294,6 +366,7 @@ def _self_test_linear(lib) -> None:
 def _self_test(lib) -> None:
     """Compares the kernel with SDPA on random blocks (GQA, ragged lengths, shuffled tables)."""
     import torch.nn.functional as F
+
     g = torch.Generator().manual_seed(0)
     nb, bs, hkv, h, d = 24, 4, 2, 6, 16
     k_pool = torch.randn(nb, bs, hkv, d, generator=g)
@@ -303,13 +376,24 @@ def _self_test(lib) -> None:
     tables, off = [], 0
     for n in lens:
         m = -(-n // bs)
-        tables.append(perm[off:off + m] + [perm[off]] * (5 - m))
+        tables.append(perm[off : off + m] + [perm[off]] * (5 - m))
         off += m
     q = torch.randn(len(lens) + 1, h, d, generator=g)
     out = torch.zeros_like(q)
     rows = torch.tensor([4, 0, 2, 1], dtype=torch.int32)
-    paged_decode_attention(lib, out, q, k_pool, v_pool, rows, torch.tensor(lens, dtype=torch.int32),
-                           torch.tensor(tables, dtype=torch.int32), 0.25, max(lens), 2)
+    paged_decode_attention(
+        lib,
+        out,
+        q,
+        k_pool,
+        v_pool,
+        rows,
+        torch.tensor(lens, dtype=torch.int32),
+        torch.tensor(tables, dtype=torch.int32),
+        0.25,
+        max(lens),
+        2,
+    )
     for s, n in enumerate(lens):
         blocks = torch.tensor(tables[s])
         k = k_pool[blocks].reshape(-1, hkv, d)[:n].transpose(0, 1)[None]

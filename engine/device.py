@@ -10,6 +10,7 @@ the attention backend on each device type.
   measured the FlexAttention path ("flex", engine/paged_flex.py) exact and faster on a GPU; it
   is selectable explicitly meanwhile.
 """
+
 from __future__ import annotations
 
 AUTO_ATTENTION = {"cpu": "cpu_kernel", "cuda": "torch"}
@@ -25,6 +26,7 @@ def available_devices(cuda_available: bool, cuda_count: int = 1) -> list[str]:
 def detect_devices() -> list[str]:
     """available_devices() for this machine (imports torch)."""
     import torch
+
     ok = torch.cuda.is_available()
     return available_devices(ok, torch.cuda.device_count() if ok else 0)
 
@@ -37,8 +39,14 @@ def auto_attention_backend(device_type: str, dtype_is_fp32: bool, kernel_availab
     return choice
 
 
-def activation_reserve_bytes(max_num_batched_tokens: int, hidden_size: int, intermediate_size: int,
-                             vocab_size: int, max_num_seqs: int, itemsize: int) -> int:
+def activation_reserve_bytes(
+    max_num_batched_tokens: int,
+    hidden_size: int,
+    intermediate_size: int,
+    vocab_size: int,
+    max_num_seqs: int,
+    itemsize: int,
+) -> int:
     """A generous bound on one step's transient memory: a handful of [tokens, hidden] and
     [tokens, intermediate] activations, plus fp32 logits for every sequence's sampled row."""
     t = max_num_batched_tokens
@@ -59,6 +67,7 @@ def cuda_memory(device) -> tuple[int, int] | None:
     """(free, total) bytes of a CUDA device, or None where it cannot be read."""
     try:
         import torch
+
         free, total = torch.cuda.mem_get_info(device)
         return int(free), int(total)
     except (RuntimeError, AssertionError, AttributeError):

@@ -4,6 +4,7 @@ One step (vLLM v1's shape) = schedule (drafts, then the Scheduler's batch) -> ex
 one flattened forward pass) -> update from output (sample or verify, stop checks, events and
 metrics). Every memory decision becomes an Event with a reason.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -37,8 +38,8 @@ __all__ = ["LLM", "LLMEngine", "CompletionOutput", "RequestMetrics", "RequestOut
 DEFAULT_KV_BYTES = 256 * 1024 * 1024
 MAX_DEFAULT_BLOCKS = 4096
 MAX_PROMPT_CHARS = 1_000_000
-MAX_BLOCKS = 1_000_000           # same cap as EngineConfig.num_kv_blocks, also for kv_cache_bytes
-MEMORY_FRACTION = 0.9            # of the available memory a KV pool (or swap space) may take
+MAX_BLOCKS = 1_000_000  # same cap as EngineConfig.num_kv_blocks, also for kv_cache_bytes
+MEMORY_FRACTION = 0.9  # of the available memory a KV pool (or swap space) may take
 
 
 def _schedule_rows(items, rows) -> list[list]:
@@ -48,7 +49,7 @@ def _schedule_rows(items, rows) -> list[list]:
     out = []
     for it, row in zip(items, rows):
         n = len(row.tokens)
-        decode = n == 1 and row.start >= it.req.num_prompt_tokens    # feeding its newest output token
+        decode = n == 1 and row.start >= it.req.num_prompt_tokens  # feeding its newest output token
         kind = "verify" if it.num_spec_tokens else ("decode" if decode else "prefill")
         out.append([row.request_id, kind, n, row.start])
     return out
@@ -81,6 +82,7 @@ def _available_bytes(device: torch.device) -> int | None:
 class ModelOutput:
     """What execute() hands to update_from_output(): the rows fed, their logits and the forward
     pass's seconds, or the error that failed the pass."""
+
     rows: list[BatchRow]
     logits: torch.Tensor | None = None
     forward_s: float = 0.0
@@ -104,13 +106,15 @@ class LLMEngine:
         self.vocab_size = hf.vocab_size
         max_pos = getattr(hf, "max_position_embeddings", None) or config.max_model_len
         if config.max_model_len > max_pos:
-            raise ValueError(f"max_model_len={config.max_model_len} exceeds the model's "
-                             f"max_position_embeddings={max_pos}")
+            raise ValueError(
+                f"max_model_len={config.max_model_len} exceeds the model's max_position_embeddings={max_pos}"
+            )
         self.kv_cache_dtype = kv_quant.resolve(config.kv_cache_dtype, self.dtype)
         n_layers, n_kv, head_dim = kv_geometry(hf)
         kv_quant.check_head_dim(self.kv_cache_dtype, head_dim)
-        self.bytes_per_token = kv_bytes_per_token(n_layers, n_kv, head_dim, dtype_bytes(self.kv_cache_dtype),
-                                                  scale_bytes=kv_scale_bytes(self.kv_cache_dtype))
+        self.bytes_per_token = kv_bytes_per_token(
+            n_layers, n_kv, head_dim, dtype_bytes(self.kv_cache_dtype), scale_bytes=kv_scale_bytes(self.kv_cache_dtype)
+        )
         self.bytes_per_block = self.bytes_per_token * config.block_size
         if config.num_kv_blocks is not None:
             num_blocks = config.num_kv_blocks
@@ -124,25 +128,33 @@ class LLMEngine:
             if config.kv_cache_bytes is None:
                 num_blocks = min(num_blocks, MAX_DEFAULT_BLOCKS)
             if num_blocks < 1:
-                raise ValueError(f"kv_cache_bytes={budget} is smaller than one block "
-                                 f"({self.bytes_per_block} bytes at block_size {config.block_size})")
+                raise ValueError(
+                    f"kv_cache_bytes={budget} is smaller than one block "
+                    f"({self.bytes_per_block} bytes at block_size {config.block_size})"
+                )
         # refuse pools the machine cannot hold before anything is allocated (zero-filling them
         # tensor by tensor would end in the OOM killer, taking the server down)
         pool_bytes = num_blocks * self.bytes_per_block
         avail = _available_bytes(self.device)
         if field_name.startswith("gpu_memory_utilization"):
-            avail = None                 # sized from free device memory just above
+            avail = None  # sized from free device memory just above
         if avail is not None and pool_bytes > MEMORY_FRACTION * avail:
-            raise ValueError(f"{field_name} needs {pool_bytes / 2**30:.1f} GiB of KV cache ({self.bytes_per_block} "
-                             f"bytes per block); the {self.device.type} has {avail / 2**30:.1f} GiB available and "
-                             f"the pool may use at most {MEMORY_FRACTION:.0%} of it")
+            raise ValueError(
+                f"{field_name} needs {pool_bytes / 2**30:.1f} GiB of KV cache ({self.bytes_per_block} "
+                f"bytes per block); the {self.device.type} has {avail / 2**30:.1f} GiB available and "
+                f"the pool may use at most {MEMORY_FRACTION:.0%} of it"
+            )
         if num_blocks > MAX_BLOCKS:
-            raise ValueError(f"{field_name} gives {num_blocks} blocks; the limit is {MAX_BLOCKS} "
-                             f"(raise block_size for a bigger pool)")
+            raise ValueError(
+                f"{field_name} gives {num_blocks} blocks; the limit is {MAX_BLOCKS} "
+                f"(raise block_size for a bigger pool)"
+            )
         slab_tokens = config.max_model_len
         if config.allocator == "contiguous" and cdiv(slab_tokens, config.block_size) > num_blocks:
-            raise ValueError(f"allocator='contiguous' needs at least one max_model_len slab "
-                             f"({cdiv(slab_tokens, config.block_size)} blocks); the pool has {num_blocks}")
+            raise ValueError(
+                f"allocator='contiguous' needs at least one max_model_len slab "
+                f"({cdiv(slab_tokens, config.block_size)} blocks); the pool has {num_blocks}"
+            )
         num_swap = config.swap_space_bytes // self.bytes_per_block if config.preemption_mode == "swap" else 0
         if num_swap:
             cpu_avail = _available_bytes(torch.device("cpu"))
@@ -150,25 +162,47 @@ class LLMEngine:
                 if self.device.type == "cpu":
                     cpu_avail = max(0, cpu_avail - pool_bytes)
                 if num_swap * self.bytes_per_block > MEMORY_FRACTION * cpu_avail:
-                    raise ValueError(f"swap_space_bytes={config.swap_space_bytes} needs "
-                                     f"{num_swap * self.bytes_per_block / 2**30:.1f} GiB of CPU swap space; "
-                                     f"{cpu_avail / 2**30:.1f} GiB of memory is available and the swap space may "
-                                     f"use at most {MEMORY_FRACTION:.0%} of it")
+                    raise ValueError(
+                        f"swap_space_bytes={config.swap_space_bytes} needs "
+                        f"{num_swap * self.bytes_per_block / 2**30:.1f} GiB of CPU swap space; "
+                        f"{cpu_avail / 2**30:.1f} GiB of memory is available and the swap space may "
+                        f"use at most {MEMORY_FRACTION:.0%} of it"
+                    )
         self.num_blocks = num_blocks
-        self.bm = BlockManager(num_blocks, config.block_size,
-                               enable_prefix_caching=config.enable_prefix_caching and config.kv_cache,
-                               allocator=config.allocator, slab_tokens=slab_tokens, num_swap_blocks=num_swap)
-        self.runner = ModelRunner(self.model, num_blocks=num_blocks, block_size=config.block_size,
-                                  dtype=self.dtype, device=self.device, num_swap_blocks=num_swap,
-                                  linear_backend=config.linear_backend,
-                                  attention_backend=config.attention_backend,
-                                  kv_cache_dtype=self.kv_cache_dtype, weight_format=config.weight_format)
+        self.bm = BlockManager(
+            num_blocks,
+            config.block_size,
+            enable_prefix_caching=config.enable_prefix_caching and config.kv_cache,
+            allocator=config.allocator,
+            slab_tokens=slab_tokens,
+            num_swap_blocks=num_swap,
+        )
+        self.runner = ModelRunner(
+            self.model,
+            num_blocks=num_blocks,
+            block_size=config.block_size,
+            dtype=self.dtype,
+            device=self.device,
+            num_swap_blocks=num_swap,
+            linear_backend=config.linear_backend,
+            attention_backend=config.attention_backend,
+            kv_cache_dtype=self.kv_cache_dtype,
+            weight_format=config.weight_format,
+        )
         self.events = EventRing(config.event_ring_size)
         self.engine_id = uuid.uuid4().hex[:12]
         self.t0 = time.perf_counter()
         self.step_num = 0
-        self.scheduler = Scheduler(config, self.bm, self._emit, self.runner.swap_out, self.runner.swap_in,
-                                   self.runner.copy_blocks, clock=self.now, bytes_per_token=self.bytes_per_token)
+        self.scheduler = Scheduler(
+            config,
+            self.bm,
+            self._emit,
+            self.runner.swap_out,
+            self.runner.swap_in,
+            self.runner.copy_blocks,
+            clock=self.now,
+            bytes_per_token=self.bytes_per_token,
+        )
         self.requests: dict[str, Request] = {}
         self.finished: deque[Request] = deque(maxlen=64)
         self.metrics = MetricsTracker()
@@ -176,13 +210,29 @@ class LLMEngine:
         self.eos_ids = self._eos_ids()
         self.spec = None
         if config.speculative is not None:
-            self.spec = SpecDecoder(config.speculative, engine_config=config, bm=self.bm, runner=self.runner,
-                                    scheduler=self.scheduler, emit=self._emit, model=self.model,
-                                    tokenizer=self.tokenizer, device=self.device, dtype=self.dtype,
-                                    is_live=self.requests.__contains__)
-        self.fault_injector = None        # tests: callable(step_items) that may raise
-        self._emit(ev.CONFIG, None, model=config.model, num_blocks=num_blocks, block_size=config.block_size,
-                   bytes_per_token=self.bytes_per_token, reason="engine started")
+            self.spec = SpecDecoder(
+                config.speculative,
+                engine_config=config,
+                bm=self.bm,
+                runner=self.runner,
+                scheduler=self.scheduler,
+                emit=self._emit,
+                model=self.model,
+                tokenizer=self.tokenizer,
+                device=self.device,
+                dtype=self.dtype,
+                is_live=self.requests.__contains__,
+            )
+        self.fault_injector = None  # tests: callable(step_items) that may raise
+        self._emit(
+            ev.CONFIG,
+            None,
+            model=config.model,
+            num_blocks=num_blocks,
+            block_size=config.block_size,
+            bytes_per_token=self.bytes_per_token,
+            reason="engine started",
+        )
 
     # ------------------------------------------------------------------ helpers
     def _gpu_pool_blocks(self, hf) -> tuple[int, str]:
@@ -191,8 +241,10 @@ class LLMEngine:
         budget = self._gpu_budget(hf, self.dtype.itemsize)
         num_blocks = min(budget // self.bytes_per_block, MAX_BLOCKS)
         if num_blocks < 1:
-            raise ValueError(f"gpu_memory_utilization={c.gpu_memory_utilization} leaves {budget} bytes for "
-                             f"the KV cache, less than one block ({self.bytes_per_block} bytes)")
+            raise ValueError(
+                f"gpu_memory_utilization={c.gpu_memory_utilization} leaves {budget} bytes for "
+                f"the KV cache, less than one block ({self.bytes_per_block} bytes)"
+            )
         return num_blocks, f"gpu_memory_utilization={c.gpu_memory_utilization}"
 
     def _gpu_budget(self, hf, itemsize: int) -> int:
@@ -203,8 +255,9 @@ class LLMEngine:
             return DEFAULT_KV_BYTES
         hidden = getattr(hf, "hidden_size", 0) or 0
         inter = getattr(hf, "intermediate_size", None) or 4 * hidden
-        reserve = activation_reserve_bytes(c.max_num_batched_tokens, hidden, inter, hf.vocab_size, c.max_num_seqs,
-                                           itemsize)
+        reserve = activation_reserve_bytes(
+            c.max_num_batched_tokens, hidden, inter, hf.vocab_size, c.max_num_seqs, itemsize
+        )
         return gpu_kv_budget_bytes(mem[0], mem[1], c.gpu_memory_utilization, reserve)
 
     def now(self) -> float:
@@ -215,8 +268,10 @@ class LLMEngine:
 
     def _eos_ids(self) -> set[int]:
         ids = set()
-        for src in (getattr(self.tokenizer, "eos_token_id", None),
-                    getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)):
+        for src in (
+            getattr(self.tokenizer, "eos_token_id", None),
+            getattr(getattr(self.model, "generation_config", None), "eos_token_id", None),
+        ):
             if isinstance(src, int):
                 ids.add(src)
             elif isinstance(src, (list, tuple)):
@@ -257,8 +312,9 @@ class LLMEngine:
             return list(prompt), ""
         raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
 
-    def add_request(self, request_id: str | None, prompt, params: SamplingParams | None = None,
-                    arrival_time: float | None = None) -> str:
+    def add_request(
+        self, request_id: str | None, prompt, params: SamplingParams | None = None, arrival_time: float | None = None
+    ) -> str:
         """Validates everything before allocating anything; raises ValueError naming the field
         and the limit (a rejection event is recorded too)."""
         params = params if params is not None else SamplingParams()
@@ -279,10 +335,17 @@ class LLMEngine:
             self._emit(ev.REJECT, request_id, reason=str(e))
             self.metrics.num_rejected += 1
             raise
-        req = Request(request_id, ids, params, self.now() if arrival_time is None else arrival_time,
-                      prompt_text=text, tier=tier.name if tier else None, priority=tier.priority if tier else 0)
+        req = Request(
+            request_id,
+            ids,
+            params,
+            self.now() if arrival_time is None else arrival_time,
+            prompt_text=text,
+            tier=tier.name if tier else None,
+            priority=tier.priority if tier else 0,
+        )
         req.request_class = params.request_class or (tier.name if tier else "default")
-        req.history = deque(maxlen=self.config.history_len)   # EngineConfig.history_len bounds the UI history
+        req.history = deque(maxlen=self.config.history_len)  # EngineConfig.history_len bounds the UI history
         req.generator = make_generator(params, self.device)
         req.waiting_reason, req.wait_reason = "queued", WaitReason.QUEUED
         self.requests[request_id] = req
@@ -302,23 +365,31 @@ class LLMEngine:
                 raise ValueError(f"tier {tier_name!r} is not configured (known: {sorted(cfg.tiers)})")
             tier = cfg.tiers[tier_name]
         if len(ids) >= cfg.max_model_len:
-            raise ValueError(f"prompt is {len(ids)} tokens; max_model_len is {cfg.max_model_len} "
-                             f"(prompt + at least 1 generated token must fit)")
+            raise ValueError(
+                f"prompt is {len(ids)} tokens; max_model_len is {cfg.max_model_len} "
+                f"(prompt + at least 1 generated token must fit)"
+            )
         if tier is not None and len(ids) + params.max_tokens > tier.max_context:
-            raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds tier "
-                             f"{tier.name!r}'s context cap of {tier.max_context} tokens")
-        if len(ids) + params.max_tokens > cfg.max_model_len:     # vLLM's wording
-            raise ValueError(f"This model's maximum context length is {cfg.max_model_len} tokens. However, you "
-                             f"requested {len(ids) + params.max_tokens} tokens ({len(ids)} in the prompt, "
-                             f"{params.max_tokens} in the completion). Please reduce the length of the prompt "
-                             f"or max_tokens (at most {cfg.max_model_len - len(ids)} here).")
+            raise ValueError(
+                f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds tier "
+                f"{tier.name!r}'s context cap of {tier.max_context} tokens"
+            )
+        if len(ids) + params.max_tokens > cfg.max_model_len:  # vLLM's wording
+            raise ValueError(
+                f"This model's maximum context length is {cfg.max_model_len} tokens. However, you "
+                f"requested {len(ids) + params.max_tokens} tokens ({len(ids)} in the prompt, "
+                f"{params.max_tokens} in the completion). Please reduce the length of the prompt "
+                f"or max_tokens (at most {cfg.max_model_len - len(ids)} here)."
+            )
         if params.stop_token_ids and any(t >= self.vocab_size for t in params.stop_token_ids):
             raise ValueError(f"stop_token_ids must be < vocab size {self.vocab_size}")
         worst = min(len(ids) + params.max_tokens, cfg.max_model_len)
         need = self.scheduler.blocks_for_whole_request(worst)
         if cfg.allocator == "paged" and need > self.bm.num_blocks:
-            raise ValueError(f"request needs up to {need} KV blocks ({worst} tokens) but the pool has "
-                             f"{self.bm.num_blocks}; lower max_tokens or raise the KV budget")
+            raise ValueError(
+                f"request needs up to {need} KV blocks ({worst} tokens) but the pool has "
+                f"{self.bm.num_blocks}; lower max_tokens or raise the KV budget"
+            )
         return tier
 
     def has_unfinished_requests(self) -> bool:
@@ -336,16 +407,17 @@ class LLMEngine:
         req.finish_time = self.now()
         req.spec_token_ids = []
         if self.spec is not None:
-            self.spec.release(req)           # its draft model's K/V blocks ("<rid>#draft")
-        req.num_computed_tokens = 0           # its blocks are released (cached-free or free)
+            self.spec.release(req)  # its draft model's K/V blocks ("<rid>#draft")
+        req.num_computed_tokens = 0  # its blocks are released (cached-free or free)
         req.add_history(self.step_num, req.finish_time, 0, self.bytes_per_token, "finished")
         if freed:
             self._emit(ev.BLOCK_FREE, req.request_id, blocks=list(freed), reason=reason)
         kind = {Status.FINISHED: ev.FINISH, Status.ABORTED: ev.ABORT}.get(status, ev.FINISH)
         if error:
             kind = ev.ERROR
-        self._emit(kind, req.request_id, finish_reason=reason, output_tokens=req.num_output_tokens,
-                   reason=error or reason)
+        self._emit(
+            kind, req.request_id, finish_reason=reason, output_tokens=req.num_output_tokens, reason=error or reason
+        )
         self.requests.pop(req.request_id, None)
         self.finished.append(req)
         self.metrics.on_finish(req)
@@ -372,19 +444,24 @@ class LLMEngine:
             raise ValueError(f"request {request_id!r} is {req.status.value}, not running: nothing to evict")
         table = list(self.bm.table(request_id))
         tokens = req.num_computed_tokens
-        self.bm.drop_hashes(request_id)      # so the recompute really recomputes
+        self.bm.drop_hashes(request_id)  # so the recompute really recomputes
         self.scheduler.preempt(req, "manual eviction", mode="recompute")
         self.metrics.num_evictions += 1
-        self._emit(ev.EVICT, request_id, blocks_freed=len(table), tokens_to_recompute=req.num_tokens,
-                   cached_tokens_dropped=tokens, reason="manual eviction (Evict KV cache)")
+        self._emit(
+            ev.EVICT,
+            request_id,
+            blocks_freed=len(table),
+            tokens_to_recompute=req.num_tokens,
+            cached_tokens_dropped=tokens,
+            reason="manual eviction (Evict KV cache)",
+        )
         return {"blocks_freed": len(table), "tokens_to_recompute": req.num_tokens}
 
     def set_num_blocks(self, n: int) -> None:
         """Change the KV budget live (within the allocated pool)."""
         old = self.bm.num_blocks
         self.bm.set_num_blocks(n)
-        self._emit(ev.CONFIG, None, num_blocks=n, previous=old,
-                   reason=f"KV budget changed from {old} to {n} blocks")
+        self._emit(ev.CONFIG, None, num_blocks=n, previous=old, reason=f"KV budget changed from {old} to {n} blocks")
 
     # ------------------------------------------------------------------ step
     def step(self) -> list[RequestOutput]:
@@ -407,8 +484,11 @@ class LLMEngine:
             except Exception as e:  # a failed draft costs speed, never the requests
                 for r in decoding:
                     r.spec_token_ids = []
-                self._emit(ev.ERROR, None, reason=f"drafting failed, decoding plainly this step: "
-                                                  f"{type(e).__name__}: {str(e)[:200]}")
+                self._emit(
+                    ev.ERROR,
+                    None,
+                    reason=f"drafting failed, decoding plainly this step: {type(e).__name__}: {str(e)[:200]}",
+                )
         return self.scheduler.schedule(self.step_num)
 
     def _execute(self, sched: SchedulerOutput) -> ModelOutput:
@@ -421,7 +501,10 @@ class LLMEngine:
             if copies:
                 self.runner.copy_blocks(copies)
             all_ids = req.all_token_ids
-            toks = all_ids[start:start + it.num_new_tokens - it.num_spec_tokens] + req.spec_token_ids[:it.num_spec_tokens]
+            toks = (
+                all_ids[start : start + it.num_new_tokens - it.num_spec_tokens]
+                + req.spec_token_ids[: it.num_spec_tokens]
+            )
             completes = start + it.num_new_tokens - it.num_spec_tokens >= req.num_tokens
             logits_from = (len(toks) - 1 - it.num_spec_tokens) if completes else -1
             rows.append(BatchRow(req.request_id, start, toks, self.bm.table(req.request_id), logits_from))
@@ -454,7 +537,7 @@ class LLMEngine:
         if self.spec is not None:
             self.spec.record_forward(sched.items, fwd_s)
         # ---- consume logits
-        greedy_ids = None       # one argmax over every row (the same ids as row by row)
+        greedy_ids = None  # one argmax over every row (the same ids as row by row)
         if logits.shape[0] and any(it.req.params.greedy and not it.num_spec_tokens for it in sched.items):
             greedy_ids = logits.argmax(-1).tolist()
         off = 0
@@ -463,7 +546,7 @@ class LLMEngine:
         for it, row in zip(sched.items, rows):
             req = it.req
             n_rows = (len(row.tokens) - row.logits_from) if row.logits_from >= 0 else 0
-            lg = logits[off:off + n_rows]
+            lg = logits[off : off + n_rows]
             off += n_rows
             start = row.start
             phase = "decode" if len(row.tokens) - it.num_spec_tokens == 1 and start > 0 else "prefill"
@@ -471,18 +554,24 @@ class LLMEngine:
                 # partial prefill chunk: K/V written, nothing sampled yet
                 req.num_computed_tokens = start + len(row.tokens)
                 self.bm.commit(req.request_id, req.num_computed_tokens)
-                self._emit(ev.PREFILL, req.request_id, start=start, tokens=len(row.tokens),
-                           num_blocks=len(self.bm.table(req.request_id)), chunk=True)
+                self._emit(
+                    ev.PREFILL,
+                    req.request_id,
+                    start=start,
+                    tokens=len(row.tokens),
+                    num_blocks=len(self.bm.table(req.request_id)),
+                    chunk=True,
+                )
                 req.add_history(self.step_num, now, len(self.bm.table(req.request_id)), self.bytes_per_token, "prefill")
                 continue
             try:
                 if it.num_spec_tokens:
-                    accepted, marks = self.spec.verify(req, req.spec_token_ids[:it.num_spec_tokens], lg)
+                    accepted, marks = self.spec.verify(req, req.spec_token_ids[: it.num_spec_tokens], lg)
                     new_ids = accepted
                 else:
                     row_lg = lg[-1]
                     masked = req.num_output_tokens < req.params.min_tokens
-                    if masked:     # vLLM's min_tokens: EOS and stop_token_ids cannot be sampled yet
+                    if masked:  # vLLM's min_tokens: EOS and stop_token_ids cannot be sampled yet
                         row_lg = row_lg.clone()
                         row_lg[self._min_tokens_mask(req)] = float("-inf")
                     if greedy_ids is not None and req.params.greedy and not masked:
@@ -492,15 +581,20 @@ class LLMEngine:
                     new_ids = [tok]
                     marks = [PLAIN]
                 if req.params.logprobs is not None:
-                    self._record_logprobs(req, lg[-len(new_ids):], new_ids)
+                    self._record_logprobs(req, lg[-len(new_ids) :], new_ids)
             except Exception as e:  # e.g. non-finite logits: fail this request only, keep the loop alive
-                self._finish(req, Status.ABORTED, "error", error=f"step {self.step_num} failed for "
-                             f"{req.request_id} while sampling: {type(e).__name__}: {str(e)[:300]}")
+                self._finish(
+                    req,
+                    Status.ABORTED,
+                    "error",
+                    error=f"step {self.step_num} failed for "
+                    f"{req.request_id} while sampling: {type(e).__name__}: {str(e)[:300]}",
+                )
                 self.metrics.num_errors += 1
                 outputs.append(self._output(req))
                 continue
             # K/V valid through the last fed non-rejected token
-            base_len = start + len(row.tokens) - it.num_spec_tokens   # tokens fed excluding drafts
+            base_len = start + len(row.tokens) - it.num_spec_tokens  # tokens fed excluding drafts
             n_acc_drafts = len(new_ids) - 1
             req.num_computed_tokens = base_len + n_acc_drafts
             released_slots_from = req.num_computed_tokens
@@ -508,16 +602,24 @@ class LLMEngine:
             if fed_end > released_slots_from:
                 bs = self.bm.block_size
                 table = self.bm.table(req.request_id)
-                self.runner.clear_slots([table[p // bs] * bs + p % bs for p in range(released_slots_from, fed_end)
-                                         if p // bs < len(table)])
+                self.runner.clear_slots(
+                    [table[p // bs] * bs + p % bs for p in range(released_slots_from, fed_end) if p // bs < len(table)]
+                )
             released = self.bm.commit(req.request_id, req.num_computed_tokens)
             if released:
-                self._emit(ev.BLOCK_FREE, req.request_id, blocks=released,
-                           reason="rolled back rejected speculative tokens")
+                self._emit(
+                    ev.BLOCK_FREE, req.request_id, blocks=released, reason="rolled back rejected speculative tokens"
+                )
             req.spec_token_ids = []
             if phase == "prefill":
-                self._emit(ev.PREFILL, req.request_id, start=start, tokens=len(row.tokens),
-                           num_blocks=len(self.bm.table(req.request_id)), chunk=False)
+                self._emit(
+                    ev.PREFILL,
+                    req.request_id,
+                    start=start,
+                    tokens=len(row.tokens),
+                    num_blocks=len(self.bm.table(req.request_id)),
+                    chunk=False,
+                )
             finished_reason = None
             for j, tok in enumerate(new_ids):
                 req.output_token_ids.append(tok)
@@ -528,10 +630,16 @@ class LLMEngine:
                     self.metrics.on_first_token(req)
                 kind = marks[j] if j < len(marks) else PLAIN
                 rej = None
-                if isinstance(kind, tuple):          # (REPLACED, rejected draft id) from the verifier
+                if isinstance(kind, tuple):  # (REPLACED, rejected draft id) from the verifier
                     kind, rej = kind
-                req.mark(tok, self.tokenizer.decode([tok]), kind, self.step_num, rej,
-                         self.tokenizer.decode([rej]) if rej is not None else None)
+                req.mark(
+                    tok,
+                    self.tokenizer.decode([tok]),
+                    kind,
+                    self.step_num,
+                    rej,
+                    self.tokenizer.decode([rej]) if rej is not None else None,
+                )
                 finished_reason = self._check_stop(req, tok)
                 if finished_reason:
                     break
@@ -543,7 +651,9 @@ class LLMEngine:
                 freed = self.bm.free(req.request_id)
                 req.num_computed_tokens = 0
                 if freed:
-                    self._emit(ev.BLOCK_FREE, req.request_id, blocks=freed, reason="kv_cache=False: recompute every step")
+                    self._emit(
+                        ev.BLOCK_FREE, req.request_id, blocks=freed, reason="kv_cache=False: recompute every step"
+                    )
             else:
                 self.bm.cache_full_blocks(req.request_id, req.all_token_ids, req.params.cache_salt)
             if phase == "decode" and not it.num_spec_tokens:
@@ -582,7 +692,7 @@ class LLMEngine:
 
     def _check_stop(self, req: Request, tok: int) -> str | None:
         p = req.params
-        if req.num_output_tokens < p.min_tokens:     # vLLM: no stop condition but length before min_tokens
+        if req.num_output_tokens < p.min_tokens:  # vLLM: no stop condition but length before min_tokens
             return None
         if not p.ignore_eos and tok in self.eos_ids:
             req.stop_reason = tok
@@ -613,11 +723,24 @@ class LLMEngine:
     # ------------------------------------------------------------------ outputs
     def _output(self, req: Request) -> RequestOutput:
         m = self.metrics.request_metrics(req)
-        return RequestOutput(req.request_id, req.prompt_text or None, list(req.prompt_token_ids),
-                             [CompletionOutput(0, req.output_text, list(req.output_token_ids), req.finish_reason,
-                                               req.stop_reason,
-                                               list(req.logprobs) if req.params.logprobs is not None else None)],
-                             req.is_finished, m, req.error)
+        return RequestOutput(
+            req.request_id,
+            req.prompt_text or None,
+            list(req.prompt_token_ids),
+            [
+                CompletionOutput(
+                    0,
+                    req.output_text,
+                    list(req.output_token_ids),
+                    req.finish_reason,
+                    req.stop_reason,
+                    list(req.logprobs) if req.params.logprobs is not None else None,
+                )
+            ],
+            req.is_finished,
+            m,
+            req.error,
+        )
 
     def get_request(self, request_id: str) -> Request | None:
         r = self.requests.get(request_id)
@@ -633,14 +756,34 @@ class LLMEngine:
         spec = None
         if c.speculative is not None:
             spec = f"{c.speculative.method} k={c.speculative.num_speculative_tokens}"
-        return EngineInfo(c.model, str(self.device), str(self.dtype).replace("torch.", ""), self.runner.num_layers,
-                          self.runner.num_kv_heads, self.runner.head_dim, c.block_size, self.bm.num_blocks,
-                          self.bytes_per_token, self.bytes_per_block, self.bm.num_blocks * self.bytes_per_block,
-                          c.max_model_len, c.max_num_seqs, c.max_num_batched_tokens, c.allocator, c.kv_cache,
-                          self.bm.enable_prefix_caching, c.preemption_mode, c.victim_policy, spec,
-                          self.bm.capacity, self.runner.linear_pack.kernel if self.runner.linear_pack is not None else "torch",
-                          self.runner.attention_backend, self.kv_cache_dtype,
-                          self.runner.weight_format, self.runner.weight_bytes_per_step)
+        return EngineInfo(
+            c.model,
+            str(self.device),
+            str(self.dtype).replace("torch.", ""),
+            self.runner.num_layers,
+            self.runner.num_kv_heads,
+            self.runner.head_dim,
+            c.block_size,
+            self.bm.num_blocks,
+            self.bytes_per_token,
+            self.bytes_per_block,
+            self.bm.num_blocks * self.bytes_per_block,
+            c.max_model_len,
+            c.max_num_seqs,
+            c.max_num_batched_tokens,
+            c.allocator,
+            c.kv_cache,
+            self.bm.enable_prefix_caching,
+            c.preemption_mode,
+            c.victim_policy,
+            spec,
+            self.bm.capacity,
+            self.runner.linear_pack.kernel if self.runner.linear_pack is not None else "torch",
+            self.runner.attention_backend,
+            self.kv_cache_dtype,
+            self.runner.weight_format,
+            self.runner.weight_bytes_per_step,
+        )
 
     def check_invariants(self) -> None:
         self.bm.check_invariants()
@@ -649,18 +792,20 @@ class LLMEngine:
         for req in s.running:
             n = self.bm.num_tokens(req.request_id)
             assert n == req.num_computed_tokens, (
-                f"{req.request_id}: block manager holds {n} tokens, request says {req.num_computed_tokens}")
+                f"{req.request_id}: block manager holds {n} tokens, request says {req.num_computed_tokens}"
+            )
         for req in live:
             if req.status != Status.RUNNING:
-                assert not self.bm.has_table(req.request_id) or req.num_computed_tokens > 0, \
+                assert not self.bm.has_table(req.request_id) or req.num_computed_tokens > 0, (
                     f"waiting {req.request_id} holds blocks"
+                )
         for req in s.swapped:
             assert self.bm.is_swapped(req.request_id) and not self.bm.has_table(req.request_id)
         ids = [r.request_id for r in itertools.chain(s.waiting, s.running, s.swapped)]
         assert len(ids) == len(set(ids)), "a request is in two queues"
         for rid in self.bm.request_ids():
-            if rid.endswith("#draft") and rid[:-len("#draft")] in self.requests:
-                continue                     # a live request's draft-model K/V (engine/speculative.py)
+            if rid.endswith("#draft") and rid[: -len("#draft")] in self.requests:
+                continue  # a live request's draft-model K/V (engine/speculative.py)
             assert rid in self.requests, f"blocks held by unknown request {rid}"
 
     def snapshot(self, max_finished: int = 16) -> Snapshot:
@@ -668,20 +813,50 @@ class LLMEngine:
         reqs = [self._request_info(r) for r in itertools.chain(s.running, s.waiting, s.swapped)]
         reqs += [self._request_info(r) for r in list(self.finished)[-max_finished:]]
         metrics = self.metrics.snapshot(self.bm, s, self.spec.metrics() if self.spec is not None else None)
-        return Snapshot(self.step_num, self.now(), self.info(), tuple(self.bm.block_infos()), tuple(reqs), metrics,
-                        tuple(r.request_id for r in s.waiting), tuple(r.request_id for r in s.running),
-                        tuple(r.request_id for r in s.swapped), engine_id=self.engine_id)
+        return Snapshot(
+            self.step_num,
+            self.now(),
+            self.info(),
+            tuple(self.bm.block_infos()),
+            tuple(reqs),
+            metrics,
+            tuple(r.request_id for r in s.waiting),
+            tuple(r.request_id for r in s.running),
+            tuple(r.request_id for r in s.swapped),
+            engine_id=self.engine_id,
+        )
 
     def _request_info(self, r: Request) -> RequestInfo:
         table = tuple(self.bm.table(r.request_id))
         n = self.bm.num_tokens(r.request_id) if table else 0
         return RequestInfo(
-            r.request_id, r.status, r.tier, r.num_prompt_tokens, r.num_output_tokens, n,
-            r.num_cached_tokens, table, len(table) * self.bm.block_size, n * self.bytes_per_token, r.priority,
-            r.arrival_time, r.first_token_time, r.finish_time, r.finish_reason, r.waiting_reason, r.error,
-            r.num_preemptions, (r.prompt_text or self.decode(r.prompt_token_ids[:64]))[:200],
-            r.output_text[-4000:], tuple(r.token_marks), tuple(r.history),
-            r.spec_num_drafts, r.spec_num_draft_tokens, r.spec_num_accepted_tokens, r.origin)
+            r.request_id,
+            r.status,
+            r.tier,
+            r.num_prompt_tokens,
+            r.num_output_tokens,
+            n,
+            r.num_cached_tokens,
+            table,
+            len(table) * self.bm.block_size,
+            n * self.bytes_per_token,
+            r.priority,
+            r.arrival_time,
+            r.first_token_time,
+            r.finish_time,
+            r.finish_reason,
+            r.waiting_reason,
+            r.error,
+            r.num_preemptions,
+            (r.prompt_text or self.decode(r.prompt_token_ids[:64]))[:200],
+            r.output_text[-4000:],
+            tuple(r.token_marks),
+            tuple(r.history),
+            r.spec_num_drafts,
+            r.spec_num_draft_tokens,
+            r.spec_num_accepted_tokens,
+            r.origin,
+        )
 
 
 class LLM:
@@ -692,10 +867,14 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
         self._n = itertools.count()
 
-    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 use_tqdm: bool = False) -> list[RequestOutput]:
-        if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
-                                        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompts)):
+    def generate(
+        self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None, use_tqdm: bool = False
+    ) -> list[RequestOutput]:
+        if isinstance(prompts, str) or (
+            isinstance(prompts, (list, tuple))
+            and prompts
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in prompts)
+        ):
             prompts = [prompts]
         if not isinstance(prompts, (list, tuple)) or not prompts:
             raise ValueError("prompts must be a string, a list of token ids, or a non-empty list of either")

@@ -7,6 +7,7 @@ executes anything (json only), validates every snapshot and event with pydantic 
 were fixed per kind: `blocks` was a count in admit / prefill / swap events) still load; their
 counts are read as `num_blocks`.
 """
+
 from __future__ import annotations
 
 import enum
@@ -20,41 +21,55 @@ from pydantic import TypeAdapter, ValidationError
 
 from .snapshot import TRACE_VALIDATION, Snapshot
 
+
 class EventKind(enum.StrEnum):
     """What happened. Every memory decision has a kind and a reason (`data["reason"]`); the keys
     of `data` for each kind are fixed: EVENT_PAYLOADS. In `data`, `blocks` is always a list of
     block ids and `num_blocks` a count."""
 
-    ADMIT = "admit"                  # a waiting request was scheduled (first time, or resumed)
-    REJECT = "reject"                # refused at add_request / admission
-    WAIT = "wait"                    # a request started waiting for KV memory (wait_reason says which way)
-    PREFILL = "prefill"              # a prefill chunk ran
-    DECODE = "decode"                # a decode step produced a token
-    BLOCK_ALLOC = "block_alloc"      # blocks appended to a block table (a request's or its draft's)
-    BLOCK_FREE = "block_free"        # blocks released (finish/abort/rollback/no-cache/draft)
-    PREFIX_HIT = "prefix_hit"        # blocks reused from the prefix cache at admission
-    PREFIX_EVICT = "prefix_evict"    # a cached-free block was reused for new content; its hash is dropped
-    COW = "cow"                      # copy-on-write of a shared block before a write
-    PREEMPT = "preempt"              # victim chosen (mode, blocks freed, tokens to recompute, why)
+    ADMIT = "admit"  # a waiting request was scheduled (first time, or resumed)
+    REJECT = "reject"  # refused at add_request / admission
+    WAIT = "wait"  # a request started waiting for KV memory (wait_reason says which way)
+    PREFILL = "prefill"  # a prefill chunk ran
+    DECODE = "decode"  # a decode step produced a token
+    BLOCK_ALLOC = "block_alloc"  # blocks appended to a block table (a request's or its draft's)
+    BLOCK_FREE = "block_free"  # blocks released (finish/abort/rollback/no-cache/draft)
+    PREFIX_HIT = "prefix_hit"  # blocks reused from the prefix cache at admission
+    PREFIX_EVICT = "prefix_evict"  # a cached-free block was reused for new content; its hash is dropped
+    COW = "cow"  # copy-on-write of a shared block before a write
+    PREEMPT = "preempt"  # victim chosen (mode, blocks freed, tokens to recompute, why)
     SWAP_OUT = "swap_out"
     SWAP_IN = "swap_in"
-    EVICT = "evict"                  # manual eviction (LLMEngine.evict)
+    EVICT = "evict"  # manual eviction (LLMEngine.evict)
     FINISH = "finish"
     ABORT = "abort"
-    ERROR = "error"                  # a step (or a draft) failed; the requests in it are failed
-    SPEC_VERIFY = "spec_verify"      # proposed, accepted, rejected/replacement, bonus, times
+    ERROR = "error"  # a step (or a draft) failed; the requests in it are failed
+    SPEC_VERIFY = "spec_verify"  # proposed, accepted, rejected/replacement, bonus, times
     SPEC_FALLBACK = "spec_fallback"  # a request class stopped / resumed speculating
-    CONFIG = "config"                # engine started or its KV budget changed
-    SCHEDULE = "schedule"            # one per forward pass: who was in it (rows) and its forward time
+    CONFIG = "config"  # engine started or its KV budget changed
+    SCHEDULE = "schedule"  # one per forward pass: who was in it (rows) and its forward time
 
 
 # The data keys of each kind: (always present, present in some events of the kind).
-_SPEC_VERIFY_KEYS = ("method", "k", "proposed", "proposed_text", "accepted", "rejected", "rejected_text",
-                     "replacement", "replacement_text", "bonus", "bonus_text", "draft_s", "verify_s",
-                     "request_class", "reason")
+_SPEC_VERIFY_KEYS = (
+    "method",
+    "k",
+    "proposed",
+    "proposed_text",
+    "accepted",
+    "rejected",
+    "rejected_text",
+    "replacement",
+    "replacement_text",
+    "bonus",
+    "bonus_text",
+    "draft_s",
+    "verify_s",
+    "request_class",
+    "reason",
+)
 EVENT_PAYLOADS: dict[EventKind, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    EventKind.ADMIT: (("resumed", "prompt_tokens", "tokens_to_compute", "cached_tokens", "num_blocks",
-                       "reason"), ()),
+    EventKind.ADMIT: (("resumed", "prompt_tokens", "tokens_to_compute", "cached_tokens", "num_blocks", "reason"), ()),
     EventKind.REJECT: (("reason",), ()),
     EventKind.WAIT: (("wait_reason", "reason"), ()),
     EventKind.PREFILL: (("start", "tokens", "num_blocks", "chunk"), ()),
@@ -72,9 +87,20 @@ EVENT_PAYLOADS: dict[EventKind, tuple[tuple[str, ...], tuple[str, ...]]] = {
     EventKind.ABORT: (("finish_reason", "output_tokens", "reason"), ()),
     EventKind.ERROR: (("reason",), ("finish_reason", "output_tokens")),
     EventKind.SPEC_VERIFY: (_SPEC_VERIFY_KEYS, ()),
-    EventKind.SPEC_FALLBACK: (("request_class", "speculating", "reason"),
-                              ("acceptance_rate", "mean_acceptance_length", "cost_ratio", "break_even_alpha",
-                               "mean_k", "batch", "draft_s_per_request", "plain_pass_s", "verify_pass_s")),
+    EventKind.SPEC_FALLBACK: (
+        ("request_class", "speculating", "reason"),
+        (
+            "acceptance_rate",
+            "mean_acceptance_length",
+            "cost_ratio",
+            "break_even_alpha",
+            "mean_k",
+            "batch",
+            "draft_s_per_request",
+            "plain_pass_s",
+            "verify_pass_s",
+        ),
+    ),
     EventKind.CONFIG: (("num_blocks", "reason"), ("model", "block_size", "bytes_per_token", "previous")),
     # rows: [[request_id, "prefill" | "decode" | "verify", num_tokens, start], ...] in batch order
     EventKind.SCHEDULE: (("rows", "forward_s"), ()),
@@ -93,8 +119,12 @@ def check_payload(kind: EventKind, data: dict) -> None:
 # Module-level names for the kinds (ev.ADMIT, ...).
 ADMIT, REJECT, PREFILL, DECODE = EventKind.ADMIT, EventKind.REJECT, EventKind.PREFILL, EventKind.DECODE
 WAIT, BLOCK_ALLOC = EventKind.WAIT, EventKind.BLOCK_ALLOC
-BLOCK_FREE, PREFIX_HIT, PREFIX_EVICT, COW = (EventKind.BLOCK_FREE, EventKind.PREFIX_HIT, EventKind.PREFIX_EVICT,
-                                             EventKind.COW)
+BLOCK_FREE, PREFIX_HIT, PREFIX_EVICT, COW = (
+    EventKind.BLOCK_FREE,
+    EventKind.PREFIX_HIT,
+    EventKind.PREFIX_EVICT,
+    EventKind.COW,
+)
 PREEMPT, SWAP_OUT, SWAP_IN, EVICT = EventKind.PREEMPT, EventKind.SWAP_OUT, EventKind.SWAP_IN, EventKind.EVICT
 FINISH, ABORT, ERROR, CONFIG = EventKind.FINISH, EventKind.ABORT, EventKind.ERROR, EventKind.CONFIG
 SPEC_VERIFY, SPEC_FALLBACK, SCHEDULE = EventKind.SPEC_VERIFY, EventKind.SPEC_FALLBACK, EventKind.SCHEDULE
@@ -109,12 +139,12 @@ MAX_LINE_BYTES = 16 * 1024 * 1024
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    seq: int                     # monotonically increasing event number
-    step: int                    # engine step during which it happened
-    time: float                  # seconds since the engine started
+    seq: int  # monotonically increasing event number
+    step: int  # engine step during which it happened
+    time: float  # seconds since the engine started
     kind: EventKind
     request_id: str | None = None
-    data: dict = field(default_factory=dict)   # JSON-serialisable details, incl. "reason"
+    data: dict = field(default_factory=dict)  # JSON-serialisable details, incl. "reason"
 
     __pydantic_config__ = TRACE_VALIDATION
 
@@ -162,6 +192,7 @@ class EventRing:
 
 # ---------------------------------------------------------------- traces
 
+
 def write_trace(fp: IO[str], snapshots: Iterable[Snapshot], events: Iterable[Event]) -> None:
     fp.write(json.dumps({"kind": "kvscope-trace", "version": TRACE_VERSION}) + "\n")
     for s in snapshots:
@@ -172,6 +203,7 @@ def write_trace(fp: IO[str], snapshots: Iterable[Snapshot], events: Iterable[Eve
 
 def trace_to_string(snapshots: Iterable[Snapshot], events: Iterable[Event]) -> str:
     import io
+
     buf = io.StringIO()
     write_trace(buf, snapshots, events)
     return buf.getvalue()
@@ -188,9 +220,16 @@ def _reject_constant(name: str):
 
 
 _ADAPTERS: dict[type, TypeAdapter] = {}
-_EXPECTED = {"int_type": "expected an integer", "float_type": "expected a number", "string_type": "expected a string",
-             "bool_type": "expected true or false", "list_type": "expected a list", "tuple_type": "expected a list",
-             "dict_type": "expected an object", "missing": "missing field"}
+_EXPECTED = {
+    "int_type": "expected an integer",
+    "float_type": "expected a number",
+    "string_type": "expected a string",
+    "bool_type": "expected true or false",
+    "list_type": "expected a list",
+    "tuple_type": "expected a list",
+    "dict_type": "expected an object",
+    "missing": "missing field",
+}
 
 
 def _where(root: str, loc) -> str:
@@ -285,7 +324,7 @@ def read_trace(source: str | bytes | IO, *, max_bytes: int = MAX_TRACE_BYTES) ->
             raise ValueError(f"trace line {i}: not valid JSON ({e.msg}); the file may be truncated") from None
         except RecursionError:
             raise ValueError(f"trace line {i}: JSON nested too deeply") from None
-        except ValueError as e:    # NaN/Infinity, integers over Python's digit limit
+        except ValueError as e:  # NaN/Infinity, integers over Python's digit limit
             raise ValueError(f"trace line {i}: not valid JSON ({e})") from None
         if not isinstance(obj, dict) or "kind" not in obj:
             raise ValueError(f"trace line {i}: expected an object with a 'kind'")
@@ -294,8 +333,10 @@ def read_trace(source: str | bytes | IO, *, max_bytes: int = MAX_TRACE_BYTES) ->
             if i == 1 or (not snaps and not events and kind == "kvscope-trace"):
                 version = obj.get("version")
                 if kind != "kvscope-trace" or type(version) is not int or version not in READABLE_VERSIONS:
-                    raise ValueError(f"the first line must be the header {{\"kind\": \"kvscope-trace\", "
-                                     f"\"version\": {TRACE_VERSION}}} (versions {list(READABLE_VERSIONS)} are read)")
+                    raise ValueError(
+                        f'the first line must be the header {{"kind": "kvscope-trace", '
+                        f'"version": {TRACE_VERSION}}} (versions {list(READABLE_VERSIONS)} are read)'
+                    )
                 continue
             if kind == "snapshot":
                 snaps.append(_validate(Snapshot, "Snapshot", obj.get("snapshot")))

@@ -11,6 +11,7 @@ engine/recording.py.
   (A) no eviction and memory unbounded, (B) the budget enforced by reserving each sequence's final
   length at admission, (C) the budget enforced with LRU preemption (recompute).
 """
+
 from __future__ import annotations
 
 import gc
@@ -46,16 +47,23 @@ def _cache_engines(base: EngineConfig, n_tokens: int, prompt_tokens: int):
     prompt = exercise_prompts(1, prompt_tokens, seed=7)[0]
     engines = {}
     for key, kv in (("cache", True), ("nocache", False)):
-        engines[key] = private_engine(base, speculative=None, kv_cache_bytes=None, kv_cache=kv, num_kv_blocks=blocks,
-                                      max_model_len=max(mml, 64), enable_prefix_caching=False,
-                                      max_num_batched_tokens=max(512, mml))
+        engines[key] = private_engine(
+            base,
+            speculative=None,
+            kv_cache_bytes=None,
+            kv_cache=kv,
+            num_kv_blocks=blocks,
+            max_model_len=max(mml, 64),
+            enable_prefix_caching=False,
+            max_num_batched_tokens=max(512, mml),
+        )
         measure_decode_cost(engines[key], prompt[: min(8, prompt_tokens)], 4, request_id="warmup")
     return engines, prompt
 
 
-def measure_cache_vs_nocache(base: EngineConfig, n_tokens: int, prompt_tokens: int, *,
-                             on_phase: Callable[[int, bool], None] | None = None
-                             ) -> dict[str, tuple[float, list[CostPoint]]]:
+def measure_cache_vs_nocache(
+    base: EngineConfig, n_tokens: int, prompt_tokens: int, *, on_phase: Callable[[int, bool], None] | None = None
+) -> dict[str, tuple[float, list[CostPoint]]]:
     """{"cache": (prefill s, points), "nocache": (...)} for one greedy request of `prompt_tokens`
     that generates `n_tokens` (EOS ignored), on two private engines built from `base`, once each
     (`compare_cache_vs_nocache` is the controlled, repeated version the page shows). A short
@@ -72,15 +80,24 @@ def measure_cache_vs_nocache(base: EngineConfig, n_tokens: int, prompt_tokens: i
     return res
 
 
-def compare_cache_vs_nocache(base: EngineConfig, n_tokens: int, prompt_tokens: int, *, min_rounds: int = 3,
-                             budget_s: float | None = None, busy: Callable[[], int] | None = None,
-                             busy_what: str = "", on_sample: Callable[[int, str, object], None] | None = None) -> dict:
+def compare_cache_vs_nocache(
+    base: EngineConfig,
+    n_tokens: int,
+    prompt_tokens: int,
+    *,
+    min_rounds: int = 3,
+    budget_s: float | None = None,
+    busy: Callable[[], int] | None = None,
+    busy_what: str = "",
+    on_sample: Callable[[int, str, object], None] | None = None,
+) -> dict:
     """The Cache vs no-cache page's timing, controlled (engine/measure.py): the same decode on the
     no-cache and the cache engine, alternated, `min_rounds`+ rounds. Compared: decode seconds
     (sum of the decode steps). Returns {"comparison" (a = nocache, b = cache, ratio = how many
     times slower without the cache), "cache": (prefill s, points), "nocache": (...)} with the
     points of the round whose no-cache/cache ratio is the median one."""
     from . import measure
+
     engines, prompt = _cache_engines(base, n_tokens, prompt_tokens)
     runs: dict[str, list] = {"cache": [], "nocache": []}
 
@@ -89,13 +106,22 @@ def compare_cache_vs_nocache(base: EngineConfig, n_tokens: int, prompt_tokens: i
             pre, pts = measure_decode_cost(engines[key], prompt, n_tokens, request_id=f"{key}-r{r}")
             runs[key].append((pre, pts))
             return measure.Sample(sum(p.step_s for p in pts) or 1e-9, {"prefill_s": pre})
+
         return run
 
     try:
-        cmp_ = measure.compare(side("nocache"), side("cache"), names=("nocache", "cache"), min_rounds=min_rounds,
-                               budget_s=budget_s, busy=busy, busy_what=busy_what, on_sample=on_sample)
+        cmp_ = measure.compare(
+            side("nocache"),
+            side("cache"),
+            names=("nocache", "cache"),
+            min_rounds=min_rounds,
+            budget_s=budget_s,
+            busy=busy,
+            busy_what=busy_what,
+            on_sample=on_sample,
+        )
     finally:
-        engines.clear()     # free both private pools now
+        engines.clear()  # free both private pools now
         gc.collect()
     ratios = [a.seconds / b.seconds for a, b in zip(cmp_.samples_a, cmp_.samples_b)]
     mid = sorted(range(len(ratios)), key=lambda i: ratios[i])[len(ratios) // 2]
@@ -105,60 +131,118 @@ def compare_cache_vs_nocache(base: EngineConfig, n_tokens: int, prompt_tokens: i
 ALLOCATOR_LABELS = {"paged": "paged (blocks on demand)", "contiguous": "contiguous (one max_model_len slab each)"}
 
 
-def run_allocator(base: EngineConfig, allocator: str, requests, *, model: str, block_size: int,
-                  budget_blocks: int, max_model_len: int,
-                  on_step: Callable[[int, Snapshot], None] | None = None) -> RunRecord:
+def run_allocator(
+    base: EngineConfig,
+    allocator: str,
+    requests,
+    *,
+    model: str,
+    block_size: int,
+    budget_blocks: int,
+    max_model_len: int,
+    on_step: Callable[[int, Snapshot], None] | None = None,
+) -> RunRecord:
     """The Paged vs contiguous page's run: workload `requests` (engine.workloads requests; EOS
     ignored so lengths are the workload's) on a private engine with `allocator`, prefix caching
     off so only allocation differs."""
-    cfg = base.replace(model=model, allocator=allocator, block_size=block_size, num_kv_blocks=budget_blocks,
-                       kv_cache_bytes=None, max_model_len=max_model_len, max_num_seqs=256,
-                       max_num_batched_tokens=max(512, max_model_len), enable_prefix_caching=False,
-                       speculative=None, preemption_mode="recompute", event_ring_size=100_000)
+    cfg = base.replace(
+        model=model,
+        allocator=allocator,
+        block_size=block_size,
+        num_kv_blocks=budget_blocks,
+        kv_cache_bytes=None,
+        max_model_len=max_model_len,
+        max_num_seqs=256,
+        max_num_batched_tokens=max(512, max_model_len),
+        enable_prefix_caching=False,
+        speculative=None,
+        preemption_mode="recompute",
+        event_ring_size=100_000,
+    )
     eng = LLMEngine(cfg)
     try:
-        return run_engine(eng, [(f"{allocator[:1]}-{r.request_id}", r.prompt,
-                                 SamplingParams(max_tokens=r.max_tokens, ignore_eos=True)) for r in requests],
-                          label=ALLOCATOR_LABELS[allocator], on_step=on_step, max_steps=20_000)
+        return run_engine(
+            eng,
+            [
+                (f"{allocator[:1]}-{r.request_id}", r.prompt, SamplingParams(max_tokens=r.max_tokens, ignore_eos=True))
+                for r in requests
+            ],
+            label=ALLOCATOR_LABELS[allocator],
+            on_step=on_step,
+            max_steps=20_000,
+        )
     finally:
         del eng
         gc.collect()
 
 
-def exercise_plan(base: EngineConfig, *, n: int, prompt_tokens: int, growth: int, budget_blocks: int,
-                  block_size: int, model: str) -> list[tuple[str, str, EngineConfig]]:
+def exercise_plan(
+    base: EngineConfig, *, n: int, prompt_tokens: int, growth: int, budget_blocks: int, block_size: int, model: str
+) -> list[tuple[str, str, EngineConfig]]:
     """(label, tag, engine config) of runs A, B, C; ValueError when the budget cannot hold even
     one sequence at its final length."""
     final = prompt_tokens + growth
     per_seq = cdiv(final, block_size)
     if per_seq > budget_blocks:
         raise ValueError(f"one sequence needs {per_seq} blocks; the budget of {budget_blocks} cannot hold even one")
-    common = dict(model=model, block_size=block_size, max_num_seqs=max(n, 1), enable_prefix_caching=False,
-                  max_num_batched_tokens=max(512, final), event_ring_size=200_000, speculative=None,
-                  kv_cache_bytes=None)
+    common = dict(
+        model=model,
+        block_size=block_size,
+        max_num_seqs=max(n, 1),
+        enable_prefix_caching=False,
+        max_num_batched_tokens=max(512, final),
+        event_ring_size=200_000,
+        speculative=None,
+        kv_cache_bytes=None,
+    )
     runs = [
-        ("A · no eviction, memory unbounded", "A",
-         dict(num_kv_blocks=max(n * per_seq, budget_blocks) + 1, max_model_len=max(final, 16), victim_policy="lru")),
-        ("B · no eviction, full length reserved at admission", "B",
-         dict(num_kv_blocks=budget_blocks, allocator="contiguous", max_model_len=final)),
-        ("C · LRU preemption within the budget", "C",
-         dict(num_kv_blocks=budget_blocks, max_model_len=max(final, 16), victim_policy="lru",
-              preemption_mode="recompute")),
+        (
+            "A · no eviction, memory unbounded",
+            "A",
+            dict(num_kv_blocks=max(n * per_seq, budget_blocks) + 1, max_model_len=max(final, 16), victim_policy="lru"),
+        ),
+        (
+            "B · no eviction, full length reserved at admission",
+            "B",
+            dict(num_kv_blocks=budget_blocks, allocator="contiguous", max_model_len=final),
+        ),
+        (
+            "C · LRU preemption within the budget",
+            "C",
+            dict(
+                num_kv_blocks=budget_blocks,
+                max_model_len=max(final, 16),
+                victim_policy="lru",
+                preemption_mode="recompute",
+            ),
+        ),
     ]
     return [(label, tag, base.replace(**common, **kw)) for label, tag, kw in runs]
 
 
-def run_exercise(plan: list[tuple[str, str, EngineConfig]], prompts: list[list[int]], growth: int, *,
-                 budget_tokens: int, on_step: Callable[[int, int, object], None] | None = None) -> list[RunRecord]:
+def run_exercise(
+    plan: list[tuple[str, str, EngineConfig]],
+    prompts: list[list[int]],
+    growth: int,
+    *,
+    budget_tokens: int,
+    on_step: Callable[[int, int, object], None] | None = None,
+) -> list[RunRecord]:
     """Runs the plan one engine at a time (each freed before the next); on_step(run index, step,
     snapshot) after every step."""
     records = []
     for i, (label, tag, config) in enumerate(plan):
-        reqs = [(f"{tag}-s{k:03d}", p, SamplingParams(max_tokens=growth, ignore_eos=True))
-                for k, p in enumerate(prompts)]
+        reqs = [
+            (f"{tag}-s{k:03d}", p, SamplingParams(max_tokens=growth, ignore_eos=True)) for k, p in enumerate(prompts)
+        ]
         eng = LLMEngine(config)
-        rec = run_engine(eng, reqs, label=label, max_steps=50_000,
-                         on_step=None if on_step is None else (lambda s, snap, i=i: on_step(i, s, snap)))
+        rec = run_engine(
+            eng,
+            reqs,
+            label=label,
+            max_steps=50_000,
+            on_step=None if on_step is None else (lambda s, snap, i=i: on_step(i, s, snap)),
+        )
         rec.budget_tokens = budget_tokens
         records.append(rec)
         del eng
@@ -168,14 +252,16 @@ def run_exercise(plan: list[tuple[str, str, EngineConfig]], prompts: list[list[i
 
 # ------------------------------------------------------------------ prefix cache: hits vs forced misses
 
+
 @dataclass(frozen=True, slots=True)
 class PrefixRow:
     """One request of a prefix-cache measurement, as the engine reported it."""
+
     request_id: str
     turn: int
     ttft_s: float | None
     prompt_tokens: int
-    cached_tokens: int     # prompt tokens served from the prefix cache at admission
+    cached_tokens: int  # prompt tokens served from the prefix cache at admission
 
 
 def sharing_stats(snap: Snapshot | None) -> dict:
@@ -183,9 +269,12 @@ def sharing_stats(snap: Snapshot | None) -> dict:
     if snap is None:
         return {"shared_blocks": 0, "max_ref": 0, "refs_saved": 0}
     shared = [b for b in snap.blocks if b.ref_count > 1]
-    return {"shared_blocks": len(shared), "max_ref": max((b.ref_count for b in shared), default=0),
-            # blocks that would exist without sharing, minus blocks that do
-            "refs_saved": sum(b.ref_count - 1 for b in shared)}
+    return {
+        "shared_blocks": len(shared),
+        "max_ref": max((b.ref_count for b in shared), default=0),
+        # blocks that would exist without sharing, minus blocks that do
+        "refs_saved": sum(b.ref_count - 1 for b in shared),
+    }
 
 
 def more_shared(a: Snapshot | None, b: Snapshot | None) -> Snapshot | None:
@@ -203,12 +292,20 @@ def chat_prompt(tokenizer, system: str, user: str) -> str:
     msgs = [{"role": "system", "content": system}, {"role": "user", "content": user}]
     try:
         return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-    except Exception:   # a tokenizer without a chat template: plain text, same shared prefix
+    except Exception:  # a tokenizer without a chat template: plain text, same shared prefix
         return f"System: {system}\n\nUser: {user}\nAssistant:"
 
 
-def measure_prefix(th, prompts: Sequence[str], max_tokens: int, *, mode: str, run_tag: str,
-                   on_poll: Callable[[Snapshot], None] | None = None, timeout_s: float = 600.0):
+def measure_prefix(
+    th,
+    prompts: Sequence[str],
+    max_tokens: int,
+    *,
+    mode: str,
+    run_tag: str,
+    on_poll: Callable[[Snapshot], None] | None = None,
+    timeout_s: float = 600.0,
+):
     """Run `prompts` (all starting with the same system prompt) on the shared EngineThread: the
     first alone, then the rest together, so the rest can reuse the first one's cached blocks.
 
@@ -246,20 +343,25 @@ def measure_prefix(th, prompts: Sequence[str], max_tokens: int, *, mode: str, ru
         wait([h for _, h in handles])
         for i, h in handles:
             out = h.result(timeout=5)
-            rows.append(PrefixRow(h.request_id, i + 1, out.metrics.ttft, len(out.prompt_token_ids),
-                                  out.metrics.num_cached_tokens))
+            rows.append(
+                PrefixRow(
+                    h.request_id, i + 1, out.metrics.ttft, len(out.prompt_token_ids), out.metrics.num_cached_tokens
+                )
+            )
     return rows, best
 
 
 # ------------------------------------------------------------------ speculative vs plain, controlled
+
 
 @dataclass
 class SpecComparison:
     """The Speculative page's measurement: `comparison` (a = plain seconds, b = speculative
     seconds, so its ratio is the speedup), the last round's final RequestInfo of each side, the
     speculative request's verify events and any fallback events, and the private engine's label."""
-    comparison: object               # measure.Comparison
-    spec: object                     # RequestInfo
+
+    comparison: object  # measure.Comparison
+    spec: object  # RequestInfo
     plain: object
     verify: list
     fallback: list
@@ -276,22 +378,42 @@ def private_engine(base: EngineConfig, **changes) -> LLMEngine:
     return LLMEngine(base.replace(**changes))
 
 
-def compare_speculative(base: EngineConfig, prompt, spec, max_tokens: int, *, min_rounds: int = 3,
-                        budget_s: float | None = None, busy: Callable[[], int] | None = None,
-                        busy_what: str = "", on_sample: Callable[[int, str, object], None] | None = None,
-                        chat: bool = True, temperature: float = 0.0) -> SpecComparison:
+def compare_speculative(
+    base: EngineConfig,
+    prompt,
+    spec,
+    max_tokens: int,
+    *,
+    min_rounds: int = 3,
+    budget_s: float | None = None,
+    busy: Callable[[], int] | None = None,
+    busy_what: str = "",
+    on_sample: Callable[[int, str, object], None] | None = None,
+    chat: bool = True,
+    temperature: float = 0.0,
+) -> SpecComparison:
     """Plain vs speculative decoding of one prompt (greedy unless `temperature` > 0: then both sides
     sample with seed 0 and speculation verifies by rejection sampling) on one private engine (speculation
     configured by `spec`; plain requests set SamplingParams.speculative=False), alternating sides
     per engine/measure.py. Prefix caching is off so each run pays its full prefill. A short
     untimed request of each side first takes first-call costs out of the numbers."""
     from . import measure
+
     if spec is None:
         raise ValueError("speculative: choose a drafter (method and k) to compare against plain decoding")
     mml = min(base.max_model_len, 4096)
-    eng = private_engine(base, speculative=spec, enable_prefix_caching=False, kv_cache_bytes=None,
-                         num_kv_blocks=cdiv(mml, base.block_size) * 2 + 4, max_num_seqs=2, max_model_len=mml,
-                         allocator="paged", preemption_mode="recompute", max_num_batched_tokens=max(512, mml))
+    eng = private_engine(
+        base,
+        speculative=spec,
+        enable_prefix_caching=False,
+        kv_cache_bytes=None,
+        num_kv_blocks=cdiv(mml, base.block_size) * 2 + 4,
+        max_num_seqs=2,
+        max_model_len=mml,
+        allocator="paged",
+        preemption_mode="recompute",
+        max_num_batched_tokens=max(512, mml),
+    )
     ids = eng.apply_chat_template(prompt) if chat and isinstance(prompt, str) else prompt
     last: dict[str, object] = {}
     seqs: dict[str, int] = {}
@@ -301,9 +423,24 @@ def compare_speculative(base: EngineConfig, prompt, spec, max_tokens: int, *, mi
         rid = f"{side}-{tag}"
         seqs[side] = eng.events.last_seq
         t = time.perf_counter()
-        drive(eng, [(0, rid, ids, SamplingParams(max_tokens=n, temperature=temperature, seed=0,
-                                                 request_class="spec-page",
-                                                 speculative=side == "spec"))], max_idle_steps=1000)
+        drive(
+            eng,
+            [
+                (
+                    0,
+                    rid,
+                    ids,
+                    SamplingParams(
+                        max_tokens=n,
+                        temperature=temperature,
+                        seed=0,
+                        request_class="spec-page",
+                        speculative=side == "spec",
+                    ),
+                )
+            ],
+            max_idle_steps=1000,
+        )
         dt = time.perf_counter() - t
         info = eng.snapshot().request(rid)
         last[side] = info
@@ -313,9 +450,16 @@ def compare_speculative(base: EngineConfig, prompt, spec, max_tokens: int, *, mi
     try:
         one("plain", "warmup", 2)
         one("spec", "warmup", 2)
-        cmp_ = measure.compare(lambda r: one("plain", f"r{r}", max_tokens), lambda r: one("spec", f"r{r}", max_tokens),
-                               names=("plain", "spec"), min_rounds=min_rounds, budget_s=budget_s, busy=busy,
-                               busy_what=busy_what, on_sample=on_sample)
+        cmp_ = measure.compare(
+            lambda r: one("plain", f"r{r}", max_tokens),
+            lambda r: one("spec", f"r{r}", max_tokens),
+            names=("plain", "spec"),
+            min_rounds=min_rounds,
+            budget_s=budget_s,
+            busy=busy,
+            busy_what=busy_what,
+            on_sample=on_sample,
+        )
         sreq, preq = last["spec"], last["plain"]
         acc = sreq.spec_num_accepted_tokens if sreq is not None else 0
         passes = (sreq.output_len - acc) if sreq is not None else 0
@@ -324,19 +468,32 @@ def compare_speculative(base: EngineConfig, prompt, spec, max_tokens: int, *, mi
         evs = eng.events.since(seqs["spec"])
         srid = sreq.request_id if sreq is not None else None
         return SpecComparison(
-            comparison=cmp_, spec=sreq, plain=preq,
+            comparison=cmp_,
+            spec=sreq,
+            plain=preq,
             verify=[e for e in evs if e.kind == "spec_verify" and e.request_id == srid],
             fallback=[e for e in evs if e.kind == "spec_fallback"],
-            label=eng.snapshot().info.speculative or "", k=int(spec.num_speculative_tokens),
+            label=eng.snapshot().info.speculative or "",
+            k=int(spec.num_speculative_tokens),
             tokens_per_target_pass=tpp,
-            outputs_match=(sreq is not None and preq is not None and sreq.output_text == preq.output_text))
+            outputs_match=(sreq is not None and preq is not None and sreq.output_text == preq.output_text),
+        )
     finally:
-        gc.collect()   # the private engine's pool goes with this frame (nothing else refers to it)
+        gc.collect()  # the private engine's pool goes with this frame (nothing else refers to it)
 
 
-def compare_prefix(base: EngineConfig, prompts: Sequence[str], max_tokens: int, *, prompt_lens: Sequence[int],
-                   min_rounds: int = 3, budget_s: float | None = None, busy: Callable[[], int] | None = None,
-                   busy_what: str = "", on_sample: Callable[[int, str, object], None] | None = None) -> dict:
+def compare_prefix(
+    base: EngineConfig,
+    prompts: Sequence[str],
+    max_tokens: int,
+    *,
+    prompt_lens: Sequence[int],
+    min_rounds: int = 3,
+    budget_s: float | None = None,
+    busy: Callable[[], int] | None = None,
+    busy_what: str = "",
+    on_sample: Callable[[int, str, object], None] | None = None,
+) -> dict:
     """The Prefix cache page's cold vs warm, controlled and off the shared pool: a private
     EngineThread (same loaded weights, its own pool sized for the turns) runs `measure_prefix`
     with forced misses ("miss": a fresh salt per request, so every turn is cold) and with sharing
@@ -347,15 +504,27 @@ def compare_prefix(base: EngineConfig, prompts: Sequence[str], max_tokens: int, 
     most sharing seen), "rec" (SnapshotRecorder of the private engine)}."""
     from . import measure
     from .thread import EngineThread
+
     if not prompts:
         raise ValueError("prompts: give at least one turn")
     bs = base.block_size
     need = sum(cdiv(n + max_tokens + 1, bs) for n in prompt_lens) + len(prompts) + 4
     mml = max(max(prompt_lens) + max_tokens + 8, 64)
-    pth = EngineThread(private_engine(base, speculative=None, enable_prefix_caching=True, kv_cache=True,
-                                      kv_cache_bytes=None, num_kv_blocks=2 * need, allocator="paged",
-                                      max_num_seqs=max(len(prompts), 1), max_model_len=min(mml, base.max_model_len),
-                                      preemption_mode="recompute", max_num_batched_tokens=max(512, mml)))
+    pth = EngineThread(
+        private_engine(
+            base,
+            speculative=None,
+            enable_prefix_caching=True,
+            kv_cache=True,
+            kv_cache_bytes=None,
+            num_kv_blocks=2 * need,
+            allocator="paged",
+            max_num_seqs=max(len(prompts), 1),
+            max_model_len=min(mml, base.max_model_len),
+            preemption_mode="recompute",
+            max_num_batched_tokens=max(512, mml),
+        )
+    )
     tag = f"pc{uuid.uuid4().hex[:4]}"
     rec = SnapshotRecorder(tag, start_time=pth.snapshot().time, start_seq=pth.events.last_seq)
     rows: dict[str, list] = {"cache": [], "miss": []}
@@ -370,24 +539,40 @@ def compare_prefix(base: EngineConfig, prompts: Sequence[str], max_tokens: int, 
 
     def side(mode):
         def run(r):
-            rws, b = measure_prefix(pth, prompts, max_tokens, mode=mode, run_tag=f"{tag}-r{r}",
-                                    on_poll=lambda s: rec.poll(pth))
+            rws, b = measure_prefix(
+                pth, prompts, max_tokens, mode=mode, run_tag=f"{tag}-r{r}", on_poll=lambda s: rec.poll(pth)
+            )
             rows[mode].append(rws)
             if mode == "cache":
                 best[0] = more_shared(best[0], b)
             return measure.Sample(later(rws))
+
         return run
 
     try:
         one_warm = measure_prefix(pth, prompts[:1], 2, mode="miss", run_tag=f"{tag}-warmup")
         del one_warm
-        cmp_ = measure.compare(side("miss"), side("cache"), names=("miss", "cache"), min_rounds=min_rounds,
-                               budget_s=budget_s, busy=busy, busy_what=busy_what, on_sample=on_sample)
+        cmp_ = measure.compare(
+            side("miss"),
+            side("cache"),
+            names=("miss", "cache"),
+            min_rounds=min_rounds,
+            budget_s=budget_s,
+            busy=busy,
+            busy_what=busy_what,
+            on_sample=on_sample,
+        )
         rec.poll(pth)
     finally:
         pth.shutdown()
         gc.collect()
     ratios = [a.seconds / b.seconds for a, b in zip(cmp_.samples_a, cmp_.samples_b)]
     mid = sorted(range(len(ratios)), key=lambda i: ratios[i])[len(ratios) // 2]
-    return {"comparison": cmp_, "hit": rows["cache"][mid], "miss": rows["miss"][mid], "best": best[0], "rec": rec,
-            "tag": tag}
+    return {
+        "comparison": cmp_,
+        "hit": rows["cache"][mid],
+        "miss": rows["miss"][mid],
+        "best": best[0],
+        "rec": rec,
+        "tag": tag,
+    }

@@ -12,6 +12,7 @@ refused here, before an engine starts, with the feature named — never run wron
 Checked token-exact against transformers in fp32 (tests/engine/test_families.py): Llama, Qwen2
 (q/k/v biases), Phi3 with partial rotary, GPT-NeoX (partial rotary, fused qkv, parallel residual).
 """
+
 from __future__ import annotations
 
 SOFTCAP_FIELDS = ("attn_logit_softcapping",)
@@ -40,20 +41,27 @@ def check_supported(cfg, max_model_len: int) -> None:
         raise ValueError(f"model_type={mt!r} is an encoder-decoder model; kvscope runs decoder-only causal LMs")
     for f in SOFTCAP_FIELDS:
         if getattr(cfg, f, None):
-            raise ValueError(f"model_type={mt!r} uses attention logit softcapping ({f}={getattr(cfg, f)}), which "
-                             "kvscope's paged attention does not implement")
+            raise ValueError(
+                f"model_type={mt!r} uses attention logit softcapping ({f}={getattr(cfg, f)}), which "
+                "kvscope's paged attention does not implement"
+            )
     for f in MLA_FIELDS:
         if getattr(cfg, f, None):
-            raise ValueError(f"model_type={mt!r} uses multi-head latent attention (MLA, {f}={getattr(cfg, f)}): its "
-                             "cache holds a compressed latent, which kvscope's K/V pool does not implement")
+            raise ValueError(
+                f"model_type={mt!r} uses multi-head latent attention (MLA, {f}={getattr(cfg, f)}): its "
+                "cache holds a compressed latent, which kvscope's K/V pool does not implement"
+            )
     if mt in SINK_TYPES:
         raise ValueError(f"model_type={mt!r} uses attention sinks, which kvscope's paged attention does not implement")
     if mt in ALIBI_TYPES or getattr(cfg, "alibi", False):
-        raise ValueError(f"model_type={mt!r} uses ALiBi position biases, which kvscope's paged attention does "
-                         "not implement")
+        raise ValueError(
+            f"model_type={mt!r} uses ALiBi position biases, which kvscope's paged attention does not implement"
+        )
     window = _sliding_window(cfg)
     if window is not None and window < max_model_len:
-        raise ValueError(f"model_type={mt!r} uses sliding-window attention (sliding_window={window}), which "
-                         f"kvscope's paged attention does not implement; it would differ from the model past "
-                         f"{window} tokens (max_model_len={max_model_len}). Set max_model_len <= {window} to run it "
-                         "as full attention")
+        raise ValueError(
+            f"model_type={mt!r} uses sliding-window attention (sliding_window={window}), which "
+            f"kvscope's paged attention does not implement; it would differ from the model past "
+            f"{window} tokens (max_model_len={max_model_len}). Set max_model_len <= {window} to run it "
+            "as full attention"
+        )

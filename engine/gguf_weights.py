@@ -8,6 +8,7 @@ Whether a tensor's blocks de-quantize to exactly the HF weight is checked by eng
 when it packs them (bitwise), so a wrong mapping falls back to the fp32 path instead of
 computing with other weights.
 """
+
 from __future__ import annotations
 
 import re
@@ -16,17 +17,24 @@ from dataclasses import dataclass
 import numpy as np
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.(self_attn|mlp)\.(\w+)$")
-_NAMES = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
-          "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}
+_NAMES = {
+    "q_proj": "attn_q",
+    "k_proj": "attn_k",
+    "v_proj": "attn_v",
+    "o_proj": "attn_output",
+    "gate_proj": "ffn_gate",
+    "up_proj": "ffn_up",
+    "down_proj": "ffn_down",
+}
 
 
 @dataclass(frozen=True)
 class QuantTensor:
-    name: str               # the GGUF tensor name
-    type_name: str          # ggml type, e.g. "Q4_1"
+    name: str  # the GGUF tensor name
+    type_name: str  # ggml type, e.g. "Q4_1"
     type_id: int
-    blocks: np.ndarray      # uint8 [rows, bytes per row], a view of the file's memory map
-    rows: np.ndarray        # int32 [N]: HF output n is GGUF row rows[n]
+    blocks: np.ndarray  # uint8 [rows, bytes per row], a view of the file's memory map
+    rows: np.ndarray  # int32 [N]: HF output n is GGUF row rows[n]
     shape: tuple[int, int]  # (N, K) as the HF weight
 
 
@@ -54,6 +62,7 @@ def read_quant_tensors(path: str, model, supported: dict[str, int]) -> dict[str,
     """module name -> QuantTensor for every Linear of `model` whose GGUF tensor has a type in
     `supported` (name -> ggml type id) and the HF weight's shape."""
     from gguf import GGUFReader
+
     reader = GGUFReader(path, "r")
     tensors = {t.name: t for t in reader.tensors}
     cfg = model.config
@@ -70,9 +79,15 @@ def read_quant_tensors(path: str, model, supported: dict[str, int]) -> dict[str,
         if t is None or t.tensor_type.name not in supported:
             continue
         n, k = w.shape
-        if tuple(int(x) for x in t.shape) != (k, n):     # GGUF lists dims innermost first
+        if tuple(int(x) for x in t.shape) != (k, n):  # GGUF lists dims innermost first
             continue
         blocks = np.asarray(t.data).reshape(n, -1)
-        out[mod_name] = QuantTensor(gname, t.tensor_type.name, supported[t.tensor_type.name], blocks,
-                                    _row_order(gname, n, heads, kv_heads), (n, k))
+        out[mod_name] = QuantTensor(
+            gname,
+            t.tensor_type.name,
+            supported[t.tensor_type.name],
+            blocks,
+            _row_order(gname, n, heads, kv_heads),
+            (n, k),
+        )
     return out

@@ -21,6 +21,7 @@ Writes OUT_DIR/gpu_check.log and OUT_DIR/gpu_check.json, and prints one line
 config and tiny workloads (the test suite runs it so the script cannot rot); its numbers say
 nothing about any machine.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,27 +34,64 @@ import time
 import traceback
 
 VERSION = 1
-BUDGET_S = 450                   # the whole run stays under 8 minutes on the GPU
+BUDGET_S = 450  # the whole run stays under 8 minutes on the GPU
 
 
 def model_configs(smoke: bool) -> dict:
     from transformers import LlamaConfig
+
     if smoke:
-        return {"tiny-llama": LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                          num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                                          max_position_embeddings=2048, rms_norm_eps=1e-5, tie_word_embeddings=True,
-                                          bos_token_id=1, eos_token_id=2)}
+        return {
+            "tiny-llama": LlamaConfig(
+                vocab_size=512,
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=16,
+                max_position_embeddings=2048,
+                rms_norm_eps=1e-5,
+                tie_word_embeddings=True,
+                bos_token_id=1,
+                eos_token_id=2,
+            )
+        }
     return {
         # SmolLM2-135M-Instruct's config values (the embedded default model), weights random
-        "smollm2-135m": LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                                    num_attention_heads=9, num_key_value_heads=3, head_dim=64,
-                                    max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=100000.0,
-                                    tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, hidden_act="silu"),
+        "smollm2-135m": LlamaConfig(
+            vocab_size=49152,
+            hidden_size=576,
+            intermediate_size=1536,
+            num_hidden_layers=30,
+            num_attention_heads=9,
+            num_key_value_heads=3,
+            head_dim=64,
+            max_position_embeddings=8192,
+            rms_norm_eps=1e-5,
+            rope_theta=100000.0,
+            tie_word_embeddings=True,
+            bos_token_id=1,
+            eos_token_id=2,
+            hidden_act="silu",
+        ),
         # Llama-3.2-1B's shape (plain rope: the llama3 frequency scaling does not change the check)
-        "llama-1b": LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                                num_attention_heads=32, num_key_value_heads=8, head_dim=64,
-                                max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=500000.0,
-                                tie_word_embeddings=True, bos_token_id=128000, eos_token_id=128001, hidden_act="silu"),
+        "llama-1b": LlamaConfig(
+            vocab_size=128256,
+            hidden_size=2048,
+            intermediate_size=8192,
+            num_hidden_layers=16,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=64,
+            max_position_embeddings=8192,
+            rms_norm_eps=1e-5,
+            rope_theta=500000.0,
+            tie_word_embeddings=True,
+            bos_token_id=128000,
+            eos_token_id=128001,
+            hidden_act="silu",
+        ),
     }
 
 
@@ -62,8 +100,9 @@ def token_prompts(n: int, lo: int, hi: int, vocab: int, seed: int, shared_prefix
     `shared_prefix` ids are common to every prompt (prefix-cache hits)."""
     rng = random.Random(seed)
     prefix = [rng.randrange(3, vocab) for _ in range(shared_prefix)]
-    return [prefix + [rng.randrange(3, vocab) for _ in range(max(1, rng.randint(lo, hi) - shared_prefix))]
-            for _ in range(n)]
+    return [
+        prefix + [rng.randrange(3, vocab) for _ in range(max(1, rng.randint(lo, hi) - shared_prefix))] for _ in range(n)
+    ]
 
 
 class Check:
@@ -74,8 +113,12 @@ class Check:
         self.t0 = time.perf_counter()
         os.makedirs(out_dir, exist_ok=True)
         self.log_f = open(os.path.join(out_dir, "gpu_check.log"), "w")
-        self.res: dict = {"kvscope_gpu_check": VERSION, "mode": "cpu-smoke" if smoke else "gpu", "errors": [],
-                          "skipped": []}
+        self.res: dict = {
+            "kvscope_gpu_check": VERSION,
+            "mode": "cpu-smoke" if smoke else "gpu",
+            "errors": [],
+            "skipped": [],
+        }
 
     def log(self, msg: str) -> None:
         line = f"[{time.perf_counter() - self.t0:7.1f}s] {msg}"
@@ -113,6 +156,7 @@ class Check:
         import gc
 
         import torch
+
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.synchronize()
@@ -121,14 +165,17 @@ class Check:
 
 # ------------------------------------------------------------------------------------- phases
 
+
 def _engine(name: str, device: str, dtype: str, **cfg):
     from . import LLM
+
     return LLM(model=name, device=device, dtype=dtype, **cfg)
 
 
 def _run_engine(llm, prompts, max_tokens: int, check_invariants: bool = False):
     """Greedy, EOS ignored; returns (token ids per prompt, wall s, engine stats)."""
     from . import SamplingParams
+
     eng = llm.engine
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     t = time.perf_counter()
@@ -150,8 +197,11 @@ def _run_engine(llm, prompts, max_tokens: int, check_invariants: bool = False):
     kinds: dict = {}
     for e in eng.events:
         kinds[e.kind] = kinds.get(e.kind, 0) + 1
-    return [outs[f"r{i}"] for i in range(len(prompts))], wall, {"steps": steps, "max_running": max_running,
-                                                                  "events": kinds}
+    return (
+        [outs[f"r{i}"] for i in range(len(prompts))],
+        wall,
+        {"steps": steps, "max_running": max_running, "events": kinds},
+    )
 
 
 def _backends(device) -> list[str]:
@@ -159,6 +209,7 @@ def _backends(device) -> list[str]:
     (the C kernel on CPU; on CUDA it currently means "torch", engine/device.py)."""
     from .device import auto_attention_backend
     from .paged_flex import unavailable_reason
+
     out = ["torch"]
     if auto_attention_backend(device.type, True, True) not in ("torch", "flex"):
         out.insert(0, "auto")
@@ -170,6 +221,7 @@ def _backends(device) -> list[str]:
 def _free_llm(llm):
     """Drops the engine's pools now (the weights stay registered for the next phase)."""
     from .bench.common import free_llm
+
     free_llm(llm)
 
 
@@ -187,22 +239,29 @@ def run(out_dir: str, smoke: bool = False, budget_s: float = BUDGET_S) -> dict:
         ck.log("no CUDA device: run with --cpu-smoke to exercise the script on the CPU")
         res["errors"].append("no CUDA device visible to torch")
     if dev.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = False    # float32 means float32 for the exactness phase
+        torch.backends.cuda.matmul.allow_tf32 = False  # float32 means float32 for the exactness phase
         torch.backends.cudnn.allow_tf32 = False
     else:
         torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
-    res.update({"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu",
-                "device_type": dev.type, "torch": torch.__version__, "transformers": transformers.__version__,
-                "python": platform.python_version(),
-                "generate_batch_available": hasattr(transformers.GenerationMixin, "generate_batch")})
+    res.update(
+        {
+            "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu",
+            "device_type": dev.type,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "python": platform.python_version(),
+            "generate_batch_available": hasattr(transformers.GenerationMixin, "generate_batch"),
+        }
+    )
     cfgs = model_configs(smoke)
     small = next(iter(cfgs))
     big = list(cfgs)[-1]
     backends = _backends(dev)
     res["backends"] = backends
     n_new = 8 if smoke else 32
-    exact_prompts = token_prompts(4 if smoke else 8, 5, 40 if smoke else 200, cfgs[small].vocab_size, seed=1,
-                                  shared_prefix=16 if smoke else 48)
+    exact_prompts = token_prompts(
+        4 if smoke else 8, 5, 40 if smoke else 200, cfgs[small].vocab_size, seed=1, shared_prefix=16 if smoke else 48
+    )
     ck.log(f"device {res['device']} torch {res['torch']} transformers {res['transformers']} backends {backends}")
 
     models: dict = {}
@@ -218,8 +277,12 @@ def run(out_dir: str, smoke: bool = False, budget_s: float = BUDGET_S) -> dict:
         return models[key]
 
     def engine_kw(**extra):
-        kw = dict(max_model_len=1024, max_num_batched_tokens=64 if smoke else 512, block_size=16,
-                  num_kv_blocks=256 if smoke else 2048)
+        kw = dict(
+            max_model_len=1024,
+            max_num_batched_tokens=64 if smoke else 512,
+            block_size=16,
+            num_kv_blocks=256 if smoke else 2048,
+        )
         kw.update(extra)
         return kw
 
@@ -232,17 +295,25 @@ def run(out_dir: str, smoke: bool = False, budget_s: float = BUDGET_S) -> dict:
 
         def one(be):
             # a small token budget splits prompts into chunks; the shared prefix gives prefix hits
-            llm = _engine(f"mem:{small}", str(dev), dtype_name, attention_backend=be,
-                          **engine_kw(max_num_batched_tokens=32 if smoke else 96))
+            llm = _engine(
+                f"mem:{small}",
+                str(dev),
+                dtype_name,
+                attention_backend=be,
+                **engine_kw(max_num_batched_tokens=32 if smoke else 96),
+            )
             got, wall, stats = _run_engine(llm, exact_prompts, n_new, check_invariants=True)
             a = agreement(got, ref).as_dict()
             a["attention_backend"] = llm.engine.info().attention_backend
             a["prefix_hit_events"] = stats["events"].get("prefix_hit", 0)
             a["prefill_chunks"] = stats["events"].get("prefill", 0)
             out[be] = a
-            ck.log(f"   {key} {be}: {a['identical']}/{a['tokens']} identical, exact={a['exact']}, "
-                   f"first divergence {a['first_divergence']}")
+            ck.log(
+                f"   {key} {be}: {a['identical']}/{a['tokens']} identical, exact={a['exact']}, "
+                f"first divergence {a['first_divergence']}"
+            )
             _free_llm(llm)
+
         for be in backends:
             ck.guard(f"{key} {be}", lambda be=be: one(be))
 
@@ -253,26 +324,32 @@ def run(out_dir: str, smoke: bool = False, budget_s: float = BUDGET_S) -> dict:
     def w16(name: str):
         from .bench import peers
         from .models import IdTokenizer
+
         dt = torch.float32 if smoke else torch.bfloat16
         m = model(name, dt)
         nreq, new = (4, 8) if smoke else (16, 64)
         prompts = token_prompts(nreq, 30 if not smoke else 5, 300 if not smoke else 40, cfgs[name].vocab_size, seed=2)
-        row: dict = {"dtype": str(dt).replace("torch.", ""), "requests": nreq, "new_tokens": new,
-                     "prompt_tokens": sum(len(p) for p in prompts)}
+        row: dict = {
+            "dtype": str(dt).replace("torch.", ""),
+            "requests": nreq,
+            "new_tokens": new,
+            "prompt_tokens": sum(len(p) for p in prompts),
+        }
 
         def one(be):
             llm = _engine(f"mem:{name}", str(dev), row["dtype"], attention_backend=be, **engine_kw())
-            _run_engine(llm, [p[:8] for p in prompts[:2]], 2)           # warm-up (flex compiles here)
+            _run_engine(llm, [p[:8] for p in prompts[:2]], 2)  # warm-up (flex compiles here)
             toks, wall, stats = _run_engine(llm, prompts, new)
             row[f"kvscope_{be}_tok_s"] = round(sum(len(t) for t in toks) / wall, 2)
             row[f"kvscope_{be}_backend"] = llm.engine.info().attention_backend
             ck.log(f"   {name} kvscope {be}: {row[f'kvscope_{be}_tok_s']} tok/s ({stats['steps']} steps)")
             _free_llm(llm)
+
         for be in backends:
             ck.guard(f"W16 {name} {be}", lambda be=be: one(be))
         tok = IdTokenizer(cfgs[name].vocab_size)
         m.generation_config.eos_token_id = None
-        peers.hf_static(m, tok, [prompts[0][:8], prompts[1][:6]], 2)   # warm-up
+        peers.hf_static(m, tok, [prompts[0][:8], prompts[1][:6]], 2)  # warm-up
         st, wall = peers.hf_static(m, tok, prompts, new)
         row["hf_static_tok_s"] = round(nreq * new / wall, 2)
         ck.log(f"   {name} transformers static batch: {row['hf_static_tok_s']} tok/s")
@@ -307,7 +384,7 @@ def run(out_dir: str, smoke: bool = False, budget_s: float = BUDGET_S) -> dict:
                 torch.cuda.synchronize()
             dt_ = time.perf_counter() - t
             best = dt_ if best is None else min(best, dt_)
-        res["bandwidth_gb_s"] = round(2 * n / best / 1e9, 1)      # read + write
+        res["bandwidth_gb_s"] = round(2 * n / best / 1e9, 1)  # read + write
         res["bandwidth_copy_bytes"] = n
         ck.log(f"   copy bandwidth {res['bandwidth_gb_s']} GB/s (best of copies of {n >> 20} MiB)")
 
@@ -328,9 +405,10 @@ def run(out_dir: str, smoke: bool = False, budget_s: float = BUDGET_S) -> dict:
 
         def one(be):
             llm = _engine(f"mem:{name}", str(dev), row["dtype"], attention_backend=be, **engine_kw())
-            _run_engine(llm, [prompt[:8]], 4)                                  # warm-up
+            _run_engine(llm, [prompt[:8]], 4)  # warm-up
             eng = llm.engine
             from . import SamplingParams
+
             eng.add_request("bs1", list(prompt), SamplingParams(max_tokens=new, ignore_eos=True))
             marks = []
             while eng.has_unfinished_requests():
@@ -341,6 +419,7 @@ def run(out_dir: str, smoke: bool = False, budget_s: float = BUDGET_S) -> dict:
             row[f"kvscope_{be}_tok_s"] = round(rate, 2) if rate else None
             ck.log(f"   {name} batch-1 decode {be}: {row[f'kvscope_{be}_tok_s']} tok/s")
             _free_llm(llm)
+
         for be in backends:
             ck.guard(f"batch-1 {name} {be}", lambda be=be: one(be))
         if "bandwidth_gb_s" in res:
@@ -355,10 +434,16 @@ def run(out_dir: str, smoke: bool = False, budget_s: float = BUDGET_S) -> dict:
 
     # 5: invariants after a preemption-heavy run
     def preemption():
-        model(small, torch.float32)             # built and registered on the device
+        model(small, torch.float32)  # built and registered on the device
         nreq, new = (6, 8) if smoke else (16, 32)
-        prompts = token_prompts(nreq, 10 if smoke else 40, 40 if smoke else 160, cfgs[small].vocab_size, seed=4,
-                                shared_prefix=8 if smoke else 32)
+        prompts = token_prompts(
+            nreq,
+            10 if smoke else 40,
+            40 if smoke else 160,
+            cfgs[small].vocab_size,
+            seed=4,
+            shared_prefix=8 if smoke else 32,
+        )
         llm = _engine(f"mem:{small}", str(dev), "float32", **engine_kw())
         base, _, _ = _run_engine(llm, prompts, new)
         _free_llm(llm)
@@ -366,15 +451,29 @@ def run(out_dir: str, smoke: bool = False, budget_s: float = BUDGET_S) -> dict:
         bs = 16
         need = max(-(-(len(p) + new) // bs) for p in prompts)
         for mode in ("recompute", "swap"):
-            llm = _engine(f"mem:{small}", str(dev), "float32", preemption_mode=mode, num_kv_blocks=need + 2,
-                          block_size=bs, max_model_len=1024, max_num_batched_tokens=64 if smoke else 256)
+            llm = _engine(
+                f"mem:{small}",
+                str(dev),
+                "float32",
+                preemption_mode=mode,
+                num_kv_blocks=need + 2,
+                block_size=bs,
+                max_model_len=1024,
+                max_num_batched_tokens=64 if smoke else 256,
+            )
             got, wall, stats = _run_engine(llm, prompts, new, check_invariants=True)
             a = agreement(got, base)
             ev = stats["events"]
-            out[mode] = {"num_kv_blocks": need + 2, "steps": stats["steps"], "invariants_ok": True,
-                         "preemptions": ev.get("preempt", 0),
-                         "swap_outs": ev.get("swap_out", 0), "swap_ins": ev.get("swap_in", 0),
-                         "tokens_identical_to_unpressured": a.exact, "identical_fraction": round(a.fraction, 4)}
+            out[mode] = {
+                "num_kv_blocks": need + 2,
+                "steps": stats["steps"],
+                "invariants_ok": True,
+                "preemptions": ev.get("preempt", 0),
+                "swap_outs": ev.get("swap_out", 0),
+                "swap_ins": ev.get("swap_in", 0),
+                "tokens_identical_to_unpressured": a.exact,
+                "identical_fraction": round(a.fraction, 4),
+            }
             ck.log(f"   {mode}: {out[mode]}")
             _free_llm(llm)
         res["preemption"] = out
@@ -397,8 +496,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m engine.gpu_check", description=__doc__.split("\n")[0])
     ap.add_argument("out_dir", help="folder for gpu_check.log and gpu_check.json")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny config on the CPU (tests): exercises the code only")
-    ap.add_argument("--budget-s", type=float, default=BUDGET_S,
-                    help="time budget in seconds (phases past it are skipped)")
+    ap.add_argument(
+        "--budget-s", type=float, default=BUDGET_S, help="time budget in seconds (phases past it are skipped)"
+    )
     a = ap.parse_args(argv)
     res = run(a.out_dir, smoke=a.cpu_smoke, budget_s=a.budget_s)
     return 1 if res["errors"] else 0

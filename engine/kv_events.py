@@ -22,6 +22,7 @@ enters it, "removed" when it leaves (the block was popped from the free queue fo
 rewritten, or evicted by hand). Applying the stream in order rebuilds the engine's set of cached
 block hashes (`apply_events`).
 """
+
 from __future__ import annotations
 
 import threading
@@ -44,6 +45,7 @@ def external_hash(h: bytes) -> int:
 
 
 # ---------------------------------------------------------------- events
+
 
 @dataclass(slots=True)
 class BlockStored:
@@ -72,14 +74,20 @@ class KVEventBatch:
     ts: float
     events: list
     data_parallel_rank: int | None = None
-    wire: str = "current"          # which form the events were decoded from ("current"/"legacy"/"mixed")
+    wire: str = "current"  # which form the events were decoded from ("current"/"legacy"/"mixed")
 
 
 def _event_to_wire(e, wire: str):
     if isinstance(e, BlockStored):
-        fields = [("block_hashes", list(e.block_hashes)), ("parent_block_hash", e.parent_block_hash),
-                  ("token_ids", list(e.token_ids)), ("block_size", e.block_size), ("lora_id", e.lora_id),
-                  ("medium", e.medium), ("lora_name", e.lora_name)]
+        fields = [
+            ("block_hashes", list(e.block_hashes)),
+            ("parent_block_hash", e.parent_block_hash),
+            ("token_ids", list(e.token_ids)),
+            ("block_size", e.block_size),
+            ("lora_id", e.lora_id),
+            ("medium", e.medium),
+            ("lora_name", e.lora_name),
+        ]
     elif isinstance(e, BlockRemoved):
         fields = [("block_hashes", list(e.block_hashes)), ("medium", e.medium)]
     elif isinstance(e, AllBlocksCleared):
@@ -116,18 +124,28 @@ def _opt(v, types, where: str):
 
 def _decode_event(raw, i: int):
     where = f"events[{i}]"
-    if isinstance(raw, list) and raw and isinstance(raw[0], str):      # legacy: tagged array
+    if isinstance(raw, list) and raw and isinstance(raw[0], str):  # legacy: tagged array
         tag, vals, form = raw[0], raw[1:], "legacy"
-        names = {"BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
-                                 "medium", "lora_name"),
-                 "BlockRemoved": ("block_hashes", "medium"), "AllBlocksCleared": ()}.get(tag)
+        names = {
+            "BlockStored": (
+                "block_hashes",
+                "parent_block_hash",
+                "token_ids",
+                "block_size",
+                "lora_id",
+                "medium",
+                "lora_name",
+            ),
+            "BlockRemoved": ("block_hashes", "medium"),
+            "AllBlocksCleared": (),
+        }.get(tag)
         if names is None:
             raise ValueError(f"{where}: unknown event type {tag[:40]!r}")
         required = {"BlockStored": 5, "BlockRemoved": 1, "AllBlocksCleared": 0}[tag]
         if len(vals) < required:
             raise ValueError(f"{where}: {tag} needs at least {required} fields, got {len(vals)}")
-        d = dict(zip(names, vals))          # extra trailing fields (newer vLLM) are ignored
-    elif isinstance(raw, dict) and isinstance(raw.get("type"), str):   # current: tagged map
+        d = dict(zip(names, vals))  # extra trailing fields (newer vLLM) are ignored
+    elif isinstance(raw, dict) and isinstance(raw.get("type"), str):  # current: tagged map
         tag, d, form = raw["type"], raw, "current"
     else:
         raise ValueError(f"{where}: expected a tagged map or a tagged array")
@@ -141,9 +159,15 @@ def _decode_event(raw, i: int):
         bs = d["block_size"]
         if not isinstance(bs, int) or isinstance(bs, bool) or bs <= 0:
             raise ValueError(f"{where}.block_size: expected a positive int")
-        ev = BlockStored(_hash_list(d["block_hashes"], where), _opt(d["parent_block_hash"], (int, bytes), where),
-                         toks, bs, _opt(d.get("lora_id"), int, where), _opt(d.get("medium"), str, where),
-                         _opt(d.get("lora_name"), str, where))
+        ev = BlockStored(
+            _hash_list(d["block_hashes"], where),
+            _opt(d["parent_block_hash"], (int, bytes), where),
+            toks,
+            bs,
+            _opt(d.get("lora_id"), int, where),
+            _opt(d.get("medium"), str, where),
+            _opt(d.get("lora_name"), str, where),
+        )
     elif tag == "BlockRemoved":
         if "block_hashes" not in d:
             raise ValueError(f"{where}: BlockRemoved without block_hashes")
@@ -162,9 +186,8 @@ def decode_batch(payload: bytes) -> KVEventBatch:
     if len(payload) > MAX_PAYLOAD_BYTES:
         raise ValueError(f"payload larger than {MAX_PAYLOAD_BYTES} bytes")
     try:
-        obj = msgpack.unpackb(bytes(payload), raw=False, strict_map_key=False,
-                              max_array_len=MAX_EVENTS_PER_BATCH)
-    except Exception as e:   # msgpack raises several types for malformed input
+        obj = msgpack.unpackb(bytes(payload), raw=False, strict_map_key=False, max_array_len=MAX_EVENTS_PER_BATCH)
+    except Exception as e:  # msgpack raises several types for malformed input
         raise ValueError(f"payload is not valid msgpack: {type(e).__name__}") from None
     if isinstance(obj, list) and len(obj) >= 2:
         ts, events, dp = obj[0], obj[1], (obj[2] if len(obj) > 2 else None)
@@ -200,6 +223,7 @@ def apply_events(cached: set, events) -> set:
 
 # ---------------------------------------------------------------- publisher
 
+
 def _bind_endpoint(endpoint: str, bind: bool | None) -> bool:
     """vLLM binds wildcard / ipc / inproc endpoints and connects to the rest; kvscope also binds
     loopback tcp endpoints (tcp://127.0.0.1:5557), so a subscriber can connect to them."""
@@ -226,10 +250,22 @@ class KVEventPublisher:
     `flush()` sends everything pending now (tests, shutdown).
     """
 
-    def __init__(self, endpoint: str, replay_endpoint: str | None = None, wire: str = "current", *,
-                 topic: str = "", buffer_steps: int = 10_000, hwm: int = 100_000, bind: bool | None = None,
-                 flush_interval: float = 0.02, data_parallel_rank: int = 0, medium: str | None = MEDIUM_GPU):
+    def __init__(
+        self,
+        endpoint: str,
+        replay_endpoint: str | None = None,
+        wire: str = "current",
+        *,
+        topic: str = "",
+        buffer_steps: int = 10_000,
+        hwm: int = 100_000,
+        bind: bool | None = None,
+        flush_interval: float = 0.02,
+        data_parallel_rank: int = 0,
+        medium: str | None = MEDIUM_GPU,
+    ):
         import zmq
+
         if wire not in WIRES:
             raise ValueError(f"kv events wire format must be one of {WIRES}, got {wire!r}")
         if not isinstance(endpoint, str) or not endpoint.startswith(("tcp://", "ipc://", "inproc://")):
@@ -259,11 +295,11 @@ class KVEventPublisher:
             self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._pending: list[tuple[int, str, bytes, bytes | None, list | None]] = []
-        self._lock = threading.Lock()        # guards _pending (engine thread appends)
-        self._sock_lock = threading.Lock()   # sockets are used by one thread at a time
+        self._lock = threading.Lock()  # guards _pending (engine thread appends)
+        self._sock_lock = threading.Lock()  # sockets are used by one thread at a time
         self._seq = 0
         self._engine = None
-        self._owner = None                   # the EngineThread, when attached through one
+        self._owner = None  # the EngineThread, when attached through one
         self.block_size = 0
         self._running = True
         self._thread = threading.Thread(target=self._loop, name="kvscope-kv-events", daemon=True)
@@ -297,6 +333,7 @@ class KVEventPublisher:
 
         def listener(kind, h, parent, tokens, _engine=engine):
             self._append(_engine, kind, h, parent, tokens)
+
         bm.hash_listener = listener
 
     def _append(self, engine, kind, h, parent, tokens) -> None:
@@ -319,8 +356,13 @@ class KVEventPublisher:
                 xh = external_hash(h)
                 xp = external_hash(parent) if parent is not None else None
                 toks = tokens or []
-                if (isinstance(last, BlockStored) and tokens is not None and len(last.token_ids) > 0
-                        and xp is not None and last.block_hashes[-1] == xp):
+                if (
+                    isinstance(last, BlockStored)
+                    and tokens is not None
+                    and len(last.token_ids) > 0
+                    and xp is not None
+                    and last.block_hashes[-1] == xp
+                ):
                     last.block_hashes.append(xh)
                     last.token_ids.extend(toks)
                 else:
@@ -357,10 +399,11 @@ class KVEventPublisher:
     # -- replay
     def _service_replay(self) -> None:
         import zmq
+
         while self._replay.poll(0):
             frames = self._replay.recv_multipart(zmq.NOBLOCK)
             if len(frames) != 3:
-                continue                  # not [identity, b"", start seq]: ignore, as vLLM does
+                continue  # not [identity, b"", start seq]: ignore, as vLLM does
             ident, _, start = frames
             if len(start) != 8:
                 continue
@@ -379,7 +422,7 @@ class KVEventPublisher:
         while self._running:
             owner = self._owner
             if owner is not None and owner.engine is not self._engine:
-                with owner.lock:                   # EngineThread.reconfigure swapped engines
+                with owner.lock:  # EngineThread.reconfigure swapped engines
                     self._listen(owner.engine)
             if time.monotonic() >= next_flush:
                 self.flush()
@@ -405,12 +448,13 @@ class KVEventPublisher:
 
 # ---------------------------------------------------------------- subscriber
 
+
 @dataclass(slots=True)
 class SubscriberState:
     last_seq: int = -1
     batches: int = 0
     replayed: int = 0
-    missed: int = 0                 # seq numbers neither received nor replayed
+    missed: int = 0  # seq numbers neither received nor replayed
     decode_errors: int = 0
     last_error: str | None = None
     wires: set = field(default_factory=set)
@@ -421,9 +465,11 @@ class KVEventSubscriber:
     the batches that arrived, in seq order; on a gap it asks the replay socket for the missing
     ones first (bounded wait). Not thread-safe: one thread polls."""
 
-    def __init__(self, endpoint: str, replay_endpoint: str | None = None, topic: str = "",
-                 replay_timeout_ms: int = 1000):
+    def __init__(
+        self, endpoint: str, replay_endpoint: str | None = None, topic: str = "", replay_timeout_ms: int = 1000
+    ):
         import zmq
+
         if not isinstance(endpoint, str) or not endpoint.startswith(("tcp://", "ipc://", "inproc://")):
             raise ValueError(f"KV events endpoint must look like tcp://HOST:PORT, got {str(endpoint)[:80]!r}")
         self._zmq = zmq
@@ -469,7 +515,7 @@ class KVEventSubscriber:
             frames = self._replay.recv_multipart()
             if frames and frames[0] == b"":
                 frames = frames[1:]
-            if len(frames) == 3:                  # current: topic, seq, payload
+            if len(frames) == 3:  # current: topic, seq, payload
                 frames = frames[1:]
             if len(frames) != 2:
                 continue
@@ -479,7 +525,7 @@ class KVEventSubscriber:
                 break
             if seq > self.state.last_seq and (upto is None or seq < upto):
                 if seq > self.state.last_seq + 1 and self.state.last_seq >= 0:
-                    self.state.missed += seq - self.state.last_seq - 1    # fell out of the replay buffer
+                    self.state.missed += seq - self.state.last_seq - 1  # fell out of the replay buffer
                 self._decode(seq, frames[1], out)
                 self.state.replayed += 1
         return out

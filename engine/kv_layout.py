@@ -18,6 +18,7 @@ Bytes per token, all layers:
   token's K or V for one KV head, or one MLA latent) also keeps its own float32 scale:
   ``+ rows x 4`` bytes, i.e. ``2 x layers x kv_heads x (head_dim + 4)`` for int8 head rows.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,34 +30,51 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, itemsize: int,
-                       v_head_dim: int | None = None, scale_bytes: int = 0) -> int:
+def kv_bytes_per_token(
+    num_layers: int,
+    num_kv_heads: int,
+    head_dim: int,
+    itemsize: int,
+    v_head_dim: int | None = None,
+    scale_bytes: int = 0,
+) -> int:
     """Bytes one token occupies in a K/V cache: one K and one V vector per KV head, every layer,
     each row with `scale_bytes` of scale (kv_scale_bytes(dtype): 4 for kvscope's int8 / fp8)."""
     numbers = num_kv_heads * (head_dim + (head_dim if v_head_dim is None else v_head_dim))
     return num_layers * (numbers * itemsize + 2 * num_kv_heads * scale_bytes)
 
 
-def latent_bytes_per_token(num_layers: int, kv_lora_rank: int, qk_rope_head_dim: int, itemsize: int,
-                           scale_bytes: int = 0) -> int:
+def latent_bytes_per_token(
+    num_layers: int, kv_lora_rank: int, qk_rope_head_dim: int, itemsize: int, scale_bytes: int = 0
+) -> int:
     """MLA: one latent plus the shared rotary key per layer (no separate K and V)."""
     return num_layers * ((kv_lora_rank + qk_rope_head_dim) * itemsize + scale_bytes)
 
 
 KiB = 1024
-MiB = 1024 ** 2
-GiB = 1024 ** 3
+MiB = 1024**2
+GiB = 1024**3
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
-SCALED_DTYPES = ("fp8", "int8")          # one float32 scale per cached row (engine/kv_quant.py)
+SCALED_DTYPES = ("fp8", "int8")  # one float32 scale per cached row (engine/kv_quant.py)
 KV_SCALE_BYTES = 4
 _DTYPE_ALIASES = {
-    "float32": "fp32", "float": "fp32", "f32": "fp32",
+    "float32": "fp32",
+    "float": "fp32",
+    "f32": "fp32",
     "bfloat16": "bf16",
-    "float16": "fp16", "half": "fp16", "f16": "fp16",
-    "float8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "float8_e4m3fn": "fp8",
-    "float8_e5m2": "fp8", "e4m3": "fp8", "e5m2": "fp8",
-    "i8": "int8", "uint8": "int8",
+    "float16": "fp16",
+    "half": "fp16",
+    "f16": "fp16",
+    "float8": "fp8",
+    "fp8_e4m3": "fp8",
+    "fp8_e5m2": "fp8",
+    "float8_e4m3fn": "fp8",
+    "float8_e5m2": "fp8",
+    "e4m3": "fp8",
+    "e5m2": "fp8",
+    "i8": "int8",
+    "uint8": "int8",
 }
 ATTENTION_KINDS = ("MHA", "GQA", "MQA", "MLA")
 
@@ -69,6 +87,7 @@ INTER_FIELDS = ("intermediate_size", "ffn_hidden_size", "n_inner", "ffn_dim")
 
 
 # ---------------------------------------------------------------- field access
+
 
 def _raw(cfg, key):
     if isinstance(cfg, dict):
@@ -93,11 +112,17 @@ def _first(cfg, names):
     return None, None
 
 
-MAX_CONFIG_INT = 2 ** 40     # far above any real model; keeps every derived product a finite float
+MAX_CONFIG_INT = 2**40  # far above any real model; keeps every derived product a finite float
 
 
 def _pos_int(name, v):
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v)) or v != int(v) or int(v) < 1:
+    if (
+        isinstance(v, bool)
+        or not isinstance(v, (int, float))
+        or (isinstance(v, float) and not math.isfinite(v))
+        or v != int(v)
+        or int(v) < 1
+    ):
         raise ValueError(f"config field {name!r} must be a positive integer, got {v!r}")
     if v > MAX_CONFIG_INT:
         raise ValueError(f"config field {name!r} must be at most {MAX_CONFIG_INT}, got {v!r}")
@@ -134,14 +159,15 @@ def kv_scale_bytes(dtype) -> int:
 
 # ---------------------------------------------------------------- the resolved attention shape
 
+
 @dataclass(frozen=True, slots=True)
 class KVSpec:
     """What one token costs in the KV cache, per layer, in numbers (not bytes)."""
 
-    kind: str                     # MHA | GQA | MQA | MLA
+    kind: str  # MHA | GQA | MQA | MLA
     num_layers: int
-    num_heads: int | None         # query heads (None when the source did not report them)
-    num_kv_heads: int | None      # None for MLA
+    num_heads: int | None  # query heads (None when the source did not report them)
+    num_kv_heads: int | None  # None for MLA
     k_head_dim: int | None
     v_head_dim: int | None
     kv_lora_rank: int | None = None
@@ -173,27 +199,31 @@ def kv_spec(cfg) -> KVSpec:
         rank = _pos_int("kv_lora_rank", _raw(cfg, "kv_lora_rank"))
         rope = _raw(cfg, "qk_rope_head_dim")
         if rope is None:
-            raise ValueError("config is missing 'qk_rope_head_dim': MLA (kv_lora_rank is set) caches "
-                             "the latent plus the rotary key of this size")
+            raise ValueError(
+                "config is missing 'qk_rope_head_dim': MLA (kv_lora_rank is set) caches "
+                "the latent plus the rotary key of this size"
+            )
         return KVSpec("MLA", layers, heads, None, None, None, rank, _pos_int("qk_rope_head_dim", rope))
 
     kv_name, kv = _first(cfg, KV_HEADS_FIELDS)
     if kv is not None:
         kv = _pos_int(kv_name, kv)
     elif _raw(cfg, "multi_query") and not _raw(cfg, "new_decoder_architecture"):
-        kv = 1                                          # Falcon-7B style MQA
+        kv = 1  # Falcon-7B style MQA
     elif heads is not None:
-        kv = heads                                      # no KV-head field: plain MHA
+        kv = heads  # no KV-head field: plain MHA
     else:
-        raise ValueError(f"config is missing {HEADS_FIELDS[0]!r} (also accepted: {', '.join(HEADS_FIELDS[1:])}) "
-                         f"and {KV_HEADS_FIELDS[0]!r}: needed for the number of KV heads")
+        raise ValueError(
+            f"config is missing {HEADS_FIELDS[0]!r} (also accepted: {', '.join(HEADS_FIELDS[1:])}) "
+            f"and {KV_HEADS_FIELDS[0]!r}: needed for the number of KV heads"
+        )
     if heads is not None:
         if kv > heads:
-            raise ValueError(f"{kv_name or 'num_key_value_heads'} ({kv}) must not exceed "
-                             f"num_attention_heads ({heads})")
+            raise ValueError(f"{kv_name or 'num_key_value_heads'} ({kv}) must not exceed num_attention_heads ({heads})")
         if heads % kv:
-            raise ValueError(f"num_attention_heads ({heads}) must be divisible by "
-                             f"{kv_name or 'num_key_value_heads'} ({kv})")
+            raise ValueError(
+                f"num_attention_heads ({heads}) must be divisible by {kv_name or 'num_key_value_heads'} ({kv})"
+            )
 
     nope, rope, vdim = (_raw(cfg, k) for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
     if nope is not None and rope is not None and vdim is not None:
@@ -206,17 +236,20 @@ def kv_spec(cfg) -> KVSpec:
             hd = _pos_int("head_dim", hd)
         else:
             if heads is None:
-                raise ValueError("config is missing 'head_dim' (and 'num_attention_heads' to derive it "
-                                 "from hidden_size)")
+                raise ValueError(
+                    "config is missing 'head_dim' (and 'num_attention_heads' to derive it from hidden_size)"
+                )
             hidden = _need(cfg, HIDDEN_FIELDS, "head_dim = hidden_size / num_attention_heads")
             if hidden % heads:
-                raise ValueError(f"config has no 'head_dim' and hidden_size ({hidden}) is not divisible "
-                                 f"by num_attention_heads ({heads})")
+                raise ValueError(
+                    f"config has no 'head_dim' and hidden_size ({hidden}) is not divisible "
+                    f"by num_attention_heads ({heads})"
+                )
             hd = hidden // heads
         kd = vd = hd
 
     if heads is None:
-        kind = "MQA" if kv == 1 else "GQA"              # best guess; see attention_kind
+        kind = "MQA" if kv == 1 else "GQA"  # best guess; see attention_kind
     elif kv == heads:
         kind = "MHA"
     elif kv == 1:
@@ -227,7 +260,7 @@ def kv_spec(cfg) -> KVSpec:
 
 
 def attention_kind(cfg) -> str:
-    """"MHA" | "GQA" | "MQA" | "MLA". Needs num_attention_heads unless the config is MLA or has 1 KV head."""
+    """ "MHA" | "GQA" | "MQA" | "MLA". Needs num_attention_heads unless the config is MLA or has 1 KV head."""
     spec = kv_spec(cfg)
     if spec.num_heads is None and spec.kind == "GQA":
         raise ValueError("config is missing 'num_attention_heads': needed to tell MHA from GQA")
@@ -237,10 +270,10 @@ def attention_kind(cfg) -> str:
 def spec_bytes_per_token(spec: KVSpec, itemsize: int, scale_bytes: int = 0) -> int:
     """Bytes per token for a resolved KVSpec (any attention kind)."""
     if spec.kind == "MLA":
-        return latent_bytes_per_token(spec.num_layers, spec.kv_lora_rank, spec.qk_rope_head_dim, itemsize,
-                                      scale_bytes)
-    return kv_bytes_per_token(spec.num_layers, spec.num_kv_heads, spec.k_head_dim, itemsize, spec.v_head_dim,
-                              scale_bytes)
+        return latent_bytes_per_token(spec.num_layers, spec.kv_lora_rank, spec.qk_rope_head_dim, itemsize, scale_bytes)
+    return kv_bytes_per_token(
+        spec.num_layers, spec.num_kv_heads, spec.k_head_dim, itemsize, spec.v_head_dim, scale_bytes
+    )
 
 
 def kv_geometry(cfg) -> tuple[int, int, int]:
@@ -248,8 +281,10 @@ def kv_geometry(cfg) -> tuple[int, int, int]:
     engine's paged pool stores); ValueError for MLA or unequal K/V head dims."""
     spec = kv_spec(cfg)
     if spec.kind == "MLA" or spec.head_dim is None:
-        raise ValueError(f"the engine's KV pool needs K and V heads of one size; this config is {spec.kind} "
-                         f"with K head dim {spec.k_head_dim} and V head dim {spec.v_head_dim}")
+        raise ValueError(
+            f"the engine's KV pool needs K and V heads of one size; this config is {spec.kind} "
+            f"with K head dim {spec.k_head_dim} and V head dim {spec.v_head_dim}"
+        )
     return spec.num_layers, spec.num_kv_heads, spec.head_dim
 
 

@@ -26,16 +26,17 @@ Bytes per token come from engine/kv_layout.kv_bytes_per_token(..., scale_bytes=k
 (memory_math.kv_bytes_per_token for a config), which counts these scales; `row_bytes` here is the
 same layout seen from one row.
 """
+
 from __future__ import annotations
 
 import torch
 
 KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16", "fp8_e4m3", "int8")
 QUANTIZED = ("int8", "fp8_e4m3")
-SCALE_BYTES = 4                               # one float32 scale per (token, KV head) row
+SCALE_BYTES = 4  # one float32 scale per (token, KV head) row
 _FLOAT = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _QMAX = {"int8": 127.0, "fp8_e4m3": 448.0}
-KERNEL_CODES = {"fp32": 0, "int8": 1, "fp8_e4m3": 2, "bf16": 3, "fp16": 4}   # csrc/paged_attention.c
+KERNEL_CODES = {"fp32": 0, "int8": 1, "fp8_e4m3": 2, "bf16": 3, "fp16": 4}  # csrc/paged_attention.c
 
 
 def resolve(kv_cache_dtype: str, model_dtype: torch.dtype) -> str:
@@ -76,23 +77,27 @@ def row_bytes(fmt: str, head_dim: int) -> int:
 
 def check_head_dim(fmt: str, head_dim: int) -> None:
     if is_quantized(fmt) and head_dim % 4:
-        raise ValueError(f"kv_cache_dtype={fmt!r} needs head_dim to be a multiple of 4 (its float32 scale "
-                         f"follows the codes in each row), got head_dim={head_dim}")
+        raise ValueError(
+            f"kv_cache_dtype={fmt!r} needs head_dim to be a multiple of 4 (its float32 scale "
+            f"follows the codes in each row), got head_dim={head_dim}"
+        )
 
 
-def allocate(fmt: str, num_blocks: int, block_size: int, kv_heads: int, head_dim: int, device,
-             pin_memory: bool = False) -> torch.Tensor:
+def allocate(
+    fmt: str, num_blocks: int, block_size: int, kv_heads: int, head_dim: int, device, pin_memory: bool = False
+) -> torch.Tensor:
     """A zeroed pool (K or V) for `fmt`: zeros read back as zeros in every format."""
     last = head_dim + SCALE_BYTES if is_quantized(fmt) else head_dim
-    return torch.zeros((num_blocks, block_size, kv_heads, last), dtype=storage_dtype(fmt), device=device,
-                       pin_memory=pin_memory)
+    return torch.zeros(
+        (num_blocks, block_size, kv_heads, last), dtype=storage_dtype(fmt), device=device, pin_memory=pin_memory
+    )
 
 
 def quantize(x: torch.Tensor, fmt: str) -> torch.Tensor:
     """[..., D] float -> [..., D + 4] uint8 rows: codes, then the row's float32 scale."""
     xf = x.float()
     qmax = _QMAX[fmt]
-    s = xf.abs().amax(dim=-1, keepdim=True) / qmax                  # [..., 1]
+    s = xf.abs().amax(dim=-1, keepdim=True) / qmax  # [..., 1]
     y = xf / torch.where(s > 0, s, torch.ones_like(s))
     if fmt == "int8":
         codes = y.round().clamp_(-qmax, qmax).to(torch.int8)
@@ -108,7 +113,7 @@ def quantize(x: torch.Tensor, fmt: str) -> torch.Tensor:
 def dequantize(rows: torch.Tensor, fmt: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """[..., D + 4] uint8 rows -> [..., D] values (computed in float32, returned as `dtype`)."""
     d = rows.shape[-1] - SCALE_BYTES
-    s = rows[..., d:].contiguous().view(torch.float32)              # [..., 1]
+    s = rows[..., d:].contiguous().view(torch.float32)  # [..., 1]
     codes = rows[..., :d]
     vals = codes.view(torch.int8).float() if fmt == "int8" else codes.view(torch.float8_e4m3fn).float()
     return (vals * s).to(dtype)

@@ -26,6 +26,7 @@ fp32): held at 16 bits, widened exactly, half the bytes read.
 A pack is made per (model object, weight format) and shared by every engine on it; it is checked
 against `F.linear` on a random input when made, and not used when that check fails.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -39,9 +40,9 @@ import torch.nn.functional as F
 from . import cpu_kernels
 
 MERGED_GROUPS = (("qkv", ("q_proj", "k_proj", "v_proj")), ("gate_up", ("gate_proj", "up_proj")))
-ONEDNN_ROWS_HINT = 16        # the row count oneDNN's blocked layout is tuned for (decode batches)
+ONEDNN_ROWS_HINT = 16  # the row count oneDNN's blocked layout is tuned for (decode batches)
 _tls = threading.local()
-_packs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # model -> {weight_format: ModelPack}
+_packs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> {weight_format: ModelPack}
 _pack_lock = threading.Lock()
 
 
@@ -78,6 +79,7 @@ def matmul_for(weights: list[torch.Tensor], bias: torch.Tensor | None = None, ke
             if x.shape[-1] != k:
                 raise ValueError(f"input has {x.shape[-1]} features, the weight {k}")
             return cpu_kernels.linear_unchecked(lib, x, panels, n, bias)
+
         return matmul
     if kernel == "onednn":
         reorder, apply = _onednn_ops()
@@ -88,6 +90,7 @@ def matmul_for(weights: list[torch.Tensor], bias: torch.Tensor | None = None, ke
 
 class _Group:
     """One matmul over several sibling Linears' weights stacked along the output dimension."""
+
     __slots__ = ("name", "matmul", "splits", "__weakref__")
 
     def __init__(self, name: str, matmul, splits: list[int]):
@@ -105,8 +108,8 @@ class ModelPack:
         self.members: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self.num_linears = 0
         self.num_merged = 0
-        self.bytes = 0              # weight bytes the packed Linears read per forward pass
-        self.formats: dict[str, int] = {}    # "Q4_1" / "Q8_0" / "fp32" -> Linears computing from it
+        self.bytes = 0  # weight bytes the packed Linears read per forward pass
+        self.formats: dict[str, int] = {}  # "Q4_1" / "Q8_0" / "fp32" -> Linears computing from it
 
 
 WEIGHT_FORMATS = ("fp32", "gguf", "bf16", "fp16")
@@ -116,6 +119,7 @@ HALF_FORMATS = {"bf16": torch.bfloat16, "fp16": torch.float16}
 @dataclasses.dataclass(frozen=True)
 class _HalfTensor:
     """A Linear's fp32 weight held as exact 16-bit values, in the shape of a GGUF QuantTensor."""
+
     type_name: str
     type_id: int
     blocks: object
@@ -125,14 +129,20 @@ class _HalfTensor:
 
 def _half_tensor(weight: torch.Tensor, fmt: str):
     import numpy as np
+
     dtype = HALF_FORMATS[fmt]
     if weight.shape[1] % 32:
         return None
     blocks = cpu_kernels.half_blocks(weight, dtype)
     if blocks is None:
         return None
-    return _HalfTensor({"bf16": "BF16", "fp16": "F16"}[fmt], cpu_kernels.HALF_TYPES[dtype], blocks,
-                       np.arange(weight.shape[0]), tuple(weight.shape))
+    return _HalfTensor(
+        {"bf16": "BF16", "fp16": "F16"}[fmt],
+        cpu_kernels.HALF_TYPES[dtype],
+        blocks,
+        np.arange(weight.shape[0]),
+        tuple(weight.shape),
+    )
 
 
 def half_exact(model, fmt: str) -> bool:
@@ -140,8 +150,10 @@ def half_exact(model, fmt: str) -> bool:
     bf16 checkpoint loaded in fp32 is), with whole blocks of 32 columns."""
     mods = [m for m in model.modules() if _eligible(m)]
     dtype = HALF_FORMATS[fmt]
-    return bool(mods) and all(m.weight.shape[1] % 32 == 0 and torch.equal(m.weight.detach().to(dtype).float(),
-                                                                           m.weight.detach()) for m in mods)
+    return bool(mods) and all(
+        m.weight.shape[1] % 32 == 0 and torch.equal(m.weight.detach().to(dtype).float(), m.weight.detach())
+        for m in mods
+    )
 
 
 def _quant_matmul(lib, qtype: int, panels: torch.Tensor, n: int, k: int, bias):
@@ -149,6 +161,7 @@ def _quant_matmul(lib, qtype: int, panels: torch.Tensor, n: int, k: int, bias):
         if x.shape[-1] != k:
             raise ValueError(f"input has {x.shape[-1]} features, the weight {k}")
         return cpu_kernels.qlinear(lib, qtype, x, panels, n, bias)
+
     return matmul
 
 
@@ -156,6 +169,7 @@ def _quant_group(name: str, mods: list, qts: list, bias):
     """A _Group computing from the GGUF blocks of `mods`, or None where they do not reproduce the
     HF weights bit for bit (or the kernel's outputs differ from the fp32 kernel's)."""
     import numpy as np
+
     lib = cpu_kernels.load()
     qtype = qts[0].type_id
     if lib is None or len({q.type_id for q in qts}) != 1:
@@ -178,8 +192,12 @@ def _quant_group(name: str, mods: list, qts: list, bias):
 
 
 def _eligible(m) -> bool:
-    return (type(m) is torch.nn.Linear and m.weight.device.type == "cpu"
-            and m.weight.dtype == torch.float32 and m.weight.dim() == 2)
+    return (
+        type(m) is torch.nn.Linear
+        and m.weight.device.type == "cpu"
+        and m.weight.dtype == torch.float32
+        and m.weight.dim() == 2
+    )
 
 
 def _check(group: _Group, weights: list[torch.Tensor], biases: list) -> bool:
@@ -192,8 +210,9 @@ def _check(group: _Group, weights: list[torch.Tensor], biases: list) -> bool:
     return got.shape == ref.shape and bool(torch.isfinite(got).all()) and (got - ref).abs().max().item() <= tol
 
 
-def pack_model(model, kernel: str | None = None, weight_format: str = "fp32",
-               gguf_path: str | None = None) -> ModelPack | None:
+def pack_model(
+    model, kernel: str | None = None, weight_format: str = "fp32", gguf_path: str | None = None
+) -> ModelPack | None:
     """Packs (once per model object and weight format) every plain fp32 CPU nn.Linear of `model`,
     merging q/k/v and gate/up where a module has them. weight_format="gguf": the Linears whose
     tensors in the GGUF file `gguf_path` are Q4_1 / Q8_0 / F16 / BF16 compute from those blocks;
@@ -216,6 +235,7 @@ def pack_model(model, kernel: str | None = None, weight_format: str = "fp32",
             names = {m: n for n, m in model.named_modules()}
             if weight_format == "gguf":
                 from .gguf_weights import read_quant_tensors
+
                 quant = read_quant_tensors(gguf_path, model, cpu_kernels.QUANT_TYPES)
             elif weight_format in HALF_FORMATS:
                 quant = {names[m]: _half_tensor(m.weight, weight_format) for m in model.modules() if _eligible(m)}
@@ -234,7 +254,7 @@ def pack_model(model, kernel: str | None = None, weight_format: str = "fp32",
                 for m in model.modules():
                     if _eligible(m) and id(m) not in done:
                         _add(pack, type(m).__name__, [m], [quant.get(names[m])])
-        except Exception:     # an op this build lacks, or a failed self-check: plain F.linear
+        except Exception:  # an op this build lacks, or a failed self-check: plain F.linear
             if not any(p is not pack for p in per_model.values()):
                 _unpatch(pack)
             return None
@@ -259,7 +279,7 @@ def _add(pack: ModelPack, name: str, mods: list, qts: list) -> None:
         pack.formats["fp32"] = pack.formats.get("fp32", 0) + len(mods)
     for i, m in enumerate(mods):
         pack.members[m] = (group, i)
-        m.forward = types.MethodType(_forward, m)   # bound: a deep copy rebinds to the copy
+        m.forward = types.MethodType(_forward, m)  # bound: a deep copy rebinds to the copy
     pack.num_linears += len(mods)
     pack.bytes += nbytes
 
@@ -272,7 +292,7 @@ def _unpatch(pack: ModelPack) -> None:
 def _forward(self, x):
     pack = getattr(_tls, "pack", None)
     entry = pack.members.get(self) if pack is not None else None
-    if entry is None or x.dtype != torch.float32:   # not inside an engine forward (or a copy)
+    if entry is None or x.dtype != torch.float32:  # not inside an engine forward (or a copy)
         return F.linear(x, self.weight, self.bias)
     group, i = entry
     if len(group.splits) == 1:

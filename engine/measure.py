@@ -18,6 +18,7 @@ no-cache, paged vs contiguous) goes through `compare`:
 
 Pure Python: no torch, no Streamlit. Side runners return seconds (or a `Sample`).
 """
+
 from __future__ import annotations
 
 import statistics
@@ -36,6 +37,7 @@ SUSPECT_MARGIN = 1.25
 class Sample:
     """One timed run of one side. `seconds` is what is compared; `extra` carries the side's own
     counters (tokens, target passes, ...) for suspect rules and display."""
+
     seconds: float
     extra: dict = field(default_factory=dict)
 
@@ -43,6 +45,7 @@ class Sample:
 @dataclass(frozen=True, slots=True)
 class Spread:
     """Median and spread of one side's samples."""
+
     n: int
     median: float
     lo: float
@@ -85,6 +88,7 @@ def order(rounds: int, names: tuple[str, str] = ("a", "b")) -> list[tuple[int, s
 class Comparison:
     """Two sides measured alternately. `ratio` = a / b per round (e.g. plain seconds / speculative
     seconds = speedup of b over a)."""
+
     names: tuple[str, str]
     a: Spread
     b: Spread
@@ -94,12 +98,12 @@ class Comparison:
     samples_a: tuple[Sample, ...]
     samples_b: tuple[Sample, ...]
     contended_rounds: int = 0
-    busy_delta: int = 0              # total movement of the busy counter during the samples
-    busy_what: str = ""              # what the busy counter counts (shown in the conditions)
-    busy_checked: bool = True        # False: no busy counter was given, contention unknown
+    busy_delta: int = 0  # total movement of the busy counter during the samples
+    busy_what: str = ""  # what the busy counter counts (shown in the conditions)
+    busy_checked: bool = True  # False: no busy counter was given, contention unknown
     budget_s: float | None = None
     elapsed_s: float = 0.0
-    suspect: str | None = None       # reason, when a bound contradicts the ratio
+    suspect: str | None = None  # reason, when a bound contradicts the ratio
 
     @property
     def contended(self) -> bool:
@@ -113,8 +117,10 @@ class Comparison:
     def conditions(self) -> str:
         """One line for beside the number: rounds, order, spread, contention."""
         a, b = self.names
-        parts = [f"median of {self.rounds} rounds (range {self.ratio.lo:.2f}–{self.ratio.hi:.2f}), "
-                 f"{a} and {b} alternated, first side swapped each round"]
+        parts = [
+            f"median of {self.rounds} rounds (range {self.ratio.lo:.2f}–{self.ratio.hi:.2f}), "
+            f"{a} and {b} alternated, first side swapped each round"
+        ]
         if self.budget_s is not None:
             parts.append(f"rounds fitted to a {self.budget_s:.0f} s budget")
         if not self.busy_checked:
@@ -129,6 +135,7 @@ class Comparison:
 
     def with_suspect(self, reason: str | None) -> "Comparison":
         from dataclasses import replace
+
         return replace(self, suspect=reason)
 
 
@@ -142,11 +149,19 @@ def _as_sample(v) -> Sample:
     return s
 
 
-def compare(run_a: Callable[[int], object], run_b: Callable[[int], object], *,
-            names: tuple[str, str] = ("a", "b"), min_rounds: int = MIN_ROUNDS, max_rounds: int | None = None,
-            budget_s: float | None = None, busy: Callable[[], int] | None = None, busy_what: str = "",
-            on_sample: Callable[[int, str, Sample], None] | None = None,
-            clock: Callable[[], float] = time.perf_counter) -> Comparison:
+def compare(
+    run_a: Callable[[int], object],
+    run_b: Callable[[int], object],
+    *,
+    names: tuple[str, str] = ("a", "b"),
+    min_rounds: int = MIN_ROUNDS,
+    max_rounds: int | None = None,
+    budget_s: float | None = None,
+    busy: Callable[[], int] | None = None,
+    busy_what: str = "",
+    on_sample: Callable[[int, str, Sample], None] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Comparison:
     """Run the sides alternately (`order`), `min_rounds` rounds, then further whole rounds while
     the elapsed time plus one more round's mean fits `budget_s` (never more than `max_rounds`).
     run_x(round) returns seconds or a Sample. busy() is read around every sample."""
@@ -170,7 +185,7 @@ def compare(run_a: Callable[[int], object], run_b: Callable[[int], object], *,
             if budget_s is None or spent + spent / r > budget_s:
                 break
         moved = False
-        for rr, side in order(r + 1, names)[2 * r:]:
+        for rr, side in order(r + 1, names)[2 * r :]:
             before = busy() if busy is not None else 0
             s = _as_sample(runs[side](rr))
             after = busy() if busy is not None else 0
@@ -184,29 +199,50 @@ def compare(run_a: Callable[[int], object], run_b: Callable[[int], object], *,
         contended += moved
         r += 1
     a_s, b_s = got[names[0]], got[names[1]]
-    return Comparison(names=names, a=spread(s.seconds for s in a_s), b=spread(s.seconds for s in b_s),
-                      ratio=spread(x.seconds / y.seconds for x, y in zip(a_s, b_s)), rounds=r, order=tuple(seq),
-                      samples_a=tuple(a_s), samples_b=tuple(b_s), contended_rounds=contended, busy_delta=busy_total,
-                      busy_what=busy_what, busy_checked=busy is not None, budget_s=budget_s,
-                      elapsed_s=clock() - t0)
+    return Comparison(
+        names=names,
+        a=spread(s.seconds for s in a_s),
+        b=spread(s.seconds for s in b_s),
+        ratio=spread(x.seconds / y.seconds for x, y in zip(a_s, b_s)),
+        rounds=r,
+        order=tuple(seq),
+        samples_a=tuple(a_s),
+        samples_b=tuple(b_s),
+        contended_rounds=contended,
+        busy_delta=busy_total,
+        busy_what=busy_what,
+        busy_checked=busy is not None,
+        budget_s=budget_s,
+        elapsed_s=clock() - t0,
+    )
 
 
-def suspect_ratio(ratio: float | None, bound: float | None, *, margin: float = SUSPECT_MARGIN,
-                  what: str = "ratio", bound_what: str = "its bound") -> str | None:
+def suspect_ratio(
+    ratio: float | None,
+    bound: float | None,
+    *,
+    margin: float = SUSPECT_MARGIN,
+    what: str = "ratio",
+    bound_what: str = "its bound",
+) -> str | None:
     """The reason `ratio` is not believable, or None: when it exceeds `bound` x `margin`."""
     if ratio is None or bound is None:
         return None
     if not margin >= 1.0:
         raise ValueError(f"margin must be >= 1, got {margin!r}")
     if ratio > bound * margin:
-        return (f"{what} {ratio:.2f}× is above {bound_what} {bound:.2f} × margin {margin:.2f} = {bound * margin:.2f}: "
-                "the counters say it cannot be this fast, so something else (contention, a cold first run) moved it")
+        return (
+            f"{what} {ratio:.2f}× is above {bound_what} {bound:.2f} × margin {margin:.2f} = {bound * margin:.2f}: "
+            "the counters say it cannot be this fast, so something else (contention, a cold first run) moved it"
+        )
     return None
 
 
-def suspect_speedup(speedup: float | None, tokens_per_target_pass: float | None, *,
-                    margin: float = SUSPECT_MARGIN) -> str | None:
+def suspect_speedup(
+    speedup: float | None, tokens_per_target_pass: float | None, *, margin: float = SUSPECT_MARGIN
+) -> str | None:
     """Speculative decoding saves target passes, nothing else: its wall-clock speedup over plain
     decoding cannot be much above the measured tokens per target pass."""
-    return suspect_ratio(speedup, tokens_per_target_pass, margin=margin, what="speedup",
-                         bound_what="the measured tokens per target pass")
+    return suspect_ratio(
+        speedup, tokens_per_target_pass, margin=margin, what="speedup", bound_what="the measured tokens per target pass"
+    )

@@ -6,6 +6,7 @@ concurrency sums, attention-kind what-ifs, weight estimates, config parsing.
 
 Binary units throughout (KiB = 1024 B, GiB = 1024**3 B).
 """
+
 from __future__ import annotations
 
 import json
@@ -13,13 +14,36 @@ from dataclasses import dataclass, field
 
 # re-exported: the calculator's callers use mm.*
 from engine.kv_layout import (  # noqa: F401
-    ATTENTION_KINDS, DTYPE_BYTES, HEADS_FIELDS, HIDDEN_FIELDS, INTER_FIELDS, KV_HEADS_FIELDS, KV_SCALE_BYTES,
-    LAYERS_FIELDS, MAX_CONFIG_INT, SCALED_DTYPES, VOCAB_FIELDS, GiB, KiB, KVSpec, MiB, _need, _opt, _pos_int, _raw,
-    _text_part, attention_kind, cdiv, dtype_bytes, kv_scale_bytes, kv_spec, spec_bytes_per_token,
+    ATTENTION_KINDS,
+    DTYPE_BYTES,
+    HEADS_FIELDS,
+    HIDDEN_FIELDS,
+    INTER_FIELDS,
+    KV_HEADS_FIELDS,
+    KV_SCALE_BYTES,
+    LAYERS_FIELDS,
+    MAX_CONFIG_INT,
+    SCALED_DTYPES,
+    VOCAB_FIELDS,
+    GiB,
+    KiB,
+    KVSpec,
+    MiB,
+    _need,
+    _opt,
+    _pos_int,
+    _raw,
+    _text_part,
+    attention_kind,
+    cdiv,
+    dtype_bytes,
+    kv_scale_bytes,
+    kv_spec,
+    spec_bytes_per_token,
 )
 
-
 # ---------------------------------------------------------------- KV bytes
+
 
 def kv_bytes_per_token(cfg, dtype) -> int:
     """KV-cache bytes one token occupies, all layers (K and V, or the MLA latent), with the
@@ -48,8 +72,9 @@ def kv_bytes_per_sequence(cfg, dtype, context_len, block_size: int | None = None
     return kv_bytes_per_token(cfg, dtype) * tokens
 
 
-def max_concurrent_sequences(cfg, dtype, context_len, memory_bytes, weights_bytes=0,
-                             block_size: int | None = None) -> int:
+def max_concurrent_sequences(
+    cfg, dtype, context_len, memory_bytes, weights_bytes=0, block_size: int | None = None
+) -> int:
     """How many sequences of ``context_len`` tokens fit in ``memory_bytes`` after the weights."""
     _check_tokens("context_len", context_len, 1)
     for name, v in (("memory_bytes", memory_bytes), ("weights_bytes", weights_bytes)):
@@ -83,8 +108,9 @@ def with_attention_kind(cfg, kind: str, num_kv_heads: int | None = None) -> dict
     if spec.kind == "MLA":
         out["kv_lora_rank"] = None
         if out.get("v_head_dim") is None or out.get("qk_nope_head_dim") is None:
-            raise ValueError("config is missing 'qk_nope_head_dim'/'v_head_dim': needed to expand MLA "
-                             "into per-head K and V")
+            raise ValueError(
+                "config is missing 'qk_nope_head_dim'/'v_head_dim': needed to expand MLA into per-head K and V"
+            )
     for k in KV_HEADS_FIELDS[1:]:
         out.pop(k, None)
     out.pop("multi_query", None)
@@ -99,12 +125,20 @@ def with_attention_kind(cfg, kind: str, num_kv_heads: int | None = None) -> dict
             else:
                 num_kv_heads = max((d for d in range(2, min(8, heads - 1) + 1) if heads % d == 0), default=None)
                 if num_kv_heads is None:
-                    raise ValueError(f"num_attention_heads ({heads}) has no divisor between 2 and "
-                                     f"{heads - 1}: GQA is not possible, choose MHA or MQA")
-        if isinstance(num_kv_heads, bool) or not isinstance(num_kv_heads, int) or not 1 < num_kv_heads < heads \
-                or heads % num_kv_heads:
-            raise ValueError(f"num_kv_heads for GQA must be a divisor of num_attention_heads ({heads}) "
-                             f"strictly between 1 and {heads}, got {num_kv_heads!r}")
+                    raise ValueError(
+                        f"num_attention_heads ({heads}) has no divisor between 2 and "
+                        f"{heads - 1}: GQA is not possible, choose MHA or MQA"
+                    )
+        if (
+            isinstance(num_kv_heads, bool)
+            or not isinstance(num_kv_heads, int)
+            or not 1 < num_kv_heads < heads
+            or heads % num_kv_heads
+        ):
+            raise ValueError(
+                f"num_kv_heads for GQA must be a divisor of num_attention_heads ({heads}) "
+                f"strictly between 1 and {heads}, got {num_kv_heads!r}"
+            )
         kv = num_kv_heads
     out["num_key_value_heads"] = kv
     return out
@@ -134,14 +168,20 @@ def formula_factors(cfg, dtype) -> str:
     sb = kv_scale_bytes_per_token(cfg, dtype)
     scales = f" + {sb:,} scale bytes" if sb else ""
     if spec.kind == "MLA":
-        return (f"{spec.num_layers} layers x ({spec.kv_lora_rank} latent + {spec.qk_rope_head_dim} rotary key) "
-                f"x {b} bytes{scales}")
+        return (
+            f"{spec.num_layers} layers x ({spec.kv_lora_rank} latent + {spec.qk_rope_head_dim} rotary key) "
+            f"x {b} bytes{scales}"
+        )
     heads = "KV head" if spec.num_kv_heads == 1 else "KV heads"
     if spec.k_head_dim == spec.v_head_dim:
-        return (f"2 (K and V) x {spec.num_layers} layers x {spec.num_kv_heads} {heads} x {spec.k_head_dim} head dim "
-                f"x {b} bytes{scales}")
-    return (f"{spec.num_layers} layers x {spec.num_kv_heads} {heads} x ({spec.k_head_dim} K dim + "
-            f"{spec.v_head_dim} V dim) x {b} bytes{scales}")
+        return (
+            f"2 (K and V) x {spec.num_layers} layers x {spec.num_kv_heads} {heads} x {spec.k_head_dim} head dim "
+            f"x {b} bytes{scales}"
+        )
+    return (
+        f"{spec.num_layers} layers x {spec.num_kv_heads} {heads} x ({spec.k_head_dim} K dim + "
+        f"{spec.v_head_dim} V dim) x {b} bytes{scales}"
+    )
 
 
 def formula_text(cfg, dtype) -> str:
@@ -160,10 +200,11 @@ def sliding_window(cfg) -> int | None:
 
 # ---------------------------------------------------------------- weights
 
+
 @dataclass(frozen=True, slots=True)
 class ParamEstimate:
     total: int
-    method: str                   # "given" | "computed" | "estimate"
+    method: str  # "given" | "computed" | "estimate"
     note: str
     breakdown: dict = field(default_factory=dict)
 
@@ -174,7 +215,7 @@ def _mlp_matrices(cfg) -> int:
     non_gated = mt in ("gpt2", "gpt_neox", "falcon", "opt", "bloom", "gpt_bigcode", "gptj", "phi")
     if non_gated or act in ("gelu_new", "gelu_pytorch_tanh", "relu") and mt not in ("gemma", "gemma2", "gemma3_text"):
         return 2
-    return 3                      # gated MLP (SwiGLU/GeGLU): gate, up, down
+    return 3  # gated MLP (SwiGLU/GeGLU): gate, up, down
 
 
 def estimate_params(cfg, param_count: int | None = None) -> ParamEstimate:
@@ -206,8 +247,11 @@ def estimate_params(cfg, param_count: int | None = None) -> ParamEstimate:
         q = (h * qr + qr + qr * heads * qd) if qr else h * heads * qd
         attn = q + h * (rank + rope) + rank + rank * heads * (nope + vdim) + heads * vdim * h
     else:
-        attn = h * heads * spec.k_head_dim + h * spec.num_kv_heads * (spec.k_head_dim + spec.v_head_dim) \
+        attn = (
+            h * heads * spec.k_head_dim
+            + h * spec.num_kv_heads * (spec.k_head_dim + spec.v_head_dim)
             + heads * spec.v_head_dim * h
+        )
         if _raw(cfg, "attention_bias") or _raw(cfg, "bias"):
             attn += heads * spec.k_head_dim + spec.num_kv_heads * (spec.k_head_dim + spec.v_head_dim) + h
 
@@ -238,16 +282,24 @@ def estimate_params(cfg, param_count: int | None = None) -> ParamEstimate:
     total = embed + L * attn + mlp_total + norms + head
     exact_kinds = spec.kind != "MLA" and not moe and m == 3
     method = "computed" if exact_kinds else "estimate"
-    note = ("counted from the config (llama-like: embeddings, attention, gated MLP, norms"
-            + (", tied lm_head)" if tied else ", lm_head)"))
+    note = "counted from the config (llama-like: embeddings, attention, gated MLP, norms" + (
+        ", tied lm_head)" if tied else ", lm_head)"
+    )
     if not exact_kinds:
-        note = "estimate from the config" + ("; " + "; ".join(notes) if notes else "") \
-            + ("; MLA projections counted DeepSeek-style" if spec.kind == "MLA" else "") \
+        note = (
+            "estimate from the config"
+            + ("; " + "; ".join(notes) if notes else "")
+            + ("; MLA projections counted DeepSeek-style" if spec.kind == "MLA" else "")
             + "; biases and extra heads not counted"
+        )
     elif notes:
         note += "; " + "; ".join(notes)
-    return ParamEstimate(int(total), method, note, {
-        "embeddings": embed, "attention": L * attn, "mlp": mlp_total, "norms": norms, "lm_head": head})
+    return ParamEstimate(
+        int(total),
+        method,
+        note,
+        {"embeddings": embed, "attention": L * attn, "mlp": mlp_total, "norms": norms, "lm_head": head},
+    )
 
 
 def weights_bytes(cfg, dtype, param_count: int | None = None) -> int:
@@ -256,6 +308,7 @@ def weights_bytes(cfg, dtype, param_count: int | None = None) -> int:
 
 
 # ---------------------------------------------------------------- parsing, formatting
+
 
 def config_to_dict(cfg) -> dict:
     if isinstance(cfg, dict):
@@ -276,7 +329,7 @@ def parse_config_json(text: str) -> dict:
         raise ValueError(f"config JSON is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}") from None
     except RecursionError:
         raise ValueError("config JSON is nested too deeply") from None
-    except ValueError as e:    # integers over Python's digit limit
+    except ValueError as e:  # integers over Python's digit limit
         raise ValueError(f"config JSON is not valid JSON: {e}") from None
     if not isinstance(cfg, dict):
         raise ValueError(f"config JSON must be an object {{...}}, got {type(cfg).__name__}")

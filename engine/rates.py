@@ -5,6 +5,7 @@ ratios through here, so a figure labelled "acceptance rate" or "prefix hit rate"
 - mean acceptance length = 1 + accepted draft tokens / drafts (tokens a verify pass yields)
 - prefix hit rate = prompt tokens found in the prefix cache / prompt tokens looked up
 """
+
 from __future__ import annotations
 
 

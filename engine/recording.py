@@ -12,6 +12,7 @@ recorder that the pages, the bench and the comparisons use.
 
 Only reads what the engine reports (Snapshots, Events, RequestOutputs); no Streamlit, no Plotly.
 """
+
 from __future__ import annotations
 
 import threading
@@ -25,14 +26,15 @@ from .config import SamplingParams
 from .events import trace_to_string
 from .snapshot import Snapshot
 
-SERIES_CAP = 600          # snapshots kept for the over-time charts (older half thinned beyond it)
+SERIES_CAP = 600  # snapshots kept for the over-time charts (older half thinned beyond it)
 # Events kept for logs and traces: every kind except the per-token/per-chunk chatter.
 RECORDED_EXCLUDE = ("decode", "prefill")
 EVENT_CAP = 5000
-KEYFRAME_EVERY = 20       # every n-th recorded snapshot keeps its block list (pool map in replay)
+KEYFRAME_EVERY = 20  # every n-th recorded snapshot keeps its block list (pool map in replay)
 
 
 # ------------------------------------------------------------------ bounded series
+
 
 def append_snapshot(series: list[Snapshot], snap: Snapshot | None, cap: int = SERIES_CAP) -> list[Snapshot]:
     """Append `snap` unless it is not newer than the last one (same or earlier step: an idle
@@ -58,9 +60,15 @@ def slim_snapshot(snap: Snapshot, keep_blocks: bool = False) -> Snapshot:
 
 # ------------------------------------------------------------------ the step loop
 
-def drive(engine, arrivals: Iterable[tuple[int, str, object, object]] = (), *,
-          on_step: Callable[[int, list, float], None] | None = None, max_steps: int | None = None,
-          max_idle_steps: int | None = None) -> int:
+
+def drive(
+    engine,
+    arrivals: Iterable[tuple[int, str, object, object]] = (),
+    *,
+    on_step: Callable[[int, list, float], None] | None = None,
+    max_steps: int | None = None,
+    max_idle_steps: int | None = None,
+) -> int:
     """Step `engine` until it has no unfinished request and no arrival is pending.
 
     arrivals: (step, request_id, prompt, SamplingParams), added once the loop reaches `step`.
@@ -89,10 +97,12 @@ def drive(engine, arrivals: Iterable[tuple[int, str, object, object]] = (), *,
 
 # ------------------------------------------------------------------ a recorded run
 
+
 @dataclass
 class RunRecord:
     """What one engine run reported: bounded snapshot series (one per step, thinned beyond the
     cap), every event of the run, per-step wall times and the engine's outputs."""
+
     label: str
     series: list[Snapshot] = field(default_factory=list)
     events: list = field(default_factory=list)
@@ -101,21 +111,27 @@ class RunRecord:
     steps: int = 0
     wall_s: float = 0.0
     add_errors: list[str] = field(default_factory=list)
-    truncated: bool = False         # stopped at max_steps with work left
-    peak: Snapshot | None = None    # full snapshot (block list included) at the allocation peak
+    truncated: bool = False  # stopped at max_steps with work left
+    peak: Snapshot | None = None  # full snapshot (block list included) at the allocation peak
     budget_tokens: int | None = None  # exercise: the fixed budget to compare against (when the
-                                      # engine itself ran with a bigger pool, to measure demand)
+    # engine itself ran with a bigger pool, to measure demand)
 
     def trace_text(self) -> str:
         snaps = list(self.series)
-        if self.peak is not None:   # put the peak's block list into the trace (pool map in replay)
+        if self.peak is not None:  # put the peak's block list into the trace (pool map in replay)
             snaps = [self.peak if s.step == self.peak.step else s for s in snaps]
         return trace_to_string(snaps, self.events)
 
 
-def run_engine(engine, requests: Sequence[tuple[str, object, object]], *, label: str,
-               max_steps: int = 5000, cap: int = SERIES_CAP,
-               on_step: Callable[[int, Snapshot], None] | None = None) -> RunRecord:
+def run_engine(
+    engine,
+    requests: Sequence[tuple[str, object, object]],
+    *,
+    label: str,
+    max_steps: int = 5000,
+    cap: int = SERIES_CAP,
+    on_step: Callable[[int, Snapshot], None] | None = None,
+) -> RunRecord:
     """Add every (request_id, prompt, SamplingParams) to `engine` at once, then step until idle
     (or `max_steps`). A ValueError from add_request is kept as the engine's rejection message.
     Snapshots are slimmed (no per-request tokens/history/blocks); the one at the allocation peak
@@ -155,16 +171,18 @@ def run_engine(engine, requests: Sequence[tuple[str, object, object]], *, label:
 
 # ------------------------------------------------------------------ cost per decode step
 
+
 @dataclass(frozen=True, slots=True)
 class CostPoint:
-    generated: int        # tokens generated so far (after this step)
-    context_len: int      # prompt + generated tokens the step attended over
-    step_s: float         # measured wall time of the step
-    fed_tokens: int = 0   # tokens the step ran through the model for this request (from its events)
+    generated: int  # tokens generated so far (after this step)
+    context_len: int  # prompt + generated tokens the step attended over
+    step_s: float  # measured wall time of the step
+    fed_tokens: int = 0  # tokens the step ran through the model for this request (from its events)
 
 
-def measure_decode_cost(engine, prompt, n_tokens: int, *,
-                        request_id: str | None = None) -> tuple[float, list[CostPoint]]:
+def measure_decode_cost(
+    engine, prompt, n_tokens: int, *, request_id: str | None = None
+) -> tuple[float, list[CostPoint]]:
     """Generate `n_tokens` for one request, one engine step at a time, timing each step.
     Returns (prefill step seconds, one CostPoint per decode step). The request ignores EOS so
     both modes run the same number of steps. `fed_tokens` comes from the engine's own prefill /
@@ -193,6 +211,7 @@ def measure_decode_cost(engine, prompt, n_tokens: int, *,
 
 
 # ------------------------------------------------------------------ recording a running engine
+
 
 class SnapshotRecorder:
     """Collects what an EngineThread reports during one run that something else drives: a
@@ -227,7 +246,7 @@ class SnapshotRecorder:
             prev = self.latest
             if prev is not None and prev.engine_id and snap.engine_id:
                 rebuilt = snap.engine_id != prev.engine_id
-            else:    # snapshots without an engine id (made by hand or by an older engine)
+            else:  # snapshots without an engine id (made by hand or by an older engine)
                 rebuilt = bool(self.series and snap.step < self.series[-1].step) or th.events.last_seq < self.last_seq
             if rebuilt:
                 # the shared engine was rebuilt (sidebar settings, restart): its steps, clock and
@@ -264,7 +283,7 @@ class SnapshotRecorder:
 
 # ------------------------------------------------------------------ feeding a running engine
 
-MAX_LOAD_REQUESTS = 300   # the feeder never submits more than this in one run
+MAX_LOAD_REQUESTS = 300  # the feeder never submits more than this in one run
 
 
 @dataclass
@@ -276,7 +295,7 @@ class FeederStatus:
     request_ids: list[str] = field(default_factory=list)
     done: bool = False
     stopped: bool = False
-    rebuilt: bool = False       # stopped because the engine it fed was rebuilt
+    rebuilt: bool = False  # stopped because the engine it fed was rebuilt
 
 
 class LoadFeeder:
@@ -294,8 +313,16 @@ class LoadFeeder:
     MAX_ERRORS = 50
     REBUILT = "stopped: the engine this load fed was rebuilt"
 
-    def __init__(self, submit: Callable, requests: Sequence, make_params: Callable, run_id: str,
-                 time_scale: float = 1.0, clock: Callable[[], float] = time.monotonic, bound_to=None):
+    def __init__(
+        self,
+        submit: Callable,
+        requests: Sequence,
+        make_params: Callable,
+        run_id: str,
+        time_scale: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+        bound_to=None,
+    ):
         self._submit = submit
         self._bound_to = bound_to
         self._engine = getattr(bound_to, "engine", None)
@@ -326,8 +353,9 @@ class LoadFeeder:
     def snapshot_status(self) -> FeederStatus:
         with self._lock:
             s = self.status
-            return FeederStatus(s.total, s.submitted, s.rejected, list(s.errors), list(s.request_ids),
-                                s.done, s.stopped, s.rebuilt)
+            return FeederStatus(
+                s.total, s.submitted, s.rejected, list(s.errors), list(s.request_ids), s.done, s.stopped, s.rebuilt
+            )
 
     def _run(self) -> None:
         t0 = self._clock()

@@ -5,6 +5,7 @@ format of `kv_cache_dtype`: engine/kv_quant.py) and the CPU swap space. The HF m
 attention implementation "kvscope" (engine/attention.py) only inside our forward; other callers
 of the same model object get transformers' SDPA.
 """
+
 from __future__ import annotations
 
 import time
@@ -17,7 +18,7 @@ from . import device as device_policy
 from .attention import AttnMetadata, PrefillItem, build_decode_mask, forward_context
 from .kv_layout import cdiv, dtype_bytes, kv_bytes_per_token, kv_geometry, kv_scale_bytes
 
-KERNEL_MAX_QUERY_TOKENS = 32    # up to this many new tokens after earlier context go to the decode kernel
+KERNEL_MAX_QUERY_TOKENS = 32  # up to this many new tokens after earlier context go to the decode kernel
 # model types whose HF model forward is exactly embed -> rotary -> decoder layers -> norm, so the
 # runner may call those pieces itself (skipping HF's mask building); others run model(...) whole
 FAST_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
@@ -26,43 +27,67 @@ FAST_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 @dataclass(slots=True)
 class BatchRow:
     """One request's slice of the flattened batch."""
+
     request_id: str
-    start: int          # first position fed
-    tokens: list[int]   # token ids fed (num_new)
+    start: int  # first position fed
+    tokens: list[int]  # token ids fed (num_new)
     block_table: list[int]
-    logits_from: int    # index within `tokens` of the first row whose logits are needed (-1: none)
+    logits_from: int  # index within `tokens` of the first row whose logits are needed (-1: none)
 
 
 def _weight_pack(model, weight_format: str):
     """engine/linear.py's pack for the requested weight format ("auto": GGUF blocks where the
     model came from a GGUF and the kernel runs, else fp32)."""
     from .models import gguf_source
+
     src = gguf_source(model)
     if weight_format in ("auto", "gguf") and src is not None and model.dtype == torch.float32:
         pack = linear.pack_model(model, weight_format="gguf", gguf_path=src)
         if pack is not None and any(k != "fp32" for k in pack.formats):
             return pack
     if weight_format == "gguf":
-        why = ("the model was not loaded from a GGUF file (only model='default' on CPU in float32 is)" if src is None
-               else f"the quantized CPU kernel is not available here ({cpu_kernels.status()})")
+        why = (
+            "the model was not loaded from a GGUF file (only model='default' on CPU in float32 is)"
+            if src is None
+            else f"the quantized CPU kernel is not available here ({cpu_kernels.status()})"
+        )
         raise ValueError(f"weight_format='gguf': {why}; use weight_format='fp32' or 'auto'")
-    for fmt in ("bf16", "fp16"):      # fp32 weights that are exactly 16-bit values: read at 16 bits
-        if weight_format == fmt or (weight_format == "auto" and src is None and model.dtype == torch.float32
-                                    and cpu_kernels.load() is not None and linear.half_exact(model, fmt)):
+    for fmt in ("bf16", "fp16"):  # fp32 weights that are exactly 16-bit values: read at 16 bits
+        if weight_format == fmt or (
+            weight_format == "auto"
+            and src is None
+            and model.dtype == torch.float32
+            and cpu_kernels.load() is not None
+            and linear.half_exact(model, fmt)
+        ):
             pack = linear.pack_model(model, weight_format=fmt)
             if pack is not None and any(k != "fp32" for k in pack.formats):
                 return pack
             if weight_format == fmt:
-                raise ValueError(f"weight_format={fmt!r}: no Linear weight of this model is exactly a {fmt} value "
-                                 f"in whole blocks of 32 columns, or the CPU kernel is not available "
-                                 f"({cpu_kernels.status()}); use weight_format='fp32' or 'auto'")
+                raise ValueError(
+                    f"weight_format={fmt!r}: no Linear weight of this model is exactly a {fmt} value "
+                    f"in whole blocks of 32 columns, or the CPU kernel is not available "
+                    f"({cpu_kernels.status()}); use weight_format='fp32' or 'auto'"
+                )
     return linear.pack_model(model)
 
 
 class ModelRunner:
-    def __init__(self, model, *, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device,
-                 num_swap_blocks: int = 0, num_layers: int | None = None, linear_backend: str = "auto",
-                 attention_backend: str = "auto", kv_cache_dtype: str = "auto", weight_format: str = "auto"):
+    def __init__(
+        self,
+        model,
+        *,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        num_swap_blocks: int = 0,
+        num_layers: int | None = None,
+        linear_backend: str = "auto",
+        attention_backend: str = "auto",
+        kv_cache_dtype: str = "auto",
+        weight_format: str = "auto",
+    ):
         attention.register()
         self.model = model
         self.device = device
@@ -74,19 +99,30 @@ class ModelRunner:
         self.kv_format = kv_quant.resolve(kv_cache_dtype, dtype)
         kv_quant.check_head_dim(self.kv_format, self.head_dim)
         geo = (block_size, self.num_kv_heads, self.head_dim)
-        self.kv_caches = [(kv_quant.allocate(self.kv_format, num_blocks, *geo, device),
-                           kv_quant.allocate(self.kv_format, num_blocks, *geo, device))
-                          for _ in range(self.num_layers)]
+        self.kv_caches = [
+            (
+                kv_quant.allocate(self.kv_format, num_blocks, *geo, device),
+                kv_quant.allocate(self.kv_format, num_blocks, *geo, device),
+            )
+            for _ in range(self.num_layers)
+        ]
         self.num_swap_blocks = num_swap_blocks
         self.swap_space = None
         if num_swap_blocks:
             pin = device.type == "cuda"
-            self.swap_space = [(kv_quant.allocate(self.kv_format, num_swap_blocks, *geo, "cpu", pin),
-                                kv_quant.allocate(self.kv_format, num_swap_blocks, *geo, "cpu", pin))
-                               for _ in range(self.num_layers)]
+            self.swap_space = [
+                (
+                    kv_quant.allocate(self.kv_format, num_swap_blocks, *geo, "cpu", pin),
+                    kv_quant.allocate(self.kv_format, num_swap_blocks, *geo, "cpu", pin),
+                )
+                for _ in range(self.num_layers)
+            ]
         inner = getattr(model, "model", None)
-        self.fast = (getattr(model.config, "model_type", None) in FAST_MODEL_TYPES and hasattr(model, "lm_head")
-                     and all(hasattr(inner, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")))
+        self.fast = (
+            getattr(model.config, "model_type", None) in FAST_MODEL_TYPES
+            and hasattr(model, "lm_head")
+            and all(hasattr(inner, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb"))
+        )
         self.last_forward_s = 0.0
         # CPU-only speed paths (packed Linears, the C decode kernel) never run on CUDA
         self.linear_pack = None
@@ -112,7 +148,7 @@ class ModelRunner:
 
     @property
     def weight_format(self) -> str:
-        """"gguf" / "fp32": what the packed Linears compute from; "torch": transformers' F.linear."""
+        """ "gguf" / "fp32": what the packed Linears compute from; "torch": transformers' F.linear."""
         return self.linear_pack.weight_format if self.linear_pack is not None else "torch"
 
     @property
@@ -135,8 +171,13 @@ class ModelRunner:
     @property
     def bytes_per_token(self) -> int:
         """K+V bytes of one token in this pool, all its layers (kv_layout's formula, scales included)."""
-        return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, dtype_bytes(self.kv_format),
-                                  scale_bytes=kv_scale_bytes(self.kv_format))
+        return kv_bytes_per_token(
+            self.num_layers,
+            self.num_kv_heads,
+            self.head_dim,
+            dtype_bytes(self.kv_format),
+            scale_bytes=kv_scale_bytes(self.kv_format),
+        )
 
     # ------------------------------------------------------------------ block copies
     @torch.inference_mode()
@@ -177,8 +218,10 @@ class ModelRunner:
         """The K and V held at these flat slots, widened to float32: [len(slots), kv_heads, head_dim]."""
         idx = torch.tensor(slots, device=self.device)
         k, v = self.kv_caches[layer]
-        return (kv_quant.widen(k.view(-1, *k.shape[2:]).index_select(0, idx), self.kv_format, torch.float32),
-                kv_quant.widen(v.view(-1, *v.shape[2:]).index_select(0, idx), self.kv_format, torch.float32))
+        return (
+            kv_quant.widen(k.view(-1, *k.shape[2:]).index_select(0, idx), self.kv_format, torch.float32),
+            kv_quant.widen(v.view(-1, *v.shape[2:]).index_select(0, idx), self.kv_format, torch.float32),
+        )
 
     # ------------------------------------------------------------------ forward
     def build_metadata(self, rows: list[BatchRow]):
@@ -199,23 +242,29 @@ class ModelRunner:
             ctx = r.start + n
             max_ctx = max(max_ctx, ctx)
             if flex:
-                flex_rows.append((t, n, r.start, table[:cdiv(ctx, bs)]))
+                flex_rows.append((t, n, r.start, table[: cdiv(ctx, bs)]))
             elif r.start > 0 and (n == 1 or (n <= KERNEL_MAX_QUERY_TOKENS and self.decode_kernel is not None)):
                 # decode rows: one token after earlier context, or (with the kernel) a few of them
                 # (speculative verification, a short chunk), each a row over the context up to
                 # itself, which is the causal mask; their K/V are in the pool before attention reads it
                 for j in range(n):
                     dec_idx.append(t + j)
-                    dec_tables.append(table[:cdiv(r.start + j + 1, bs)])
+                    dec_tables.append(table[: cdiv(r.start + j + 1, bs)])
                     dec_lens.append(r.start + j + 1)
             else:
-                prefills.append(PrefillItem(t, n, ctx, torch.tensor(table[:cdiv(ctx, bs)], device=self.device)))
+                prefills.append(PrefillItem(t, n, ctx, torch.tensor(table[: cdiv(ctx, bs)], device=self.device)))
             if r.logits_from >= 0:
                 logit_rows.extend(range(t + r.logits_from, t + n))
             t += n
         dev = self.device
-        meta = AttnMetadata(self.kv_caches, torch.tensor(slots, device=dev), bs, prefills=prefills, max_ctx=max_ctx,
-                            kv_format=self.kv_format)
+        meta = AttnMetadata(
+            self.kv_caches,
+            torch.tensor(slots, device=dev),
+            bs,
+            prefills=prefills,
+            max_ctx=max_ctx,
+            kv_format=self.kv_format,
+        )
         if flex_rows:
             meta.flex = paged_flex.build(flex_rows, self.kv_caches[0][0].shape[0], bs, dev)
         if dec_idx:
@@ -235,8 +284,12 @@ class ModelRunner:
                 meta.decode_blocks = torch.tensor(padded, device=dev)
                 meta.decode_mask = build_decode_mask(dec_lens, mb, bs, dev)
                 meta.decode_len1 = dec_lens[0]
-        return (torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), meta,
-                torch.tensor(logit_rows, device=dev, dtype=torch.long))
+        return (
+            torch.tensor(ids, device=dev),
+            torch.tensor(pos, device=dev),
+            meta,
+            torch.tensor(logit_rows, device=dev, dtype=torch.long),
+        )
 
     @torch.inference_mode()
     def forward(self, rows: list[BatchRow], num_layers: int | None = None) -> torch.Tensor:
@@ -267,8 +320,12 @@ class ModelRunner:
                     h = inner.norm(h[0].index_select(0, logit_rows))
                     logits = model.lm_head(h)
                 else:
-                    outp = model(input_ids=input_ids.unsqueeze(0), position_ids=positions.unsqueeze(0),
-                                 use_cache=False, logits_to_keep=logit_rows)
+                    outp = model(
+                        input_ids=input_ids.unsqueeze(0),
+                        position_ids=positions.unsqueeze(0),
+                        use_cache=False,
+                        logits_to_keep=logit_rows,
+                    )
                     logits = outp.logits[0]
         finally:
             cfg._attn_implementation = prev

@@ -2,6 +2,7 @@
 
 `probs()` gives the exact distribution a request samples from (used by the speculative
 verifier so that rejection sampling keeps the target's distribution)."""
+
 from __future__ import annotations
 
 import torch
@@ -27,7 +28,7 @@ def probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         sorted_x, idx = torch.sort(x, dim=-1, descending=True)
         p = torch.softmax(sorted_x, dim=-1)
         cum = p.cumsum(-1)
-        drop = (cum - p) >= params.top_p          # keep the smallest prefix reaching top_p
+        drop = (cum - p) >= params.top_p  # keep the smallest prefix reaching top_p
         sorted_x = sorted_x.masked_fill(drop, float("-inf"))
         x = torch.full_like(x, float("-inf")).scatter(-1, idx, sorted_x)
     return torch.softmax(x, dim=-1)

@@ -7,6 +7,7 @@ while the token budget (max_num_batched_tokens), max_num_seqs and free blocks al
 their longest cached prefix from the prefix cache. Every decision that leaves a request waiting
 or takes its memory is recorded with a reason.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -22,8 +23,8 @@ from .sequence import Request, Status, WaitReason
 @dataclass(slots=True)
 class ScheduledItem:
     req: Request
-    num_new_tokens: int          # tokens fed this step (includes draft tokens)
-    num_spec_tokens: int = 0     # of those, speculative draft tokens (at the end)
+    num_new_tokens: int  # tokens fed this step (includes draft tokens)
+    num_spec_tokens: int = 0  # of those, speculative draft tokens (at the end)
 
 
 @dataclass(slots=True)
@@ -34,13 +35,23 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, bm: BlockManager, emit: Callable, swap_out: Callable,
-                 swap_in: Callable, copy_blocks: Callable, *, clock: Callable[[], float], bytes_per_token: int):
+    def __init__(
+        self,
+        config: EngineConfig,
+        bm: BlockManager,
+        emit: Callable,
+        swap_out: Callable,
+        swap_in: Callable,
+        copy_blocks: Callable,
+        *,
+        clock: Callable[[], float],
+        bytes_per_token: int,
+    ):
         self.config = config
         self.bm = bm
-        self.emit = emit                  # emit(kind, request_id, **data)
-        self.swap_out_fn = swap_out       # perform (gpu block, swap slot) copies
-        self.swap_in_fn = swap_in         # perform (swap slot, gpu block) copies
+        self.emit = emit  # emit(kind, request_id, **data)
+        self.swap_out_fn = swap_out  # perform (gpu block, swap slot) copies
+        self.swap_in_fn = swap_in  # perform (swap slot, gpu block) copies
         self.copy_blocks_fn = copy_blocks  # perform (src, dst) copies (copy-on-write)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -49,8 +60,8 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_swaps = 0
         self.step = 0
-        self.bytes_per_token = bytes_per_token   # for history points
-        self.now = clock                  # seconds since the engine started
+        self.bytes_per_token = bytes_per_token  # for history points
+        self.now = clock  # seconds since the engine started
 
     # ------------------------------------------------------------------ queues
     def add(self, req: Request) -> None:
@@ -75,8 +86,12 @@ class Scheduler:
         """Some waiting request could not be admitted for lack of free KV blocks."""
         return any(r.wait_reason == WaitReason.NO_FREE_BLOCKS for r in self.waiting)
 
-    _MEMORY_WAITS = (WaitReason.NO_FREE_BLOCKS, WaitReason.NO_CONTIGUOUS_RUN, WaitReason.MEMORY_PRESSURE,
-                     WaitReason.SWAPPED)
+    _MEMORY_WAITS = (
+        WaitReason.NO_FREE_BLOCKS,
+        WaitReason.NO_CONTIGUOUS_RUN,
+        WaitReason.MEMORY_PRESSURE,
+        WaitReason.SWAPPED,
+    )
 
     def _wait(self, req: Request, reason: WaitReason | None, text: str | None) -> None:
         """Record why req is not running (None: it runs); a WAIT event when it starts waiting for memory."""
@@ -88,8 +103,12 @@ class Scheduler:
     def _allocate(self, req: Request, total_tokens: int, computed: list[int] = ()) -> None:
         new = self.bm.allocate(req.request_id, total_tokens, computed)
         if new:
-            self.emit(EventKind.BLOCK_ALLOC, req.request_id, blocks=list(new),
-                      reason=f"block table grown to cover {total_tokens} tokens")
+            self.emit(
+                EventKind.BLOCK_ALLOC,
+                req.request_id,
+                blocks=list(new),
+                reason=f"block table grown to cover {total_tokens} tokens",
+            )
 
     # ------------------------------------------------------------------ preemption
     def _pick_victim(self, current: Request, scheduled: set[str]) -> Request:
@@ -117,11 +136,17 @@ class Scheduler:
             req.status = Status.SWAPPED
             self.swapped.append(req)
             self.num_swaps += 1
-            self.emit(EventKind.PREEMPT, req.request_id, mode="swap", blocks_freed=nblocks, tokens_to_recompute=0,
-                      reason=why)
-            self.emit(EventKind.SWAP_OUT, req.request_id, blocks=[b for b, _ in pairs],
-                      swap_slots=[s for _, s in pairs],
-                      tokens=req.num_computed_tokens, reason=why)
+            self.emit(
+                EventKind.PREEMPT, req.request_id, mode="swap", blocks_freed=nblocks, tokens_to_recompute=0, reason=why
+            )
+            self.emit(
+                EventKind.SWAP_OUT,
+                req.request_id,
+                blocks=[b for b, _ in pairs],
+                swap_slots=[s for _, s in pairs],
+                tokens=req.num_computed_tokens,
+                reason=why,
+            )
         else:
             self.bm.free(req.request_id)
             req.num_computed_tokens = 0
@@ -129,10 +154,17 @@ class Scheduler:
             req.status = Status.PREEMPTED
             self._wait(req, WaitReason.PREEMPTED, "preempted: " + why)
             self.waiting.appendleft(req)
-            self.emit(EventKind.PREEMPT, req.request_id, mode="recompute", blocks_freed=nblocks,
-                      tokens_to_recompute=req.num_tokens, reason=why)
-        req.add_history(self.step, self.now(), 0, self.bytes_per_token,
-                        "swapped" if req.status == Status.SWAPPED else "preempted")
+            self.emit(
+                EventKind.PREEMPT,
+                req.request_id,
+                mode="recompute",
+                blocks_freed=nblocks,
+                tokens_to_recompute=req.num_tokens,
+                reason=why,
+            )
+        req.add_history(
+            self.step, self.now(), 0, self.bytes_per_token, "swapped" if req.status == Status.SWAPPED else "preempted"
+        )
         if out is not None:
             out.preempted.append(req)
 
@@ -157,8 +189,14 @@ class Scheduler:
             req.status = Status.RUNNING
             self._wait(req, None, None)
             self.running.append(req)
-            self.emit(EventKind.SWAP_IN, req.request_id, blocks=[b for _, b in pairs], swap_slots=[s for s, _ in pairs],
-                      tokens=req.num_computed_tokens, reason="blocks available again")
+            self.emit(
+                EventKind.SWAP_IN,
+                req.request_id,
+                blocks=[b for _, b in pairs],
+                swap_slots=[s for s, _ in pairs],
+                tokens=req.num_computed_tokens,
+                reason="blocks available again",
+            )
 
         # 2. running requests
         i = 0
@@ -177,20 +215,22 @@ class Scheduler:
                 continue
             ok = True
             while not bm.can_allocate(req.request_id, req.num_computed_tokens + num_new):
-                if n_spec:   # first give up draft tokens rather than someone's cache
+                if n_spec:  # first give up draft tokens rather than someone's cache
                     num_new -= n_spec
                     n_spec = 0
                     continue
                 victim = self._pick_victim(req, scheduled)
                 need = bm.blocks_needed(req.request_id, req.num_computed_tokens + num_new)
-                why = (f"no free KV blocks: {req.request_id} needs {need} more, {bm.num_free_blocks} free; "
-                       f"policy {cfg.victim_policy}")
+                why = (
+                    f"no free KV blocks: {req.request_id} needs {need} more, {bm.num_free_blocks} free; "
+                    f"policy {cfg.victim_policy}"
+                )
                 self.preempt(victim, why, out)
                 if victim is req:
                     ok = False
                     break
             if not ok:
-                continue          # req was removed from running; same index now holds the next one
+                continue  # req was removed from running; same index now holds the next one
             self._allocate(req, req.num_computed_tokens + num_new)
             out.items.append(ScheduledItem(req, num_new, n_spec))
             scheduled.add(req.request_id)
@@ -203,8 +243,9 @@ class Scheduler:
         while self.waiting:
             req = self.waiting[0]
             if out.preempted:
-                self._wait(req, WaitReason.MEMORY_PRESSURE,
-                           "not admitted: memory pressure (a request was preempted this step)")
+                self._wait(
+                    req, WaitReason.MEMORY_PRESSURE, "not admitted: memory pressure (a request was preempted this step)"
+                )
                 break
             if len(self.running) >= cfg.max_num_seqs:
                 self._wait(req, WaitReason.SEQ_LIMIT, f"seq limit: max_num_seqs={cfg.max_num_seqs} running")
@@ -214,18 +255,21 @@ class Scheduler:
                 break
             computed, hit_tokens = ([], 0)
             if req.num_computed_tokens == 0:
-                computed, hit_tokens = bm.get_computed_blocks(req.request_id, req.all_token_ids,
-                                                              req.params.cache_salt)
+                computed, hit_tokens = bm.get_computed_blocks(req.request_id, req.all_token_ids, req.params.cache_salt)
             num_new = min(req.num_tokens - hit_tokens, budget)
             total = hit_tokens + num_new
             if not bm.can_allocate(req.request_id, total, computed):
                 need = bm.blocks_needed(req.request_id, total) - len(computed)
                 if cfg.allocator == "contiguous":
-                    self._wait(req, WaitReason.NO_CONTIGUOUS_RUN, f"no contiguous run of {bm.slab_blocks} free "
-                               f"blocks ({bm.num_free_blocks} free in total)")
+                    self._wait(
+                        req,
+                        WaitReason.NO_CONTIGUOUS_RUN,
+                        f"no contiguous run of {bm.slab_blocks} free blocks ({bm.num_free_blocks} free in total)",
+                    )
                 else:
-                    self._wait(req, WaitReason.NO_FREE_BLOCKS,
-                               f"no free KV blocks: needs {need}, {bm.num_free_blocks} free")
+                    self._wait(
+                        req, WaitReason.NO_FREE_BLOCKS, f"no free KV blocks: needs {need}, {bm.num_free_blocks} free"
+                    )
                 break
             self.waiting.popleft()
             self._allocate(req, total, computed)
@@ -237,12 +281,23 @@ class Scheduler:
                 self.admit_counter += 1
                 req.num_cached_tokens = hit_tokens
             if hit_tokens:
-                self.emit(EventKind.PREFIX_HIT, req.request_id, blocks=list(computed), tokens=hit_tokens,
-                          reason="longest cached prefix of full blocks reused")
-            self.emit(EventKind.ADMIT, req.request_id, resumed=not first_time, prompt_tokens=req.num_prompt_tokens,
-                      tokens_to_compute=req.num_tokens - hit_tokens, cached_tokens=hit_tokens,
-                      num_blocks=len(bm.table(req.request_id)),
-                      reason="resumed after preemption" if not first_time else "blocks and budget available")
+                self.emit(
+                    EventKind.PREFIX_HIT,
+                    req.request_id,
+                    blocks=list(computed),
+                    tokens=hit_tokens,
+                    reason="longest cached prefix of full blocks reused",
+                )
+            self.emit(
+                EventKind.ADMIT,
+                req.request_id,
+                resumed=not first_time,
+                prompt_tokens=req.num_prompt_tokens,
+                tokens_to_compute=req.num_tokens - hit_tokens,
+                cached_tokens=hit_tokens,
+                num_blocks=len(bm.table(req.request_id)),
+                reason="resumed after preemption" if not first_time else "blocks and budget available",
+            )
             req.status = Status.RUNNING
             self._wait(req, None, None)
             req.last_scheduled_step = step

@@ -1,11 +1,12 @@
 """A request's state machine and token bookkeeping.
 
-    waiting --admit--> running --finish--> finished
-       ^                 |  \\--abort/error--> aborted
-       |                 |--preempt(recompute)--> preempted (waiting, front of the queue)
-       |                 \\--preempt(swap)--> swapped --swap in--> running
-    rejected (never admitted: over a cap, bad input at admission)
+waiting --admit--> running --finish--> finished
+   ^                 |  \\--abort/error--> aborted
+   |                 |--preempt(recompute)--> preempted (waiting, front of the queue)
+   |                 \\--preempt(swap)--> swapped --swap in--> running
+rejected (never admitted: over a cap, bad input at admission)
 """
+
 from __future__ import annotations
 
 import enum
@@ -20,14 +21,14 @@ class WaitReason(enum.StrEnum):
     """Why a request did not run this step (Request.wait_reason; Request.waiting_reason is the
     sentence shown to people)."""
 
-    QUEUED = "queued"                        # behind earlier requests (FCFS), or not yet looked at
-    TOKEN_BUDGET = "token_budget"            # max_num_batched_tokens used up this step
-    SEQ_LIMIT = "seq_limit"                  # max_num_seqs running
-    NO_FREE_BLOCKS = "no_free_blocks"        # not enough free KV blocks to admit it
+    QUEUED = "queued"  # behind earlier requests (FCFS), or not yet looked at
+    TOKEN_BUDGET = "token_budget"  # max_num_batched_tokens used up this step
+    SEQ_LIMIT = "seq_limit"  # max_num_seqs running
+    NO_FREE_BLOCKS = "no_free_blocks"  # not enough free KV blocks to admit it
     NO_CONTIGUOUS_RUN = "no_contiguous_run"  # contiguous allocator: no free run long enough
-    MEMORY_PRESSURE = "memory_pressure"      # someone was preempted this step
-    PREEMPTED = "preempted"                  # waiting to recompute after a preemption / eviction
-    SWAPPED = "swapped"                      # swapped out, waiting for blocks to swap back in
+    MEMORY_PRESSURE = "memory_pressure"  # someone was preempted this step
+    PREEMPTED = "preempted"  # waiting to recompute after a preemption / eviction
+    SWAPPED = "swapped"  # swapped out, waiting for blocks to swap back in
 
 
 # The request state machine's states (the contract's RequestState; `Status` is its engine-side name).
@@ -45,21 +46,21 @@ class Request:
     priority: int = 0
     status: Status = Status.WAITING
     output_token_ids: list[int] = field(default_factory=list)
-    num_computed_tokens: int = 0          # tokens whose K/V are in the pool
-    num_cached_tokens: int = 0            # prompt tokens served by the prefix cache at first admission
-    admit_order: int = -1                 # admission counter (for the last_admitted victim policy)
-    last_scheduled_step: int = -1         # for the LRU victim policy
+    num_computed_tokens: int = 0  # tokens whose K/V are in the pool
+    num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at first admission
+    admit_order: int = -1  # admission counter (for the last_admitted victim policy)
+    last_scheduled_step: int = -1  # for the LRU victim policy
     first_token_time: float | None = None
     first_scheduled_time: float | None = None
     finish_time: float | None = None
     finish_reason: str | None = None
     error: str | None = None
-    waiting_reason: str | None = None     # the sentence shown to people
+    waiting_reason: str | None = None  # the sentence shown to people
     wait_reason: WaitReason | None = None  # the same, typed
     num_preemptions: int = 0
     output_text: str = ""
     stop_reason: str | int | None = None
-    generator: object | None = None       # torch.Generator for seeded sampling
+    generator: object | None = None  # torch.Generator for seeded sampling
     token_marks: deque = field(default_factory=lambda: deque(maxlen=2048))
     history: deque = field(default_factory=lambda: deque(maxlen=512))
     token_times: list[float] = field(default_factory=list)
@@ -68,11 +69,11 @@ class Request:
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
     request_class: str = "default"
-    spec_token_ids: list[int] = field(default_factory=list)   # drafts to verify next step
-    pending_marks: list = field(default_factory=list)   # marks for tokens appended this step
-    detok_offset: int = 0                 # output tokens already turned into output_text
-    origin: str = "engine"                # who submitted it: "engine" (Python API), "app", "http"
-    logprobs: list = field(default_factory=list)   # per output token (logprob, ((id, logprob), ...)) if asked
+    spec_token_ids: list[int] = field(default_factory=list)  # drafts to verify next step
+    pending_marks: list = field(default_factory=list)  # marks for tokens appended this step
+    detok_offset: int = 0  # output tokens already turned into output_text
+    origin: str = "engine"  # who submitted it: "engine" (Python API), "app", "http"
+    logprobs: list = field(default_factory=list)  # per output token (logprob, ((id, logprob), ...)) if asked
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -95,8 +96,11 @@ class Request:
         return self.status.is_terminal
 
     def add_history(self, step: int, t: float, num_blocks: int, bytes_per_token: int, phase: str) -> None:
-        self.history.append(HistoryPoint(step, t, self.num_computed_tokens, num_blocks,
-                                         self.num_computed_tokens * bytes_per_token, phase))
+        self.history.append(
+            HistoryPoint(
+                step, t, self.num_computed_tokens, num_blocks, self.num_computed_tokens * bytes_per_token, phase
+            )
+        )
 
     def mark(self, token_id: int, text: str, kind: str, step: int, rejected_id=None, rejected_text=None) -> None:
         self.token_marks.append(TokenMark(token_id, text, kind, step, rejected_id, rejected_text))

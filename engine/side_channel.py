@@ -15,6 +15,7 @@ comes first alternates between rounds, so drift lands on every cell alike; `roun
 cell; median and spread (min, quartiles, max) per cell; each probe records whether another
 request was in the engine during it (contention: this runs on the shared engine).
 """
+
 from __future__ import annotations
 
 import random
@@ -32,11 +33,11 @@ MAX_PREFIX_TOKENS = 4096
 
 @dataclass(frozen=True, slots=True)
 class Probe:
-    mode: str            # shared / salted
-    cached: bool         # truth: the victim ran this prefix just before
-    ttft_s: float        # the attacker's observation
-    hit_tokens: int      # prompt tokens the engine served from the cache for the probe
-    contended: bool      # another request was queued or running while the probe ran
+    mode: str  # shared / salted
+    cached: bool  # truth: the victim ran this prefix just before
+    ttft_s: float  # the attacker's observation
+    hit_tokens: int  # prompt tokens the engine served from the cache for the probe
+    contended: bool  # another request was queued or running while the probe ran
     round: int
 
 
@@ -88,27 +89,37 @@ def hit_rate(probes: list[Probe], mode: str, prefix_tokens: int) -> float | None
     return None if not ps else sum(min(p.hit_tokens, prefix_tokens) for p in ps) / (prefix_tokens * len(ps))
 
 
-def measure(th, *, prefix_tokens: int, rounds: int, seed: int = 0, timeout_s: float = 600.0,
-            on_probe: Callable[[Probe, int, int], None] | None = None) -> list[Probe]:
+def measure(
+    th,
+    *,
+    prefix_tokens: int,
+    rounds: int,
+    seed: int = 0,
+    timeout_s: float = 600.0,
+    on_probe: Callable[[Probe, int, int], None] | None = None,
+) -> list[Probe]:
     """Run `rounds` rounds of the four cells on EngineThread `th`; returns every probe."""
     if not isinstance(rounds, int) or not 1 <= rounds <= MAX_ROUNDS:
         raise ValueError(f"rounds must be an integer in [1, {MAX_ROUNDS}]")
     bs = th.config.block_size
     if not isinstance(prefix_tokens, int) or not bs <= prefix_tokens <= MAX_PREFIX_TOKENS:
         raise ValueError(f"prefix_tokens must be an integer in [{bs}, {MAX_PREFIX_TOKENS}]")
-    prefix_tokens -= prefix_tokens % bs            # whole blocks: every prefix block can be shared
+    prefix_tokens -= prefix_tokens % bs  # whole blocks: every prefix block can be shared
     rng = random.Random(seed)
     vocab = th.engine.vocab_size
     lo, hi = min(1000, vocab // 4), vocab - 1
     tag = f"sc{uuid.uuid4().hex[:6]}"
-    run_salt = uuid.uuid4().hex[:8]                 # keeps repeated measurements apart
+    run_salt = uuid.uuid4().hex[:8]  # keeps repeated measurements apart
     n = 0
 
     def submit(ids, salt, who):
         nonlocal n
         n += 1
-        h = th.submit(ids, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, cache_salt=salt),
-                      request_id=f"{tag}-{who}-{n}")
+        h = th.submit(
+            ids,
+            SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, cache_salt=salt),
+            request_id=f"{tag}-{who}-{n}",
+        )
         return h.request_id, h.result(timeout=timeout_s)
 
     def others_busy(own: str) -> bool:
@@ -123,7 +134,7 @@ def measure(th, *, prefix_tokens: int, rounds: int, seed: int = 0, timeout_s: fl
     for r in range(rounds):
         for mode, cached in cell_order(r):
             prefix = [rng.randrange(lo, hi) for _ in range(prefix_tokens)]
-            shared_salt = f"{run_salt}-shared"           # both tenants in one namespace (no salts)
+            shared_salt = f"{run_salt}-shared"  # both tenants in one namespace (no salts)
             v_salt = shared_salt if mode == "shared" else f"{run_salt}-tenant-victim"
             a_salt = shared_salt if mode == "shared" else f"{run_salt}-tenant-attacker"
             if cached:

@@ -4,6 +4,7 @@ The UI reads only these (and Events). Everything is built from the engine's real
 block ids are indices into the K/V pool tensors, fills are slots actually written.
 All classes are frozen; tuples, never lists, so a Snapshot can be shared across threads.
 """
+
 from __future__ import annotations
 
 import enum
@@ -15,12 +16,13 @@ from . import rates
 # fields refused, no NaN/Infinity (a class attribute, not a field; pydantic reads it).
 TRACE_VALIDATION = {"strict": True, "extra": "forbid", "allow_inf_nan": False}
 
+
 class BlockState(enum.StrEnum):
     """A block's state in the pool map."""
 
-    FREE = "free"            # never used, or evicted from the prefix cache: holds nothing useful
-    CACHED = "cached"        # ref count 0 but its content is still indexed by the prefix cache (reusable)
-    USED = "used"            # owned by one or more requests (ref count >= 1)
+    FREE = "free"  # never used, or evicted from the prefix cache: holds nothing useful
+    CACHED = "cached"  # ref count 0 but its content is still indexed by the prefix cache (reusable)
+    USED = "used"  # owned by one or more requests (ref count >= 1)
 
 
 FREE, CACHED, USED = BlockState.FREE, BlockState.CACHED, BlockState.USED
@@ -31,7 +33,7 @@ class RequestState(enum.StrEnum):
 
     WAITING = "waiting"
     RUNNING = "running"
-    PREEMPTED = "preempted"      # waiting again after a recompute preemption / eviction
+    PREEMPTED = "preempted"  # waiting again after a recompute preemption / eviction
     SWAPPED = "swapped"
     FINISHED = "finished"
     REJECTED = "rejected"
@@ -55,8 +57,8 @@ class BlockInfo:
     block_id: int
     state: BlockState
     ref_count: int
-    owners: tuple[str, ...]       # request ids whose block table holds this block
-    fill: int                     # slots holding a token (0..block_size)
+    owners: tuple[str, ...]  # request ids whose block table holds this block
+    fill: int  # slots holding a token (0..block_size)
     block_hash: str | None = None  # short hex of the prefix-cache hash for full blocks
 
 
@@ -80,10 +82,10 @@ class HistoryPoint:
     __pydantic_config__ = TRACE_VALIDATION
     step: int
     time: float
-    num_cached_tokens: int        # tokens whose K/V are in the pool for this request
-    num_blocks: int               # blocks in its block table
+    num_cached_tokens: int  # tokens whose K/V are in the pool for this request
+    num_blocks: int  # blocks in its block table
     kv_bytes: int
-    phase: str                    # "prefill" | "decode" | "waiting" | "preempted" | "swapped" | "finished"
+    phase: str  # "prefill" | "decode" | "waiting" | "preempted" | "swapped" | "finished"
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,11 +96,11 @@ class RequestInfo:
     tier: str | None
     prompt_len: int
     output_len: int
-    num_computed_tokens: int      # tokens whose K/V are written in the pool
-    num_cached_tokens: int        # prompt tokens served from the prefix cache at admission
+    num_computed_tokens: int  # tokens whose K/V are written in the pool
+    num_cached_tokens: int  # prompt tokens served from the prefix cache at admission
     block_table: tuple[int, ...]  # logical block i -> physical block id
-    slots_allocated: int          # len(block_table) * block_size (or the reserved slab)
-    kv_bytes: int                 # bytes of K/V actually holding this request's tokens
+    slots_allocated: int  # len(block_table) * block_size (or the reserved slab)
+    kv_bytes: int  # bytes of K/V actually holding this request's tokens
     priority: int = 0
     arrival_time: float = 0.0
     first_token_time: float | None = None
@@ -107,15 +109,15 @@ class RequestInfo:
     waiting_reason: str | None = None
     error: str | None = None
     num_preemptions: int = 0
-    prompt_preview: str = ""      # first ~200 chars of the prompt text (raw; escape when rendering)
-    output_text: str = ""         # raw text; escape when rendering
+    prompt_preview: str = ""  # first ~200 chars of the prompt text (raw; escape when rendering)
+    output_text: str = ""  # raw text; escape when rendering
     tokens: tuple[TokenMark, ...] = ()
     history: tuple[HistoryPoint, ...] = ()
     # speculative decoding, per request
     spec_num_drafts: int = 0
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
-    origin: str = "engine"        # who submitted it: "engine" (Python API), "app" (a page), "http" (the API server)
+    origin: str = "engine"  # who submitted it: "engine" (Python API), "app" (a page), "http" (the API server)
 
     @property
     def is_terminal(self) -> bool:
@@ -136,11 +138,11 @@ class SpecMetrics:
     num_accepted_tokens: int = 0
     accepted_per_position: tuple[int, ...] = ()
     drafts_per_position: tuple[int, ...] = ()
-    num_target_passes: int = 0          # verify passes (spec requests) + plain decode passes
-    num_emitted_tokens: int = 0         # tokens produced by those passes
+    num_target_passes: int = 0  # verify passes (spec requests) + plain decode passes
+    num_emitted_tokens: int = 0  # tokens produced by those passes
     draft_time_s: float = 0.0
     verify_time_s: float = 0.0
-    verify_cost_ratio: float | None = None   # measured cost of a (k+1)-token pass / a 1-token pass
+    verify_cost_ratio: float | None = None  # measured cost of a (k+1)-token pass / a 1-token pass
     fallback_classes: tuple[str, ...] = ()
 
     @property
@@ -158,7 +160,7 @@ class EngineMetrics:
     num_running: int = 0
     num_waiting: int = 0
     num_swapped: int = 0
-    num_preempted: int = 0            # currently waiting to resume after a recompute preemption
+    num_preempted: int = 0  # currently waiting to resume after a recompute preemption
     num_finished: int = 0
     num_rejected: int = 0
     num_aborted: int = 0
@@ -169,21 +171,21 @@ class EngineMetrics:
     num_blocks_used: int = 0
     num_blocks_cached: int = 0
     num_blocks_free: int = 0
-    slots_allocated: int = 0          # slots in blocks/slabs owned by live requests
-    slots_filled: int = 0             # of those, slots holding a token
-    waste_fraction: float = 0.0       # 1 - filled / allocated (0 when nothing is allocated)
-    prefix_cache_queries: int = 0     # tokens looked up in the prefix cache (vLLM counts tokens)
-    prefix_cache_hits: int = 0        # of those, tokens found
+    slots_allocated: int = 0  # slots in blocks/slabs owned by live requests
+    slots_filled: int = 0  # of those, slots holding a token
+    waste_fraction: float = 0.0  # 1 - filled / allocated (0 when nothing is allocated)
+    prefix_cache_queries: int = 0  # tokens looked up in the prefix cache (vLLM counts tokens)
+    prefix_cache_hits: int = 0  # of those, tokens found
     prefix_cache_hit_rate: float = 0.0
     swap_blocks_used: int = 0
     swap_blocks_total: int = 0
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
-    throughput_tok_s: float = 0.0     # generated tokens / busy wall time
-    ttft_s: tuple[float, ...] = ()    # per finished-or-started request, most recent last (bounded)
+    throughput_tok_s: float = 0.0  # generated tokens / busy wall time
+    ttft_s: tuple[float, ...] = ()  # per finished-or-started request, most recent last (bounded)
     tpot_s: tuple[float, ...] = ()
     e2e_latency_s: tuple[float, ...] = ()
-    step_time_s: float = 0.0          # last step's wall time
+    step_time_s: float = 0.0  # last step's wall time
     spec: SpecMetrics = field(default_factory=SpecMetrics)
 
 
@@ -198,9 +200,9 @@ class EngineInfo:
     head_dim: int
     block_size: int
     num_blocks: int
-    bytes_per_token: int              # K+V, all layers, in the pool dtype
+    bytes_per_token: int  # K+V, all layers, in the pool dtype
     bytes_per_block: int
-    kv_cache_bytes: int               # num_blocks * bytes_per_block
+    kv_cache_bytes: int  # num_blocks * bytes_per_block
     max_model_len: int
     max_num_seqs: int
     max_num_batched_tokens: int
@@ -209,13 +211,15 @@ class EngineInfo:
     enable_prefix_caching: bool
     preemption_mode: str
     victim_policy: str
-    speculative: str | None           # e.g. "ngram k=4" or None
-    kv_capacity_blocks: int = 0       # blocks allocated in the pool tensors (the budget can go up to this)
-    linear_backend: str = "torch"     # "cpu_kernel" / "onednn": packed weights, q/k/v and gate/up merged (engine/linear.py)
+    speculative: str | None  # e.g. "ngram k=4" or None
+    kv_capacity_blocks: int = 0  # blocks allocated in the pool tensors (the budget can go up to this)
+    linear_backend: str = (
+        "torch"  # "cpu_kernel" / "onednn": packed weights, q/k/v and gate/up merged (engine/linear.py)
+    )
     attention_backend: str = "torch"  # "cpu_kernel": decode attention read in place from the blocks (engine/csrc)
-    kv_cache_dtype: str = "fp32"      # what the pool stores: fp32 / bf16 / fp16 / fp8_e4m3 / int8 (engine/kv_quant.py)
-    weight_format: str = "torch"      # "gguf": Linears read the GGUF's quantized blocks; "fp32": fp32 copies
-    weight_bytes_per_step: int = 0    # weight bytes one forward pass reads in that format (Linears + norms)
+    kv_cache_dtype: str = "fp32"  # what the pool stores: fp32 / bf16 / fp16 / fp8_e4m3 / int8 (engine/kv_quant.py)
+    weight_format: str = "torch"  # "gguf": Linears read the GGUF's quantized blocks; "fp32": fp32 copies
+    weight_bytes_per_step: int = 0  # weight bytes one forward pass reads in that format (Linears + norms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,7 +236,7 @@ class Snapshot:
     swapped_ids: tuple[str, ...] = ()
     healthy: bool = True
     error: str | None = None
-    engine_id: str = ""               # unique per LLMEngine instance: a new id means a rebuilt engine
+    engine_id: str = ""  # unique per LLMEngine instance: a new id means a rebuilt engine
 
     def request(self, request_id: str) -> RequestInfo | None:
         for r in self.requests:

@@ -22,6 +22,7 @@ What one run does (``run_soak``):
 
 Problems are collected in ``SoakReport.problems`` (empty = pass); the CLI exits 1 if any.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,18 +47,46 @@ SCENARIO_ORDER = ("release-freeze", "shared-system-prompt", "mixed")
 # prompts, outputs capped. "full": the scenarios' own defaults (hours on CPU for the real model).
 PROFILES: dict[str, dict[str, dict]] = {
     "small": {
-        "release-freeze": dict(turns=3, prompt_median=20, prompt_sigma=0.4, prompt_min=6, prompt_max=48,
-                               followup_median=8, followup_sigma=0.4, context_max=96, output_median=8,
-                               output_sigma=0.5, output_min=2, output_max=20),
-        "shared-system-prompt": dict(system_words=40, prompt_median=8, prompt_sigma=0.4, prompt_min=2,
-                                     prompt_max=24, output_median=8, output_sigma=0.5, output_min=2,
-                                     output_max=20),
-        "mixed": dict(prompt_median=14, prompt_sigma=0.8, prompt_min=2, prompt_max=64, output_median=8,
-                      output_sigma=0.6, output_min=2, output_max=24),
+        "release-freeze": dict(
+            turns=3,
+            prompt_median=20,
+            prompt_sigma=0.4,
+            prompt_min=6,
+            prompt_max=48,
+            followup_median=8,
+            followup_sigma=0.4,
+            context_max=96,
+            output_median=8,
+            output_sigma=0.5,
+            output_min=2,
+            output_max=20,
+        ),
+        "shared-system-prompt": dict(
+            system_words=40,
+            prompt_median=8,
+            prompt_sigma=0.4,
+            prompt_min=2,
+            prompt_max=24,
+            output_median=8,
+            output_sigma=0.5,
+            output_min=2,
+            output_max=20,
+        ),
+        "mixed": dict(
+            prompt_median=14,
+            prompt_sigma=0.8,
+            prompt_min=2,
+            prompt_max=64,
+            output_median=8,
+            output_sigma=0.6,
+            output_min=2,
+            output_max=24,
+        ),
     },
     "medium": {
-        "release-freeze": dict(prompt_median=60, prompt_max=200, context_max=300, output_median=16,
-                               output_min=4, output_max=48),
+        "release-freeze": dict(
+            prompt_median=60, prompt_max=200, context_max=300, output_median=16, output_min=4, output_max=48
+        ),
         "shared-system-prompt": dict(system_words=150, output_median=16, output_min=4, output_max=48),
         "mixed": dict(prompt_median=40, prompt_max=300, output_median=16, output_min=4, output_max=48),
     },
@@ -108,7 +137,9 @@ def build_requests(n: int, seed: int = 0, profile: str = "small", arrivals_per_s
     third = n // 3
     parts = {
         "release-freeze": make_workload("release-freeze", third, seed, **params["release-freeze"]),
-        "shared-system-prompt": make_workload("shared-system-prompt", third, seed + 1, **params["shared-system-prompt"]),
+        "shared-system-prompt": make_workload(
+            "shared-system-prompt", third, seed + 1, **params["shared-system-prompt"]
+        ),
     }
     parts["mixed"] = make_workload("mixed", n - sum(len(v) for v in parts.values()), seed + 2, **params["mixed"])
     merged = []
@@ -138,7 +169,7 @@ class SoakReport:
     mode: str
     seed: int
     requests: int
-    outcomes: dict = field(default_factory=dict)        # finished / aborted / rejected / error
+    outcomes: dict = field(default_factory=dict)  # finished / aborted / rejected / error
     finish_reasons: dict = field(default_factory=dict)
     steps: int = 0
     invariant_checks: int = 0
@@ -191,7 +222,8 @@ class SoakReport:
             f"  preemptions {self.preemptions} (recompute {self.preemptions_recompute}, swap {self.preemptions_swap}, "
             f"swap-full fallbacks {self.swap_full_fallbacks}); swaps out/in {self.swap_outs}/{self.swap_ins}; "
             f"manual evictions {self.evictions} ({self.evicted_then_finished} finished afterwards); "
-            f"harmless aborts of unknown/finished ids {self.harmless_aborts}; prefix hit rate {self.prefix_hit_rate:.1%}",
+            f"harmless aborts of unknown/finished ids {self.harmless_aborts}; "
+            f"prefix hit rate {self.prefix_hit_rate:.1%}",
             f"  greedy outputs vs unconstrained run: {self.compared} compared, {self.mismatches} differ; "
             f"{self.partial_prefix_checked} aborted partial outputs checked as prefixes",
             f"  invariant checks passed: {self.invariant_checks}; at the end: {self.end_free_blocks} free + "
@@ -204,8 +236,16 @@ class SoakReport:
         return "\n".join(lines)
 
 
-_NEEDS_REASON = (EventKind.PREEMPT, EventKind.EVICT, EventKind.REJECT, EventKind.ABORT, EventKind.ERROR,
-                 EventKind.SWAP_OUT, EventKind.SWAP_IN, EventKind.BLOCK_FREE)
+_NEEDS_REASON = (
+    EventKind.PREEMPT,
+    EventKind.EVICT,
+    EventKind.REJECT,
+    EventKind.ABORT,
+    EventKind.ERROR,
+    EventKind.SWAP_OUT,
+    EventKind.SWAP_IN,
+    EventKind.BLOCK_FREE,
+)
 
 
 def _drain_events(eng, last_seq: int, report: SoakReport, problems: list) -> int:
@@ -215,8 +255,7 @@ def _drain_events(eng, last_seq: int, report: SoakReport, problems: list) -> int
     for e in evs:
         report.events_seen += 1
         reason = e.data.get("reason")
-        if e.kind in _NEEDS_REASON \
-                and not (isinstance(reason, str) and reason):
+        if e.kind in _NEEDS_REASON and not (isinstance(reason, str) and reason):
             problems.append(f"{e.kind} event for {e.request_id} has no reason")
         if e.kind == EventKind.PREEMPT:
             report.preemptions += 1
@@ -233,21 +272,37 @@ def _drain_events(eng, last_seq: int, report: SoakReport, problems: list) -> int
     return evs[-1].seq if evs else last_seq
 
 
-def reference_run(requests: list[SoakRequest], model: str, block_size: int, max_model_len: int,
-                  device: str = "auto", max_num_seqs: int = 64, num_threads: int | None = None):
+def reference_run(
+    requests: list[SoakRequest],
+    model: str,
+    block_size: int,
+    max_model_len: int,
+    device: str = "auto",
+    max_num_seqs: int = 64,
+    num_threads: int | None = None,
+):
     """Greedy outputs of the requests on an engine that never runs short of KV memory (pool =
     max_num_seqs x the largest request; prefix caching off), with the same arrival schedule.
     Returns (token ids per request id, peak blocks in use, the engine)."""
     from .engine import LLMEngine
     from .models import load_model
+
     tokenizer = load_model(model, device)[1]
     tok_counts = {r.request_id: len(tokenizer.encode(r.prompt, add_special_tokens=False)) for r in requests}
-    largest = max(cdiv(min(tok_counts[r.request_id] + r.max_tokens, max_model_len), block_size)
-                  for r in requests)
-    eng = LLMEngine(EngineConfig(model=model, device=device, block_size=block_size, max_model_len=max_model_len,
-                                 num_kv_blocks=max_num_seqs * largest, max_num_seqs=max_num_seqs,
-                                 max_num_batched_tokens=max(2048, max_model_len), enable_prefix_caching=False,
-                                 num_threads=num_threads))
+    largest = max(cdiv(min(tok_counts[r.request_id] + r.max_tokens, max_model_len), block_size) for r in requests)
+    eng = LLMEngine(
+        EngineConfig(
+            model=model,
+            device=device,
+            block_size=block_size,
+            max_model_len=max_model_len,
+            num_kv_blocks=max_num_seqs * largest,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max(2048, max_model_len),
+            enable_prefix_caching=False,
+            num_threads=num_threads,
+        )
+    )
     outs: dict[str, list[int]] = {}
     peak = 0
     i, step = 0, 0
@@ -272,27 +327,61 @@ def reference_run(requests: list[SoakRequest], model: str, block_size: int, max_
     return outs, peak, largest, tok_counts, eng
 
 
-def run_soak(requests: list[SoakRequest], reference: dict[str, list[int]], *, model: str = "tiny",
-             mode: str = "recompute", seed: int = 0, block_size: int = 8, budget_blocks: int,
-             swap_blocks: int = 0, bytes_per_block: int = 0, max_model_len: int = 512, device: str = "auto",
-             abort_prob: float = 0.03, evict_prob: float = 0.05, max_num_seqs: int = 32,
-             max_num_batched_tokens: int = 256, num_threads: int | None = None,
-             free_tier_cap: int | None = None, rss_every: int = 200, snapshot_every: int = 50, log=None) -> SoakReport:
+def run_soak(
+    requests: list[SoakRequest],
+    reference: dict[str, list[int]],
+    *,
+    model: str = "tiny",
+    mode: str = "recompute",
+    seed: int = 0,
+    block_size: int = 8,
+    budget_blocks: int,
+    swap_blocks: int = 0,
+    bytes_per_block: int = 0,
+    max_model_len: int = 512,
+    device: str = "auto",
+    abort_prob: float = 0.03,
+    evict_prob: float = 0.05,
+    max_num_seqs: int = 32,
+    max_num_batched_tokens: int = 256,
+    num_threads: int | None = None,
+    free_tier_cap: int | None = None,
+    rss_every: int = 200,
+    snapshot_every: int = 50,
+    log=None,
+) -> SoakReport:
     """One constrained soak run over ``requests`` (see the module docstring); compares finished
     outputs with ``reference`` (request id -> greedy token ids)."""
     from .engine import LLMEngine
+
     rng = random.Random(seed * 31 + (1 if mode == "swap" else 0))
     tiers = default_tiers()
     if free_tier_cap is not None:
         tiers["free"] = TierConfig("free", max_context=free_tier_cap, priority=tiers["free"].priority)
-    cfg = EngineConfig(tiers=tiers, model=model, device=device, block_size=block_size, num_kv_blocks=budget_blocks,
-                       max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                       max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=True,
-                       preemption_mode=mode, swap_space_bytes=swap_blocks * bytes_per_block if mode == "swap" else 0,
-                       num_threads=num_threads)
+    cfg = EngineConfig(
+        tiers=tiers,
+        model=model,
+        device=device,
+        block_size=block_size,
+        num_kv_blocks=budget_blocks,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        enable_prefix_caching=True,
+        preemption_mode=mode,
+        swap_space_bytes=swap_blocks * bytes_per_block if mode == "swap" else 0,
+        num_threads=num_threads,
+    )
     eng = LLMEngine(cfg)
-    rep = SoakReport(model, mode, seed, len(requests), budget_blocks=budget_blocks, block_size=block_size,
-                     swap_blocks=eng.bm.num_swap_blocks)
+    rep = SoakReport(
+        model,
+        mode,
+        seed,
+        len(requests),
+        budget_blocks=budget_blocks,
+        block_size=block_size,
+        swap_blocks=eng.bm.num_swap_blocks,
+    )
     problems = rep.problems
     outcome: dict[str, str] = {}
     final: dict[str, list[int]] = {}
@@ -344,7 +433,7 @@ def run_soak(requests: list[SoakRequest], reference: dict[str, list[int]], *, mo
             except ValueError as e:
                 problems.append(f"evict of running {victim.request_id} failed: {e}")
         if rng.random() < 0.02:
-            ghost = rng.choice((f"no-such-request-{step}", rng.choice(all_ids[:max(1, i)])))
+            ghost = rng.choice((f"no-such-request-{step}", rng.choice(all_ids[: max(1, i)])))
             if ghost not in eng.requests:
                 if eng.abort_request(ghost):
                     problems.append(f"abort of unknown/finished id {ghost} returned True")
@@ -373,7 +462,7 @@ def run_soak(requests: list[SoakRequest], reference: dict[str, list[int]], *, mo
         except AssertionError as e:
             problems.append(f"invariant broken after step {eng.step_num}: {e}")
             break
-        if rep.steps % 16 == 0:      # the ring holds thousands of events: reading every 16 steps loses none
+        if rep.steps % 16 == 0:  # the ring holds thousands of events: reading every 16 steps loses none
             last_seq = _drain_events(eng, last_seq, rep, problems)
         if snapshot_every and rep.steps % snapshot_every == 0:
             eng.snapshot()
@@ -381,13 +470,17 @@ def run_soak(requests: list[SoakRequest], reference: dict[str, list[int]], *, mo
             rep.rss_samples.append((rep.steps, rss_kib()))
         idle_steps = 0 if progressed else idle_steps + 1
         if idle_steps > 1000:
-            problems.append(f"no progress for 1000 steps at step {eng.step_num}: livelock "
-                            f"(waiting {len(eng.scheduler.waiting)}, running {len(eng.scheduler.running)}, "
-                            f"swapped {len(eng.scheduler.swapped)})")
+            problems.append(
+                f"no progress for 1000 steps at step {eng.step_num}: livelock "
+                f"(waiting {len(eng.scheduler.waiting)}, running {len(eng.scheduler.running)}, "
+                f"swapped {len(eng.scheduler.swapped)})"
+            )
             break
         if log is not None and rep.steps % 500 == 0:
-            log(f"  [{mode}] step {rep.steps}: {len(outcome)}/{len(requests)} settled, "
-                f"{rep.preemptions} preemptions, RSS {rss_kib() / 1024:.1f} MiB")
+            log(
+                f"  [{mode}] step {rep.steps}: {len(outcome)}/{len(requests)} settled, "
+                f"{rep.preemptions} preemptions, RSS {rss_kib() / 1024:.1f} MiB"
+            )
     rep.seconds = time.perf_counter() - t0
     last_seq = _drain_events(eng, last_seq, rep, problems)
 
@@ -416,7 +509,7 @@ def run_soak(requests: list[SoakRequest], reference: dict[str, list[int]], *, mo
         ref = reference.get(rid)
         if ref is not None:
             rep.partial_prefix_checked += 1
-            if toks != ref[:len(toks)]:
+            if toks != ref[: len(toks)]:
                 problems.append(f"{rid}: aborted partial output is not a prefix of the unconstrained output")
     # ---- end state: nothing owned, swap empty
     bm = eng.bm
@@ -445,10 +538,21 @@ def run_soak(requests: list[SoakRequest], reference: dict[str, list[int]], *, mo
     return rep
 
 
-def soak(n_requests: int = 1000, model: str = "tiny", modes=("recompute", "swap"), seed: int = 0,
-         profile: str = "small", block_size: int = 8, budget_fraction: float = 0.1, max_model_len: int = 512,
-         device: str = "auto", abort_prob: float = 0.03, evict_prob: float = 0.05,
-         num_threads: int | None = None, log=None) -> list[SoakReport]:
+def soak(
+    n_requests: int = 1000,
+    model: str = "tiny",
+    modes=("recompute", "swap"),
+    seed: int = 0,
+    profile: str = "small",
+    block_size: int = 8,
+    budget_fraction: float = 0.1,
+    max_model_len: int = 512,
+    device: str = "auto",
+    abort_prob: float = 0.03,
+    evict_prob: float = 0.05,
+    num_threads: int | None = None,
+    log=None,
+) -> list[SoakReport]:
     """Build the workload, run the unconstrained reference once, then one constrained soak per mode."""
     if not 0 < budget_fraction <= 1:
         raise ValueError(f"budget_fraction must be in (0, 1], got {budget_fraction!r}")
@@ -457,24 +561,41 @@ def soak(n_requests: int = 1000, model: str = "tiny", modes=("recompute", "swap"
             raise ValueError(f"mode must be 'recompute', 'swap' or 'both', got {m!r}")
     requests = build_requests(n_requests, seed, profile)
     t0 = time.perf_counter()
-    ref, peak, largest, counts, ref_eng = reference_run(requests, model, block_size, max_model_len, device,
-                                                   num_threads=num_threads)
+    ref, peak, largest, counts, ref_eng = reference_run(
+        requests, model, block_size, max_model_len, device, num_threads=num_threads
+    )
     bytes_per_block = ref_eng.bytes_per_block
     del ref_eng
     ref_s = time.perf_counter() - t0
     budget = max(int(-(-peak * budget_fraction // 1)), largest + 1)
-    swap_blocks = max(2, budget // 4)         # small: large victims fall back to recompute
+    swap_blocks = max(2, budget // 4)  # small: large victims fall back to recompute
     free_totals = sorted(counts[r.request_id] + r.max_tokens for r in requests if r.tier == "free")
     free_cap = free_totals[int(FREE_TIER_PERCENTILE * (len(free_totals) - 1))] if free_totals else None
     if log is not None:
-        log(f"{len(requests)} requests; unconstrained peak {peak} blocks; budget {budget} blocks; "
-            f"swap space {swap_blocks} blocks; free-tier context cap {free_cap} tokens; reference run {ref_s:.1f} s")
+        log(
+            f"{len(requests)} requests; unconstrained peak {peak} blocks; budget {budget} blocks; "
+            f"swap space {swap_blocks} blocks; free-tier context cap {free_cap} tokens; reference run {ref_s:.1f} s"
+        )
     reports = []
     for m in modes:
-        rep = run_soak(requests, ref, model=model, mode=m, seed=seed, block_size=block_size, budget_blocks=budget,
-                       swap_blocks=swap_blocks, bytes_per_block=bytes_per_block, max_model_len=max_model_len,
-                       device=device, abort_prob=abort_prob, evict_prob=evict_prob, num_threads=num_threads,
-                       free_tier_cap=free_cap, log=log)
+        rep = run_soak(
+            requests,
+            ref,
+            model=model,
+            mode=m,
+            seed=seed,
+            block_size=block_size,
+            budget_blocks=budget,
+            swap_blocks=swap_blocks,
+            bytes_per_block=bytes_per_block,
+            max_model_len=max_model_len,
+            device=device,
+            abort_prob=abort_prob,
+            evict_prob=evict_prob,
+            num_threads=num_threads,
+            free_tier_cap=free_cap,
+            log=log,
+        )
         rep.peak_demand_blocks = peak
         rep.max_request_blocks = largest
         rep.reference_seconds = ref_s
@@ -487,12 +608,19 @@ def soak(n_requests: int = 1000, model: str = "tiny", modes=("recompute", "swap"
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m engine soak", description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=1000, help="number of requests (default 1000)")
-    ap.add_argument("--model", default=os.environ.get("KVSCOPE_MODEL", "default"),
-                    help="'default' (SmolLM2-135M), 'tiny', a local path or hub id")
+    ap.add_argument(
+        "--model",
+        default=os.environ.get("KVSCOPE_MODEL", "default"),
+        help="'default' (SmolLM2-135M), 'tiny', a local path or hub id",
+    )
     ap.add_argument("--mode", choices=("recompute", "swap", "both"), default="both", help="preemption mode")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--profile", choices=tuple(PROFILES), default="small",
-                    help="prompt/output lengths: small (short), medium, full (scenario defaults)")
+    ap.add_argument(
+        "--profile",
+        choices=tuple(PROFILES),
+        default="small",
+        help="prompt/output lengths: small (short), medium, full (scenario defaults)",
+    )
     ap.add_argument("--block-size", type=int, default=None, help="default 8 for tiny, 16 otherwise")
     ap.add_argument("--budget-fraction", type=float, default=0.1, help="KV budget as a fraction of the peak demand")
     ap.add_argument("--max-model-len", type=int, default=None, help="default 512 (small), 2048 otherwise")
@@ -510,8 +638,21 @@ def main(argv: list[str] | None = None) -> int:
         print(msg, file=sys.stderr, flush=True)
 
     try:
-        reports = soak(a.requests, a.model, modes, a.seed, a.profile, bs, a.budget_fraction, mml, a.device,
-                       a.abort_prob, a.evict_prob, a.threads, log=log)
+        reports = soak(
+            a.requests,
+            a.model,
+            modes,
+            a.seed,
+            a.profile,
+            bs,
+            a.budget_fraction,
+            mml,
+            a.device,
+            a.abort_prob,
+            a.evict_prob,
+            a.threads,
+            log=log,
+        )
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -2,6 +2,7 @@
 browser sessions). Every engine call happens under one lock, between steps; callers get
 RequestHandles that stream text deltas. A crashed loop is surfaced (healthy=False, error) and
 wakes every waiting client with the error instead of hanging them; restart() rebuilds it."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,8 +16,8 @@ from .engine import LLMEngine, RequestOutput
 from .snapshot import Snapshot
 
 _DONE = object()
-RECONFIGURE_WAIT_S = 300.0     # how long submit() waits for a reconfiguration in progress
-RECENT_MAX_ITEMS = 500_000     # block + token + history entries kept in EngineThread.recent (~100 MiB)
+RECONFIGURE_WAIT_S = 300.0  # how long submit() waits for a reconfiguration in progress
+RECENT_MAX_ITEMS = 500_000  # block + token + history entries kept in EngineThread.recent (~100 MiB)
 
 
 def snapshot_items(snap: Snapshot) -> int:
@@ -37,16 +38,16 @@ class RequestHandle:
         self._sent = ""
         self.output: RequestOutput | None = None
         self.error: str | None = None
-        self.listener = None      # callable() run (on the engine thread) after every update: async bridges
+        self.listener = None  # callable() run (on the engine thread) after every update: async bridges
 
     # called by the loop
     def _push(self, out: RequestOutput) -> None:
         self.output = out
         text = out.outputs[0].text
         if text.startswith(self._sent):
-            delta = text[len(self._sent):]
+            delta = text[len(self._sent) :]
             if not out.finished:
-                delta = delta.rstrip("\ufffd")     # hold back an incomplete UTF-8 sequence
+                delta = delta.rstrip("\ufffd")  # hold back an incomplete UTF-8 sequence
             if delta:
                 self._sent += delta
                 self._q.put(delta)
@@ -114,17 +115,22 @@ class RequestHandle:
 
 
 class EngineThread:
-    def __init__(self, engine: LLMEngine | None = None, config: EngineConfig | None = None,
-                 snapshot_interval: float = 0.05, keep_snapshots: int = 600):
+    def __init__(
+        self,
+        engine: LLMEngine | None = None,
+        config: EngineConfig | None = None,
+        snapshot_interval: float = 0.05,
+        keep_snapshots: int = 600,
+    ):
         self.engine = engine if engine is not None else LLMEngine(config or EngineConfig())
         self.lock = threading.RLock()
         self._wake = threading.Condition(self.lock)
         self.handles: dict[str, RequestHandle] = {}
         self.snapshot_interval = snapshot_interval
-        self.recent: deque[Snapshot] = deque(maxlen=keep_snapshots)   # for traces / over-time charts
+        self.recent: deque[Snapshot] = deque(maxlen=keep_snapshots)  # for traces / over-time charts
         self._recent_items = 0
         self.error: str | None = None
-        self._ready = threading.Event()      # cleared while reconfigure() swaps engines
+        self._ready = threading.Event()  # cleared while reconfigure() swaps engines
         self._reconf_lock = threading.Lock()
         self._ready.set()
         self._stop = False
@@ -159,7 +165,7 @@ class EngineThread:
                             if out.finished:
                                 self.handles.pop(out.request_id, None)
                     self._publish()
-                time.sleep(0)      # let submitters take the lock between steps
+                time.sleep(0)  # let submitters take the lock between steps
         except Exception as e:  # the loop itself died: surface it, wake every client
             with self.lock:
                 self.error = f"engine loop crashed: {type(e).__name__}: {str(e)[:500]}"
@@ -183,7 +189,7 @@ class EngineThread:
                 self._recent_items -= snapshot_items(self.recent[0])
             self.recent.append(self._snap)
             self._recent_items += snapshot_items(self._snap)
-            while self._recent_items > RECENT_MAX_ITEMS and len(self.recent) > 1:   # big pools: fewer
+            while self._recent_items > RECENT_MAX_ITEMS and len(self.recent) > 1:  # big pools: fewer
                 self._recent_items -= snapshot_items(self.recent.popleft())
 
     # ------------------------------------------------------------------ API
@@ -207,13 +213,20 @@ class EngineThread:
         if not self.healthy:
             raise EngineCrashed(self.error or "engine is not running")
 
-    def submit(self, prompt, params: SamplingParams | None = None, request_id: str | None = None,
-               chat: bool = False, origin: str = "app", listener=None) -> RequestHandle:
+    def submit(
+        self,
+        prompt,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        chat: bool = False,
+        origin: str = "app",
+        listener=None,
+    ) -> RequestHandle:
         """Queues a request; raises ValueError (field + limit) for bad input, EngineCrashed if
         the loop is down. `origin` tags it in snapshots ("app", "http"); `listener()` is called on
         the engine thread after each update of the handle."""
         deadline = time.monotonic() + RECONFIGURE_WAIT_S
-        while True:     # during a reconfiguration, wait for the new engine instead of failing
+        while True:  # during a reconfiguration, wait for the new engine instead of failing
             if not self._ready.wait(max(0.0, deadline - time.monotonic())):
                 raise EngineCrashed("the engine is being reconfigured; try again")
             with self.lock:
@@ -222,7 +235,7 @@ class EngineThread:
 
     def _submit_locked(self, prompt, params, request_id, chat, origin="app", listener=None) -> RequestHandle:
         with self.lock:
-            self._check_alive()     # under the lock: a loop that crashed meanwhile has set error
+            self._check_alive()  # under the lock: a loop that crashed meanwhile has set error
             if chat:
                 if not isinstance(prompt, str) or not prompt.strip():
                     raise ValueError("prompt must be a non-empty string")
@@ -251,6 +264,7 @@ class EngineThread:
         """What submitting `user` (chat template applied, optional system prompt) would do now,
         without submitting it: engine.preview.PromptPreview. Changes nothing in the engine."""
         from .preview import preview, template_ids
+
         params = params if params is not None else SamplingParams()
         for field, text in (("prompt", user), ("system prompt", system or "")):
             if not isinstance(text, str) or len(text) > 1_000_000:
@@ -318,8 +332,8 @@ class EngineThread:
         clients get an error saying why). Returns a message for the UI."""
         if not isinstance(config, EngineConfig):
             raise ValueError("config must be an EngineConfig")
-        with self._reconf_lock:              # one rebuild at a time: never two loops
-            new_engine = LLMEngine(config)   # build first: a bad config leaves the old engine serving
+        with self._reconf_lock:  # one rebuild at a time: never two loops
+            new_engine = LLMEngine(config)  # build first: a bad config leaves the old engine serving
             self._ready.clear()
             try:
                 return self._swap_engine(new_engine)
@@ -335,7 +349,7 @@ class EngineThread:
             for h in list(self.handles.values()):
                 h._fail("aborted: the engine was reconfigured")
             self.handles.clear()
-            new_engine.metrics.listeners = self.engine.metrics.listeners   # e.g. the /metrics exporter
+            new_engine.metrics.listeners = self.engine.metrics.listeners  # e.g. the /metrics exporter
             self.engine = new_engine
             self.recent.clear()
             self._recent_items = 0

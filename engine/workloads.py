@@ -17,6 +17,7 @@ Scenarios (``SCENARIOS``; build one with ``make_workload(name, n, seed, **params
 * ``shared-system-prompt``: one long system prompt, many different user questions behind it.
 * ``mixed``: independent requests with lognormal prompt and output lengths (clipped).
 """
+
 from __future__ import annotations
 
 import inspect
@@ -30,15 +31,15 @@ MAX_REQUESTS = 10_000
 @dataclass(slots=True)
 class WorkloadRequest:
     request_id: str
-    arrival_s: float                      # offset from the start of the run
+    arrival_s: float  # offset from the start of the run
     max_tokens: int
     prompt: str | None = None
     prompt_token_ids: list[int] | None = None
     tier: str | None = None
     conversation_id: str | None = None
     turn: int = 1
-    ignore_eos: bool = True               # hint: generate exactly max_tokens
-    parent_id: str | None = None          # the previous turn of the same conversation, if any
+    ignore_eos: bool = True  # hint: generate exactly max_tokens
+    parent_id: str | None = None  # the previous turn of the same conversation, if any
 
     @property
     def prompt_words(self) -> int:
@@ -52,35 +53,119 @@ class WorkloadRequest:
 # ---------------------------------------------------------------------------- vocabulary
 
 _FILES = (
-    "src/scheduler/queue.py", "src/scheduler/policy.py", "src/cache/block_table.py",
-    "src/cache/allocator.py", "src/cache/prefix_index.py", "src/api/handlers.py",
-    "src/api/middleware.py", "src/auth/session.py", "src/auth/tokens.py", "src/billing/invoice.py",
-    "src/billing/tiers.py", "src/storage/blob_client.py", "src/storage/retry.py",
-    "src/search/ranker.py", "src/search/index_writer.py", "src/metrics/histogram.py",
-    "src/metrics/exporter.py", "src/config/loader.py", "src/config/schema.py",
-    "src/jobs/worker.py", "src/jobs/backoff.py", "tests/test_queue.py", "tests/test_allocator.py",
-    "tests/test_handlers.py", "tests/test_retry.py", "migrations/0042_add_tier_column.sql",
-    "web/components/ReviewPanel.tsx", "web/hooks/useSession.ts", "deploy/values.yaml",
+    "src/scheduler/queue.py",
+    "src/scheduler/policy.py",
+    "src/cache/block_table.py",
+    "src/cache/allocator.py",
+    "src/cache/prefix_index.py",
+    "src/api/handlers.py",
+    "src/api/middleware.py",
+    "src/auth/session.py",
+    "src/auth/tokens.py",
+    "src/billing/invoice.py",
+    "src/billing/tiers.py",
+    "src/storage/blob_client.py",
+    "src/storage/retry.py",
+    "src/search/ranker.py",
+    "src/search/index_writer.py",
+    "src/metrics/histogram.py",
+    "src/metrics/exporter.py",
+    "src/config/loader.py",
+    "src/config/schema.py",
+    "src/jobs/worker.py",
+    "src/jobs/backoff.py",
+    "tests/test_queue.py",
+    "tests/test_allocator.py",
+    "tests/test_handlers.py",
+    "tests/test_retry.py",
+    "migrations/0042_add_tier_column.sql",
+    "web/components/ReviewPanel.tsx",
+    "web/hooks/useSession.ts",
+    "deploy/values.yaml",
     "docs/release_checklist.md",
 )
 _IDENTS = (
-    "budget", "num_blocks", "free_list", "request_id", "timeout_s", "retry_count", "user_id",
-    "session", "payload", "batch", "queue", "lock", "cursor", "offset", "limit", "tier", "token",
-    "cache_key", "expires_at", "max_len", "chunk", "buffer", "result", "status", "event", "ctx",
-    "config", "client", "response", "headers", "priority", "deadline", "worker", "job", "row",
+    "budget",
+    "num_blocks",
+    "free_list",
+    "request_id",
+    "timeout_s",
+    "retry_count",
+    "user_id",
+    "session",
+    "payload",
+    "batch",
+    "queue",
+    "lock",
+    "cursor",
+    "offset",
+    "limit",
+    "tier",
+    "token",
+    "cache_key",
+    "expires_at",
+    "max_len",
+    "chunk",
+    "buffer",
+    "result",
+    "status",
+    "event",
+    "ctx",
+    "config",
+    "client",
+    "response",
+    "headers",
+    "priority",
+    "deadline",
+    "worker",
+    "job",
+    "row",
 )
 _FUNCS = (
-    "allocate", "release", "schedule", "admit", "evict", "flush", "retry", "refresh_token",
-    "load_config", "validate", "serialize", "parse_headers", "compute_invoice", "rank", "enqueue",
-    "dequeue", "acquire", "commit", "rollback", "render", "handle_request", "close", "reset",
+    "allocate",
+    "release",
+    "schedule",
+    "admit",
+    "evict",
+    "flush",
+    "retry",
+    "refresh_token",
+    "load_config",
+    "validate",
+    "serialize",
+    "parse_headers",
+    "compute_invoice",
+    "rank",
+    "enqueue",
+    "dequeue",
+    "acquire",
+    "commit",
+    "rollback",
+    "render",
+    "handle_request",
+    "close",
+    "reset",
 )
 _DIFF_TEMPLATES = (
-    "+    if {a} > {b}:", "+        return {f}({a})", "-    {a} = {b} + 1", "+    {a} = min({a}, {b})",
-    "+    with self.{a}_lock:", "-        self.{a}.append({b})", "+        self.{a}.extend({b})",
-    "+    for {a} in {b}:", "+        log.debug(\"{f} %s\", {a})", "-    raise ValueError({a})",
-    "+    raise TimeoutError(f\"{f} exceeded {{{a}}}\")", "     def {f}(self, {a}, {b}=None):",
-    "+    assert {a} is not None", "-    # TODO: handle {a}", "+    {a} = self.{f}({b}, timeout={n})",
-    "     return {a}", "+    except KeyError:", "+        {a} = {{}}", "-    time.sleep({n})",
+    "+    if {a} > {b}:",
+    "+        return {f}({a})",
+    "-    {a} = {b} + 1",
+    "+    {a} = min({a}, {b})",
+    "+    with self.{a}_lock:",
+    "-        self.{a}.append({b})",
+    "+        self.{a}.extend({b})",
+    "+    for {a} in {b}:",
+    '+        log.debug("{f} %s", {a})',
+    "-    raise ValueError({a})",
+    '+    raise TimeoutError(f"{f} exceeded {{{a}}}")',
+    "     def {f}(self, {a}, {b}=None):",
+    "+    assert {a} is not None",
+    "-    # TODO: handle {a}",
+    "+    {a} = self.{f}({b}, timeout={n})",
+    "     return {a}",
+    "+    except KeyError:",
+    "+        {a} = {{}}",
+    "-    time.sleep({n})",
     "+    await self.{f}({a})",
 )
 _INTROS = (
@@ -155,8 +240,14 @@ _USER_QUESTIONS = (
 
 def _fill(rng: random.Random, template: str) -> str:
     return template.format(
-        file=rng.choice(_FILES), f=rng.choice(_FUNCS), g=rng.choice(_FUNCS), a=rng.choice(_IDENTS),
-        b=rng.choice(_IDENTS), n=rng.randint(1, 500), pr=f"#{rng.randint(1000, 9999)}")
+        file=rng.choice(_FILES),
+        f=rng.choice(_FUNCS),
+        g=rng.choice(_FUNCS),
+        a=rng.choice(_IDENTS),
+        b=rng.choice(_IDENTS),
+        n=rng.randint(1, 500),
+        pr=f"#{rng.randint(1000, 9999)}",
+    )
 
 
 def _words_from(rng: random.Random, templates, n_words: int, sep: str = "\n") -> str:
@@ -165,7 +256,7 @@ def _words_from(rng: random.Random, templates, n_words: int, sep: str = "\n") ->
     while count < n_words:
         line = _fill(rng, rng.choice(templates))
         words = line.split()
-        if len(words) > n_words - count:                # cut the last line to fit exactly
+        if len(words) > n_words - count:  # cut the last line to fit exactly
             words = words[: n_words - count]
             line = line[: len(line) - len(line.lstrip())] + " ".join(words)
         lines.append(line)
@@ -178,13 +269,13 @@ def _diff(rng: random.Random, n_words: int) -> str:
     when there is room for them)."""
     if n_words < 10:
         return _words_from(rng, _DIFF_TEMPLATES, n_words)
-    header = f"--- a/{rng.choice(_FILES)}"                               # 2 words
-    hunk = (f"@@ -{rng.randint(1, 400)},{rng.randint(3, 40)} "
-            f"+{rng.randint(1, 400)},{rng.randint(3, 40)} @@")            # 4 words
+    header = f"--- a/{rng.choice(_FILES)}"  # 2 words
+    hunk = f"@@ -{rng.randint(1, 400)},{rng.randint(3, 40)} +{rng.randint(1, 400)},{rng.randint(3, 40)} @@"  # 4 words
     return "\n".join([header, hunk, _words_from(rng, _DIFF_TEMPLATES, n_words - 6)])
 
 
 # ---------------------------------------------------------------------------- validation
+
 
 def _check_int(name, v, lo, hi):
     if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
@@ -193,8 +284,14 @@ def _check_int(name, v, lo, hi):
 
 
 def _check_num(name, v, lo, hi, lo_open=False):
-    bad = isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or math.isinf(v) \
-        or (v <= lo if lo_open else v < lo) or v > hi
+    bad = (
+        isinstance(v, bool)
+        or not isinstance(v, (int, float))
+        or v != v
+        or math.isinf(v)
+        or (v <= lo if lo_open else v < lo)
+        or v > hi
+    )
     if bad:
         left = "(" if lo_open else "["
         raise ValueError(f"{name} must be a number in {left}{lo}, {hi}], got {v!r}")
@@ -228,7 +325,9 @@ def _check_tiers(tiers):
         try:
             items = [(t, 1.0) for t in tiers]
         except TypeError:
-            raise ValueError(f"tiers must be None, a list of tier names or a dict name -> weight, got {tiers!r}") from None
+            raise ValueError(
+                f"tiers must be None, a list of tier names or a dict name -> weight, got {tiers!r}"
+            ) from None
     if not items or len(items) > 64:
         raise ValueError("tiers must name between 1 and 64 tiers")
     for name, w in items:
@@ -267,19 +366,35 @@ def _sorted(reqs):
 
 # ---------------------------------------------------------------------------- scenarios
 
-def release_freeze(n: int = 24, seed: int = 0, *, turns: int = 4, window_s: float = 20.0,
-                   prompt_median: float = 120, prompt_sigma: float = 0.5, prompt_min: int = 30,
-                   prompt_max: int = 400, followup_median: float = 40, followup_sigma: float = 0.5,
-                   context_max: int = 600, output_median: float = 48, output_sigma: float = 0.6,
-                   output_min: int = 8, output_max: int = 192, system_prompt: bool = True,
-                   tiers=None, ignore_eos: bool = True) -> list[WorkloadRequest]:
+
+def release_freeze(
+    n: int = 24,
+    seed: int = 0,
+    *,
+    turns: int = 4,
+    window_s: float = 20.0,
+    prompt_median: float = 120,
+    prompt_sigma: float = 0.5,
+    prompt_min: int = 30,
+    prompt_max: int = 400,
+    followup_median: float = 40,
+    followup_sigma: float = 0.5,
+    context_max: int = 600,
+    output_median: float = 48,
+    output_sigma: float = 0.6,
+    output_min: int = 8,
+    output_max: int = 192,
+    system_prompt: bool = True,
+    tiers=None,
+    ignore_eos: bool = True,
+) -> list[WorkloadRequest]:
     """``n`` requests: ceil(n / turns) code-review conversations of up to ``turns`` turns, every
     arrival within ``[0, window_s)``, each conversation's turns in order. First-turn prompts are
     ``prompt_*`` words (lognormal, clipped); each later turn appends the placeholder reply and a
     follow-up of ``followup_*`` words. A conversation stops early (fewer turns) rather than exceed
     ``context_max`` words, so requests may number slightly fewer than ``n`` when contexts are capped."""
     _check_int("n", n, 1, MAX_REQUESTS)
-    _check_int("seed", seed, 0, 2 ** 63 - 1)
+    _check_int("seed", seed, 0, 2**63 - 1)
     _check_int("turns", turns, 1, 64)
     _check_num("window_s", window_s, 0, 86_400, lo_open=True)
     _check_lengths("prompt", prompt_median, prompt_sigma, prompt_min, prompt_max, 100_000)
@@ -316,27 +431,49 @@ def release_freeze(n: int = 24, seed: int = 0, *, turns: int = 4, window_s: floa
                 more_diff = _diff(rng, max(1, extra - len(follow.split())))
                 addition = f"\n\nAssistant: {reply}\n\nUser: {follow}\n{more_diff}"
                 if prompt_words + len(addition.split()) > context_max:
-                    break                                   # conversation ends rather than overflow
+                    break  # conversation ends rather than overflow
                 prompt = prompt + addition
                 prompt_words += len(addition.split())
             rid = f"{conv_id}-t{t + 1}"
-            reqs.append(WorkloadRequest(rid, round(times[t], 6), max_tokens, prompt=prompt, tier=tier,
-                                        conversation_id=conv_id, turn=t + 1, ignore_eos=ignore_eos,
-                                        parent_id=parent))
+            reqs.append(
+                WorkloadRequest(
+                    rid,
+                    round(times[t], 6),
+                    max_tokens,
+                    prompt=prompt,
+                    tier=tier,
+                    conversation_id=conv_id,
+                    turn=t + 1,
+                    ignore_eos=ignore_eos,
+                    parent_id=parent,
+                )
+            )
             parent, prev_tokens = rid, max_tokens
     return _sorted(reqs)
 
 
-def shared_system_prompt(n: int = 16, seed: int = 0, *, system_words: int = 300,
-                         prompt_median: float = 16, prompt_sigma: float = 0.4, prompt_min: int = 4,
-                         prompt_max: int = 80, output_median: float = 32, output_sigma: float = 0.5,
-                         output_min: int = 4, output_max: int = 128, arrival_rate: float | None = 2.0,
-                         tiers=None, ignore_eos: bool = True) -> list[WorkloadRequest]:
+def shared_system_prompt(
+    n: int = 16,
+    seed: int = 0,
+    *,
+    system_words: int = 300,
+    prompt_median: float = 16,
+    prompt_sigma: float = 0.4,
+    prompt_min: int = 4,
+    prompt_max: int = 80,
+    output_median: float = 32,
+    output_sigma: float = 0.5,
+    output_min: int = 4,
+    output_max: int = 128,
+    arrival_rate: float | None = 2.0,
+    tiers=None,
+    ignore_eos: bool = True,
+) -> list[WorkloadRequest]:
     """``n`` different user questions (``prompt_*`` words) behind one ``system_words``-word system
     prompt; every prompt starts with the same prefix string. Poisson arrivals at ``arrival_rate``
     per second (None: all at once)."""
     _check_int("n", n, 1, MAX_REQUESTS)
-    _check_int("seed", seed, 0, 2 ** 63 - 1)
+    _check_int("seed", seed, 0, 2**63 - 1)
     _check_int("system_words", system_words, 1, 100_000)
     _check_lengths("prompt", prompt_median, prompt_sigma, prompt_min, prompt_max, 100_000)
     _check_lengths("output", output_median, output_sigma, output_min, output_max, 100_000)
@@ -350,21 +487,39 @@ def shared_system_prompt(n: int = 16, seed: int = 0, *, system_words: int = 300,
     for i in range(n):
         words = _lognormal_int(rng, prompt_median, prompt_sigma, prompt_min, prompt_max)
         q = _words_from(rng, _USER_QUESTIONS, words, sep=" ")
-        reqs.append(WorkloadRequest(
-            f"ssp-{i:04d}", arrivals[i],
-            _lognormal_int(rng, output_median, output_sigma, output_min, output_max),
-            prompt=prefix + q + "\nAssistant:", tier=_pick_tier(rng, tiers), ignore_eos=ignore_eos))
+        reqs.append(
+            WorkloadRequest(
+                f"ssp-{i:04d}",
+                arrivals[i],
+                _lognormal_int(rng, output_median, output_sigma, output_min, output_max),
+                prompt=prefix + q + "\nAssistant:",
+                tier=_pick_tier(rng, tiers),
+                ignore_eos=ignore_eos,
+            )
+        )
     return _sorted(reqs)
 
 
-def mixed(n: int = 32, seed: int = 0, *, prompt_median: float = 60, prompt_sigma: float = 0.9,
-          prompt_min: int = 4, prompt_max: int = 600, output_median: float = 48,
-          output_sigma: float = 0.8, output_min: int = 4, output_max: int = 256,
-          arrival_rate: float | None = None, tiers=None, ignore_eos: bool = True) -> list[WorkloadRequest]:
+def mixed(
+    n: int = 32,
+    seed: int = 0,
+    *,
+    prompt_median: float = 60,
+    prompt_sigma: float = 0.9,
+    prompt_min: int = 4,
+    prompt_max: int = 600,
+    output_median: float = 48,
+    output_sigma: float = 0.8,
+    output_min: int = 4,
+    output_max: int = 256,
+    arrival_rate: float | None = None,
+    tiers=None,
+    ignore_eos: bool = True,
+) -> list[WorkloadRequest]:
     """``n`` independent requests with lognormal prompt (words) and output (tokens) lengths,
     clipped to ``[*_min, *_max]``; all at once by default, or Poisson at ``arrival_rate``/s."""
     _check_int("n", n, 1, MAX_REQUESTS)
-    _check_int("seed", seed, 0, 2 ** 63 - 1)
+    _check_int("seed", seed, 0, 2**63 - 1)
     _check_lengths("prompt", prompt_median, prompt_sigma, prompt_min, prompt_max, 100_000)
     _check_lengths("output", output_median, output_sigma, output_min, output_max, 100_000)
     rate = _check_rate(arrival_rate)
@@ -380,10 +535,16 @@ def mixed(n: int = 32, seed: int = 0, *, prompt_median: float = 60, prompt_sigma
             text = _diff(rng, words - qw) + "\n" + question
         else:
             text = _words_from(rng, _QUESTIONS, words, sep=" ")
-        reqs.append(WorkloadRequest(
-            f"mix-{i:04d}", arrivals[i],
-            _lognormal_int(rng, output_median, output_sigma, output_min, output_max),
-            prompt=text, tier=_pick_tier(rng, tiers), ignore_eos=ignore_eos))
+        reqs.append(
+            WorkloadRequest(
+                f"mix-{i:04d}",
+                arrivals[i],
+                _lognormal_int(rng, output_median, output_sigma, output_min, output_max),
+                prompt=text,
+                tier=_pick_tier(rng, tiers),
+                ignore_eos=ignore_eos,
+            )
+        )
     return _sorted(reqs)
 
 
@@ -425,7 +586,8 @@ def summarize(requests) -> dict:
     return {
         "requests": len(reqs),
         "conversations": len({r.conversation_id for r in reqs if r.conversation_id}),
-        "prompt_words_min": words[0], "prompt_words_median": words[len(words) // 2],
+        "prompt_words_min": words[0],
+        "prompt_words_median": words[len(words) // 2],
         "prompt_words_max": words[-1],
         "max_tokens_total": sum(r.max_tokens for r in reqs),
         "span_s": max(r.arrival_s for r in reqs) - min(r.arrival_s for r in reqs),
@@ -454,14 +616,15 @@ def _ids(x) -> list[int]:
     return list(x)
 
 
-def w16_prompts(tokenizer, n: int = 16, seed: int = 0, min_tokens: int = 30, max_tokens: int = 300,
-                return_token_ids: bool = False):
+def w16_prompts(
+    tokenizer, n: int = 16, seed: int = 0, min_tokens: int = 30, max_tokens: int = 300, return_token_ids: bool = False
+):
     """``n`` chat-templated prompts (one user turn each) whose length after
     ``tokenizer.apply_chat_template(..., add_generation_prompt=True)`` is in ``[min_tokens,
     max_tokens]``; target lengths are drawn log-uniformly, seeded. Returns the templated strings,
     or their token ids with ``return_token_ids=True``."""
     _check_int("n", n, 1, MAX_REQUESTS)
-    _check_int("seed", seed, 0, 2 ** 63 - 1)
+    _check_int("seed", seed, 0, 2**63 - 1)
     _check_int("min_tokens", min_tokens, 1, 1_000_000)
     _check_int("max_tokens", max_tokens, 1, 1_000_000)
     if max_tokens < min_tokens:
@@ -475,15 +638,15 @@ def w16_prompts(tokenizer, n: int = 16, seed: int = 0, min_tokens: int = 30, max
 
     overhead = len(template([], True))
     if overhead > max_tokens:
-        raise ValueError(f"max_tokens ({max_tokens}) is below the chat template's own length "
-                         f"({overhead} tokens)")
+        raise ValueError(f"max_tokens ({max_tokens}) is below the chat template's own length ({overhead} tokens)")
     out = []
     for _ in range(n):
         target = round(math.exp(rng.uniform(math.log(max(min_tokens, overhead + 1)), math.log(max_tokens))))
         target = min(max_tokens, max(min_tokens, target))
-        words = rng.choice(_W16_OPENERS).split() + \
-            _diff(rng, max_tokens + 8).split(" ")          # more words than tokens needed
-        lo, hi = 0, len(words)                              # largest k with len(k words) <= target
+        words = rng.choice(_W16_OPENERS).split() + _diff(rng, max_tokens + 8).split(
+            " "
+        )  # more words than tokens needed
+        lo, hi = 0, len(words)  # largest k with len(k words) <= target
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if len(template(words[:mid], True)) <= target:
@@ -492,12 +655,14 @@ def w16_prompts(tokenizer, n: int = 16, seed: int = 0, min_tokens: int = 30, max
                 hi = mid - 1
         k = lo
         ids = template(words[:k], True)
-        while len(ids) < min_tokens and k < len(words):   # a long last word skipped the range
+        while len(ids) < min_tokens and k < len(words):  # a long last word skipped the range
             k += 1
             ids = template(words[:k], True)
         if not min_tokens <= len(ids) <= max_tokens:
-            raise ValueError(f"could not build a prompt of {min_tokens}..{max_tokens} tokens with this "
-                             f"tokenizer (got {len(ids)}); widen the range")
+            raise ValueError(
+                f"could not build a prompt of {min_tokens}..{max_tokens} tokens with this "
+                f"tokenizer (got {len(ids)}); widen the range"
+            )
         out.append(ids if return_token_ids else template(words[:k], False))
     return out
 
@@ -506,12 +671,26 @@ def w16_prompts(tokenizer, n: int = 16, seed: int = 0, min_tokens: int = 30, max
 # The bench suites' prompts: chat-templated with the model's tokenizer `tok`, seeded.
 
 _TOPICS = [
-    "how tides work", "the history of the printing press", "why bread dough rises", "how a bicycle stays upright",
-    "what makes a good unit test", "how vaccines train the immune system", "the water cycle",
-    "how compilers turn source code into machine code", "why the sky is blue", "how bees communicate",
-    "the causes of inflation", "how a hash table works", "the life cycle of a star", "how to plan a vegetable garden",
-    "why cats purr", "how noise-cancelling headphones work", "the rules of chess openings",
-    "how glaciers shape valleys", "what a database index does", "how to brew good coffee",
+    "how tides work",
+    "the history of the printing press",
+    "why bread dough rises",
+    "how a bicycle stays upright",
+    "what makes a good unit test",
+    "how vaccines train the immune system",
+    "the water cycle",
+    "how compilers turn source code into machine code",
+    "why the sky is blue",
+    "how bees communicate",
+    "the causes of inflation",
+    "how a hash table works",
+    "the life cycle of a star",
+    "how to plan a vegetable garden",
+    "why cats purr",
+    "how noise-cancelling headphones work",
+    "the rules of chess openings",
+    "how glaciers shape valleys",
+    "what a database index does",
+    "how to brew good coffee",
 ]
 _SENTENCES = [
     "Please explain it step by step and keep the explanation concrete.",
@@ -559,7 +738,9 @@ def _fallback_prompts(tok, n: int, seed: int, min_tokens: int, max_tokens: int) 
     return out
 
 
-def chat_prompts(tok, n: int, seed: int = 0, min_tokens: int = 30, max_tokens: int = 300) -> tuple[list[list[int]], str]:
+def chat_prompts(
+    tok, n: int, seed: int = 0, min_tokens: int = 30, max_tokens: int = 300
+) -> tuple[list[list[int]], str]:
     """n chat-templated prompts of min..max tokens as token ids, and where they came from."""
     return _fallback_prompts(tok, n, seed, min_tokens, max_tokens), "engine.workloads.chat_prompts"
 
@@ -582,11 +763,21 @@ def release_freeze_workload(tok, quick: bool, seed: int = 0):
     Arrivals map to engine steps (2 steps per simulated second) so that both
     allocators see exactly the same arrival pattern."""
     if quick:
-        reqs = release_freeze(n=12, seed=seed, turns=3, window_s=10.0, prompt_median=80, prompt_max=200,
-                                context_max=360, output_median=32, output_max=64)
+        reqs = release_freeze(
+            n=12,
+            seed=seed,
+            turns=3,
+            window_s=10.0,
+            prompt_median=80,
+            prompt_max=200,
+            context_max=360,
+            output_median=32,
+            output_max=64,
+        )
     else:
         reqs = release_freeze(n=32, seed=seed, turns=4, window_s=20.0)
     from .config import EngineConfig
+
     max_len = EngineConfig().max_model_len  # the engine's default context cap: what a slab reserves
     out = []
     for r in reqs:
@@ -597,13 +788,22 @@ def release_freeze_workload(tok, quick: bool, seed: int = 0):
 
 
 _SUPPORT_QUESTIONS = [
-    "How do I reset my password?", "Can I change the billing date of my plan?",
-    "What happens to my files if I cancel?", "How do I add a teammate to my workspace?",
-    "Why was my payment declined?", "Is there a student discount?", "How do I export my data as CSV?",
-    "Can two people edit the same document at once?", "Where can I download invoices?",
-    "How do I turn on two-factor authentication?", "What are the API rate limits?",
-    "How long are deleted items kept?", "Can I move my account to another region?",
-    "How do I report a security issue?", "Do you offer an on-premises version?", "How do I close my account?",
+    "How do I reset my password?",
+    "Can I change the billing date of my plan?",
+    "What happens to my files if I cancel?",
+    "How do I add a teammate to my workspace?",
+    "Why was my payment declined?",
+    "Is there a student discount?",
+    "How do I export my data as CSV?",
+    "Can two people edit the same document at once?",
+    "Where can I download invoices?",
+    "How do I turn on two-factor authentication?",
+    "What are the API rate limits?",
+    "How long are deleted items kept?",
+    "Can I move my account to another region?",
+    "How do I report a security issue?",
+    "Do you offer an on-premises version?",
+    "How do I close my account?",
 ]
 
 
@@ -614,8 +814,11 @@ def shared_prefix_prompts(tok, n: int, prefix_tokens: int = 1000, seed: int = 0)
 
     def ids_for(k, q):
         system = "You are the support assistant of a software company. Policies follow. " + " ".join(sents[:k])
-        ids = tok.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": q}],
-                                      add_generation_prompt=True, tokenize=True)
+        ids = tok.apply_chat_template(
+            [{"role": "system", "content": system}, {"role": "user", "content": q}],
+            add_generation_prompt=True,
+            tokenize=True,
+        )
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
     while len(ids_for(len(sents), "")) < prefix_tokens:
@@ -628,27 +831,45 @@ def shared_prefix_prompts(tok, n: int, prefix_tokens: int = 1000, seed: int = 0)
 
 
 _PASSAGES = [
-    ("Mara", "Jonas", "Mara opened the workshop at seven, as she did every morning. She swept the sawdust from the "
-     "bench, checked the glue pots and set out the chisels in order of size. Mara liked the hour before the "
-     "apprentices arrived, when the only sound was the kettle and the radio murmuring about the weather. By eight "
-     "the first customer was at the door with a chair that had lost a leg, and Mara promised it would be ready by "
-     "Friday."),
-    ("the river", "the canal", "In spring the river rose quickly. The old path along the river flooded first, then "
-     "the meadow, and for a week the town watched the river creep toward the bakery. Children dropped sticks from "
-     "the bridge to see how fast the river ran. When the water finally fell, the river left a line of mud on every "
-     "wall it had touched, and the town spent a month scrubbing it away."),
-    ("server", "cluster", "The server restarted at midnight after the update. For ten minutes the server refused "
-     "connections while it rebuilt its indexes, and the on-call engineer watched the dashboard with a cup of cold "
-     "tea. Once the server came back, latency was lower than before, and the engineer wrote a short note explaining "
-     "what the update had changed and why the server had needed the restart."),
-    ("Tuesday", "Thursday", "The committee meets every Tuesday in the small room on the second floor. On Tuesday "
-     "mornings the agenda is sent out at nine, and members are asked to read the minutes of the previous Tuesday "
-     "before they arrive. If a Tuesday falls on a holiday, the meeting moves to the following day, and the "
-     "secretary sends a reminder so that nobody turns up to an empty room."),
+    (
+        "Mara",
+        "Jonas",
+        "Mara opened the workshop at seven, as she did every morning. She swept the sawdust from the "
+        "bench, checked the glue pots and set out the chisels in order of size. Mara liked the hour before the "
+        "apprentices arrived, when the only sound was the kettle and the radio murmuring about the weather. By eight "
+        "the first customer was at the door with a chair that had lost a leg, and Mara promised it would be ready by "
+        "Friday.",
+    ),
+    (
+        "the river",
+        "the canal",
+        "In spring the river rose quickly. The old path along the river flooded first, then "
+        "the meadow, and for a week the town watched the river creep toward the bakery. Children dropped sticks from "
+        "the bridge to see how fast the river ran. When the water finally fell, the river left a line of mud on every "
+        "wall it had touched, and the town spent a month scrubbing it away.",
+    ),
+    (
+        "server",
+        "cluster",
+        "The server restarted at midnight after the update. For ten minutes the server refused "
+        "connections while it rebuilt its indexes, and the on-call engineer watched the dashboard with a cup of cold "
+        "tea. Once the server came back, latency was lower than before, and the engineer wrote a short note explaining "
+        "what the update had changed and why the server had needed the restart.",
+    ),
+    (
+        "Tuesday",
+        "Thursday",
+        "The committee meets every Tuesday in the small room on the second floor. On Tuesday "
+        "mornings the agenda is sent out at nine, and members are asked to read the minutes of the previous Tuesday "
+        "before they arrive. If a Tuesday falls on a holiday, the meeting moves to the following day, and the "
+        "secretary sends a reminder so that nobody turns up to an empty room.",
+    ),
 ]
 _OPEN = [
-    "Write a short poem about the first snow of winter.", "Give me three ideas for a weekend project with kids.",
-    "Why do people enjoy scary movies?", "Describe an imaginary city built on the back of a giant turtle.",
+    "Write a short poem about the first snow of winter.",
+    "Give me three ideas for a weekend project with kids.",
+    "Why do people enjoy scary movies?",
+    "Describe an imaginary city built on the back of a giant turtle.",
 ]
 
 
@@ -656,8 +877,14 @@ def speculative_sets(tok):
     def ids(text):
         x = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
         return list(x["input_ids"] if hasattr(x, "keys") else x)
-    edit = [ids(f"Rewrite the passage below, replacing every '{a}' with '{b}'. Change nothing else and output only "
-                f"the rewritten passage.\n\n{p}") for a, b, p in _PASSAGES]
+
+    edit = [
+        ids(
+            f"Rewrite the passage below, replacing every '{a}' with '{b}'. Change nothing else and output only "
+            f"the rewritten passage.\n\n{p}"
+        )
+        for a, b, p in _PASSAGES
+    ]
     return {"passage_edit": edit, "open_ended": [ids(t) for t in _OPEN]}
 
 
@@ -675,16 +902,17 @@ _NEEDLE_PRIMER = "The access code for the staging cluster is"
 
 @dataclass(slots=True)
 class NeedlePrompt:
-    prompt_token_ids: list[int]           # chat prompt + the assistant's primed answer start (_NEEDLE_PRIMER)
-    answer_token_ids: list[int]           # the code's tokens as they continue the primer
-    answer: str                           # the planted code, e.g. "4817"
-    depth: float                          # where the fact sits, as a fraction of the context lines
-    context_tokens: int                   # prompt length in tokens (primer included)
+    prompt_token_ids: list[int]  # chat prompt + the assistant's primed answer start (_NEEDLE_PRIMER)
+    answer_token_ids: list[int]  # the code's tokens as they continue the primer
+    answer: str  # the planted code, e.g. "4817"
+    depth: float  # where the fact sits, as a fraction of the context lines
+    context_tokens: int  # prompt length in tokens (primer included)
 
 
 def _chat_ids(tokenizer, text: str) -> list[int]:
-    return _ids(tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                              tokenize=True))
+    return _ids(
+        tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+    )
 
 
 def _lines_to_fit(tokenizer, lines: list[str], target: int, build) -> list[int]:
@@ -699,8 +927,9 @@ def _lines_to_fit(tokenizer, lines: list[str], target: int, build) -> list[int]:
     return build(lines[:lo])
 
 
-def long_context_prompts(tokenizer, n: int = 4, seed: int = 0, min_tokens: int = 1024,
-                         max_tokens: int = 2048) -> list[list[int]]:
+def long_context_prompts(
+    tokenizer, n: int = 4, seed: int = 0, min_tokens: int = 1024, max_tokens: int = 2048
+) -> list[list[int]]:
     """``n`` chat prompts of ``min_tokens``-``max_tokens`` tokens (targets evenly spread): a long
     code-review thread (review comments and diff lines) followed by a request to summarize it."""
     _check_int("n", n, 1, MAX_REQUESTS)
@@ -711,14 +940,20 @@ def long_context_prompts(tokenizer, n: int = 4, seed: int = 0, min_tokens: int =
     for i in range(n):
         target = min_tokens + (max_tokens - min_tokens) * i // max(1, n - 1)
         lines = [_fill(rng, rng.choice(_REPLY_SENTENCES + _DIFF_TEMPLATES)) for _ in range(target // 4)]
-        out.append(_lines_to_fit(tokenizer, lines, target,
-                                 lambda ls: _chat_ids(tokenizer, "Review thread:\n" + "\n".join(ls)
-                                                      + "\n\n" + _LONG_ASK)))
+        out.append(
+            _lines_to_fit(
+                tokenizer,
+                lines,
+                target,
+                lambda ls: _chat_ids(tokenizer, "Review thread:\n" + "\n".join(ls) + "\n\n" + _LONG_ASK),
+            )
+        )
     return out
 
 
-def needle_prompts(tokenizer, depths=NEEDLE_DEPTHS, n_codes: int = 2, context_tokens: int = 1536,
-                   seed: int = 0) -> list[NeedlePrompt]:
+def needle_prompts(
+    tokenizer, depths=NEEDLE_DEPTHS, n_codes: int = 2, context_tokens: int = 1536, seed: int = 0
+) -> list[NeedlePrompt]:
     """Needle-in-a-haystack prompts: up to ``context_tokens`` of assistant-policy and review
     sentences with one fact (a 4-digit access code) planted at each depth, a question asking for
     it, and the start of the assistant's answer ("The access code ... is"), so the next tokens
@@ -739,6 +974,7 @@ def needle_prompts(tokenizer, depths=NEEDLE_DEPTHS, n_codes: int = 2, context_to
                 k = round(depth * len(ls))
                 text = "\n".join(ls[:k] + [_NEEDLE.format(code=code)] + ls[k:])
                 return _chat_ids(tokenizer, text + "\n\n" + _NEEDLE_QUESTION)
+
             ids = _lines_to_fit(tokenizer, hay, context_tokens - len(primer) - 4, build) + primer
             out.append(NeedlePrompt(ids, _answer_ids(tokenizer, code, primer), code, depth, len(ids)))
     return out
@@ -746,6 +982,6 @@ def needle_prompts(tokenizer, depths=NEEDLE_DEPTHS, n_codes: int = 2, context_to
 
 def _answer_ids(tokenizer, code: str, primer: list[int]) -> list[int]:
     full = _ids(tokenizer(_NEEDLE_PRIMER + " " + code, add_special_tokens=False))
-    if full[:len(primer)] != primer or len(full) == len(primer):
+    if full[: len(primer)] != primer or len(full) == len(primer):
         raise ValueError("this tokenizer merges the needle's answer into its primer; cannot score the answer")
-    return full[len(primer):]
+    return full[len(primer) :]

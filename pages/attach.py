@@ -1,5 +1,6 @@
 """Attach: look inside a live server — a kvscope `serve` (everything, from its snapshot stream) or a
 vLLM (its /metrics and KV events)."""
+
 from __future__ import annotations
 
 import time
@@ -17,22 +18,22 @@ from ui import vllm_metrics as vm
 shell.enter_app()
 
 SS = st.session_state
-REFRESH_S = 2.0   # the page redraws every 2 s; the session scrapes /metrics every 1 s in the background
+REFRESH_S = 2.0  # the page redraws every 2 s; the session scrapes /metrics every 1 s in the background
 
 st.title("Attach to a live server")
 st.caption(
     "Point kvscope at a running server. A kvscope server (`python -m engine serve`) streams its snapshots and "
     "events, so every chart of the live pages is drawn here. A vLLM server (or anything exposing vLLM's "
     "metric names) is read from its `/metrics` once a second, and, given its KV-events endpoint (vLLM started "
-    "with `--kv-events-config`), its prefix cache is rebuilt block by block from the events.")
+    "with `--kv-events-config`), its prefix cache is rebuilt block by block from the events."
+)
 
 with st.form("at_form"):
     base = st.text_input("Base URL", value=SS.get("at_base", "http://127.0.0.1:8000"), key="at_base_in")
     key = st.text_input("API key (optional)", type="password", key="at_key_in")
     c = st.columns([3, 3, 2])
     ev_ep = c[0].text_input("KV events endpoint (optional)", placeholder="tcp://127.0.0.1:5557", key="at_ev_in")
-    rp_ep = c[1].text_input("KV events replay endpoint (optional)", placeholder="tcp://127.0.0.1:5558",
-                            key="at_rp_in")
+    rp_ep = c[1].text_input("KV events replay endpoint (optional)", placeholder="tcp://127.0.0.1:5558", key="at_rp_in")
     topic = c[2].text_input("Topic", value="", key="at_topic_in")
     go_ = st.form_submit_button("Attach", type="primary")
 
@@ -42,8 +43,14 @@ if go_:
         old.stop()
     th = ea.get_engine()
     try:
-        SS["at_session"] = A.AttachSession(base, key or None, ev_ep.strip() or None, rp_ep.strip() or None,
-                                           topic, tokenizer=th.tokenizer if th is not None else None)
+        SS["at_session"] = A.AttachSession(
+            base,
+            key or None,
+            ev_ep.strip() or None,
+            rp_ep.strip() or None,
+            topic,
+            tokenizer=th.tokenizer if th is not None else None,
+        )
         SS.pop("at_error", None)
     except ValueError as e:
         SS["at_error"] = str(e)
@@ -73,13 +80,25 @@ def _tree_section(sess: A.AttachSession, tok_ok: bool, tok_why: str) -> None:
         counts = (n, sess.tree.chains(), sess.tree.removed, sess.tree.cleared)
     if ev_err:
         st.error(f"KV events: {ev_err}")
-    st.radio("Colour blocks by", ["age", "reuse"], horizontal=True, key="at_color",
-             help="age: seconds since the block was stored; reuse: chains that continue through the block "
-                  "beyond the first, plus repeated BlockStored reports for it")
-    st.caption(f"{counts[0]} cached blocks in {counts[1]} chains · {counts[2]} removed · {counts[3]} clears · "
-               + (f"{state.batches} batches (last seq {state.last_seq}, {state.replayed} replayed, "
-                  f"{state.missed} missed, wire {'/'.join(sorted(state.wires)) or '—'})" if state else "")
-               + (" · token text decoded: " if decode else " · no token text: ") + tok_why)
+    st.radio(
+        "Colour blocks by",
+        ["age", "reuse"],
+        horizontal=True,
+        key="at_color",
+        help="age: seconds since the block was stored; reuse: chains that continue through the block "
+        "beyond the first, plus repeated BlockStored reports for it",
+    )
+    st.caption(
+        f"{counts[0]} cached blocks in {counts[1]} chains · {counts[2]} removed · {counts[3]} clears · "
+        + (
+            f"{state.batches} batches (last seq {state.last_seq}, {state.replayed} replayed, "
+            f"{state.missed} missed, wire {'/'.join(sorted(state.wires)) or '—'})"
+            if state
+            else ""
+        )
+        + (" · token text decoded: " if decode else " · no token text: ")
+        + tok_why
+    )
     if fig is not None:
         ea.chart(fig, key="at_tree")
     else:
@@ -93,8 +112,10 @@ def _kvscope(sess: A.AttachSession) -> None:
     if snap is None:
         st.info(f"Waiting for the first snapshot… {err or ''}")
         return
-    st.caption(f"Reading {'the snapshot stream' if mode == 'stream' else 'snapshots once a second'} of "
-               f"{sess.base_url} · model {snap.info.model} · step {snap.step}" + (f" · {err}" if err else ""))
+    st.caption(
+        f"Reading {'the snapshot stream' if mode == 'stream' else 'snapshots once a second'} of "
+        f"{sess.base_url} · model {snap.info.model} · step {snap.step}" + (f" · {err}" if err else "")
+    )
     m = snap.metrics
     c = st.columns(5)
     c[0].metric("Running · waiting", f"{m.num_running} · {m.num_waiting}")
@@ -120,9 +141,14 @@ def _kvscope(sess: A.AttachSession) -> None:
     st.subheader("Events")
     st.html(et.events_html(et.filter_events(events, et.DEFAULT_KINDS)))
     local = ea.model_name()
-    same = snap.info.model == local or {snap.info.model, local} <= {"default", "tiny"}   # one tokenizer
-    _tree_section(sess, same, "the server runs the same tokenizer as this app" if same else
-                  f"the server's model {snap.info.model!r} is not this app's {local!r}")
+    same = snap.info.model == local or {snap.info.model, local} <= {"default", "tiny"}  # one tokenizer
+    _tree_section(
+        sess,
+        same,
+        "the server runs the same tokenizer as this app"
+        if same
+        else f"the server's model {snap.info.model!r} is not this app's {local!r}",
+    )
 
 
 def _vllm(sess: A.AttachSession) -> None:
@@ -131,8 +157,11 @@ def _vllm(sess: A.AttachSession) -> None:
     with sess.lock:
         err, n_err = sess.last_error, sess.scrape_errors
         tok_ok, tok_why = sess.tokenizer_ok, sess.tokenizer_reason
-    st.caption(f"Scraping {sess.base_url}/metrics every {sess.interval:g} s ({len(rs)} scrapes kept)"
-               + (f" · last error: {err}" if err else "") + (f" · {n_err} failed scrapes" if n_err else ""))
+    st.caption(
+        f"Scraping {sess.base_url}/metrics every {sess.interval:g} s ({len(rs)} scrapes kept)"
+        + (f" · last error: {err}" if err else "")
+        + (f" · {n_err} failed scrapes" if n_err else "")
+    )
     for note in v["notes"]:
         st.warning(note, icon=":material/info:")
     if not rs:
@@ -142,12 +171,14 @@ def _vllm(sess: A.AttachSession) -> None:
 
         def fmt(x, f="{:.0f}"):
             return "—" if x is None else f.format(x)
+
         c = st.columns(5)
         c[0].metric("Running · waiting", f"{fmt(r.running)} · {fmt(r.waiting)}")
         c[1].metric("KV cache usage", fmt(None if r.kv_usage is None else 100 * r.kv_usage, "{:.1f} %"))
         c[2].metric("Preemptions", fmt(r.preemptions))
-        c[3].metric(f"Prefix hit rate ({sess.window_s:g} s)", fmt(None if r.hit_rate is None else 100 * r.hit_rate,
-                                                                  "{:.1f} %"))
+        c[3].metric(
+            f"Prefix hit rate ({sess.window_s:g} s)", fmt(None if r.hit_rate is None else 100 * r.hit_rate, "{:.1f} %")
+        )
         c[4].metric("TTFT p50", fmt(None if r.ttft.get(0.5) is None else 1000 * r.ttft[0.5], "{:.0f} ms"))
         a, b = st.columns(2)
         with a:
@@ -170,9 +201,11 @@ def _live() -> None:
     if s is None:
         return
     s.touch()
-    if s.resume():     # it stopped itself while the page was not refreshing (a background tab)
-        st.info("Reading resumed: this page had not refreshed for a while (the browser tab was in the "
-                "background), so the session had paused.")
+    if s.resume():  # it stopped itself while the page was not refreshing (a background tab)
+        st.info(
+            "Reading resumed: this page had not refreshed for a while (the browser tab was in the "
+            "background), so the session had paused."
+        )
     st.caption(f"Attached to a **{s.kind}** server ({s.kind_reason}).")
     if s.kind == "kvscope":
         _kvscope(s)

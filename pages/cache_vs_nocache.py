@@ -1,4 +1,5 @@
 """Cache vs no-cache: what the KV cache saves per token, and what it costs when 50 sequences grow."""
+
 from __future__ import annotations
 
 import streamlit as st
@@ -18,7 +19,8 @@ st.caption(
     "Keys and values of earlier tokens never change (attention is causal), so an engine can compute "
     "them once and keep them. Without that cache every new token re-runs the whole sequence through "
     "the model. With it, memory becomes the limit instead: the cache grows with every token of every "
-    "sequence. Both halves of this page are measured on private engines, not simulated.")
+    "sequence. Both halves of this page are measured on private engines, not simulated."
+)
 
 base = ea.engine_config()
 
@@ -28,8 +30,10 @@ with st.form("cvn_cost_form"):
     c = st.columns(3)
     n_tok = c[0].number_input("Tokens to generate", 8, 1024, 48 if ea.test_mode() else 64, step=8, key="cvn_n")
     p_tok = c[1].number_input("Prompt length (tokens)", 1, 1024, 32, key="cvn_p")
-    c[2].caption(f"Model: **{base.model}** (the server's model). Greedy, EOS ignored, one request, one step "
-                 "at a time; each step's wall time is measured around the engine's step().")
+    c[2].caption(
+        f"Model: **{base.model}** (the server's model). Greedy, EOS ignored, one request, one step "
+        "at a time; each step's wall time is measured around the engine's step()."
+    )
     run_cost = st.form_submit_button("Measure with and without the cache", type="primary")
 
 if run_cost:
@@ -40,12 +44,23 @@ if run_cost:
         with experiments.RUN_LOCK:
             bar.progress(0.05, text="two private engines on the loaded weights, then alternating rounds…")
             res = experiments.compare_cache_vs_nocache(
-                base, n, p, busy=lambda: th.engine.step_num,
+                base,
+                n,
+                p,
+                busy=lambda: th.engine.step_num,
                 busy_what="shared-engine steps (other requests on the same cores)",
-                on_sample=lambda r, side, smp: bar.progress(min(1.0, (2 * r + 1 + (side == "cache")) / 6),
-                                                            text=f"round {r + 1}: {side} {smp.seconds:.2f} s"))
-        SS["cvn_cost"] = {"cache": res["cache"], "nocache": res["nocache"], "n": n, "p": p, "model": base.model,
-                          "comparison": res["comparison"]}
+                on_sample=lambda r, side, smp: bar.progress(
+                    min(1.0, (2 * r + 1 + (side == "cache")) / 6), text=f"round {r + 1}: {side} {smp.seconds:.2f} s"
+                ),
+            )
+        SS["cvn_cost"] = {
+            "cache": res["cache"],
+            "nocache": res["nocache"],
+            "n": n,
+            "p": p,
+            "model": base.model,
+            "comparison": res["comparison"],
+        }
     except ValueError as e:
         st.error(f"Not measured: {e}")
     bar.empty()
@@ -58,9 +73,18 @@ if cost:
     c = st.columns(4)
     c[0].metric("Decode time, with cache", f"{sa['total_s']:.2f} s")
     cmp_ = cost.get("comparison")
-    c[1].metric("Decode time, no cache", f"{sb['total_s']:.2f} s",
-                delta=(f"{cmp_.ratio.median:.1f}× slower (median)" if cmp_ else
-                       f"{sb['total_s'] / sa['total_s']:.1f}× slower" if sa["total_s"] else None), delta_color="off")
+    c[1].metric(
+        "Decode time, no cache",
+        f"{sb['total_s']:.2f} s",
+        delta=(
+            f"{cmp_.ratio.median:.1f}× slower (median)"
+            if cmp_
+            else f"{sb['total_s'] / sa['total_s']:.1f}× slower"
+            if sa["total_s"]
+            else None
+        ),
+        delta_color="off",
+    )
     c[2].metric("Tokens through the model, with cache", f"{fa[-1] if fa else 0:,}")
     c[3].metric("Tokens through the model, no cache", f"{fb[-1] if fb else 0:,}")
     if cmp_:
@@ -68,7 +92,8 @@ if cost:
             f"No-cache / cache decode time: median {cmp_.ratio.median:.2f}× (range {cmp_.ratio.lo:.2f}–"
             f"{cmp_.ratio.hi:.2f}×); with the cache median {cmp_.b.median:.2f} s ({cmp_.b.lo:.2f}–{cmp_.b.hi:.2f}), "
             f"without {cmp_.a.median:.2f} s ({cmp_.a.lo:.2f}–{cmp_.a.hi:.2f}). Conditions: {cmp_.conditions()}. "
-            "The decode times and chart above are the median round's.")
+            "The decode times and chart above are the median round's."
+        )
     ea.chart(C.cost_figure(pa, pb), key="cvn_cost_fig")
     st.markdown(
         f"**Reading it.** Both runs prefilled the same {cost['p']}-token prompt and then generated {cost['n']} tokens "
@@ -76,11 +101,13 @@ if cost:
         f"{fa[-1] if fa else 0:,} tokens over the whole decode, linear in the length. Without it each step re-fed the "
         f"entire sequence: {fb[-1] if fb else 0:,} tokens, which grows with the square of the length. Measured step "
         f"times (median of the first → last quarter): with the cache {1000 * sa['early_step_s']:.1f} → "
-        f"{1000 * sa['late_step_s']:.1f} ms, without {1000 * sb['early_step_s']:.1f} → {1000 * sb['late_step_s']:.1f} ms; "
+        f"{1000 * sa['late_step_s']:.1f} ms, without {1000 * sb['early_step_s']:.1f} → "
+        f"{1000 * sb['late_step_s']:.1f} ms; "
         f"a least-squares fit puts the no-cache cost at {1e6 * sb['slope_s_per_ctx_token']:.0f} µs per extra token of "
         f"context vs {1e6 * sa['slope_s_per_ctx_token']:.0f} µs with the cache. Wall times come from a shared CPU and "
         "move a little between runs; the token counts do not. On a small model at short lengths, fixed per-step "
-        "overheads hide part of the gap; it widens as the context grows.")
+        "overheads hide part of the gap; it widens as the context grows."
+    )
 else:
     st.info("Press **Measure** to time the same generation with the KV cache and without it (kv_cache=False).")
 
@@ -93,7 +120,8 @@ st.caption(
     "point where a server that keeps every cache would fail with MemoryBudgetExceeded; (B) the budget is "
     "enforced without eviction by reserving each sequence's full final length at admission, so the rest must "
     "wait; (C) the budget is enforced with LRU preemption: when blocks run out, the least recently "
-    "scheduled sequence gives its blocks back and recomputes later.")
+    "scheduled sequence gives its blocks back and recomputes later."
+)
 with st.form("cvn_ex_form"):
     c = st.columns(5)
     n_seq = c[0].number_input("Sequences", 2, 200, 50, key="cvn_seqs")
@@ -102,26 +130,36 @@ with st.form("cvn_ex_form"):
     ex_budget = c[3].number_input("KV budget (blocks)", 2, 4096, 64, key="cvn_budget")
     ex_bs = c[4].selectbox("Block size", (4, 8, 16, 32), index=2, key="cvn_bs")
     models = ["tiny", base.model] if base.model != "tiny" else ["tiny"]
-    ex_model = st.radio("Model", models, horizontal=True, key="cvn_model",
-                        format_func=lambda m: "tiny (2-layer test model: fast; the memory behaviour is the same, "
-                                              "since it depends on lengths, not weights)" if m == "tiny"
-                        else f"{m} (the server's model: slower)")
+    ex_model = st.radio(
+        "Model",
+        models,
+        horizontal=True,
+        key="cvn_model",
+        format_func=lambda m: (
+            "tiny (2-layer test model: fast; the memory behaviour is the same, "
+            "since it depends on lengths, not weights)"
+            if m == "tiny"
+            else f"{m} (the server's model: slower)"
+        ),
+    )
     run_ex = st.form_submit_button("Run the three engines", type="primary")
 
 if run_ex:
     n, p, g, bs, budget = int(n_seq), int(p_len), int(growth), int(ex_bs), int(ex_budget)
     bar = st.progress(0.0, text="waiting for the measurement slot…")
     try:
-        plan = experiments.exercise_plan(base, n=n, prompt_tokens=p, growth=g, budget_blocks=budget,
-                                         block_size=bs, model=ex_model)
+        plan = experiments.exercise_plan(
+            base, n=n, prompt_tokens=p, growth=g, budget_blocks=budget, block_size=bs, model=ex_model
+        )
 
         def on_step(i, s, snap):
             if s % 20 == 0:
                 bar.progress(min(0.999, (i + snap.metrics.num_finished / n) / 3), text=f"run {plan[i][0]}: step {s}")
 
         with experiments.RUN_LOCK:
-            runs = experiments.run_exercise(plan, experiments.exercise_prompts(n, p), g, budget_tokens=budget * bs,
-                                            on_step=on_step)
+            runs = experiments.run_exercise(
+                plan, experiments.exercise_prompts(n, p), g, budget_tokens=budget * bs, on_step=on_step
+            )
         SS["cvn_ex"] = {"runs": runs, "n": n, "p": p, "g": g, "bs": bs, "budget": budget, "model": ex_model}
     except ValueError as e:
         st.error(f"Not run: {e}")
@@ -135,9 +173,11 @@ if not ex:
 runs = ex["runs"]
 sums = [C.exercise_summary(r) for r in runs]
 budget_tok = ex["budget"] * ex["bs"]
-st.caption(f"{ex['n']} sequences × ({ex['p']} prompt + {ex['g']} generated) tokens on model {ex['model']}; "
-           f"budget {ex['budget']} blocks × {ex['bs']} = {budget_tok:,} token slots; together they need up to "
-           f"{ex['n'] * (ex['p'] + ex['g']):,}.")
+st.caption(
+    f"{ex['n']} sequences × ({ex['p']} prompt + {ex['g']} generated) tokens on model {ex['model']}; "
+    f"budget {ex['budget']} blocks × {ex['bs']} = {budget_tok:,} token slots; together they need up to "
+    f"{ex['n'] * (ex['p'] + ex['g']):,}."
+)
 cols = st.columns(3)
 for col, s, r in zip(cols, sums, runs):
     with col:
@@ -145,38 +185,62 @@ for col, s, r in zip(cols, sums, runs):
         c = st.columns(2)
         c[0].metric("Finished", f"{s['finished']} / {s['requests']}")
         d = s["peak_held"] - budget_tok
-        c[1].metric("Peak KV slots", f"{s['peak_held']:,}", delta=f"{d:+,}" if d else "0",
-                    delta_color="inverse" if d else "off", help=f"difference from the budget of {budget_tok:,} slots")
+        c[1].metric(
+            "Peak KV slots",
+            f"{s['peak_held']:,}",
+            delta=f"{d:+,}" if d else "0",
+            delta_color="inverse" if d else "off",
+            help=f"difference from the budget of {budget_tok:,} slots",
+        )
         c = st.columns(2)
         c[0].metric("Preemptions", s["preemptions"])
         c[1].metric("Steps", s["steps"])
         first = s["held_over_budget_step"]
         if first is not None:
-            st.error(f"The engine's own KV use passed the budget at step {first}: a server that keeps every "
-                     "cache and enforces this budget raises MemoryBudgetExceeded there.", icon=":material/memory:")
+            st.error(
+                f"The engine's own KV use passed the budget at step {first}: a server that keeps every "
+                "cache and enforces this budget raises MemoryBudgetExceeded there.",
+                icon=":material/memory:",
+            )
         elif s["over_budget_step"] is not None:
             when = "from the start" if s["over_budget_step"] == 0 else f"from step {s['over_budget_step']}"
-            st.success(f"Demand exceeded the budget {when}, yet KV use never did: "
-                       + ("sequences waited for room instead." if s["preemptions"] == 0
-                          else f"{s['preemptions']} preemptions kept it inside."), icon=":material/check_circle:")
+            st.success(
+                f"Demand exceeded the budget {when}, yet KV use never did: "
+                + (
+                    "sequences waited for room instead."
+                    if s["preemptions"] == 0
+                    else f"{s['preemptions']} preemptions kept it inside."
+                ),
+                icon=":material/check_circle:",
+            )
         reasons = C.waiting_reasons(r, limit=3)
         if reasons:
-            st.caption("Engine's waiting reasons (most sequences waiting at once): "
-                       + "; ".join(f"{why} ({k})" for why, k in reasons))
+            st.caption(
+                "Engine's waiting reasons (most sequences waiting at once): "
+                + "; ".join(f"{why} ({k})" for why, k in reasons)
+            )
 
 ea.chart(C.exercise_figure(runs), key="cvn_ex_fig")
 st.markdown(
     "**Reading it.** The dashed line is demand: the context every unfinished sequence has built so far, i.e. "
     "what a server that never evicts must hold at that moment. Run A holds all of it (rounded up to whole "
-    "blocks) and crosses the budget (dotted) within a few steps. Run B never crosses it, because each admitted sequence reserved its final size up front — "
+    "blocks) and crosses the budget (dotted) within a few steps. Run B never crosses it, because each admitted "
+    "sequence reserved its final size up front — "
     "but then only a few fit at a time, and the rest queue. Run C lets every sequence start, and when the blocks "
     "run out it takes them back from the sequence scheduled longest ago; that sequence later recomputes its "
     "context (the greedy output is the same), so all of them finish without the budget ever being exceeded. "
-    "The cost of C is recomputation, visible as extra steps.")
+    "The cost of C is recomputation, visible as extra steps."
+)
 with st.expander("Preemption and admission events of run C"):
     evs = et.filter_events(runs[2].events, ("preempt", "admit", "reject", "finish"), limit=120)
     st.html(et.events_html(evs))
 dl = st.columns(3)
 for i, r in enumerate(runs):
-    dl[i].download_button(f"Trace of run {r.label[:1]}", data=r.trace_text, file_name=f"kvscope-exercise-{r.label[:1]}.jsonl",
-                          mime="application/jsonl", key=f"cvn_dl_{i}", on_click="ignore")
+    dl[i].download_button(
+        f"Trace of run {r.label[:1]}",
+        data=r.trace_text,
+        file_name=f"kvscope-exercise-{r.label[:1]}.jsonl",
+        mime="application/jsonl",
+        key=f"cvn_dl_{i}",
+        on_click="ignore",
+    )

@@ -1,4 +1,5 @@
 """Claims: what the seeds say about inference, each beside this machine's measurement."""
+
 from __future__ import annotations
 
 import html
@@ -17,7 +18,8 @@ st.title("Claims")
 st.caption(
     "The reference texts kvscope grew from make claims about inference engines. Each row below puts one of "
     "them beside a number measured on this machine — from the benchmark's latest saved results, or measured "
-    "here on the loaded engine — and says whether it holds here, by a rule written in the row.")
+    "here on the loaded engine — and says whether it holds here, by a rule written in the row."
+)
 
 
 @st.cache_resource(show_spinner=False)
@@ -34,9 +36,14 @@ model = th.config.model if th is not None else None
 live = store.get(model)
 
 c = st.columns([1, 3])
-if c[0].button("Measure", type="primary", key="claims_measure", disabled=th is None,
-               help="times decode steps at batch 1-8, a (k+1)-token pass vs a 1-token pass for k = 1-8, "
-                    "memory bandwidth and a matmul on the loaded engine (pauses it briefly)"):
+if c[0].button(
+    "Measure",
+    type="primary",
+    key="claims_measure",
+    disabled=th is None,
+    help="times decode steps at batch 1-8, a (k+1)-token pass vs a 1-token pass for k = 1-8, "
+    "memory bandwidth and a matmul on the loaded engine (pauses it briefly)",
+):
     bar = st.progress(0.0, text="starting")
     try:
         live = C.measure_live(th, progress=lambda f, s: bar.progress(min(1.0, max(0.0, f)), text=s))
@@ -45,8 +52,10 @@ if c[0].button("Measure", type="primary", key="claims_measure", disabled=th is N
         st.error(f"Measurement failed: {type(e).__name__}: {e}")
     bar.empty()
 if live:
-    c[1].caption(f"Live measurement of {html.escape(str(model))} from {live['when'][:19].replace('T', ' ')} UTC "
-                 "replaces the bench rows it covers.")
+    c[1].caption(
+        f"Live measurement of {html.escape(str(model))} from {live['when'][:19].replace('T', ' ')} UTC "
+        "replaces the bench rows it covers."
+    )
     rows = C.merge(rows, live["rows"])
 else:
     c[1].caption("Rows marked 'this page' need a live measurement: press Measure.")
@@ -54,8 +63,10 @@ else:
 if bench:
     st.caption("Bench results read: " + " · ".join(html.escape(b.label) for b in bench.values()))
 else:
-    st.caption(f"No bench results found in {html.escape(str(C.results_dir()))} "
-               "(`python -m engine bench all --quick` writes them).")
+    st.caption(
+        f"No bench results found in {html.escape(str(C.results_dir()))} "
+        "(`python -m engine bench all --quick` writes them)."
+    )
 
 VERDICT = {True: ("holds here", "#009E73"), False: ("does not hold here", "#D55E00"), None: ("not measured", "#7F7F7F")}
 
@@ -63,16 +74,20 @@ VERDICT = {True: ("holds here", "#009E73"), False: ("does not hold here", "#D55E
 def _row_html(r: C.ClaimRow) -> str:
     word, colour = VERDICT[r.holds]
     e = html.escape
-    return (f"<tr><td style='vertical-align:top'><b>{e(r.claim)}</b><br><span style='color:#666;font-size:0.8rem'>"
-            f"seeds {e(r.seeds)}</span></td>"
-            f"<td style='vertical-align:top'>{e(r.measured)}<br><span style='color:#666;font-size:0.8rem'>"
-            f"{e(r.source)}</span></td>"
-            f"<td style='vertical-align:top;white-space:nowrap'><b style='color:{colour}'>{word}</b></td>"
-            f"<td style='vertical-align:top;font-size:0.9rem'>{e(r.why)}</td></tr>")
+    return (
+        f"<tr><td style='vertical-align:top'><b>{e(r.claim)}</b><br><span style='color:#666;font-size:0.8rem'>"
+        f"seeds {e(r.seeds)}</span></td>"
+        f"<td style='vertical-align:top'>{e(r.measured)}<br><span style='color:#666;font-size:0.8rem'>"
+        f"{e(r.source)}</span></td>"
+        f"<td style='vertical-align:top;white-space:nowrap'><b style='color:{colour}'>{word}</b></td>"
+        f"<td style='vertical-align:top;font-size:0.9rem'>{e(r.why)}</td></tr>"
+    )
 
 
-st.html("<table style='width:100%;border-collapse:collapse;font-size:0.92rem' class='kv-claims'>"
-        "<thead><tr><th style='text-align:left;width:28%'>claim</th><th style='text-align:left;width:30%'>"
-        "measured here</th><th style='text-align:left'>verdict</th><th style='text-align:left'>why</th></tr></thead>"
-        "<tbody>" + "".join(_row_html(r) for r in rows) + "</tbody></table>"
-        "<style>.kv-claims td,.kv-claims th{border-top:1px solid #ddd;padding:6px 8px}</style>")
+st.html(
+    "<table style='width:100%;border-collapse:collapse;font-size:0.92rem' class='kv-claims'>"
+    "<thead><tr><th style='text-align:left;width:28%'>claim</th><th style='text-align:left;width:30%'>"
+    "measured here</th><th style='text-align:left'>verdict</th><th style='text-align:left'>why</th></tr></thead>"
+    "<tbody>" + "".join(_row_html(r) for r in rows) + "</tbody></table>"
+    "<style>.kv-claims td,.kv-claims th{border-top:1px solid #ddd;padding:6px 8px}</style>"
+)

@@ -1,5 +1,6 @@
 """Demo: the release-freeze afternoon (and speculation) told in chapters, played from recorded
 traces, with every caption taken from the trace's own events; any chapter can be run live."""
+
 from __future__ import annotations
 
 import html
@@ -30,7 +31,8 @@ st.caption(
     "A guided tour, played back from traces the engine recorded on the default model (SmolLM2-135M, fp32, "
     "CPU). Each chapter jumps to the moment the trace shows it, and its caption is written from that "
     "moment's events: which request, how many blocks, the engine's own reason. Play it, scrub it, or run "
-    "the same requests on the engine now.")
+    "the same requests on the engine now."
+)
 
 
 @st.cache_resource(show_spinner=False)
@@ -72,14 +74,18 @@ for i, (col, c) in enumerate(zip(cols, chs)):
             st.button(label, key=f"demo_ch_{which}_{c.key}", disabled=True, width="stretch")
             st.caption(c.missing)
         else:
-            st.button(label, key=f"demo_ch_{which}_{c.key}", on_click=_goto, args=(c.moment.tick, i),
-                      width="stretch")
+            st.button(label, key=f"demo_ch_{which}_{c.key}", on_click=_goto, args=(c.moment.tick, i), width="stretch")
 
 # ------------------------------------------------------------------ transport
 c = st.columns([1, 1, 1, 2])
 c[0].button("◀ Step", key="demo_back", on_click=lambda: _goto(SS[tick_key] - 1), width="stretch")
-c[1].button("Pause" if SS[play_key] else "▶ Play", key="demo_play_btn", type="primary", width="stretch",
-            on_click=lambda: SS.__setitem__(play_key, not SS[play_key]))
+c[1].button(
+    "Pause" if SS[play_key] else "▶ Play",
+    key="demo_play_btn",
+    type="primary",
+    width="stretch",
+    on_click=lambda: SS.__setitem__(play_key, not SS[play_key]),
+)
 c[2].button("Step ▶", key="demo_fwd", on_click=lambda: _goto(SS[tick_key] + 1), width="stretch")
 speed = c[3].select_slider("Speed (recorded snapshots per second)", D.SPEEDS, value=1.0, key="demo_speed")
 
@@ -91,9 +97,14 @@ def player() -> None:
         SS[tick_key] = nxt
         if end:
             SS[play_key] = False
-            st.rerun()          # the whole page: the Play button comes back and the timer stops
-    tick = st.slider("Scrubber (one recorded snapshot each)", 0, n - 1, key=tick_key,
-                     on_change=lambda: SS.__setitem__(play_key, False))
+            st.rerun()  # the whole page: the Play button comes back and the timer stops
+    tick = st.slider(
+        "Scrubber (one recorded snapshot each)",
+        0,
+        n - 1,
+        key=tick_key,
+        on_change=lambda: SS.__setitem__(play_key, False),
+    )
     view = R.view_at(trace, tick)
     snap = view.snapshot
     cur = D.current_chapter(chs, tick, SS.get(f"demo_pick_{which}"))
@@ -106,20 +117,28 @@ def player() -> None:
             st.caption(ch.intro)
             st.html(f"<p style='margin:0.2rem 0'>{html.escape(ch.moment.caption)}</p>")
             if ch.moment.step != snap.step:
-                st.caption(f"(the moment is step {ch.moment.step}; the charts show the recorded snapshot at step "
-                           f"{snap.step}, the trace keeps one snapshot every few steps)")
+                st.caption(
+                    f"(the moment is step {ch.moment.step}; the charts show the recorded snapshot at step "
+                    f"{snap.step}, the trace keeps one snapshot every few steps)"
+                )
     m = snap.metrics
     k = st.columns(6)
     k[0].metric("Engine step", snap.step)
     k[1].metric("Running / waiting", f"{m.num_running} / {m.num_waiting}")
     k[2].metric("KV blocks used", f"{m.num_blocks_used} / {snap.info.num_blocks}")
-    k[3].metric("Demand (blocks)", D.kv_demand_blocks(snap),
-                help="blocks the requests in the engine would need for their whole context right now")
+    k[3].metric(
+        "Demand (blocks)",
+        D.kv_demand_blocks(snap),
+        help="blocks the requests in the engine would need for their whole context right now",
+    )
     k[4].metric("Preemptions", m.num_preemptions_total)
     if which == "speculation":
         a = m.spec.acceptance_rate
-        k[5].metric("Acceptance so far", "—" if a is None else f"{a:.2f}",
-                    help="accepted / proposed draft tokens, all requests so far")
+        k[5].metric(
+            "Acceptance so far",
+            "—" if a is None else f"{a:.2f}",
+            help="accepted / proposed draft tokens, all requests so far",
+        )
     else:
         k[5].metric("Prefix hit rate", f"{100 * m.prefix_cache_hit_rate:.0f}%")
     t0 = trace.snapshots[0].time
@@ -152,18 +171,24 @@ st.caption(
     f"{rec_cfg['num_kv_blocks']} blocks of {rec_cfg['block_size']}"
     + (" and n-gram speculation with k=4" if which == "speculation" else "")
     + "; with other settings the same chapters may happen at other steps or not at all — the captions "
-      "below are found in the live run's own events the same way.")
+    "below are found in the live run's own events the same way."
+)
 run_key = f"demo_live_{which}"
 if st.button("Run this story live", key=f"demo_live_btn_{which}"):
-    reqs = (D.speculation_requests(th.tokenizer) if which == "speculation" else D.release_freeze_requests())
+    reqs = D.speculation_requests(th.tokenizer) if which == "speculation" else D.release_freeze_requests()
     run_id = f"D{uuid.uuid4().hex[:4]}"
     now = th.snapshot()
     rec = recording.SnapshotRecorder(run_id, start_time=now.time, start_seq=th.events.last_seq)
-    feeder = recording.LoadFeeder(th.submit, reqs, lambda r: SamplingParams(**r.sampling_kwargs()), run_id,
-                          time_scale=0.0 if ea.test_mode() else 1.0)
+    feeder = recording.LoadFeeder(
+        th.submit,
+        reqs,
+        lambda r: SamplingParams(**r.sampling_kwargs()),
+        run_id,
+        time_scale=0.0 if ea.test_mode() else 1.0,
+    )
     SS[run_key] = {"run_id": run_id, "feeder": feeder, "rec": rec}
     feeder.start()
-    if ea.test_mode():       # no polling in test mode: let it finish, then draw once
+    if ea.test_mode():  # no polling in test mode: let it finish, then draw once
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
             rec.poll(th)
@@ -184,15 +209,19 @@ if live:
         snap = rec.poll(th)
         fs = live["feeder"].snapshot_status()
         pending = L.run_request_ids_pending(snap, fs.request_ids)
-        st.caption(f"Live run {live['run_id']}: {fs.submitted} of {fs.total} submitted, {pending} still in the "
-                   f"engine{', ' + str(fs.rejected) + ' refused' if fs.rejected else ''}.")
+        st.caption(
+            f"Live run {live['run_id']}: {fs.submitted} of {fs.total} submitted, {pending} still in the "
+            f"engine{', ' + str(fs.rejected) + ' refused' if fs.rejected else ''}."
+        )
         snaps = rec.trace_snapshots()
         if snaps:
             ltrace = Trace(snaps, list(rec.events))
             rows = []
             for i, ch in enumerate(D.chapters(ltrace, which)):
-                rows.append(f"<li><b>{i + 1}. {html.escape(ch.title)}</b>: "
-                            f"{html.escape(ch.moment.caption if ch.moment else 'not (yet) seen: ' + ch.missing)}</li>")
+                rows.append(
+                    f"<li><b>{i + 1}. {html.escape(ch.title)}</b>: "
+                    f"{html.escape(ch.moment.caption if ch.moment else 'not (yet) seen: ' + ch.missing)}</li>"
+                )
             st.html("<ul style='margin:0'>" + "".join(rows) + "</ul>")
         batching_view(rec.events, key="demo_live_batching", max_steps=80)
         if active and fs.done and not pending:

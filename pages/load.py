@@ -1,4 +1,5 @@
 """Concurrent load: launch a workload scenario against the shared engine and watch its memory."""
+
 from __future__ import annotations
 
 import time
@@ -24,7 +25,8 @@ st.caption(
     "Many requests at once on the shared engine. Each running request holds KV blocks that grow "
     "with every token; when the pool runs dry the scheduler must make someone wait or preempt a "
     "running request (recompute drops its blocks, swap copies them to CPU). Everything below is "
-    "read from the engine's snapshots and events while the load runs.")
+    "read from the engine's snapshots and events while the load runs."
+)
 
 th = ea.require_engine()
 cfg = ea.engine_config()
@@ -33,10 +35,10 @@ snap0 = th.snapshot()
 # ------------------------------------------------------------------ launch form
 SCEN_HELP = {
     "release-freeze": "code-review conversations arriving within a window, each turn re-sending the "
-                      "whole conversation so contexts grow (the seed's release-freeze afternoon). The "
-                      "assistant replies inside later turns' prompts are placeholder text of the length the "
-                      "earlier turn asked for, not the model's own answers: the workload is built before it "
-                      "runs, so the token counts and prefix sharing are real, the reply words are not.",
+    "whole conversation so contexts grow (the seed's release-freeze afternoon). The "
+    "assistant replies inside later turns' prompts are placeholder text of the length the "
+    "earlier turn asked for, not the model's own answers: the workload is built before it "
+    "runs, so the token counts and prefix sharing are real, the reply words are not.",
     "shared-system-prompt": "one long system prompt with many different user questions behind it",
     "mixed": "independent requests with lognormal prompt and output lengths",
 }
@@ -48,13 +50,23 @@ with st.form("load_form"):
     c = st.columns(4)
     n = c[0].number_input("Requests", 1, recording.MAX_LOAD_REQUESTS, 24, key="load_n")
     seed = c[1].number_input("Seed", 0, 10_000, 0, key="load_seed")
-    tiers = c[2].multiselect("Tiers (picked at random)", sorted(cfg.tiers), default=[], key="load_tiers",
-                             help="each tier caps prompt + max tokens; a request over its cap is rejected")
+    tiers = c[2].multiselect(
+        "Tiers (picked at random)",
+        sorted(cfg.tiers),
+        default=[],
+        key="load_tiers",
+        help="each tier caps prompt + max tokens; a request over its cap is rejected",
+    )
     if scenario == "release-freeze":
         turns = c[3].number_input("Turns per conversation", 1, 12, 4, key="load_turns")
     else:
-        rate = c[3].number_input("Arrival rate (req/s, 0 = all at once)", 0.0, 1000.0,
-                                 2.0 if scenario == "shared-system-prompt" else 0.0, key="load_rate")
+        rate = c[3].number_input(
+            "Arrival rate (req/s, 0 = all at once)",
+            0.0,
+            1000.0,
+            2.0 if scenario == "shared-system-prompt" else 0.0,
+            key="load_rate",
+        )
     c = st.columns(4)
     if scenario == "release-freeze":
         window = c[0].number_input("Arrival window (s)", 0.1, 600.0, 10.0, key="load_window")
@@ -63,26 +75,44 @@ with st.form("load_form"):
     else:
         c[0].empty()
     pmax_default = max(8, min(400, mml // 4))
-    p_med = c[1].number_input("Prompt median (words)", 1, 100_000,
-                              16 if scenario == "shared-system-prompt" else min(60, pmax_default), key="load_pmed")
+    p_med = c[1].number_input(
+        "Prompt median (words)",
+        1,
+        100_000,
+        16 if scenario == "shared-system-prompt" else min(60, pmax_default),
+        key="load_pmed",
+    )
     o_med = c[2].number_input("Output median (tokens)", 1, 4096, 32, key="load_omed")
     o_max = c[3].number_input("Output max (tokens)", 1, 4096, 96, key="load_omax")
     launch = st.form_submit_button("Launch load", type="primary")
 
 
 def _params() -> dict:
-    p = {"output_median": float(o_med), "output_max": int(max(o_max, 1)), "output_min": 1,
-         "tiers": list(tiers) or None}
+    p = {"output_median": float(o_med), "output_max": int(max(o_max, 1)), "output_min": 1, "tiers": list(tiers) or None}
     if scenario == "release-freeze":
-        p.update(turns=int(turns), window_s=float(window), prompt_median=float(p_med),
-                 prompt_min=1, prompt_max=max(int(p_med), pmax_default),
-                 context_max=max(int(p_med), pmax_default, mml // 3))
+        p.update(
+            turns=int(turns),
+            window_s=float(window),
+            prompt_median=float(p_med),
+            prompt_min=1,
+            prompt_max=max(int(p_med), pmax_default),
+            context_max=max(int(p_med), pmax_default, mml // 3),
+        )
     elif scenario == "shared-system-prompt":
-        p.update(system_words=int(system_words), prompt_median=float(p_med), prompt_min=1,
-                 prompt_max=max(int(p_med), 80), arrival_rate=float(rate) or None)
+        p.update(
+            system_words=int(system_words),
+            prompt_median=float(p_med),
+            prompt_min=1,
+            prompt_max=max(int(p_med), 80),
+            arrival_rate=float(rate) or None,
+        )
     else:
-        p.update(prompt_median=float(p_med), prompt_min=1, prompt_max=max(int(p_med), pmax_default),
-                 arrival_rate=float(rate) or None)
+        p.update(
+            prompt_median=float(p_med),
+            prompt_min=1,
+            prompt_max=max(int(p_med), pmax_default),
+            arrival_rate=float(rate) or None,
+        )
     return p
 
 
@@ -110,10 +140,22 @@ if launch:
         run_id = f"L{uuid.uuid4().hex[:4]}"
         now = th.snapshot()
         rec = recording.SnapshotRecorder(run_id, start_time=now.time, start_seq=th.events.last_seq)
-        feeder = recording.LoadFeeder(room.submitter(th), reqs, lambda r: SamplingParams(**r.sampling_kwargs()), run_id,
-                              time_scale=0.0 if ea.test_mode() else 1.0, bound_to=th)
-        SS["load_run"] = {"run_id": run_id, "feeder": feeder, "rec": rec, "scenario": scenario,
-                          "summary": summarize(reqs), "t0": now.time}
+        feeder = recording.LoadFeeder(
+            room.submitter(th),
+            reqs,
+            lambda r: SamplingParams(**r.sampling_kwargs()),
+            run_id,
+            time_scale=0.0 if ea.test_mode() else 1.0,
+            bound_to=th,
+        )
+        SS["load_run"] = {
+            "run_id": run_id,
+            "feeder": feeder,
+            "rec": rec,
+            "scenario": scenario,
+            "summary": summarize(reqs),
+            "t0": now.time,
+        }
         feeder.start()
         if ea.test_mode():  # no live polling in test mode: let the run finish, then draw it once
             deadline = time.monotonic() + 600
@@ -121,8 +163,11 @@ if launch:
                 rec.poll(th)
                 st_ = feeder.snapshot_status()
                 # the handles are the engine's final word (the published snapshot can predate a submit)
-                if st_.done and room.outcomes(st_.request_ids)["in_flight"] == 0 \
-                        and L.run_request_ids_pending(th.snapshot(), st_.request_ids) == 0:
+                if (
+                    st_.done
+                    and room.outcomes(st_.request_ids)["in_flight"] == 0
+                    and L.run_request_ids_pending(th.snapshot(), st_.request_ids) == 0
+                ):
                     break
                 time.sleep(0.02)
             rec.poll(th)
@@ -133,11 +178,19 @@ run = SS.get("load_run")
 with st.container(border=True):
     c = st.columns([3, 1, 1])
     cur = th.snapshot().info
-    cap = max(cfg.num_kv_blocks or 0, cur.num_blocks,
-              max((s.info.num_blocks for s in run["rec"].series), default=0) if run else 0)
+    cap = max(
+        cfg.num_kv_blocks or 0,
+        cur.num_blocks,
+        max((s.info.num_blocks for s in run["rec"].series), default=0) if run else 0,
+    )
     with c[0].form("budget_form", border=False):
-        new_budget = st.slider("KV budget (blocks) — tighten it mid-run to make the server preempt", 1, int(cap),
-                               int(cur.num_blocks), key="load_budget")
+        new_budget = st.slider(
+            "KV budget (blocks) — tighten it mid-run to make the server preempt",
+            1,
+            int(cap),
+            int(cur.num_blocks),
+            key="load_budget",
+        )
         if st.form_submit_button("Apply budget") and room.operator_only("The KV budget"):
             try:
                 th.set_kv_budget(int(new_budget))
@@ -153,7 +206,7 @@ with st.container(border=True):
 if not run:
     st.info("No load launched in this session yet. Pick a scenario and press **Launch load**.")
     if L.origin_html(th.snapshot()):
-        st.html(L.origin_html(th.snapshot()))     # requests sent to the OpenAI API (same engine)
+        st.html(L.origin_html(th.snapshot()))  # requests sent to the OpenAI API (same engine)
     st.stop()
 
 fstat = run["feeder"].snapshot_status()
@@ -174,25 +227,34 @@ def live() -> None:
     c[3].metric("Preempted/swapped", f"{m.num_preempted} / {m.num_swapped}", help="right now")
     c[4].metric("Preemptions", m.num_preemptions_total, help="total since the engine started")
     used_b, pool_b = m.num_blocks_used * snap.info.bytes_per_block, snap.info.num_blocks * snap.info.bytes_per_block
-    c[5].metric("KV in use", f"{100 * m.kv_cache_usage_perc:.0f}% · {L.format_bytes(used_b)}",
-                help=f"{m.num_blocks_used} of {snap.info.num_blocks} blocks owned by requests: "
-                     f"{used_b:,} of {pool_b:,} bytes ({snap.info.bytes_per_block:,} bytes per block)")
+    c[5].metric(
+        "KV in use",
+        f"{100 * m.kv_cache_usage_perc:.0f}% · {L.format_bytes(used_b)}",
+        help=f"{m.num_blocks_used} of {snap.info.num_blocks} blocks owned by requests: "
+        f"{used_b:,} of {pool_b:,} bytes ({snap.info.bytes_per_block:,} bytes per block)",
+    )
     state = "feeding" if not fs.done else ("draining" if pending else "done")
     s = run["summary"]
-    st.caption(f"Run {run['run_id']} · {run['scenario']} · {state} · {s.get('requests', 0)} requests, prompts "
-               f"{s.get('prompt_words_min', 0)}–{s.get('prompt_words_max', 0)} words, "
-               f"{s.get('max_tokens_total', 0)} output tokens asked in total. Counts and charts are "
-               "engine-wide (other sessions' requests included).")
+    st.caption(
+        f"Run {run['run_id']} · {run['scenario']} · {state} · {s.get('requests', 0)} requests, prompts "
+        f"{s.get('prompt_words_min', 0)}–{s.get('prompt_words_max', 0)} words, "
+        f"{s.get('max_tokens_total', 0)} output tokens asked in total. Counts and charts are "
+        "engine-wide (other sessions' requests included)."
+    )
     if L.origin_html(snap):
-        st.html(L.origin_html(snap))              # requests sent to the OpenAI API, tagged with their origin
+        st.html(L.origin_html(snap))  # requests sent to the OpenAI API, tagged with their origin
     oc = room.outcomes(fs.request_ids)
-    st.caption(f"This run's requests: {oc['finished']} finished, {oc['aborted']} aborted, "
-               f"{oc['failed'] + fs.rejected} rejected or failed, {oc['in_flight']} in flight.")
+    st.caption(
+        f"This run's requests: {oc['finished']} finished, {oc['aborted']} aborted, "
+        f"{oc['failed'] + fs.rejected} rejected or failed, {oc['in_flight']} in flight."
+    )
     if fs.rebuilt:
         st.warning("Feeding stopped: the shared engine was rebuilt, so the rest of this load was not submitted.")
     if rec.restarts:
-        st.warning("The shared engine was rebuilt during this run (settings changed or a restart), which "
-                   "aborted its in-flight requests; the charts restart from the rebuilt engine's first step.")
+        st.warning(
+            "The shared engine was rebuilt during this run (settings changed or a restart), which "
+            "aborted its in-flight requests; the charts restart from the rebuilt engine's first step."
+        )
     if fs.errors:
         with st.expander(f"{len(fs.errors)} request(s) refused at submission — the engine's reasons"):
             st.code("\n".join(fs.errors[:50]), language=None)
@@ -203,8 +265,15 @@ def live() -> None:
     fkey = (run["run_id"], series[-1].step if series else -1, len(series))
     cached = SS.get("load_figs")
     if cached is None or cached[0] != fkey:
-        cached = (fkey, [L.counts_figure(series, t0), L.growth_figure(series, t0),
-                         L.kv_usage_figure(series, t0), L.percentiles_figure(series, t0)])
+        cached = (
+            fkey,
+            [
+                L.counts_figure(series, t0),
+                L.growth_figure(series, t0),
+                L.kv_usage_figure(series, t0),
+                L.percentiles_figure(series, t0),
+            ],
+        )
         SS["load_figs"] = cached
     f_counts, f_growth, f_kv, f_pct = cached[1]
     a, b = st.columns(2)
@@ -218,18 +287,24 @@ def live() -> None:
     pct = L.latency_percentiles(snap)
     st.html(L.percentile_table_html(pct, L.percentile_counts(snap)))
     st.subheader("Event log")
-    kinds = st.multiselect("Kinds", list(et.MEMORY_KINDS) + list(et.NOISY_KINDS[2:4]),
-                           default=list(et.DEFAULT_KINDS), key="load_kinds")
+    kinds = st.multiselect(
+        "Kinds", list(et.MEMORY_KINDS) + list(et.NOISY_KINDS[2:4]), default=list(et.DEFAULT_KINDS), key="load_kinds"
+    )
     evs = list(rec.events)
     counts = et.count_by_kind(evs)
     st.caption(" · ".join(f"{k}: {counts[k]}" for k in sorted(counts)) or "no events yet")
     st.html(et.events_html(et.filter_events(evs, kinds)))
     if active and not (not fs.done or pending):
-        st.rerun()     # the run just ended: a full rerun stops the polling
+        st.rerun()  # the run just ended: a full rerun stops the polling
 
 
 live()
-st.download_button("Download this run's trace (JSONL)", data=run["rec"].trace_text,
-                   file_name=f"kvscope-load-{run['run_id']}.jsonl", mime="application/jsonl",
-                   key="load_download", on_click="ignore")
+st.download_button(
+    "Download this run's trace (JSONL)",
+    data=run["rec"].trace_text,
+    file_name=f"kvscope-load-{run['run_id']}.jsonl",
+    mime="application/jsonl",
+    key="load_download",
+    on_click="ignore",
+)
 st.caption("Open a downloaded trace on the Replay page to scrub through it step by step.")

@@ -1,4 +1,5 @@
 """Playground: one prompt, streamed, with its KV cache drawn live beside it."""
+
 from __future__ import annotations
 
 import time
@@ -17,10 +18,12 @@ EXAMPLE = "Explain in two sentences why a KV cache makes text generation faster.
 SS = st.session_state
 
 st.title("Playground")
-st.caption("Type a prompt (the model's chat template is applied): the preview under it follows every keystroke, "
-           "before anything runs. Generate streams the answer on the left; "
-           "on the right, live from the engine: the whole block pool, this request's block table, "
-           "its cache growth and phases, and every generated token.")
+st.caption(
+    "Type a prompt (the model's chat template is applied): the preview under it follows every keystroke, "
+    "before anything runs. Generate streams the answer on the left; "
+    "on the right, live from the engine: the whole block pool, this request's block table, "
+    "its cache growth and phases, and every generated token."
+)
 
 th = ea.require_engine()
 
@@ -36,15 +39,13 @@ def _fmt_bytes(n: int) -> str:
     return f"{n:,} B" if n < 1024 else f"{n / 1024:,.1f} KiB" if n < 2**20 else f"{n / 2**20:,.1f} MiB"
 
 
-
-
 def render_views(rid: str | None, tag: str) -> None:
     snap = ea.current_snapshot(th)
     colors = theme.request_colors_for(snap)
     ea.chart(pool.pool_map_figure(snap, colors, highlight=rid, mine=room.mine(snap)), key=f"pool_{tag}")
     st.html(theme.block_legend_html())
     if L.origin_html(snap):
-        st.html(L.origin_html(snap))              # HTTP API requests on the same engine (their blocks are above)
+        st.html(L.origin_html(snap))  # HTTP API requests on the same engine (their blocks are above)
     if rid is None:
         st.info("Submit a prompt to see its block table, cache growth and tokens.")
         return
@@ -57,44 +58,59 @@ def render_views(rid: str | None, tag: str) -> None:
     with c[0].container(key=f"pg_timing_a_{tag}"):
         st.metric("TTFT", growth.format_seconds(stats.ttft_s), help="arrival → first generated token (wall clock)")
     with c[1].container(key=f"pg_timing_b_{tag}"):
-        st.metric("Decode", "—" if stats.decode_tok_s is None else f"{stats.decode_tok_s:.0f} tok/s",
-                  help="generated tokens after the first / time since the first token (wall clock)")
+        st.metric(
+            "Decode",
+            "—" if stats.decode_tok_s is None else f"{stats.decode_tok_s:.0f} tok/s",
+            help="generated tokens after the first / time since the first token (wall clock)",
+        )
     c[2].metric("Prompt · output", f"{req.prompt_len} · {req.output_len}", help="tokens")
     c[3].metric("K/V held", _fmt_bytes(req.kv_bytes), help="bytes of keys and values this request holds now")
-    st.caption(f"State: {req.state}" + (f" ({req.finish_reason})" if req.finish_reason else "")
-               + (f" · prefix-cache hit: {req.num_cached_tokens} prompt tokens" if req.num_cached_tokens else "")
-               + (f" · preempted {req.num_preemptions}×" if req.num_preemptions else ""))
+    st.caption(
+        f"State: {req.state}"
+        + (f" ({req.finish_reason})" if req.finish_reason else "")
+        + (f" · prefix-cache hit: {req.num_cached_tokens} prompt tokens" if req.num_cached_tokens else "")
+        + (f" · preempted {req.num_preemptions}×" if req.num_preemptions else "")
+    )
     if req.block_table:
         ea.chart(pool.block_table_figure(snap, rid, colors), key=f"bt_{tag}")
     elif req.is_terminal:
         held = max((p.num_blocks for p in req.history), default=0)
         st.markdown("**Block table**")
-        st.caption(f"Finished: it held up to {held} block(s); they were released at the end. Full blocks "
-                   "stay cached-free (grey, “c”) so the same prefix can be reused without recomputation.")
+        st.caption(
+            f"Finished: it held up to {held} block(s); they were released at the end. Full blocks "
+            "stay cached-free (grey, “c”) so the same prefix can be reused without recomputation."
+        )
     else:
         st.markdown("**Block table**")
-        st.caption(f"No blocks held right now ({req.state}"
-                   + (f": {req.waiting_reason}" if req.waiting_reason else "") + ").")
+        st.caption(
+            f"No blocks held right now ({req.state}" + (f": {req.waiting_reason}" if req.waiting_reason else "") + ")."
+        )
     ev = _evict_steps(rid)
     ea.chart(growth.growth_figure(req, snap.info.block_size, evict_steps=ev), key=f"growth_{tag}")
     ea.chart(growth.phase_figure(req), key=f"phase_{tag}")
-    st.caption(f"{stats.prefill_steps} prefill step(s) for {stats.prompt_tokens} prompt tokens, "
-               f"{stats.decode_steps} decode step(s) for {stats.output_tokens} generated tokens. "
-               "Prefill processes the prompt in parallel; decode adds one token (or, with speculation, "
-               "several) per step.")
+    st.caption(
+        f"{stats.prefill_steps} prefill step(s) for {stats.prompt_tokens} prompt tokens, "
+        f"{stats.decode_steps} decode step(s) for {stats.output_tokens} generated tokens. "
+        "Prefill processes the prompt in parallel; decode adds one token (or, with speculation, "
+        "several) per step."
+    )
     st.markdown("**Generated tokens**")
     if snap.info.speculative is None:
         st.caption("Speculative decoding is off (sidebar): every token comes from one target pass.")
-    st.html(tokens.strip_with_legend(req.tokens, evicted_before_step=max(ev) if ev else None,
-                                     prompt_evicted_tokens=req.prompt_len if ev else 0))
+    st.html(
+        tokens.strip_with_legend(
+            req.tokens, evicted_before_step=max(ev) if ev else None, prompt_evicted_tokens=req.prompt_len if ev else 0
+        )
+    )
 
 
 left, right = st.columns([5, 7], gap="large")
 
 with left:
     max_tokens = st.slider("Max new tokens", 1, 256, 48, key="pg_max_tokens")
-    preview.prompt_with_preview(th, "pg", SamplingParams(max_tokens=int(max_tokens)),
-                                default=SS.get("pg_prompt", EXAMPLE))
+    preview.prompt_with_preview(
+        th, "pg", SamplingParams(max_tokens=int(max_tokens)), default=SS.get("pg_prompt", EXAMPLE)
+    )
     submitted = st.button("Generate", type="primary", key="pg_generate")
     system, prompt = preview.typed("pg")
     actions = st.container()
@@ -141,14 +157,20 @@ def _resume(rid: str):
 
 def evict_button(rid: str) -> None:
     with actions:
-        if st.button("Evict KV cache", key="pg_evict",
-                     help="Drop this request's keys and values from the pool; the engine must recompute "
-                     "them (prompt and generated tokens) before it can continue."):
+        if st.button(
+            "Evict KV cache",
+            key="pg_evict",
+            help="Drop this request's keys and values from the pool; the engine must recompute "
+            "them (prompt and generated tokens) before it can continue.",
+        ):
             try:
                 r = th.evict(rid)
-                st.info(f"Evicted: {r.get('blocks_freed', '?')} blocks freed, "
-                        f"{r.get('tokens_to_recompute', '?')} tokens to recompute."
-                        if isinstance(r, dict) else "Evicted.")
+                st.info(
+                    f"Evicted: {r.get('blocks_freed', '?')} blocks freed, "
+                    f"{r.get('tokens_to_recompute', '?')} tokens to recompute."
+                    if isinstance(r, dict)
+                    else "Evicted."
+                )
             except ValueError as e:
                 st.warning(f"Nothing to evict: {e}")
 
@@ -193,5 +215,5 @@ def live():
     render_views(SS.get("pg_rid"), "live")
 
 
-with slot.container():   # the same place the streaming updates used: no stale duplicate below
+with slot.container():  # the same place the streaming updates used: no stale duplicate below
     live()

@@ -1,4 +1,5 @@
 """Replay: open a recorded trace and scrub through it one tick at a time."""
+
 from __future__ import annotations
 
 import hashlib
@@ -24,11 +25,13 @@ st.title("Replay")
 st.caption(
     "A trace is the engine's own record of a run: a snapshot per step (queues, per-request token and block "
     "counts, metrics, and at keyframes the whole block pool) plus its events. Every live page can download "
-    "one. Here the same charts are drawn again from the file, at whichever step you pick.")
+    "one. Here the same charts are drawn again from the file, at whichever step you pick."
+)
 
 demos = R.demo_traces(TRACE_DIR)
-source = st.radio("Trace", ["Recorded demo", "Upload a file"] if demos else ["Upload a file"], horizontal=True,
-                  key="rp_source")
+source = st.radio(
+    "Trace", ["Recorded demo", "Upload a file"] if demos else ["Upload a file"], horizontal=True, key="rp_source"
+)
 
 
 def _load(key: str, read) -> None:
@@ -49,8 +52,9 @@ if source == "Recorded demo":
     wanted = f"demo:{name}"
     _load(wanted, lambda: R.load_demo_trace(demos[name]))
 else:
-    up = st.file_uploader("Trace file (JSON Lines, as downloaded from a live page)", type=["jsonl", "txt"],
-                          key="rp_upload")
+    up = st.file_uploader(
+        "Trace file (JSON Lines, as downloaded from a live page)", type=["jsonl", "txt"], key="rp_upload"
+    )
     if up is not None:
         data = up.getvalue()
         wanted = "upload:" + hashlib.sha256(data).hexdigest()
@@ -61,8 +65,10 @@ if err and err[0] == wanted:
     st.error(f"Not a usable trace: {err[1]}")
 trace = SS.get("rp_trace") if wanted is not None and SS.get("rp_key") == wanted else None
 if trace is None:
-    st.info("Pick a recorded demo or upload a trace (.jsonl) downloaded from the Concurrent load, Prefix cache, "
-            "Paged vs contiguous or Cache vs no-cache pages.")
+    st.info(
+        "Pick a recorded demo or upload a trace (.jsonl) downloaded from the Concurrent load, Prefix cache, "
+        "Paged vs contiguous or Cache vs no-cache pages."
+    )
     st.stop()
 
 summary = R.trace_summary(trace)
@@ -72,15 +78,20 @@ n = len(trace.snapshots)
 if n > 1:
     if not isinstance(SS.get("rp_tick"), int) or not 0 <= SS["rp_tick"] < n:
         SS["rp_tick"] = R.interesting_tick(trace)
-    if isinstance(SS.get("rp_next_tick"), int):      # auto-play's step, applied before the slider exists
+    if isinstance(SS.get("rp_next_tick"), int):  # auto-play's step, applied before the slider exists
         SS["rp_tick"] = min(n - 1, SS.pop("rp_next_tick"))
     pc = st.columns([1, 3])
     playing = bool(SS.get("rp_play"))
-    pc[0].button("Pause" if playing else "▶ Play", key="rp_play_btn", width="stretch",
-                 on_click=lambda: SS.__setitem__("rp_play", not SS.get("rp_play")))
+    pc[0].button(
+        "Pause" if playing else "▶ Play",
+        key="rp_play_btn",
+        width="stretch",
+        on_click=lambda: SS.__setitem__("rp_play", not SS.get("rp_play")),
+    )
     speed = pc[1].select_slider("Speed (recorded snapshots per second)", D.SPEEDS, value=1.0, key="rp_speed")
-    tick = st.slider("Tick (one recorded snapshot each)", 0, n - 1, key="rp_tick",
-                     on_change=lambda: SS.__setitem__("rp_play", False))
+    tick = st.slider(
+        "Tick (one recorded snapshot each)", 0, n - 1, key="rp_tick", on_change=lambda: SS.__setitem__("rp_play", False)
+    )
 else:
     tick = 0
 view = R.view_at(trace, tick)
@@ -116,10 +127,20 @@ else:
     st.html(theme.block_legend_html())
 
 st.subheader("Requests at this tick")
-rows = [{"request": r.request_id, "state": r.state, "prompt tokens": r.prompt_len, "output tokens": r.output_len,
-         "tokens in KV": r.num_computed_tokens, "blocks": len(r.block_table), "from prefix cache": r.num_cached_tokens,
-         "preemptions": r.num_preemptions, "waiting reason": r.waiting_reason or ""}
-        for r in snap.requests[:200]]
+rows = [
+    {
+        "request": r.request_id,
+        "state": r.state,
+        "prompt tokens": r.prompt_len,
+        "output tokens": r.output_len,
+        "tokens in KV": r.num_computed_tokens,
+        "blocks": len(r.block_table),
+        "from prefix cache": r.num_cached_tokens,
+        "preemptions": r.num_preemptions,
+        "waiting reason": r.waiting_reason or "",
+    }
+    for r in snap.requests[:200]
+]
 if rows:
     st.dataframe(rows, hide_index=True, width="stretch", height=min(400, 38 + 35 * len(rows)))
 else:
@@ -127,8 +148,12 @@ else:
 
 st.subheader("Events")
 now_evs = R.events_between(trace.events, prev, snap.step)
-kinds = st.multiselect("Kinds", sorted(set(et.MEMORY_KINDS) | {e.kind for e in trace.events}),
-                       default=[k for k in et.DEFAULT_KINDS], key="rp_kinds")
+kinds = st.multiselect(
+    "Kinds",
+    sorted(set(et.MEMORY_KINDS) | {e.kind for e in trace.events}),
+    default=[k for k in et.DEFAULT_KINDS],
+    key="rp_kinds",
+)
 st.caption(f"{len(now_evs)} event(s) since the previous tick; newest first, up to this tick:")
 st.html(et.events_html(et.filter_events(view.events, kinds)))
 

@@ -1,23 +1,27 @@
 """Speculative decoding: guess k tokens cheaply, verify them in one target pass, measure it."""
+
 from __future__ import annotations
 
 import streamlit as st
 
 from engine.config import SamplingParams
-
 from ui import engine_access as ea
 from ui import preview, room, shell, spec, spec_widget, theme, tokens
 
 shell.enter_app()
 
 SS = st.session_state
-EXAMPLE = ("Copy this sentence exactly, changing only the word cat to dog: The quick brown cat jumps over "
-           "the lazy fox, and the quick brown cat runs back home again before the rain.")
+EXAMPLE = (
+    "Copy this sentence exactly, changing only the word cat to dog: The quick brown cat jumps over "
+    "the lazy fox, and the quick brown cat runs back home again before the rain."
+)
 
 st.title("Speculative decoding")
-st.caption("A cheap drafter guesses k tokens; the target model checks all of them in one forward pass "
-           "and keeps the longest correct prefix, plus one token of its own. The output is the same "
-           "as plain decoding; only the number of target passes changes.")
+st.caption(
+    "A cheap drafter guesses k tokens; the target model checks all of them in one forward pass "
+    "and keeps the longest correct prefix, plus one token of its own. The output is the same "
+    "as plain decoding; only the number of target passes changes."
+)
 
 th = ea.require_engine()
 cfg = ea.engine_config()
@@ -27,33 +31,56 @@ with st.container(border=True):
     c = st.columns([3, 2, 2, 3])
     cur = cfg.speculative
     labels = list(spec_widget.DRAFTERS)
-    drafter = c[0].selectbox("Drafter", labels, index=labels.index(spec_widget.label_of(cur)),
-                             help="; ".join(f"{k}: {v[1]}" for k, v in spec_widget.DRAFTERS.items()),
-                             key="spec_drafter")
-    k = c[1].slider("Draft length k", 1, spec_widget.K_MAX,
-                    value=cur.num_speculative_tokens if cur else 4, key="spec_k")
+    drafter = c[0].selectbox(
+        "Drafter",
+        labels,
+        index=labels.index(spec_widget.label_of(cur)),
+        help="; ".join(f"{k}: {v[1]}" for k, v in spec_widget.DRAFTERS.items()),
+        key="spec_drafter",
+    )
+    k = c[1].slider(
+        "Draft length k", 1, spec_widget.K_MAX, value=cur.num_speculative_tokens if cur else 4, key="spec_k"
+    )
     max_tokens = c[2].slider("Max new tokens", 8, 256, 64, key="spec_max_tokens")
-    temperature = c[2].slider("Temperature", 0.0, 1.5, 0.0, 0.1, key="spec_temperature",
-                              help="0: greedy (output identical to plain decoding). Above 0: rejection sampling "
-                                   "keeps the target's distribution; each draft token is accepted with "
-                                   "probability min(1, p/q)")
-    mismatched = c[3].toggle("Mismatched draft (break it)", value=False, key="spec_mismatched",
-                             help="Use a poor drafter: the target itself, cut after its first ~1/8 of layers. "
-                                  "Watch acceptance collapse and the speedup fall to about 1× or below.")
+    temperature = c[2].slider(
+        "Temperature",
+        0.0,
+        1.5,
+        0.0,
+        0.1,
+        key="spec_temperature",
+        help="0: greedy (output identical to plain decoding). Above 0: rejection sampling "
+        "keeps the target's distribution; each draft token is accepted with "
+        "probability min(1, p/q)",
+    )
+    mismatched = c[3].toggle(
+        "Mismatched draft (break it)",
+        value=False,
+        key="spec_mismatched",
+        help="Use a poor drafter: the target itself, cut after its first ~1/8 of layers. "
+        "Watch acceptance collapse and the speedup fall to about 1× or below.",
+    )
     exit_layers, draft_model = 1, ""
     if drafter == "self-draft: early exit" and not mismatched:
-        exit_layers = c[3].number_input("Exit after layer", 1, max(1, info.num_layers - 1),
-                                        max(1, info.num_layers // 2), key="spec_exit_layers")
+        exit_layers = c[3].number_input(
+            "Exit after layer", 1, max(1, info.num_layers - 1), max(1, info.num_layers // 2), key="spec_exit_layers"
+        )
     if drafter == "draft model" and not mismatched:
-        draft_model = st.text_input("Draft model (local path or hub id, same tokenizer as the target)",
-                                    value="tiny", key="spec_draft_model",
-                                    help="'tiny' is kvscope's 2-layer random model: it loads offline and drafts "
-                                         "badly, an honest demo of a poor drafter")
-    st.caption(spec_widget.DRAFTERS[drafter][1]
-               + (" — mismatched: early exit after the first ~1/8 of the target's layers" if mismatched else ""))
+        draft_model = st.text_input(
+            "Draft model (local path or hub id, same tokenizer as the target)",
+            value="tiny",
+            key="spec_draft_model",
+            help="'tiny' is kvscope's 2-layer random model: it loads offline and drafts "
+            "badly, an honest demo of a poor drafter",
+        )
+    st.caption(
+        spec_widget.DRAFTERS[drafter][1]
+        + (" — mismatched: early exit after the first ~1/8 of the target's layers" if mismatched else "")
+    )
     st.html(spec_widget.kv_bar_html(th.snapshot()))
-    preview.prompt_with_preview(th, "spec", SamplingParams(max_tokens=int(max_tokens)),
-                                default=SS.get("spec_prompt", EXAMPLE))
+    preview.prompt_with_preview(
+        th, "spec", SamplingParams(max_tokens=int(max_tokens)), default=SS.get("spec_prompt", EXAMPLE)
+    )
     run = st.button("Run speculative and plain decoding", type="primary", key="spec_run")
     system, prompt = preview.typed("spec")
 
@@ -61,8 +88,9 @@ with st.container(border=True):
 def _wanted():
     if mismatched:
         return ea.spec_config("self_draft", int(k), mismatched=True, num_layers=info.num_layers)
-    return spec_widget.drafter_config(drafter, int(k), exit_layers=int(exit_layers), draft_model=draft_model,
-                                      fallback=not ea.test_mode())
+    return spec_widget.drafter_config(
+        drafter, int(k), exit_layers=int(exit_layers), draft_model=draft_model, fallback=not ea.test_mode()
+    )
 
 
 def _event_time(e, *names):
@@ -84,9 +112,14 @@ def _costs(spec_req, plain_req, verify_events) -> spec.Costs:
 
     d = [t for t in (_event_time(e, "draft_time_s", "draft_s", "draft_ms") for e in verify_events) if t is not None]
     v = [t for t in (_event_time(e, "verify_time_s", "verify_s", "verify_ms") for e in verify_events) if t is not None]
-    return spec.Costs(plain_per_token=per_token(plain_req), spec_per_token=per_token(spec_req),
-                      draft_per_pass=sum(d) / len(d) if d else None, verify_per_pass=sum(v) / len(v) if v else None,
-                      plain_e2e=e2e(plain_req), spec_e2e=e2e(spec_req))
+    return spec.Costs(
+        plain_per_token=per_token(plain_req),
+        spec_per_token=per_token(spec_req),
+        draft_per_pass=sum(d) / len(d) if d else None,
+        verify_per_pass=sum(v) / len(v) if v else None,
+        plain_e2e=e2e(plain_req),
+        spec_e2e=e2e(spec_req),
+    )
 
 
 # The comparison runs on a private engine that shares the loaded weights (engine/experiments.py):
@@ -105,29 +138,42 @@ if run:
 
     def _experiment(progress):
         from engine.experiments import compare_speculative
+
         progress("building a private engine on the loaded weights, then warm-up runs")
 
         def on_sample(r, side, smp):
             progress(f"round {r + 1}: {side} took {smp.seconds:.2f} s")
-        return compare_speculative(base, text, want, n_tok, temperature=float(temperature),
-                                   busy=lambda: th.engine.step_num,
-                                   busy_what="shared-engine steps (other requests on the same cores)",
-                                   budget_s=BUDGET_S, on_sample=on_sample)
+
+        return compare_speculative(
+            base,
+            text,
+            want,
+            n_tok,
+            temperature=float(temperature),
+            busy=lambda: th.engine.step_num,
+            busy_what="shared-engine steps (other requests on the same cores)",
+            budget_s=BUDGET_S,
+            on_sample=on_sample,
+        )
 
     room.start_run("speculative", _experiment)
     st.rerun()
 
 cur_run = room.current_run("speculative")
 if cur_run is not None and not cur_run.finished:
-    if ea.test_mode():     # no polling in test mode: wait here (this tab only), then draw once
+    if ea.test_mode():  # no polling in test mode: wait here (this tab only), then draw once
         cur_run.wait(600)
     else:
+
         @st.fragment(run_every=0.5)
         def _progress():
             if cur_run.finished:
                 st.rerun()
-            st.info(f"Comparison {cur_run.run_id} {cur_run.status}: {cur_run.progress}. "
-                    "It runs on a private engine; the shared engine and other tabs keep going.")
+            st.info(
+                f"Comparison {cur_run.run_id} {cur_run.status}: {cur_run.progress}. "
+                "It runs on a private engine; the shared engine and other tabs keep going."
+            )
+
         _progress()
         st.stop()
 if cur_run is not None and cur_run.status == "error":
@@ -136,8 +182,10 @@ if cur_run is not None and cur_run.status == "error":
 res = cur_run.result if cur_run is not None else None
 
 if not res:
-    st.info("Pick a drafter and k, then run a prompt. Prompts whose answer repeats or edits the prompt "
-            "suit n-gram drafting; switch on the mismatched draft to see speculation stop paying.")
+    st.info(
+        "Pick a drafter and k, then run a prompt. Prompts whose answer repeats or edits the prompt "
+        "suit n-gram drafting; switch on the mismatched draft to see speculation stop paying."
+    )
     st.html(theme.token_legend_html())
     st.stop()
 
@@ -155,39 +203,62 @@ if sreq.error:
     st.error(f"The request failed: {sreq.error}")
 with st.container(key="spec_numbers"):
     c = st.columns(5)
-    c[0].metric("Acceptance rate", "—" if summ.acceptance_rate is None else f"{summ.acceptance_rate:.0%}",
-                help="vLLM's definition: accepted draft tokens / draft tokens")
-    c[1].metric("α per position", "—" if summ.alpha is None else f"{summ.alpha:.2f}",
-                help="accepted / judged draft positions (a position is judged when every earlier draft token "
-                     "of its pass was accepted): the α of the theory curve")
-    c[2].metric("Tokens / target pass", "—" if summ.tokens_per_target_pass is None
-                else f"{summ.tokens_per_target_pass:.2f}",
-                help=f"{sreq.output_len} tokens / {summ.target_passes} target passes (incl. the prefill pass "
-                     "and passes without a draft)")
-    c[3].metric("Accept length", "—" if summ.mean_acceptance_length is None
-                else f"{summ.mean_acceptance_length:.2f}",
-                help="vLLM's mean acceptance length: 1 + accepted / drafts = tokens per verify pass")
-    c[4].metric("Accepted / drafted", f"{summ.num_accepted} / {summ.num_draft_tokens}",
-                help=f"draft tokens accepted / proposed, over {summ.num_drafts} verify passes")
+    c[0].metric(
+        "Acceptance rate",
+        "—" if summ.acceptance_rate is None else f"{summ.acceptance_rate:.0%}",
+        help="vLLM's definition: accepted draft tokens / draft tokens",
+    )
+    c[1].metric(
+        "α per position",
+        "—" if summ.alpha is None else f"{summ.alpha:.2f}",
+        help="accepted / judged draft positions (a position is judged when every earlier draft token "
+        "of its pass was accepted): the α of the theory curve",
+    )
+    c[2].metric(
+        "Tokens / target pass",
+        "—" if summ.tokens_per_target_pass is None else f"{summ.tokens_per_target_pass:.2f}",
+        help=f"{sreq.output_len} tokens / {summ.target_passes} target passes (incl. the prefill pass "
+        "and passes without a draft)",
+    )
+    c[3].metric(
+        "Accept length",
+        "—" if summ.mean_acceptance_length is None else f"{summ.mean_acceptance_length:.2f}",
+        help="vLLM's mean acceptance length: 1 + accepted / drafts = tokens per verify pass",
+    )
+    c[4].metric(
+        "Accepted / drafted",
+        f"{summ.num_accepted} / {summ.num_draft_tokens}",
+        help=f"draft tokens accepted / proposed, over {summ.num_drafts} verify passes",
+    )
 with st.container(key="spec_timing"):
     c = st.columns(3)
     if cmp_.suspect:
-        c[0].metric("Wall-clock speedup vs plain", "suspect",
-                    help="not shown as a result: " + cmp_.suspect)
+        c[0].metric("Wall-clock speedup vs plain", "suspect", help="not shown as a result: " + cmp_.suspect)
     else:
-        c[0].metric("Wall-clock speedup vs plain", f"{cmp_.ratio.median:.2f}×",
-                    help="median over rounds of plain seconds / speculative seconds, same prompt, same output")
-    c[1].metric("Speculative e2e (median)", f"{cmp_.b.median:.2f} s",
-                help=f"min {cmp_.b.lo:.2f} s, max {cmp_.b.hi:.2f} s over {cmp_.rounds} runs")
-    c[2].metric("Plain e2e (median)", f"{cmp_.a.median:.2f} s",
-                help=f"min {cmp_.a.lo:.2f} s, max {cmp_.a.hi:.2f} s over {cmp_.rounds} runs")
+        c[0].metric(
+            "Wall-clock speedup vs plain",
+            f"{cmp_.ratio.median:.2f}×",
+            help="median over rounds of plain seconds / speculative seconds, same prompt, same output",
+        )
+    c[1].metric(
+        "Speculative e2e (median)",
+        f"{cmp_.b.median:.2f} s",
+        help=f"min {cmp_.b.lo:.2f} s, max {cmp_.b.hi:.2f} s over {cmp_.rounds} runs",
+    )
+    c[2].metric(
+        "Plain e2e (median)",
+        f"{cmp_.a.median:.2f} s",
+        help=f"min {cmp_.a.lo:.2f} s, max {cmp_.a.hi:.2f} s over {cmp_.rounds} runs",
+    )
 with st.container(key="spec_conditions"):
     if cmp_.suspect:
         st.warning(f"Speedup {cmp_.ratio.median:.2f}× is suspect and not reported: {cmp_.suspect}")
-    cond = (f"Conditions: {cmp_.conditions()}. Spread: speedup {cmp_.ratio.lo:.2f}–{cmp_.ratio.hi:.2f}×, "
-            f"speculative {cmp_.b.lo:.2f}–{cmp_.b.hi:.2f} s, plain {cmp_.a.lo:.2f}–{cmp_.a.hi:.2f} s. "
-            "Measured on a private engine that shares the loaded weights; the shared engine was not rebuilt "
-            "and no request was aborted.")
+    cond = (
+        f"Conditions: {cmp_.conditions()}. Spread: speedup {cmp_.ratio.lo:.2f}–{cmp_.ratio.hi:.2f}×, "
+        f"speculative {cmp_.b.lo:.2f}–{cmp_.b.hi:.2f} s, plain {cmp_.a.lo:.2f}–{cmp_.a.hi:.2f} s. "
+        "Measured on a private engine that shares the loaded weights; the shared engine was not rebuilt "
+        "and no request was aborted."
+    )
     (st.warning if cmp_.contended else st.caption)(cond)
 st.html(spec_widget.kv_bar_html(th.snapshot_now()))
 if preq is not None and sreq.output_text != preq.output_text:
@@ -199,28 +270,45 @@ st.markdown("**Generated tokens**")
 st.html(tokens.strip_with_legend(sreq.tokens))
 ticks = spec_widget.tick_steps(sreq)
 if len(ticks) > 1:
-    tick = st.select_slider("Tick timeline: scrub the run step by step (engine steps)", ticks, value=ticks[-1],
-                            key="spec_tick")
+    tick = st.select_slider(
+        "Tick timeline: scrub the run step by step (engine steps)", ticks, value=ticks[-1], key="spec_tick"
+    )
     st.caption(spec_widget.tick_caption(sreq, tick, th.snapshot().info.bytes_per_block))
     st.html(tokens.token_strip_html(spec_widget.at_tick(sreq, tick)[0]))
 
 left, right = st.columns(2, gap="large")
 with left:
-    ea.chart(spec.theory_figure(summ.alpha, res.k, summ.mean_acceptance_length, k_max=16,
-                                measured_label="measured tokens per verify pass"), key="spec_theory")
+    ea.chart(
+        spec.theory_figure(
+            summ.alpha, res.k, summ.mean_acceptance_length, k_max=16, measured_label="measured tokens per verify pass"
+        ),
+        key="spec_theory",
+    )
     if summ.num_drafts == 0:
-        st.caption("No draft was proposed for this answer (n-gram lookup found no earlier match), so there is "
-                   "no measured point: every token came from a plain target pass.")
+        st.caption(
+            "No draft was proposed for this answer (n-gram lookup found no earlier match), so there is "
+            "no measured point: every token came from a plain target pass."
+        )
     ea.chart(spec.position_figure(pc), key="spec_pos")
 with right:
     with st.container(key="spec_costs"):
         ea.chart(spec.costs_figure(costs), key="spec_costs_fig")
     st.markdown("**Fallback events**")
     if res.fallback:
-        rows = [{"step": e.step, "class": str(e.data.get("request_class", "")),
-                 "action": "resumed speculating" if e.data.get("speculating") else "fell back to plain decoding",
-                 "reason": str(e.data.get("reason", ""))} for e in res.fallback]
-        st.dataframe(rows, hide_index=True, width="stretch",
-                     column_config={"reason": st.column_config.TextColumn("reason", width="large")})
+        rows = [
+            {
+                "step": e.step,
+                "class": str(e.data.get("request_class", "")),
+                "action": "resumed speculating" if e.data.get("speculating") else "fell back to plain decoding",
+                "reason": str(e.data.get("reason", "")),
+            }
+            for e in res.fallback
+        ]
+        st.dataframe(
+            rows,
+            hide_index=True,
+            width="stretch",
+            column_config={"reason": st.column_config.TextColumn("reason", width="large")},
+        )
     else:
         st.caption("None during this run: speculation stayed on for this request class.")

@@ -4,6 +4,7 @@ for its batch-1 fields, without the rest of the suite). Prints one JSON line.
 
     python scripts/decode_bs1_by_format.py [new_tokens]
 """
+
 import json
 import sys
 

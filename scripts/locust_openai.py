@@ -5,13 +5,18 @@
 Each user streams chat completions (24 tokens, greedy) and reports time to first token as its
 own entry beside the whole request. Locust is not a kvscope dependency: install it in a
 throwaway venv (`pip install locust==2.47.0`)."""
+
 import json
 import time
 
 from locust import HttpUser, between, task
 
-QUESTIONS = ["What is a KV cache?", "Why do servers page their KV cache?", "Explain prefix caching briefly.",
-             "What does preemption cost?"]
+QUESTIONS = [
+    "What is a KV cache?",
+    "Why do servers page their KV cache?",
+    "Explain prefix caching briefly.",
+    "What does preemption cost?",
+]
 
 
 class ChatUser(HttpUser):
@@ -20,12 +25,18 @@ class ChatUser(HttpUser):
     @task
     def chat_stream(self):
         q = QUESTIONS[int(time.time() * 1000) % len(QUESTIONS)]
-        body = {"messages": [{"role": "user", "content": q}], "max_tokens": 24, "temperature": 0,
-                "stream": True, "stream_options": {"include_usage": True}}
+        body = {
+            "messages": [{"role": "user", "content": q}],
+            "max_tokens": 24,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         t0 = time.perf_counter()
         first = None
-        with self.client.post("/v1/chat/completions", json=body, stream=True, catch_response=True,
-                              name="chat stream") as r:
+        with self.client.post(
+            "/v1/chat/completions", json=body, stream=True, catch_response=True, name="chat stream"
+        ) as r:
             if r.status_code != 200:
                 r.failure(f"HTTP {r.status_code}")
                 return
@@ -42,6 +53,11 @@ class ChatUser(HttpUser):
             if not done:
                 r.failure("stream ended without [DONE]")
         if first is not None:
-            self.environment.events.request.fire(request_type="TTFT", name="first token",
-                                                 response_time=(first - t0) * 1000, response_length=0,
-                                                 exception=None, context={})
+            self.environment.events.request.fire(
+                request_type="TTFT",
+                name="first token",
+                response_time=(first - t0) * 1000,
+                response_length=0,
+                exception=None,
+                context={},
+            )

@@ -10,6 +10,7 @@ replay can draw the pool map near any tick. Events: every kind except per-token 
 (the per-step SCHEDULE events keep who was in each forward pass). The Demo page tells its chapters
 from release-freeze.jsonl and speculation.jsonl.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,23 +28,26 @@ from ui.demo import RECORDINGS, speculation_requests  # noqa: E402
 
 STEP_S = 0.05
 MAX_SNAPSHOTS = 120
-KEYFRAME_EVERY = 3     # steps between snapshots that keep the whole block pool
+KEYFRAME_EVERY = 3  # steps between snapshots that keep the whole block pool
 
 DEMOS = {
     RECORDINGS["release-freeze"]["file"]: RECORDINGS["release-freeze"],
     # one system prompt, many questions: shared blocks with ref counts, prefix hits
     "shared-system-prompt.jsonl": dict(
-        scenario="shared-system-prompt", n=8,
-        params=dict(system_words=120, prompt_median=12, output_median=24, output_min=8, output_max=32,
-                    arrival_rate=20.0),
-        config=dict(block_size=16, num_kv_blocks=64, max_num_seqs=8, max_model_len=1024,
-                    enable_prefix_caching=True)),
+        scenario="shared-system-prompt",
+        n=8,
+        params=dict(
+            system_words=120, prompt_median=12, output_median=24, output_min=8, output_max=32, arrival_rate=20.0
+        ),
+        config=dict(block_size=16, num_kv_blocks=64, max_num_seqs=8, max_model_len=1024, enable_prefix_caching=True),
+    ),
     RECORDINGS["speculation"]["file"]: RECORDINGS["speculation"],
 }
 
 
 def record_sequential(model: str, spec: dict) -> str:
     from engine.config import SpeculativeConfig
+
     conf = dict(spec["config"])
     conf["speculative"] = SpeculativeConfig(**conf["speculative"])
     eng = LLMEngine(EngineConfig(model=model, device="cpu", dtype="float32", seed=0, num_threads=1, **conf))
@@ -73,7 +77,7 @@ def record(model: str, spec: dict) -> str:
             r = pending.pop(0)
             try:
                 eng.add_request(r.request_id, r.prompt, SamplingParams(**r.sampling_kwargs()))
-            except ValueError as e:   # recorded as a reject event by the engine
+            except ValueError as e:  # recorded as a reject event by the engine
                 print(f"  {r.request_id} rejected: {e}", file=sys.stderr)
         if eng.has_unfinished_requests():
             eng.step()

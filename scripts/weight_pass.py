@@ -4,6 +4,7 @@ this process's CPU time (meaningful on a machine shared with other work) and wal
 
     python scripts/weight_pass.py [threads]
 """
+
 import sys
 import time
 
@@ -17,8 +18,10 @@ from engine.models import gguf_source, load_model  # noqa: E402
 def main(threads: int = 1) -> None:
     model, _ = load_model("default")
     torch.set_num_threads(threads)
-    packs = {"gguf": linear.pack_model(model, weight_format="gguf", gguf_path=gguf_source(model)),
-             "fp32": linear.pack_model(model)}
+    packs = {
+        "gguf": linear.pack_model(model, weight_format="gguf", gguf_path=gguf_source(model)),
+        "fp32": linear.pack_model(model),
+    }
     groups, width = {}, {}
     for fmt, pack in packs.items():
         seen = {}
@@ -38,9 +41,12 @@ def main(threads: int = 1) -> None:
                     w, c = time.perf_counter() - t, time.process_time() - c
                     b = best.setdefault(fmt, [1e9, 1e9])
                     best[fmt] = [min(b[0], c), min(b[1], w)]
-            print(f"{rows} rows, {threads} thread(s): " + ", ".join(
-                f"{f} {v[0] * 1e3:.1f} ms CPU / {v[1] * 1e3:.1f} ms wall" for f, v in best.items())
-                + f"; fp32 / gguf CPU {best['fp32'][0] / best['gguf'][0]:.2f}x", flush=True)
+            print(
+                f"{rows} rows, {threads} thread(s): "
+                + ", ".join(f"{f} {v[0] * 1e3:.1f} ms CPU / {v[1] * 1e3:.1f} ms wall" for f, v in best.items())
+                + f"; fp32 / gguf CPU {best['fp32'][0] / best['gguf'][0]:.2f}x",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@
 - KvscopeStub: GET /v1/kvscope/snapshot and GET /v1/kvscope/stream (SSE, `?since=`) serving
   snapshots and events recorded from a real tiny-model engine run.
 """
+
 from __future__ import annotations
 
 import json
@@ -51,36 +52,54 @@ def vllm_metrics_text(n: int, *, spec: bool = True, itl: bool = True) -> str:
     for b in TTFT_BOUNDS:
         c = (n if b >= 0.03 else 0) + (n if b >= 0.2 else 0)
         out.append(f'vllm:time_to_first_token_seconds_bucket{{{lab},le="{b}"}} {c}.0')
-    out += [f'vllm:time_to_first_token_seconds_bucket{{{lab},le="+Inf"}} {2 * n}.0',
-            f"vllm:time_to_first_token_seconds_count{{{lab}}} {2 * n}.0",
-            f"vllm:time_to_first_token_seconds_sum{{{lab}}} {0.23 * n}"]
+    out += [
+        f'vllm:time_to_first_token_seconds_bucket{{{lab},le="+Inf"}} {2 * n}.0',
+        f"vllm:time_to_first_token_seconds_count{{{lab}}} {2 * n}.0",
+        f"vllm:time_to_first_token_seconds_sum{{{lab}}} {0.23 * n}",
+    ]
     if itl:
-        out += ["# HELP vllm:inter_token_latency_seconds Histogram of inter-token latency in seconds.",
-                "# TYPE vllm:inter_token_latency_seconds histogram"]
+        out += [
+            "# HELP vllm:inter_token_latency_seconds Histogram of inter-token latency in seconds.",
+            "# TYPE vllm:inter_token_latency_seconds histogram",
+        ]
         for b in ITL_BOUNDS:
             out.append(f'vllm:inter_token_latency_seconds_bucket{{{lab},le="{b}"}} {10 * n if b >= 0.008 else 0}.0')
-        out += [f'vllm:inter_token_latency_seconds_bucket{{{lab},le="+Inf"}} {10 * n}.0',
-                f"vllm:inter_token_latency_seconds_count{{{lab}}} {10 * n}.0",
-                f"vllm:inter_token_latency_seconds_sum{{{lab}}} {0.08 * n}"]
+        out += [
+            f'vllm:inter_token_latency_seconds_bucket{{{lab},le="+Inf"}} {10 * n}.0',
+            f"vllm:inter_token_latency_seconds_count{{{lab}}} {10 * n}.0",
+            f"vllm:inter_token_latency_seconds_sum{{{lab}}} {0.08 * n}",
+        ]
     if spec:
-        out += ["# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.",
-                "# TYPE vllm:spec_decode_num_drafts_total counter",
-                f"vllm:spec_decode_num_drafts_total{{{lab}}} {100 * max(n, 1)}.0",
-                "# HELP vllm:spec_decode_num_accepted_tokens_per_pos_total Accepted tokens per draft position.",
-                "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter"]
+        out += [
+            "# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.",
+            "# TYPE vllm:spec_decode_num_drafts_total counter",
+            f"vllm:spec_decode_num_drafts_total{{{lab}}} {100 * max(n, 1)}.0",
+            "# HELP vllm:spec_decode_num_accepted_tokens_per_pos_total Accepted tokens per draft position.",
+            "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter",
+        ]
         for pos, rate in enumerate((0.8, 0.5, 0.25)):
-            out.append(f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{lab},position="{pos}"}} '
-                       f"{rate * 100 * max(n, 1)}")
+            out.append(
+                f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{lab},position="{pos}"}} {rate * 100 * max(n, 1)}'
+            )
     return "\n".join(out) + "\n"
 
 
 # ------------------------------------------------------------------ KV event batches, as literals
 
+
 def stored(hashes, parent, tokens, bs, wire):
     if wire == "legacy":
         return ["BlockStored", hashes, parent, tokens, bs, None, "GPU", None]
-    return {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent, "token_ids": tokens,
-            "block_size": bs, "lora_id": None, "medium": "GPU", "lora_name": None}
+    return {
+        "type": "BlockStored",
+        "block_hashes": hashes,
+        "parent_block_hash": parent,
+        "token_ids": tokens,
+        "block_size": bs,
+        "lora_id": None,
+        "medium": "GPU",
+        "lora_name": None,
+    }
 
 
 def removed(hashes, wire):
@@ -91,8 +110,8 @@ def removed(hashes, wire):
 
 def demo_batches(wire: str, tokens_a, tokens_b, bs: int) -> list[bytes]:
     """Two requests sharing their first block: chain 1->2 and 1->3, then block 2 evicted."""
-    ev1 = [stored([1, 2], None, list(tokens_a[:2 * bs]), bs, wire)]
-    ev2 = [stored([3], 1, list(tokens_b[bs:2 * bs]), bs, wire)]
+    ev1 = [stored([1, 2], None, list(tokens_a[: 2 * bs]), bs, wire)]
+    ev2 = [stored([3], 1, list(tokens_b[bs : 2 * bs]), bs, wire)]
     ev3 = [removed([2], wire)]
     return [msgpack.packb([float(i), evs, 0], use_bin_type=True) for i, evs in enumerate((ev1, ev2, ev3))]
 
@@ -103,8 +122,9 @@ class _Quiet(BaseHTTPRequestHandler):
 
 
 class VllmStub:
-    def __init__(self, payloads: list[bytes], *, tokenizer=None, spec: bool = True, itl: bool = True,
-                 api_key: str | None = None):
+    def __init__(
+        self, payloads: list[bytes], *, tokenizer=None, spec: bool = True, itl: bool = True, api_key: str | None = None
+    ):
         stub = self
         self.scrapes = 0
         self.payloads = payloads
@@ -152,8 +172,9 @@ class VllmStub:
 
         self.http = ThreadingHTTPServer(("127.0.0.1", 0), H)
         self.base_url = f"http://127.0.0.1:{self.http.server_address[1]}"
-        self._http_thread = threading.Thread(target=self.http.serve_forever, kwargs={"poll_interval": 0.05},
-                                             daemon=True)
+        self._http_thread = threading.Thread(
+            target=self.http.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
         self._http_thread.start()
         ctx = zmq.Context.instance()
         self.pub = ctx.socket(zmq.PUB)
@@ -189,7 +210,7 @@ class KvscopeStub:
     /v1/kvscope/stream sends every pair with events newer than ?since= and closes."""
 
     def __init__(self, frames):
-        self.frames = frames             # [(Snapshot, [Event])]
+        self.frames = frames  # [(Snapshot, [Event])]
         self.stream_calls = 0
         stub = self
 
@@ -210,7 +231,7 @@ class KvscopeStub:
                     self.send_header("Content-Type", "text/event-stream")
                     self.end_headers()
                     # the first stream replays the recording; a reconnect starts at the current state
-                    for snap, evs in (stub.frames if stub.stream_calls == 1 else stub.frames[-1:]):
+                    for snap, evs in stub.frames if stub.stream_calls == 1 else stub.frames[-1:]:
                         msg = {"snapshot": snap.to_dict(), "events": [e.to_dict() for e in evs if e.seq > since]}
                         self.wfile.write(b"data: " + json.dumps(msg).encode() + b"\n\n")
                     self.wfile.flush()

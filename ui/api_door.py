@@ -5,6 +5,7 @@ Started by app_api.py's st.App lifespan (scripts/run.sh) before any browser conn
 the shared engine (ui.engine_access.shared_engine) and serves the API with uvicorn from a daemon
 thread. Environment: KVSCOPE_API_PORT (default 8000; "off" disables), KVSCOPE_API_HOST (default
 127.0.0.1), KVSCOPE_API_KEY (then every API route but /health needs the bearer key)."""
+
 from __future__ import annotations
 
 import os
@@ -41,11 +42,16 @@ class ApiDoor:
             if th is None:
                 raise RuntimeError(f"the engine could not be built: {holder.build_error}")
             from engine.serve import create_app, run_in_background
+
             app = create_app(th, api_key=os.environ.get("KVSCOPE_API_KEY") or None)
             self.server = run_in_background(app, host, port)
             self.url = f"http://{host}:{port}/v1"
-            print(f"kvscope: OpenAI-compatible API on {self.url} (same engine as the app; metrics at "
-                  f"http://{host}:{port}/metrics)", file=sys.stderr, flush=True)
+            print(
+                f"kvscope: OpenAI-compatible API on {self.url} (same engine as the app; metrics at "
+                f"http://{host}:{port}/metrics)",
+                file=sys.stderr,
+                flush=True,
+            )
         except Exception as e:  # noqa: BLE001 - the app keeps running without its second door
             self.error = f"{type(e).__name__}: {e}"
             print(f"kvscope: the API could not be started: {self.error}", file=sys.stderr, flush=True)

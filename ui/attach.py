@@ -7,6 +7,7 @@ not called `touch()` for `idle_timeout` seconds (the page was closed or left), o
 `max_runtime` seconds. Scrapes happen every `interval` seconds (1 s: >= 1 Hz); the history keeps
 the last `history_len` scrapes; HTTP bodies are read up to a size cap.
 """
+
 from __future__ import annotations
 
 import json
@@ -58,8 +59,9 @@ def _request(url: str, api_key: str | None, data: bytes | None = None):
     return urllib.request.Request(url, data=data, headers=headers)
 
 
-def http_get(url: str, api_key: str | None = None, timeout: float = 5.0,
-             max_bytes: int = MAX_BODY_BYTES) -> tuple[int, bytes]:
+def http_get(
+    url: str, api_key: str | None = None, timeout: float = 5.0, max_bytes: int = MAX_BODY_BYTES
+) -> tuple[int, bytes]:
     """(status, body) — body cut at max_bytes. Network errors raise OSError."""
     try:
         with urllib.request.urlopen(_request(url, api_key), timeout=timeout) as r:
@@ -147,10 +149,22 @@ def parse_stream_message(data: str):
 
 
 class AttachSession:
-    def __init__(self, base_url: str, api_key: str | None = None, events_endpoint: str | None = None,
-                 replay_endpoint: str | None = None, topic: str = "", *, kind: str | None = None,
-                 interval: float = 1.0, idle_timeout: float = 30.0, max_runtime: float = 4 * 3600,
-                 history_len: int = 900, window_s: float = 10.0, tokenizer=None):
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        events_endpoint: str | None = None,
+        replay_endpoint: str | None = None,
+        topic: str = "",
+        *,
+        kind: str | None = None,
+        interval: float = 1.0,
+        idle_timeout: float = 30.0,
+        max_runtime: float = 4 * 3600,
+        history_len: int = 900,
+        window_s: float = 10.0,
+        tokenizer=None,
+    ):
         self.base_url = normalise_base_url(base_url)
         self.api_key = api_key or None
         if events_endpoint:
@@ -250,7 +264,7 @@ class AttachSession:
             while self._should_run():
                 if not self._read_stream():
                     self._poll_snapshot()
-                self._stop.wait(self.interval)      # between reconnects too: never a tight loop
+                self._stop.wait(self.interval)  # between reconnects too: never a tight loop
 
     def _scrape_once(self) -> None:
         try:
@@ -295,12 +309,14 @@ class AttachSession:
         self.stream_mode = "stream"
         try:
             with resp:
+
                 def lines():
                     while self._should_run():
                         line = resp.readline(MAX_SSE_LINE)
                         if not line:
                             return
                         yield line
+
                 for data in iter_sse(lines()):
                     try:
                         snap, evs = parse_stream_message(data)
@@ -311,7 +327,7 @@ class AttachSession:
                     self._apply_kvscope(snap, evs)
                     with self.lock:
                         self.last_error = None
-        except OSError as e:      # read timeout or the server went away: reconnect from last seq
+        except OSError as e:  # read timeout or the server went away: reconnect from last seq
             with self.lock:
                 self.last_error = f"stream: {type(e).__name__}: {str(e)[:200]}"
         return True
@@ -335,7 +351,7 @@ class AttachSession:
             with self.lock:
                 self.event_error = f"{type(e).__name__}: {str(e)[:200]}"
             return
-        if self.event_state is not None:      # resumed: carry on from the seq already applied
+        if self.event_state is not None:  # resumed: carry on from the seq already applied
             sub.state = self.event_state
         try:
             while self._should_run():
@@ -366,7 +382,13 @@ class AttachSession:
         if not self.events_endpoint:
             notes.append("no KV events endpoint given: the prefix cache tree needs the server's KV events")
         elif self.event_batches == 0:
-            notes.append("no KV events received yet (is the server started with --kv-events-config and is the "
-                         "endpoint reachable?)")
-        return {"rows": rs, "last": last, "notes": notes,
-                "acceptance": vm.acceptance_per_position(last) if last else []}
+            notes.append(
+                "no KV events received yet (is the server started with --kv-events-config and is the "
+                "endpoint reachable?)"
+            )
+        return {
+            "rows": rs,
+            "last": last,
+            "notes": notes,
+            "acceptance": vm.acceptance_per_position(last) if last else [],
+        }

@@ -9,6 +9,7 @@ Environment
 - KVSCOPE_TEST_MODE=1: deterministic settings (CPU, float32, one torch thread, seed 0, a small
   pool) and static Plotly charts with fixed heights, no live polling, so screenshots are exact.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,10 +27,11 @@ def test_mode() -> bool:
     """KVSCOPE_TEST_MODE=1 (read at every call, so tests can set it before running the app)."""
     return os.environ.get("KVSCOPE_TEST_MODE", "") not in ("", "0", "false", "no")
 
-LIVE_INTERVAL_S = 0.25   # fragment refresh (4 Hz)
+
+LIVE_INTERVAL_S = 0.25  # fragment refresh (4 Hz)
 
 BLOCK_SIZES = (4, 8, 16, 32)
-KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16", "fp8_e4m3", "int8")   # EngineConfig.kv_cache_dtype
+KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16", "fp8_e4m3", "int8")  # EngineConfig.kv_cache_dtype
 SPEC_CHOICES = ("off",) + SPEC_METHODS
 
 
@@ -40,9 +42,20 @@ def model_name() -> str:
 def default_config() -> EngineConfig:
     """The engine a fresh server starts with."""
     if test_mode():
-        return EngineConfig(model=model_name(), device="cpu", dtype="float32", block_size=4,
-                            num_kv_blocks=96, max_num_seqs=8, max_num_batched_tokens=256, max_model_len=512,
-                            seed=0, num_threads=1, event_ring_size=5000, history_len=256)
+        return EngineConfig(
+            model=model_name(),
+            device="cpu",
+            dtype="float32",
+            block_size=4,
+            num_kv_blocks=96,
+            max_num_seqs=8,
+            max_num_batched_tokens=256,
+            max_model_len=512,
+            seed=0,
+            num_threads=1,
+            event_ring_size=5000,
+            history_len=256,
+        )
     return EngineConfig(model=model_name())
 
 
@@ -68,6 +81,7 @@ def live_interval():
 
 # --------------------------------------------------------------------------- the shared engine
 
+
 class SharedEngine:
     """Holds the server's EngineThread. Building it can fail (bad model, too little memory):
     the error is kept and shown on every page instead of a traceback."""
@@ -77,7 +91,7 @@ class SharedEngine:
         self.thread = None
         self.build_error: str | None = None
         self.last_message: str | None = None
-        self.generation = 0       # bumps on every (re)build, so sessions can notice
+        self.generation = 0  # bumps on every (re)build, so sessions can notice
 
     def get(self):
         with self.lock:
@@ -87,6 +101,7 @@ class SharedEngine:
 
     def _build(self, config: EngineConfig) -> None:
         from engine import EngineThread, LLMEngine
+
         try:
             self.thread = EngineThread(LLMEngine(config))
             self.build_error = None
@@ -106,14 +121,17 @@ class SharedEngine:
                 msg = "Engine built with the new settings."
             else:
                 try:
-                    result = th.reconfigure(config)   # builds first: on failure the old engine keeps serving
+                    result = th.reconfigure(config)  # builds first: on failure the old engine keeps serving
                 except ValueError:
                     raise
                 except Exception as e:  # noqa: BLE001 - e.g. a draft model that cannot be loaded
                     raise ValueError(f"{type(e).__name__}: {e}") from None
                 self.generation += 1
-                msg = f"Shared engine rebuilt with the new settings ({result})." if result else \
-                    "Shared engine rebuilt with the new settings."
+                msg = (
+                    f"Shared engine rebuilt with the new settings ({result})."
+                    if result
+                    else "Shared engine rebuilt with the new settings."
+                )
             self.last_message = msg
             return msg
 
@@ -183,6 +201,7 @@ def current_snapshot(th):
 
 # --------------------------------------------------------------------------- sidebar settings
 
+
 def spec_config(method: str, k: int, *, mismatched: bool = False, num_layers: int | None = None):
     """SpeculativeConfig for a UI choice. "mismatched" = a deliberately poor drafter: the target
     itself exited after its first ~1/8 of layers (kvscope's "Break it"). In test mode the
@@ -200,9 +219,13 @@ def spec_config(method: str, k: int, *, mismatched: bool = False, num_layers: in
 
 
 WEIGHT_FORMAT_CHOICES = ("auto", "gguf", "fp32", "bf16", "fp16")
-WEIGHT_FORMAT_LABELS = {"auto": "auto (GGUF blocks where the model has them)", "gguf": "GGUF blocks (Q4_1 / Q8_0)",
-                        "fp32": "fp32 (de-quantized copies)", "bf16": "bf16 (weights that are exactly bf16)",
-                        "fp16": "fp16 (weights that are exactly fp16)"}
+WEIGHT_FORMAT_LABELS = {
+    "auto": "auto (GGUF blocks where the model has them)",
+    "gguf": "GGUF blocks (Q4_1 / Q8_0)",
+    "fp32": "fp32 (de-quantized copies)",
+    "bf16": "bf16 (weights that are exactly bf16)",
+    "fp16": "fp16 (weights that are exactly fp16)",
+}
 
 
 def weight_format_text(info) -> str:
@@ -211,8 +234,13 @@ def weight_format_text(info) -> str:
     nbytes = getattr(info, "weight_bytes_per_step", 0)
     if not fmt or not nbytes:
         return ""
-    name = {"gguf": "GGUF quantized blocks", "fp32": "fp32 copies", "torch": "fp32 (transformers' F.linear)",
-            "bf16": "bf16 values widened exactly", "fp16": "fp16 values widened exactly"}
+    name = {
+        "gguf": "GGUF quantized blocks",
+        "fp32": "fp32 copies",
+        "torch": "fp32 (transformers' F.linear)",
+        "bf16": "bf16 values widened exactly",
+        "fp16": "fp16 values widened exactly",
+    }
     return f"{name.get(fmt, fmt)} · {nbytes / 1e6:,.1f} MB of weights read per step"
 
 
@@ -223,43 +251,63 @@ def settings_sidebar() -> None:
     info = snap.info if snap is not None else None
     sb = st.sidebar
     from ui import room
+
     room.operator_sidebar()
     sb.subheader("Engine settings")
     sb.caption("Shared by everyone using this server. Apply rebuilds the engine.")
     with sb.form("engine_settings", border=False):
-        bs = st.selectbox("Block size (tokens per KV block)", BLOCK_SIZES,
-                          index=BLOCK_SIZES.index(cfg.block_size) if cfg.block_size in BLOCK_SIZES else 2)
+        bs = st.selectbox(
+            "Block size (tokens per KV block)",
+            BLOCK_SIZES,
+            index=BLOCK_SIZES.index(cfg.block_size) if cfg.block_size in BLOCK_SIZES else 2,
+        )
         cur_blocks = info.num_blocks if info else (cfg.num_kv_blocks or 256)
-        blocks = st.number_input("KV budget (blocks in the pool)", min_value=1, max_value=1_000_000,
-                                 value=int(cur_blocks), step=8)
+        blocks = st.number_input(
+            "KV budget (blocks in the pool)", min_value=1, max_value=1_000_000, value=int(cur_blocks), step=8
+        )
         if info:
-            st.caption(f"{info.bytes_per_token:,} bytes per token → "
-                       f"{blocks * bs * info.bytes_per_token / 2**20:,.1f} MiB at block size {bs}")
-        kv_dtype = st.selectbox("KV cache dtype", KV_CACHE_DTYPES, index=KV_CACHE_DTYPES.index(cfg.kv_cache_dtype),
-                                help="What the pool stores per number: auto = the model's dtype; fp8_e4m3 and "
-                                     "int8 add a float32 scale per (token, KV head). Quantized caches are not "
-                                     "token-exact: the Memory calculator shows their measured agreement.")
+            st.caption(
+                f"{info.bytes_per_token:,} bytes per token → "
+                f"{blocks * bs * info.bytes_per_token / 2**20:,.1f} MiB at block size {bs}"
+            )
+        kv_dtype = st.selectbox(
+            "KV cache dtype",
+            KV_CACHE_DTYPES,
+            index=KV_CACHE_DTYPES.index(cfg.kv_cache_dtype),
+            help="What the pool stores per number: auto = the model's dtype; fp8_e4m3 and "
+            "int8 add a float32 scale per (token, KV head). Quantized caches are not "
+            "token-exact: the Memory calculator shows their measured agreement.",
+        )
         seqs = st.number_input("Max concurrent sequences", min_value=1, max_value=4096, value=int(cfg.max_num_seqs))
         prefix = st.toggle("Prefix caching", value=bool(cfg.enable_prefix_caching))
-        pre = st.radio("Preemption mode", ("recompute", "swap"), horizontal=True,
-                       index=0 if cfg.preemption_mode == "recompute" else 1)
+        pre = st.radio(
+            "Preemption mode",
+            ("recompute", "swap"),
+            horizontal=True,
+            index=0 if cfg.preemption_mode == "recompute" else 1,
+        )
         limits = sidebar_limits.limit_inputs(st, cfg)
         cur_method = cfg.speculative.method if cfg.speculative else "off"
         method = st.selectbox("Speculative decoding", SPEC_CHOICES, index=SPEC_CHOICES.index(cur_method))
         k = st.slider("Draft length k", 1, 16, value=cfg.speculative.num_speculative_tokens if cfg.speculative else 4)
         devices = detect_devices()
         device = cfg.device
-        if len(devices) > 1:   # a GPU is present: offer it and the CPU ("auto" is the first one)
+        if len(devices) > 1:  # a GPU is present: offer it and the CPU ("auto" is the first one)
             cur = cfg.device if cfg.device in devices else devices[0]
             device = st.selectbox("Device", devices, index=devices.index(cur))
-        wf = st.selectbox("Weight format", WEIGHT_FORMAT_CHOICES, index=WEIGHT_FORMAT_CHOICES.index(cfg.weight_format),
-                          format_func=WEIGHT_FORMAT_LABELS.get,
-                          help="What the CPU Linear layers read each step. gguf: the model file's own "
-                               "quantized blocks (Q4_1 / Q8_0), widened to fp32 in registers — outputs "
-                               "bitwise those of the de-quantized weights; fp32: de-quantized copies.")
+        wf = st.selectbox(
+            "Weight format",
+            WEIGHT_FORMAT_CHOICES,
+            index=WEIGHT_FORMAT_CHOICES.index(cfg.weight_format),
+            format_func=WEIGHT_FORMAT_LABELS.get,
+            help="What the CPU Linear layers read each step. gguf: the model file's own "
+            "quantized blocks (Q4_1 / Q8_0), widened to fp32 in registers — outputs "
+            "bitwise those of the de-quantized weights; fp32: de-quantized copies.",
+        )
         st.caption(room.rebuild_warning(snap))
-        confirm = st.checkbox("Rebuild the shared engine, aborting the requests above", value=False,
-                              key="confirm_rebuild")
+        confirm = st.checkbox(
+            "Rebuild the shared engine, aborting the requests above", value=False, key="confirm_rebuild"
+        )
         apply = st.form_submit_button("Apply", type="primary", disabled=not room.is_operator())
     if apply:
         if not confirm:
@@ -269,12 +317,19 @@ def settings_sidebar() -> None:
             sb.warning("Rebuilding the shared engine needs the operator token.")
             return
         try:
-            new = cfg.replace(device=device, block_size=int(bs), num_kv_blocks=int(blocks), kv_cache_bytes=None,
-                              kv_cache_dtype=kv_dtype,
-                              max_num_seqs=int(seqs), enable_prefix_caching=bool(prefix), preemption_mode=pre,
-                              weight_format=wf,
-                              speculative=spec_config(method, int(k), num_layers=info.num_layers if info else None),
-                              **limits)
+            new = cfg.replace(
+                device=device,
+                block_size=int(bs),
+                num_kv_blocks=int(blocks),
+                kv_cache_bytes=None,
+                kv_cache_dtype=kv_dtype,
+                max_num_seqs=int(seqs),
+                enable_prefix_caching=bool(prefix),
+                preemption_mode=pre,
+                weight_format=wf,
+                speculative=spec_config(method, int(k), num_layers=info.num_layers if info else None),
+                **limits,
+            )
             st.session_state["engine_message"] = ("success", shared_engine().reconfigure(new))
         except ValueError as e:
             st.session_state["engine_message"] = ("error", f"Settings not applied: {e}")

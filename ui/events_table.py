@@ -4,34 +4,79 @@ Pure functions of `engine.events.Event`s; no Streamlit here. Event reasons, requ
 detail values come from the engine (and from prompts, indirectly), so every cell goes through
 `html.escape` — a request id like `<img onerror=…>` renders as text.
 """
+
 from __future__ import annotations
 
 import html
 from typing import Iterable, Sequence
 
-from engine.events import (ABORT, ADMIT, BLOCK_ALLOC, BLOCK_FREE, CONFIG, COW, DECODE, ERROR, EVICT,
-                           FINISH, PREEMPT, PREFILL, PREFIX_EVICT, PREFIX_HIT, REJECT, SPEC_FALLBACK,
-                           SPEC_VERIFY, SWAP_IN, SWAP_OUT, WAIT, Event)
-
+from engine.events import (
+    ABORT,
+    ADMIT,
+    BLOCK_ALLOC,
+    BLOCK_FREE,
+    CONFIG,
+    COW,
+    DECODE,
+    ERROR,
+    EVICT,
+    FINISH,
+    PREEMPT,
+    PREFILL,
+    PREFIX_EVICT,
+    PREFIX_HIT,
+    REJECT,
+    SPEC_FALLBACK,
+    SPEC_VERIFY,
+    SWAP_IN,
+    SWAP_OUT,
+    WAIT,
+    Event,
+)
 from ui import theme
 
 _O = theme.OKABE_ITO
 # Event kind -> bar colour. Dropped-KV decisions share the preempted/evicted colour of ui.theme,
 # swaps the swapped colour; the kind is always written out too, so colour is never the only cue.
 EVENT_COLORS = {
-    ADMIT: _O["blue"], REJECT: _O["black"], WAIT: _O["orange"], PREEMPT: theme.PHASE_COLORS["preempted"],
-    EVICT: theme.PHASE_COLORS["preempted"], SWAP_OUT: theme.PHASE_COLORS["swapped"],
-    SWAP_IN: theme.PHASE_COLORS["swapped"], PREFIX_HIT: _O["bluish_green"], PREFIX_EVICT: _O["yellow"],
-    COW: _O["yellow"], FINISH: "#9E9E9E", ABORT: "#9E9E9E", ERROR: _O["vermillion"], CONFIG: theme.INK,
+    ADMIT: _O["blue"],
+    REJECT: _O["black"],
+    WAIT: _O["orange"],
+    PREEMPT: theme.PHASE_COLORS["preempted"],
+    EVICT: theme.PHASE_COLORS["preempted"],
+    SWAP_OUT: theme.PHASE_COLORS["swapped"],
+    SWAP_IN: theme.PHASE_COLORS["swapped"],
+    PREFIX_HIT: _O["bluish_green"],
+    PREFIX_EVICT: _O["yellow"],
+    COW: _O["yellow"],
+    FINISH: "#9E9E9E",
+    ABORT: "#9E9E9E",
+    ERROR: _O["vermillion"],
+    CONFIG: theme.INK,
 }
 
 
 def event_colour(kind: str) -> str:
     return EVENT_COLORS.get(kind, "#C8C8C8")
 
+
 # Kinds the memory pages offer in their filter, in the order a reader meets them.
-MEMORY_KINDS = (ADMIT, REJECT, WAIT, PREEMPT, SWAP_OUT, SWAP_IN, EVICT, PREFIX_HIT, PREFIX_EVICT,
-                COW, FINISH, ABORT, ERROR, CONFIG)
+MEMORY_KINDS = (
+    ADMIT,
+    REJECT,
+    WAIT,
+    PREEMPT,
+    SWAP_OUT,
+    SWAP_IN,
+    EVICT,
+    PREFIX_HIT,
+    PREFIX_EVICT,
+    COW,
+    FINISH,
+    ABORT,
+    ERROR,
+    CONFIG,
+)
 # Default selection: the memory decisions themselves (no per-step chatter).
 DEFAULT_KINDS = (ADMIT, REJECT, PREEMPT, SWAP_OUT, SWAP_IN, EVICT, PREFIX_HIT, ABORT, ERROR, CONFIG)
 # Noisy kinds (one per step or per block) — offered, not selected by default.
@@ -60,26 +105,29 @@ def event_details(ev: Event) -> str:
     return "; ".join(parts)
 
 
-def filter_events(events: Iterable[Event], kinds: Iterable[str] | None = None,
-                  request_id: str | None = None, limit: int = MAX_ROWS) -> list[Event]:
+def filter_events(
+    events: Iterable[Event], kinds: Iterable[str] | None = None, request_id: str | None = None, limit: int = MAX_ROWS
+) -> list[Event]:
     """The newest `limit` events of the given kinds (all kinds when None), newest first."""
     ks = None if kinds is None else set(kinds)
-    out = [e for e in events if (ks is None or e.kind in ks)
-           and (request_id is None or e.request_id == request_id)]
+    out = [e for e in events if (ks is None or e.kind in ks) and (request_id is None or e.request_id == request_id)]
     out.sort(key=lambda e: e.seq, reverse=True)
     return out[: max(0, limit)]
 
 
 def event_rows(events: Sequence[Event]) -> list[dict]:
     """Plain-text rows (unescaped) — for tests and CSV-like views."""
-    return [{
-        "step": e.step,
-        "time_s": round(e.time, 3),
-        "kind": e.kind,
-        "request": e.request_id or "",
-        "reason": str(e.data.get("reason", "")),
-        "details": event_details(e),
-    } for e in events]
+    return [
+        {
+            "step": e.step,
+            "time_s": round(e.time, 3),
+            "kind": e.kind,
+            "request": e.request_id or "",
+            "reason": str(e.data.get("reason", "")),
+            "details": event_details(e),
+        }
+        for e in events
+    ]
 
 
 def count_by_kind(events: Iterable[Event]) -> dict[str, int]:
@@ -119,8 +167,7 @@ def events_html(events: Sequence[Event], *, empty: str = "No events of the selec
             f"<td class='r'>{html.escape(_clip(r['request'], 64))}</td>"
             f"<td>{html.escape(_clip(r['reason']))}</td>"
             f"<td>{html.escape(_clip(r['details']))}</td>"
-            "</tr>")
-    head = ("<tr><th>step</th><th>t (s)</th><th>kind</th><th>request</th><th>reason</th>"
-            "<th>details</th></tr>")
-    return (_STYLE + "<div class='kvs-ev-wrap'><table class='kvs-ev'>" + head + "".join(rows)
-            + "</table></div>")
+            "</tr>"
+        )
+    head = "<tr><th>step</th><th>t (s)</th><th>kind</th><th>request</th><th>reason</th><th>details</th></tr>"
+    return _STYLE + "<div class='kvs-ev-wrap'><table class='kvs-ev'>" + head + "".join(rows) + "</table></div>"

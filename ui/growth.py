@@ -4,6 +4,7 @@ x axes count engine steps since the request arrived (deterministic for a given w
 recorded or test run draws the same picture every time; wall-clock numbers (TTFT, tokens/s) are
 reported beside the figures by `phase_stats`.
 """
+
 from __future__ import annotations
 
 import html
@@ -21,9 +22,9 @@ PHASES = ("waiting", "prefill", "decode", "preempted", "swapped", "finished")
 
 @dataclass(frozen=True, slots=True)
 class PhaseStats:
-    ttft_s: float | None          # arrival → first generated token
-    decode_tok_s: float | None    # tokens after the first / time since the first token
-    e2e_s: float | None           # arrival → finish (None while running)
+    ttft_s: float | None  # arrival → first generated token
+    decode_tok_s: float | None  # tokens after the first / time since the first token
+    e2e_s: float | None  # arrival → finish (None while running)
     prefill_steps: int
     decode_steps: int
     output_tokens: int
@@ -44,8 +45,9 @@ def phase_stats(req, now: float | None = None) -> PhaseStats:
     steps = {}
     for p in req.history:
         steps.setdefault(p.phase, set()).add(p.step)
-    return PhaseStats(ttft, tps, e2e, len(steps.get("prefill", ())), len(steps.get("decode", ())),
-                      req.output_len, req.prompt_len)
+    return PhaseStats(
+        ttft, tps, e2e, len(steps.get("prefill", ())), len(steps.get("decode", ())), req.output_len, req.prompt_len
+    )
 
 
 def phase_segments(history) -> list[tuple[str, int, int]]:
@@ -79,8 +81,7 @@ def _with_drops(hist, evict_steps):
     return out
 
 
-def growth_figure(req, block_size: int, *, evict_steps=(), height: int = 430,
-                  title: str | None = None) -> go.Figure:
+def growth_figure(req, block_size: int, *, evict_steps=(), height: int = 430, title: str | None = None) -> go.Figure:
     """Top: tokens whose K/V are in the pool, and slots allocated (whole blocks) per step.
     Bottom: K/V bytes held. Background bands: the phase at each step. Evictions (engine steps of
     its evict events): dashed lines, where the lines drop to zero before the recompute."""
@@ -93,34 +94,90 @@ def growth_figure(req, block_size: int, *, evict_steps=(), height: int = 430,
     s0 = hist[0].step
     line = _with_drops(hist, evict_steps)
     x = [p.step - s0 for p in line]
-    fig.add_trace(go.Scatter(x=x, y=[p.num_cached_tokens for p in line], name="tokens in cache",
-                             mode="lines+markers", marker=dict(size=4), line=dict(color=theme.INK, width=2),
-                             hovertemplate="step +%{x}: %{y} tokens<extra></extra>"), row=1, col=1)
-    fig.add_trace(go.Scatter(x=x, y=[p.num_blocks * block_size for p in line], name="slots allocated (whole blocks)",
-                             mode="lines", line=dict(color=theme.OKABE_ITO["blue"], width=2, dash="dot", shape="hv"),
-                             hovertemplate="step +%{x}: %{y} slots<extra></extra>"), row=1, col=1)
-    fig.add_trace(go.Scatter(x=x, y=[p.kv_bytes for p in line], name="K/V bytes", mode="lines",
-                             line=dict(color=theme.OKABE_ITO["vermillion"], width=2), fill="tozeroy",
-                             fillcolor="rgba(213,94,0,0.12)",
-                             hovertemplate="step +%{x}: %{y:,} bytes<extra></extra>"), row=2, col=1)
+    fig.add_trace(
+        go.Scatter(
+            x=x,
+            y=[p.num_cached_tokens for p in line],
+            name="tokens in cache",
+            mode="lines+markers",
+            marker=dict(size=4),
+            line=dict(color=theme.INK, width=2),
+            hovertemplate="step +%{x}: %{y} tokens<extra></extra>",
+        ),
+        row=1,
+        col=1,
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=x,
+            y=[p.num_blocks * block_size for p in line],
+            name="slots allocated (whole blocks)",
+            mode="lines",
+            line=dict(color=theme.OKABE_ITO["blue"], width=2, dash="dot", shape="hv"),
+            hovertemplate="step +%{x}: %{y} slots<extra></extra>",
+        ),
+        row=1,
+        col=1,
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=x,
+            y=[p.kv_bytes for p in line],
+            name="K/V bytes",
+            mode="lines",
+            line=dict(color=theme.OKABE_ITO["vermillion"], width=2),
+            fill="tozeroy",
+            fillcolor="rgba(213,94,0,0.12)",
+            hovertemplate="step +%{x}: %{y:,} bytes<extra></extra>",
+        ),
+        row=2,
+        col=1,
+    )
     seen = set()
     for phase, a, b in phase_segments(hist):
         color = theme.PHASE_COLORS.get(phase, "#EEEEEE")
         for yref in ("y domain", "y2 domain"):
-            fig.add_shape(type="rect", xref="x", yref=yref, x0=a - 0.5, x1=b + 0.5, y0=0, y1=1,
-                          fillcolor=color, opacity=0.13, line_width=0, layer="below")
+            fig.add_shape(
+                type="rect",
+                xref="x",
+                yref=yref,
+                x0=a - 0.5,
+                x1=b + 0.5,
+                y0=0,
+                y1=1,
+                fillcolor=color,
+                opacity=0.13,
+                line_width=0,
+                layer="below",
+            )
         if phase not in seen:
             seen.add(phase)
-            fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=f"phase: {phase}",
-                                     marker=dict(symbol="square", size=11, color=color, opacity=0.5)),
-                          row=1, col=1)
+            fig.add_trace(
+                go.Scatter(
+                    x=[None],
+                    y=[None],
+                    mode="markers",
+                    name=f"phase: {phase}",
+                    marker=dict(symbol="square", size=11, color=color, opacity=0.5),
+                ),
+                row=1,
+                col=1,
+            )
     for s in evict_steps:
         rel = s - s0
         if rel < 0:
             continue
         fig.add_vline(x=rel, line=dict(color=theme.OKABE_ITO["reddish_purple"], width=2, dash="dash"))
-        fig.add_annotation(x=rel, y=1, xref="x", yref="y domain", text="↻ evicted", showarrow=False,
-                           yanchor="bottom", font=dict(size=10, color="#7A3D66"))
+        fig.add_annotation(
+            x=rel,
+            y=1,
+            xref="x",
+            yref="y domain",
+            text="↻ evicted",
+            showarrow=False,
+            yanchor="bottom",
+            font=dict(size=10, color="#7A3D66"),
+        )
     t = title if title is not None else f"cache growth of {theme.short_id(req.request_id, 24)}"
     fig.update_layout(**theme.base_layout(height, t, margin=dict(l=60, r=15, t=36, b=110)))
     fig.update_layout(legend=dict(orientation="h", y=-0.2, yanchor="top", x=0, font=dict(size=10)))
@@ -137,14 +194,27 @@ def phase_figure(req, *, height: int = 150, stats: PhaseStats | None = None) -> 
     fig = go.Figure()
     seen = set()
     for phase, a, b in segs:
-        fig.add_trace(go.Bar(
-            y=["phases"], x=[b - a + 1], base=[a - 0.5], orientation="h", name=phase,
-            marker=dict(color=theme.PHASE_COLORS.get(phase, "#EEEEEE"), line=dict(color=theme.INK, width=1),
-                        pattern=dict(shape=theme.PHASE_PATTERNS.get(phase, ""), fgcolor="#FFFFFF", size=6,
-                                     fillmode="overlay")),
-            text=[phase if b - a >= 2 else ""], textposition="inside", insidetextanchor="middle",
-            showlegend=phase not in seen,
-            hovertemplate=f"{phase}: steps +{a}…+{b}<extra></extra>"))
+        fig.add_trace(
+            go.Bar(
+                y=["phases"],
+                x=[b - a + 1],
+                base=[a - 0.5],
+                orientation="h",
+                name=phase,
+                marker=dict(
+                    color=theme.PHASE_COLORS.get(phase, "#EEEEEE"),
+                    line=dict(color=theme.INK, width=1),
+                    pattern=dict(
+                        shape=theme.PHASE_PATTERNS.get(phase, ""), fgcolor="#FFFFFF", size=6, fillmode="overlay"
+                    ),
+                ),
+                text=[phase if b - a >= 2 else ""],
+                textposition="inside",
+                insidetextanchor="middle",
+                showlegend=phase not in seen,
+                hovertemplate=f"{phase}: steps +{a}…+{b}<extra></extra>",
+            )
+        )
         seen.add(phase)
     title = "prefill vs decode (engine steps since arrival)"
     if stats is not None:
@@ -153,8 +223,9 @@ def phase_figure(req, *, height: int = 150, stats: PhaseStats | None = None) -> 
         bits.append(f"{stats.decode_steps} decode step(s) for {stats.output_tokens} generated tokens")
         title += ": " + ", ".join(bits)
     fig.update_layout(**theme.base_layout(height, title, margin=dict(l=60, r=15, t=36, b=36)))
-    fig.update_layout(barmode="overlay", bargap=0.35, showlegend=True,
-                      legend=dict(orientation="h", y=-0.45, yanchor="top", x=0))
+    fig.update_layout(
+        barmode="overlay", bargap=0.35, showlegend=True, legend=dict(orientation="h", y=-0.45, yanchor="top", x=0)
+    )
     fig.update_xaxes(title_text=None, gridcolor=theme.GRID, rangemode="tozero")
     fig.update_yaxes(showticklabels=False)
     return fig
@@ -168,7 +239,9 @@ def format_seconds(s: float | None) -> str:
 
 def summary_line(req, stats: PhaseStats) -> str:
     """Escaped one-line HTML summary (request ids are user data)."""
-    return (f"<b>{html.escape(theme.short_id(req.request_id, 32))}</b> · {html.escape(req.state)} · "
-            f"prompt {req.prompt_len} tok · output {req.output_len} tok · "
-            f"TTFT {format_seconds(stats.ttft_s)} · decode "
-            f"{'—' if stats.decode_tok_s is None else f'{stats.decode_tok_s:.1f} tok/s'}")
+    return (
+        f"<b>{html.escape(theme.short_id(req.request_id, 32))}</b> · {html.escape(req.state)} · "
+        f"prompt {req.prompt_len} tok · output {req.output_len} tok · "
+        f"TTFT {format_seconds(stats.ttft_s)} · decode "
+        f"{'—' if stats.decode_tok_s is None else f'{stats.decode_tok_s:.1f} tok/s'}"
+    )

@@ -4,6 +4,7 @@ that submits a workload and the recorder live in engine/recording.py).
 Figures here take `Snapshot`s (and `Event`s) and return Plotly figures; no Streamlit. The same
 functions draw the live page and the replay page, so everything shown can be rebuilt from a trace.
 """
+
 from __future__ import annotations
 
 import math
@@ -15,7 +16,7 @@ import plotly.graph_objects as go
 from engine.snapshot import RequestState, Snapshot
 from ui import theme
 
-MAX_GROWTH_LINES = 24     # per-request cache-growth lines drawn at most
+MAX_GROWTH_LINES = 24  # per-request cache-growth lines drawn at most
 PERCENTILES = (50, 90, 99)
 
 
@@ -24,15 +25,19 @@ def _t(series: Sequence[Snapshot], t0: float | None) -> tuple[list[float], float
     return [s.time - base for s in series], base
 
 
-def _layout(fig: go.Figure, title: str, ytitle: str, xtitle: str = "time since start (s)",
-            height: int = 330) -> go.Figure:
+def _layout(
+    fig: go.Figure, title: str, ytitle: str, xtitle: str = "time since start (s)", height: int = 330
+) -> go.Figure:
     """Title at the top of the figure, legend in its own band under it (never over the title or
     the data), fixed height."""
     fig.update_layout(**theme.base_layout(height, title, margin=dict(l=55, r=15, t=78, b=45)))
-    fig.update_layout(title=dict(y=0.985, yref="container", yanchor="top"),
-                      xaxis_title=xtitle, yaxis_title=ytitle, hovermode="x unified",
-                      legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0,
-                                  font=dict(size=11)))
+    fig.update_layout(
+        title=dict(y=0.985, yref="container", yanchor="top"),
+        xaxis_title=xtitle,
+        yaxis_title=ytitle,
+        hovermode="x unified",
+        legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0, font=dict(size=11)),
+    )
     fig.update_xaxes(gridcolor=theme.GRID, zerolinecolor=theme.GRID)
     fig.update_yaxes(gridcolor=theme.GRID, zerolinecolor=theme.GRID)
     return fig
@@ -40,19 +45,26 @@ def _layout(fig: go.Figure, title: str, ytitle: str, xtitle: str = "time since s
 
 # Line colours for request states: the phase colours of ui.theme, except "waiting", whose
 # light-grey phase fill is too faint for a line. Each state also has its own dash pattern.
-STATE_COLORS = {"running": theme.PHASE_COLORS["decode"], "waiting": "#7F7F7F",
-                "preempted": theme.PHASE_COLORS["preempted"], "swapped": theme.PHASE_COLORS["swapped"]}
+STATE_COLORS = {
+    "running": theme.PHASE_COLORS["decode"],
+    "waiting": "#7F7F7F",
+    "preempted": theme.PHASE_COLORS["preempted"],
+    "swapped": theme.PHASE_COLORS["swapped"],
+}
 STATE_DASH = {"running": "solid", "waiting": "dash", "preempted": "dot", "swapped": "dashdot"}
-PERCENTILE_COLORS = {50: theme.OKABE_ITO["blue"], 90: theme.OKABE_ITO["orange"],
-                     99: theme.OKABE_ITO["vermillion"]}
+PERCENTILE_COLORS = {50: theme.OKABE_ITO["blue"], 90: theme.OKABE_ITO["orange"], 99: theme.OKABE_ITO["vermillion"]}
 USED_COLOR = theme.REQUEST_COLORS[0]
 CACHED_COLOR = theme.BLOCK_STATES[theme.CACHED].color
 
 
 # ------------------------------------------------------------------ queue counts
 
-COUNT_FIELDS = (("running", "num_running"), ("waiting", "num_waiting"),
-                ("preempted", "num_preempted"), ("swapped", "num_swapped"))
+COUNT_FIELDS = (
+    ("running", "num_running"),
+    ("waiting", "num_waiting"),
+    ("preempted", "num_preempted"),
+    ("swapped", "num_swapped"),
+)
 
 
 def counts_over_time(series: Sequence[Snapshot]) -> dict[str, list[int]]:
@@ -64,13 +76,20 @@ def counts_figure(series: Sequence[Snapshot], t0: float | None = None) -> go.Fig
     counts = counts_over_time(series)
     fig = go.Figure()
     for name, _attr in COUNT_FIELDS:
-        fig.add_trace(go.Scatter(x=xs, y=counts[name], name=name, mode="lines",
-                                 line=dict(color=STATE_COLORS[name], width=2,
-                                           dash=STATE_DASH[name], shape="hv")))
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=counts[name],
+                name=name,
+                mode="lines",
+                line=dict(color=STATE_COLORS[name], width=2, dash=STATE_DASH[name], shape="hv"),
+            )
+        )
     return _layout(fig, "Requests by state", "requests")
 
 
 # ------------------------------------------------------------------ KV usage vs budget
+
 
 def kv_usage_over_time(series: Sequence[Snapshot]) -> dict[str, list[float]]:
     return {
@@ -85,14 +104,35 @@ def kv_usage_figure(series: Sequence[Snapshot], t0: float | None = None) -> go.F
     xs, _ = _t(series, t0)
     u = kv_usage_over_time(series)
     fig = go.Figure()
-    fig.add_trace(go.Scatter(x=xs, y=u["used"], name="used by requests", mode="lines",
-                             stackgroup="kv", line=dict(color=USED_COLOR, width=1.5,
-                                                        shape="hv")))
-    fig.add_trace(go.Scatter(x=xs, y=u["cached"], name="cached (free, reusable)", mode="lines",
-                             stackgroup="kv", line=dict(color=CACHED_COLOR, width=1.5,
-                                                        shape="hv")))
-    fig.add_trace(go.Scatter(x=xs, y=u["budget"], name="budget (pool size)", mode="lines",
-                             line=dict(color=theme.INK, width=2, dash="dash", shape="hv")))
+    fig.add_trace(
+        go.Scatter(
+            x=xs,
+            y=u["used"],
+            name="used by requests",
+            mode="lines",
+            stackgroup="kv",
+            line=dict(color=USED_COLOR, width=1.5, shape="hv"),
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=xs,
+            y=u["cached"],
+            name="cached (free, reusable)",
+            mode="lines",
+            stackgroup="kv",
+            line=dict(color=CACHED_COLOR, width=1.5, shape="hv"),
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=xs,
+            y=u["budget"],
+            name="budget (pool size)",
+            mode="lines",
+            line=dict(color=theme.INK, width=2, dash="dash", shape="hv"),
+        )
+    )
     ytitle = "blocks"
     if series:
         i = series[-1].info
@@ -104,7 +144,10 @@ def kv_usage_figure(series: Sequence[Snapshot], t0: float | None = None) -> go.F
 
 # ------------------------------------------------------------------ per-request cache growth
 
-def growth_lines(series: Sequence[Snapshot], max_lines: int = MAX_GROWTH_LINES) -> dict[str, tuple[list[float], list[int]]]:
+
+def growth_lines(
+    series: Sequence[Snapshot], max_lines: int = MAX_GROWTH_LINES
+) -> dict[str, tuple[list[float], list[int]]]:
     """request_id -> (times, cached tokens). Uses the request's own per-step history from the
     latest snapshot it appears in when it has one (full resolution); otherwise the sampled series,
     from the first snapshot where the request holds KV to the one where it finished (its drop to
@@ -115,11 +158,11 @@ def growth_lines(series: Sequence[Snapshot], max_lines: int = MAX_GROWTH_LINES) 
     for s in series:
         for r in s.requests:
             if r.request_id in done:
-                continue             # finished: its line ended with the drop to 0
+                continue  # finished: its line ended with the drop to 0
             latest[r.request_id] = r
             xs, ys = sampled.setdefault(r.request_id, ([], []))
             if not ys and r.num_computed_tokens == 0 and (r.state == RequestState.WAITING or r.is_terminal):
-                continue             # not started yet (or never started): no line until it holds KV
+                continue  # not started yet (or never started): no line until it holds KV
             xs.append(s.time)
             ys.append(r.num_computed_tokens)
             if r.is_terminal:
@@ -132,13 +175,11 @@ def growth_lines(series: Sequence[Snapshot], max_lines: int = MAX_GROWTH_LINES) 
             lines[rid] = ([h.time for h in r.history], [h.num_cached_tokens for h in r.history])
         else:
             lines[rid] = sampled[rid]
-    order = sorted(lines, key=lambda rid: (max(lines[rid][1], default=0), latest[rid].arrival_time, rid),
-                   reverse=True)
+    order = sorted(lines, key=lambda rid: (max(lines[rid][1], default=0), latest[rid].arrival_time, rid), reverse=True)
     return {rid: lines[rid] for rid in order[:max_lines]}
 
 
-def growth_figure(series: Sequence[Snapshot], t0: float | None = None,
-                  max_lines: int = MAX_GROWTH_LINES) -> go.Figure:
+def growth_figure(series: Sequence[Snapshot], t0: float | None = None, max_lines: int = MAX_GROWTH_LINES) -> go.Figure:
     _, base = _t(series, t0)
     bpt = series[-1].info.bytes_per_token if series else 0
     all_lines = growth_lines(series, max_lines=1_000_000)
@@ -146,11 +187,18 @@ def growth_figure(series: Sequence[Snapshot], t0: float | None = None,
     colors = theme.RequestColors(sorted(lines, key=lambda rid: (lines[rid][0][:1], rid)))
     fig = go.Figure()
     for rid, (xs, ys) in sorted(lines.items()):
-        fig.add_trace(go.Scatter(x=[x - base for x in xs], y=ys, name=_safe(rid), mode="lines",
-                                 line=dict(color=colors.color(rid), width=1.5, shape="hv"),
-                                 customdata=[y * bpt for y in ys], showlegend=False,
-                                 hovertemplate=f"{_safe(rid)}<br>%{{y}} tokens = %{{customdata:,}} bytes"
-                                               "<extra></extra>"))
+        fig.add_trace(
+            go.Scatter(
+                x=[x - base for x in xs],
+                y=ys,
+                name=_safe(rid),
+                mode="lines",
+                line=dict(color=colors.color(rid), width=1.5, shape="hv"),
+                customdata=[y * bpt for y in ys],
+                showlegend=False,
+                hovertemplate=f"{_safe(rid)}<br>%{{y}} tokens = %{{customdata:,}} bytes<extra></extra>",
+            )
+        )
     n_all = len(all_lines)
     title = "KV cache per request (tokens held)"
     if n_all > len(lines):
@@ -167,10 +215,12 @@ def format_bytes(n: int) -> str:
 def _safe(s: str) -> str:
     # Plotly renders a small HTML subset in hover/labels: escape request ids.
     import html
+
     return html.escape(s)
 
 
 # ------------------------------------------------------------------ latency percentiles
+
 
 def percentile(values: Sequence[float], p: float) -> float | None:
     """numpy's linear-interpolated percentile of the values (None and NaN skipped); None when empty."""
@@ -201,11 +251,17 @@ def percentile_table_html(pct: dict[str, dict[int, float | None]], counts: dict[
     rows = []
     for key, label in names:
         n = f" <span style='color:#666'>(n={counts[key]})</span>" if counts and key in counts else ""
-        cells = "".join(f"<td style='text-align:right;padding:2px 10px'>{_fmt_s(pct[key][p])}</td>"
-                        for p in PERCENTILES)
+        cells = "".join(
+            f"<td style='text-align:right;padding:2px 10px'>{_fmt_s(pct[key][p])}</td>" for p in PERCENTILES
+        )
         rows.append(f"<tr><td style='padding:2px 10px'>{label}{n}</td>{cells}</tr>")
-    return ("<table style='border-collapse:collapse;font-size:0.9rem'><tr><th></th>" + head + "</tr>"
-            + "".join(rows) + "</table>")
+    return (
+        "<table style='border-collapse:collapse;font-size:0.9rem'><tr><th></th>"
+        + head
+        + "</tr>"
+        + "".join(rows)
+        + "</table>"
+    )
 
 
 def percentile_counts(snap: Snapshot | None) -> dict[str, int]:
@@ -225,16 +281,25 @@ def percentiles_figure(series: Sequence[Snapshot], t0: float | None = None) -> g
     for metric, label in (("ttft", "TTFT"), ("e2e", "latency")):
         pts = percentiles_over_time(series, metric)
         for p in PERCENTILES:
-            fig.add_trace(go.Scatter(x=xs, y=pts[p], name=f"{label} p{p}", mode="lines",
-                                     connectgaps=False,
-                                     line=dict(color=PERCENTILE_COLORS[p], width=2,
-                                               dash="solid" if metric == "ttft" else "dot", shape="hv")))
+            fig.add_trace(
+                go.Scatter(
+                    x=xs,
+                    y=pts[p],
+                    name=f"{label} p{p}",
+                    mode="lines",
+                    connectgaps=False,
+                    line=dict(
+                        color=PERCENTILE_COLORS[p], width=2, dash="solid" if metric == "ttft" else "dot", shape="hv"
+                    ),
+                )
+            )
     fig = _layout(fig, "TTFT (solid) and end-to-end latency (dotted) percentiles", "seconds")
     fig.update_yaxes(rangemode="tozero")
     return fig
 
 
 # ------------------------------------------------------------------ feeder
+
 
 def run_request_ids_pending(snap: Snapshot | None, request_ids: Iterable[str]) -> int:
     """How many of `request_ids` are still waiting, running or swapped in `snap`."""
@@ -246,6 +311,7 @@ def run_request_ids_pending(snap: Snapshot | None, request_ids: Iterable[str]) -
 
 # ------------------------------------------------------------------ requests from other doors
 
+
 def origin_rows(snap: Snapshot | None, origin: str = "http") -> list:
     """The snapshot's requests submitted through `origin` ("http": the OpenAI API), live first."""
     if snap is None:
@@ -256,6 +322,7 @@ def origin_rows(snap: Snapshot | None, origin: str = "http") -> list:
 def origin_html(snap: Snapshot | None, origin: str = "http", max_rows: int = 12) -> str:
     """One line per request that came in through the HTTP API (escaped), or "" when there are none."""
     import html
+
     rows = origin_rows(snap, origin)
     if not rows:
         return ""
@@ -263,7 +330,11 @@ def origin_html(snap: Snapshot | None, origin: str = "http", max_rows: int = 12)
     items = "".join(
         f"<li><code>{html.escape(r.request_id)}</code> · {html.escape(r.state)}"
         f"{' (' + html.escape(r.finish_reason) + ')' if r.finish_reason else ''} · prompt {r.prompt_len}, "
-        f"output {r.output_len} tokens · {len(r.block_table)} blocks</li>" for r in rows[:max_rows])
+        f"output {r.output_len} tokens · {len(r.block_table)} blocks</li>"
+        for r in rows[:max_rows]
+    )
     more = f"<li>… and {len(rows) - max_rows} more</li>" if len(rows) > max_rows else ""
-    return (f"<div class='kv-origin'><b>From the HTTP API ({html.escape(origin)})</b>: {live} live, "
-            f"{len(rows) - live} recently ended<ul>{items}{more}</ul></div>")
+    return (
+        f"<div class='kv-origin'><b>From the HTTP API ({html.escape(origin)})</b>: {live} live, "
+        f"{len(rows) - live} recently ended<ul>{items}{more}</ul></div>"
+    )

@@ -11,6 +11,7 @@ beyond the first (requests that shared it and went on differently) plus repeated
 reports for it (vLLM reports hits this way when a request asks for kv_cache_report_mode="full").
 Pure Python plus one Plotly figure builder; token text is HTML-escaped wherever it is shown.
 """
+
 from __future__ import annotations
 
 import html
@@ -22,8 +23,8 @@ from engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 
 ROOT = "cache"
 ORPHANS = "orphans"
-MAX_NODES = 50_000          # beyond this the oldest blocks are dropped from the view (counted)
-MAX_DRAWN = 1_500           # nodes drawn in the figure (the most recent chains)
+MAX_NODES = 50_000  # beyond this the oldest blocks are dropped from the view (counted)
+MAX_DRAWN = 1_500  # nodes drawn in the figure (the most recent chains)
 
 
 @dataclass(slots=True)
@@ -46,7 +47,7 @@ class PrefixTree:
     def __init__(self, max_nodes: int = MAX_NODES):
         self.nodes: dict[object, Node] = {}
         self.max_nodes = max_nodes
-        self.dropped = 0              # nodes forgotten past max_nodes
+        self.dropped = 0  # nodes forgotten past max_nodes
         self.removed = 0
         self.cleared = 0
         self.stored_events = 0
@@ -73,7 +74,7 @@ class PrefixTree:
                 whole = len(e.token_ids) == bs * len(e.block_hashes)
                 parent = e.parent_block_hash
                 for i, h in enumerate(e.block_hashes):
-                    toks = tuple(e.token_ids[i * bs:(i + 1) * bs]) if whole else ()
+                    toks = tuple(e.token_ids[i * bs : (i + 1) * bs]) if whole else ()
                     node = self.nodes.get(h)
                     if node is not None:
                         node.reports += 1
@@ -92,7 +93,7 @@ class PrefixTree:
                 self.cleared += 1
                 self.nodes.clear()
         while len(self.nodes) > self.max_nodes:
-            self._remove(next(iter(self.nodes)))      # dicts keep insertion order: oldest first
+            self._remove(next(iter(self.nodes)))  # dicts keep insertion order: oldest first
             self.dropped += 1
 
     def leaves_under(self) -> dict:
@@ -126,11 +127,12 @@ def block_text(tokens, decode, limit: int = 200) -> str:
         s = decode(list(tokens))
     except Exception:  # a tokenizer that rejects ids (another vocabulary) just shows no text
         return ""
-    return html.escape(s if len(s) <= limit else s[:limit - 1] + "…")
+    return html.escape(s if len(s) <= limit else s[: limit - 1] + "…")
 
 
-def tree_figure(tree: PrefixTree, now: float, color_by: str = "age", decode=None,
-                max_drawn: int = MAX_DRAWN, height: int = 520) -> go.Figure:
+def tree_figure(
+    tree: PrefixTree, now: float, color_by: str = "age", decode=None, max_drawn: int = MAX_DRAWN, height: int = 520
+) -> go.Figure:
     """Icicle of the cached chains: one cell per block, the root at the top, each chain going down;
     coloured by age (seconds since stored) or by reuse."""
     if color_by not in ("age", "reuse"):
@@ -152,8 +154,10 @@ def tree_figure(tree: PrefixTree, now: float, color_by: str = "age", decode=None
         ids.append(hash_label(h))
         parents.append(pid)
         labels.append(short or hash_label(h)[-8:])
-        hover.append(f"block {hash_label(h)}<br>age {age:.1f} s · reuse {reuse.get(h, 0)}"
-                     f"<br>{len(n.tokens)} tokens" + (f": {text}" if text else ""))
+        hover.append(
+            f"block {hash_label(h)}<br>age {age:.1f} s · reuse {reuse.get(h, 0)}"
+            f"<br>{len(n.tokens)} tokens" + (f": {text}" if text else "")
+        )
         colors.append(age if color_by == "age" else float(reuse.get(h, 0)))
     if orphan_used:
         ids.append(ORPHANS)
@@ -162,12 +166,30 @@ def tree_figure(tree: PrefixTree, now: float, color_by: str = "age", decode=None
         hover.append("blocks whose parent block was evicted before them")
         colors.append(0.0)
     scale = "Viridis_r" if color_by == "age" else "YlOrRd"
-    fig = go.Figure(go.Icicle(ids=ids, parents=parents, labels=labels, hovertext=hover, hoverinfo="text",
-                              marker=dict(colors=colors, colorscale=scale, showscale=True,
-                                          colorbar=dict(title="age (s)" if color_by == "age" else "reuse")),
-                              tiling=dict(orientation="v"), maxdepth=12))
+    fig = go.Figure(
+        go.Icicle(
+            ids=ids,
+            parents=parents,
+            labels=labels,
+            hovertext=hover,
+            hoverinfo="text",
+            marker=dict(
+                colors=colors,
+                colorscale=scale,
+                showscale=True,
+                colorbar=dict(title="age (s)" if color_by == "age" else "reuse"),
+            ),
+            tiling=dict(orientation="v"),
+            maxdepth=12,
+        )
+    )
     shown = f"{len(keep)} of {len(tree)} cached blocks" if len(keep) < len(tree) else f"{len(tree)} cached blocks"
-    fig.update_layout(title=dict(text=f"Prefix cache rebuilt from KV events: {shown}, {tree.chains()} chains",
-                                 x=0, font=dict(size=14)),
-                      height=height, margin=dict(l=10, r=10, t=40, b=10), paper_bgcolor="white")
+    fig.update_layout(
+        title=dict(
+            text=f"Prefix cache rebuilt from KV events: {shown}, {tree.chains()} chains", x=0, font=dict(size=14)
+        ),
+        height=height,
+        margin=dict(l=10, r=10, t=40, b=10),
+        paper_bgcolor="white",
+    )
     return fig

@@ -6,18 +6,19 @@ engine.preview.PromptPreview: the prompt's tokens as chips grouped by the KV blo
 leading blocks the prefix cache would supply in green, the first block that would be computed
 marked, and where the prompt first differs from the previous one.
 """
+
 from __future__ import annotations
 
 from engine.preview import PromptPreview
 
 from .tokens import visible_text
 
-DEBOUNCE_MS = 120            # value sent this long after the last keystroke (≤ 150 ms)
-BLOCK_BG = ("#EEF4FB", "#FDF3E1")            # alternate blocks: pale blue / pale orange
-HIT_BG, HIT_BORDER = "#D5F0E6", "#009E73"    # prefix-cache hit blocks (bluish green)
-MAX_PREVIEW_TOKENS = 1200                     # chips drawn (the counts cover every token)
+DEBOUNCE_MS = 120  # value sent this long after the last keystroke (≤ 150 ms)
+BLOCK_BG = ("#EEF4FB", "#FDF3E1")  # alternate blocks: pale blue / pale orange
+HIT_BG, HIT_BORDER = "#D5F0E6", "#009E73"  # prefix-cache hit blocks (bluish green)
+MAX_PREVIEW_TOKENS = 1200  # chips drawn (the counts cover every token)
 
-VERDICTS = {   # verdict -> (label, streamlit alert kind)
+VERDICTS = {  # verdict -> (label, streamlit alert kind)
     "fits": ("Fits now", "success"),
     "preempt": ("Admitted, may preempt later", "warning"),
     "wait": ("Would wait", "warning"),
@@ -60,39 +61,50 @@ def preview_html(pv: PromptPreview, previous: tuple[int, ...] | None = None) -> 
         chips = []
         for i in range(b * bs, min((b + 1) * bs, shown)):
             style = "outline:2px solid #D55E00;" if diff is not None and i == diff else ""
-            chips.append(f'<span title="token {i}: id {pv.token_ids[i]}" style="{style}padding:0 2px;'
-                         f'font-family:monospace;white-space:pre">{visible_text(texts[i])}</span>')
+            chips.append(
+                f'<span title="token {i}: id {pv.token_ids[i]}" style="{style}padding:0 2px;'
+                f'font-family:monospace;white-space:pre">{visible_text(texts[i])}</span>'
+            )
         label = f"b{b}" + (" hit" if hit else "")
-        parts.append(f'<span class="kvscope-preview-block" data-block="{b}" data-hit="{int(hit)}" '
-                     f'style="display:inline-block;margin:2px 3px 2px 0;padding:1px 3px;background:{bg};'
-                     f'border:{border};border-radius:4px"><sup style="color:#555;font-size:0.7em">'
-                     f'{label}</sup>{"".join(chips)}</span>')
+        parts.append(
+            f'<span class="kvscope-preview-block" data-block="{b}" data-hit="{int(hit)}" '
+            f'style="display:inline-block;margin:2px 3px 2px 0;padding:1px 3px;background:{bg};'
+            f'border:{border};border-radius:4px"><sup style="color:#555;font-size:0.7em">'
+            f"{label}</sup>{''.join(chips)}</span>"
+        )
     more = ""
     if len(texts) > shown:
         more = f'<span style="color:#555"> … {len(texts) - shown:,} more tokens not drawn</span>'
-    return ('<div class="kvscope-preview" style="line-height:1.9;font-size:0.85rem">' + "".join(parts) + more
-            + "</div>")
+    return '<div class="kvscope-preview" style="line-height:1.9;font-size:0.85rem">' + "".join(parts) + more + "</div>"
 
 
 def summary_lines(pv: PromptPreview, previous: tuple[int, ...] | None = None) -> list[str]:
     """The preview's numbers as short markdown lines (all from the PromptPreview)."""
     bs = pv.block_size
-    lines = [f"**{pv.num_tokens:,} tokens** with the chat template: {pv.content_tokens:,} typed + "
-             f"{pv.template_tokens:,} template · {pv.num_blocks:,} block(s) of {bs}"]
+    lines = [
+        f"**{pv.num_tokens:,} tokens** with the chat template: {pv.content_tokens:,} typed + "
+        f"{pv.template_tokens:,} template · {pv.num_blocks:,} block(s) of {bs}"
+    ]
     if pv.hit_blocks:
-        lines.append(f"**Prefix cache:** blocks 0–{pv.hit_blocks - 1} ({pv.hit_tokens:,} tokens) would be hits "
-                     f"right now; computing starts at block {pv.hit_blocks}")
+        lines.append(
+            f"**Prefix cache:** blocks 0–{pv.hit_blocks - 1} ({pv.hit_tokens:,} tokens) would be hits "
+            f"right now; computing starts at block {pv.hit_blocks}"
+        )
     else:
         lines.append("**Prefix cache:** no leading block is cached right now (all computed)")
     diff = first_difference(pv.token_ids, previous) if previous else None
     if diff is not None:
-        lines.append(f"**Edit:** differs from the previous prompt at token {diff} → block {diff // bs}; blocks "
-                     f"from there on cannot be shared with it")
-    lines.append(f"**KV needed:** {fmt_bytes(pv.kv_bytes_prompt)} at the prompt's end ({pv.num_tokens:,} × "
-                 f"{pv.bytes_per_token:,} B) · {fmt_bytes(pv.kv_bytes_worst)} at max tokens "
-                 f"({pv.worst_tokens:,} tokens, {pv.blocks_worst:,} blocks) · pool at step {pv.step:,}: "
-                 f"{pv.free_blocks:,} free "
-                 f"({pv.cached_free_blocks:,} cached-free)")
+        lines.append(
+            f"**Edit:** differs from the previous prompt at token {diff} → block {diff // bs}; blocks "
+            f"from there on cannot be shared with it"
+        )
+    lines.append(
+        f"**KV needed:** {fmt_bytes(pv.kv_bytes_prompt)} at the prompt's end ({pv.num_tokens:,} × "
+        f"{pv.bytes_per_token:,} B) · {fmt_bytes(pv.kv_bytes_worst)} at max tokens "
+        f"({pv.worst_tokens:,} tokens, {pv.blocks_worst:,} blocks) · pool at step {pv.step:,}: "
+        f"{pv.free_blocks:,} free "
+        f"({pv.cached_free_blocks:,} cached-free)"
+    )
     return lines
 
 
@@ -110,9 +122,11 @@ def render(st, pv: PromptPreview, previous: tuple[int, ...] | None = None) -> No
 
 # --------------------------------------------------------------------------- the fields (Streamlit)
 
+
 def typed(prefix: str) -> tuple[str, str]:
     """(system prompt, prompt) as last typed in the fields drawn by prompt_with_preview."""
     import streamlit as st
+
     ss = st.session_state
     return (ss.get(f"{prefix}_system") or "").strip(), ss.get(f"{prefix}_prompt") or ""
 
@@ -125,9 +139,14 @@ def prompt_with_preview(th, prefix: str, params, *, default: str = "", system_de
 
     @st.fragment
     def _fields():
-        st_keyup("System prompt (optional; shared prefixes are where the prefix cache helps)",
-                 value=system_default, key=f"{prefix}_system", debounce=DEBOUNCE_MS, max_chars=20000,
-                 placeholder="e.g. You are the release-freeze assistant…")
+        st_keyup(
+            "System prompt (optional; shared prefixes are where the prefix cache helps)",
+            value=system_default,
+            key=f"{prefix}_system",
+            debounce=DEBOUNCE_MS,
+            max_chars=20000,
+            placeholder="e.g. You are the release-freeze assistant…",
+        )
         st_keyup("Prompt", value=default, key=f"{prefix}_prompt", debounce=DEBOUNCE_MS, max_chars=20000)
         system, user = typed(prefix)
         try:
@@ -149,6 +168,7 @@ def submit(th, prefix: str, params):
     import streamlit as st
 
     from ui import room
+
     system, user = typed(prefix)
     if not user.strip():
         raise ValueError("prompt must be a non-empty string")

@@ -4,6 +4,7 @@ Pure helpers over `engine.events.Trace`; no Streamlit. A tick is an index into t
 snapshots; the view at tick i is built only from snapshots[0..i] and the events up to that
 snapshot's step, with the same figure builders the live pages use.
 """
+
 from __future__ import annotations
 
 import html
@@ -27,8 +28,7 @@ def load_trace_bytes(data: bytes, *, max_bytes: int = MAX_UPLOAD_BYTES) -> Trace
     if not isinstance(data, (bytes, bytearray)):
         raise ValueError("trace must be uploaded as a file")
     if len(data) > max_bytes:
-        raise ValueError(f"trace is {len(data) / 2**20:.1f} MiB, over the replay limit of "
-                         f"{max_bytes / 2**20:.0f} MiB")
+        raise ValueError(f"trace is {len(data) / 2**20:.1f} MiB, over the replay limit of {max_bytes / 2**20:.0f} MiB")
     trace = read_trace(bytes(data), max_bytes=max_bytes)
     trace.snapshots.sort(key=lambda s: (s.step, s.time))
     trace.events.sort(key=lambda e: e.seq)
@@ -51,8 +51,8 @@ def load_demo_trace(path: str | os.PathLike) -> Trace:
 class TickView:
     tick: int
     snapshot: Snapshot
-    series: list[Snapshot]        # snapshots[0..tick]
-    events: list[Event]           # events with step <= snapshot.step
+    series: list[Snapshot]  # snapshots[0..tick]
+    events: list[Event]  # events with step <= snapshot.step
 
 
 def clamp_tick(trace: Trace, tick: int) -> int:
@@ -98,7 +98,8 @@ def summary_html(summary: dict) -> str:
         f"{summary['snapshots']} snapshots (steps {summary['first_step']}–{summary['last_step']}, "
         f"{summary['duration_s']:.1f} s), {summary['events']} events, {summary['requests']} requests · "
         f"model {summary['model']} · {summary['allocator']} allocator, {summary['num_blocks']} blocks × "
-        f"{summary['block_size']} tokens")
+        f"{summary['block_size']} tokens"
+    )
 
 
 def interesting_tick(trace: Trace) -> int:
@@ -110,4 +111,5 @@ def interesting_tick(trace: Trace) -> int:
     def load(i):
         m = snaps[i].metrics
         return (m.num_running + m.num_waiting + m.num_swapped, m.num_blocks_used, -i)
+
     return max(idx, key=load)

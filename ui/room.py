@@ -13,6 +13,7 @@ change the engine for everyone.
   that change the engine for everyone (rebuild, KV budget, evict, abort others' requests) to the
   sessions that entered it in the sidebar. Viewers still run their own prompts.
 """
+
 from __future__ import annotations
 
 import hmac
@@ -26,18 +27,20 @@ from typing import Callable
 
 import streamlit as st
 
-MAX_RUNS = 32            # finished runs kept for reloads (oldest dropped first)
-MAX_OWNED = 20_000       # request ids remembered per server (oldest dropped first)
-MAX_HANDLES = 1_000      # handles kept for outcome counts (> recording.MAX_LOAD_REQUESTS x 3)
+MAX_RUNS = 32  # finished runs kept for reloads (oldest dropped first)
+MAX_OWNED = 20_000  # request ids remembered per server (oldest dropped first)
+MAX_HANDLES = 1_000  # handles kept for outcome counts (> recording.MAX_LOAD_REQUESTS x 3)
 TERMINAL = ("finished", "rejected", "aborted")
 
 
 # ------------------------------------------------------------------ identity and access
 
+
 def session_id() -> str:
     """This browser tab's Streamlit session id ("" outside a script run)."""
     try:
         from streamlit.runtime.scriptrunner import get_script_run_ctx
+
         ctx = get_script_run_ctx()
         return ctx.session_id if ctx is not None else ""
     except Exception:
@@ -70,12 +73,19 @@ def operator_sidebar() -> None:
     """The sidebar's access line and, when a token is set, the field to enter it."""
     sb = st.sidebar
     if operator_token():
-        sb.text_input("Operator token", type="password", key="operator_token_input",
-                      help="Set with KVSCOPE_OPERATOR_TOKEN when the server started. Without it you can run "
-                           "your own prompts; rebuilds, the KV budget, evictions and aborting other people's "
-                           "requests are for the operator.")
-        sb.caption("Operator: you can change the engine for everyone." if is_operator() else
-                   "Viewer: your own prompts only; engine-wide changes need the operator token.")
+        sb.text_input(
+            "Operator token",
+            type="password",
+            key="operator_token_input",
+            help="Set with KVSCOPE_OPERATOR_TOKEN when the server started. Without it you can run "
+            "your own prompts; rebuilds, the KV budget, evictions and aborting other people's "
+            "requests are for the operator.",
+        )
+        sb.caption(
+            "Operator: you can change the engine for everyone."
+            if is_operator()
+            else "Viewer: your own prompts only; engine-wide changes need the operator token."
+        )
     elif shared():
         sb.caption("Shared with the room; no operator token set, so anyone may change the engine.")
 
@@ -90,14 +100,16 @@ def operator_only(what: str) -> bool:
 
 # ------------------------------------------------------------------ the room (one per server)
 
+
 @dataclass
 class Run:
     """A background experiment. `progress` is a line for the page; `result` its outcome."""
+
     run_id: str
     kind: str
     owner: str
     started: float
-    status: str = "queued"           # queued -> running -> done | error
+    status: str = "queued"  # queued -> running -> done | error
     progress: str = "waiting for the previous experiment to finish"
     result: object = None
     error: str | None = None
@@ -115,7 +127,7 @@ class Run:
 class Room:
     def __init__(self):
         self.lock = threading.Lock()
-        self.owners: OrderedDict[str, str] = OrderedDict()     # request id -> session id
+        self.owners: OrderedDict[str, str] = OrderedDict()  # request id -> session id
         self.handles: OrderedDict[str, object] = OrderedDict()  # request id -> RequestHandle (recent)
         self.runs: OrderedDict[str, Run] = OrderedDict()
 
@@ -141,8 +153,9 @@ class Room:
             return self.owners.get(request_id)
 
     # runs
-    def start(self, kind: str, owner: str, fn: Callable[[Callable[[str], None]], object],
-              lock: threading.Lock | None = None) -> Run:
+    def start(
+        self, kind: str, owner: str, fn: Callable[[Callable[[str], None]], object], lock: threading.Lock | None = None
+    ) -> Run:
         run = Run(run_id=f"{kind[:4]}-{uuid.uuid4().hex[:8]}", kind=kind, owner=owner, started=time.time())
 
         def progress(text: str) -> None:
@@ -189,6 +202,7 @@ def room() -> Room:
 
 # ------------------------------------------------------------------ page helpers
 
+
 def submit(th, prompt, params=None, request_id: str | None = None, **kw):
     """th.submit, recording this session as the request's owner."""
     h = th.submit(prompt, params, request_id=request_id, **kw)
@@ -207,6 +221,7 @@ def submitter(th) -> Callable:
         rm.own(h.request_id, sid)
         rm.keep(h)
         return h
+
     return _submit
 
 
@@ -238,14 +253,17 @@ def rebuild_warning(snapshot) -> str:
     m, o = inflight_counts(snapshot)
     if m + o == 0:
         return "No request is in flight: nothing would be aborted."
-    return (f"Rebuilding aborts {m + o} in-flight request(s): {m} from this tab and {o} from other sessions "
-            "(and stops load feeders bound to this engine).")
+    return (
+        f"Rebuilding aborts {m + o} in-flight request(s): {m} from this tab and {o} from other sessions "
+        "(and stops load feeders bound to this engine)."
+    )
 
 
 def start_run(kind: str, fn: Callable[[Callable[[str], None]], object], *, private: bool = True) -> Run:
     """Start a background experiment owned by this session and put its id in the URL (?run=...),
     so a reload finds it. `private`: queue behind other private-engine experiments."""
     from engine.experiments import RUN_LOCK
+
     run = room().start(kind, session_id(), fn, lock=RUN_LOCK if private else None)
     st.query_params["run"] = run.run_id
     return run

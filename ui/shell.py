@@ -7,6 +7,7 @@ Streamlit's automatic page list). `enter_app()`, the first call of every page fi
 run and executes app.py in its place, which draws the sidebar and runs the page through
 st.navigation; the outer run then stops. Measured in docs/DESIGN.md ("Pages and direct URLs").
 """
+
 from __future__ import annotations
 
 import runpy
@@ -21,6 +22,6 @@ def enter_app() -> None:
     """Call first in every page file: runs app.py instead when Streamlit ran this page alone."""
     from streamlit.runtime.pages_manager import PagesManager
 
-    if PagesManager.uses_pages_directory:      # classic mode: st.navigation has not run yet
-        runpy.run_path(str(APP), run_name="__main__")   # its st.navigation leaves classic mode
+    if PagesManager.uses_pages_directory:  # classic mode: st.navigation has not run yet
+        runpy.run_path(str(APP), run_name="__main__")  # its st.navigation leaves classic mode
         st.stop()

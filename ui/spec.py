@@ -11,6 +11,7 @@ Formulas
 - Tokens per target pass for a finished request = output tokens / target passes, and target
   passes = output tokens − accepted draft tokens (every pass emits exactly one non-draft token).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -35,10 +36,10 @@ def expected_tokens_per_pass(alpha: float, k: int) -> float:
 
 @dataclass(frozen=True, slots=True)
 class PositionCounts:
-    accepted: tuple[int, ...]     # accepted[i]: passes whose draft token i was accepted
-    reached: tuple[int, ...]      # reached[i]: passes in which the target judged draft token i
-    verify_passes: int            # passes that verified at least one draft token
-    plain_passes: int             # target passes with no draft (plain decode, or the prefill token)
+    accepted: tuple[int, ...]  # accepted[i]: passes whose draft token i was accepted
+    reached: tuple[int, ...]  # reached[i]: passes in which the target judged draft token i
+    verify_passes: int  # passes that verified at least one draft token
+    plain_passes: int  # target passes with no draft (plain decode, or the prefill token)
 
     @property
     def rates(self) -> tuple[float | None, ...]:
@@ -97,9 +98,9 @@ class SpecSummary:
     num_drafts: int
     num_draft_tokens: int
     num_accepted: int
-    acceptance_rate: float | None       # vLLM: accepted / draft tokens
+    acceptance_rate: float | None  # vLLM: accepted / draft tokens
     mean_acceptance_length: float | None  # vLLM: 1 + accepted / drafts (tokens per verify pass)
-    alpha: float | None                 # geometric-model α from per-position counts
+    alpha: float | None  # geometric-model α from per-position counts
     target_passes: int
     tokens_per_target_pass: float | None
 
@@ -109,10 +110,13 @@ def request_summary(req) -> SpecSummary:
     acc = req.spec_num_accepted_tokens
     passes = max(0, req.output_len - acc)
     return SpecSummary(
-        num_drafts=req.spec_num_drafts, num_draft_tokens=req.spec_num_draft_tokens, num_accepted=acc,
+        num_drafts=req.spec_num_drafts,
+        num_draft_tokens=req.spec_num_draft_tokens,
+        num_accepted=acc,
         acceptance_rate=rates.acceptance_rate(acc, req.spec_num_draft_tokens),
         mean_acceptance_length=rates.mean_acceptance_length(acc, req.spec_num_drafts),
-        alpha=pc.alpha, target_passes=passes,
+        alpha=pc.alpha,
+        target_passes=passes,
         tokens_per_target_pass=req.output_len / passes if passes else None,
     )
 
@@ -120,53 +124,102 @@ def request_summary(req) -> SpecSummary:
 REFERENCE_ALPHAS = (0.2, 0.5, 0.8, 0.95)
 
 
-def theory_figure(alpha: float | None, k: int, measured: float | None, *, k_max: int = 16,
-                  height: int = 420, measured_label: str = "measured") -> go.Figure:
+def theory_figure(
+    alpha: float | None,
+    k: int,
+    measured: float | None,
+    *,
+    k_max: int = 16,
+    height: int = 420,
+    measured_label: str = "measured",
+) -> go.Figure:
     """E(α, k) over k = 0..k_max for the measured α (bold) and reference α's (faint), with the
     measured tokens per target pass at the engine's k. k = 0 is plain decoding (1 token/pass)."""
     ks = list(range(0, k_max + 1))
     fig = go.Figure()
     for a in REFERENCE_ALPHAS:
-        fig.add_trace(go.Scatter(x=ks, y=[expected_tokens_per_pass(a, x) for x in ks], mode="lines",
-                                 name=f"α = {a}", line=dict(color="#BBBBBB", width=1, dash="dot"),
-                                 hovertemplate=f"α={a}, k=%{{x}}: %{{y:.2f}} tokens/pass<extra></extra>"))
+        fig.add_trace(
+            go.Scatter(
+                x=ks,
+                y=[expected_tokens_per_pass(a, x) for x in ks],
+                mode="lines",
+                name=f"α = {a}",
+                line=dict(color="#BBBBBB", width=1, dash="dot"),
+                hovertemplate=f"α={a}, k=%{{x}}: %{{y:.2f}} tokens/pass<extra></extra>",
+            )
+        )
     if alpha is not None:
-        fig.add_trace(go.Scatter(x=ks, y=[expected_tokens_per_pass(alpha, x) for x in ks], mode="lines",
-                                 name=f"theory at measured α = {alpha:.2f}",
-                                 line=dict(color=theme.OKABE_ITO["blue"], width=3),
-                                 hovertemplate="k=%{x}: E=%{y:.2f} tokens/pass<extra></extra>"))
-        fig.add_trace(go.Scatter(x=[k], y=[expected_tokens_per_pass(alpha, k)], mode="markers",
-                                 name=f"theory at k = {k}: {expected_tokens_per_pass(alpha, k):.2f}",
-                                 marker=dict(symbol="circle-open", size=14, color=theme.OKABE_ITO["blue"],
-                                             line=dict(width=2))))
+        fig.add_trace(
+            go.Scatter(
+                x=ks,
+                y=[expected_tokens_per_pass(alpha, x) for x in ks],
+                mode="lines",
+                name=f"theory at measured α = {alpha:.2f}",
+                line=dict(color=theme.OKABE_ITO["blue"], width=3),
+                hovertemplate="k=%{x}: E=%{y:.2f} tokens/pass<extra></extra>",
+            )
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=[k],
+                y=[expected_tokens_per_pass(alpha, k)],
+                mode="markers",
+                name=f"theory at k = {k}: {expected_tokens_per_pass(alpha, k):.2f}",
+                marker=dict(symbol="circle-open", size=14, color=theme.OKABE_ITO["blue"], line=dict(width=2)),
+            )
+        )
     if measured is not None:
-        fig.add_trace(go.Scatter(x=[k], y=[measured], mode="markers+text", name=f"{measured_label}: {measured:.2f}",
-                                 text=[f"{measured:.2f}"], textposition="middle right",
-                                 marker=dict(symbol="diamond", size=13, color=theme.OKABE_ITO["vermillion"],
-                                             line=dict(color=theme.INK, width=1))))
-    fig.add_hline(y=1, line=dict(color=theme.INK, width=1, dash="dash"),
-                  annotation_text="plain decoding: 1 token / pass", annotation_position="bottom right",
-                  annotation_font_size=10)
-    fig.update_layout(**theme.base_layout(height, "tokens per target pass: E(α, k) = (1 − α^(k+1)) / (1 − α)",
-                                          margin=dict(l=55, r=15, t=36, b=130)))
+        fig.add_trace(
+            go.Scatter(
+                x=[k],
+                y=[measured],
+                mode="markers+text",
+                name=f"{measured_label}: {measured:.2f}",
+                text=[f"{measured:.2f}"],
+                textposition="middle right",
+                marker=dict(
+                    symbol="diamond", size=13, color=theme.OKABE_ITO["vermillion"], line=dict(color=theme.INK, width=1)
+                ),
+            )
+        )
+    fig.add_hline(
+        y=1,
+        line=dict(color=theme.INK, width=1, dash="dash"),
+        annotation_text="plain decoding: 1 token / pass",
+        annotation_position="bottom right",
+        annotation_font_size=10,
+    )
+    fig.update_layout(
+        **theme.base_layout(
+            height, "tokens per target pass: E(α, k) = (1 − α^(k+1)) / (1 − α)", margin=dict(l=55, r=15, t=36, b=130)
+        )
+    )
     fig.update_layout(legend=dict(orientation="h", y=-0.22, yanchor="top", x=0, font=dict(size=10)))
     fig.update_xaxes(title_text="draft length k", dtick=2, gridcolor=theme.GRID, range=[-0.3, k_max + 0.3])
     fig.update_yaxes(title_text="tokens per target pass", gridcolor=theme.GRID, rangemode="tozero")
     return fig
 
 
-def position_figure(counts: PositionCounts, *, height: int = 260, title: str = "acceptance by draft position") -> go.Figure:
+def position_figure(
+    counts: PositionCounts, *, height: int = 260, title: str = "acceptance by draft position"
+) -> go.Figure:
     n = len(counts.reached)
     xs = [str(i + 1) for i in range(n)]
     rates = [r if r is not None else 0 for r in counts.rates]
     text = [f"{a}/{r}" for a, r in zip(counts.accepted, counts.reached)]
-    fig = go.Figure(go.Bar(
-        x=xs, y=rates, text=text, textposition="outside", name="accepted / judged",
-        marker=dict(color=theme.TOKEN_STYLES[ACCEPTED]["bg"], line=dict(color=theme.OKABE_ITO["blue"], width=2)),
-        hovertemplate="position %{x}: %{y:.0%} accepted (%{text})<extra></extra>"))
+    fig = go.Figure(
+        go.Bar(
+            x=xs,
+            y=rates,
+            text=text,
+            textposition="outside",
+            name="accepted / judged",
+            marker=dict(color=theme.TOKEN_STYLES[ACCEPTED]["bg"], line=dict(color=theme.OKABE_ITO["blue"], width=2)),
+            hovertemplate="position %{x}: %{y:.0%} accepted (%{text})<extra></extra>",
+        )
+    )
     if not n:
-        fig.add_annotation(text="no draft tokens judged yet", showarrow=False, x=0.5, y=0.5,
-                           xref="paper", yref="paper")
+        fig.add_annotation(text="no draft tokens judged yet", showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
     fig.update_layout(**theme.base_layout(height, title, margin=dict(l=55, r=15, t=40, b=45)))
     fig.update_xaxes(title_text="draft position (1 = first guessed token)", type="category")
     fig.update_yaxes(title_text="accepted / judged", range=[0, 1.15], tickformat=".0%", gridcolor=theme.GRID)
@@ -176,10 +229,11 @@ def position_figure(counts: PositionCounts, *, height: int = 260, title: str = "
 @dataclass(frozen=True, slots=True)
 class Costs:
     """Measured wall-clock costs, in seconds. None = not measured."""
-    plain_per_token: float | None = None     # plain decoding of the same prompt: decode time / tokens
-    spec_per_token: float | None = None      # speculative run: decode time / tokens
-    draft_per_pass: float | None = None      # drafting, per verify pass
-    verify_per_pass: float | None = None     # target verify pass of k+1 tokens
+
+    plain_per_token: float | None = None  # plain decoding of the same prompt: decode time / tokens
+    spec_per_token: float | None = None  # speculative run: decode time / tokens
+    draft_per_pass: float | None = None  # drafting, per verify pass
+    verify_per_pass: float | None = None  # target verify pass of k+1 tokens
     plain_e2e: float | None = None
     spec_e2e: float | None = None
 
@@ -201,20 +255,49 @@ def costs_figure(c: Costs, *, height: int = 340) -> go.Figure:
     speculative pass split into draft + verify."""
     ms = lambda v: None if v is None else v * 1000  # noqa: E731
     fig = go.Figure()
-    fig.add_trace(go.Bar(x=["plain / token"], y=[ms(c.plain_per_token)], name="plain decode / token",
-                         marker=dict(color="#FFFFFF", line=dict(color=theme.INK, width=2)),
-                         texttemplate="%{y:.1f} ms", textposition="outside"))
-    fig.add_trace(go.Bar(x=["spec / token"], y=[ms(c.spec_per_token)], name="speculative / token",
-                         marker=dict(color=theme.TOKEN_STYLES[ACCEPTED]["bg"],
-                                     line=dict(color=theme.OKABE_ITO["blue"], width=2)),
-                         texttemplate="%{y:.1f} ms", textposition="outside"))
-    fig.add_trace(go.Bar(x=["spec pass"], y=[ms(c.draft_per_pass)], name="draft / pass",
-                         marker=dict(color=theme.OKABE_ITO["orange"],
-                                     pattern=dict(shape="/", fgcolor="#FFFFFF", fillmode="overlay")),
-                         texttemplate="draft %{y:.1f} ms", textposition="auto", insidetextfont=dict(color="#000000")))
-    fig.add_trace(go.Bar(x=["spec pass"], y=[ms(c.verify_per_pass)], name="verify / pass",
-                         marker=dict(color=theme.OKABE_ITO["blue"]),
-                         texttemplate="verify %{y:.1f} ms", textposition="inside"))
+    fig.add_trace(
+        go.Bar(
+            x=["plain / token"],
+            y=[ms(c.plain_per_token)],
+            name="plain decode / token",
+            marker=dict(color="#FFFFFF", line=dict(color=theme.INK, width=2)),
+            texttemplate="%{y:.1f} ms",
+            textposition="outside",
+        )
+    )
+    fig.add_trace(
+        go.Bar(
+            x=["spec / token"],
+            y=[ms(c.spec_per_token)],
+            name="speculative / token",
+            marker=dict(color=theme.TOKEN_STYLES[ACCEPTED]["bg"], line=dict(color=theme.OKABE_ITO["blue"], width=2)),
+            texttemplate="%{y:.1f} ms",
+            textposition="outside",
+        )
+    )
+    fig.add_trace(
+        go.Bar(
+            x=["spec pass"],
+            y=[ms(c.draft_per_pass)],
+            name="draft / pass",
+            marker=dict(
+                color=theme.OKABE_ITO["orange"], pattern=dict(shape="/", fgcolor="#FFFFFF", fillmode="overlay")
+            ),
+            texttemplate="draft %{y:.1f} ms",
+            textposition="auto",
+            insidetextfont=dict(color="#000000"),
+        )
+    )
+    fig.add_trace(
+        go.Bar(
+            x=["spec pass"],
+            y=[ms(c.verify_per_pass)],
+            name="verify / pass",
+            marker=dict(color=theme.OKABE_ITO["blue"]),
+            texttemplate="verify %{y:.1f} ms",
+            textposition="inside",
+        )
+    )
     sp = c.speedup
     title = "measured costs" + (f" (speedup {sp:.2f}×)" if sp else "")
     fig.update_layout(**theme.base_layout(height, title, margin=dict(l=55, r=15, t=36, b=90)))

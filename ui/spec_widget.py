@@ -5,6 +5,7 @@ target's own early-exit self-draft, its dynamic-int8 copy, and a separate draft 
 a path or hub id ("tiny" — kvscope's 2-layer random model with the same tokenizer — is offered
 offline as an honestly poor drafter). `kv_bar_html` draws blocks used / budget from a Snapshot.
 """
+
 from __future__ import annotations
 
 import html
@@ -13,20 +14,31 @@ from engine.config import SpeculativeConfig
 
 K_MAX = 16
 POOR_DRAFTER = "tiny"
-DRAFTERS = {   # label -> (method, help)
-    "n-gram (prompt lookup)": ("ngram", "the draft is what followed the last few tokens earlier in the context: "
-                                        "free to compute, strong when the answer repeats or edits the prompt"),
-    "self-draft: early exit": ("self_draft_exit", "the target itself, stopped after its first layers (set below): "
-                                                  "cheap but often wrong"),
-    "self-draft: int8 copy": ("self_draft_int8", "a dynamic-int8 copy of the target drafts for it: close guesses, "
-                                                 "cheaper matmuls on CPU"),
-    "draft model": ("draft_model", "a separate model with the same tokenizer (a path or hub id); 'tiny' is a "
-                                   "2-layer random model, offline: a poor drafter on purpose"),
+DRAFTERS = {  # label -> (method, help)
+    "n-gram (prompt lookup)": (
+        "ngram",
+        "the draft is what followed the last few tokens earlier in the context: "
+        "free to compute, strong when the answer repeats or edits the prompt",
+    ),
+    "self-draft: early exit": (
+        "self_draft_exit",
+        "the target itself, stopped after its first layers (set below): cheap but often wrong",
+    ),
+    "self-draft: int8 copy": (
+        "self_draft_int8",
+        "a dynamic-int8 copy of the target drafts for it: close guesses, cheaper matmuls on CPU",
+    ),
+    "draft model": (
+        "draft_model",
+        "a separate model with the same tokenizer (a path or hub id); 'tiny' is a "
+        "2-layer random model, offline: a poor drafter on purpose",
+    ),
 }
 
 
-def drafter_config(label: str, k: int, *, exit_layers: int = 1, draft_model: str = "",
-                   fallback: bool = True) -> SpeculativeConfig:
+def drafter_config(
+    label: str, k: int, *, exit_layers: int = 1, draft_model: str = "", fallback: bool = True
+) -> SpeculativeConfig:
     """The SpeculativeConfig for a UI choice; ValueError (field named) for a bad one."""
     if label not in DRAFTERS:
         raise ValueError(f"drafter must be one of {list(DRAFTERS)}")
@@ -61,16 +73,21 @@ def kv_bar_html(snap) -> str:
     n = max(1, info.num_blocks)
     used, cached = m.num_blocks_used, m.num_blocks_cached
     pu, pc = 100 * used / n, 100 * cached / n
-    text = (f"KV: {used} of {info.num_blocks} blocks used ({used * info.bytes_per_block / 2**20:,.2f} of "
-            f"{info.num_blocks * info.bytes_per_block / 2**20:,.2f} MiB), {cached} cached-free")
-    return ('<div class="kvscope-kvbar" style="font-size:0.85rem">'
-            '<div style="display:flex;height:14px;border:1px solid #888;border-radius:3px;overflow:hidden">'
-            f'<div style="width:{pu:.2f}%;background:#0072B2"></div>'
-            f'<div style="width:{pc:.2f}%;background:#BDBDBD"></div></div>'
-            f'<div>{html.escape(text)}</div></div>')
+    text = (
+        f"KV: {used} of {info.num_blocks} blocks used ({used * info.bytes_per_block / 2**20:,.2f} of "
+        f"{info.num_blocks * info.bytes_per_block / 2**20:,.2f} MiB), {cached} cached-free"
+    )
+    return (
+        '<div class="kvscope-kvbar" style="font-size:0.85rem">'
+        '<div style="display:flex;height:14px;border:1px solid #888;border-radius:3px;overflow:hidden">'
+        f'<div style="width:{pu:.2f}%;background:#0072B2"></div>'
+        f'<div style="width:{pc:.2f}%;background:#BDBDBD"></div></div>'
+        f"<div>{html.escape(text)}</div></div>"
+    )
 
 
 # --------------------------------------------------------------------------- the tick timeline
+
 
 def tick_steps(req) -> list[int]:
     """The engine steps at which the request's tokens or KV changed (its history points and the
@@ -96,5 +113,7 @@ def tick_caption(req, step: int, bytes_per_block: int) -> str:
     made = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "none yet"
     if p is None:
         return f"Step {step}: not admitted yet. Tokens so far: {made}."
-    return (f"Step {step}: {p.phase}, {p.num_cached_tokens} tokens' K/V in {p.num_blocks} block(s) "
-            f"({p.num_blocks * bytes_per_block:,} bytes of blocks). Tokens so far: {made}.")
+    return (
+        f"Step {step}: {p.phase}, {p.num_cached_tokens} tokens' K/V in {p.num_blocks} block(s) "
+        f"({p.num_blocks * bytes_per_block:,} bytes of blocks). Tokens so far: {made}."
+    )

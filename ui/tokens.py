@@ -6,6 +6,7 @@ text goes through `visible_text`, which HTML-escapes it and makes invisible char
 spaces-only tokens, newlines, tabs, control characters, zero-width and bidi-control characters;
 each chip is bidi-isolated so right-to-left text cannot reorder the strip.
 """
+
 from __future__ import annotations
 
 import html
@@ -15,15 +16,17 @@ from collections import Counter
 from . import theme
 from .theme import ACCEPTED, BONUS, EVICTED, PLAIN, REJECTED, REPLACED, TOKEN_STYLES
 
-MAX_TOKEN_CHARS = 40      # longer token texts are cut (full text in the tooltip)
-MAX_STRIP_TOKENS = 1500   # the strip shows the most recent tokens beyond this
+MAX_TOKEN_CHARS = 40  # longer token texts are cut (full text in the tooltip)
+MAX_STRIP_TOKENS = 1500  # the strip shows the most recent tokens beyond this
 
 _WS = {" ": "␣", "\n": "↵", "\r": "␍", "\t": "⇥"}
 
 
 def _marker(text: str) -> str:
-    return ('<span style="font-size:0.75em;color:#6B4E00;background:#FFF5CC;border-radius:2px;'
-            f'padding:0 1px">{html.escape(text)}</span>')
+    return (
+        '<span style="font-size:0.75em;color:#6B4E00;background:#FFF5CC;border-radius:2px;'
+        f'padding:0 1px">{html.escape(text)}</span>'
+    )
 
 
 def visible_text(text: str, max_chars: int = MAX_TOKEN_CHARS) -> str:
@@ -65,14 +68,19 @@ def _title(text: str) -> str:
 
 def _chip(kind: str, text: str, extra_title: str = "") -> str:
     s = TOKEN_STYLES[kind]
-    sym = (f'<span aria-hidden="true" style="font-size:0.75em;margin-right:2px">{html.escape(s["symbol"])}</span>'
-           if s["symbol"] else "")
+    sym = (
+        f'<span aria-hidden="true" style="font-size:0.75em;margin-right:2px">{html.escape(s["symbol"])}</span>'
+        if s["symbol"]
+        else ""
+    )
     title = html.escape(s["label"], quote=True) + ": " + _title(text) + extra_title
-    return (f'<span class="tok tok-{kind}" title="{title}" style="display:inline-block;margin:2px 2px;'
-            f'padding:0 3px;border:{s["border"]};border-radius:3px;background:{s["bg"]};color:{s["color"]};'
-            f'white-space:pre;font-family:ui-monospace,monospace;font-size:0.85rem;line-height:1.5;'
-            f'unicode-bidi:isolate;direction:ltr">{sym}<bdi style="text-decoration:{s["deco"]}">'
-            f'{visible_text(text)}</bdi></span>')
+    return (
+        f'<span class="tok tok-{kind}" title="{title}" style="display:inline-block;margin:2px 2px;'
+        f"padding:0 3px;border:{s['border']};border-radius:3px;background:{s['bg']};color:{s['color']};"
+        f"white-space:pre;font-family:ui-monospace,monospace;font-size:0.85rem;line-height:1.5;"
+        f'unicode-bidi:isolate;direction:ltr">{sym}<bdi style="text-decoration:{s["deco"]}">'
+        f"{visible_text(text)}</bdi></span>"
+    )
 
 
 def token_chips(mark, evicted: bool = False) -> str:
@@ -81,8 +89,11 @@ def token_chips(mark, evicted: bool = False) -> str:
     kind = mark.kind if mark.kind in TOKEN_STYLES else PLAIN
     parts = []
     if kind == REPLACED:
-        rejected = mark.rejected_text if mark.rejected_text is not None else (
-            f"#{mark.rejected_id}" if mark.rejected_id is not None else "?")
+        rejected = (
+            mark.rejected_text
+            if mark.rejected_text is not None
+            else (f"#{mark.rejected_id}" if mark.rejected_id is not None else "?")
+        )
         parts.append(_chip(REJECTED, rejected))
     if evicted:
         parts.append(_chip(EVICTED, mark.text, extra_title=" (" + html.escape(TOKEN_STYLES[kind]["label"]) + ")"))
@@ -93,17 +104,24 @@ def token_chips(mark, evicted: bool = False) -> str:
     return "".join(parts)
 
 
-def token_strip_html(tokens, *, evicted_before_step: int | None = None, max_tokens: int = MAX_STRIP_TOKENS,
-                     prompt_evicted_tokens: int = 0) -> str:
+def token_strip_html(
+    tokens,
+    *,
+    evicted_before_step: int | None = None,
+    max_tokens: int = MAX_STRIP_TOKENS,
+    prompt_evicted_tokens: int = 0,
+) -> str:
     """The whole strip. Tokens produced before `evicted_before_step` had their K/V evicted and
     recomputed; they are marked as such (their speculative kind stays in the tooltip)."""
     tokens = tuple(tokens)
     parts = ['<div class="kvscope-tokens" dir="ltr" style="line-height:1.9;unicode-bidi:isolate">']
     if prompt_evicted_tokens:
         s = TOKEN_STYLES[EVICTED]
-        parts.append(f'<span class="tok tok-evicted-prompt" style="display:inline-block;margin:2px;padding:0 4px;'
-                     f'border:{s["border"]};background:{s["bg"]};border-radius:3px;font-size:0.8rem">'
-                     f'{html.escape(s["symbol"])} prompt: {int(prompt_evicted_tokens)} tokens recomputed</span>')
+        parts.append(
+            f'<span class="tok tok-evicted-prompt" style="display:inline-block;margin:2px;padding:0 4px;'
+            f'border:{s["border"]};background:{s["bg"]};border-radius:3px;font-size:0.8rem">'
+            f"{html.escape(s['symbol'])} prompt: {int(prompt_evicted_tokens)} tokens recomputed</span>"
+        )
     hidden = max(0, len(tokens) - max_tokens)
     if hidden:
         parts.append(f'<span style="color:#666;font-size:0.8rem">… {hidden} earlier tokens not drawn … </span>')
@@ -119,8 +137,7 @@ def token_strip_html(tokens, *, evicted_before_step: int | None = None, max_toke
 def token_counts(tokens) -> dict[str, int]:
     """Counts per kind; `rejected` counts replaced tokens (one rejection each)."""
     c = Counter(getattr(m, "kind", PLAIN) for m in tokens)
-    return {PLAIN: c[PLAIN], ACCEPTED: c[ACCEPTED], BONUS: c[BONUS], REPLACED: c[REPLACED],
-            REJECTED: c[REPLACED]}
+    return {PLAIN: c[PLAIN], ACCEPTED: c[ACCEPTED], BONUS: c[BONUS], REPLACED: c[REPLACED], REJECTED: c[REPLACED]}
 
 
 def strip_with_legend(tokens, **kw) -> str:

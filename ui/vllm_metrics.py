@@ -10,6 +10,7 @@ histograms `vllm:time_to_first_token_seconds`, `vllm:inter_token_latency_seconds
 `vllm:time_per_output_token_seconds`). Every label set of a name is summed (several engines or
 models behind one endpoint add up).
 """
+
 from __future__ import annotations
 
 import math
@@ -34,22 +35,29 @@ DRAFTS = "vllm:spec_decode_num_drafts_total"
 ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 
 # What each figure needs, for the "missing" note.
-EXPECTED = {"running requests": (RUNNING,), "waiting requests": (WAITING,), "KV cache usage": KV_USAGE,
-            "preemptions": (PREEMPTIONS,), "prefix cache queries": PREFIX_QUERIES,
-            "prefix cache hits": PREFIX_HITS, "time to first token": tuple(n + "_bucket" for n in TTFT),
-            "inter-token latency": tuple(n + "_bucket" for n in ITL),
-            "speculative acceptance per position": (ACCEPTED_PER_POS,)}
+EXPECTED = {
+    "running requests": (RUNNING,),
+    "waiting requests": (WAITING,),
+    "KV cache usage": KV_USAGE,
+    "preemptions": (PREEMPTIONS,),
+    "prefix cache queries": PREFIX_QUERIES,
+    "prefix cache hits": PREFIX_HITS,
+    "time to first token": tuple(n + "_bucket" for n in TTFT),
+    "inter-token latency": tuple(n + "_bucket" for n in ITL),
+    "speculative acceptance per position": (ACCEPTED_PER_POS,),
+}
 
 
 @dataclass(slots=True)
 class Scrape:
-    t: float                                           # seconds (the scraper's clock)
+    t: float  # seconds (the scraper's clock)
     samples: dict[str, list[tuple[dict, float]]] = field(default_factory=dict)
 
 
 def parse_metrics(text: str, t: float = 0.0) -> Scrape:
     """Prometheus text exposition -> samples by sample name. ValueError if it does not parse."""
     from prometheus_client.parser import text_string_to_metric_families
+
     if not isinstance(text, str):
         raise ValueError("metrics must be text")
     if len(text) > MAX_METRICS_BYTES:
@@ -121,7 +129,7 @@ def _delta_hist(cur: Scrape, old: Scrape | None, names):
     if o is None or o[0] != h[0]:
         return h
     counts = [c - p for c, p in zip(h[1], o[1])]
-    if any(c < 0 for c in counts):   # the server restarted: counters went back to zero
+    if any(c < 0 for c in counts):  # the server restarted: counters went back to zero
         return h
     return h[0], counts
 
@@ -140,10 +148,10 @@ class Row:
     t: float
     running: float | None
     waiting: float | None
-    kv_usage: float | None          # fraction
-    preemptions: float | None       # total since the server started
-    hit_rate: float | None          # prefix-cache hits / queries over the window
-    ttft: dict                      # {0.5: s, 0.9: s, 0.99: s} over the window
+    kv_usage: float | None  # fraction
+    preemptions: float | None  # total since the server started
+    hit_rate: float | None  # prefix-cache hits / queries over the window
+    ttft: dict  # {0.5: s, 0.9: s, 0.99: s} over the window
     itl: dict
 
 
@@ -165,8 +173,18 @@ def rows(history: Sequence[Scrape], window_s: float = 10.0) -> list[Row]:
         for key, names in (("ttft", TTFT), ("itl", ITL)):
             d = _delta_hist(s, old, names)
             lat[key] = {qq: quantile(d[0], d[1], qq) for qq in QUANTILES} if d else {}
-        out.append(Row(s.t, value(s, RUNNING), value(s, WAITING), value(s, KV_USAGE), value(s, PREEMPTIONS), hit,
-                       lat["ttft"], lat["itl"]))
+        out.append(
+            Row(
+                s.t,
+                value(s, RUNNING),
+                value(s, WAITING),
+                value(s, KV_USAGE),
+                value(s, PREEMPTIONS),
+                hit,
+                lat["ttft"],
+                lat["itl"],
+            )
+        )
     return out
 
 
@@ -192,10 +210,18 @@ def missing(scrape: Scrape) -> list[str]:
 
 # ---------------------------------------------------------------- figures
 
+
 def _layout(fig: go.Figure, title: str, ytitle: str, height: int = 300) -> go.Figure:
-    fig.update_layout(title=dict(text=title, x=0, font=dict(size=14)), height=height,
-                      margin=dict(l=50, r=10, t=40, b=40), paper_bgcolor="white", plot_bgcolor="white",
-                      legend=dict(orientation="h", y=-0.25), xaxis_title="time since attach (s)", yaxis_title=ytitle)
+    fig.update_layout(
+        title=dict(text=title, x=0, font=dict(size=14)),
+        height=height,
+        margin=dict(l=50, r=10, t=40, b=40),
+        paper_bgcolor="white",
+        plot_bgcolor="white",
+        legend=dict(orientation="h", y=-0.25),
+        xaxis_title="time since attach (s)",
+        yaxis_title=ytitle,
+    )
     fig.update_xaxes(gridcolor="#EEE")
     fig.update_yaxes(gridcolor="#EEE", rangemode="tozero")
     return fig
@@ -203,8 +229,11 @@ def _layout(fig: go.Figure, title: str, ytitle: str, height: int = 300) -> go.Fi
 
 def _line(fig, rs, t0, get, name, color, **kw):
     xs = [r.t - t0 for r in rs]
-    fig.add_trace(go.Scatter(x=xs, y=[get(r) for r in rs], name=name, mode="lines",
-                             line=dict(color=color, **kw), connectgaps=False))
+    fig.add_trace(
+        go.Scatter(
+            x=xs, y=[get(r) for r in rs], name=name, mode="lines", line=dict(color=color, **kw), connectgaps=False
+        )
+    )
 
 
 def queue_figure(rs: Sequence[Row]) -> go.Figure:
@@ -221,8 +250,15 @@ def kv_figure(rs: Sequence[Row]) -> go.Figure:
     t0 = rs[0].t if rs else 0.0
     o = theme.OKABE_ITO
     _line(fig, rs, t0, lambda r: None if r.kv_usage is None else 100 * r.kv_usage, "KV cache usage (%)", o["blue"])
-    _line(fig, rs, t0, lambda r: None if r.hit_rate is None else 100 * r.hit_rate, "prefix hit rate (%)",
-          o["bluish_green"], dash="dot")
+    _line(
+        fig,
+        rs,
+        t0,
+        lambda r: None if r.hit_rate is None else 100 * r.hit_rate,
+        "prefix hit rate (%)",
+        o["bluish_green"],
+        dash="dot",
+    )
     fig = _layout(fig, "KV cache usage and prefix-cache hit rate", "%")
     fig.update_yaxes(range=[0, 100])
     return fig
@@ -240,16 +276,28 @@ def latency_figure(rs: Sequence[Row], which: str = "ttft") -> go.Figure:
     t0 = rs[0].t if rs else 0.0
     colors = {0.5: theme.OKABE_ITO["blue"], 0.9: theme.OKABE_ITO["orange"], 0.99: theme.OKABE_ITO["vermillion"]}
     for q in QUANTILES:
-        _line(fig, rs, t0, lambda r, q=q: (None if getattr(r, which).get(q) is None else 1000 * getattr(r, which)[q]),
-              f"p{int(q * 100)}", colors[q])
+        _line(
+            fig,
+            rs,
+            t0,
+            lambda r, q=q: None if getattr(r, which).get(q) is None else 1000 * getattr(r, which)[q],
+            f"p{int(q * 100)}",
+            colors[q],
+        )
     title = "Time to first token" if which == "ttft" else "Inter-token latency"
     return _layout(fig, f"{title} (percentiles from histogram buckets, sliding window)", "ms")
 
 
 def acceptance_figure(points: Sequence[tuple[int, float]]) -> go.Figure:
-    fig = go.Figure(go.Bar(x=[f"{p + 1}" for p, _ in points], y=[a for _, a in points],
-                           marker_color=theme.OKABE_ITO["bluish_green"],
-                           text=[f"{a:.2f}" for _, a in points], textposition="outside"))
+    fig = go.Figure(
+        go.Bar(
+            x=[f"{p + 1}" for p, _ in points],
+            y=[a for _, a in points],
+            marker_color=theme.OKABE_ITO["bluish_green"],
+            text=[f"{a:.2f}" for _, a in points],
+            textposition="outside",
+        )
+    )
     fig = _layout(fig, "Acceptance per draft position (accepted / drafts)", "acceptance rate")
     fig.update_xaxes(title="draft position (1 = first drafted token)")
     fig.update_yaxes(range=[0, 1.05])

@@ -3,6 +3,7 @@ the same process run, with the machine's measured physical limits beside them.
 
 Importing this package does not import torch; the suites import what they need when they run.
 """
+
 from .cli import SUITES, main
 
 __all__ = ["SUITES", "main"]

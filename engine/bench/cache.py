@@ -1,4 +1,5 @@
 """The cache suite: cost per generated token with and without the KV cache."""
+
 from __future__ import annotations
 
 from . import common as C
@@ -18,16 +19,24 @@ def suite_cache(ctx: C.BenchContext) -> SuiteResult:
         label = "with KV cache" if use_cache else "without KV cache"
         ctx.start(label)
         n_new = n_new_of[use_cache]
-        llm = C.make_llm(ctx, kv_cache=use_cache, max_num_seqs=2, max_model_len=2048,
-                         num_kv_blocks=C.blocks_for([max(lengths)], n_new) + 8)
+        llm = C.make_llm(
+            ctx,
+            kv_cache=use_cache,
+            max_num_seqs=2,
+            max_model_len=2048,
+            num_kv_blocks=C.blocks_for([max(lengths)], n_new) + 8,
+        )
         try:
             if llm.engine.snapshot().info.kv_cache != use_cache:
-                raise BenchUnavailable(f"kv_cache={use_cache} accepted but the engine reports kv_cache="
-                                       f"{llm.engine.snapshot().info.kv_cache}")
+                raise BenchUnavailable(
+                    f"kv_cache={use_cache} accepted but the engine reports kv_cache="
+                    f"{llm.engine.snapshot().info.kv_cache}"
+                )
             C.warm_up(llm, SamplingParams, C.filler_ids(tok, 32, seed=9))
             for n in lengths:
-                marks = C.token_times(llm, C.filler_ids(tok, n, seed=n), C.greedy(SamplingParams, n_new),
-                                      request_id=f"ctx{n}-{use_cache}")
+                marks = C.token_times(
+                    llm, C.filler_ids(tok, n, seed=n), C.greedy(SamplingParams, n_new), request_id=f"ctx{n}-{use_cache}"
+                )
                 r = C.decode_rate(marks)
                 if r is None:
                     raise BenchUnavailable("engine.step() did not report tokens as they were generated")
@@ -39,9 +48,19 @@ def suite_cache(ctx: C.BenchContext) -> SuiteResult:
         res.add(f"cache_ms_per_token_at_{n}", per_tok[True][n] * 1e3, "decode, prefill excluded")
         res.add(f"nocache_ms_per_token_at_{n}", per_tok[False][n] * 1e3, "every step recomputes the whole prefix")
         res.add(f"nocache_over_cache_at_{n}", per_tok[False][n] / per_tok[True][n], "")
-    res.figures.append(("cache_cost", line_figure(
-        "Cost per generated token as context grows", {
-            "with KV cache": (list(lengths), [per_tok[True][n] * 1e3 for n in lengths]),
-            "without KV cache": (list(lengths), [per_tok[False][n] * 1e3 for n in lengths])},
-        "context (tokens)", "ms per token", log_y=True)))
+    res.figures.append(
+        (
+            "cache_cost",
+            line_figure(
+                "Cost per generated token as context grows",
+                {
+                    "with KV cache": (list(lengths), [per_tok[True][n] * 1e3 for n in lengths]),
+                    "without KV cache": (list(lengths), [per_tok[False][n] * 1e3 for n in lengths]),
+                },
+                "context (tokens)",
+                "ms per token",
+                log_y=True,
+            ),
+        )
+    )
     return res

@@ -4,6 +4,7 @@ stdout carries the table(s) and, with --json, one JSON object as its LAST line; 
 and library chatter go to stderr. Exit status: 0 when every suite ran, 2 when a suite reported
 "not available: <reason>" (a missing engine feature), 1 when a suite failed with an error.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,29 +19,60 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Suite:
     name: str
-    func_name: str          # attribute of engine.bench.suites (imported lazily: it pulls in torch)
-    phases: int             # progress-bar steps (normal mode; --quick uses the same bar)
+    func_name: str  # attribute of engine.bench.suites (imported lazily: it pulls in torch)
+    phases: int  # progress-bar steps (normal mode; --quick uses the same bar)
     about: str
     module: str = "suites"  # engine.bench.<module> holds func_name
 
 
-SUITES: dict[str, Suite] = {s.name: s for s in (
-    Suite("throughput", "suite_throughput", 8, "W16 on kvscope vs transformers sequential / static batch / "
-          "generate_batch, plus W64 (kvscope, static); outputs_match"),
-    Suite("roofline", "suite_roofline", 8, "measured matmul GFLOP/s and read bandwidth; kvscope W16 vs the compute "
-          "roof and batch-1 decode vs the memory roof"),
-    Suite("memory", "suite_memory", 3, "release-freeze workload on the paged and contiguous allocators: waste, "
-          "max concurrency"),
-    Suite("prefix", "suite_prefix", 3, "1,000-token shared system prompt, 16 questions: TTFT with and without "
-          "prefix caching"),
-    Suite("speculative", "suite_speculative", 6, "plain vs each drafter on passage-editing and open-ended prompts"),
-    Suite("cache", "suite_cache", 2, "cost per generated token with and without the KV cache as context grows"),
-    Suite("threads", "suite_threads", 2, "matmul time at 1 vs all threads, idle and with one core busy"),
-    Suite("kvquant", "suite_kvquant", 5, "each kv_cache_dtype vs the fp32 pool: greedy agreement, KL, needle recall, "
-          "tokens per MiB, decode tok/s (engine/bench/kvquant.py)"),
-    Suite("serve", "suite_serve", 4, "W16 through the HTTP API (16 concurrent streams) vs in-process LLM.generate; "
-          "client-side TTFT / ITL", module="serve"),
-)}
+SUITES: dict[str, Suite] = {
+    s.name: s
+    for s in (
+        Suite(
+            "throughput",
+            "suite_throughput",
+            8,
+            "W16 on kvscope vs transformers sequential / static batch / "
+            "generate_batch, plus W64 (kvscope, static); outputs_match",
+        ),
+        Suite(
+            "roofline",
+            "suite_roofline",
+            8,
+            "measured matmul GFLOP/s and read bandwidth; kvscope W16 vs the compute "
+            "roof and batch-1 decode vs the memory roof",
+        ),
+        Suite(
+            "memory",
+            "suite_memory",
+            3,
+            "release-freeze workload on the paged and contiguous allocators: waste, max concurrency",
+        ),
+        Suite(
+            "prefix",
+            "suite_prefix",
+            3,
+            "1,000-token shared system prompt, 16 questions: TTFT with and without prefix caching",
+        ),
+        Suite("speculative", "suite_speculative", 6, "plain vs each drafter on passage-editing and open-ended prompts"),
+        Suite("cache", "suite_cache", 2, "cost per generated token with and without the KV cache as context grows"),
+        Suite("threads", "suite_threads", 2, "matmul time at 1 vs all threads, idle and with one core busy"),
+        Suite(
+            "kvquant",
+            "suite_kvquant",
+            5,
+            "each kv_cache_dtype vs the fp32 pool: greedy agreement, KL, needle recall, "
+            "tokens per MiB, decode tok/s (engine/bench/kvquant.py)",
+        ),
+        Suite(
+            "serve",
+            "suite_serve",
+            4,
+            "W16 through the HTTP API (16 concurrent streams) vs in-process LLM.generate; client-side TTFT / ITL",
+            module="serve",
+        ),
+    )
+}
 DEFAULT_ALL = ("throughput", "roofline", "memory", "prefix", "speculative", "cache")
 
 
@@ -48,23 +80,34 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m engine bench",
         description="Benchmarks kvscope against transformers on the same workload in one process run, "
-                    "with the machine's measured limits beside them.",
-        epilog="suites: " + "; ".join(f"{s.name}: {s.about}" for s in SUITES.values())
-               + f"; all: {', '.join(DEFAULT_ALL)}",
+        "with the machine's measured limits beside them.",
+        epilog="suites: "
+        + "; ".join(f"{s.name}: {s.about}" for s in SUITES.values())
+        + f"; all: {', '.join(DEFAULT_ALL)}",
     )
     p.add_argument("suites", nargs="+", metavar="SUITE", help=f"one or more of {', '.join(SUITES)}, or all")
-    p.add_argument("--quick", action="store_true", help="smaller workloads (each suite well under 3 minutes on 2 cores)")
+    p.add_argument(
+        "--quick", action="store_true", help="smaller workloads (each suite well under 3 minutes on 2 cores)"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line of stdout")
     p.add_argument("--model", default="default", help="model for kvscope and the peers (default: %(default)s)")
-    p.add_argument("--threads", default="auto",
-                   help="torch intra-op threads for kvscope and the peers alike: a number, 'auto' (measure "
-                        "1 vs all cores on the model's matmuls and take the faster; the default) or "
-                        "'default' (leave torch's own setting)")
+    p.add_argument(
+        "--threads",
+        default="auto",
+        help="torch intra-op threads for kvscope and the peers alike: a number, 'auto' (measure "
+        "1 vs all cores on the model's matmuls and take the faster; the default) or "
+        "'default' (leave torch's own setting)",
+    )
     p.add_argument("--out", default=None, help="results folder (default: ./results or $KVSCOPE_RESULTS_DIR)")
     p.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
     p.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)  # tests: tiny workloads
-    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                   help="extra EngineConfig field for kvscope runs, e.g. --set max_num_batched_tokens=1024")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="extra EngineConfig field for kvscope runs, e.g. --set max_num_batched_tokens=1024",
+    )
     return p
 
 
@@ -137,11 +180,19 @@ def main(argv: list[str] | None = None) -> int:
 
     out = sys.stdout
     import torch  # (after argument errors, which should be fast)
+
     out_dir = rep.results_dir(args.out)
     total = sum(SUITES[n].phases for n in names) + (1 if threads == "auto" else 0)
     progress = rep.Progress(total, label="bench")
-    ctx = BenchContext(quick=args.quick or args.smoke, smoke=args.smoke, model=args.model, out_dir=out_dir,
-                       engine_args=engine_args, plots=not args.no_plots, progress=progress)
+    ctx = BenchContext(
+        quick=args.quick or args.smoke,
+        smoke=args.smoke,
+        model=args.model,
+        out_dir=out_dir,
+        engine_args=engine_args,
+        plots=not args.no_plots,
+        progress=progress,
+    )
     thread_policy = {"requested": args.threads}
     if isinstance(threads, int):
         torch.set_num_threads(threads)
@@ -150,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         progress.start("thread probe (1 vs all cores)")
         try:
             from .roofline import ModelShape, probe_threads
+
             with contextlib.redirect_stdout(sys.stderr):
                 shape = ModelShape.from_config(ctx.hf()[0].config)
                 probe = probe_threads(shape, rounds=2 if args.smoke else 3)
@@ -161,9 +213,15 @@ def main(argv: list[str] | None = None) -> int:
         progress.advance("thread probe")
     thread_policy["used"] = torch.get_num_threads()
     machine = machine_info()
-    summary = {"suite": names[0] if len(names) == 1 else ",".join(names), "quick": args.quick, "model": args.model,
-               "torch_threads": machine["torch_threads"], "thread_policy": thread_policy, "machine": machine,
-               "suites": {}}
+    summary = {
+        "suite": names[0] if len(names) == 1 else ",".join(names),
+        "quick": args.quick,
+        "model": args.model,
+        "torch_threads": machine["torch_threads"],
+        "thread_policy": thread_policy,
+        "machine": machine,
+        "suites": {},
+    }
     status = 0
     tables = []
     t_all = time.perf_counter()
@@ -171,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         suite = SUITES[name]
         t0 = time.perf_counter()
         import importlib
+
         func = getattr(importlib.import_module(f".{suite.module}", __package__), suite.func_name)
         try:
             with contextlib.redirect_stdout(sys.stderr):  # stray prints must not break the table/JSON
@@ -208,12 +267,24 @@ def main(argv: list[str] | None = None) -> int:
                 ctx.files.append(path)
         for n_ in plot_notes:
             ctx.note(n_)
-        fpath = rep.write_results(name, {"suite": name, "quick": args.quick, "model": args.model,
-                                         "machine": machine, "wall_s": wall, "fields": result.fields,
-                                         "notes": ctx.notes}, out_dir)
+        fpath = rep.write_results(
+            name,
+            {
+                "suite": name,
+                "quick": args.quick,
+                "model": args.model,
+                "machine": machine,
+                "wall_s": wall,
+                "fields": result.fields,
+                "notes": ctx.notes,
+            },
+            out_dir,
+        )
         ctx.files.append(fpath)
-        head = (f"== {name} == ({'quick, ' if args.quick else ''}{args.model}, {ctx.dtype()}, "
-                f"torch threads {machine['torch_threads']}, {wall:.0f} s)")
+        head = (
+            f"== {name} == ({'quick, ' if args.quick else ''}{args.model}, {ctx.dtype()}, "
+            f"torch threads {machine['torch_threads']}, {wall:.0f} s)"
+        )
         tables.append(rep.format_table(result.rows, title=head))
     progress.close()
     summary["wall_s"] = time.perf_counter() - t_all
@@ -224,10 +295,12 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n\n".join(tables)
     out.write(text + "\n")
     probe = thread_policy.get("probe_ms")
-    foot = [f"machine: {machine['nproc']} cpus, {machine['cpu']}, torch {machine['torch']} "
-            f"({machine['torch_threads']} threads, --threads {args.threads}"
-            + (", probe ms " + ", ".join(f"{k} thr {v:.1f}" for k, v in probe.items()) if probe else "")
-            + f"), transformers {machine['transformers']}, load avg {machine['load_avg_1m_at_start']}"]
+    foot = [
+        f"machine: {machine['nproc']} cpus, {machine['cpu']}, torch {machine['torch']} "
+        f"({machine['torch_threads']} threads, --threads {args.threads}"
+        + (", probe ms " + ", ".join(f"{k} thr {v:.1f}" for k, v in probe.items()) if probe else "")
+        + f"), transformers {machine['transformers']}, load avg {machine['load_avg_1m_at_start']}"
+    ]
     foot += [f"note: {n}" for n in ctx.notes]
     if ctx.files:
         foot.append(f"wrote: {', '.join(ctx.files)}")

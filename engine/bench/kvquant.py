@@ -21,6 +21,7 @@ off, so no cached block is overwritten): the same write -> widen -> attend path 
 The default model's results also go to assets/measurements/kvquant.json (with the date), which
 the Memory calculator page shows beside the dtype choice.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -31,8 +32,12 @@ import statistics
 from . import common as C
 
 DTYPES = ("fp32", "bf16", "fp16", "fp8_e4m3", "int8")
-ASSET = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                     "assets", "measurements", "kvquant.json")
+ASSET = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    "assets",
+    "measurements",
+    "kvquant.json",
+)
 
 
 def teacher_forced_logprobs(eng, tokens: list[int], first: int):
@@ -41,6 +46,7 @@ def teacher_forced_logprobs(eng, tokens: list[int], first: int):
     import torch
 
     from engine.runner import BatchRow
+
     if eng.has_unfinished_requests() or eng.bm.enable_prefix_caching:
         raise RuntimeError("teacher forcing needs an idle engine without prefix caching")
     feed = tokens[:-1]
@@ -67,25 +73,39 @@ def agreement(ref: list[list[int]], got: list[list[int]]) -> dict:
             d = min(len(a), len(b))
         first.append(d)
     diverged = [d for d in first if d is not None]
-    return {"token_agreement": same / total if total else 1.0,
-            "sequences_identical": sum(d is None for d in first) / len(first) if first else 1.0,
-            "first_divergence": first,
-            "first_divergence_median": statistics.median(diverged) if diverged else None}
+    return {
+        "token_agreement": same / total if total else 1.0,
+        "sequences_identical": sum(d is None for d in first) / len(first) if first else 1.0,
+        "first_divergence": first,
+        "first_divergence_median": statistics.median(diverged) if diverged else None,
+    }
 
 
 def _prompt_set(ctx, tok):
     from engine import workloads as W
-    chat = W.w16_prompts(tok, n=ctx.pick(8, 3, smoke=2), seed=0, min_tokens=30, max_tokens=ctx.pick(300, 120, smoke=40),
-                         return_token_ids=True)
+
+    chat = W.w16_prompts(
+        tok,
+        n=ctx.pick(8, 3, smoke=2),
+        seed=0,
+        min_tokens=30,
+        max_tokens=ctx.pick(300, 120, smoke=40),
+        return_token_ids=True,
+    )
     lo, hi = ctx.pick((1024, 2048), (1024, 1024), smoke=(96, 128))
     long = W.long_context_prompts(tok, n=ctx.pick(3, 1, smoke=1), seed=0, min_tokens=lo, max_tokens=hi)
-    needles = W.needle_prompts(tok, depths=ctx.pick(W.NEEDLE_DEPTHS, (0.1, 0.5, 0.9), smoke=(0.5,)),
-                               n_codes=ctx.pick(2, 1, smoke=1), context_tokens=ctx.pick(1536, 1024, smoke=128))
+    needles = W.needle_prompts(
+        tok,
+        depths=ctx.pick(W.NEEDLE_DEPTHS, (0.1, 0.5, 0.9), smoke=(0.5,)),
+        n_codes=ctx.pick(2, 1, smoke=1),
+        context_tokens=ctx.pick(1536, 1024, smoke=128),
+    )
     return chat, long, needles
 
 
 def suite_kvquant(ctx: C.BenchContext):
     import torch
+
     _, SamplingParams, _ = C.require_engine()
     res = C.SuiteResult()
     new_tokens = ctx.pick(48, 16, smoke=6)
@@ -95,8 +115,9 @@ def suite_kvquant(ctx: C.BenchContext):
     chat = long = needles = None
     for dt in DTYPES:
         ctx.start(f"kv_cache_dtype={dt}")
-        llm = C.make_llm(ctx, kv_cache_dtype=dt, enable_prefix_caching=False, max_model_len=2304,
-                         max_num_seqs=8, num_kv_blocks=320)
+        llm = C.make_llm(
+            ctx, kv_cache_dtype=dt, enable_prefix_caching=False, max_model_len=2304, max_num_seqs=8, num_kv_blocks=320
+        )
         eng = llm.engine
         try:
             if chat is None:
@@ -105,50 +126,74 @@ def suite_kvquant(ctx: C.BenchContext):
             C.warm_up(llm, SamplingParams, chat[0])
             outs = llm.generate(prompts, C.greedy(SamplingParams, new_tokens))
             tokens = [C.token_ids_of(o) for o in outs]
-            logp = [teacher_forced_logprobs(eng, p + t, len(p)) for p, t in zip(prompts, tokens if ref_tokens is None
-                                                                                 else ref_tokens)]
+            logp = [
+                teacher_forced_logprobs(eng, p + t, len(p))
+                for p, t in zip(prompts, tokens if ref_tokens is None else ref_tokens)
+            ]
             hits, lps = [], []
             for n in needles:
                 lp = teacher_forced_logprobs(eng, n.prompt_token_ids + n.answer_token_ids, len(n.prompt_token_ids))
                 ans = torch.tensor(n.answer_token_ids)
                 hits.append(bool((lp.argmax(-1) == ans).all()))
                 lps.append(float(lp.gather(1, ans[:, None]).sum()))
-            rate = C.decode_rate(C.token_times(llm, chat[0], C.greedy(SamplingParams, decode_tokens),
-                                               request_id=f"decode-{dt}"))
+            rate = C.decode_rate(
+                C.token_times(llm, chat[0], C.greedy(SamplingParams, decode_tokens), request_id=f"decode-{dt}")
+            )
             info = eng.info()
         finally:
             C.free_llm(llm)
         if ref_tokens is None:
             ref_tokens, ref_logp = tokens, logp
         kl = torch.cat([kl_rows(r, q) for r, q in zip(ref_logp, logp)])
-        row = {"bytes_per_token": info.bytes_per_token, "tokens_per_mib": 2 ** 20 / info.bytes_per_token,
-               "kv_cache_dtype": info.kv_cache_dtype, **agreement(ref_tokens, tokens),
-               "mean_kl": float(kl.mean()), "max_kl": float(kl.max()),
-               "needle_recall": sum(hits) / len(hits), "needle_hits": hits,
-               "needle_logprob": sum(lps) / len(lps), "decode_tok_s": rate,
-               "attention_backend": info.attention_backend}
+        row = {
+            "bytes_per_token": info.bytes_per_token,
+            "tokens_per_mib": 2**20 / info.bytes_per_token,
+            "kv_cache_dtype": info.kv_cache_dtype,
+            **agreement(ref_tokens, tokens),
+            "mean_kl": float(kl.mean()),
+            "max_kl": float(kl.max()),
+            "needle_recall": sum(hits) / len(hits),
+            "needle_hits": hits,
+            "needle_logprob": sum(lps) / len(lps),
+            "decode_tok_s": rate,
+            "attention_backend": info.attention_backend,
+        }
         by_dtype[dt] = row
         ctx.done(f"kv_cache_dtype={dt}")
     fp32_bpt = by_dtype["fp32"]["bytes_per_token"]
     for dt, r in by_dtype.items():
         r["tokens_vs_fp32"] = fp32_bpt / r["bytes_per_token"]
-        res.add(f"{dt}_bytes_per_token", r["bytes_per_token"], f"{r['tokens_per_mib']:.1f} tokens per MiB, "
-                f"{r['tokens_vs_fp32']:.2f}x fp32's tokens in the same bytes")
-        res.add(f"{dt}_token_agreement", r["token_agreement"],
-                f"sequences identical {r['sequences_identical']:.2f}; first divergence at {r['first_divergence']}")
+        res.add(
+            f"{dt}_bytes_per_token",
+            r["bytes_per_token"],
+            f"{r['tokens_per_mib']:.1f} tokens per MiB, {r['tokens_vs_fp32']:.2f}x fp32's tokens in the same bytes",
+        )
+        res.add(
+            f"{dt}_token_agreement",
+            r["token_agreement"],
+            f"sequences identical {r['sequences_identical']:.2f}; first divergence at {r['first_divergence']}",
+        )
         res.add(f"{dt}_mean_kl", r["mean_kl"], f"nats, teacher-forced on fp32's tokens (max {r['max_kl']:.3g})")
         res.add(f"{dt}_needle_recall", r["needle_recall"], f"mean log p(code) {r['needle_logprob']:.2f}")
         res.add(f"{dt}_decode_tok_s", r["decode_tok_s"], f"batch 1, {r['attention_backend']} attention")
-    prompt_set = {"chat_prompts": len(chat), "chat_prompt_tokens": [len(p) for p in chat],
-                  "long_prompts": len(long), "long_prompt_tokens": [len(p) for p in long],
-                  "needle_prompts": len(needles), "needle_depths": sorted({n.depth for n in needles}),
-                  "needle_context_tokens": [n.context_tokens for n in needles], "new_tokens": new_tokens,
-                  "decode_tokens": decode_tokens}
+    prompt_set = {
+        "chat_prompts": len(chat),
+        "chat_prompt_tokens": [len(p) for p in chat],
+        "long_prompts": len(long),
+        "long_prompt_tokens": [len(p) for p in long],
+        "needle_prompts": len(needles),
+        "needle_depths": sorted({n.depth for n in needles}),
+        "needle_context_tokens": [n.context_tokens for n in needles],
+        "new_tokens": new_tokens,
+        "decode_tokens": decode_tokens,
+    }
     res.add("by_dtype", by_dtype, row=False)
     res.add("prompt_set", prompt_set, row=False)
     if by_dtype["fp32"]["needle_recall"] == 0:
-        ctx.note("kvquant: fp32 itself recalls none of the needles on this model, so needle_recall cannot show a "
-                 "loss here; needle_logprob still compares the formats")
+        ctx.note(
+            "kvquant: fp32 itself recalls none of the needles on this model, so needle_recall cannot show a "
+            "loss here; needle_logprob still compares the formats"
+        )
     if ctx.model == "default" and not ctx.smoke:
         path = write_asset(by_dtype, prompt_set, quick=ctx.quick, model=ctx.model)
         ctx.files.append(path)
@@ -158,11 +203,19 @@ def suite_kvquant(ctx: C.BenchContext):
 def write_asset(by_dtype: dict, prompt_set: dict, *, quick: bool, model: str, path: str = ASSET) -> str:
     """The latest measurement for the Memory calculator page, with its date."""
     now = datetime.datetime.now(datetime.timezone.utc)
-    data = {"date": now.date().isoformat(), "measured_at": now.isoformat(timespec="seconds"),
-            "command": "python -m engine bench kvquant" + (" --quick" if quick else ""), "model": model,
-            "machine": {k: v for k, v in C.machine_info().items()
-                        if k in ("cpu", "nproc", "torch", "torch_threads", "load_avg_1m_at_start")},
-            "prompt_set": prompt_set, "dtypes": by_dtype}
+    data = {
+        "date": now.date().isoformat(),
+        "measured_at": now.isoformat(timespec="seconds"),
+        "command": "python -m engine bench kvquant" + (" --quick" if quick else ""),
+        "model": model,
+        "machine": {
+            k: v
+            for k, v in C.machine_info().items()
+            if k in ("cpu", "nproc", "torch", "torch_threads", "load_avg_1m_at_start")
+        },
+        "prompt_set": prompt_set,
+        "dtypes": by_dtype,
+    }
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         json.dump(data, f, indent=1, sort_keys=True)

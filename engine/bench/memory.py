@@ -1,4 +1,5 @@
 """The memory suite: paged vs contiguous allocation on the release-freeze workload."""
+
 from __future__ import annotations
 
 import time
@@ -35,15 +36,26 @@ def suite_memory(ctx: C.BenchContext) -> SuiteResult:
     n = len(work)
     slabs, bs = 4, 16
     blocks = slabs * max_len // bs
-    res.add("workload", f"release-freeze: {n} requests (growing conversations), {min(len(w[1]) for w in work)}-"
-            f"{max(len(w[1]) for w in work)} prompt tokens, arrivals over {max(w[0] for w in work)} steps",
-            "", row=False)
+    res.add(
+        "workload",
+        f"release-freeze: {n} requests (growing conversations), {min(len(w[1]) for w in work)}-"
+        f"{max(len(w[1]) for w in work)} prompt tokens, arrivals over {max(w[0] for w in work)} steps",
+        "",
+        row=False,
+    )
     res.add("kv_budget_tokens", blocks * bs, f"{blocks} blocks of {bs} = {slabs} slabs of max_model_len {max_len}")
     stats, outs = {}, {}
     for alloc in ("paged", "contiguous"):
         ctx.start(f"{alloc} allocator")
-        llm = C.make_llm(ctx, allocator=alloc, num_kv_blocks=blocks, block_size=bs, max_model_len=max_len,
-                         max_num_seqs=n, enable_prefix_caching=False)
+        llm = C.make_llm(
+            ctx,
+            allocator=alloc,
+            num_kv_blocks=blocks,
+            block_size=bs,
+            max_model_len=max_len,
+            max_num_seqs=n,
+            enable_prefix_caching=False,
+        )
         try:
             eng = llm.engine
             acc = {"alloc": 0, "fill": 0, "max_running": 0, "max_gap": 0, "series": [], "alloc_name": None}
@@ -73,18 +85,30 @@ def suite_memory(ctx: C.BenchContext) -> SuiteResult:
         stats[alloc] = acc
         ctx.done(f"{alloc} allocator")
     if stats["contiguous"]["max_gap"] < max_len // 2:
-        raise BenchUnavailable("allocator='contiguous' accepted but no running request ever held a reserved slab "
-                               f"(largest reserved-but-unfilled gap {stats['contiguous']['max_gap']} slots)")
+        raise BenchUnavailable(
+            "allocator='contiguous' accepted but no running request ever held a reserved slab "
+            f"(largest reserved-but-unfilled gap {stats['contiguous']['max_gap']} slots)"
+        )
     for alloc in ("paged", "contiguous"):
         s = stats[alloc]
         waste = 1 - s["fill"] / s["alloc"] if s["alloc"] else None
         res.add(f"{alloc}_waste", waste, f"1 - filled/allocated slot-steps over {s['steps']} steps (time-averaged)")
         res.add(f"{alloc}_max_concurrency", s["max_running"], "most requests running in one step")
         res.add(f"{alloc}_wall_s", s["wall"], "", row=not ctx.quick)
-    res.add("outputs_match", outs["paged"] == outs["contiguous"] and len(outs["paged"]) == n,
-            "greedy tokens identical on both allocators, every request finished")
-    res.figures.append(("memory_waste", line_figure(
-        "KV waste per step (fraction of allocated slots not holding a token)",
-        {a: (list(range(len(stats[a]["series"]))), stats[a]["series"]) for a in stats}, "step (with KV allocated)",
-        "waste fraction")))
+    res.add(
+        "outputs_match",
+        outs["paged"] == outs["contiguous"] and len(outs["paged"]) == n,
+        "greedy tokens identical on both allocators, every request finished",
+    )
+    res.figures.append(
+        (
+            "memory_waste",
+            line_figure(
+                "KV waste per step (fraction of allocated slots not holding a token)",
+                {a: (list(range(len(stats[a]["series"]))), stats[a]["series"]) for a in stats},
+                "step (with KV allocated)",
+                "waste fraction",
+            ),
+        )
+    )
     return res

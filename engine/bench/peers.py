@@ -8,6 +8,7 @@
 Each returns (generated token ids per request, wall seconds). Greedy EOS is disabled at the
 model level (ctx.hf() sets generation_config.eos_token_id = None) and in every config passed.
 """
+
 from __future__ import annotations
 
 import logging
@@ -16,13 +17,22 @@ import time
 
 def _gen_config(tok, max_new_tokens: int):
     from transformers import GenerationConfig
+
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    return GenerationConfig(max_new_tokens=max_new_tokens, min_new_tokens=None, do_sample=False,
-                            eos_token_id=None, pad_token_id=pad, num_beams=1, use_cache=True)
+    return GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=None,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=pad,
+        num_beams=1,
+        use_cache=True,
+    )
 
 
 def hf_sequential(model, tok, prompts: list[list[int]], max_new_tokens: int, on_each=None):
     import torch
+
     gc_ = _gen_config(tok, max_new_tokens)
     outs = []
     t = time.perf_counter()
@@ -30,7 +40,7 @@ def hf_sequential(model, tok, prompts: list[list[int]], max_new_tokens: int, on_
         for i, p in enumerate(prompts):
             ids = torch.tensor([p], dtype=torch.long, device=next(model.parameters()).device)
             g = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=gc_)
-            outs.append(g[0, len(p):].tolist())
+            outs.append(g[0, len(p) :].tolist())
             if on_each:
                 on_each(i)
     return outs, time.perf_counter() - t
@@ -38,17 +48,19 @@ def hf_sequential(model, tok, prompts: list[list[int]], max_new_tokens: int, on_
 
 def left_pad(prompts: list[list[int]], pad_id: int):
     import torch
+
     L = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), L), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), L), dtype=torch.long)
     for i, p in enumerate(prompts):
-        ids[i, L - len(p):] = torch.tensor(p, dtype=torch.long)
-        mask[i, L - len(p):] = 1
+        ids[i, L - len(p) :] = torch.tensor(p, dtype=torch.long)
+        mask[i, L - len(p) :] = 1
     return ids, mask
 
 
 def hf_static(model, tok, prompts: list[list[int]], max_new_tokens: int):
     import torch
+
     gc_ = _gen_config(tok, max_new_tokens)
     ids, mask = left_pad(prompts, gc_.pad_token_id)
     dev = next(model.parameters()).device
@@ -57,7 +69,7 @@ def hf_static(model, tok, prompts: list[list[int]], max_new_tokens: int):
     with torch.inference_mode():
         g = model.generate(ids, attention_mask=mask, generation_config=gc_)
     wall = time.perf_counter() - t
-    return [row.tolist() for row in g[:, ids.shape[1]:]], wall
+    return [row.tolist() for row in g[:, ids.shape[1] :]], wall
 
 
 def hf_continuous_batching(model, tok, prompts: list[list[int]], max_new_tokens: int, warmup: bool = True):
@@ -65,6 +77,7 @@ def hf_continuous_batching(model, tok, prompts: list[list[int]], max_new_tokens:
     own manager and cache each time (that setup is part of what a user of the API pays); a short
     warm-up call first keeps one-time library initialisation out of the timing."""
     from transformers import ContinuousBatchingConfig
+
     gc_ = _gen_config(tok, max_new_tokens)
     # On CPU, generate_batch sizes its KV cache from *system* RAM (90% of it by default): on a
     # shared machine that zero-fills tens of GB and dominates the run. Size it for the workload
@@ -76,12 +89,19 @@ def hf_continuous_batching(model, tok, prompts: list[list[int]], max_new_tokens:
     cb_logger.setLevel(logging.ERROR)  # it warns that eos is disabled: that is the point
     try:
         if warmup:
-            model.generate_batch([p[:8] for p in prompts[:2]], generation_config=_gen_config(tok, 2),
-                                 continuous_batching_config=ContinuousBatchingConfig(num_blocks=4),
-                                 progress_bar=False)
+            model.generate_batch(
+                [p[:8] for p in prompts[:2]],
+                generation_config=_gen_config(tok, 2),
+                continuous_batching_config=ContinuousBatchingConfig(num_blocks=4),
+                progress_bar=False,
+            )
         t = time.perf_counter()
-        res = model.generate_batch(prompts, generation_config=gc_, progress_bar=False,
-                                   continuous_batching_config=ContinuousBatchingConfig(num_blocks=num_blocks))
+        res = model.generate_batch(
+            prompts,
+            generation_config=gc_,
+            progress_bar=False,
+            continuous_batching_config=ContinuousBatchingConfig(num_blocks=num_blocks),
+        )
         wall = time.perf_counter() - t
     finally:
         cb_logger.setLevel(old)
@@ -100,6 +120,7 @@ def verify_cost_ratios(model, prompt: list[int], ks=(1, 2, 4, 8), reps: int = 5)
     the prompt (HF DynamicCache, the new tokens cropped off after each pass). Best-of `reps` for each."""
     import torch
     from transformers import DynamicCache
+
     with torch.inference_mode():
         cache = DynamicCache(config=model.config)
         ids = torch.tensor([prompt], dtype=torch.long)
@@ -154,27 +175,37 @@ def llamacpp_python() -> str | None:
     """The Python of the bench-peer environment that scripts/bench_peers.sh installs llama.cpp
     into ($KVSCOPE_PEERS_VENV, default <kvscope cache>/peers-venv), where it exists."""
     import os
+
     venv = os.environ.get("KVSCOPE_PEERS_VENV")
     if not venv:
         from engine.models import cache_dir
+
         venv = os.path.join(cache_dir(), "peers-venv")
     py = os.path.join(venv, "bin", "python")
     return py if os.path.exists(py) else None
 
 
-def llamacpp_decode_bs1(gguf_path: str, prompt: list[int], n_new: int, threads: int, reps: int = 2,
-                        timeout: float = 600) -> dict:
+def llamacpp_decode_bs1(
+    gguf_path: str, prompt: list[int], n_new: int, threads: int, reps: int = 2, timeout: float = 600
+) -> dict:
     """llama.cpp's single-stream greedy decode of the same GGUF (llama-cpp-python in the peer
     environment, a subprocess of this run): best tok/s over `reps` timed passes after a warm-up,
     prefill excluded, `threads` threads. Returns {} with a "why" where it cannot run."""
     import json
     import subprocess
+
     py = llamacpp_python()
     if py is None:
         return {"why": f"no llama.cpp peer environment (run scripts/bench_peers.sh to install {LLAMACPP_PIN})"}
     try:
-        proc = subprocess.run([py, "-c", _LLAMACPP_SCRIPT, gguf_path, str(threads), str(n_new), str(reps)],
-                              input=json.dumps(prompt), capture_output=True, text=True, timeout=timeout, check=False)
+        proc = subprocess.run(
+            [py, "-c", _LLAMACPP_SCRIPT, gguf_path, str(threads), str(n_new), str(reps)],
+            input=json.dumps(prompt),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
     except (OSError, subprocess.SubprocessError) as e:
         return {"why": f"llama.cpp peer failed: {type(e).__name__}: {e}"}
     if proc.returncode != 0:

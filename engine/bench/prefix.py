@@ -1,4 +1,5 @@
 """The prefix suite: a shared system prompt with and without the prefix cache."""
+
 from __future__ import annotations
 
 from .. import workloads as W
@@ -24,7 +25,7 @@ def suite_prefix(ctx: C.BenchContext) -> SuiteResult:
         llm = C.make_llm(ctx, enable_prefix_caching=caching, num_kv_blocks=blocks, max_num_seqs=4)
         try:
             C.warm_up(llm, SamplingParams, [t for t in reversed(warm)])  # unrelated tokens: no shared prefix
-            llm.generate([warm], C.greedy(SamplingParams, 1))            # fills the prefix cache when on
+            llm.generate([warm], C.greedy(SamplingParams, 1))  # fills the prefix cache when on
             times, toks = [], []
             for p in prompts:  # one at a time: TTFT without batching effects
                 outs, wall = C.timed_generate(llm, [p], C.greedy(SamplingParams, 1))
@@ -45,7 +46,15 @@ def suite_prefix(ctx: C.BenchContext) -> SuiteResult:
     res.add("ttft_hit_s", ttft["hit"], "median, prefix caching on, shared prefix already cached")
     res.add("ttft_reduction", 1 - ttft["hit"] / ttft["cold"], "1 - hit / cold (target >= 0.8)")
     res.add("outputs_match", first["cold"] == first["hit"], "first token identical with and without the cache")
-    res.figures.append(("prefix_ttft", bar_figure("TTFT with a ~1,000-token shared system prompt",
-                                                 ["cold (no prefix cache)", "prefix-cache hit"],
-                                                 [ttft["cold"], ttft["hit"]], "seconds (median)")))
+    res.figures.append(
+        (
+            "prefix_ttft",
+            bar_figure(
+                "TTFT with a ~1,000-token shared system prompt",
+                ["cold (no prefix cache)", "prefix-cache hit"],
+                [ttft["cold"], ttft["hit"]],
+                "seconds (median)",
+            ),
+        )
+    )
     return res

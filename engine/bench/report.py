@@ -3,6 +3,7 @@ under results/ and optional PNG plots (Plotly + kaleido, only when a Chromium is
 
 Pure formatting lives here so that tests can check it without running a model.
 """
+
 from __future__ import annotations
 
 import glob
@@ -23,6 +24,7 @@ class BenchUnavailable(RuntimeError):
 
 # ---------------------------------------------------------------------------- progress bar
 
+
 class Progress:
     """The bench's progress bar on stderr (tqdm): `bench phase [#####...] 3/6 (12.3 s)`.
 
@@ -31,9 +33,17 @@ class Progress:
     def __init__(self, total: int, label: str = "", stream=None, width: int = 24):
         self.total = max(1, int(total))
         self.label = label
-        self.bar = tqdm(total=self.total, desc=label, file=stream if stream is not None else sys.stderr,
-                        ascii=".#", bar_format="{desc} [{bar:%d}] {n_fmt}/{total_fmt} ({elapsed_s:.1f} s)" % width,
-                        mininterval=0, miniters=1, dynamic_ncols=False, leave=True)
+        self.bar = tqdm(
+            total=self.total,
+            desc=label,
+            file=stream if stream is not None else sys.stderr,
+            ascii=".#",
+            bar_format="{desc} [{bar:%d}] {n_fmt}/{total_fmt} ({elapsed_s:.1f} s)" % width,
+            mininterval=0,
+            miniters=1,
+            dynamic_ncols=False,
+            leave=True,
+        )
 
     @property
     def done(self) -> int:
@@ -53,6 +63,7 @@ class Progress:
 
 
 # ---------------------------------------------------------------------------- values
+
 
 def fmt_value(v) -> str:
     """Human formatting: 3 significant digits for floats, thousands separators for ints."""
@@ -89,14 +100,22 @@ def fmt_value(v) -> str:
 def format_table(rows, title: str | None = None, headers=("metric", "value", "note")) -> str:
     """rows: iterable of (name, value[, note]). Returns a monospace table as one string (pandas):
     names left-aligned, values (fmt_value) right-aligned, notes left-aligned."""
-    body = [(str(r[0]), fmt_value(r[1]), str(r[2]) if len(r) > 2 and r[2] is not None else "")
-            for r in map(tuple, rows)]
+    body = [
+        (str(r[0]), fmt_value(r[1]), str(r[2]) if len(r) > 2 and r[2] is not None else "") for r in map(tuple, rows)
+    ]
     df = pd.DataFrame(body, columns=list(headers))
     w0 = max([len(headers[0])] + [len(b[0]) for b in body])
     w1 = max([len(headers[1])] + [len(b[1]) for b in body])
     w2 = max([len(b[2]) for b in body] or [0])
-    text = df.to_string(index=False, header=False, formatters={   # pandas right-justifies: pad each cell
-        headers[0]: lambda v: f"{v:<{w0}}", headers[1]: lambda v: f" {v:>{w1}}", headers[2]: lambda v: f" {v:<{w2}}"})
+    text = df.to_string(
+        index=False,
+        header=False,
+        formatters={  # pandas right-justifies: pad each cell
+            headers[0]: lambda v: f"{v:<{w0}}",
+            headers[1]: lambda v: f" {v:>{w1}}",
+            headers[2]: lambda v: f" {v:<{w2}}",
+        },
+    )
     lines = [title] if title else []
     lines.append(f"{headers[0]:<{w0}}  {headers[1]:>{w1}}  {headers[2]}".rstrip())
     lines.append(f"{'-' * w0}  {'-' * w1}  {'-' * max(4, len(headers[2]))}")
@@ -127,6 +146,7 @@ def json_line(obj) -> str:
 
 # ---------------------------------------------------------------------------- files
 
+
 def results_dir(path: str | None = None) -> str:
     d = path or os.environ.get("KVSCOPE_RESULTS_DIR") or "results"
     os.makedirs(d, exist_ok=True)
@@ -154,8 +174,10 @@ def find_chromium() -> str | None:
         if p:
             return p
     home = os.path.expanduser("~")
-    for pat in (os.path.join(home, ".cache", "ms-playwright", "chromium-*", "chrome-linux*", "chrome"),
-                os.path.join(home, ".cache", "ms-playwright", "chromium_headless_shell-*", "chrome-*", "headless_shell")):
+    for pat in (
+        os.path.join(home, ".cache", "ms-playwright", "chromium-*", "chrome-linux*", "chrome"),
+        os.path.join(home, ".cache", "ms-playwright", "chromium_headless_shell-*", "chrome-*", "headless_shell"),
+    ):
         hits = sorted(glob.glob(pat))
         if hits:
             return hits[-1]
@@ -177,23 +199,40 @@ def save_png(fig, path: str, width: int = 900, height: int = 500) -> str | None:
 
 def bar_figure(title: str, labels, values, yaxis: str, note: str | None = None):
     import plotly.graph_objects as go
-    fig = go.Figure(go.Bar(x=list(labels), y=list(values), text=[fmt_value(v) for v in values],
-                           textposition="outside", marker_color="#0072B2"))
-    fig.update_layout(title=title + (f"<br><sup>{note}</sup>" if note else ""), yaxis_title=yaxis,
-                      template="plotly_white", width=900, height=500, margin=dict(t=90))
+
+    fig = go.Figure(
+        go.Bar(
+            x=list(labels),
+            y=list(values),
+            text=[fmt_value(v) for v in values],
+            textposition="outside",
+            marker_color="#0072B2",
+        )
+    )
+    fig.update_layout(
+        title=title + (f"<br><sup>{note}</sup>" if note else ""),
+        yaxis_title=yaxis,
+        template="plotly_white",
+        width=900,
+        height=500,
+        margin=dict(t=90),
+    )
     return fig
 
 
 def line_figure(title: str, series: dict, xaxis: str, yaxis: str, log_y: bool = False):
     """series: name -> (xs, ys)."""
     import plotly.graph_objects as go
+
     fig = go.Figure()
     palette = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9"]
     for i, (name, (xs, ys)) in enumerate(series.items()):
-        fig.add_trace(go.Scatter(x=list(xs), y=list(ys), mode="lines+markers", name=name,
-                                 line=dict(color=palette[i % len(palette)])))
-    fig.update_layout(title=title, xaxis_title=xaxis, yaxis_title=yaxis, template="plotly_white",
-                      width=900, height=500)
+        fig.add_trace(
+            go.Scatter(
+                x=list(xs), y=list(ys), mode="lines+markers", name=name, line=dict(color=palette[i % len(palette)])
+            )
+        )
+    fig.update_layout(title=title, xaxis_title=xaxis, yaxis_title=yaxis, template="plotly_white", width=900, height=500)
     if log_y:
         fig.update_yaxes(type="log")
     return fig

@@ -15,17 +15,25 @@ Roofs:
 - naive compute roof = peak FLOP/s / FLOPs of one generated token (treats prompt tokens as free).
 - memory roof at batch 1 = read bandwidth / (weight bytes + KV bytes at the measured context).
 """
+
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
 
+from ..kv_layout import (
+    HEADS_FIELDS,
+    HIDDEN_FIELDS,
+    INTER_FIELDS,
+    VOCAB_FIELDS,
+    config_int,
+    kv_bytes_per_token,
+    kv_geometry,
+)
 from . import common as C
 from . import peers
 from .common import SuiteResult, _spread
 from .report import bar_figure, line_figure
-from ..kv_layout import (HEADS_FIELDS, HIDDEN_FIELDS, INTER_FIELDS, VOCAB_FIELDS, config_int, kv_bytes_per_token,
-                         kv_geometry)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,16 +49,28 @@ class ModelShape:
     @classmethod
     def from_config(cls, cfg) -> "ModelShape":
         layers, kv, hd = kv_geometry(cfg)
-        return cls(hidden=config_int(cfg, HIDDEN_FIELDS, "the linear shapes"),
-                   intermediate=config_int(cfg, INTER_FIELDS, "the MLP shapes"),
-                   layers=layers, heads=config_int(cfg, HEADS_FIELDS, "the attention FLOPs"), kv_heads=kv,
-                   head_dim=hd, vocab=config_int(cfg, VOCAB_FIELDS, "the lm_head shape"))
+        return cls(
+            hidden=config_int(cfg, HIDDEN_FIELDS, "the linear shapes"),
+            intermediate=config_int(cfg, INTER_FIELDS, "the MLP shapes"),
+            layers=layers,
+            heads=config_int(cfg, HEADS_FIELDS, "the attention FLOPs"),
+            kv_heads=kv,
+            head_dim=hd,
+            vocab=config_int(cfg, VOCAB_FIELDS, "the lm_head shape"),
+        )
 
     def layer_linears(self) -> list[tuple[str, int, int]]:
         """(name, K in, N out) of one decoder layer's linear layers (Llama layout)."""
         H, I, q, kv = self.hidden, self.intermediate, self.heads * self.head_dim, self.kv_heads * self.head_dim
-        return [("q_proj", H, q), ("k_proj", H, kv), ("v_proj", H, kv), ("o_proj", q, H),
-                ("gate_proj", H, I), ("up_proj", H, I), ("down_proj", I, H)]
+        return [
+            ("q_proj", H, q),
+            ("k_proj", H, kv),
+            ("v_proj", H, kv),
+            ("o_proj", q, H),
+            ("gate_proj", H, I),
+            ("up_proj", H, I),
+            ("down_proj", I, H),
+        ]
 
     def lm_head(self) -> tuple[str, int, int]:
         return ("lm_head", self.hidden, self.vocab)
@@ -127,6 +147,7 @@ def fraction(achieved, roof):
 
 # ---------------------------------------------------------------------------- measurements
 
+
 def _best_time(fn, min_reps: int = 3, min_time: float = 0.15, max_reps: int = 200) -> float:
     fn()  # warm-up (allocations, kernel selection)
     times = []
@@ -142,6 +163,7 @@ def measure_linear(M: int, K: int, N: int, dtype=None, min_time: float = 0.15) -
     """Best-of seconds for F.linear([M x K], [N x K]) — the shape an nn.Linear runs."""
     import torch
     import torch.nn.functional as F
+
     dtype = dtype or torch.float32
     g = torch.Generator().manual_seed(0)
     x = torch.randn(M, K, generator=g).to(dtype)
@@ -159,8 +181,9 @@ def _packed_linear():
     return L if L.best_kernel() is not None else None
 
 
-def measure_model_matmuls(shape: ModelShape, rows=(1, 16, 64, 256), dtype=None, min_time: float = 0.3,
-                          on_progress=None, kernel: str = "torch") -> dict:
+def measure_model_matmuls(
+    shape: ModelShape, rows=(1, 16, 64, 256), dtype=None, min_time: float = 0.3, on_progress=None, kernel: str = "torch"
+) -> dict:
     """Runs the model's real linear layers at M rows: every layer has its own weights (so batch-1
     passes stream them from memory as a real decode step does, instead of re-reading one matrix
     from cache), then the lm_head. Returns, per M, GFLOP/s of the decoder body, of the lm_head and
@@ -171,6 +194,7 @@ def measure_model_matmuls(shape: ModelShape, rows=(1, 16, 64, 256), dtype=None, 
     FLOPs). Raises ValueError when "packed" is not available here."""
     import torch
     import torch.nn.functional as F
+
     dtype = dtype or torch.float32
     g = torch.Generator().manual_seed(0)
     lin = shape.layer_linears()
@@ -183,7 +207,7 @@ def measure_model_matmuls(shape: ModelShape, rows=(1, 16, 64, 256), dtype=None, 
         # the projections the engine merges (engine/linear.py's rule), the rest one matmul each
         groups = [list(m) for _, m in L.MERGED_GROUPS if set(m) <= set(names)]
         groups += [[n] for n in names if not any(n in g for g in groups)]
-        groups.sort(key=lambda g: names.index(g[0]))      # in the layer's order
+        groups.sort(key=lambda g: names.index(g[0]))  # in the layer's order
         by = {n: (k, nn) for n, k, nn in lin}
         shapes = [(by[grp[0]][0], sum(by[x][1] for x in grp)) for grp in groups]
     else:
@@ -204,11 +228,11 @@ def measure_model_matmuls(shape: ModelShape, rows=(1, 16, 64, 256), dtype=None, 
             def body():
                 for ws in layers:
                     for k, w in zip(ks, ws):
-                        apply(xs[k], w)
+                        apply(xs[k], w)  # noqa: B023 (called within this iteration)
 
             xh = xs[shape.hidden]
             t_body = _best_time(body, min_reps=2, min_time=min_time, max_reps=50)
-            t_head = _best_time(lambda: apply(xh, head), min_reps=2, min_time=min_time / 3, max_reps=50)
+            t_head = _best_time(lambda: apply(xh, head), min_reps=2, min_time=min_time / 3, max_reps=50)  # noqa: B023
             f_body = M * shape.flops_body()
             f_head = M * shape.flops_lm_head()
             out[M] = {
@@ -228,8 +252,7 @@ def measure_best_matmuls(shape: ModelShape, rows, dtype=None, min_time: float = 
     (best per M with "kernel" named, {kernel: per-M results})."""
     by_kernel = {"torch": measure_model_matmuls(shape, rows=rows, dtype=dtype, min_time=min_time)}
     try:
-        by_kernel["packed"] = measure_model_matmuls(shape, rows=rows, dtype=dtype, min_time=min_time,
-                                                    kernel="packed")
+        by_kernel["packed"] = measure_model_matmuls(shape, rows=rows, dtype=dtype, min_time=min_time, kernel="packed")
     except ValueError:
         pass
     best = {}
@@ -242,6 +265,7 @@ def measure_best_matmuls(shape: ModelShape, rows, dtype=None, min_time: float = 
 def measure_read_bandwidth(mbytes: int = 512, dtype=None) -> float:
     """GB/s (1e9 B/s) reading a large tensor once (torch.sum), best of a few passes."""
     import torch
+
     dtype = dtype or torch.float32
     n = mbytes * 1024 * 1024 // torch.tensor([], dtype=dtype).element_size()
     x = torch.ones(n, dtype=dtype)
@@ -261,12 +285,14 @@ def probe_threads(shape: ModelShape, candidates=None, rounds: int = 3, layers: i
 
     import torch
     import torch.nn.functional as F
+
     dtype = dtype or torch.float32
     ncpu = os.cpu_count() or 1
     candidates = sorted(set(candidates or (1, ncpu, torch.get_num_threads())))
     g = torch.Generator().manual_seed(0)
-    ws = [[(torch.randn(N, K, generator=g) * 0.02).to(dtype) for _, K, N in shape.layer_linears()]
-          for _ in range(layers)]
+    ws = [
+        [(torch.randn(N, K, generator=g) * 0.02).to(dtype) for _, K, N in shape.layer_linears()] for _ in range(layers)
+    ]
     ks = [K for _, K, _ in shape.layer_linears()]
     xs = {(m, k): torch.randn(m, k, generator=g).to(dtype) for m in (1, 16) for k in set(ks)}
 
@@ -295,6 +321,7 @@ def probe_threads(shape: ModelShape, candidates=None, rounds: int = 3, layers: i
 
 # ---------------------------------------------------------------------------- batch-1 decode per weight format
 
+
 class KernelTimer:
     """Within the block, wall time spent in the engine's packed Linears (the weights) and in the
     paged decode-attention kernel, summed over calls; the rest of a step is everything else
@@ -315,12 +342,17 @@ class KernelTimer:
                 return fn(*a, **kw)
             finally:
                 setattr(self, slot, getattr(self, slot) + time.perf_counter() - t)
-                setattr(self, slot.replace("_s", "_cpu_s"), getattr(self, slot.replace("_s", "_cpu_s"))
-                        + time.thread_time() - c)
+                setattr(
+                    self,
+                    slot.replace("_s", "_cpu_s"),
+                    getattr(self, slot.replace("_s", "_cpu_s")) + time.thread_time() - c,
+                )
+
         return timed
 
     def __enter__(self):
         from engine import cpu_kernels
+
         pack = self.runner.linear_pack
         self._groups = {id(g): g for g, _ in pack.members.values()}.values() if pack is not None else ()
         self._saved = [(g, g.matmul) for g in self._groups]
@@ -332,6 +364,7 @@ class KernelTimer:
 
     def __exit__(self, *exc):
         from engine import cpu_kernels
+
         for g, mm in self._saved:
             g.matmul = mm
         cpu_kernels.paged_decode_attention = self._attn
@@ -349,7 +382,7 @@ def decode_steps(llm, prompt, params, request_id: str, timer=None) -> tuple[int,
         t, c = time.perf_counter(), time.thread_time()
         eng.step()
         dt, dc = time.perf_counter() - t, time.thread_time() - c
-        if first:               # the prefill step: not decode
+        if first:  # the prefill step: not decode
             first = False
             if timer is not None:
                 timer.weights_s, timer.attention_s, timer.weights_cpu_s, timer.attention_cpu_s = saved
@@ -367,9 +400,12 @@ def decode_bs1_by_format(ctx, prompt: list[int], n_new: int, formats=("auto", "f
     weight bytes it reads per step, and the step split (ms per decode step in the Linears, the
     attention kernel and the rest) from one extra timed run."""
     from . import common as C
+
     _, SamplingParams, _ = C.require_engine()
-    llms = {f: C.make_llm(ctx, max_num_seqs=4, num_kv_blocks=C.blocks_for([len(prompt)], n_new) + 8,
-                          weight_format=f) for f in formats}
+    llms = {
+        f: C.make_llm(ctx, max_num_seqs=4, num_kv_blocks=C.blocks_for([len(prompt)], n_new) + 8, weight_format=f)
+        for f in formats
+    }
     out = {f: {"rates": []} for f in formats}
     try:
         for f, llm in llms.items():
@@ -387,8 +423,10 @@ def decode_bs1_by_format(ctx, prompt: list[int], n_new: int, formats=("auto", "f
             with KernelTimer(llm.engine.runner) as kt:
                 steps, secs, cpu = decode_steps(llm, prompt, params, f"bs1-split-{f}", timer=kt)
             if steps:
-                for key, total, w, a in (("split_ms", secs, kt.weights_s, kt.attention_s),
-                                         ("split_cpu_ms", cpu, kt.weights_cpu_s, kt.attention_cpu_s)):
+                for key, total, w, a in (
+                    ("split_ms", secs, kt.weights_s, kt.attention_s),
+                    ("split_cpu_ms", cpu, kt.weights_cpu_s, kt.attention_cpu_s),
+                ):
                     step, w, a = total / steps * 1e3, w / steps * 1e3, a / steps * 1e3
                     out[f][key] = {"step": step, "weights": w, "attention": a, "rest": step - w - a}
     finally:
@@ -397,7 +435,10 @@ def decode_bs1_by_format(ctx, prompt: list[int], n_new: int, formats=("auto", "f
     for f in formats:
         out[f]["tok_s"] = max(out[f]["rates"]) if out[f]["rates"] else None
     return out
+
+
 # ---------------------------------------------------------------------------- roofline
+
 
 def shape_of(model) -> ModelShape:
     return ModelShape.from_config(model.config)
@@ -405,6 +446,7 @@ def shape_of(model) -> ModelShape:
 
 def suite_roofline(ctx: C.BenchContext) -> SuiteResult:
     import torch
+
     C.require_engine()
     res = SuiteResult()
     ctx.start("load model")
@@ -441,30 +483,51 @@ def suite_roofline(ctx: C.BenchContext) -> SuiteResult:
         mm[peak_m] = again[peak_m]
     peak = mm[peak_m]["all_gflops"]
     for m in rows:
-        res.add(f"matmul_gflops_m{m}", mm[m]["all_gflops"],
-                f"{shape.layers} layers' q,k,v,o,gate,up,down + lm_head at {m} rows; {mm[m]['slab_ms']:.1f} ms per pass "
-                f"({mm[m]['kernel']} kernel)")
+        res.add(
+            f"matmul_gflops_m{m}",
+            mm[m]["all_gflops"],
+            f"{shape.layers} layers' q,k,v,o,gate,up,down + lm_head at {m} rows; {mm[m]['slab_ms']:.1f} ms per pass "
+            f"({mm[m]['kernel']} kernel)",
+        )
     for name, per_m in by_kernel.items():
         for m in rows:
             res.add(f"matmul_{name}_gflops_m{m}", per_m[m]["all_gflops"], "", row=False)
-    res.add("peak_matmul_gflops", peak, f"best of the above (M={peak_m}, {mm[peak_m]['kernel']} kernel, measured "
-            f"before and after W16), {ctx.dtype()}")
-    res.add("peak_matmul_kernel", mm[peak_m]["kernel"], "torch: F.linear per projection; packed: the engine's "
-            "packed, merged Linears (engine/linear.py)", row=False)
+    res.add(
+        "peak_matmul_gflops",
+        peak,
+        f"best of the above (M={peak_m}, {mm[peak_m]['kernel']} kernel, measured before and after W16), {ctx.dtype()}",
+    )
+    res.add(
+        "peak_matmul_kernel",
+        mm[peak_m]["kernel"],
+        "torch: F.linear per projection; packed: the engine's packed, merged Linears (engine/linear.py)",
+        row=False,
+    )
     ctx.done("matmul again")
 
     lens = [len(p) for p in prompts]
     cr = compute_roof(shape, peak, lens, new)
-    res.add("gflop_per_generated_token", cr["gflop_per_generated_token"],
-            f"2 x {shape.linear_params() / 1e6:.1f} M matmul params + attention at mean prompt length")
-    res.add("workload_gflop", cr["workload_gflop"], f"W16 with a KV cache: {sum(lens)} prompt + {n_gen} generated tokens")
+    res.add(
+        "gflop_per_generated_token",
+        cr["gflop_per_generated_token"],
+        f"2 x {shape.linear_params() / 1e6:.1f} M matmul params + attention at mean prompt length",
+    )
+    res.add(
+        "workload_gflop", cr["workload_gflop"], f"W16 with a KV cache: {sum(lens)} prompt + {n_gen} generated tokens"
+    )
     res.add("kvscope_tok_s", kv_tok_s, f"W16 generated tokens / s, best of {len(runs)} runs")
     res.add("kvscope_achieved_gflops", cr["workload_gflop"] / k_wall, "workload FLOPs / kvscope wall time")
-    res.add("compute_roof_tok_s", cr["compute_roof_tok_s"],
-            "generated tok/s if every FLOP of W16 (prefill included) ran at peak matmul rate")
+    res.add(
+        "compute_roof_tok_s",
+        cr["compute_roof_tok_s"],
+        "generated tok/s if every FLOP of W16 (prefill included) ran at peak matmul rate",
+    )
     res.add("compute_roof_fraction", fraction(kv_tok_s, cr["compute_roof_tok_s"]), "= achieved / peak FLOP rate")
-    res.add("compute_roof_naive_tok_s", cr["compute_roof_naive_tok_s"],
-            "peak / FLOPs of one generated token (prompt tokens counted as free)")
+    res.add(
+        "compute_roof_naive_tok_s",
+        cr["compute_roof_naive_tok_s"],
+        "peak / FLOPs of one generated token (prompt tokens counted as free)",
+    )
     res.add("compute_roof_naive_fraction", fraction(kv_tok_s, cr["compute_roof_naive_tok_s"]), "")
 
     # batch-1 decode: one request alone, prefill excluded, with bandwidth measured around it
@@ -493,30 +556,51 @@ def suite_roofline(ctx: C.BenchContext) -> SuiteResult:
     read = by_fmt["auto"]["weight_bytes"]
     mroof_read = bw * 1e9 / (read + shape.kv_bytes_per_token(dbytes) * ctxlen)
     res.add("weight_bytes", shape.weight_bytes(dbytes), f"matmul weights per decode step in {ctx.dtype()}", row=False)
-    res.add("weight_format", by_fmt["auto"]["format"], "what the default engine's Linears read: 'gguf' = the "
-            "file's quantized blocks (engine/csrc/quant_linear.c), 'fp32' = de-quantized copies")
-    res.add("weight_bytes_read_per_step", read, f"weight bytes one decode step reads in that format "
-            f"(fp32 copies: {by_fmt['fp32']['weight_bytes']})")
+    res.add(
+        "weight_format",
+        by_fmt["auto"]["format"],
+        "what the default engine's Linears read: 'gguf' = the "
+        "file's quantized blocks (engine/csrc/quant_linear.c), 'fp32' = de-quantized copies",
+    )
+    res.add(
+        "weight_bytes_read_per_step",
+        read,
+        f"weight bytes one decode step reads in that format (fp32 copies: {by_fmt['fp32']['weight_bytes']})",
+    )
     res.add("kv_bytes_per_token", shape.kv_bytes_per_token(dbytes), "K+V, all layers")
     res.add("memory_roof_tok_s", mroof_read, f"bandwidth / (weight bytes read + KV of {ctxlen:.0f} tokens) per step")
     res.add("memory_roof_fp32_tok_s", mroof, "the same with fp32 weights", row=False)
-    res.add("decode_bs1_tok_s", dec, f"kvscope, default weight format ({by_fmt['auto']['format']}), one request, "
-            f"prompt {len(p1)} tokens, {n1} new, prefill excluded, best of {len(by_fmt['auto']['rates'])}")
-    res.add("decode_bs1_fp32_tok_s", dec32, "the same request with weight_format='fp32', rounds alternating with "
-            "the above in this process")
+    res.add(
+        "decode_bs1_tok_s",
+        dec,
+        f"kvscope, default weight format ({by_fmt['auto']['format']}), one request, "
+        f"prompt {len(p1)} tokens, {n1} new, prefill excluded, best of {len(by_fmt['auto']['rates'])}",
+    )
+    res.add(
+        "decode_bs1_fp32_tok_s",
+        dec32,
+        "the same request with weight_format='fp32', rounds alternating with the above in this process",
+    )
     res.add("decode_bs1_speedup_vs_fp32", fraction(dec, dec32), "target >= 3")
     res.add("memory_roof_fraction", fraction(dec, mroof_read), "against the bytes actually read; target >= 0.8")
     for f, name in (("auto", ""), ("fp32", "_fp32")):
         for key, unit in (("split_ms", "ms"), ("split_cpu_ms", "cpu_ms")):
             split = by_fmt[f].get(key)
             for part in ("step", "weights", "attention", "rest") if split else ():
-                res.add(f"bs1{name}_{part}_{unit}", split[part], "" if part != "step" else
-                        f"one timed decode run ({by_fmt[f]['format']}): {unit.replace('_', ' ')} per step in the "
-                        "Linears (weights), the paged attention kernel and everything else", row=unit == "cpu_ms")
+                res.add(
+                    f"bs1{name}_{part}_{unit}",
+                    split[part],
+                    ""
+                    if part != "step"
+                    else f"one timed decode run ({by_fmt[f]['format']}): {unit.replace('_', ' ')} per step in the "
+                    "Linears (weights), the paged attention kernel and everything else",
+                    row=unit == "cpu_ms",
+                )
     res.add("hf_decode_bs1_tok_s", hf_dec, "transformers generate, same request, prefill excluded")
     gguf_path = None
     try:
         from engine.models import gguf_source
+
         gguf_path = gguf_source(C.load_hf_model(ctx.model, ctx.dtype())[0])
     except Exception:
         pass
@@ -525,8 +609,12 @@ def suite_roofline(ctx: C.BenchContext) -> SuiteResult:
         lc = peers.llamacpp_decode_bs1(gguf_path, p1, n1, C.torch_threads(), reps=ctx.pick(3, 2, smoke=1))
         ctx.done("llama.cpp bs1")
         if "tok_s" in lc:
-            res.add("llamacpp_decode_bs1_tok_s", lc["tok_s"], f"llama.cpp (llama-cpp-python {lc['version']}) on the "
-                    f"same GGUF and request, {C.torch_threads()} threads, best of {len(lc['rates'])}, prefill excluded")
+            res.add(
+                "llamacpp_decode_bs1_tok_s",
+                lc["tok_s"],
+                f"llama.cpp (llama-cpp-python {lc['version']}) on the "
+                f"same GGUF and request, {C.torch_threads()} threads, best of {len(lc['rates'])}, prefill excluded",
+            )
             res.add("decode_bs1_vs_llamacpp", fraction(dec, lc["tok_s"]), "target >= 1")
         else:
             ctx.note(f"llama.cpp peer not measured: {lc.get('why')}")
@@ -543,13 +631,30 @@ def suite_roofline(ctx: C.BenchContext) -> SuiteResult:
             res.add(f"matmul_gflops_m{m}_1thread", mm1[m]["all_gflops"], "same pass with torch.set_num_threads(1)")
         ctx.done("1 thread")
 
-    res.figures.append(("roofline_matmul", line_figure(
-        f"Matmul GFLOP/s at the model's shapes ({ctx.dtype()}, {C.torch_threads()} threads)",
-        {"all (body + lm_head)": (list(rows), [mm[m]["all_gflops"] for m in rows]),
-         "decoder body": (list(rows), [mm[m]["body_gflops"] for m in rows]),
-         "lm_head": (list(rows), [mm[m]["lm_head_gflops"] for m in rows])}, "rows (M)", "GFLOP/s")))
-    res.figures.append(("roofline_vs_roofs", bar_figure(
-        "kvscope vs the machine's roofs (tokens / s)",
-        ["W16 kvscope", "W16 compute roof", "bs1 decode kvscope", "bs1 memory roof"],
-        [kv_tok_s, cr["compute_roof_tok_s"] or 0, dec or 0, mroof], "tokens / s")))
+    res.figures.append(
+        (
+            "roofline_matmul",
+            line_figure(
+                f"Matmul GFLOP/s at the model's shapes ({ctx.dtype()}, {C.torch_threads()} threads)",
+                {
+                    "all (body + lm_head)": (list(rows), [mm[m]["all_gflops"] for m in rows]),
+                    "decoder body": (list(rows), [mm[m]["body_gflops"] for m in rows]),
+                    "lm_head": (list(rows), [mm[m]["lm_head_gflops"] for m in rows]),
+                },
+                "rows (M)",
+                "GFLOP/s",
+            ),
+        )
+    )
+    res.figures.append(
+        (
+            "roofline_vs_roofs",
+            bar_figure(
+                "kvscope vs the machine's roofs (tokens / s)",
+                ["W16 kvscope", "W16 compute roof", "bs1 decode kvscope", "bs1 memory roof"],
+                [kv_tok_s, cr["compute_roof_tok_s"] or 0, dec or 0, mroof],
+                "tokens / s",
+            ),
+        )
+    )
     return res

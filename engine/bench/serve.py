@@ -5,6 +5,7 @@ The server runs in this process (EngineThread + uvicorn on 127.0.0.1, a free por
 run in a child process (as real clients do, so they do not share this process's GIL), send token
 -id prompts to /v1/completions with stream=true, and time every chunk: TTFT = first content chunk
 - request sent, ITL = gaps between content chunks, as a client measures them."""
+
 from __future__ import annotations
 
 import json
@@ -38,8 +39,15 @@ async def _client_run(spec: dict) -> dict:
     import httpx
 
     async def one(i, prompt):
-        body = {"model": spec["model"], "prompt": prompt, "max_tokens": spec["new"], "temperature": 0,
-                "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+        body = {
+            "model": spec["model"],
+            "prompt": prompt,
+            "max_tokens": spec["new"],
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         t0 = time.perf_counter()
         times, text, usage = [], "", None
         async with client.stream("POST", "/v1/completions", json=body) as r:
@@ -59,7 +67,7 @@ async def _client_run(spec: dict) -> dict:
 
     limits = httpx.Limits(max_connections=64)
     async with httpx.AsyncClient(base_url=spec["base"], limits=limits, timeout=httpx.Timeout(3600.0)) as client:
-        await one(-1, spec["prompts"][0][:16])          # warm-up (connection, first request)
+        await one(-1, spec["prompts"][0][:16])  # warm-up (connection, first request)
         t = time.perf_counter()
         res = await asyncio.gather(*(one(i, p) for i, p in enumerate(spec["prompts"])))
         wall = time.perf_counter() - t
@@ -69,6 +77,7 @@ async def _client_run(spec: dict) -> dict:
 def client_main() -> None:
     """Child-process entry: a JSON spec on stdin, one JSON result line on stdout."""
     import asyncio
+
     spec = json.loads(sys.stdin.read())
     print(json.dumps(asyncio.run(_client_run(spec))))
 
@@ -77,16 +86,23 @@ def suite_serve(ctx: C.BenchContext) -> SuiteResult:
     C.require_engine()
     from engine.serve import create_app, run_in_background
     from engine.thread import EngineThread
+
     res = SuiteResult()
     new = ctx.pick(64, 32, smoke=8)
     nreq = ctx.pick(16, 16, smoke=4)
     ctx.start("load model + W16 prompts")
     from engine.models import load_model
-    tok = load_model(ctx.model, "cpu")[1]        # the engine's own tokenizer (cached with its model)
+
+    tok = load_model(ctx.model, "cpu")[1]  # the engine's own tokenizer (cached with its model)
     prompts, source = C.chat_prompts(tok, nreq, seed=0, min_tokens=30, max_tokens=300)
     lens = [len(p) for p in prompts]
-    res.add("workload", f"W{nreq}: {nreq} chat prompts, {min(lens)}-{max(lens)} tokens, {new} new tokens each, "
-            f"greedy, ignore_eos; {nreq} concurrent streams", source, row=False)
+    res.add(
+        "workload",
+        f"W{nreq}: {nreq} chat prompts, {min(lens)}-{max(lens)} tokens, {new} new tokens each, "
+        f"greedy, ignore_eos; {nreq} concurrent streams",
+        source,
+        row=False,
+    )
     ctx.done("W16 ready")
 
     ctx.start("in-process LLM.generate")
@@ -96,16 +112,25 @@ def suite_serve(ctx: C.BenchContext) -> SuiteResult:
     ctx.done("in-process")
 
     ctx.start("HTTP API, 16 streams")
-    cfg = {"max_num_seqs": max(nreq, 1), "num_kv_blocks": C.blocks_for(lens, new),
-           "max_model_len": max(2048, max(lens) + new + 16)}
+    cfg = {
+        "max_num_seqs": max(nreq, 1),
+        "num_kv_blocks": C.blocks_for(lens, new),
+        "max_model_len": max(2048, max(lens) + new + 16),
+    }
     llm = C.make_llm(ctx, **cfg)
     th = EngineThread(engine=llm.engine)
     port = _free_port()
     server = run_in_background(create_app(th, model_name="bench", max_waiting=4096), "127.0.0.1", port)
     try:
         spec = {"base": f"http://127.0.0.1:{port}", "model": "bench", "prompts": prompts, "new": new}
-        p = subprocess.run([sys.executable, "-c", "from engine.bench.serve import client_main; client_main()"],
-                           input=json.dumps(spec), capture_output=True, text=True, timeout=3600, check=False)
+        p = subprocess.run(
+            [sys.executable, "-c", "from engine.bench.serve import client_main; client_main()"],
+            input=json.dumps(spec),
+            capture_output=True,
+            text=True,
+            timeout=3600,
+            check=False,
+        )
         if p.returncode != 0:
             raise RuntimeError(f"client process failed: {p.stderr[-500:]}")
         out = json.loads(p.stdout.strip().splitlines()[-1])
@@ -127,8 +152,12 @@ def suite_serve(ctx: C.BenchContext) -> SuiteResult:
     itl = [b - a for r in results for a, b in zip(r["times"], r["times"][1:])]
     ref_text = [tok.decode(t, skip_special_tokens=True) for t in k_toks]
     match = sum(1 for r, ref in zip(results, ref_text) if r["text"] == ref)
-    res.add("http_tok_s", http, f"{nreq} concurrent streams to /v1/completions, {n_tok} tokens in "
-            f"{out['wall']:.2f} s (clients in a child process)")
+    res.add(
+        "http_tok_s",
+        http,
+        f"{nreq} concurrent streams to /v1/completions, {n_tok} tokens in "
+        f"{out['wall']:.2f} s (clients in a child process)",
+    )
     res.add("http_vs_inprocess", http / inproc if inproc else None, "goal >= 0.9")
     for q in (0.5, 0.9, 0.99):
         res.add(f"http_ttft_p{int(q * 100)}_s", _pct(ttft, q), "first content chunk - request sent (client clock)")

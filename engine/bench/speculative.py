@@ -1,4 +1,5 @@
 """The speculative suite: each drafter interleaved with plain decoding on the same prompts."""
+
 from __future__ import annotations
 
 from .. import measure, rates
@@ -11,6 +12,7 @@ from .report import BenchUnavailable, bar_figure
 
 def theory_tokens_per_pass(alpha, k: int):
     from engine.speculative.math import expected_tokens_per_pass
+
     return None if alpha is None else expected_tokens_per_pass(alpha, k)
 
 
@@ -21,6 +23,7 @@ def spec_cfg_enabled_fallback(cfg) -> bool:
 def suite_speculative(ctx: C.BenchContext) -> SuiteResult:
     LLM, SamplingParams, _ = C.require_engine()
     from engine.config import SpeculativeConfig
+
     res = SuiteResult()
     ctx.start("prompts")
     model, tok = ctx.hf()
@@ -28,10 +31,12 @@ def suite_speculative(ctx: C.BenchContext) -> SuiteResult:
     k = 4
     drafters = {"ngram": SpeculativeConfig(method="ngram", num_speculative_tokens=k)}
     if not ctx.quick:
-        drafters["self_draft_int8"] = SpeculativeConfig(method="self_draft", num_speculative_tokens=k, draft_quantize="int8")
+        drafters["self_draft_int8"] = SpeculativeConfig(
+            method="self_draft", num_speculative_tokens=k, draft_quantize="int8"
+        )
         drafters["self_draft_l24"] = SpeculativeConfig(method="self_draft", num_speculative_tokens=2, draft_layers=24)
     if ctx.quick:
-        sets = {name: ps[:ctx.pick(4, 2, smoke=1)] for name, ps in sets.items()}
+        sets = {name: ps[: ctx.pick(4, 2, smoke=1)] for name, ps in sets.items()}
     max_new = ctx.pick(128, 64, smoke=8)
     ctx.done("prompts")
 
@@ -49,8 +54,12 @@ def suite_speculative(ctx: C.BenchContext) -> SuiteResult:
     rounds = ctx.pick(3, 3, smoke=1)
 
     def make(spec_cfg):
-        llm = C.make_llm(ctx, speculative=spec_cfg, max_num_seqs=4,
-                         num_kv_blocks=C.blocks_for([max(map(len, ps)) for ps in sets.values()], max_new + 16) + 32)
+        llm = C.make_llm(
+            ctx,
+            speculative=spec_cfg,
+            max_num_seqs=4,
+            num_kv_blocks=C.blocks_for([max(map(len, ps)) for ps in sets.values()], max_new + 16) + 32,
+        )
         try:
             if spec_cfg is not None and not llm.engine.snapshot().info.speculative:
                 raise BenchUnavailable(f"speculative={spec_cfg.method} accepted but the engine reports no speculation")
@@ -74,18 +83,28 @@ def suite_speculative(ctx: C.BenchContext) -> SuiteResult:
             def side(name, llm, ps=ps, sname=sname, toks=toks):
                 def run(_round):
                     wall = 0.0
-                    for p in ps:       # batch 1: speculation is a latency tool
+                    for p in ps:  # batch 1: speculation is a latency tool
                         w, t = one(llm, p, sname)
                         wall += w
                         toks[name].append(t)
                     return measure.Sample(wall)
+
                 return run
 
-            cmp_ = measure.compare(side("plain", plain_llm), side("spec", spec_llm), names=("plain", "spec"),
-                                   min_rounds=rounds)
+            cmp_ = measure.compare(
+                side("plain", plain_llm), side("spec", spec_llm), names=("plain", "spec"), min_rounds=rounds
+            )
             after = C.snapshot_metrics(spec_llm).spec
-            d = {f: getattr(after, f) - getattr(before, f) for f in
-                 ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_target_passes", "num_emitted_tokens")}
+            d = {
+                f: getattr(after, f) - getattr(before, f)
+                for f in (
+                    "num_drafts",
+                    "num_draft_tokens",
+                    "num_accepted_tokens",
+                    "num_target_passes",
+                    "num_emitted_tokens",
+                )
+            }
             d["engine_verify_cost_ratio"] = after.verify_cost_ratio
             d["fell_back"] = sname in after.fallback_classes  # this set's request class
             d["rounds_match"] = toks["spec"] == toks["plain"]
@@ -126,23 +145,40 @@ def suite_speculative(ctx: C.BenchContext) -> SuiteResult:
                 res.add(f"{pre}_acceptance_rate", alpha, "accepted / draft tokens")
                 res.add(f"{pre}_mean_acceptance_length", mal, "1 + accepted / drafts")
                 res.add(f"{pre}_tokens_per_target_pass", tpp, "emitted tokens / target passes")
-                res.add(f"{pre}_theory_tokens_per_pass", theory_tokens_per_pass(alpha, kk),
-                        f"(1 - a^(k+1)) / (1 - a), k={kk}")
+                res.add(
+                    f"{pre}_theory_tokens_per_pass",
+                    theory_tokens_per_pass(alpha, kk),
+                    f"(1 - a^(k+1)) / (1 - a), k={kk}",
+                )
                 cmp_ = d["comparison"]
                 why = measure.suspect_speedup(speedup, tpp)
-                res.add(f"{pre}_speedup", speedup, f"tok/s vs plain, same prompts, batch 1, median of {cmp_.rounds} "
-                        f"alternated rounds (wall range plain {cmp_.a.lo:.2f}-{cmp_.a.hi:.2f} s, spec "
-                        f"{cmp_.b.lo:.2f}-{cmp_.b.hi:.2f} s)" + (f"; SUSPECT: {why}" if why else "")
-                        + (" (target >= 2)" if (dname, sname) == ("ngram", "passage_edit") else "")
-                        + (" (target >= 0.95)" if (dname, sname) == ("ngram", "open_ended") else ""))
-                res.add(f"{pre}_outputs_match", st == pt and d["rounds_match"],
-                        "greedy tokens identical to plain decoding (every round)")
+                res.add(
+                    f"{pre}_speedup",
+                    speedup,
+                    f"tok/s vs plain, same prompts, batch 1, median of {cmp_.rounds} "
+                    f"alternated rounds (wall range plain {cmp_.a.lo:.2f}-{cmp_.a.hi:.2f} s, spec "
+                    f"{cmp_.b.lo:.2f}-{cmp_.b.hi:.2f} s)"
+                    + (f"; SUSPECT: {why}" if why else "")
+                    + (" (target >= 2)" if (dname, sname) == ("ngram", "passage_edit") else "")
+                    + (" (target >= 0.95)" if (dname, sname) == ("ngram", "open_ended") else ""),
+                )
+                res.add(
+                    f"{pre}_outputs_match",
+                    st == pt and d["rounds_match"],
+                    "greedy tokens identical to plain decoding (every round)",
+                )
                 if spec_cfg_enabled_fallback(cfg):
-                    res.add(f"{pre}_fell_back", d["fell_back"],
-                            "this set's request class was on plain-decoding fallback at the end")
+                    res.add(
+                        f"{pre}_fell_back",
+                        d["fell_back"],
+                        "this set's request class was on plain-decoding fallback at the end",
+                    )
                 if d["engine_verify_cost_ratio"] is not None:
-                    res.add(f"{pre}_engine_verify_cost_ratio", d["engine_verify_cost_ratio"],
-                            "the engine's own measurement (SpecMetrics.verify_cost_ratio)")
+                    res.add(
+                        f"{pre}_engine_verify_cost_ratio",
+                        d["engine_verify_cost_ratio"],
+                        "the engine's own measurement (SpecMetrics.verify_cost_ratio)",
+                    )
             ctx.done(dname)
     finally:
         C.free_llm(plain_llm)
@@ -152,15 +188,29 @@ def suite_speculative(ctx: C.BenchContext) -> SuiteResult:
             for sname in sets:
                 pre = f"{d}_{sname}_"
                 if key.startswith(pre):
-                    per.setdefault(d, {}).setdefault(sname, {})[key[len(pre):]] = v
+                    per.setdefault(d, {}).setdefault(sname, {})[key[len(pre) :]] = v
     res.add("by_drafter", per, "", row=False)
     res.add("verify_cost_ratio", vc.get(f"verify_cost_ratio_k{k}"), "", row=False)
     names = [f"{d}/{s}" for d in drafters for s in sets if f"{d}_{s}_speedup" in res.fields]
-    res.figures.append(("speculative_speedup", bar_figure(
-        "Speculative decoding speedup vs plain (batch 1, greedy)", names,
-        [res.fields[n.replace("/", "_") + "_speedup"] or 0 for n in names], "x plain tok/s")))
+    res.figures.append(
+        (
+            "speculative_speedup",
+            bar_figure(
+                "Speculative decoding speedup vs plain (batch 1, greedy)",
+                names,
+                [res.fields[n.replace("/", "_") + "_speedup"] or 0 for n in names],
+                "x plain tok/s",
+            ),
+        )
+    )
     # flat aliases of the headline drafter (n-gram) for readers of the JSON
     for sname in sets:
-        for f in ("acceptance_rate", "mean_acceptance_length", "tokens_per_target_pass", "theory_tokens_per_pass", "speedup"):
+        for f in (
+            "acceptance_rate",
+            "mean_acceptance_length",
+            "tokens_per_target_pass",
+            "theory_tokens_per_pass",
+            "speedup",
+        ):
             res.fields.setdefault(f"{sname}_{f}", res.fields.get(f"ngram_{sname}_{f}"))
     return res

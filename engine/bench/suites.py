@@ -1,6 +1,7 @@
 """The benchmark suites, one module each (throughput, roofline, memory, prefix, speculative, cache,
 threads). Each takes a BenchContext and returns a SuiteResult (JSON fields, table rows, figures);
 a suite that needs a missing engine feature raises BenchUnavailable."""
+
 from __future__ import annotations
 
 from .cache import suite_cache

@@ -1,4 +1,5 @@
 """The threads suite: matmul scaling with torch threads (with one core busy when asked)."""
+
 from __future__ import annotations
 
 import os
@@ -16,6 +17,7 @@ def suite_threads(ctx: C.BenchContext) -> SuiteResult:
     """Matmul pass time at 1 thread vs all cores, on the machine as it is now and with one core
     kept busy by a spinning child process (what happens on a shared box), at decode-like rows."""
     import torch
+
     res = SuiteResult()
     model, _ = ctx.hf()
     shape = R.shape_of(model)
@@ -45,12 +47,18 @@ def suite_threads(ctx: C.BenchContext) -> SuiteResult:
     finally:
         torch.set_num_threads(old)
     for (busy, th, m), ms in sorted(table.items()):
-        res.add(f"slab_ms_{'busy' if busy else 'now'}_t{th}_m{m}", ms, "one pass of all linears + lm_head"
-                + (" + a spinning process" if busy else ""))
+        res.add(
+            f"slab_ms_{'busy' if busy else 'now'}_t{th}_m{m}",
+            ms,
+            "one pass of all linears + lm_head" + (" + a spinning process" if busy else ""),
+        )
     if ncpu > 1:
         for busy in (False, True):
             tag = "busy" if busy else "now"
-            res.add(f"threads_speedup_{tag}_m16", table[(busy, 1, 16)] / table[(busy, ncpu, 16)],
-                    f"1-thread time / {ncpu}-thread time at 16 rows" + (" with one core busy" if busy else ""))
+            res.add(
+                f"threads_speedup_{tag}_m16",
+                table[(busy, 1, 16)] / table[(busy, ncpu, 16)],
+                f"1-thread time / {ncpu}-thread time at 16 rows" + (" with one core busy" if busy else ""),
+            )
     res.add("load_avg_1m", round(os.getloadavg()[0], 2), "other processes on the machine during the run")
     return res

@@ -1,4 +1,5 @@
 """The throughput suite: kvscope vs transformers (sequential, static batch, generate_batch) on W16/W64."""
+
 from __future__ import annotations
 
 from . import common as C
@@ -18,8 +19,13 @@ def suite_throughput(ctx: C.BenchContext) -> SuiteResult:
     prompts, source = C.chat_prompts(tok, nreq, seed=0, min_tokens=30, max_tokens=300)
     ctx.done("W16 ready")
     lens = [len(p) for p in prompts]
-    res.add("workload", f"W{nreq}: {nreq} chat prompts, {min(lens)}-{max(lens)} tokens (mean {sum(lens) / nreq:.0f}), "
-            f"{new} new tokens each, greedy, ignore_eos", source, row=False)
+    res.add(
+        "workload",
+        f"W{nreq}: {nreq} chat prompts, {min(lens)}-{max(lens)} tokens (mean {sum(lens) / nreq:.0f}), "
+        f"{new} new tokens each, greedy, ignore_eos",
+        source,
+        row=False,
+    )
     n_gen = nreq * new
 
     ctx.start("kvscope W16")
@@ -33,8 +39,12 @@ def suite_throughput(ctx: C.BenchContext) -> SuiteResult:
     peers.hf_sequential(model, tok, [prompts[0][:8]], 2)  # warm-up
     s_toks, s_wall = peers.hf_sequential(model, tok, [prompts[i] for i in seq_idx], new)
     seq_tok_s = sum(len(t) for t in s_toks) / s_wall
-    res.add("hf_seq_tok_s", seq_tok_s, f"model.generate one at a time, {len(seq_idx)} of {nreq} requests"
-            + (" (--quick: length-spread subset)" if len(seq_idx) < nreq else ""))
+    res.add(
+        "hf_seq_tok_s",
+        seq_tok_s,
+        f"model.generate one at a time, {len(seq_idx)} of {nreq} requests"
+        + (" (--quick: length-spread subset)" if len(seq_idx) < nreq else ""),
+    )
     ctx.done("transformers sequential")
 
     ctx.start("transformers static batch")
@@ -48,9 +58,12 @@ def suite_throughput(ctx: C.BenchContext) -> SuiteResult:
     try:
         cb_toks, cb_wall, cb_info = peers.hf_continuous_batching(model, tok, prompts, new)
         cb_tok_s = sum(len(t) for t in cb_toks) / cb_wall if not cb_info["errors"] else None
-        res.add("hf_cb_tok_s", cb_tok_s, f"model.generate_batch (sdpa, KV sized to {cb_info['num_blocks']} "
-                f"blocks of {cb_info['page_size']})"
-                + (f"; errors: {cb_info['errors']}" if cb_info["errors"] else ""))
+        res.add(
+            "hf_cb_tok_s",
+            cb_tok_s,
+            f"model.generate_batch (sdpa, KV sized to {cb_info['num_blocks']} "
+            f"blocks of {cb_info['page_size']})" + (f"; errors: {cb_info['errors']}" if cb_info["errors"] else ""),
+        )
     except Exception as e:
         cb_toks, cb_tok_s = None, None
         res.add("hf_cb_tok_s", None, f"generate_batch failed: {type(e).__name__}: {str(e)[:120]}")
@@ -60,16 +73,24 @@ def suite_throughput(ctx: C.BenchContext) -> SuiteResult:
     # most any engine could reach here (every FLOP of W16, prefill included, at the best matmul rate)
     ctx.start("compute roof for W16")
     import torch
+
     dt = getattr(torch, ctx.dtype())
     shape = R.ModelShape.from_config(model.config)
     roof_rows = ctx.pick((256, 512), (256, 512), smoke=(16,))
     mm, _ = R.measure_best_matmuls(shape, rows=roof_rows, dtype=dt, min_time=ctx.pick(0.3, 0.2, smoke=0.01))
     peak_m = max(mm, key=lambda m: mm[m]["all_gflops"])
     roof = R.compute_roof(shape, mm[peak_m]["all_gflops"], lens, new)["compute_roof_tok_s"]
-    res.add("compute_roof_w16_tok_s", roof, f"W{nreq} FLOPs at {mm[peak_m]['all_gflops']:.0f} GFLOP/s "
-            f"(M={peak_m}, {mm[peak_m]['kernel']} kernel); the roofline suite measures it next to its own run")
-    res.add("roof_over_hf_static", _ratio(roof, st_tok_s), "compute roof / static batch: the largest speedup "
-            "over the static batch this machine allows")
+    res.add(
+        "compute_roof_w16_tok_s",
+        roof,
+        f"W{nreq} FLOPs at {mm[peak_m]['all_gflops']:.0f} GFLOP/s "
+        f"(M={peak_m}, {mm[peak_m]['kernel']} kernel); the roofline suite measures it next to its own run",
+    )
+    res.add(
+        "roof_over_hf_static",
+        _ratio(roof, st_tok_s),
+        "compute roof / static batch: the largest speedup over the static batch this machine allows",
+    )
     ctx.done("compute roof")
 
     res.add("speedup_vs_hf_seq", _ratio(kv_tok_s, seq_tok_s), "kvscope / sequential")
@@ -80,12 +101,16 @@ def suite_throughput(ctx: C.BenchContext) -> SuiteResult:
     for m in mm:
         if m.get("request") is not None:
             m["request"] = seq_idx[m["request"]]
-    res.add("outputs_match", not mm, f"kvscope vs transformers sequential greedy, token for token, "
-            f"{len(seq_idx)} requests x {new} tokens")
+    res.add(
+        "outputs_match",
+        not mm,
+        f"kvscope vs transformers sequential greedy, token for token, {len(seq_idx)} requests x {new} tokens",
+    )
     res.add("mismatches", mm, "", row=bool(mm))
     st_mm = C.mismatches(k_toks, st_toks)
-    res.add("hf_static_outputs_match", not st_mm,
-            "static batch vs kvscope (padding changes fp32 rounding; informational)")
+    res.add(
+        "hf_static_outputs_match", not st_mm, "static batch vs kvscope (padding changes fp32 rounding; informational)"
+    )
     if cb_toks is not None:
         res.add("hf_cb_outputs_match", not C.mismatches(k_toks, cb_toks), "generate_batch vs kvscope (informational)")
 
@@ -108,7 +133,16 @@ def suite_throughput(ctx: C.BenchContext) -> SuiteResult:
     res.add("kvscope_max_num_batched_tokens", info.get("max_num_batched_tokens"), "", row=False)
     labels = ["kvscope", "hf sequential", "hf static", "hf generate_batch"]
     vals = [kv_tok_s, seq_tok_s, st_tok_s, cb_tok_s or 0.0]
-    res.figures.append(("throughput_w16", bar_figure("W16 throughput (generated tokens / s)", labels, vals,
-                                                    "tokens / s", note=f"{ctx.model}, {ctx.dtype()}, "
-                                                    f"torch threads {C.torch_threads()}")))
+    res.figures.append(
+        (
+            "throughput_w16",
+            bar_figure(
+                "W16 throughput (generated tokens / s)",
+                labels,
+                vals,
+                "tokens / s",
+                note=f"{ctx.model}, {ctx.dtype()}, torch threads {C.torch_threads()}",
+            ),
+        )
+    )
     return res

@@ -5,6 +5,7 @@ One EngineThread serves every door: this server, the Streamlit app in the same p
 errors (OpenAI-shaped error bodies, auth, body limit), metrics (/metrics with vLLM's names),
 routes (the endpoints), app (create_app / run_in_background), cli (argument parsing).
 Imported on demand only: `import engine` does not pull in FastAPI."""
+
 from .app import ServerState, create_app, run_in_background
 
 __all__ = ["ServerState", "create_app", "run_in_background"]

@@ -1,5 +1,6 @@
 """create_app(thread, ...): the FastAPI app over one shared EngineThread; run_in_background()
 serves it from a daemon thread (how the Streamlit app opens its second door on the same engine)."""
+
 from __future__ import annotations
 
 import threading
@@ -17,35 +18,42 @@ DEFAULT_MAX_WAITING = 1024
 
 @dataclass
 class ServerState:
-    thread: object                       # engine.thread.EngineThread
+    thread: object  # engine.thread.EngineThread
     model_name: str
     api_key: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    max_waiting: int = DEFAULT_MAX_WAITING    # queued requests (engine waiting + being submitted) before 429
-    stream_interval_s: float = 0.25           # /v1/kvscope/stream rate
+    max_waiting: int = DEFAULT_MAX_WAITING  # queued requests (engine waiting + being submitted) before 429
+    stream_interval_s: float = 0.25  # /v1/kvscope/stream rate
     created: int = field(default_factory=lambda: int(time.time()))
     metrics: MetricsExporter | None = None
-    kv_events: object | None = None           # engine.kv_events publisher, when --kv-events-endpoint is given
-    in_flight: int = 0                        # HTTP requests being served (not yet finished)
-    bridge: tuple | None = None               # (Waker, Submitter) of the serving loop (engine/serve/bridge.py)
+    kv_events: object | None = None  # engine.kv_events publisher, when --kv-events-endpoint is given
+    in_flight: int = 0  # HTTP requests being served (not yet finished)
+    bridge: tuple | None = None  # (Waker, Submitter) of the serving loop (engine/serve/bridge.py)
 
     @property
     def aliases(self) -> set[str]:
         return {self.model_name, self.thread.config.model}
 
 
-def create_app(thread, model_name: str | None = None, api_key: str | None = None,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_waiting: int = DEFAULT_MAX_WAITING,
-               stream_interval_s: float = 0.25) -> FastAPI:
+def create_app(
+    thread,
+    model_name: str | None = None,
+    api_key: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_waiting: int = DEFAULT_MAX_WAITING,
+    stream_interval_s: float = 0.25,
+) -> FastAPI:
     from . import routes
+
     if max_body_bytes < 1024:
         raise ValueError(f"max_body_bytes must be >= 1024, got {max_body_bytes}")
     if max_waiting < 1:
         raise ValueError(f"max_waiting must be >= 1, got {max_waiting}")
     if not 0.02 <= stream_interval_s <= 10:
         raise ValueError(f"stream_interval_s must be in [0.02, 10], got {stream_interval_s}")
-    state = ServerState(thread, model_name or thread.config.model, api_key or None, max_body_bytes, max_waiting,
-                        stream_interval_s)
+    state = ServerState(
+        thread, model_name or thread.config.model, api_key or None, max_body_bytes, max_waiting, stream_interval_s
+    )
     state.metrics = MetricsExporter(thread, state.model_name)
     app = FastAPI(title="kvscope OpenAI-compatible server", version="1", docs_url=None, redoc_url=None)
     app.state.kvscope = state
@@ -61,12 +69,13 @@ def run_in_background(app, host: str = "127.0.0.1", port: int = 8000, log_level:
     import socket
 
     import uvicorn
+
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))           # bind here so a busy port fails loudly in the caller
+    sock.bind((host, port))  # bind here so a busy port fails loudly in the caller
     config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=3, lifespan="off")
     server = uvicorn.Server(config)
-    server.install_signal_handlers = lambda: None     # not the main thread
+    server.install_signal_handlers = lambda: None  # not the main thread
     t = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=f"kvscope-api-{port}", daemon=True)
     t.start()
     deadline = time.monotonic() + 30

@@ -8,6 +8,7 @@
   clients arriving at once, they are admitted in the same step as LLM.generate would admit them.
   When the engine is idle the first arrival waits IDLE_WINDOW_S for companions, so a burst does
   not start with a step that prefills one request alone (at most that much added TTFT)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -23,7 +24,7 @@ class Waker:
         self._pending: set = set()
         self._scheduled = False
 
-    def notify(self, run) -> None:           # engine thread
+    def notify(self, run) -> None:  # engine thread
         with self._lock:
             self._pending.add(run)
             if self._scheduled:
@@ -31,10 +32,10 @@ class Waker:
             self._scheduled = True
         try:
             self.loop.call_soon_threadsafe(self._fire)
-        except RuntimeError:                  # the loop is closed (server stopping)
+        except RuntimeError:  # the loop is closed (server stopping)
             pass
 
-    def _fire(self) -> None:                  # event loop
+    def _fire(self) -> None:  # event loop
         with self._lock:
             runs, self._pending, self._scheduled = self._pending, set(), False
         for run in runs:
@@ -60,7 +61,7 @@ class Submitter:
         try:
             while self._queue:
                 idle = not self.thread.engine.has_unfinished_requests()
-                await asyncio.sleep(IDLE_WINDOW_S if idle else 0)   # let a burst join the batch
+                await asyncio.sleep(IDLE_WINDOW_S if idle else 0)  # let a burst join the batch
                 batch, self._queue = self._queue, []
                 results = await asyncio.to_thread(self._submit_all, batch)
                 for (_, _, _, fut), res in zip(batch, results):
@@ -76,7 +77,7 @@ class Submitter:
     def _submit_all(self, batch) -> list:
         out = []
         th = self.thread
-        with th.lock:                         # one lock acquisition for the whole batch
+        with th.lock:  # one lock acquisition for the whole batch
             for prompt, params, kw, _ in batch:
                 try:
                     out.append(th.submit(prompt, params, **kw))

@@ -3,6 +3,7 @@
 
 Every EngineConfig field is an option (--block-size 8, --enable-prefix-caching false, ...) or a
 --set FIELD=VALUE (values parsed as JSON when they parse: numbers, true/false, null, objects)."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,7 +14,7 @@ import sys
 
 from ..config import EngineConfig
 
-SKIP_FIELDS = ("model", "tiers", "speculative")        # model has its own option; the others via --set / JSON
+SKIP_FIELDS = ("model", "tiers", "speculative")  # model has its own option; the others via --set / JSON
 
 
 def _value(text: str):
@@ -29,31 +30,57 @@ def _value(text: str):
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m engine serve", description=__doc__.split("\n\n")[1],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=os.environ.get("KVSCOPE_MODEL", "default"),
-                    help="as LLM(model=...): 'default' (embedded SmolLM2-135M), 'tiny', a local folder")
+    ap = argparse.ArgumentParser(
+        prog="python -m engine serve",
+        description=__doc__.split("\n\n")[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--model",
+        default=os.environ.get("KVSCOPE_MODEL", "default"),
+        help="as LLM(model=...): 'default' (embedded SmolLM2-135M), 'tiny', a local folder",
+    )
     ap.add_argument("--served-model-name", default=None, help="the id /v1/models reports (default: --model)")
     ap.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1: this machine only)")
     ap.add_argument("--port", type=int, default=8000)
-    ap.add_argument("--api-key", default=os.environ.get("KVSCOPE_API_KEY") or None,
-                    help="require 'Authorization: Bearer KEY' on every route but /health (or KVSCOPE_API_KEY)")
+    ap.add_argument(
+        "--api-key",
+        default=os.environ.get("KVSCOPE_API_KEY") or None,
+        help="require 'Authorization: Bearer KEY' on every route but /health (or KVSCOPE_API_KEY)",
+    )
     ap.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024, help="413 above this (default 4 MiB)")
     ap.add_argument("--max-waiting", type=int, default=1024, help="429 when this many requests are queued")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="any EngineConfig field")
-    ap.add_argument("--kv-events-endpoint", default=None,
-                    help="publish KV cache events in vLLM's ZMQ wire format (e.g. tcp://127.0.0.1:5557)")
+    ap.add_argument(
+        "--kv-events-endpoint",
+        default=None,
+        help="publish KV cache events in vLLM's ZMQ wire format (e.g. tcp://127.0.0.1:5557)",
+    )
     ap.add_argument("--kv-events-replay-endpoint", default=None, help="the replay (ROUTER) socket's endpoint")
-    ap.add_argument("--kv-events-format", choices=("current", "legacy"), default="current",
-                    help="event encoding: vLLM's current tagged maps or the older positional arrays")
-    ap.add_argument("--save-tokenizer", metavar="DIR", default=None,
-                    help="write the model's tokenizer to DIR (for guidellm / vllm bench serve) and keep serving")
+    ap.add_argument(
+        "--kv-events-format",
+        choices=("current", "legacy"),
+        default="current",
+        help="event encoding: vLLM's current tagged maps or the older positional arrays",
+    )
+    ap.add_argument(
+        "--save-tokenizer",
+        metavar="DIR",
+        default=None,
+        help="write the model's tokenizer to DIR (for guidellm / vllm bench serve) and keep serving",
+    )
     ap.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))
     for f in dataclasses.fields(EngineConfig):
         if f.name in SKIP_FIELDS:
             continue
-        ap.add_argument("--" + f.name.replace("_", "-"), dest="cfg_" + f.name, type=_value, default=None,
-                        metavar="V", help=argparse.SUPPRESS if f.name == "speculative_config" else None)
+        ap.add_argument(
+            "--" + f.name.replace("_", "-"),
+            dest="cfg_" + f.name,
+            type=_value,
+            default=None,
+            metavar="V",
+            help=argparse.SUPPRESS if f.name == "speculative_config" else None,
+        )
     return ap
 
 
@@ -71,8 +98,9 @@ def build_config(a) -> EngineConfig:
         k, v = item.split("=", 1)
         k = k.strip().replace("-", "_")
         if k not in names or k in ("tiers",):
-            raise ValueError(f"--set: {k!r} is not an EngineConfig field one can set here "
-                             f"(known: {sorted(names - {'tiers'})})")
+            raise ValueError(
+                f"--set: {k!r} is not an EngineConfig field one can set here (known: {sorted(names - {'tiers'})})"
+            )
         kw[k] = _value(v)
     if isinstance(kw.get("speculative"), dict):
         kw["speculative_config"] = kw.pop("speculative")
@@ -109,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from ..thread import EngineThread
     from .app import create_app
+
     try:
         th = EngineThread(config=cfg)
     except ValueError as e:
@@ -120,16 +149,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         app = create_app(th, a.served_model_name, a.api_key, a.max_body_bytes, a.max_waiting)
         if a.kv_events_endpoint:
-            app.state.kvscope.kv_events = attach_kv_events(th, a.kv_events_endpoint, a.kv_events_replay_endpoint,
-                                                           a.kv_events_format)
+            app.state.kvscope.kv_events = attach_kv_events(
+                th, a.kv_events_endpoint, a.kv_events_replay_endpoint, a.kv_events_format
+            )
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         th.shutdown()
         return 2
     name = app.state.kvscope.model_name
-    print(f"kvscope serve: {name} on {th.engine.device}, {th.engine.num_blocks} KV blocks of "
-          f"{cfg.block_size} tokens; OpenAI API at http://{a.host}:{a.port}/v1 "
-          f"(metrics: /metrics{', API key required' if a.api_key else ''})", file=sys.stderr, flush=True)
+    print(
+        f"kvscope serve: {name} on {th.engine.device}, {th.engine.num_blocks} KV blocks of "
+        f"{cfg.block_size} tokens; OpenAI API at http://{a.host}:{a.port}/v1 "
+        f"(metrics: /metrics{', API key required' if a.api_key else ''})",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
         uvicorn.run(app, host=a.host, port=a.port, log_level=a.log_level, timeout_graceful_shutdown=3)
     finally:

@@ -1,6 +1,7 @@
 """OpenAI-shaped errors: {"error": {"message", "type", "param", "code"}}, as vLLM's server sends them
 (type names BadRequestError / NotFoundError / ..., code = the HTTP status). Bad input is a 4xx
 naming the field and the limit; nothing ever answers with a stack trace."""
+
 from __future__ import annotations
 
 import json
@@ -10,14 +11,39 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-TYPES = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError",
-         404: "NotFoundError", 405: "MethodNotAllowedError", 413: "RequestTooLargeError",
-         415: "UnsupportedMediaTypeError", 422: "UnprocessableEntityError", 429: "RateLimitError",
-         500: "InternalServerError", 503: "ServiceUnavailableError"}
+TYPES = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    403: "PermissionDeniedError",
+    404: "NotFoundError",
+    405: "MethodNotAllowedError",
+    413: "RequestTooLargeError",
+    415: "UnsupportedMediaTypeError",
+    422: "UnprocessableEntityError",
+    429: "RateLimitError",
+    500: "InternalServerError",
+    503: "ServiceUnavailableError",
+}
 
 # fields a ValueError from SamplingParams / the engine may name first ("max_tokens must be ...")
-KNOWN_PARAMS = ("temperature", "top_p", "top_k", "max_tokens", "min_tokens", "stop_token_ids", "stop", "seed",
-                "logprobs", "tier", "request_class", "cache_salt", "prompt", "messages", "n", "model")
+KNOWN_PARAMS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "max_tokens",
+    "min_tokens",
+    "stop_token_ids",
+    "stop",
+    "seed",
+    "logprobs",
+    "tier",
+    "request_class",
+    "cache_salt",
+    "prompt",
+    "messages",
+    "n",
+    "model",
+)
 
 
 class APIError(Exception):
@@ -66,7 +92,7 @@ def validation_message(errors: list) -> tuple[str, str | None]:
         elif e.get("type") == "missing":
             msg = "field required"
         elif msg.startswith("Value error, "):
-            msg = msg[len("Value error, "):]
+            msg = msg[len("Value error, ") :]
             if ":" in msg and not field:
                 field = msg.split(":", 1)[0]
                 msg = msg.split(":", 1)[1].strip()
@@ -141,8 +167,9 @@ class GuardMiddleware:
             if not cl.isdigit():
                 return await error_response(400, "content-length is not a number")(scope, receive, send)
             if int(cl) > self.max_body:
-                return await error_response(413, f"request body is {int(cl)} bytes; the limit is {self.max_body} "
-                                                 f"(--max-body-bytes)")(scope, receive, send)
+                return await error_response(
+                    413, f"request body is {int(cl)} bytes; the limit is {self.max_body} (--max-body-bytes)"
+                )(scope, receive, send)
         if cl is None and scope.get("method") in ("POST", "PUT", "PATCH"):
             # chunked body without a length: read it here, bounded, then hand it on
             chunks, seen = [], 0
@@ -152,8 +179,9 @@ class GuardMiddleware:
                     return
                 seen += len(msg.get("body", b""))
                 if seen > self.max_body:
-                    return await error_response(413, f"request body is over the limit of {self.max_body} bytes "
-                                                     f"(--max-body-bytes)")(scope, receive, send)
+                    return await error_response(
+                        413, f"request body is over the limit of {self.max_body} bytes (--max-body-bytes)"
+                    )(scope, receive, send)
                 chunks.append(msg.get("body", b""))
                 if not msg.get("more_body", False):
                     break

@@ -4,6 +4,7 @@ Unknown fields are refused (400 naming the field), types are strict (a string is
 ranges follow vLLM's: max_tokens >= 1, temperature in [0, 100] (engine limit), top_p in (0, 1],
 top_k -1/0 (off) or >= 1, n in [1, MAX_N], logprobs / top_logprobs in [0, 20]. kvscope extras:
 tier, request_class, cache_salt, speculative (per-request on/off)."""
+
 from __future__ import annotations
 
 from typing import Literal
@@ -12,10 +13,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..config import MAX_LOGPROBS, SamplingParams
 
-MAX_N = 16                 # choices per request (each one is a request in the engine)
-MAX_STOP = 16              # stop strings (SamplingParams' limit)
-MAX_PROMPTS = 64           # prompts in one /v1/completions batch
-DEFAULT_MAX_TOKENS = 16    # OpenAI's / vLLM's completions default is "up to the context"; see resolve_max_tokens
+MAX_N = 16  # choices per request (each one is a request in the engine)
+MAX_STOP = 16  # stop strings (SamplingParams' limit)
+MAX_PROMPTS = 64  # prompts in one /v1/completions batch
+DEFAULT_MAX_TOKENS = 16  # OpenAI's / vLLM's completions default is "up to the context"; see resolve_max_tokens
 
 
 class _Strict(BaseModel):
@@ -42,7 +43,7 @@ class _Common(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = Field(None, max_length=256)
-    presence_penalty: float = Field(0.0, ge=0, le=0)      # not implemented by the engine: only the neutral value
+    presence_penalty: float = Field(0.0, ge=0, le=0)  # not implemented by the engine: only the neutral value
     frequency_penalty: float = Field(0.0, ge=0, le=0)
     repetition_penalty: float = Field(1.0, ge=1, le=1)
     # kvscope extras
@@ -73,11 +74,19 @@ class _Common(_Strict):
         return SamplingParams(
             temperature=1.0 if self.temperature is None else float(self.temperature),
             top_p=1.0 if self.top_p is None else float(self.top_p),
-            top_k=max(0, self.top_k or 0), max_tokens=max_tokens, min_tokens=self.min_tokens,
-            seed=self.seed, stop=[self.stop] if isinstance(self.stop, str) else self.stop,
-            stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos, logprobs=logprobs,
-            tier=self.tier, request_class=self.request_class, cache_salt=self.cache_salt,
-            speculative=self.speculative)
+            top_k=max(0, self.top_k or 0),
+            max_tokens=max_tokens,
+            min_tokens=self.min_tokens,
+            seed=self.seed,
+            stop=[self.stop] if isinstance(self.stop, str) else self.stop,
+            stop_token_ids=self.stop_token_ids,
+            ignore_eos=self.ignore_eos,
+            logprobs=logprobs,
+            tier=self.tier,
+            request_class=self.request_class,
+            cache_salt=self.cache_salt,
+            speculative=self.speculative,
+        )
 
     @property
     def include_usage(self) -> bool:

@@ -1,6 +1,7 @@
 """The endpoints: /v1/models, /v1/completions, /v1/chat/completions, /health, /metrics,
 /v1/kvscope/snapshot, /v1/kvscope/stream. Requests go to the shared EngineThread tagged
 origin="http"; a client that goes away mid-request has its requests aborted (blocks freed)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -40,9 +41,21 @@ async def health(request: Request):
 async def models(request: Request):
     st = _state(request)
     cfg = st.thread.config
-    return {"object": "list", "data": [{
-        "id": st.model_name, "object": "model", "created": st.created, "owned_by": "kvscope",
-        "root": cfg.model, "parent": None, "max_model_len": cfg.max_model_len, "permission": []}]}
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": st.model_name,
+                "object": "model",
+                "created": st.created,
+                "owned_by": "kvscope",
+                "root": cfg.model,
+                "parent": None,
+                "max_model_len": cfg.max_model_len,
+                "permission": [],
+            }
+        ],
+    }
 
 
 @router.get("/metrics")
@@ -58,8 +71,12 @@ async def snapshot(request: Request):
 
 
 @router.get("/v1/kvscope/stream")
-async def stream_snapshots(request: Request, since: int = Query(0, ge=0), interval: float | None = Query(None),
-                           max_events: int = Query(5000, ge=0, le=100_000)):
+async def stream_snapshots(
+    request: Request,
+    since: int = Query(0, ge=0),
+    interval: float | None = Query(None),
+    max_events: int = Query(5000, ge=0, le=100_000),
+):
     """SSE: every `interval` seconds (default the server's, 0.25 s; bounded to [0.05, 10]) one
     `data:` line {"snapshot": Snapshot.to_dict(), "events": [Event.to_dict(), ...]} with the
     events after `since` (an event seq), when anything changed; a comment line keeps it alive."""
@@ -117,8 +134,9 @@ class _Run:
 
     async def submit(self, prompt, params):
         """Returns the handle; ValueError -> 400, EngineCrashed -> 503 (raised by the caller's handler)."""
-        return await self.submitter.submit(prompt, params, request_id=f"http-{uuid.uuid4().hex[:12]}",
-                                           origin="http", listener=self.notify)
+        return await self.submitter.submit(
+            prompt, params, request_id=f"http-{uuid.uuid4().hex[:12]}", origin="http", listener=self.notify
+        )
 
     def abort_unfinished(self) -> None:
         for h in self.handles:
@@ -137,11 +155,14 @@ def _check_capacity(st, n_new: int) -> None:
         raise APIError(503, f"engine is down: {th.error or 'not running'}")
     waiting = th.snapshot().metrics.num_waiting
     if waiting + st.in_flight + n_new > st.max_waiting + th.config.max_num_seqs:
-        raise APIError(429, f"server is at capacity: {waiting} requests waiting, {st.in_flight} in flight, the "
-                            f"limit is {st.max_waiting} queued (--max-waiting); retry later")
+        raise APIError(
+            429,
+            f"server is at capacity: {waiting} requests waiting, {st.in_flight} in flight, the "
+            f"limit is {st.max_waiting} queued (--max-waiting); retry later",
+        )
 
 
-_TOK_LOCK = threading.Lock()     # the server's own tokenizer calls, one at a time (never the engine lock)
+_TOK_LOCK = threading.Lock()  # the server's own tokenizer calls, one at a time (never the engine lock)
 
 
 def _tokenize(th, prompt) -> list[int]:
@@ -242,8 +263,12 @@ def _finish_run(st, run: _Run) -> None:
 def _usage(run: _Run, n: int) -> dict:
     prompt = sum(run.prompt_lens)
     completion = sum(len(h.output.outputs[0].token_ids) for h in run.handles if h.output is not None)
-    return {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion,
-            "prompt_tokens_details": None}
+    return {
+        "prompt_tokens": prompt,
+        "total_tokens": prompt + completion,
+        "completion_tokens": completion,
+        "prompt_tokens_details": None,
+    }
 
 
 def _finish_reason(out) -> str | None:
@@ -287,7 +312,7 @@ class _Delta:
         if not out.finished:
             end = len(text.rstrip("\ufffd"))
             end = max(self.text_sent, end - self.hold)
-        delta = text[self.text_sent:end] if end > self.text_sent else ""
+        delta = text[self.text_sent : end] if end > self.text_sent else ""
         self.text_sent = max(self.text_sent, end)
         first = self.tokens_sent
         toks = c.token_ids[first:]
@@ -326,9 +351,17 @@ def _chat_logprobs(th, c, first: int, count: int) -> dict | None:
         tid = c.token_ids[i]
         lp, alts = c.logprobs[i]
         t = _tok_text(th, tid)
-        content.append({"token": t, "logprob": lp, "bytes": list(t.encode("utf-8")),
-                        "top_logprobs": [{"token": _tok_text(th, a), "logprob": v,
-                                          "bytes": list(_tok_text(th, a).encode("utf-8"))} for a, v in alts]})
+        content.append(
+            {
+                "token": t,
+                "logprob": lp,
+                "bytes": list(t.encode("utf-8")),
+                "top_logprobs": [
+                    {"token": _tok_text(th, a), "logprob": v, "bytes": list(_tok_text(th, a).encode("utf-8"))}
+                    for a, v in alts
+                ],
+            }
+        )
     return {"content": content}
 
 
@@ -356,8 +389,11 @@ async def _generate(request: Request, body, chat: bool):
     created = int(time.time())
     run = await _start(st, prompts_ids, body, logprobs, loop)
     if body.stream:
-        return StreamingResponse(_stream(request, st, run, body, chat, rid, created),
-                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return StreamingResponse(
+            _stream(request, st, run, body, chat, rid, created),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
+        )
     try:
         await _wait_all(request, run)
     finally:
@@ -369,19 +405,37 @@ async def _generate(request: Request, body, chat: bool):
         out = h.output
         c = out.outputs[0]
         if chat:
-            choices.append({"index": i, "message": {"role": "assistant", "content": c.text, "tool_calls": []},
-                            "logprobs": _chat_logprobs(th, c, 0, len(c.token_ids)),
-                            "finish_reason": _finish_reason(out), "stop_reason": _stop_reason(out)})
+            choices.append(
+                {
+                    "index": i,
+                    "message": {"role": "assistant", "content": c.text, "tool_calls": []},
+                    "logprobs": _chat_logprobs(th, c, 0, len(c.token_ids)),
+                    "finish_reason": _finish_reason(out),
+                    "stop_reason": _stop_reason(out),
+                }
+            )
         else:
             text = c.text
             prefix = ""
             if body.echo:
                 prefix = out.prompt or th.engine.decode(out.prompt_token_ids)
-            choices.append({"index": i, "text": prefix + text,
-                            "logprobs": _completion_logprobs(th, c, 0, len(c.token_ids), len(prefix)),
-                            "finish_reason": _finish_reason(out), "stop_reason": _stop_reason(out)})
-    return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
-            "model": st.model_name, "choices": choices, "usage": _usage(run, body.n)}
+            choices.append(
+                {
+                    "index": i,
+                    "text": prefix + text,
+                    "logprobs": _completion_logprobs(th, c, 0, len(c.token_ids), len(prefix)),
+                    "finish_reason": _finish_reason(out),
+                    "stop_reason": _stop_reason(out),
+                }
+            )
+    return {
+        "id": rid,
+        "object": "chat.completion" if chat else "text_completion",
+        "created": created,
+        "model": st.model_name,
+        "choices": choices,
+        "usage": _usage(run, body.n),
+    }
 
 
 async def _stream(request: Request, st, run: _Run, body, chat: bool, rid: str, created: int):
@@ -389,8 +443,9 @@ async def _stream(request: Request, st, run: _Run, body, chat: bool, rid: str, c
     obj = "chat.completion.chunk" if chat else "text_completion"
     usage_on = body.include_usage
     continuous = bool(body.stream_options and body.stream_options.continuous_usage_stats and usage_on)
-    cursors = [_Delta(body.stop if isinstance(body.stop, list) else ([body.stop] if body.stop else None))
-               for _ in run.handles]
+    cursors = [
+        _Delta(body.stop if isinstance(body.stop, list) else ([body.stop] if body.stop else None)) for _ in run.handles
+    ]
     done = [False] * len(run.handles)
     offsets = [0] * len(run.handles)
 
@@ -399,24 +454,35 @@ async def _stream(request: Request, st, run: _Run, body, chat: bool, rid: str, c
         if usage != "absent":
             d["usage"] = usage
         elif continuous:
-            d["usage"] = _usage(run, body.n)     # tokens so far, on every chunk (vLLM's continuous_usage_stats)
+            d["usage"] = _usage(run, body.n)  # tokens so far, on every chunk (vLLM's continuous_usage_stats)
         elif usage_on:
             d["usage"] = None
         return f"data: {json.dumps(d)}\n\n"
 
     try:
         if chat:
-            yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                          "finish_reason": None} for i in range(len(run.handles))])
+            yield chunk(
+                [
+                    {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+                    for i in range(len(run.handles))
+                ]
+            )
         while not all(done):
             run.event.clear()
             for i, h in enumerate(run.handles):
                 if done[i] or h.output is None and not h.finished:
                     continue
-                if h.error and (h.output is None or not h.output.finished or
-                                h.output.outputs[0].finish_reason == "error"):
-                    err = {"error": {"message": f"generation failed: {h.error}", "type": "InternalServerError",
-                                     "param": None, "code": 500}}
+                if h.error and (
+                    h.output is None or not h.output.finished or h.output.outputs[0].finish_reason == "error"
+                ):
+                    err = {
+                        "error": {
+                            "message": f"generation failed: {h.error}",
+                            "type": "InternalServerError",
+                            "param": None,
+                            "code": 500,
+                        }
+                    }
                     yield f"data: {json.dumps(err)}\n\n"
                     done[i] = True
                     continue
@@ -428,13 +494,19 @@ async def _stream(request: Request, st, run: _Run, body, chat: bool, rid: str, c
                 c = out.outputs[0]
                 fr = _finish_reason(out) if finished else None
                 if chat:
-                    ch = {"index": i, "delta": {"content": text} if text or not finished else {},
-                          "logprobs": _chat_logprobs(th, c, first, len(toks)) if toks else None,
-                          "finish_reason": fr}
+                    ch = {
+                        "index": i,
+                        "delta": {"content": text} if text or not finished else {},
+                        "logprobs": _chat_logprobs(th, c, first, len(toks)) if toks else None,
+                        "finish_reason": fr,
+                    }
                 else:
-                    ch = {"index": i, "text": text,
-                          "logprobs": _completion_logprobs(th, c, first, len(toks), offsets[i]) if toks else None,
-                          "finish_reason": fr}
+                    ch = {
+                        "index": i,
+                        "text": text,
+                        "logprobs": _completion_logprobs(th, c, first, len(toks), offsets[i]) if toks else None,
+                        "finish_reason": fr,
+                    }
                     offsets[i] += len(text)
                 if finished:
                     ch["stop_reason"] = _stop_reason(out)
@@ -451,7 +523,7 @@ async def _stream(request: Request, st, run: _Run, body, chat: bool, rid: str, c
             yield chunk([], _usage(run, body.n))
         yield "data: [DONE]\n\n"
     finally:
-        _finish_run(st, run)        # aborts whatever did not finish: a client that left frees its blocks
+        _finish_run(st, run)  # aborts whatever did not finish: a client that left frees its blocks
 
 
 @router.post("/v1/completions")

@@ -9,19 +9,33 @@ monitor that falls back to plain decoding when speculation does not pay, and E(a
     decoder.py   SpecDecoder (the hooks LLMEngine.step calls)
     measure.py   speedup_vs_plain (builds engines; imported on first use)
 """
+
 from .decoder import SpecDecoder
 from .drafters import DRAFT_SUFFIX, ModelDrafter, SpecContext, draft_id, ngram_propose
 from .math import break_even_alpha, expected_tokens_per_pass
 from .monitor import ClassState, CostModel
 from .verify import verify_greedy, verify_sampling
 
-__all__ = ["DRAFT_SUFFIX", "ClassState", "CostModel", "ModelDrafter", "SpecContext", "SpecDecoder",
-           "break_even_alpha", "draft_id", "expected_tokens_per_pass", "ngram_propose", "speedup_vs_plain",
-           "verify_greedy", "verify_sampling"]
+__all__ = [
+    "DRAFT_SUFFIX",
+    "ClassState",
+    "CostModel",
+    "ModelDrafter",
+    "SpecContext",
+    "SpecDecoder",
+    "break_even_alpha",
+    "draft_id",
+    "expected_tokens_per_pass",
+    "ngram_propose",
+    "speedup_vs_plain",
+    "verify_greedy",
+    "verify_sampling",
+]
 
 
-def __getattr__(name):   # measure.py builds LLMEngines: importing it here would be a cycle
+def __getattr__(name):  # measure.py builds LLMEngines: importing it here would be a cycle
     if name == "speedup_vs_plain":
         from .measure import speedup_vs_plain
+
         return speedup_vs_plain
     raise AttributeError(name)

@@ -10,6 +10,7 @@ Drafters are in drafters.py, verification in verify.py, the cost model and per-c
 monitor.py. When a class's tokens per verify pass fall below the measured cost ratio it falls back
 to plain decoding (SPEC_FALLBACK) and probes again after `probe_interval` of its plain steps.
 """
+
 from __future__ import annotations
 
 import copy
@@ -30,12 +31,12 @@ from .verify import verify_greedy, verify_sampling
 
 
 class SpecDecoder:
-    def __init__(self, config, *, engine_config, bm, runner, scheduler, emit, model, tokenizer, device, dtype,
-                 is_live):
+    def __init__(self, config, *, engine_config, bm, runner, scheduler, emit, model, tokenizer, device, dtype, is_live):
         """config: the SpeculativeConfig; the rest are the engine's parts this decoder uses
         (see SpecContext). is_live(request_id) says whether an id is a live request."""
-        self.ctx = ctx = SpecContext(engine_config, bm, runner, scheduler, emit, model, tokenizer, device, dtype,
-                                     is_live)
+        self.ctx = ctx = SpecContext(
+            engine_config, bm, runner, scheduler, emit, model, tokenizer, device, dtype, is_live
+        )
         self.bm = bm
         self.config = config
         self.method = config.method
@@ -82,20 +83,25 @@ class SpecDecoder:
     # ------------------------------------------------------------------ setup
     def _load_draft_model(self, name: str, num_layers: int | None) -> ModelDrafter:
         from ..models import load_model
+
         ctx = self.ctx
         model, tok = load_model(name, ctx.engine_config.device, ctx.engine_config.dtype)
         _check_same_tokenizer(name, model, tok, ctx.model, ctx.tokenizer)
         if num_layers is not None and num_layers > model.config.num_hidden_layers:
-            raise ValueError(f"speculative.draft_layers={num_layers} exceeds the draft model's "
-                             f"{model.config.num_hidden_layers} layers")
+            raise ValueError(
+                f"speculative.draft_layers={num_layers} exceeds the draft model's "
+                f"{model.config.num_hidden_layers} layers"
+            )
         return ModelDrafter(self.ctx, model, num_layers, shared_pool=False)
 
     def _int8_copy(self):
         ctx = self.ctx
         if ctx.device.type != "cpu" or ctx.dtype != torch.float32:
             raise ValueError("speculative.draft_quantize='int8' (dynamic int8) needs device='cpu' and float32 weights")
-        from torch.ao.quantization import quantize_dynamic
         import warnings
+
+        from torch.ao.quantization import quantize_dynamic
+
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             m = quantize_dynamic(copy.deepcopy(ctx.model), {torch.nn.Linear}, dtype=torch.qint8)
@@ -115,7 +121,7 @@ class SpecDecoder:
             ctx //= 2
         if cdiv(ctx + self.k + 1, bs) > bm.num_free_blocks:
             return
-        table = bm.free_block_ids()[:cdiv(ctx + self.k + 1, bs)]
+        table = bm.free_block_ids()[: cdiv(ctx + self.k + 1, bs)]
         vocab_size = self.ctx.model.config.vocab_size
         toks = [(i * 7919) % min(vocab_size, 30000) + 10 for i in range(ctx + self.k + 1)]
         r = self.ctx.runner
@@ -123,10 +129,10 @@ class SpecDecoder:
         t1, tk = [], []
         for _ in range(4):
             a = time.perf_counter()
-            r.forward([BatchRow("calib", ctx, toks[ctx:ctx + 1], table, 0)])
+            r.forward([BatchRow("calib", ctx, toks[ctx : ctx + 1], table, 0)])
             t1.append(time.perf_counter() - a)
             a = time.perf_counter()
-            r.forward([BatchRow("calib", ctx, toks[ctx:ctx + self.k + 1], table, 0)])
+            r.forward([BatchRow("calib", ctx, toks[ctx : ctx + self.k + 1], table, 0)])
             tk.append(time.perf_counter() - a)
         r.clear_slots([b * bs + o for b in table for o in range(bs)])
         self.costs.add(1, float(np.median(t1[1:])))
@@ -140,8 +146,9 @@ class SpecDecoder:
             st = self.classes[name] = ClassState()
         return st
 
-    def configure_class(self, request_class: str, *, enabled: bool | None = None,
-                        num_speculative_tokens: int | None = None) -> None:
+    def configure_class(
+        self, request_class: str, *, enabled: bool | None = None, num_speculative_tokens: int | None = None
+    ) -> None:
         """Per request class: switch speculation off/on, or use another k (1..configured k)."""
         st = self.class_state(request_class)
         if enabled is not None:
@@ -165,7 +172,9 @@ class SpecDecoder:
         if self.drafter is not None:
             for rid in self.drafter.owned():
                 if rid not in running:
-                    self.drafter.drop(rid, "draft KV freed: its request is not running (finished, preempted or swapped)")
+                    self.drafter.drop(
+                        rid, "draft KV freed: its request is not running (finished, preempted or swapped)"
+                    )
         for rid in [r for r in self._q if not self.ctx.is_live(r)]:
             self._q.pop(rid, None)
             self._draft_s.pop(rid, None)
@@ -174,17 +183,24 @@ class SpecDecoder:
         max_len = self.ctx.engine_config.max_model_len
         for req in reqs:
             req.spec_token_ids = []
-            if not req.params.speculative or req.params.logprobs is not None \
-                    or req.num_output_tokens < req.params.min_tokens:
-                continue     # logprobs and min_tokens masking are done on plain decode steps
+            if (
+                not req.params.speculative
+                or req.params.logprobs is not None
+                or req.num_output_tokens < req.params.min_tokens
+            ):
+                continue  # logprobs and min_tokens masking are done on plain decode steps
             st = self.class_state(req.request_class)
             if not (st.enabled and st.speculating):
                 continue
             # a request may ask for fewer draft tokens than the engine's k (SamplingParams), never more
-            k = min(req.params.num_speculative_tokens or st.k or self.k, st.k or self.k,
-                    req.params.max_tokens - req.num_output_tokens - 1, max_len - req.num_tokens - 1)
+            k = min(
+                req.params.num_speculative_tokens or st.k or self.k,
+                st.k or self.k,
+                req.params.max_tokens - req.num_output_tokens - 1,
+                max_len - req.num_tokens - 1,
+            )
             if self.drafter is not None and not self.drafter.shared and self.ctx.is_live(draft_id(req.request_id)):
-                continue     # a user request is literally named "<rid>#draft": never share its table
+                continue  # a user request is literally named "<rid>#draft": never share its table
             if k >= 1:
                 eligible.append(req)
                 ks[req.request_id] = k
@@ -212,8 +228,9 @@ class SpecDecoder:
 
     def record_forward(self, items, forward_seconds: float) -> None:
         self._last_fwd_s = forward_seconds
-        decode_items = [it for it in items if it.req.num_computed_tokens > 0
-                        and it.num_new_tokens - it.num_spec_tokens == 1]
+        decode_items = [
+            it for it in items if it.req.num_computed_tokens > 0 and it.num_new_tokens - it.num_spec_tokens == 1
+        ]
         if decode_items and len(decode_items) == len(items):
             self.costs.add(sum(it.num_new_tokens for it in items), forward_seconds)
         n_plain = 0
@@ -256,19 +273,29 @@ class SpecDecoder:
         # event
         dec = self.ctx.tokenizer.decode
         rejected = drafts[n_acc] if n_acc < n else None
-        data = dict(method=self.method, k=n, proposed=list(drafts), proposed_text=[dec([t]) for t in drafts],
-                    accepted=n_acc, rejected=rejected, rejected_text=dec([rejected]) if rejected is not None else None,
-                    replacement=tokens[-1] if rejected is not None else None,
-                    replacement_text=dec([tokens[-1]]) if rejected is not None else None,
-                    bonus=tokens[-1] if rejected is None else None,
-                    bonus_text=dec([tokens[-1]]) if rejected is None else None,
-                    draft_s=self._draft_s.get(req.request_id, 0.0), verify_s=self._last_fwd_s,
-                    request_class=req.request_class)
+        data = dict(
+            method=self.method,
+            k=n,
+            proposed=list(drafts),
+            proposed_text=[dec([t]) for t in drafts],
+            accepted=n_acc,
+            rejected=rejected,
+            rejected_text=dec([rejected]) if rejected is not None else None,
+            replacement=tokens[-1] if rejected is not None else None,
+            replacement_text=dec([tokens[-1]]) if rejected is not None else None,
+            bonus=tokens[-1] if rejected is None else None,
+            bonus_text=dec([tokens[-1]]) if rejected is None else None,
+            draft_s=self._draft_s.get(req.request_id, 0.0),
+            verify_s=self._last_fwd_s,
+            request_class=req.request_class,
+        )
         if rejected is None:
             data["reason"] = f"all {n} draft tokens accepted, plus a bonus token"
         else:
-            data["reason"] = (f"accepted {n_acc} of {n}; draft {data['rejected_text']!r} rejected, "
-                              f"target chose {data['replacement_text']!r}")
+            data["reason"] = (
+                f"accepted {n_acc} of {n}; draft {data['rejected_text']!r} rejected, "
+                f"target chose {data['replacement_text']!r}"
+            )
         self.ctx.emit(ev.SPEC_VERIFY, req.request_id, **data)
         return tokens, marks
 
@@ -289,8 +316,13 @@ class SpecDecoder:
                     st.speculating = True
                     st.plain_steps = 0
                     st.clear()
-                    self.ctx.emit(ev.SPEC_FALLBACK, None, request_class=name, speculating=True,
-                                      reason=f"probing again after {cfg.probe_interval} plain steps")
+                    self.ctx.emit(
+                        ev.SPEC_FALLBACK,
+                        None,
+                        request_class=name,
+                        speculating=True,
+                        reason=f"probing again after {cfg.probe_interval} plain steps",
+                    )
                 continue
             if not cfg.enable_fallback or st.window_tokens < cfg.monitor_window:
                 continue
@@ -298,7 +330,7 @@ class SpecDecoder:
             acc = sum(a for _, a in st.window)
             passes = len(st.window)
             k_mean = drafted / passes
-            mal = 1 + acc / passes                     # tokens per verify pass in the window
+            mal = 1 + acc / passes  # tokens per verify pass in the window
             c = self.costs.break_even(batch, k_mean)
             if c is None or mal >= c:
                 continue
@@ -307,26 +339,44 @@ class SpecDecoder:
             st.num_fallbacks += 1
             a_star = break_even_alpha(c, k_mean)
             self.ctx.emit(
-                ev.SPEC_FALLBACK, None, request_class=name, speculating=False,
-                acceptance_rate=acc / drafted, mean_acceptance_length=mal, cost_ratio=c,
-                break_even_alpha=a_star, mean_k=k_mean, batch=batch,
-                draft_s_per_request=self.costs.draft_s_per_req, plain_pass_s=self.costs.cost(batch),
+                ev.SPEC_FALLBACK,
+                None,
+                request_class=name,
+                speculating=False,
+                acceptance_rate=acc / drafted,
+                mean_acceptance_length=mal,
+                cost_ratio=c,
+                break_even_alpha=a_star,
+                mean_k=k_mean,
+                batch=batch,
+                draft_s_per_request=self.costs.draft_s_per_req,
+                plain_pass_s=self.costs.cost(batch),
                 verify_pass_s=self.costs.cost(batch * (1 + k_mean)),
-                reason=(f"class {name!r}: {mal:.2f} tokens per verify pass < measured cost ratio {c:.2f} "
-                        f"(draft + verify vs a plain pass); acceptance {acc / drafted:.2f}"
-                        + (f" < break-even {a_star:.2f}" if a_star is not None else ", no α can break even")
-                        + f"; plain decoding, probing again in {cfg.probe_interval} steps"))
+                reason=(
+                    f"class {name!r}: {mal:.2f} tokens per verify pass < measured cost ratio {c:.2f} "
+                    f"(draft + verify vs a plain pass); acceptance {acc / drafted:.2f}"
+                    + (f" < break-even {a_star:.2f}" if a_star is not None else ", no α can break even")
+                    + f"; plain decoding, probing again in {cfg.probe_interval} steps"
+                ),
+            )
 
     # ------------------------------------------------------------------ metrics
     def metrics(self) -> SpecMetrics:
         return SpecMetrics(
             method=self.kind if self.method != "ngram" else "ngram",
-            num_speculative_tokens=self.k, num_drafts=self.num_drafts, num_draft_tokens=self.num_draft_tokens,
-            num_accepted_tokens=self.num_accepted, accepted_per_position=tuple(self.acc_pos),
-            drafts_per_position=tuple(self.draft_pos), num_target_passes=self.num_target_passes,
-            num_emitted_tokens=self.num_emitted, draft_time_s=self.draft_time_s, verify_time_s=self.verify_time_s,
+            num_speculative_tokens=self.k,
+            num_drafts=self.num_drafts,
+            num_draft_tokens=self.num_draft_tokens,
+            num_accepted_tokens=self.num_accepted,
+            accepted_per_position=tuple(self.acc_pos),
+            drafts_per_position=tuple(self.draft_pos),
+            num_target_passes=self.num_target_passes,
+            num_emitted_tokens=self.num_emitted,
+            draft_time_s=self.draft_time_s,
+            verify_time_s=self.verify_time_s,
             verify_cost_ratio=self.costs.ratio(self.k),
-            fallback_classes=tuple(sorted(n for n, s in self.classes.items() if not s.speculating)))
+            fallback_classes=tuple(sorted(n for n, s in self.classes.items() if not s.speculating)),
+        )
 
     def summary(self) -> dict:
         """Plain numbers for reports and benchmarks: the metrics plus derived values. alpha_geo
@@ -337,14 +387,22 @@ class SpecDecoder:
         alpha_geo = self.num_accepted / judged if judged else None
         k_mean = self.num_draft_tokens / self.num_drafts if self.num_drafts else None
         d = {
-            "method": m.method, "k": self.k, "num_drafts": m.num_drafts, "num_draft_tokens": m.num_draft_tokens,
-            "num_accepted_tokens": m.num_accepted_tokens, "acceptance_rate": m.acceptance_rate,
-            "alpha_geo": alpha_geo, "mean_draft_len": k_mean,
+            "method": m.method,
+            "k": self.k,
+            "num_drafts": m.num_drafts,
+            "num_draft_tokens": m.num_draft_tokens,
+            "num_accepted_tokens": m.num_accepted_tokens,
+            "acceptance_rate": m.acceptance_rate,
+            "alpha_geo": alpha_geo,
+            "mean_draft_len": k_mean,
             "mean_acceptance_length": m.mean_acceptance_length,
-            "num_target_passes": m.num_target_passes, "num_emitted_tokens": m.num_emitted_tokens,
+            "num_target_passes": m.num_target_passes,
+            "num_emitted_tokens": m.num_emitted_tokens,
             "tokens_per_target_pass": (m.num_emitted_tokens / m.num_target_passes) if m.num_target_passes else None,
-            "verify_cost_ratio": m.verify_cost_ratio, "draft_time_s": m.draft_time_s,
-            "verify_time_s": m.verify_time_s, "fallback_classes": list(m.fallback_classes),
+            "verify_cost_ratio": m.verify_cost_ratio,
+            "draft_time_s": m.draft_time_s,
+            "verify_time_s": m.verify_time_s,
+            "fallback_classes": list(m.fallback_classes),
             "calibration": getattr(self, "calibration", None),
         }
         if alpha_geo is not None:

@@ -19,6 +19,7 @@
   only (under f"{rid}#draft"). After drafting, every slot the draft wrote is zeroed and the
   borrowed blocks are freed, so the pool is byte-for-byte what it would be without drafting.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -44,16 +45,17 @@ def draft_id(request_id: str) -> str:
 @dataclass(slots=True)
 class SpecContext:
     """The parts of the engine speculative decoding uses (and nothing else of it)."""
+
     engine_config: EngineConfig
     bm: BlockManager
-    runner: ModelRunner                 # the target's runner (and pool)
-    scheduler: Scheduler                # running requests (their next blocks come first), waiting on memory
-    emit: Callable                      # emit(kind, request_id, **data)
-    model: torch.nn.Module              # the target model
-    tokenizer: object                   # the target's tokenizer (token text in events)
+    runner: ModelRunner  # the target's runner (and pool)
+    scheduler: Scheduler  # running requests (their next blocks come first), waiting on memory
+    emit: Callable  # emit(kind, request_id, **data)
+    model: torch.nn.Module  # the target model
+    tokenizer: object  # the target's tokenizer (token text in events)
     device: torch.device
     dtype: torch.dtype
-    is_live: Callable[[str], bool]      # is this id a live (unfinished) request of the engine?
+    is_live: Callable[[str], bool]  # is this id a live (unfinished) request of the engine?
 
 
 def ngram_propose(tokens, k: int, n_min: int, n_max: int) -> list[int]:
@@ -62,9 +64,9 @@ def ngram_propose(tokens, k: int, n_min: int, n_max: int) -> list[int]:
     arr = np.asarray(tokens, dtype=np.int64)
     L = len(arr)
     for n in range(min(n_max, L - 1), n_min - 1, -1):
-        pat = arr[L - n:]
+        pat = arr[L - n :]
         # candidate starts i with arr[i:i+n] == pat and i + n < L (something follows it)
-        win = np.lib.stride_tricks.sliding_window_view(arr[:L - 1], n)   # starts 0..L-1-n
+        win = np.lib.stride_tricks.sliding_window_view(arr[: L - 1], n)  # starts 0..L-1-n
         hits = np.flatnonzero((win == pat).all(axis=1))
         if hits.size:
             # copy what followed the match; when the copy reaches the end of the context it
@@ -92,11 +94,17 @@ class ModelDrafter:
             dtype = next(model.parameters()).dtype if not _is_quantized(model) else torch.float32
             if dtype not in (torch.float32, torch.float16, torch.bfloat16):
                 dtype = torch.float32
-            self.runner = ModelRunner(model, num_blocks=ctx.bm.capacity, block_size=ctx.bm.block_size,
-                                      dtype=dtype, device=ctx.device, num_layers=num_layers,
-                                      linear_backend=ctx.engine_config.linear_backend,
-                                      attention_backend=ctx.engine_config.attention_backend)
-        self.dtoks: dict[str, list[int]] = {}           # own pool: tokens whose draft K/V are cached
+            self.runner = ModelRunner(
+                model,
+                num_blocks=ctx.bm.capacity,
+                block_size=ctx.bm.block_size,
+                dtype=dtype,
+                device=ctx.device,
+                num_layers=num_layers,
+                linear_backend=ctx.engine_config.linear_backend,
+                attention_backend=ctx.engine_config.attention_backend,
+            )
+        self.dtoks: dict[str, list[int]] = {}  # own pool: tokens whose draft K/V are cached
 
     # ----------------------------------------------------------- own-pool bookkeeping
     def drop(self, rid: str, reason: str) -> None:
@@ -127,8 +135,9 @@ class ModelDrafter:
         released = bm.commit(did, keep)
         self.dtoks[rid] = self.dtoks[rid][:keep]
         if released:
-            self.ctx.emit(ev.BLOCK_FREE, did, blocks=released,
-                              reason="draft KV rolled back past the tokens the target kept")
+            self.ctx.emit(
+                ev.BLOCK_FREE, did, blocks=released, reason="draft KV rolled back past the tokens the target kept"
+            )
 
     # ----------------------------------------------------------- propose
     def propose(self, reqs: list, ks: dict[str, int]) -> dict[str, tuple[list[int], torch.Tensor | None]]:
@@ -137,21 +146,24 @@ class ModelDrafter:
         bm = self.bm
         bs = bm.block_size
         # blocks the target's decode rows need this step come first
-        reserve = sum(bm.blocks_needed(r.request_id, r.num_computed_tokens + 1) for r in self.ctx.scheduler.running
-                      if r.num_tokens - r.num_computed_tokens == 1)
+        reserve = sum(
+            bm.blocks_needed(r.request_id, r.num_computed_tokens + 1)
+            for r in self.ctx.scheduler.running
+            if r.num_tokens - r.num_computed_tokens == 1
+        )
         if self.ctx.scheduler.waiting_for_memory() and not self.shared:
             for rid in list(self.dtoks):
                 self.drop(rid, "draft KV dropped: waiting requests need the blocks")
             return {}
-        plan = []   # (req, k, start, feed tokens)
-        borrowed: dict[str, tuple[int, int]] = {}   # shared mode: rid -> (first draft pos, end pos)
+        plan = []  # (req, k, start, feed tokens)
+        borrowed: dict[str, tuple[int, int]] = {}  # shared mode: rid -> (first draft pos, end pos)
         for req in reqs:
             rid = req.request_id
             k = ks[rid]
             ctx = req.all_token_ids
             N = len(ctx)
             if self.shared:
-                start = req.num_computed_tokens           # == N - 1
+                start = req.num_computed_tokens  # == N - 1
                 table = bm.table(rid)
                 while k >= 1:
                     need = max(0, cdiv(start + k, bs) - len(table))
@@ -161,7 +173,7 @@ class ModelDrafter:
                 if k < 1:
                     continue
                 if need:
-                    bm.allocate(draft_id(rid), need * bs)     # lent until propose() returns: no event
+                    bm.allocate(draft_id(rid), need * bs)  # lent until propose() returns: no event
                 copies = bm.ensure_writable(rid, start, min(start + k, len(table) * bs))
                 if copies:
                     self.runner.copy_blocks(copies)
@@ -171,7 +183,7 @@ class ModelDrafter:
             did = draft_id(rid)
             have = self.dtoks.get(rid, [])
             common = 0
-            lim = min(len(have), N - 1)                   # always re-feed the last token
+            lim = min(len(have), N - 1)  # always re-feed the last token
             while common < lim and have[common] == ctx[common]:
                 common += 1
             if rid in self.dtoks:
@@ -245,12 +257,16 @@ def _is_quantized(model) -> bool:
 def _check_same_tokenizer(name: str, draft_model, draft_tok, target_model, target_tok) -> None:
     tv, dv = target_model.config.vocab_size, draft_model.config.vocab_size
     if tv != dv:
-        raise ValueError(f"speculative.draft_model {name!r}: vocab size {dv} differs from the target's {tv}; "
-                         "the draft must use the target's tokenizer")
+        raise ValueError(
+            f"speculative.draft_model {name!r}: vocab size {dv} differs from the target's {tv}; "
+            "the draft must use the target's tokenizer"
+        )
     if draft_tok is not target_tok:
         if len(draft_tok) != len(target_tok) or draft_tok.get_vocab() != target_tok.get_vocab():
-            raise ValueError(f"speculative.draft_model {name!r}: its tokenizer's vocabulary differs from the "
-                             "target's; the draft must use the same tokenizer")
+            raise ValueError(
+                f"speculative.draft_model {name!r}: its tokenizer's vocabulary differs from the "
+                "target's; the draft must use the same tokenizer"
+            )
     for attr in ("bos_token_id", "eos_token_id", "pad_token_id"):
         a, b = getattr(target_tok, attr, None), getattr(draft_tok, attr, None)
         if a != b:

@@ -1,6 +1,7 @@
 """Speculative decoding's arithmetic: E(alpha, k), the expected tokens per target pass when each
 of k draft tokens is accepted with probability alpha (the first rejection stops the run), and
 the alpha at which speculation breaks even with plain decoding. The one home of these formulas."""
+
 from __future__ import annotations
 
 

@@ -1,5 +1,6 @@
 """Wall-clock speedup of speculative decoding over plain decoding, measured in this process
 through engine/measure.py (the one home for A/B timings: alternated sides, median, spread)."""
+
 from __future__ import annotations
 
 import time
@@ -33,14 +34,23 @@ def speedup_vs_plain(config, prompt, params, repeats: int = 1) -> dict:
             dt = time.perf_counter() - t
             outs[name] = out
             return measure.Sample(dt)
+
         return run
 
-    cmp_ = measure.compare(once("plain", plain), once("spec", spec), names=("plain", "spec"),
-                           min_rounds=max(1, int(repeats)))
+    cmp_ = measure.compare(
+        once("plain", plain), once("spec", spec), names=("plain", "spec"), min_rounds=max(1, int(repeats))
+    )
     po, so = outs["plain"], outs["spec"]
     n = len(so.outputs[0].token_ids)
     tp, ts = cmp_.a.median, cmp_.b.median
-    return {"plain_s": tp, "spec_s": ts, "speedup": tp / ts, "tokens": n,
-            "plain_tok_s": len(po.outputs[0].token_ids) / tp, "spec_tok_s": n / ts,
-            "identical": po.outputs[0].token_ids == so.outputs[0].token_ids, "spec": spec.spec.summary(),
-            "comparison": cmp_}
+    return {
+        "plain_s": tp,
+        "spec_s": ts,
+        "speedup": tp / ts,
+        "tokens": n,
+        "plain_tok_s": len(po.outputs[0].token_ids) / tp,
+        "spec_tok_s": n / ts,
+        "identical": po.outputs[0].token_ids == so.outputs[0].token_ids,
+        "spec": spec.spec.summary(),
+        "comparison": cmp_,
+    }

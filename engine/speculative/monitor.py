@@ -4,6 +4,7 @@ time) / plain pass time for the current batch. CostModel holds the measured targ
 tokens fed (seeded by a short calibration at start-up, then updated from every pure-decode step)
 and the draft time per request; ClassState is one class's window of the last `monitor_window`
 draft tokens and its fallback / probe state (SpecDecoder._monitor acts on them)."""
+
 from __future__ import annotations
 
 from collections import deque
@@ -22,7 +23,7 @@ class CostModel:
     def __init__(self):
         self.table: dict[int, float] = {}
         self.counts: dict[int, int] = {}
-        self.draft_s_per_req: float | None = None     # EMA of draft seconds per drafted request
+        self.draft_s_per_req: float | None = None  # EMA of draft seconds per drafted request
 
     def add(self, tokens: int, secs: float) -> None:
         old = self.table.get(tokens)
@@ -40,7 +41,7 @@ class CostModel:
         if tokens in t:
             return t[tokens]
         if len(t) == 1:
-            (t0, c0), = t.items()
+            ((t0, c0),) = t.items()
             return c0 * max(tokens, 1) / max(t0, 1) if tokens > t0 else c0
         xs = np.array(list(t), dtype=float)
         ys = np.array(list(t.values()), dtype=float)
@@ -64,16 +65,15 @@ class CostModel:
         return (batch * (self.draft_s_per_req or 0.0) + verify) / plain
 
 
-
 @dataclass(slots=True)
 class ClassState:
     speculating: bool = True
-    window: deque = field(default_factory=deque)      # (draft tokens, accepted) per verify pass
+    window: deque = field(default_factory=deque)  # (draft tokens, accepted) per verify pass
     window_tokens: int = 0
     plain_steps: int = 0
     num_fallbacks: int = 0
-    k: int | None = None                                # per-class k override
-    enabled: bool = True                                # per-class switch
+    k: int | None = None  # per-class k override
+    enabled: bool = True  # per-class switch
 
     def add(self, n_draft: int, n_acc: int, limit: int) -> None:
         self.window.append((n_draft, n_acc))

@@ -4,6 +4,7 @@ sampling for temperature > 0 (accept x with probability min(1, p(x)/q(x)); on re
 from normalize(max(0, p - q)); all accepted -> the bonus is sampled from p of the last row), which
 keeps the emitted tokens distributed exactly as sampling from p. p is the sampler's distribution
 (temperature, top-k, top-p); the request's own seeded generator draws every random number."""
+
 from __future__ import annotations
 
 import torch
@@ -28,8 +29,9 @@ def verify_greedy(drafts: list[int], logits: torch.Tensor) -> tuple[list[int], l
     return out, marks, len(drafts)
 
 
-def verify_sampling(drafts: list[int], p: torch.Tensor, q: torch.Tensor | None,
-                    generator: torch.Generator | None) -> tuple[list[int], list, int]:
+def verify_sampling(
+    drafts: list[int], p: torch.Tensor, q: torch.Tensor | None, generator: torch.Generator | None
+) -> tuple[list[int], list, int]:
     """Rejection sampling (Leviathan et al. 2023; Chen et al. 2023).
     p: target probabilities [len(drafts)+1, V]; q: draft probabilities [len(drafts), V] the
     drafts were sampled from, or None for deterministic drafts (q = point mass on the draft).
@@ -40,7 +42,7 @@ def verify_sampling(drafts: list[int], p: torch.Tensor, q: torch.Tensor | None,
         px = float(p[j, x])
         qx = float(q[j, x]) if q is not None else 1.0
         u = float(torch.rand((), generator=generator, device=dev))
-        if u * qx < px:                      # accept with probability min(1, p(x)/q(x))
+        if u * qx < px:  # accept with probability min(1, p(x)/q(x))
             out.append(x)
             marks.append(ACCEPTED)
             continue
@@ -50,7 +52,7 @@ def verify_sampling(drafts: list[int], p: torch.Tensor, q: torch.Tensor | None,
             resid = p[j].clone()
             resid[x] = 0
         s = float(resid.sum())
-        if not s > 0:                        # only reachable through rounding (p == q)
+        if not s > 0:  # only reachable through rounding (p == q)
             resid, s = p[j], float(p[j].sum())
         y = int(torch.multinomial(resid / s, 1, generator=generator))
         out.append(y)

@@ -1,6 +1,7 @@
 """One engine, two doors: the API door (ui/api_door.py, what app_api.py's lifespan opens for
 scripts/run.sh) serves the app's shared engine; a request sent over HTTP shows on the Playground
 and Load pages tagged as coming from the HTTP API, and its blocks are the engine's own."""
+
 from __future__ import annotations
 
 import os
@@ -29,6 +30,7 @@ def door():
     os.environ.update({"KVSCOPE_TEST_MODE": "1", "KVSCOPE_MODEL": "tiny", "KVSCOPE_API_PORT": str(port)})
     from ui import engine_access as ea
     from ui.api_door import ApiDoor
+
     ea.shared_engine.clear()
     d = ApiDoor().start(ea.shared_engine())
     assert d.error is None, d.error
@@ -47,6 +49,7 @@ def door():
 
 def test_api_port_settings(monkeypatch):
     from ui.api_door import api_settings
+
     monkeypatch.setenv("KVSCOPE_API_PORT", "off")
     assert api_settings()[1] is None
     monkeypatch.setenv("KVSCOPE_API_PORT", "70000")
@@ -62,10 +65,14 @@ def test_http_requests_show_on_the_pages_of_the_same_engine(door):
     from streamlit.testing.v1 import AppTest
 
     from ui import engine_access as ea
+
     th = ea.shared_engine().get()
-    assert d.server.config.app.state.kvscope.thread is th          # the API serves the app's engine
-    r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=300,
-                   json={"prompt": "one engine, two doors", "max_tokens": 5, "temperature": 0})
+    assert d.server.config.app.state.kvscope.thread is th  # the API serves the app's engine
+    r = httpx.post(
+        f"http://127.0.0.1:{port}/v1/completions",
+        timeout=300,
+        json={"prompt": "one engine, two doors", "max_tokens": 5, "temperature": 0},
+    )
     assert r.status_code == 200, r.text
     snap = th.snapshot_now()
     http = [q for q in snap.requests if q.origin == "http"]

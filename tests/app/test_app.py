@@ -4,6 +4,7 @@ Speculative pages, on the real engine with the tiny model in test mode.
 All tests in this module share the server-wide engine (st.cache_resource lives in-process), as
 browser sessions do; it is shut down at the end of the module.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,6 +26,7 @@ def _test_env():
     os.environ["KVSCOPE_MODEL"] = "tiny"
     yield
     from ui import engine_access as ea
+
     holder = ea.shared_engine()
     if holder.thread is not None:
         holder.thread.shutdown()
@@ -38,11 +40,13 @@ def _test_env():
 
 def _app():
     from streamlit.testing.v1 import AppTest
+
     return AppTest.from_file(APP, default_timeout=TIMEOUT)
 
 
 def _engine():
     from ui import engine_access as ea
+
     return ea.get_engine()
 
 
@@ -77,12 +81,14 @@ def _button(at, label):
 
 def _restore_default_engine():
     from ui import engine_access as ea
+
     th = _engine()
     if th.config != ea.default_config():
         ea.shared_engine().reconfigure(ea.default_config())
 
 
 # --------------------------------------------------------------------------- Home
+
 
 def test_home_shows_the_real_engine():
     at = _app().run()
@@ -104,15 +110,16 @@ def test_home_shows_the_real_engine():
 
 def test_home_and_sidebar_show_the_weight_format_and_bytes_read():
     from ui import engine_access as ea
+
     at = _app().run()
     _no_exception(at)
     info = _engine().snapshot().info
-    assert info.weight_format == "fp32" and info.weight_bytes_per_step > 0     # tiny: no GGUF behind it
+    assert info.weight_format == "fp32" and info.weight_bytes_per_step > 0  # tiny: no GGUF behind it
     shown = f"fp32 copies · {info.weight_bytes_per_step / 1e6:,.1f} MB of weights read per step"
     assert any(shown in c.value for c in at.caption)
     wf = next(s for s in at.sidebar.selectbox if s.label == "Weight format")
     assert wf.options[wf.index] == ea.WEIGHT_FORMAT_LABELS["auto"]
-    wf.select("gguf")                  # the tiny model has no GGUF: a message naming the field
+    wf.select("gguf")  # the tiny model has no GGUF: a message naming the field
     at.sidebar.checkbox[0].check()
     _button(at, "Apply").click().run()
     _no_exception(at)
@@ -126,7 +133,7 @@ def test_home_offers_restart_after_a_crash():
     def boom():
         raise RuntimeError("injected loop failure")
 
-    th.engine.step = boom                 # the next step kills the loop
+    th.engine.step = boom  # the next step kills the loop
     th.submit("hello", chat=True)
     deadline = time.monotonic() + TIMEOUT
     while th.healthy and time.monotonic() < deadline:
@@ -144,7 +151,7 @@ def test_home_offers_restart_after_a_crash():
 def test_sidebar_apply_needs_confirmation_then_rebuilds():
     at = _app().run()
     sb = at.sidebar
-    sb.selectbox[0].select(8)       # block size
+    sb.selectbox[0].select(8)  # block size
     sb.number_input[0].set_value(64)  # KV blocks
     _button(at, "Apply").click().run()
     _no_exception(at)
@@ -196,12 +203,14 @@ def test_sidebar_sets_victim_policy_and_tier_caps():
     at.slider(key="pg_max_tokens").set_value(40)
     at.run()
     _no_exception(at)
-    assert any("Would be rejected" in e.value and "'free''s context cap of 60 tokens" in e.value for e in at.error), \
-        [e.value for e in at.error] + [m.value for m in at.markdown][:3]
+    assert any("Would be rejected" in e.value and "'free''s context cap of 60 tokens" in e.value for e in at.error), [
+        e.value for e in at.error
+    ] + [m.value for m in at.markdown][:3]
     _restore_default_engine()
 
 
 # --------------------------------------------------------------------------- Playground
+
 
 def _type(at, prefix, text, field="prompt"):
     """What a keystroke sends: the keyup field's component state (the browser test types for real)."""
@@ -246,8 +255,9 @@ def st_static_config(at) -> bool:
     """Test mode: every chart is static (no hover, no mode bar, no resize)."""
     for el in at.main.get("plotly_chart"):
         cfg = json.loads(el.proto.config)
-        if not (cfg.get("staticPlot") is True and cfg.get("displayModeBar") is False
-                and cfg.get("responsive") is False):
+        if not (
+            cfg.get("staticPlot") is True and cfg.get("displayModeBar") is False and cfg.get("responsive") is False
+        ):
             return False
     return True
 
@@ -282,6 +292,7 @@ def test_playground_preview_follows_typing_and_changes_nothing():
     system-prompt edit's block, and not one change in the engine's snapshot."""
     from engine.config import SamplingParams
     from engine.preview import template_ids
+
     at = _playground()
     th = _engine()
     system = "You are the release-freeze assistant. Answer briefly."
@@ -306,10 +317,14 @@ def test_playground_preview_follows_typing_and_changes_nothing():
     _type(at, "pg", system.replace("briefly", "kindly"), field="system")
     at.run()
     edited, _ = template_ids(th.tokenizer, "What is frozen", system.replace("briefly", "kindly"))
-    first = next(i for i, (a, b) in enumerate(zip(edited, template_ids(th.tokenizer, "Is the <b>API</b> frozen?",
-                                                                          system)[0])) if a != b)
-    assert f"differs from the previous prompt at token {first} → block {first // 4}" in \
-        "\n".join(m.value for m in at.markdown)
+    first = next(
+        i
+        for i, (a, b) in enumerate(zip(edited, template_ids(th.tokenizer, "Is the <b>API</b> frozen?", system)[0]))
+        if a != b
+    )
+    assert f"differs from the previous prompt at token {first} → block {first // 4}" in "\n".join(
+        m.value for m in at.markdown
+    )
     assert "<b>API" not in _html(at)
 
 
@@ -327,11 +342,12 @@ def test_evicted_request_shows_the_recompute():
     """A request evicted while running: the growth chart marks the eviction, the token strip
     marks the tokens whose K/V were recomputed, the prompt's recompute is counted."""
     from engine.config import SamplingParams
+
     th = _engine()
     h = th.submit("Count slowly to one hundred.", SamplingParams(max_tokens=200, ignore_eos=True), chat=True)
     deadline = time.monotonic() + TIMEOUT
     while time.monotonic() < deadline:
-        with th.lock:                      # between steps: the request is not moving
+        with th.lock:  # between steps: the request is not moving
             r = th.engine.get_request(h.request_id)
             if r is not None and r.num_output_tokens >= 5 and not r.is_finished:
                 th.evict(h.request_id)
@@ -352,13 +368,14 @@ def test_evicted_request_shows_the_recompute():
     ys = tokens_line["y"]
     first = next(i for i, y in enumerate(ys) if y > 0)
     drop = next(i for i in range(first, len(ys)) if ys[i] == 0)
-    assert max(ys[first:drop]) >= req.prompt_len + 4          # grew through prefill and decode
-    assert max(ys[drop:]) >= req.prompt_len + 4               # dropped to 0, then recomputed
+    assert max(ys[first:drop]) >= req.prompt_len + 4  # grew through prefill and decode
+    assert max(ys[drop:]) >= req.prompt_len + 4  # dropped to 0, then recomputed
     html = _html(at)
     assert "tok-evicted" in html and f"prompt: {req.prompt_len} tokens recomputed" in html
 
 
 # --------------------------------------------------------------------------- Speculative
+
 
 def test_speculative_page_measures_a_real_run():
     at = _app()
@@ -371,6 +388,7 @@ def test_speculative_page_measures_a_real_run():
     at.run()
     from ui import engine_access as ea
     from ui import room
+
     gen, before = ea.shared_engine().generation, _engine().snapshot().info.speculative
     at.button(key="spec_run").click().run()
     _no_exception(at)
@@ -384,7 +402,7 @@ def test_speculative_page_measures_a_real_run():
     assert res.label == "self_draft k=3"
     assert res.comparison.rounds == 3 and [s for _, s in res.comparison.order[:4]] == ["plain", "spec", "spec", "plain"]
     assert "median of 3 rounds" in _html(at) + " ".join(str(c.value) for c in list(at.caption) + list(at.warning))
-    assert sreq.output_text == preq.output_text                 # greedy: identical output
+    assert sreq.output_text == preq.output_text  # greedy: identical output
     assert _metric(at, "Accepted / drafted") == f"{sreq.spec_num_accepted_tokens} / {sreq.spec_num_draft_tokens}"
     assert sreq.spec_num_draft_tokens > 0
     specs = _plotly_specs(at)
@@ -411,11 +429,13 @@ def test_speculative_page_draft_model_that_cannot_load_is_a_clear_error():
     at.run()
     at.selectbox(key="spec_drafter").select("draft model")
     at.run()
-    assert at.text_input(key="spec_draft_model").value == "tiny"     # the offline poor drafter is offered
+    assert at.text_input(key="spec_draft_model").value == "tiny"  # the offline poor drafter is offered
     at.text_input(key="spec_draft_model").input("/nonexistent/draft-model")
     at.slider(key="spec_k").set_value(16)
     at.button(key="spec_run").click().run()
     _no_exception(at)
-    assert any("Could not switch the engine to that drafter" in e.value and "/nonexistent/draft-model" in e.value
-               for e in at.error), [e.value for e in at.error]
+    assert any(
+        "Could not switch the engine to that drafter" in e.value and "/nonexistent/draft-model" in e.value
+        for e in at.error
+    ), [e.value for e in at.error]
     assert _engine().snapshot().info.speculative is None or "draft_model" not in _engine().snapshot().info.speculative

@@ -2,6 +2,7 @@
 /metrics + KV events stub (the page decodes token text with the engine's tokenizer because the stub
 tokenizes with the same one), and a kvscope stub serving a tiny-model engine's recorded snapshot
 stream. Waits are bounded loops (hang guards, not timing assertions)."""
+
 from __future__ import annotations
 
 import json
@@ -24,6 +25,7 @@ def _test_env():
     os.environ["KVSCOPE_MODEL"] = "tiny"
     yield
     from ui import engine_access as ea
+
     holder = ea.shared_engine()
     if holder.thread is not None:
         holder.thread.shutdown()
@@ -37,6 +39,7 @@ def _test_env():
 
 def _page():
     from streamlit.testing.v1 import AppTest
+
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
     at.switch_page("pages/attach.py")
     return at.run()
@@ -68,11 +71,13 @@ def _specs(at):
 
 def test_attach_to_a_vllm_stub():
     from ui import engine_access as ea
+
     at = _page()
     assert not at.exception
     tok = ea.get_engine().tokenizer
-    text_a = tok.encode("The KV cache keeps keys and values of earlier tokens <b>so</b> decoding is fast.",
-                        add_special_tokens=False)[:8]
+    text_a = tok.encode(
+        "The KV cache keeps keys and values of earlier tokens <b>so</b> decoding is fast.", add_special_tokens=False
+    )[:8]
     text_b = text_a[:4] + tok.encode(" & <i>more</i> text here", add_special_tokens=False)[:4]
     stub = VllmStub(demo_batches("current", text_a, text_b, 4), tokenizer=tok)
     try:
@@ -80,8 +85,15 @@ def test_attach_to_a_vllm_stub():
         assert not at.exception, [e.value for e in at.exception]
         sess = at.session_state["at_session"]
         assert sess.kind == "vllm"
-        assert _wait(lambda: (stub.pump() or True) and sess.event_state is not None
-                     and sess.event_state.last_seq == 2 and len(sess.history) >= 2 and sess.tokenizer_ok)
+        assert _wait(
+            lambda: (
+                (stub.pump() or True)
+                and sess.event_state is not None
+                and sess.event_state.last_seq == 2
+                and len(sess.history) >= 2
+                and sess.tokenizer_ok
+            )
+        )
         at.run()
         assert not at.exception, [e.value for e in at.exception]
         assert _metric(at, "KV cache usage") == "25.0 %"
@@ -92,9 +104,9 @@ def test_attach_to_a_vllm_stub():
         tree = next(s for s in _specs(at) if s["layout"]["title"]["text"].startswith("Prefix cache rebuilt"))
         assert "2 cached blocks, 1 chains" in tree["layout"]["title"]["text"]
         labels = tree["data"][0]["labels"]
-        assert any("&lt;" in lab or "&amp;" in lab for lab in labels[1:]), labels     # decoded and escaped
+        assert any("&lt;" in lab or "&amp;" in lab for lab in labels[1:]), labels  # decoded and escaped
         assert not any("<i>" in h or "<b>so" in h for h in tree["data"][0]["hovertext"])
-        assert not at.warning, [w.value for w in at.warning]        # nothing missing on this stub
+        assert not at.warning, [w.value for w in at.warning]  # nothing missing on this stub
     finally:
         at.session_state["at_session"].stop()
         stub.close()
@@ -119,11 +131,11 @@ def test_attach_to_a_vllm_stub_without_events_or_spec_notes_what_is_missing():
 def test_attach_to_a_kvscope_stub():
     from engine import EngineConfig, LLMEngine, SamplingParams
     from engine.kv_events import KVEventPublisher, external_hash
+
     eng = LLMEngine(EngineConfig(model="tiny", device="cpu", num_kv_blocks=24, block_size=8, max_model_len=128))
-    pub = KVEventPublisher("tcp://127.0.0.1:0", replay_endpoint="tcp://127.0.0.1:0")   # the engine's real events
+    pub = KVEventPublisher("tcp://127.0.0.1:0", replay_endpoint="tcp://127.0.0.1:0")  # the engine's real events
     pub.attach(eng)
-    frames = record_frames(eng, [[1] * 20 + [i] * 5 for i in range(2, 6)], SamplingParams(max_tokens=5,
-                                                                                         temperature=0))
+    frames = record_frames(eng, [[1] * 20 + [i] * 5 for i in range(2, 6)], SamplingParams(max_tokens=5, temperature=0))
     pub.flush()
     cached = {external_hash(h) for h in eng.bm.hash_to_block}
     stub = KvscopeStub(frames)
@@ -133,8 +145,9 @@ def test_attach_to_a_kvscope_stub():
         assert not at.exception, [e.value for e in at.exception]
         sess = at.session_state["at_session"]
         last = frames[-1][0]
-        assert _wait(lambda: sess.snapshot is not None and sess.snapshot.step == last.step
-                     and sess.tree.hashes() == cached)      # a late subscriber: rebuilt from the replay buffer
+        assert _wait(
+            lambda: sess.snapshot is not None and sess.snapshot.step == last.step and sess.tree.hashes() == cached
+        )  # a late subscriber: rebuilt from the replay buffer
         at.run()
         tree = next(s for s in _specs(at) if s["layout"]["title"]["text"].startswith("Prefix cache rebuilt"))
         assert f"{len(cached)} cached blocks" in tree["layout"]["title"]["text"]

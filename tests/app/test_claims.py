@@ -1,5 +1,6 @@
 """AppTest for the Claims page: bench rows from the committed fixture, then Measure on the tiny
 shared engine replaces the live-measurable rows with numbers labelled as measured here."""
+
 from __future__ import annotations
 
 from pathlib import Path

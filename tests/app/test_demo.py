@@ -2,6 +2,7 @@
 traces, chapter buttons jump to the tick the trace's events give, step buttons move one tick, and
 "run this story live" runs the requests on the (tiny) shared engine and finds its chapters in the
 live run's own events."""
+
 from __future__ import annotations
 
 from pathlib import Path

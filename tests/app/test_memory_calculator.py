@@ -2,6 +2,7 @@
 
 The page inserts the repo root into sys.path itself (AppTest on a single page file only puts the
 page's folder there), so it runs stand-alone, without app.py or an engine."""
+
 from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
@@ -43,7 +44,7 @@ def test_seed_examples_via_widgets():
     at.run()
     m = _metrics(at)
     assert m["KV per sequence"] == "16 GiB" and m["Total needed"] == "16 GiB"
-    assert m["Max concurrent"] == "5"            # 80 GiB / 16 GiB
+    assert m["Max concurrent"] == "5"  # 80 GiB / 16 GiB
 
     at.number_input(key="mc_context").set_value(32_768)
     for kind, expected in (("MHA", "16 GiB"), ("GQA", "4 GiB"), ("MQA", "512 MiB")):
@@ -90,7 +91,7 @@ def test_dtype_and_concurrency_change_numbers():
     m = _metrics(at)
     # 1 byte per number + a float32 scale per (token, KV head) row, as kvscope stores fp8: 65,536 + 2,048
     assert m["KV bytes per token"] == "67,584 B"
-    assert m["Total needed"] == "2.06 GiB"                   # 8 x 4,096 x 67,584 B
+    assert m["Total needed"] == "2.06 GiB"  # 8 x 4,096 x 67,584 B
     at.selectbox(key="mc_dtype").set_value("fp32")
     at.run()
     assert _metrics(at)["KV bytes per token"] == "262,144 B"
@@ -114,7 +115,7 @@ def test_pasted_json_ok_and_invalid():
     at.radio(key="mc_source").set_value("Paste config.json")
     at.run()
     assert not at.exception and not at.error
-    assert _metrics(at)["KV bytes per token"] == "23,040 B"   # the SmolLM2 example shown
+    assert _metrics(at)["KV bytes per token"] == "23,040 B"  # the SmolLM2 example shown
     at.text_area(key="mc_json").input('{"num_hidden_layers": 32, "num_attention_heads": 32,')
     at.run()
     assert not at.exception
@@ -124,10 +125,11 @@ def test_pasted_json_ok_and_invalid():
     assert not at.exception
     assert "num_hidden_layers" in at.error[0].value
     at.text_area(key="mc_json").input(
-        '{"n_layer": 12, "n_head": 12, "n_embd": 768, "vocab_size": 50257, "model_type": "gpt2"}')
+        '{"n_layer": 12, "n_head": 12, "n_embd": 768, "vocab_size": 50257, "model_type": "gpt2"}'
+    )
     at.run()
     assert not at.error
-    assert _metrics(at)["KV bytes per token"] == "36,864 B"     # 2 x 12 layers x 12 heads x 64 x 2 B
+    assert _metrics(at)["KV bytes per token"] == "36,864 B"  # 2 x 12 layers x 12 heads x 64 x 2 B
 
 
 def test_gqa_groups_selector():
@@ -142,8 +144,15 @@ def test_gqa_groups_selector():
 
 
 def test_loaded_model_from_session_state():
-    info = {"model": "default", "num_layers": 30, "num_kv_heads": 3, "head_dim": 64,
-            "num_attention_heads": 9, "hidden_size": 576, "vocab_size": 49152}
+    info = {
+        "model": "default",
+        "num_layers": 30,
+        "num_kv_heads": 3,
+        "head_dim": 64,
+        "num_attention_heads": 9,
+        "hidden_size": 576,
+        "vocab_size": 49152,
+    }
     at = _run(engine_info=info)
     assert at.radio(key="mc_source").value == "The loaded model"
     assert not at.exception
@@ -153,14 +162,23 @@ def test_loaded_model_from_session_state():
 
 def test_loaded_model_engine_info_dataclass_without_query_heads():
     # SmolLM2-135M in fp32 as the engine reports it: 2 x 30 layers x 3 KV heads x 64 x 4 B per token
-    info = make_engine_info(model="default", dtype="float32", num_layers=30, num_kv_heads=3, head_dim=64,
-                            block_size=16, num_blocks=100, bytes_per_token=46_080, victim_policy="last_admitted")
+    info = make_engine_info(
+        model="default",
+        dtype="float32",
+        num_layers=30,
+        num_kv_heads=3,
+        head_dim=64,
+        block_size=16,
+        num_blocks=100,
+        bytes_per_token=46_080,
+        victim_policy="last_admitted",
+    )
     assert (info.bytes_per_block, info.kv_cache_bytes) == (737_280, 73_728_000)
     at = _run(engine_info=info)
     assert not at.exception and not at.error
     at.selectbox(key="mc_dtype").set_value("fp32")
     at.run()
-    assert _metrics(at)["KV bytes per token"] == "46,080 B"      # matches the engine's own figure
+    assert _metrics(at)["KV bytes per token"] == "46,080 B"  # matches the engine's own figure
     assert "query heads not reported" in at.subheader[0].value
     assert any("weights not counted" in c.value for c in at.caption)
 
@@ -179,6 +197,7 @@ def test_parameter_count_override():
 def test_measured_kv_quantization_cost_beside_the_dtype():
     """assets/measurements/kvquant.json (bench kvquant on the default model) is shown with its date."""
     import json
+
     data = json.loads((Path(PAGE).parents[1] / "assets" / "measurements" / "kvquant.json").read_text())
     at = _run(mc_dtype="int8")
     assert not at.exception

@@ -4,6 +4,7 @@ engine, and what they show is the engine's numbers.
 
 Test mode (KVSCOPE_TEST_MODE=1, tiny model): no live polling, so a launched load is run to
 completion before the page draws; private-engine measurements use small sizes."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -47,10 +48,12 @@ def _html(at) -> str:
 
 def _engine():
     from ui import engine_access as ea
+
     return ea.get_engine()
 
 
 # ------------------------------------------------------------------ concurrent load
+
 
 def test_load_page_runs_a_workload_on_the_shared_engine():
     at = _app("load.py")
@@ -61,7 +64,7 @@ def test_load_page_runs_a_workload_on_the_shared_engine():
     m = _metrics(at)
     assert m["Submitted"] == ["6 / 6"]
     assert m["Rejected at submit"] == ["0"]
-    assert len(at.get("plotly_chart")) == 5     # 4 over-time charts + the continuous-batching chart
+    assert len(at.get("plotly_chart")) == 5  # 4 over-time charts + the continuous-batching chart
     assert any("done" in c.value for c in at.caption)
     th = _engine()
     snap = th.snapshot()
@@ -89,7 +92,7 @@ def test_load_page_shows_engine_rejections():
     at.button_group(key="load_scenario").set_value("mixed").run()
     at.number_input(key="load_n").set_value(3)
     at.multiselect(key="load_tiers").set_value(["free"])
-    at.number_input(key="load_omax").set_value(4000)      # prompt + max_tokens over the free tier's cap
+    at.number_input(key="load_omax").set_value(4000)  # prompt + max_tokens over the free tier's cap
     at.number_input(key="load_omed").set_value(4000)
     _submit(at, "load_form", "Launch load")
     m = _metrics(at)
@@ -100,10 +103,13 @@ def test_load_page_shows_engine_rejections():
 
 # ------------------------------------------------------------------ prefix cache
 
+
 def test_prefix_cache_page_measures_hits_on_the_engine():
     at = _app("prefix_cache.py")
-    at.text_area(key="pc_users").set_value("first <script>alert(1)</script>\nsecond <img src=x onerror=alert(2)>\nthird")
-    at.slider(key="pc_max_tokens").set_value(32)     # the later turns share blocks for 32+ steps
+    at.text_area(key="pc_users").set_value(
+        "first <script>alert(1)</script>\nsecond <img src=x onerror=alert(2)>\nthird"
+    )
+    at.slider(key="pc_max_tokens").set_value(32)  # the later turns share blocks for 32+ steps
     _submit(at, "pc_form", "Measure with and without sharing")
     assert not at.error, [e.value for e in at.error]
     m = _metrics(at)
@@ -113,15 +119,17 @@ def test_prefix_cache_page_measures_hits_on_the_engine():
     res = at.session_state["pc_result"]
     assert res["hit"][0].cached_tokens == 0 and all(r.cached_tokens > 0 for r in res["hit"][1:])
     assert all(r.cached_tokens == 0 for r in res["miss"])
-    assert len(at.get("plotly_chart")) == 2                     # TTFT figure + pool map
+    assert len(at.get("plotly_chart")) == 2  # TTFT figure + pool map
     assert "<script>alert" not in _html(at) and "<img src=x" not in _html(at)
-    c = res["comparison"]                                       # cold vs warm, alternated, 3 rounds
+    c = res["comparison"]  # cold vs warm, alternated, 3 rounds
     assert c.names == ("miss", "cache") and c.rounds == 3
     assert any("median of 3 rounds" in str(x.value) for x in list(at.caption) + list(at.warning))
     # measured on a private engine: nothing of it ever entered the shared engine
     from ui import engine_access as ea
+
     assert not any(r.request_id.startswith(res["tag"]) for r in ea.get_engine().snapshot().requests)
     from ui import compare as C
+
     cold = [r.ttft_s for r in res["miss"][1:]]
     warm = [r.ttft_s for r in res["hit"][1:]]
     saved = 1000 * (sum(cold) / len(cold) - sum(warm) / len(warm))
@@ -133,6 +141,7 @@ def test_prefix_cache_page_side_channel_and_salts():
     """The side-channel section: every cell measured each round, the shared-cache probes of a cached
     prefix hit it fully, the salted ones never do; the numbers shown are the probes'."""
     from engine import side_channel as sc
+
     at = _app("prefix_cache.py")
     assert any("Measure the side channel" in i.value for i in at.info)
     at.number_input(key="sc_prefix").set_value(16)
@@ -152,12 +161,14 @@ def test_prefix_cache_page_side_channel_and_salts():
 
 # ------------------------------------------------------------------ paged vs contiguous
 
+
 def test_paged_vs_contiguous_page_reads_waste_from_snapshots():
     at = _app("paged_vs_contiguous.py")
     at.number_input(key="pvc_n").set_value(10)
     _submit(at, "pvc_form", "Run both allocators")
     res = at.session_state["pvc_result"]
     from ui import compare as C
+
     sa, sb = C.allocator_summary(res["paged"]), C.allocator_summary(res["contiguous"])
     assert sa["allocator"] == "paged" and sb["allocator"] == "contiguous"
     assert sb["mean_waste"] > sa["mean_waste"] and sa["peak_running"] > sb["peak_running"]
@@ -168,6 +179,7 @@ def test_paged_vs_contiguous_page_reads_waste_from_snapshots():
 
 
 # ------------------------------------------------------------------ cache vs no-cache
+
 
 def test_cache_vs_nocache_counts_tokens_fed():
     at = _app("cache_vs_nocache.py")
@@ -191,12 +203,13 @@ def test_cache_vs_nocache_exercise_three_runs():
     assert m["Finished"] == ["10 / 10"] * 3
     pre = [int(x) for x in m["Preemptions"]]
     assert pre[0] == 0 and pre[1] == 0 and pre[2] > 0
-    assert int(m["Peak KV slots"][0].replace(",", "")) > 8 * 16       # A: past the budget
+    assert int(m["Peak KV slots"][0].replace(",", "")) > 8 * 16  # A: past the budget
     assert all(int(x.replace(",", "")) <= 8 * 16 for x in m["Peak KV slots"][1:])
     assert "MemoryBudgetExceeded" in at.error[0].value
 
 
 # ------------------------------------------------------------------ replay
+
 
 def test_replay_page_scrubs_a_recorded_trace():
     at = _app("replay.py")

@@ -1,6 +1,7 @@
 """The sidebar offers the device when a GPU is present (engine/device.py decides the list). On a
 CPU-only machine the GPU's presence is mocked: the Device choice appears, choosing the CPU
 rebuilds the engine there, choosing CUDA without CUDA is a clear message, not a traceback."""
+
 from __future__ import annotations
 
 import os
@@ -21,6 +22,7 @@ def _test_env():
     os.environ["KVSCOPE_MODEL"] = "tiny"
     yield
     from ui import engine_access as ea
+
     holder = ea.shared_engine()
     if holder.thread is not None:
         holder.thread.shutdown()
@@ -51,6 +53,7 @@ def test_device_offered_only_with_a_gpu(monkeypatch):
     from streamlit.testing.v1 import AppTest
 
     from ui import engine_access as ea
+
     if not torch.cuda.is_available():
         at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
         assert not at.exception

@@ -12,6 +12,7 @@ page_has_no_exception) live in tests/browser/shot.py; import them from there:
 
 Mark every browser test with @pytest.mark.browser.
 """
+
 from __future__ import annotations
 
 import pytest

@@ -7,6 +7,7 @@ pixel-identical shots across server and browser restarts on these machines.
 Timeouts below are hang guards (generous for 2 busy cores), never speed assertions. They scale
 with the env var KVSCOPE_BROWSER_TIMEOUT_S (default 300 s per wait).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -45,17 +46,28 @@ TEST_APP_ENV = {
 }
 
 STREAMLIT_FLAGS = [
-    "--client.toolbarMode", "minimal",
-    "--theme.base", "light",
-    "--server.fileWatcherType", "none",
-    "--server.headless", "true",
-    "--browser.gatherUsageStats", "false",
+    "--client.toolbarMode",
+    "minimal",
+    "--theme.base",
+    "light",
+    "--server.fileWatcherType",
+    "none",
+    "--server.headless",
+    "true",
+    "--browser.gatherUsageStats",
+    "false",
 ]
 
 CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
-    "--hide-scrollbars", "--force-color-profile=srgb",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+    "--hide-scrollbars",
+    "--force-color-profile=srgb",
     # partial raster re-drew only part of a repainted button, leaving its rounded corners
     # 1 colour unit off in about half the shots; full-tile raster made them identical
     "--disable-partial-raster",
@@ -186,6 +198,7 @@ _EXCEPTION_TEXT_JS = """
 # Streamlit server
 # --------------------------------------------------------------------------------------------
 
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -197,6 +210,7 @@ def _die_with_parent() -> None:
     unhandled SIGTERM that skips fixture teardown and atexit (Linux prctl PR_SET_PDEATHSIG)."""
     try:
         import ctypes
+
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
     except Exception:
         pass
@@ -218,8 +232,12 @@ class StreamlitServer:
     shown in the test failure. Use as a context manager or call start()/stop().
     """
 
-    def __init__(self, script: str | os.PathLike = APP_SCRIPT, env: dict[str, str] | None = None,
-                 cwd: str | os.PathLike = REPO_ROOT):
+    def __init__(
+        self,
+        script: str | os.PathLike = APP_SCRIPT,
+        env: dict[str, str] | None = None,
+        cwd: str | os.PathLike = REPO_ROOT,
+    ):
         self.script = Path(script).resolve()
         self.env = {**TEST_APP_ENV, **(env or {})}
         self.cwd = Path(cwd)
@@ -257,21 +275,37 @@ class StreamlitServer:
             self.stop()
             if not died_on_port:
                 break
-        raise RuntimeError(f"streamlit server for {self.script} did not become healthy.\n"
-                           f"--- server log ---\n{self.log_text()[-6000:]}")
+        raise RuntimeError(
+            f"streamlit server for {self.script} did not become healthy.\n--- server log ---\n{self.log_text()[-6000:]}"
+        )
 
     def _try_start(self) -> bool:
         self.port = free_port()
         self._close_log()
-        self._log = tempfile.NamedTemporaryFile("w+", prefix="kvscope-streamlit-", suffix=".log",
-                                                delete=False)
-        cmd = [sys.executable, "-m", "streamlit", "run", str(self.script), *STREAMLIT_FLAGS,
-               "--server.port", str(self.port), "--server.address", "127.0.0.1"]
+        self._log = tempfile.NamedTemporaryFile("w+", prefix="kvscope-streamlit-", suffix=".log", delete=False)
+        cmd = [
+            sys.executable,
+            "-m",
+            "streamlit",
+            "run",
+            str(self.script),
+            *STREAMLIT_FLAGS,
+            "--server.port",
+            str(self.port),
+            "--server.address",
+            "127.0.0.1",
+        ]
         t0 = time.monotonic()
-        self.proc = subprocess.Popen(cmd, cwd=self.cwd, env={**os.environ, **self.env},
-                                     stdin=subprocess.DEVNULL, stdout=self._log,
-                                     stderr=subprocess.STDOUT, start_new_session=True,
-                                     preexec_fn=_die_with_parent)
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=self.cwd,
+            env={**os.environ, **self.env},
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
         _LIVE_SERVERS.add(self)
         deadline = t0 + WAIT_S
         while time.monotonic() < deadline:
@@ -322,6 +356,7 @@ class StreamlitServer:
 # Browser
 # --------------------------------------------------------------------------------------------
 
+
 def chromium_path() -> str:
     return os.environ.get("KVSCOPE_CHROMIUM", "/usr/bin/chromium")
 
@@ -330,17 +365,25 @@ def launch_browser(playwright):
     """Debian's Chromium via its /usr/bin wrapper (Playwright cannot download browsers here)."""
     exe = chromium_path()
     if not os.access(exe, os.X_OK):
-        raise RuntimeError(f"Chromium not found at {exe}. Install it with `apt-get install -y "
-                           "chromium` (scripts/test.sh does), set KVSCOPE_CHROMIUM, or deselect "
-                           "browser tests with -m 'not browser'.")
+        raise RuntimeError(
+            f"Chromium not found at {exe}. Install it with `apt-get install -y "
+            "chromium` (scripts/test.sh does), set KVSCOPE_CHROMIUM, or deselect "
+            "browser tests with -m 'not browser'."
+        )
     return playwright.chromium.launch(executable_path=exe, headless=True, args=CHROMIUM_ARGS)
 
 
 def new_context(browser):
     """A context with everything that affects pixels pinned."""
-    ctx = browser.new_context(viewport=dict(VIEWPORT), device_scale_factor=1,
-                              reduced_motion="reduce", color_scheme="light", locale="en-US",
-                              timezone_id="UTC", service_workers="block")
+    ctx = browser.new_context(
+        viewport=dict(VIEWPORT),
+        device_scale_factor=1,
+        reduced_motion="reduce",
+        color_scheme="light",
+        locale="en-US",
+        timezone_id="UTC",
+        service_workers="block",
+    )
     ctx.add_init_script(NO_MOTION_INIT_SCRIPT)
     ctx.add_init_script(WEBSOCKET_HOOK_INIT_SCRIPT)
     ctx.set_default_timeout(WAIT_S * 1000)
@@ -351,6 +394,7 @@ def new_context(browser):
 # --------------------------------------------------------------------------------------------
 # Waits and actions
 # --------------------------------------------------------------------------------------------
+
 
 def wait_drawn(page, timeout_s: float | None = None) -> None:
     """Wait until the page is fully drawn, not merely "script finished".
@@ -378,8 +422,9 @@ def rerun_after(page, action, timeout_s: float | None = None, what: str = "the a
         raise RuntimeError("rerun_after needs a page from shot.new_context (websocket hook)")
     result = action()
     try:
-        page.wait_for_function(f"() => window.__kvscopeWs.finals > {before}",
-                               timeout=(timeout_s or WAIT_S) * 1000, polling=20)
+        page.wait_for_function(
+            f"() => window.__kvscopeWs.finals > {before}", timeout=(timeout_s or WAIT_S) * 1000, polling=20
+        )
     except Exception as e:
         raise AssertionError(f"{what} did not start and finish a Streamlit rerun") from e
     page.evaluate(_SETTLE_JS)
@@ -413,8 +458,7 @@ def open_page(page, base_url: str, url_path: str = "", timeout_s: float | None =
     wait_drawn(page, timeout_s)
     dialog = page.locator('[role="dialog"]')
     if dialog.count() and "Page not found" in dialog.first.inner_text():
-        raise AssertionError(f"Streamlit answered 'Page not found' for {url}: "
-                             f"{dialog.first.inner_text()[:500]}")
+        raise AssertionError(f"Streamlit answered 'Page not found' for {url}: {dialog.first.inner_text()[:500]}")
     assert_no_exception(page)
     return page
 
@@ -422,6 +466,7 @@ def open_page(page, base_url: str, url_path: str = "", timeout_s: float | None =
 # --------------------------------------------------------------------------------------------
 # Checks
 # --------------------------------------------------------------------------------------------
+
 
 def exception_text(page) -> str:
     """Text of every st.exception box and of any "Traceback" on the page ('' when none)."""
@@ -453,14 +498,14 @@ def take_screenshot(page, extra_css: str = "") -> bytes:
     wait_drawn(page)
     height = page.evaluate(
         "() => { const m = document.querySelector('[data-testid=\"stMain\"]');"
-        " return m ? m.scrollHeight : document.documentElement.scrollHeight; }")
+        " return m ? m.scrollHeight : document.documentElement.scrollHeight; }"
+    )
     grown = max(VIEWPORT["height"], int(height))
     try:
         if grown != VIEWPORT["height"]:
             page.set_viewport_size({"width": VIEWPORT["width"], "height": grown})
             wait_drawn(page)
-        return page.screenshot(animations="disabled", caret="hide", style=HIDE_CHROME_CSS + extra_css,
-                               scale="css")
+        return page.screenshot(animations="disabled", caret="hide", style=HIDE_CHROME_CSS + extra_css, scale="css")
     finally:
         if grown != VIEWPORT["height"]:
             page.set_viewport_size(dict(VIEWPORT))
@@ -483,8 +528,9 @@ def diff_pixels(a: Image.Image, b: Image.Image) -> tuple[int, Image.Image | None
     return count, out.convert("RGB")
 
 
-def assert_screenshot(page, name: str, *, extra_css: str = "",
-                      baseline_dir: str | os.PathLike = SCREENSHOT_DIR) -> None:
+def assert_screenshot(
+    page, name: str, *, extra_css: str = "", baseline_dir: str | os.PathLike = SCREENSHOT_DIR
+) -> None:
     """Compare a full-page shot with `<baseline_dir>/<name>.png`, pixel-exactly.
 
     Mismatch: saves `<name>.actual.png` and `<name>.diff.png` under tests/screenshots/_out/ and
@@ -501,8 +547,9 @@ def assert_screenshot(page, name: str, *, extra_css: str = "",
         baseline.parent.mkdir(parents=True, exist_ok=True)
         baseline.write_bytes(png)
         if not existed and not _updating():
-            raise AssertionError(f"no baseline for screenshot {name!r}: wrote {baseline}. Look at "
-                                 "it, commit it if right, and rerun.")
+            raise AssertionError(
+                f"no baseline for screenshot {name!r}: wrote {baseline}. Look at it, commit it if right, and rerun."
+            )
         return
     actual = Image.open(io.BytesIO(png))
     expected = Image.open(baseline)
@@ -513,10 +560,13 @@ def assert_screenshot(page, name: str, *, extra_css: str = "",
     actual_path = OUT_DIR / f"{name}.actual.png"
     actual_path.write_bytes(png)
     if count < 0:
-        raise AssertionError(f"screenshot {name!r}: size {actual.size} != baseline "
-                             f"{expected.size}; actual saved to {actual_path}")
+        raise AssertionError(
+            f"screenshot {name!r}: size {actual.size} != baseline {expected.size}; actual saved to {actual_path}"
+        )
     diff_path = OUT_DIR / f"{name}.diff.png"
     diff.save(diff_path)
-    raise AssertionError(f"screenshot {name!r}: {count} pixels differ from {baseline}; actual "
-                         f"saved to {actual_path}, diff to {diff_path}. If the change is "
-                         "intended, rerun with KVSCOPE_UPDATE_SCREENSHOTS=1 and commit.")
+    raise AssertionError(
+        f"screenshot {name!r}: {count} pixels differ from {baseline}; actual "
+        f"saved to {actual_path}, diff to {diff_path}. If the change is "
+        "intended, rerun with KVSCOPE_UPDATE_SCREENSHOTS=1 and commit."
+    )

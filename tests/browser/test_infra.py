@@ -1,6 +1,7 @@
 """Proves the browser-test infrastructure on a throwaway app (fixtures_app/demo_app.py):
 pixel-identical shots across server restarts, the click wait, direct page URLs on a fresh
 server, the exception check, and that a one-unit colour change is caught."""
+
 import io
 from pathlib import Path
 
@@ -37,8 +38,13 @@ def test_diff_pixels_counts_one_unit_changes():
 
 
 @settings(max_examples=300, deadline=None)
-@given(colour=st.tuples(*[st.integers(0, 255)] * 3), x=st.integers(0, 4), y=st.integers(0, 3),
-       channel=st.integers(0, 2), up=st.booleans())
+@given(
+    colour=st.tuples(*[st.integers(0, 255)] * 3),
+    x=st.integers(0, 4),
+    y=st.integers(0, 3),
+    channel=st.integers(0, 2),
+    up=st.booleans(),
+)
 def test_diff_pixels_catches_any_one_unit_change_anywhere(colour, x, y, channel, up):
     a = Image.new("RGB", (5, 4), colour)
     changed = list(colour)

@@ -4,6 +4,7 @@ text reads as a user would see it; the Claims page reads a committed bench-resul
 (tests/fixtures/bench: a real `python -m engine bench ... --quick --model tiny` run, labelled with
 its file name, model and date as the page labels any result) — the live Measure button times
 things, so its result is checked for content, not pixels."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -39,8 +40,7 @@ def test_demo_at_a_captioned_step(server, page):
 
 def test_demo_speculation_fallback(server, page):
     open_page(page, server.url, "demo")
-    click_and_wait(page, page.locator('[data-testid="stButtonGroup"]').get_by_text("Speculative decoding",
-                                                                                    exact=True))
+    click_and_wait(page, page.locator('[data-testid="stButtonGroup"]').get_by_text("Speculative decoding", exact=True))
     click_and_wait(page, page.get_by_role("button", name="3. Fallback"))
     assert_no_exception(page)
     assert "stops speculating" in _main_text(page)
@@ -52,7 +52,7 @@ def test_claims_with_bench_results(server, page):
     assert_no_exception(page)
     text = _main_text(page)
     assert "model tiny" in text and "holds here" in text
-    assert "not measured yet" in text            # quantized-KV recall: no kvquant result
+    assert "not measured yet" in text  # quantized-KV recall: no kvquant result
     assert_screenshot(page, "claims_bench_fixture")
     click_and_wait(page, page.get_by_role("button", name="Measure"), timeout_s=600)
     assert_no_exception(page)

@@ -6,6 +6,7 @@ server), so the shared engine's state comes only from these tests. Shots are tak
 states whose every pixel is deterministic: before a measurement, after step-counted runs
 (greedy, EOS ignored, seeded workloads: the same steps and counts every time), and recorded
 traces. Pages whose charts carry wall-clock times are checked for content, not pixels."""
+
 from __future__ import annotations
 
 import json
@@ -31,10 +32,12 @@ def _main_text(page) -> str:
 
 def test_direct_urls_and_initial_states(mem_server, page):
     # the first URL this server ever answers is a memory page (SCREENSHOTS.md pitfall 1)
-    for path, shot, heading in (("load", "mem_load_initial", "Concurrent load"),
-                                ("prefix_cache", "mem_prefix_cache_initial", "Prefix cache"),
-                                ("paged_vs_contiguous", "mem_paged_vs_contiguous_initial", "Paged vs contiguous"),
-                                ("cache_vs_nocache", "mem_cache_vs_nocache_initial", "Cache vs no-cache")):
+    for path, shot, heading in (
+        ("load", "mem_load_initial", "Concurrent load"),
+        ("prefix_cache", "mem_prefix_cache_initial", "Prefix cache"),
+        ("paged_vs_contiguous", "mem_paged_vs_contiguous_initial", "Paged vs contiguous"),
+        ("cache_vs_nocache", "mem_cache_vs_nocache_initial", "Cache vs no-cache"),
+    ):
         open_page(page, mem_server.url, path)
         assert page.locator("h1").first.inner_text().strip() == heading
         assert_screenshot(page, shot)
@@ -44,7 +47,7 @@ def test_replay_demo_trace(mem_server, page):
     open_page(page, mem_server.url, "replay")
     text = _main_text(page)
     assert "model default" in text and "Engine step" in text
-    assert page.locator(".js-plotly-plot").count() >= 5          # 4 over-time charts + pool map
+    assert page.locator(".js-plotly-plot").count() >= 5  # 4 over-time charts + pool map
     assert_screenshot(page, "mem_replay_demo")
 
 
@@ -83,25 +86,50 @@ def test_load_run_draws_engine_numbers(mem_server, page):
 def _hostile_trace() -> bytes:
     bad = '<img src=x onerror="window.__pwned=1">'
     svg = '"><svg onload="window.__pwned=2">'
-    info = asdict(make_engine_info(model=bad, block_size=4, num_blocks=4, max_model_len=64, max_num_seqs=4,
-                                   max_num_batched_tokens=64))
-    req = dict(request_id=svg, state="running", tier=None, prompt_len=3, output_len=1, num_computed_tokens=4,
-               num_cached_tokens=0, block_table=[0], slots_allocated=4, kv_bytes=6144,
-               waiting_reason="<script>window.__pwned=3</script>", prompt_preview=bad)
-    blocks = [dict(block_id=0, state="used", ref_count=1, owners=[svg], fill=4),
-              *[dict(block_id=i, state="free", ref_count=0, owners=[], fill=0) for i in (1, 2, 3)]]
+    info = asdict(
+        make_engine_info(
+            model=bad, block_size=4, num_blocks=4, max_model_len=64, max_num_seqs=4, max_num_batched_tokens=64
+        )
+    )
+    req = dict(
+        request_id=svg,
+        state="running",
+        tier=None,
+        prompt_len=3,
+        output_len=1,
+        num_computed_tokens=4,
+        num_cached_tokens=0,
+        block_table=[0],
+        slots_allocated=4,
+        kv_bytes=6144,
+        waiting_reason="<script>window.__pwned=3</script>",
+        prompt_preview=bad,
+    )
+    blocks = [
+        dict(block_id=0, state="used", ref_count=1, owners=[svg], fill=4),
+        *[dict(block_id=i, state="free", ref_count=0, owners=[], fill=0) for i in (1, 2, 3)],
+    ]
     snap = dict(step=1, time=0.5, info=info, blocks=blocks, requests=[req], metrics={})
-    ev = dict(seq=1, step=1, time=0.5, kind="preempt", request_id=svg,
-              data={"reason": "<script>window.__pwned=4</script>\u202eevil\u200b", "mode": bad})
-    lines = [{"kind": "kvscope-trace", "version": 1}, {"kind": "snapshot", "snapshot": snap},
-             {"kind": "event", "event": ev}]
+    ev = dict(
+        seq=1,
+        step=1,
+        time=0.5,
+        kind="preempt",
+        request_id=svg,
+        data={"reason": "<script>window.__pwned=4</script>\u202eevil\u200b", "mode": bad},
+    )
+    lines = [
+        {"kind": "kvscope-trace", "version": 1},
+        {"kind": "snapshot", "snapshot": snap},
+        {"kind": "event", "event": ev},
+    ]
     return ("\n".join(json.dumps(x) for x in lines) + "\n").encode()
 
 
 def test_replay_upload_hostile_and_bad_files(mem_server, page, tmp_path):
     open_page(page, mem_server.url, "replay")
     click_and_wait(page, page.get_by_text("Upload a file"))
-    assert "Engine step" not in _main_text(page)       # the demo is no longer shown
+    assert "Engine step" not in _main_text(page)  # the demo is no longer shown
     hostile = tmp_path / "hostile.jsonl"
     hostile.write_bytes(_hostile_trace())
     page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(str(hostile))

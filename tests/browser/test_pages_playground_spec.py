@@ -5,6 +5,7 @@ greedy, seeded, static charts), in file order: Home on the untouched engine, the
 answer, then a self-draft speculative run. Wall-clock numbers (TTFT, tokens/s, e2e, speedup,
 the measured-cost chart) are hidden while the shot is taken; everything else must match exactly.
 """
+
 from __future__ import annotations
 
 import re
@@ -30,8 +31,10 @@ HIDE_TIMING_CSS = """
 .st-key-spec_costs { visibility: hidden !important; }
 """
 
-HOSTILE = ('<script>window.__pwned=1</script><img src=x onerror="window.__pwned=2">'
-           '"><svg onload="window.__pwned=3"> RTL:\u202eevil zero:\u200bwidth')
+HOSTILE = (
+    '<script>window.__pwned=1</script><img src=x onerror="window.__pwned=2">'
+    '"><svg onload="window.__pwned=3"> RTL:\u202eevil zero:\u200bwidth'
+)
 
 
 @pytest.fixture(scope="module")
@@ -72,18 +75,25 @@ def test_playground_answer(server, page):
     main = page.locator('[data-testid="stMain"]')
     assert "cache growth of r1" in main.inner_text()
     assert page.locator(".kvscope-tokens .tok-plain").count() == 48
-    assert page.locator(".js-plotly-plot").count() == 3     # pool map, growth, phases
+    assert page.locator(".js-plotly-plot").count() == 3  # pool map, growth, phases
     _hide_timing(page)
     assert_screenshot(page, "playground_answer")
 
 
 def test_playground_hostile_prompt_is_text(server, page):
     open_page(page, server.url, "playground")
-    field = page.locator(".stkeyup").filter(
-        has=page.locator("label.stkeyup__label", has_text=re.compile("^Prompt$"))).locator("input")
+    field = (
+        page.locator(".stkeyup")
+        .filter(has=page.locator("label.stkeyup__label", has_text=re.compile("^Prompt$")))
+        .locator("input")
+    )
     field.fill(HOSTILE)
-    page.wait_for_function("() => document.querySelector('.kvscope-preview') && document.querySelector("
-                           "'.kvscope-preview').textContent.includes('__pwned')", timeout=120_000, polling=50)
+    page.wait_for_function(
+        "() => document.querySelector('.kvscope-preview') && document.querySelector("
+        "'.kvscope-preview').textContent.includes('__pwned')",
+        timeout=120_000,
+        polling=50,
+    )
     click_and_wait(page, page.get_by_role("button", name="Generate"))
     assert_no_exception(page)
     assert page.evaluate("() => window.__pwned") is None
@@ -91,7 +101,7 @@ def test_playground_hostile_prompt_is_text(server, page):
     assert page.locator("svg[onload]").count() == 0
     assert page.locator("script", has_text="__pwned").count() == 0
     text = page.locator('[data-testid="stMain"]').inner_text()
-    assert "<script>window.__pwned=1</script>" in text   # shown, as text
+    assert "<script>window.__pwned=1</script>" in text  # shown, as text
 
 
 def test_speculative_self_draft(server, page):

@@ -11,6 +11,7 @@ here and checked for content (engine counts, no exception).
 
 Own server (an extra env entry gives a separate session-scoped server), so these shots do not
 depend on what other browser test files did to the shared engine."""
+
 from __future__ import annotations
 
 import pytest
@@ -31,10 +32,17 @@ pytestmark = pytest.mark.browser
 STATES_ENV = {"KVSCOPE_TEST_SERVER": "page-states"}
 
 # (url path, expected h1) of every page, Home first: the order of app.PAGES
-ALL_PAGES = (("", "kvscope"), ("playground", None), ("load", "Concurrent load"), ("speculative", None),
-             ("prefix_cache", "Prefix cache"), ("memory_calculator", "Memory calculator"),
-             ("paged_vs_contiguous", "Paged vs contiguous"), ("cache_vs_nocache", "Cache vs no-cache"),
-             ("replay", "Replay"))
+ALL_PAGES = (
+    ("", "kvscope"),
+    ("playground", None),
+    ("load", "Concurrent load"),
+    ("speculative", None),
+    ("prefix_cache", "Prefix cache"),
+    ("memory_calculator", "Memory calculator"),
+    ("paged_vs_contiguous", "Paged vs contiguous"),
+    ("cache_vs_nocache", "Cache vs no-cache"),
+    ("replay", "Replay"),
+)
 
 
 @pytest.fixture(scope="module")
@@ -57,17 +65,19 @@ def _set_number(page, label: str, value: int) -> None:
     def act():
         box.fill(str(value))
         box.press("Enter")
+
     rerun_after(page, act, what=f"setting {label!r} to {value}")
-    page.evaluate("() => document.activeElement && document.activeElement.blur()")   # no focus ring in shots
+    page.evaluate("() => document.activeElement && document.activeElement.blur()")  # no focus ring in shots
 
 
 def _open_demo_trace(page, url: str, name: str) -> None:
     open_page(page, url, "replay")
-    if name != "release-freeze":        # the first demo (sorted by name) is shown by default
+    if name != "release-freeze":  # the first demo (sorted by name) is shown by default
         choose_option(page, "Demo trace", name)
 
 
 # ------------------------------------------------------------------------- memory calculator
+
 
 def test_memory_calculator_mistral_7b_long_context(states_server, page):
     """A real published config (Mistral-7B v0.2: 32 layers, GQA with 8 KV heads of 128), bf16 KV,
@@ -82,7 +92,7 @@ def test_memory_calculator_mistral_7b_long_context(states_server, page):
     per_token = 2 * 32 * 8 * 128 * 2
     assert per_token == 131_072
     assert _metric(page, "KV bytes per token") == f"{per_token:,} B"
-    assert _metric(page, "KV per sequence") == "4 GiB"            # 131,072 x 32,768 = 4 x 2^30
+    assert _metric(page, "KV per sequence") == "4 GiB"  # 131,072 x 32,768 = 4 x 2^30
     text = _main_text(page)
     assert "Mistral-7B (v0.2): GQA" in text
     assert "they fit" in text
@@ -91,6 +101,7 @@ def test_memory_calculator_mistral_7b_long_context(states_server, page):
 
 
 # ------------------------------------------------------------------------- load (replayed)
+
 
 def test_load_mid_run_replayed(states_server, page):
     """Release-freeze on the default model, at the busiest recorded tick (the Replay page's
@@ -117,13 +128,14 @@ def test_load_live_finished(states_server, page):
     assert "done" in text
     assert _metric(page, "Running/waiting") == "0 / 0"
     submitted = _metric(page, "Submitted")
-    assert submitted.endswith(" / " + submitted.split(" / ")[0])   # every turn submitted
+    assert submitted.endswith(" / " + submitted.split(" / ")[0])  # every turn submitted
     assert page.locator(".js-plotly-plot").count() == 4
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     (OUT_DIR / "states_load_live_finished.png").write_bytes(take_screenshot(page))
 
 
 # ------------------------------------------------------------------------- prefix cache
+
 
 def test_prefix_cache_result_replayed(states_server, page):
     """One long system prompt shared by many user turns, recorded on the default model, at the
@@ -148,6 +160,7 @@ def test_prefix_cache_live_result(states_server, page):
 
 
 # ------------------------------------------------------------------------- every page once
+
 
 def test_every_page_opens(fresh_app_server, page):
     """Home and every page, each opened by direct URL on a fresh server (Home first), with no

@@ -3,6 +3,7 @@ the preview follow the keystrokes (tokens by block, counts), and nothing runs in
 Also the Prefix cache page's side-channel section after a measurement.
 
 Own server (its engine state comes only from this module): the shots are of a fresh engine."""
+
 from __future__ import annotations
 
 import re
@@ -13,10 +14,11 @@ from tests.browser.shot import APP_SCRIPT, assert_no_exception, assert_screensho
 
 pytestmark = pytest.mark.browser
 ENV = {"KVSCOPE_TEST_SERVER": "preview-live"}
-WAIT_MS = 120_000     # a hang guard on busy cores, not a speed check
+WAIT_MS = 120_000  # a hang guard on busy cores, not a speed check
 
-CHIPS_JS = ("() => Array.from(document.querySelectorAll('.kvscope-preview-block > span'))"
-            ".map(e => e.textContent).join('')")
+CHIPS_JS = (
+    "() => Array.from(document.querySelectorAll('.kvscope-preview-block > span')).map(e => e.textContent).join('')"
+)
 # wall-clock values of the side-channel section (TTFT figure and table, accuracy metrics)
 HIDE_SC_TIMING = """
 .st-key-sc_numbers div[data-testid="stColumn"]:nth-child(-n+2) [data-testid="stMetricValue"] {
@@ -62,10 +64,10 @@ def test_preview_follows_keystrokes_without_submitting(server, page):
         assert typed in chips
         counts.append(_token_count(page))
         n_chips = page.locator(".kvscope-preview-block > span").count()
-        assert n_chips == counts[-1]                  # one chip per token of the templated prompt
+        assert n_chips == counts[-1]  # one chip per token of the templated prompt
     assert counts[0] < counts[1] < counts[2]
-    assert page.locator(".kvscope-preview b").count() == 0          # token text is escaped, not markup
-    assert page.locator('[data-testid="stChatMessage"]').count() == 0   # nothing was submitted
+    assert page.locator(".kvscope-preview b").count() == 0  # token text is escaped, not markup
+    assert page.locator('[data-testid="stChatMessage"]').count() == 0  # nothing was submitted
     assert_no_exception(page)
     assert_screenshot(page, "playground_preview_partial")
     # Generate still submits what was typed
@@ -83,5 +85,5 @@ def test_prefix_page_side_channel_result(server, page):
     assert re.search(r"Cross-tenant sharing, shared\s+100%", text), text
     assert re.search(r"Cross-tenant sharing, salted\s+0%", text), text
     assert "8 probes of a 32-token prefix" in text
-    page.add_style_tag(content=HIDE_SC_TIMING)     # before the shot measures the page height
+    page.add_style_tag(content=HIDE_SC_TIMING)  # before the shot measures the page height
     assert_screenshot(page, "prefix_side_channel")

@@ -8,6 +8,7 @@
 
 Content checks only (wall-clock numbers differ run to run); own server so the engine's state comes
 from these tests alone."""
+
 from __future__ import annotations
 
 import re
@@ -18,7 +19,7 @@ from tests.browser.shot import APP_SCRIPT, assert_no_exception, click_and_wait, 
 
 pytestmark = pytest.mark.browser
 ROOM_ENV = {"KVSCOPE_TEST_SERVER": "shared-room"}
-LONG_S = 600     # a hang guard on busy cores, not a speed assertion
+LONG_S = 600  # a hang guard on busy cores, not a speed assertion
 
 
 @pytest.fixture(scope="module")
@@ -48,18 +49,22 @@ def test_load_keeps_running_through_a_speculative_comparison(room_server, browse
         assert "aborted" not in text.replace("no request was aborted", "")
         assert re.search(r"(un)?contended|CONTENDED", text)
         # A's load finished on its own: every request finished, none aborted, feeding not stopped
-        a.wait_for_function("() => document.body.innerText.includes(\"This run's requests:\")",
-                            timeout=LONG_S * 1000, polling=200)
+        a.wait_for_function(
+            '() => document.body.innerText.includes("This run\'s requests:")', timeout=LONG_S * 1000, polling=200
+        )
         wait_drawn(a, LONG_S)
         assert_no_exception(a)
         ta = _main(a)
-        m = re.search(r"This run's requests: (\d+) finished, (\d+) aborted, (\d+) rejected or failed, "
-                      r"(\d+) in flight", ta)
+        m = re.search(
+            r"This run's requests: (\d+) finished, (\d+) aborted, (\d+) rejected or failed, "
+            r"(\d+) in flight",
+            ta,
+        )
         assert m, ta[:2000]
         finished, aborted, rejected, inflight = map(int, m.groups())
         sub, total = map(int, re.search(r"Submitted\s+(\d+) / (\d+)", ta).groups())
-        refused = int(re.search(r"Rejected at submit\s+(\d+)", ta).group(1))   # too long for the test pool
-        assert sub + refused == total > 0                # the feeder went through the whole workload
+        refused = int(re.search(r"Rejected at submit\s+(\d+)", ta).group(1))  # too long for the test pool
+        assert sub + refused == total > 0  # the feeder went through the whole workload
         assert aborted == 0 and inflight == 0 and finished == sub > 0 and rejected == refused
         assert "engine was rebuilt" not in ta and "Feeding stopped" not in ta
     finally:

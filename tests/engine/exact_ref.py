@@ -1,5 +1,6 @@
 """Shared prompts and transformers' own greedy outputs for the exactness tests (computed once
 per test session on the real default model)."""
+
 from __future__ import annotations
 
 import functools
@@ -28,8 +29,9 @@ def reference():
     from transformers import AutoTokenizer  # noqa: F401
 
     from engine.models import load_model
+
     model, tok = load_model("default")
-    torch.set_num_threads(1)    # the engine's thread policy too (see EngineConfig.num_threads)
+    torch.set_num_threads(1)  # the engine's thread policy too (see EngineConfig.num_threads)
     ids, refs = [], []
     for p in PROMPTS:
         x = tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True)
@@ -37,8 +39,12 @@ def reference():
             x = x["input_ids"]
         x = list(x)
         with torch.inference_mode():
-            out = model.generate(torch.tensor([x]), max_new_tokens=MAX_TOKENS, do_sample=False,
-                                 attention_mask=torch.ones(1, len(x), dtype=torch.long))
+            out = model.generate(
+                torch.tensor([x]),
+                max_new_tokens=MAX_TOKENS,
+                do_sample=False,
+                attention_mask=torch.ones(1, len(x), dtype=torch.long),
+            )
         ids.append(x)
-        refs.append(out[0, len(x):].tolist())
+        refs.append(out[0, len(x) :].tolist())
     return ids, refs

@@ -1,12 +1,12 @@
 """The Python API's validation, as the OpenAI server relies on it: prompts that are neither text
 nor token ids, max_tokens past the context (vLLM's message), vLLM's speculative_config dict,
 SamplingParams.min_tokens (EOS / stop ids masked until reached) and logprobs."""
+
 import pytest
 
 from engine import LLM, EngineConfig, SamplingParams, SpeculativeConfig
 
-TINY = {"model": "tiny", "device": "cpu", "num_kv_blocks": 64, "block_size": 8, "max_model_len": 128,
-        "num_threads": 1}
+TINY = {"model": "tiny", "device": "cpu", "num_kv_blocks": 64, "block_size": 8, "max_model_len": 128, "num_threads": 1}
 
 
 @pytest.fixture(scope="module")
@@ -27,17 +27,21 @@ def test_token_ids_outside_the_vocabulary(llm):
 
 
 def test_max_tokens_past_the_context_is_rejected_with_vllms_message(llm):
-    ids = list(range(100, 120))         # 20 tokens
-    with pytest.raises(ValueError, match=r"^This model's maximum context length is 128 tokens\. However, you "
-                                         r"requested 129 tokens \(20 in the prompt, 109 in the completion\)"):
+    ids = list(range(100, 120))  # 20 tokens
+    with pytest.raises(
+        ValueError,
+        match=r"^This model's maximum context length is 128 tokens\. However, you "
+        r"requested 129 tokens \(20 in the prompt, 109 in the completion\)",
+    ):
         llm.generate(ids, SamplingParams(max_tokens=109))
     out = llm.generate(ids, SamplingParams(max_tokens=108, temperature=0, ignore_eos=True))[0]
     assert len(out.outputs[0].token_ids) == 108 and out.outputs[0].finish_reason == "length"
 
 
 def test_speculative_config_dict_as_vllm_spells_it():
-    c = EngineConfig(model="tiny", speculative_config={"method": "ngram", "num_speculative_tokens": 3,
-                                                       "prompt_lookup_max": 4})
+    c = EngineConfig(
+        model="tiny", speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}
+    )
     assert c.speculative == SpeculativeConfig(method="ngram", num_speculative_tokens=3, prompt_lookup_max=4)
     assert c.speculative_config is None and c.replace(seed=1).speculative == c.speculative
     d = EngineConfig(model="tiny", speculative_config={"model": "some/draft", "num_speculative_tokens": 2})
@@ -65,13 +69,15 @@ def test_min_tokens_masks_stop_ids_until_reached(llm):
     stop = [base[0], base[1]]
     out = llm.generate("min tokens", SamplingParams(temperature=0, max_tokens=6, stop_token_ids=stop))[0]
     assert out.outputs[0].token_ids == base[:1] and out.outputs[0].finish_reason == "stop"
-    out = llm.generate("min tokens", SamplingParams(temperature=0, max_tokens=6, stop_token_ids=stop,
-                                                    min_tokens=4))[0].outputs[0]
+    out = llm.generate("min tokens", SamplingParams(temperature=0, max_tokens=6, stop_token_ids=stop, min_tokens=4))[
+        0
+    ].outputs[0]
     assert len(out.token_ids) >= 4 and not set(out.token_ids[:4]) & set(stop)
     # EOS too (as vLLM: masked unless ignore_eos), sampling as well as greedy
     eos = next(iter(llm.engine.eos_ids))
-    out = llm.generate("min tokens", SamplingParams(temperature=1.0, seed=3, max_tokens=5, min_tokens=5,
-                                                    stop_token_ids=[eos]))[0].outputs[0]
+    out = llm.generate(
+        "min tokens", SamplingParams(temperature=1.0, seed=3, max_tokens=5, min_tokens=5, stop_token_ids=[eos])
+    )[0].outputs[0]
     assert len(out.token_ids) == 5 and eos not in out.token_ids
 
 

@@ -1,10 +1,10 @@
 """The benchmark harness (engine/bench): formatting, the JSON last line, the suite registry and
 exit statuses, the roofline arithmetic from fixed inputs. No test here asserts a timing; the
 end-to-end test only checks that the tiny model runs through the harness and matches transformers."""
+
 from __future__ import annotations
 
 import importlib
-
 import io
 import json
 import math
@@ -19,11 +19,19 @@ from engine.bench import suites as S
 from engine.bench.report import BenchUnavailable
 
 # SmolLM2-135M's shape (the default model), as its config.json states it
-SMOL = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-            num_key_value_heads=3, head_dim=64, vocab_size=49152)
+SMOL = dict(
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    head_dim=64,
+    vocab_size=49152,
+)
 
 
 # ---------------------------------------------------------------------------- registry / CLI
+
 
 def test_registry_names_and_functions():
     assert {"throughput", "roofline", "memory", "prefix", "speculative", "cache"} <= set(SUITES)
@@ -57,8 +65,13 @@ def test_unknown_suite_is_a_usage_error(capsys):
 
 
 def test_parse_set_types():
-    assert cli.parse_set(["a=1", "b=0.5", "c=true", "d=None", "e=paged"]) == \
-        {"a": 1, "b": 0.5, "c": True, "d": None, "e": "paged"}
+    assert cli.parse_set(["a=1", "b=0.5", "c=true", "d=None", "e=paged"]) == {
+        "a": 1,
+        "b": 0.5,
+        "c": True,
+        "d": None,
+        "e": "paged",
+    }
     with pytest.raises(ValueError, match="FIELD=VALUE"):
         cli.parse_set(["novalue"])
 
@@ -66,6 +79,7 @@ def test_parse_set_types():
 @pytest.fixture
 def fake_suites(monkeypatch):
     """Registers three fake suites: ok, unavailable, failing."""
+
     def ok(ctx):
         r = S.SuiteResult()
         r.add("kvscope_tok_s", 123.456, "fake")
@@ -99,7 +113,7 @@ def test_json_is_the_last_line_and_results_are_written(fake_suites, capsys, tmp_
     assert obj["ratio"] is None and obj["flag"] is True
     assert isinstance(obj["torch_threads"], int) and obj["torch_threads"] >= 1
     assert obj["machine"]["nproc"] >= 1
-    assert "== fake_ok ==" in out and "123.5" in out      # the readable table precedes the JSON
+    assert "== fake_ok ==" in out and "123.5" in out  # the readable table precedes the JSON
     saved = json.loads((tmp_path / "fake_ok-latest.json").read_text())
     assert saved["fields"]["kvscope_tok_s"] == pytest.approx(123.456)
 
@@ -116,7 +130,7 @@ def test_unavailable_suite_exits_nonzero_with_reason(fake_suites, capsys, tmp_pa
     assert "not available: feature X is missing" in out
     obj = _last_json(out)
     assert obj["suites"]["fake_na"].startswith("not available:")
-    assert obj["suites"]["fake_ok"] == "ok"   # the other suite still ran and reported
+    assert obj["suites"]["fake_ok"] == "ok"  # the other suite still ran and reported
 
 
 def test_failing_suite_exits_1_and_others_run(fake_suites, capsys, tmp_path):
@@ -134,6 +148,7 @@ def test_without_json_no_json_line(fake_suites, capsys, tmp_path):
 
 
 # ---------------------------------------------------------------------------- formatting
+
 
 def test_fmt_value():
     f = report.fmt_value
@@ -173,7 +188,7 @@ def test_progress_bar_lines_without_tty():
     p = report.Progress(4, label="bench", stream=buf, width=8)
     p.start("phase a")
     p.advance("phase a")
-    p.advance("phase b", n=5)   # clamps at total
+    p.advance("phase b", n=5)  # clamps at total
     p.close()
     text = [t.rstrip() for t in buf.getvalue().replace("\n", "\r").split("\r") if t.strip()]
     assert any(t.startswith("bench phase a ... [........] 0/4") for t in text)
@@ -191,20 +206,28 @@ def test_save_png_without_browser_is_a_note(monkeypatch, tmp_path):
 
 # ---------------------------------------------------------------------------- roofline math
 
+
 def test_model_shape_params_and_flops():
     s = R.ModelShape.from_config(SMOL)
     per_layer = 2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536
     assert s.layer_params() == per_layer == 3_538_944
     assert s.linear_params() == 30 * per_layer + 576 * 49152 == 134_479_872
-    assert s.flops_per_generated_token(0) == 2 * 134_479_872            # ~0.27 GFLOP
+    assert s.flops_per_generated_token(0) == 2 * 134_479_872  # ~0.27 GFLOP
     assert s.flops_attention(100) == 4 * 30 * 9 * 64 * 100
     assert s.kv_bytes_per_token(4) == 2 * 30 * 3 * 64 * 4 == 46_080
     assert s.weight_bytes(4) == 537_919_488
 
 
 def test_model_shape_defaults_head_dim_and_kv_heads():
-    s = R.ModelShape.from_config({"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-                                  "num_attention_heads": 4, "vocab_size": 100})
+    s = R.ModelShape.from_config(
+        {
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "vocab_size": 100,
+        }
+    )
     assert s.head_dim == 16 and s.kv_heads == 4
 
 
@@ -244,11 +267,13 @@ def test_theory_tokens_per_pass():
 
 # ---------------------------------------------------------------------------- helpers
 
+
 def test_mismatches_and_decode_rate():
     assert C.mismatches([[1, 2, 3]], [[1, 2, 3]]) == []
     assert C.mismatches([[1, 2, 3], [4, 5]], [[1, 9, 3], [4, 5, 6]]) == [
         {"request": 0, "position": 1, "len_a": 3, "len_b": 3},
-        {"request": 1, "position": 2, "len_a": 2, "len_b": 3}]
+        {"request": 1, "position": 2, "len_a": 2, "len_b": 3},
+    ]
     # first token at t=1.0 (prefill), then 4 more tokens by t=3.0: 2 tokens / s
     assert C.decode_rate([(0.0, 0), (1.0, 1), (2.0, 3), (3.0, 5)]) == pytest.approx(2.0)
     assert C.decode_rate([(0.0, 0), (1.0, 1)]) is None
@@ -263,6 +288,7 @@ def test_spread_picks_lengths_across_the_range():
 
 def test_left_pad():
     from engine.bench.peers import left_pad
+
     ids, mask = left_pad([[7, 8, 9], [5]], pad_id=0)
     assert ids.tolist() == [[7, 8, 9], [0, 0, 5]]
     assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
@@ -276,6 +302,7 @@ def test_context_pick():
 
 
 # ---------------------------------------------------------------------------- end to end (tiny model)
+
 
 def _engine_available() -> bool:
     try:
@@ -292,8 +319,14 @@ def test_throughput_end_to_end_tiny(capsys, tmp_path):
     rc = cli.main(["throughput", "--smoke", "--model", "tiny", "--json", "--no-plots", "--out", str(tmp_path)])
     obj = _last_json(capsys.readouterr().out)
     assert rc == 0, obj["suites"]
-    for k in ("kvscope_tok_s", "hf_seq_tok_s", "hf_static_tok_s", "hf_cb_tok_s",
-              "speedup_vs_hf_static", "speedup_vs_hf_cb"):
+    for k in (
+        "kvscope_tok_s",
+        "hf_seq_tok_s",
+        "hf_static_tok_s",
+        "hf_cb_tok_s",
+        "speedup_vs_hf_static",
+        "speedup_vs_hf_cb",
+    ):
         assert obj[k] is not None and obj[k] > 0 and math.isfinite(obj[k]), k
     assert obj["outputs_match"] is True, obj.get("mismatches")
     # the default thread policy measured 1 vs all cores and used the faster count
@@ -308,9 +341,11 @@ def test_kvquant_smoke_tiny(capsys, tmp_path):
     fp32 against itself agrees fully with zero KL, and the 8-bit pools hold more tokens per byte
     (tiny model: head_dim 16, so 16 codes + a 4-byte scale per row: 512 / 160 = 3.2x)."""
     from engine.bench import kvquant
+
     before = os.path.getmtime(kvquant.ASSET) if os.path.exists(kvquant.ASSET) else None
-    rc = cli.main(["kvquant", "--smoke", "--model", "tiny", "--json", "--no-plots", "--threads", "1",
-                   "--out", str(tmp_path)])
+    rc = cli.main(
+        ["kvquant", "--smoke", "--model", "tiny", "--json", "--no-plots", "--threads", "1", "--out", str(tmp_path)]
+    )
     obj = _last_json(capsys.readouterr().out)
     assert rc == 0, obj["suites"]
     by = obj["by_dtype"]

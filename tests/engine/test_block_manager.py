@@ -1,5 +1,6 @@
 """Block manager and scheduler properties (hypothesis): random add/step/abort/evict sequences
 keep every invariant, and when idle every block is free or cached-free."""
+
 from __future__ import annotations
 
 import pytest
@@ -15,7 +16,7 @@ def test_allocate_commit_free_basics():
     assert len(new) == 2 and bm.num_free_blocks == 6
     bm.commit("a", 6)
     bm.check_invariants()
-    bm.allocate("a", 9)                 # grows on demand
+    bm.allocate("a", 9)  # grows on demand
     bm.commit("a", 9)
     assert len(bm.table("a")) == 3
     bm.check_invariants()
@@ -53,7 +54,7 @@ def test_prefix_hit_shares_full_blocks_and_lru_eviction():
     assert bm.get_computed_blocks("c", toks + [5], None)[1] == 8
     assert bm.get_computed_blocks("d", toks + [5], "other")[1] == 0
     # allocating everything evicts the cached blocks (their hashes dropped)
-    bm.free("c")     # the lookups memoised their hashes; dropping them leaves the pool as it was
+    bm.free("c")  # the lookups memoised their hashes; dropping them leaves the pool as it was
     bm.free("d")
     bm.allocate("e", 24)
     assert bm.num_cached_hashes == 0
@@ -67,7 +68,7 @@ def test_hit_capped_to_leave_last_token():
     bm.commit("a", 8)
     bm.cache_full_blocks("a", toks, None)
     _, n = bm.get_computed_blocks("b", toks, None)
-    assert n == 4      # the second block would hold the last token: recomputed, not shared
+    assert n == 4  # the second block would hold the last token: recomputed, not shared
 
 
 def test_copy_on_write_never_writes_shared_block():
@@ -78,7 +79,7 @@ def test_copy_on_write_never_writes_shared_block():
     hit, _ = bm.get_computed_blocks("b", list(range(9)), None)
     bm.allocate("b", 9, hit)
     shared = bm.table("b")[0]
-    copies = bm.ensure_writable("b", 2, 3)     # a write into the shared first block
+    copies = bm.ensure_writable("b", 2, 3)  # a write into the shared first block
     assert copies and copies[0][0] == shared and bm.table("b")[0] != shared
     assert bm.ref_count(shared) == 1
     bm.commit("b", 9)
@@ -86,11 +87,11 @@ def test_copy_on_write_never_writes_shared_block():
 
 
 def test_contiguous_needs_a_run():
-    bm = BlockManager(8, 4, allocator="contiguous", slab_tokens=12)   # 3-block slabs
+    bm = BlockManager(8, 4, allocator="contiguous", slab_tokens=12)  # 3-block slabs
     bm.allocate("a", 1)
     bm.allocate("b", 1)
     assert bm.table("a") == [0, 1, 2] and bm.table("b") == [3, 4, 5]
-    assert not bm.can_allocate("c", 1)          # 2 free blocks, no run of 3
+    assert not bm.can_allocate("c", 1)  # 2 free blocks, no run of 3
     bm.free("a")
     assert bm.can_allocate("c", 1)
 
@@ -113,8 +114,10 @@ def test_swap_roundtrip_and_budget_shrink():
     bm.check_invariants()
 
 
-ops = st.lists(st.tuples(st.sampled_from(["alloc", "grow", "free", "hit", "commit_back"]),
-                         st.integers(0, 5), st.integers(1, 40)), max_size=60)
+ops = st.lists(
+    st.tuples(st.sampled_from(["alloc", "grow", "free", "hit", "commit_back"]), st.integers(0, 5), st.integers(1, 40)),
+    max_size=60,
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -156,37 +159,63 @@ def test_block_manager_random_ops_keep_invariants(seq, block_size, num_blocks):
 
 # ---------------------------------------------------------------- scheduler + engine (tiny model)
 
+
 @pytest.fixture(scope="module")
 def tiny_engine_factory():
     from engine import EngineConfig, LLMEngine
 
     def make(**kw):
         return LLMEngine(EngineConfig(model="tiny", **kw))
+
     return make
 
 
-engine_ops = st.lists(st.tuples(st.sampled_from(["add", "add", "step", "step", "step", "abort", "evict"]),
-                                st.integers(0, 7), st.integers(1, 60)), min_size=1, max_size=40)
+engine_ops = st.lists(
+    st.tuples(
+        st.sampled_from(["add", "add", "step", "step", "step", "abort", "evict"]), st.integers(0, 7), st.integers(1, 60)
+    ),
+    min_size=1,
+    max_size=40,
+)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(engine_ops, st.sampled_from([4, 16]), st.integers(6, 20), st.sampled_from(["recompute", "swap"]),
-       st.sampled_from(["last_admitted", "lru"]), st.booleans(), st.sampled_from(["auto", "int8"]))
-def test_engine_random_workloads_keep_invariants(tiny_engine_factory, seq, block_size, num_blocks, mode, policy,
-                                                 prefix, kv_cache_dtype):
+@given(
+    engine_ops,
+    st.sampled_from([4, 16]),
+    st.integers(6, 20),
+    st.sampled_from(["recompute", "swap"]),
+    st.sampled_from(["last_admitted", "lru"]),
+    st.booleans(),
+    st.sampled_from(["auto", "int8"]),
+)
+def test_engine_random_workloads_keep_invariants(
+    tiny_engine_factory, seq, block_size, num_blocks, mode, policy, prefix, kv_cache_dtype
+):
     from engine import SamplingParams
-    eng = tiny_engine_factory(block_size=block_size, num_kv_blocks=num_blocks, preemption_mode=mode,
-                              kv_cache_dtype=kv_cache_dtype,
-                              victim_policy=policy, enable_prefix_caching=prefix, max_num_batched_tokens=48,
-                              max_num_seqs=4, swap_space_bytes=4 * block_size * eng_bytes_per_token(),
-                              max_model_len=512)
+
+    eng = tiny_engine_factory(
+        block_size=block_size,
+        num_kv_blocks=num_blocks,
+        preemption_mode=mode,
+        kv_cache_dtype=kv_cache_dtype,
+        victim_policy=policy,
+        enable_prefix_caching=prefix,
+        max_num_batched_tokens=48,
+        max_num_seqs=4,
+        swap_space_bytes=4 * block_size * eng_bytes_per_token(),
+        max_model_len=512,
+    )
     added = []
     for op, r, n in seq:
         rid = f"r{r}"
         if op == "add":
             try:
-                eng.add_request(None, [(r * 7 + j) % 100 + 3 for j in range(n)],
-                                SamplingParams(max_tokens=1 + n % 9, ignore_eos=True))
+                eng.add_request(
+                    None,
+                    [(r * 7 + j) % 100 + 3 for j in range(n)],
+                    SamplingParams(max_tokens=1 + n % 9, ignore_eos=True),
+                )
                 added.append(rid)
             except ValueError:
                 pass

@@ -1,6 +1,7 @@
 """Every operation that changes the block pool, in random order, followed by check_invariants();
 and the read methods other modules use (block_infos, slot_usage, cached-free count, num_tokens)
 agree with each other and with the pool."""
+
 from __future__ import annotations
 
 import pytest
@@ -12,8 +13,21 @@ from engine.events import EventKind
 from engine.snapshot import BlockState
 
 BS = 4
-OPS = ("alloc", "alloc_hit", "grow", "commit_back", "cache", "free", "free_to_head", "drop_hashes",
-       "cow", "swap_out", "swap_in", "drop_swapped", "resize")
+OPS = (
+    "alloc",
+    "alloc_hit",
+    "grow",
+    "commit_back",
+    "cache",
+    "free",
+    "free_to_head",
+    "drop_hashes",
+    "cow",
+    "swap_out",
+    "swap_in",
+    "drop_swapped",
+    "resize",
+)
 
 
 def check_reads(bm: BlockManager) -> None:
@@ -36,7 +50,7 @@ def check_reads(bm: BlockManager) -> None:
 @given(ops=st.lists(st.tuples(st.sampled_from(OPS), st.integers(0, 3), st.integers(1, 12)), max_size=60))
 def test_every_pool_change_keeps_the_invariants(ops):
     bm = BlockManager(12, BS, num_swap_blocks=6)
-    tokens = {f"r{i}": [i % 2] * 40 for i in range(4)}    # r0/r2 and r1/r3 share content: prefix hits
+    tokens = {f"r{i}": [i % 2] * 40 for i in range(4)}  # r0/r2 and r1/r3 share content: prefix hits
     for op, i, n in ops:
         rid = f"r{i}"
         toks = tokens[rid]
@@ -45,7 +59,7 @@ def test_every_pool_change_keeps_the_invariants(ops):
                 bm.allocate(rid, n)
                 bm.commit(rid, n)
             elif op == "alloc_hit" and not bm.has_table(rid) and not bm.is_swapped(rid):
-                hit, hit_tokens = bm.get_computed_blocks(rid, toks[:n + 1], None)
+                hit, hit_tokens = bm.get_computed_blocks(rid, toks[: n + 1], None)
                 bm.allocate(rid, n + 1, hit)
                 bm.commit(rid, n + 1)
             elif op == "grow" and bm.has_table(rid):
@@ -60,7 +74,7 @@ def test_every_pool_change_keeps_the_invariants(ops):
                 bm.free(rid)
             elif op == "free_to_head" and bm.has_table(rid):
                 freed = bm.free(rid, to_head=True)
-                head = bm.free_block_ids()[:len(freed)]
+                head = bm.free_block_ids()[: len(freed)]
                 assert [b for b in freed if b in head] == [b for b in head if b in freed]
             elif op == "drop_hashes":
                 bm.drop_hashes(rid)
@@ -118,6 +132,6 @@ def test_free_to_head_puts_blocks_first_in_table_order():
 def test_check_invariants_catches_a_leaked_block():
     bm = BlockManager(4, BS)
     bm.allocate("a", 4)
-    bm.block_tables["a"].append(3)        # a table holding a block whose ref count says free
+    bm.block_tables["a"].append(3)  # a table holding a block whose ref count says free
     with pytest.raises(AssertionError):
         bm.check_invariants()

@@ -1,6 +1,7 @@
 """Claims (issue 15 item 3): verdicts follow the stated rules; the bench's newest stamped result per
 suite is read with its date; a missing result says "not measured yet" with the reason, never a
 number; the committed fixture (a real quick bench run on the tiny model) gives a row per claim."""
+
 from __future__ import annotations
 
 import json
@@ -35,12 +36,17 @@ def test_rules():
     assert C.memory_bound_row(0.01, 0.001, 0.002, 1.0, "x").holds is False
     assert C.verify_cost_row({1: 1.05, 4: 1.31, 8: 1.7}, "x").holds is True
     assert C.verify_cost_row({4: 1.6}, "x").holds is False
-    assert C.batching_row({1: 0.04, 8: 0.08}, "x").holds is True       # 4x total, each request slower
-    assert C.batching_row({1: 0.04, 8: 0.2}, "x").holds is False       # total only 1.6x
+    assert C.batching_row({1: 0.04, 8: 0.08}, "x").holds is True  # 4x total, each request slower
+    assert C.batching_row({1: 0.04, 8: 0.2}, "x").holds is False  # total only 1.6x
     assert C.batching_row({1: 0.04}, "x").holds is None
-    f = {"passage_edit_speedup": 2.98, "open_ended_speedup": 1.10, "passage_edit_acceptance_rate": 0.841,
-         "passage_edit_tokens_per_target_pass": 3.6, "open_ended_acceptance_rate": 0.15}
-    theory = (1 - 0.841 ** 5) / (1 - 0.841)
+    f = {
+        "passage_edit_speedup": 2.98,
+        "open_ended_speedup": 1.10,
+        "passage_edit_acceptance_rate": 0.841,
+        "passage_edit_tokens_per_target_pass": 3.6,
+        "open_ended_acceptance_rate": 0.15,
+    }
+    theory = (1 - 0.841**5) / (1 - 0.841)
     r = C.speculation_row(f, "x")
     assert r.holds is True and f"{theory:.2f}" in r.measured
     assert C.speculation_row(dict(f, open_ended_speedup=0.8), "x").holds is False

@@ -1,6 +1,7 @@
 """The engine's CPU fast paths against their references: packed/merged Linears (engine/linear.py)
 against F.linear, the in-place paged decode attention kernel (engine/csrc, engine/cpu_kernels.py)
 against SDPA over gathered blocks, and whole engine runs with the fast paths on and off."""
+
 import copy
 import random
 
@@ -14,6 +15,7 @@ from engine.models import tiny_config
 
 def tiny_model(seed=0):
     from transformers import LlamaForCausalLM
+
     torch.manual_seed(seed)
     m = LlamaForCausalLM(tiny_config(vocab_size=512)).eval()
     m.requires_grad_(False)
@@ -29,10 +31,10 @@ needs_pack = pytest.mark.skipif(linear.best_kernel() is None, reason="no packed-
 def test_pack_merges_qkv_and_gate_up_and_packs_every_linear():
     m = tiny_model()
     pack = linear.pack_model(m)
-    assert linear.pack_model(m) is pack                   # once per model object
+    assert linear.pack_model(m) is pack  # once per model object
     n_linear = sum(isinstance(x, torch.nn.Linear) for x in m.modules())
     assert pack.num_linears == n_linear
-    assert pack.num_merged == 2 * m.config.num_hidden_layers      # qkv + gate_up per layer
+    assert pack.num_merged == 2 * m.config.num_hidden_layers  # qkv + gate_up per layer
     groups = {id(g): g for g, _ in pack.members.values()}.values()
     names = sorted(g.name for g in groups)
     assert names.count("qkv") == names.count("gate_up") == m.config.num_hidden_layers
@@ -53,7 +55,7 @@ def test_packed_linears_match_f_linear(rows):
     for g, r, o in zip(got, ref, outside):
         assert g.shape == r.shape
         torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
-        assert torch.equal(o, r)                           # outside the engine: plain F.linear, bit for bit
+        assert torch.equal(o, r)  # outside the engine: plain F.linear, bit for bit
 
 
 @needs_pack
@@ -65,7 +67,7 @@ def test_packed_rows_do_not_depend_on_the_batch():
     lin = m.model.layers[1].mlp.down_proj
     x = torch.randn(33, lin.in_features)
     with torch.inference_mode(), linear.packed_linears(pack):
-        alone = torch.cat([lin(x[i:i + 1]) for i in range(33)])
+        alone = torch.cat([lin(x[i : i + 1]) for i in range(33)])
         batched = lin(x)
     assert torch.equal(alone, batched)
 
@@ -78,7 +80,7 @@ def test_follower_called_with_another_input_is_still_right():
     a, b = torch.randn(2, m.config.hidden_size), torch.randn(2, m.config.hidden_size)
     with torch.inference_mode(), linear.packed_linears(pack):
         attn.q_proj(a)
-        kb = attn.k_proj(b)                 # not the input q_proj saw: computed for b
+        kb = attn.k_proj(b)  # not the input q_proj saw: computed for b
         ka = attn.k_proj(a)
     torch.testing.assert_close(kb, F.linear(b, attn.k_proj.weight), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(ka, F.linear(a, attn.k_proj.weight), rtol=1e-5, atol=1e-5)
@@ -131,14 +133,17 @@ def reference_decode(q, k_pool, v_pool, rows, lens, tables, scale):
         blocks = torch.tensor(tables[s])
         k = k_pool[blocks].reshape(-1, hkv, d)[:n].transpose(0, 1)[None]
         v = v_pool[blocks].reshape(-1, hkv, d)[:n].transpose(0, 1)[None]
-        out[rows[s]] = F.scaled_dot_product_attention(q[rows[s]][None, :, None], k, v, scale=scale,
-                                                      enable_gqa=True)[0, :, 0]
+        out[rows[s]] = F.scaled_dot_product_attention(q[rows[s]][None, :, None], k, v, scale=scale, enable_gqa=True)[
+            0, :, 0
+        ]
     return out
 
 
 @needs_kernel
-@pytest.mark.parametrize("heads,kv_heads,head_dim,block_size", [(9, 3, 64, 16), (4, 4, 8, 1), (8, 1, 32, 5),
-                                                                (6, 2, 16, 32), (12, 4, 128, 16)])
+@pytest.mark.parametrize(
+    "heads,kv_heads,head_dim,block_size",
+    [(9, 3, 64, 16), (4, 4, 8, 1), (8, 1, 32, 5), (6, 2, 16, 32), (12, 4, 128, 16)],
+)
 @pytest.mark.parametrize("threads", [1, 2])
 def test_decode_kernel_matches_sdpa_over_gathered_blocks(heads, kv_heads, head_dim, block_size, threads):
     rng = random.Random(heads * 100 + head_dim + block_size)
@@ -154,16 +159,26 @@ def test_decode_kernel_matches_sdpa_over_gathered_blocks(heads, kv_heads, head_d
     width = max(-(-n // block_size) for n in lens)
     for n in lens:
         m = -(-n // block_size)
-        tables.append(perm[off:off + m] + [perm[0]] * (width - m))    # padding entries are never read
+        tables.append(perm[off : off + m] + [perm[0]] * (width - m))  # padding entries are never read
         off += m
     T = len(lens) + 3
     rows = rng.sample(range(T), len(lens))
     q = torch.randn(T, heads, head_dim, generator=g)
     out = torch.full_like(q, 7.0)
-    scale = head_dim ** -0.5
-    cpu_kernels.paged_decode_attention(lib, out, q, k_pool, v_pool, torch.tensor(rows, dtype=torch.int32),
-                                       torch.tensor(lens, dtype=torch.int32), torch.tensor(tables, dtype=torch.int32),
-                                       scale, max(lens), threads)
+    scale = head_dim**-0.5
+    cpu_kernels.paged_decode_attention(
+        lib,
+        out,
+        q,
+        k_pool,
+        v_pool,
+        torch.tensor(rows, dtype=torch.int32),
+        torch.tensor(lens, dtype=torch.int32),
+        torch.tensor(tables, dtype=torch.int32),
+        scale,
+        max(lens),
+        threads,
+    )
     ref = reference_decode(q, k_pool, v_pool, rows, lens, tables, scale)
     for r, want in ref.items():
         torch.testing.assert_close(out[r], want, rtol=2e-5, atol=2e-6)
@@ -178,8 +193,19 @@ def test_decode_kernel_large_scores_do_not_overflow():
     q = torch.full((1, 2, 8), 30.0)
     out = torch.empty_like(q)
     tables = torch.tensor([[0, 1]], dtype=torch.int32)
-    cpu_kernels.paged_decode_attention(lib, out, q, k_pool, v_pool, torch.tensor([0], dtype=torch.int32),
-                                       torch.tensor([7], dtype=torch.int32), tables, 1.0, 7, 1)
+    cpu_kernels.paged_decode_attention(
+        lib,
+        out,
+        q,
+        k_pool,
+        v_pool,
+        torch.tensor([0], dtype=torch.int32),
+        torch.tensor([7], dtype=torch.int32),
+        tables,
+        1.0,
+        7,
+        1,
+    )
     want = v_pool.reshape(-1, 1, 8)[:7, 0].mean(0)
     torch.testing.assert_close(out[0, 0], want, rtol=1e-5, atol=1e-6)
 
@@ -192,12 +218,12 @@ def test_linear_kernel_matches_f_linear_at_every_row_count(n, k):
     panels = cpu_kernels.pack_linear(lib, w)
     xs = torch.randn(70, k, generator=g)
     full = cpu_kernels.linear(lib, xs, panels, n, None, 2)
-    torch.testing.assert_close(full, F.linear(xs, w), rtol=1e-4, atol=1e-5 * max(1, k ** 0.5))
-    for rows in (1, 2, 5, 6, 7, 13):          # every microkernel tile height, and a batch-invariant result
+    torch.testing.assert_close(full, F.linear(xs, w), rtol=1e-4, atol=1e-5 * max(1, k**0.5))
+    for rows in (1, 2, 5, 6, 7, 13):  # every microkernel tile height, and a batch-invariant result
         assert torch.equal(cpu_kernels.linear(lib, xs[:rows], panels, n, None, 1), full[:rows])
     b = torch.randn(n, generator=g)
     full_b = cpu_kernels.linear(lib, xs, panels, n, b, 2)
-    for threads in (1, 2, 3):                 # one row takes its own path (panels in groups of 4 and 2)
+    for threads in (1, 2, 3):  # one row takes its own path (panels in groups of 4 and 2)
         assert torch.equal(cpu_kernels.linear(lib, xs[:1], panels, n, None, threads), full[:1])
         assert torch.equal(cpu_kernels.linear(lib, xs[:1], panels, n, b, threads), full_b[:1])
 
@@ -220,15 +246,20 @@ def test_kernel_status_names_why_when_disabled(monkeypatch):
 
 def test_kernel_supports_shapes():
     assert cpu_kernels.supports(9, 3, 64)
-    assert not cpu_kernels.supports(9, 3, 60)       # head_dim not a multiple of 8
-    assert not cpu_kernels.supports(9, 2, 64)       # not a whole number of query heads per KV head
+    assert not cpu_kernels.supports(9, 3, 60)  # head_dim not a multiple of 8
+    assert not cpu_kernels.supports(9, 2, 64)  # not a whole number of query heads per KV head
     assert not cpu_kernels.supports(9, 3, 512)
 
 
 # ----------------------------------------------------------------------------- whole engine
 
-PROMPTS = ["hello world", "the cat sat on the mat and the cat sat on the", "1 2 3 4 5 6 7 8", "x",
-           "Once upon a time " * 20]
+PROMPTS = [
+    "hello world",
+    "the cat sat on the mat and the cat sat on the",
+    "1 2 3 4 5 6 7 8",
+    "x",
+    "Once upon a time " * 20,
+]
 
 
 def generate(**cfg):
@@ -256,14 +287,16 @@ def test_few_tokens_after_context_go_through_the_kernel_and_match_sdpa():
     attended by the decode kernel, one row per token; its logits equal the SDPA path's and those
     of one prefill over all 18 tokens (up to fp32 rounding)."""
     from engine.runner import BatchRow, ModelRunner
+
     m = tiny_model(3)
     g = torch.Generator().manual_seed(5)
     a = torch.randint(0, 512, (18,), generator=g).tolist()
     b = torch.randint(0, 512, (9,), generator=g).tolist()
     out = {}
     for backend in ("auto", "torch"):
-        r = ModelRunner(m, num_blocks=16, block_size=4, dtype=torch.float32, device=torch.device("cpu"),
-                        attention_backend=backend)
+        r = ModelRunner(
+            m, num_blocks=16, block_size=4, dtype=torch.float32, device=torch.device("cpu"), attention_backend=backend
+        )
         ta, tb = [3, 7, 1, 12, 5], [9, 2, 14]
         r.forward([BatchRow("a", 0, a[:13], ta, -1), BatchRow("b", 0, b[:8], tb, -1)])
         rows = [BatchRow("a", 13, a[13:], ta, 0), BatchRow("b", 8, b[8:], tb, 0)]

@@ -2,6 +2,7 @@
 KV budget from free device memory (gpu_memory_utilization) with mocked memory figures, what
 attention "auto" means per device, CPU-only speed paths kept off other devices; and reduced
 precision measured as agreement with transformers in the same dtype (fp32 stays exact elsewhere)."""
+
 from __future__ import annotations
 
 import pytest
@@ -25,8 +26,8 @@ def test_available_devices():
 
 def test_auto_attention_backend():
     assert dp.auto_attention_backend("cpu", True, True) == "cpu_kernel"
-    assert dp.auto_attention_backend("cpu", False, True) == "torch"      # the C kernel is fp32 only
-    assert dp.auto_attention_backend("cpu", True, False) == "torch"      # no compiler
+    assert dp.auto_attention_backend("cpu", False, True) == "torch"  # the C kernel is fp32 only
+    assert dp.auto_attention_backend("cpu", True, False) == "torch"  # no compiler
     assert dp.auto_attention_backend("cuda", True, True) == dp.AUTO_ATTENTION["cuda"]
     assert dp.auto_attention_backend("cuda", False, True) != "cpu_kernel"
 
@@ -61,23 +62,36 @@ def test_engine_gpu_budget_from_mocked_memory(monkeypatch):
     """The engine's CUDA sizing path with the device's memory figures mocked: the pool gets
     utilization * total - in use - the activation reserve."""
     import engine.engine as E
+
     llm = LLM(model="tiny", device="cpu", num_kv_blocks=8, gpu_memory_utilization=0.5)
     eng = llm.engine
     monkeypatch.setattr(E, "cuda_memory", lambda dev: (30 * GiB, 40 * GiB))
     hf = eng.model.config
-    reserve = dp.activation_reserve_bytes(eng.config.max_num_batched_tokens, hf.hidden_size, hf.intermediate_size,
-                                          hf.vocab_size, eng.config.max_num_seqs, 2)
+    reserve = dp.activation_reserve_bytes(
+        eng.config.max_num_batched_tokens,
+        hf.hidden_size,
+        hf.intermediate_size,
+        hf.vocab_size,
+        eng.config.max_num_seqs,
+        2,
+    )
     assert eng._gpu_budget(hf, 2) == 20 * GiB - 10 * GiB - reserve
     monkeypatch.setattr(E, "cuda_memory", lambda dev: None)
     assert eng._gpu_budget(hf, 2) == E.DEFAULT_KV_BYTES
     # the pool in blocks, as a CUDA engine sizes it (in the engine's dtype, float32 here)
     monkeypatch.setattr(E, "cuda_memory", lambda dev: (30 * GiB, 40 * GiB))
-    reserve4 = dp.activation_reserve_bytes(eng.config.max_num_batched_tokens, hf.hidden_size, hf.intermediate_size,
-                                           hf.vocab_size, eng.config.max_num_seqs, 4)
+    reserve4 = dp.activation_reserve_bytes(
+        eng.config.max_num_batched_tokens,
+        hf.hidden_size,
+        hf.intermediate_size,
+        hf.vocab_size,
+        eng.config.max_num_seqs,
+        4,
+    )
     blocks, field = eng._gpu_pool_blocks(hf)
     assert blocks == min((10 * GiB - reserve4) // eng.bytes_per_block, E.MAX_BLOCKS)
     assert field == "gpu_memory_utilization=0.5"
-    monkeypatch.setattr(E, "cuda_memory", lambda dev: (20 * GiB, 40 * GiB))   # nothing left at 0.5
+    monkeypatch.setattr(E, "cuda_memory", lambda dev: (20 * GiB, 40 * GiB))  # nothing left at 0.5
     with pytest.raises(ValueError, match=r"^gpu_memory_utilization=0.5 leaves 0 bytes for the KV cache"):
         eng._gpu_pool_blocks(hf)
 
@@ -98,8 +112,13 @@ def test_cuda_requested_without_cuda_is_a_clear_error():
         LLM(model="tiny", device="cuda")
 
 
-PROMPTS = [[1, 5, 7, 9, 11, 300, 400, 20], [1, 2, 3], [1] + list(range(100, 170)), [1, 42] * 9,
-           [1] + list(range(2000, 2100, 3))]
+PROMPTS = [
+    [1, 5, 7, 9, 11, 300, 400, 20],
+    [1, 2, 3],
+    [1] + list(range(100, 170)),
+    [1, 42] * 9,
+    [1] + list(range(2000, 2100, 3)),
+]
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
@@ -110,8 +129,15 @@ def test_reduced_precision_agreement_is_measured(dtype, backend, record_property
     loose floor (measured at this commit: 1.0 for the torch path, 0.82-1.0 for flex)."""
     model, _ = load_model("tiny", "cpu", dtype)
     ref = hf_greedy(model, PROMPTS, 24)
-    llm = LLM(model="tiny", device="cpu", dtype=dtype, attention_backend=backend, num_kv_blocks=64, block_size=4,
-              max_num_batched_tokens=16)
+    llm = LLM(
+        model="tiny",
+        device="cpu",
+        dtype=dtype,
+        attention_backend=backend,
+        num_kv_blocks=64,
+        block_size=4,
+        max_num_batched_tokens=16,
+    )
     assert llm.engine.info().dtype == dtype
     assert llm.engine.runner.kv_caches[0][0].dtype == getattr(torch, dtype)
     outs = llm.generate([list(p) for p in PROMPTS], SamplingParams(max_tokens=24, ignore_eos=True))

@@ -2,6 +2,7 @@
 `blocks` is always a list of block ids. A tiny engine runs through admissions, prefix hits,
 chunked prefill, preemption (recompute and swap), eviction, copy-on-write bookkeeping, aborts,
 a budget change and speculation."""
+
 from __future__ import annotations
 
 import pytest
@@ -35,9 +36,18 @@ def drive(eng: LLMEngine, prompts, params) -> None:
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_every_event_has_its_kinds_keys(mode):
-    eng = LLMEngine(EngineConfig(model="tiny", device="cpu", num_kv_blocks=14, block_size=4, max_model_len=96,
-                                 max_num_batched_tokens=24, preemption_mode=mode,
-                                 swap_space_bytes=2 ** 20 if mode == "swap" else 0))
+    eng = LLMEngine(
+        EngineConfig(
+            model="tiny",
+            device="cpu",
+            num_kv_blocks=14,
+            block_size=4,
+            max_model_len=96,
+            max_num_batched_tokens=24,
+            preemption_mode=mode,
+            swap_space_bytes=2**20 if mode == "swap" else 0,
+        )
+    )
     params = SamplingParams(max_tokens=12, ignore_eos=True)
     drive(eng, [SHARED + f"question {i}" for i in range(4)], params)
     eng.set_num_blocks(10)
@@ -51,16 +61,35 @@ def test_every_event_has_its_kinds_keys(mode):
         if "num_blocks" in e.data:
             assert isinstance(e.data["num_blocks"], int)
         seen.add(e.kind)
-    assert {EventKind.ADMIT, EventKind.WAIT, EventKind.BLOCK_ALLOC, EventKind.PREFILL, EventKind.DECODE,
-            EventKind.PREFIX_HIT, EventKind.PREEMPT, EventKind.EVICT, EventKind.FINISH, EventKind.REJECT,
-            EventKind.CONFIG, EventKind.BLOCK_FREE} <= seen
+    assert {
+        EventKind.ADMIT,
+        EventKind.WAIT,
+        EventKind.BLOCK_ALLOC,
+        EventKind.PREFILL,
+        EventKind.DECODE,
+        EventKind.PREFIX_HIT,
+        EventKind.PREEMPT,
+        EventKind.EVICT,
+        EventKind.FINISH,
+        EventKind.REJECT,
+        EventKind.CONFIG,
+        EventKind.BLOCK_FREE,
+    } <= seen
     if mode == "swap":
         assert {EventKind.SWAP_OUT, EventKind.SWAP_IN} <= seen
 
 
 def test_speculative_events_have_their_keys():
-    eng = LLMEngine(EngineConfig(model="tiny", device="cpu", num_kv_blocks=64, block_size=4, max_model_len=128,
-                                 speculative=SpeculativeConfig(method="ngram", num_speculative_tokens=3)))
+    eng = LLMEngine(
+        EngineConfig(
+            model="tiny",
+            device="cpu",
+            num_kv_blocks=64,
+            block_size=4,
+            max_model_len=128,
+            speculative=SpeculativeConfig(method="ngram", num_speculative_tokens=3),
+        )
+    )
     drive(eng, ["one two three one two three one two three one two"], SamplingParams(max_tokens=16, ignore_eos=True))
     verifies = [e for e in eng.events if e.kind == EventKind.SPEC_VERIFY]
     for e in eng.events:

@@ -3,6 +3,7 @@ it stay inert data, and malformed or hostile trace files only ever get a ValueEr
 line number where one applies) from engine.events.read_trace — never another exception, never
 execution. The exact messages for each kind of bad file are in tests/engine/test_bad_input.py.
 """
+
 from __future__ import annotations
 
 import io
@@ -19,8 +20,17 @@ from hypothesis import strategies as st
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.events import MAX_LINE_BYTES, MAX_TRACE_LINES, read_trace, trace_to_string, write_trace
 
-HOSTILE = ['<script>alert("x")</script>', '<img src=x onerror=alert(1)>', '"><svg onload=alert(1)>',
-           "\u202eevil\u202c", "zero\u200bwidth\u200d", "line\nbreak\r\n", "tab\tquote'\"", "\x00nul", "é中文🙂"]
+HOSTILE = [
+    '<script>alert("x")</script>',
+    "<img src=x onerror=alert(1)>",
+    '"><svg onload=alert(1)>',
+    "\u202eevil\u202c",
+    "zero\u200bwidth\u200d",
+    "line\nbreak\r\n",
+    "tab\tquote'\"",
+    "\x00nul",
+    "é中文🙂",
+]
 H = '{"kind": "kvscope-trace", "version": 1}\n'
 
 
@@ -33,8 +43,9 @@ def run():
         eng = LLMEngine(EngineConfig(model="tiny", device="cpu", num_kv_blocks=10, block_size=4, max_model_len=128))
         snaps = []
         for i, h in enumerate(HOSTILE):
-            eng.add_request(f"{h}#{i}", f"{h} shared prefix for every request {i}",
-                            SamplingParams(max_tokens=6, ignore_eos=True))
+            eng.add_request(
+                f"{h}#{i}", f"{h} shared prefix for every request {i}", SamplingParams(max_tokens=6, ignore_eos=True)
+            )
         while eng.has_unfinished_requests():
             eng.step()
             snaps.append(eng.snapshot())
@@ -61,7 +72,7 @@ def test_hostile_strings_stay_data(run):
     tr = read_trace(trace_to_string(snaps, events))
     ids = {r.request_id for s in tr.snapshots for r in s.requests}
     for i, h in enumerate(HOSTILE):
-        assert f"{h}#{i}" in ids                         # unchanged, unescaped: escaping is the renderer's job
+        assert f"{h}#{i}" in ids  # unchanged, unescaped: escaping is the renderer's job
     previews = {r.prompt_preview for s in tr.snapshots for r in s.requests}
     assert any("<script>" in p for p in previews)
     # one JSON object per line even with newlines and NULs inside strings
@@ -73,8 +84,9 @@ def test_truncation_at_any_point_is_a_clear_error_or_a_valid_prefix(run):
     snaps, events, _ = run
     text = trace_to_string(snaps[:3], events[:20])
     lines = text.splitlines(keepends=True)
-    cuts = sorted({len("".join(lines[:k])) for k in range(len(lines) + 1)}
-                  | set(random.Random(0).sample(range(len(text)), 60)))
+    cuts = sorted(
+        {len("".join(lines[:k])) for k in range(len(lines) + 1)} | set(random.Random(0).sample(range(len(text)), 60))
+    )
     for cut in cuts:
         part = text[:cut]
         try:
@@ -83,7 +95,7 @@ def test_truncation_at_any_point_is_a_clear_error_or_a_valid_prefix(run):
             msg = str(e)
             assert msg.startswith(("trace line", "trace is empty", "trace holds no snapshot")), msg
             continue
-        assert tr.snapshots == snaps[:len(tr.snapshots)]
+        assert tr.snapshots == snaps[: len(tr.snapshots)]
 
 
 def test_random_byte_corruption_only_raises_value_error(run):
@@ -98,7 +110,7 @@ def test_random_byte_corruption_only_raises_value_error(run):
             if op < 0.5:
                 b[pos] = rng.randrange(256)
             elif op < 0.75:
-                del b[pos:pos + rng.randint(1, 40)]
+                del b[pos : pos + rng.randint(1, 40)]
             else:
                 b[pos:pos] = rng.choice([b"{", b"}", b"[", b'"', b"\n", b"NaN", b"1e999", b"\xff", b"null"])
         try:
@@ -110,7 +122,8 @@ def test_random_byte_corruption_only_raises_value_error(run):
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-    max_leaves=20)
+    max_leaves=20,
+)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -124,8 +137,24 @@ def test_arbitrary_json_in_a_trace_line_only_raises_value_error(kind, payload):
 
 
 @settings(max_examples=60, deadline=None)
-@given(field=st.sampled_from(["step", "time", "info", "blocks", "requests", "metrics", "waiting_ids",
-                              "running_ids", "swapped_ids", "healthy", "error"]), value=json_values)
+@given(
+    field=st.sampled_from(
+        [
+            "step",
+            "time",
+            "info",
+            "blocks",
+            "requests",
+            "metrics",
+            "waiting_ids",
+            "running_ids",
+            "swapped_ids",
+            "healthy",
+            "error",
+        ]
+    ),
+    value=json_values,
+)
 def test_junk_in_any_snapshot_field_only_raises_value_error(run, field, value):
     snaps, _, _ = run
     d = snaps[-1].to_dict()
@@ -141,6 +170,7 @@ def test_size_and_line_limits():
         read_trace(H + "\n" * MAX_TRACE_LINES)
     with pytest.raises(ValueError, match=f"trace line 2: longer than {MAX_LINE_BYTES} characters"):
         read_trace(H + '{"kind": "event", "x": "' + "a" * MAX_LINE_BYTES + '"}\n')
+
     # a file object is read only up to the limit (+1 byte to detect the overflow)
     class Counting(io.BytesIO):
         got = 0
@@ -162,10 +192,13 @@ def test_pickle_and_code_payloads_are_never_executed(tmp_path):
         def __reduce__(self):
             return (os.system, (f"touch {marker}",))
 
-    payloads = [pickle.dumps(Evil()), pickle.dumps(Evil(), protocol=0),
-                H + json.dumps({"kind": "snapshot", "snapshot": {"__reduce__": ["os.system", f"touch {marker}"]}}),
-                H + '{"kind": "event", "event": {"seq": 1, "step": 1, "time": 0, "kind": "admit", '
-                    '"data": {"reason": "__import__(\'os\').system(\'touch ' + str(marker) + '\')"}}}\n']
+    payloads = [
+        pickle.dumps(Evil()),
+        pickle.dumps(Evil(), protocol=0),
+        H + json.dumps({"kind": "snapshot", "snapshot": {"__reduce__": ["os.system", f"touch {marker}"]}}),
+        H + '{"kind": "event", "event": {"seq": 1, "step": 1, "time": 0, "kind": "admit", '
+        '"data": {"reason": "__import__(\'os\').system(\'touch ' + str(marker) + "')\"}}}\n",
+    ]
     for p in payloads:
         with pytest.raises(ValueError):
             read_trace(p)

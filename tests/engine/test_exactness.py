@@ -1,5 +1,6 @@
 """Greedy output is token-for-token identical to transformers' generate on the same weights,
 whatever the batch composition, chunking, block size, memory pressure or policy."""
+
 from __future__ import annotations
 
 import pytest
@@ -41,7 +42,7 @@ def assert_same(got, refs, idx):
 
 def test_single_prompts_each_alone():
     ids, refs = reference()
-    for i in (0, 4, 5):   # short, code, ~300-token prompt
+    for i in (0, 4, 5):  # short, code, ~300-token prompt
         got, *_ = run([ids[i]])
         assert_same(got, refs, [i])
 
@@ -86,17 +87,28 @@ def test_long_generations_in_one_batch():
 
     from engine.models import load_model
     from tests.engine.exact_ref import PROMPTS
+
     model, tok = load_model("default")
     idx = [5, 2, 9]
-    ids = [list(tok.apply_chat_template([{"role": "user", "content": PROMPTS[i]}], add_generation_prompt=True,
-                                        tokenize=True, return_dict=True)["input_ids"]) for i in idx]
+    ids = [
+        list(
+            tok.apply_chat_template(
+                [{"role": "user", "content": PROMPTS[i]}], add_generation_prompt=True, tokenize=True, return_dict=True
+            )["input_ids"]
+        )
+        for i in idx
+    ]
     refs = []
     torch.set_num_threads(1)
     for x in ids:
         with torch.inference_mode():
-            out = model.generate(torch.tensor([x]), max_new_tokens=96, do_sample=False,
-                                 attention_mask=torch.ones(1, len(x), dtype=torch.long))
-        refs.append(out[0, len(x):].tolist())
+            out = model.generate(
+                torch.tensor([x]),
+                max_new_tokens=96,
+                do_sample=False,
+                attention_mask=torch.ones(1, len(x), dtype=torch.long),
+            )
+        refs.append(out[0, len(x) :].tolist())
     llm = LLM(model="default")
     outs = llm.generate(ids, SamplingParams(max_tokens=96))
     for o, ref, i in zip(outs, refs, idx):

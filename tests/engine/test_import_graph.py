@@ -1,6 +1,7 @@
 """No import cycle among engine/ modules: every `import` / `from ... import` in engine/**/*.py,
 including those inside function bodies (a lazy import is still a dependency), forms a graph of
 engine modules that must be acyclic."""
+
 from __future__ import annotations
 
 import ast
@@ -29,7 +30,7 @@ def imports_of(path: Path, modules: set[str]) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
-                base = base[:len(base) - (node.level - 1)]
+                base = base[: len(base) - (node.level - 1)]
                 mod = ".".join(base + ([node.module] if node.module else []))
             else:
                 mod = node.module or ""
@@ -37,7 +38,7 @@ def imports_of(path: Path, modules: set[str]) -> set[str]:
         else:
             continue
         for t in targets:
-            while t and t not in modules:       # engine.x.y where y is a name: the module engine.x
+            while t and t not in modules:  # engine.x.y where y is a name: the module engine.x
                 t = t.rpartition(".")[0]
             if t and t != name:
                 out.add(t)
@@ -62,7 +63,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(n)
         for m in sorted(graph.get(n, ())):
             if state.get(m) == 1:
-                return stack[stack.index(m):] + [m]
+                return stack[stack.index(m) :] + [m]
             if m not in state:
                 found = visit(m)
                 if found:
@@ -81,9 +82,9 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_graph_sees_lazy_imports():
     g = engine_graph()
-    assert "engine.engine" in g["engine.speculative.measure"]          # module level
-    assert "engine.models" in g["engine.speculative.decoder"]          # inside a method body
-    assert "engine.outputs" in g["engine"]                             # inside __getattr__
+    assert "engine.engine" in g["engine.speculative.measure"]  # module level
+    assert "engine.models" in g["engine.speculative.decoder"]  # inside a method body
+    assert "engine.outputs" in g["engine"]  # inside __getattr__
     assert {"engine.speculative.decoder", "engine.scheduler", "engine.block_manager"} <= g["engine.engine"]
 
 

@@ -2,6 +2,7 @@
 with msgspec structs declared as vLLM declares them (and with vLLM's own classes when the vllm
 package imports), and the stream applied in order rebuilding the engine's cached block hashes,
 live and across replay after a dropped subscriber."""
+
 import msgpack
 import pytest
 from hypothesis import given, settings
@@ -21,24 +22,47 @@ from engine.kv_events import (
     external_hash,
 )
 
-BATCH = KVEventBatch(12.5, [BlockStored([7, 8], None, [1, 2, 3, 4], 2, None, "GPU", None),
-                            BlockRemoved([7], "GPU"), AllBlocksCleared()], 0)
+BATCH = KVEventBatch(
+    12.5,
+    [BlockStored([7, 8], None, [1, 2, 3, 4], 2, None, "GPU", None), BlockRemoved([7], "GPU"), AllBlocksCleared()],
+    0,
+)
 
 
 def test_current_wire_bytes_are_tagged_maps_in_a_positional_batch():
-    expect = [12.5, [{"type": "BlockStored", "block_hashes": [7, 8], "parent_block_hash": None,
-                      "token_ids": [1, 2, 3, 4], "block_size": 2, "lora_id": None, "medium": "GPU",
-                      "lora_name": None},
-                     {"type": "BlockRemoved", "block_hashes": [7], "medium": "GPU"},
-                     {"type": "AllBlocksCleared"}], 0]
+    expect = [
+        12.5,
+        [
+            {
+                "type": "BlockStored",
+                "block_hashes": [7, 8],
+                "parent_block_hash": None,
+                "token_ids": [1, 2, 3, 4],
+                "block_size": 2,
+                "lora_id": None,
+                "medium": "GPU",
+                "lora_name": None,
+            },
+            {"type": "BlockRemoved", "block_hashes": [7], "medium": "GPU"},
+            {"type": "AllBlocksCleared"},
+        ],
+        0,
+    ]
     assert encode_batch(BATCH) == msgpack.packb(expect, use_bin_type=True)
     # first bytes: fixarray(3), float64 12.5, fixarray(3), fixmap(8), fixstr "type"
     assert encode_batch(BATCH)[:13] == bytes.fromhex("93cb4029000000000000 93 88 a4".replace(" ", ""))
 
 
 def test_legacy_wire_bytes_are_tagged_arrays():
-    expect = [12.5, [["BlockStored", [7, 8], None, [1, 2, 3, 4], 2, None, "GPU", None],
-                     ["BlockRemoved", [7], "GPU"], ["AllBlocksCleared"]], 0]
+    expect = [
+        12.5,
+        [
+            ["BlockStored", [7, 8], None, [1, 2, 3, 4], 2, None, "GPU", None],
+            ["BlockRemoved", [7], "GPU"],
+            ["AllBlocksCleared"],
+        ],
+        0,
+    ]
     assert encode_batch(BATCH, "legacy") == msgpack.packb(expect, use_bin_type=True)
 
 
@@ -54,32 +78,71 @@ def test_decoder_reads_older_shapes_and_rejects_garbage():
     b = decode_batch(old)
     assert b.events == [BlockStored([5], 4, [9, 9], 2, None, "GPU", None), BlockRemoved([5], None)]
     # a map-shaped batch, bytes hashes, and unknown newer fields in a current event are accepted
-    m = msgpack.packb({"ts": 2.0, "events": [{"type": "BlockStored", "block_hashes": [b"\x01" * 32],
-                                               "parent_block_hash": None, "token_ids": [1], "block_size": 1,
-                                               "lora_id": None, "medium": "GPU", "lora_name": None,
-                                               "group_idx": 0, "session_id": "s"}]}, use_bin_type=True)
+    m = msgpack.packb(
+        {
+            "ts": 2.0,
+            "events": [
+                {
+                    "type": "BlockStored",
+                    "block_hashes": [b"\x01" * 32],
+                    "parent_block_hash": None,
+                    "token_ids": [1],
+                    "block_size": 1,
+                    "lora_id": None,
+                    "medium": "GPU",
+                    "lora_name": None,
+                    "group_idx": 0,
+                    "session_id": "s",
+                }
+            ],
+        },
+        use_bin_type=True,
+    )
     assert decode_batch(m).events[0].block_hashes == [b"\x01" * 32]
-    for bad in (b"\xc1", msgpack.packb([1.0, [["Nope"]]]), msgpack.packb([1.0, [{"type": "BlockStored"}]]),
-                msgpack.packb(["x", []]), msgpack.packb([1.0, [["BlockRemoved", ["h"], None]]]), b""):
+    for bad in (
+        b"\xc1",
+        msgpack.packb([1.0, [["Nope"]]]),
+        msgpack.packb([1.0, [{"type": "BlockStored"}]]),
+        msgpack.packb(["x", []]),
+        msgpack.packb([1.0, [["BlockRemoved", ["h"], None]]]),
+        b"",
+    ):
         with pytest.raises(ValueError):
             decode_batch(bad)
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.one_of(
-    st.builds(BlockStored, st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=4),
-              st.none() | st.integers(0, 2**64 - 1), st.lists(st.integers(0, 50_000), max_size=8),
-              st.integers(1, 64), st.none() | st.integers(0, 5), st.sampled_from(["GPU", "CPU", None]),
-              st.none() | st.text(max_size=5)),
-    st.builds(BlockRemoved, st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=4),
-              st.sampled_from(["GPU", None])),
-    st.just(AllBlocksCleared())), max_size=12), st.sampled_from(["current", "legacy"]))
+@given(
+    st.lists(
+        st.one_of(
+            st.builds(
+                BlockStored,
+                st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=4),
+                st.none() | st.integers(0, 2**64 - 1),
+                st.lists(st.integers(0, 50_000), max_size=8),
+                st.integers(1, 64),
+                st.none() | st.integers(0, 5),
+                st.sampled_from(["GPU", "CPU", None]),
+                st.none() | st.text(max_size=5),
+            ),
+            st.builds(
+                BlockRemoved,
+                st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=4),
+                st.sampled_from(["GPU", None]),
+            ),
+            st.just(AllBlocksCleared()),
+        ),
+        max_size=12,
+    ),
+    st.sampled_from(["current", "legacy"]),
+)
 def test_round_trip_property(events, wire):
     b = decode_batch(encode_batch(KVEventBatch(3.25, events, 0), wire))
     assert b.events == events
 
 
 # ---------------------------------------------------------------- vLLM's own schema
+
 
 def _vllm_structs():
     """msgspec structs declared as vllm/distributed/kv_events.py (vLLM 0.33.0) declares them:
@@ -145,46 +208,91 @@ def test_msgspec_with_vllm_declarations_decodes_our_bytes_and_we_decode_its():
     cur = msgspec.msgpack.Decoder(type=Current).decode(encode_batch(BATCH, "current"))
     assert cur.ts == 12.5 and cur.data_parallel_rank == 0
     s, r, c = cur.events
-    assert (s.block_hashes, s.parent_block_hash, s.token_ids, s.block_size, s.medium) == ([7, 8], None, [1, 2, 3, 4],
-                                                                                          2, "GPU")
+    assert (s.block_hashes, s.parent_block_hash, s.token_ids, s.block_size, s.medium) == (
+        [7, 8],
+        None,
+        [1, 2, 3, 4],
+        2,
+        "GPU",
+    )
     assert (r.block_hashes, r.medium, type(c).__name__) == ([7], "GPU", "AllBlocksCleared_")
     leg = msgspec.msgpack.Decoder(type=Legacy).decode(encode_batch(BATCH, "legacy"))
     assert leg.events[0].token_ids == [1, 2, 3, 4] and leg.events[1].block_hashes == [7]
     # the other way: bytes msgspec writes from vLLM's declarations decode here, in both forms
-    theirs = Current(ts=1.5, events=[S(block_hashes=[3], parent_block_hash=2, token_ids=[4, 5], block_size=2,
-                                       lora_id=None, medium="GPU", lora_name=None), R(block_hashes=[3], medium="GPU"),
-                                     C()], data_parallel_rank=0)
+    theirs = Current(
+        ts=1.5,
+        events=[
+            S(
+                block_hashes=[3],
+                parent_block_hash=2,
+                token_ids=[4, 5],
+                block_size=2,
+                lora_id=None,
+                medium="GPU",
+                lora_name=None,
+            ),
+            R(block_hashes=[3], medium="GPU"),
+            C(),
+        ],
+        data_parallel_rank=0,
+    )
     ours = decode_batch(msgspec.msgpack.encode(theirs))
-    assert ours.wire == "current" and ours.events == [BlockStored([3], 2, [4, 5], 2, None, "GPU", None),
-                                                      BlockRemoved([3], "GPU"), AllBlocksCleared()]
+    assert ours.wire == "current" and ours.events == [
+        BlockStored([3], 2, [4, 5], 2, None, "GPU", None),
+        BlockRemoved([3], "GPU"),
+        AllBlocksCleared(),
+    ]
     assert msgspec.msgpack.encode(theirs) == encode_batch(KVEventBatch(1.5, ours.events, 0), "current")
 
 
 def test_vllm_own_classes_decode_our_bytes():
-    kv = pytest.importorskip("vllm.distributed.kv_events")   # needs vllm and its dependencies importable
+    kv = pytest.importorskip("vllm.distributed.kv_events")  # needs vllm and its dependencies importable
     import msgspec
+
     b = msgspec.msgpack.Decoder(type=kv.KVEventBatch).decode(encode_batch(BATCH, "current"))
     assert [type(e).__name__ for e in b.events] == ["BlockStored", "BlockRemoved", "AllBlocksCleared"]
-    assert (b.ts, b.data_parallel_rank, b.events[0].token_ids, b.events[0].block_hashes) == (12.5, 0, [1, 2, 3, 4],
-                                                                                              [7, 8])
+    assert (b.ts, b.data_parallel_rank, b.events[0].token_ids, b.events[0].block_hashes) == (
+        12.5,
+        0,
+        [1, 2, 3, 4],
+        [7, 8],
+    )
     # and what vLLM's classes write, we read
-    theirs = kv.KVEventBatch(ts=2.0, events=[
-        kv.BlockStored(block_hashes=[11, 12], parent_block_hash=10, token_ids=[1, 2], block_size=1, lora_id=None,
-                       medium="GPU", lora_name=None, group_idx=0),
-        kv.BlockRemoved(block_hashes=[11], medium="GPU"), kv.AllBlocksCleared()], data_parallel_rank=0)
+    theirs = kv.KVEventBatch(
+        ts=2.0,
+        events=[
+            kv.BlockStored(
+                block_hashes=[11, 12],
+                parent_block_hash=10,
+                token_ids=[1, 2],
+                block_size=1,
+                lora_id=None,
+                medium="GPU",
+                lora_name=None,
+                group_idx=0,
+            ),
+            kv.BlockRemoved(block_hashes=[11], medium="GPU"),
+            kv.AllBlocksCleared(),
+        ],
+        data_parallel_rank=0,
+    )
     ours = decode_batch(msgspec.msgpack.encode(theirs))
-    assert ours.events == [BlockStored([11, 12], 10, [1, 2], 1, None, "GPU", None), BlockRemoved([11], "GPU"),
-                           AllBlocksCleared()]
+    assert ours.events == [
+        BlockStored([11, 12], 10, [1, 2], 1, None, "GPU", None),
+        BlockRemoved([11], "GPU"),
+        AllBlocksCleared(),
+    ]
 
 
 # ---------------------------------------------------------------- the engine's stream
 
-PROMPTS = [[1] * 24 + [i, i + 1, i + 2] * 5 for i in range(2, 12)]      # shared 3-block prefix, distinct tails
+PROMPTS = [[1] * 24 + [i, i + 1, i + 2] * 5 for i in range(2, 12)]  # shared 3-block prefix, distinct tails
 
 
 def _engine():
-    return LLMEngine(EngineConfig(model="tiny", device="cpu", num_kv_blocks=20, block_size=8, max_model_len=128,
-                                  max_num_seqs=3))
+    return LLMEngine(
+        EngineConfig(model="tiny", device="cpu", num_kv_blocks=20, block_size=8, max_model_len=128, max_num_seqs=3)
+    )
 
 
 def _cached(engine) -> set:
@@ -193,7 +301,7 @@ def _cached(engine) -> set:
 
 def _drain(sub, pub, rebuilt, rounds=400):
     pub.flush()
-    for _ in range(rounds):             # bounded: each poll waits at most 50 ms for a message
+    for _ in range(rounds):  # bounded: each poll waits at most 50 ms for a message
         if sub.state.last_seq >= pub.next_seq - 1:
             break
         for _, b in sub.poll(50):
@@ -204,8 +312,9 @@ def _drain(sub, pub, rebuilt, rounds=400):
 @pytest.mark.parametrize("wire", ["current", "legacy"])
 def test_stream_rebuilds_cached_hashes_after_hits_and_evictions(wire):
     eng = _engine()
-    pub = KVEventPublisher("tcp://127.0.0.1:0", replay_endpoint="tcp://127.0.0.1:0", wire=wire,
-                           flush_interval=3600)     # the test flushes by hand
+    pub = KVEventPublisher(
+        "tcp://127.0.0.1:0", replay_endpoint="tcp://127.0.0.1:0", wire=wire, flush_interval=3600
+    )  # the test flushes by hand
     sub = KVEventSubscriber(pub.endpoint, pub.replay_endpoint)
     try:
         pub.attach(eng)
@@ -221,7 +330,7 @@ def test_stream_rebuilds_cached_hashes_after_hits_and_evictions(wire):
             eng.step()
         _drain(sub, pub, rebuilt)
         eng.check_invariants()
-        assert eng.bm.prefix_hits > 0 and eng.bm.evicted_hashes > 0   # the workload hit and evicted
+        assert eng.bm.prefix_hits > 0 and eng.bm.evicted_hashes > 0  # the workload hit and evicted
         assert rebuilt == _cached(eng) and rebuilt
         assert sub.state.decode_errors == 0 and sub.state.wires == {wire}
     finally:
@@ -243,7 +352,7 @@ def test_rebuild_across_replay_after_a_dropped_subscriber():
         _drain(sub, pub, rebuilt)
         assert rebuilt == _cached(eng)
         seen = sub.state.last_seq
-        sub.close()                      # dropped: everything published now is lost to it
+        sub.close()  # dropped: everything published now is lost to it
         for i, p in enumerate(PROMPTS[4:]):
             eng.add_request(f"b{i}", p, SamplingParams(max_tokens=4, temperature=0))
         while eng.has_unfinished_requests():
@@ -251,7 +360,7 @@ def test_rebuild_across_replay_after_a_dropped_subscriber():
             pub.flush()
         assert pub.next_seq - 1 > seen + 1
         sub = KVEventSubscriber(pub.endpoint, pub.replay_endpoint)
-        sub.state.last_seq = seen        # it resumes where it stopped
+        sub.state.last_seq = seen  # it resumes where it stopped
         got = sub.replay(seen + 1)
         for _, b in got:
             apply_events(rebuilt, b.events)
@@ -273,8 +382,8 @@ def test_a_late_subscriber_catches_up_from_the_replay_buffer():
         while eng.has_unfinished_requests():
             eng.step()
         pub.flush()
-        sub = KVEventSubscriber(pub.endpoint, pub.replay_endpoint)    # joins after everything was sent
-        got = sub.poll(0)                                              # no live traffic: replay only
+        sub = KVEventSubscriber(pub.endpoint, pub.replay_endpoint)  # joins after everything was sent
+        got = sub.poll(0)  # no live traffic: replay only
         assert [s for s, _ in got] == list(range(pub.next_seq))
         assert apply_events(set(), [e for _, b in got for e in b.events]) == _cached(eng)
         assert (sub.state.replayed, sub.state.missed) == (pub.next_seq, 0)
@@ -311,6 +420,7 @@ def test_publisher_rejects_bad_options():
 
 def test_attached_to_an_engine_thread_it_follows_reconfigure():
     from engine import EngineThread
+
     th = EngineThread(_engine())
     pub = KVEventPublisher("tcp://127.0.0.1:0", replay_endpoint="tcp://127.0.0.1:0", flush_interval=0.01)
     sub = KVEventSubscriber(pub.endpoint, pub.replay_endpoint)
@@ -322,13 +432,13 @@ def test_attached_to_an_engine_thread_it_follows_reconfigure():
         rebuilt: set = set()
         with th.lock:
             expect = _cached(th.engine)
-        for _ in range(400):                         # bounded: the publisher's thread sends every 10 ms
+        for _ in range(400):  # bounded: the publisher's thread sends every 10 ms
             for _, b in sub.poll(50):
                 apply_events(rebuilt, b.events)
             if rebuilt == expect and rebuilt:
                 break
         assert rebuilt == expect and rebuilt
-        th.reconfigure(th.engine.config)             # a new engine: subscribers must start over
+        th.reconfigure(th.engine.config)  # a new engine: subscribers must start over
         cleared = False
         for _ in range(400):
             for _, b in sub.poll(50):
@@ -354,16 +464,25 @@ def test_attached_to_an_engine_thread_it_follows_reconfigure():
 
 def test_endpoints_bind_like_vllm_plus_loopback():
     from engine.kv_events import _bind_endpoint
+
     assert _bind_endpoint("tcp://*:5557", None) and _bind_endpoint("ipc:///tmp/kv", None)
     assert _bind_endpoint("tcp://127.0.0.1:5557", None) and _bind_endpoint("tcp://localhost:5557", None)
-    assert not _bind_endpoint("tcp://router.internal:5557", None)       # vLLM connects out to a binding subscriber
+    assert not _bind_endpoint("tcp://router.internal:5557", None)  # vLLM connects out to a binding subscriber
     assert not _bind_endpoint("tcp://127.0.0.1:5557", False)
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.binary(max_size=200) | st.builds(lambda o: msgpack.packb(o, use_bin_type=True), st.recursive(
-    st.none() | st.integers(-2**63, 2**64 - 1) | st.floats() | st.text(max_size=12) | st.binary(max_size=8),
-    lambda c: st.lists(c, max_size=5) | st.dictionaries(st.text(max_size=8), c, max_size=5), max_leaves=20)))
+@given(
+    st.binary(max_size=200)
+    | st.builds(
+        lambda o: msgpack.packb(o, use_bin_type=True),
+        st.recursive(
+            st.none() | st.integers(-(2**63), 2**64 - 1) | st.floats() | st.text(max_size=12) | st.binary(max_size=8),
+            lambda c: st.lists(c, max_size=5) | st.dictionaries(st.text(max_size=8), c, max_size=5),
+            max_leaves=20,
+        ),
+    )
+)
 def test_decoder_never_fails_with_anything_but_value_error(data):
     try:
         decode_batch(data)

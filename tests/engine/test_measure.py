@@ -1,4 +1,5 @@
 """engine/measure.py: alternation order, spread, contention flag, suspect rule, round budget."""
+
 from __future__ import annotations
 
 import statistics
@@ -19,8 +20,14 @@ class FakeClock:
 
 
 def test_order_alternates_sides_and_first_side():
-    assert M.order(3, ("plain", "spec")) == [(0, "plain"), (0, "spec"), (1, "spec"), (1, "plain"),
-                                            (2, "plain"), (2, "spec")]
+    assert M.order(3, ("plain", "spec")) == [
+        (0, "plain"),
+        (0, "spec"),
+        (1, "spec"),
+        (1, "plain"),
+        (2, "plain"),
+        (2, "spec"),
+    ]
 
 
 @given(st.integers(1, 40))
@@ -42,6 +49,7 @@ def test_compare_runs_in_order_and_passes_round():
             calls.append((r, name))
             clock.t += secs
             return secs
+
         return run
 
     c = M.compare(side("plain", 2.0), side("spec", 1.0), names=("plain", "spec"), clock=clock)
@@ -80,7 +88,7 @@ def test_contention_flag_counts_rounds_where_the_counter_moved():
 
     def a(r):
         clock.t += 1.0
-        if r == 1:          # someone else's requests ran during round 1's first sample
+        if r == 1:  # someone else's requests ran during round 1's first sample
             counter["n"] += 7
         return 1.0
 
@@ -117,7 +125,7 @@ def test_budget_adds_rounds_that_fit_and_stops():
     # 2 s a round: 3 rounds = 6 s; a 9 s budget fits a 4th (8 s) but not a 5th (8 + 2 > 9)
     c = M.compare(run, run, budget_s=9.0, clock=clock)
     assert c.rounds == 4 and len(c.samples_a) == 4 == len(c.samples_b)
-    c = M.compare(run, run, budget_s=1.0, clock=clock)       # the minimum always runs
+    c = M.compare(run, run, budget_s=1.0, clock=clock)  # the minimum always runs
     assert c.rounds == 3
     c = M.compare(run, run, budget_s=1000.0, max_rounds=5, clock=clock)
     assert c.rounds == 5
@@ -133,8 +141,7 @@ def test_compare_rejects_bad_arguments_and_bad_samples():
 
 
 def test_samples_carry_extra_counters():
-    c = M.compare(lambda r: M.Sample(2.0, {"tokens": 10}), lambda r: M.Sample(1.0, {"tokens": 10}),
-                  clock=FakeClock())
+    c = M.compare(lambda r: M.Sample(2.0, {"tokens": 10}), lambda r: M.Sample(1.0, {"tokens": 10}), clock=FakeClock())
     assert [s.extra["tokens"] for s in c.samples_a] == [10, 10, 10]
 
 
@@ -143,7 +150,7 @@ def test_suspect_speedup_rule():
     reason = M.suspect_speedup(11.83, 1.67)
     assert reason is not None and "11.83" in reason and "1.67" in reason
     assert M.suspect_speedup(1.5, 1.67) is None
-    assert M.suspect_speedup(1.67 * M.SUSPECT_MARGIN, 1.67) is None     # at the bound: believed
+    assert M.suspect_speedup(1.67 * M.SUSPECT_MARGIN, 1.67) is None  # at the bound: believed
     assert M.suspect_speedup(None, 1.67) is None and M.suspect_speedup(2.0, None) is None
     with pytest.raises(ValueError, match="margin"):
         M.suspect_ratio(2.0, 1.0, margin=0.5)

@@ -1,4 +1,5 @@
 """engine/memory_math.py: the seeds' worked examples, every attention kind, dtypes, parsing errors."""
+
 import json
 import sys
 from types import SimpleNamespace
@@ -7,8 +8,8 @@ import pytest
 
 from engine import memory_math as mm
 from engine.memory_math import GiB, KiB, MiB
-from ui.presets import PRESET_PARAM_COUNTS, PRESETS
 from ui import memory_calc as mc
+from ui.presets import PRESET_PARAM_COUNTS, PRESETS
 
 LLAMA3_8B = PRESETS["Llama-3-8B"]
 DSV3 = PRESETS["DeepSeek-V3 (MLA)"]
@@ -17,11 +18,13 @@ DSV3 = PRESETS["DeepSeek-V3 (MLA)"]
 def test_module_does_not_import_torch():
     code = "import sys, engine.memory_math; print('torch' in sys.modules)"
     import subprocess
+
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
 
 # ---- the seeds' worked examples, exactly
+
 
 def test_llama3_8b_bf16_bytes_per_token():
     assert mm.kv_bytes_per_token(LLAMA3_8B, "bf16") == 131_072 == 128 * KiB
@@ -29,10 +32,16 @@ def test_llama3_8b_bf16_bytes_per_token():
     assert mm.kv_bytes_per_token(LLAMA3_8B, "bf16") // 32 == 4096
 
 
-@pytest.mark.parametrize("tokens,expected", [
-    (4_096, 512 * MiB), (131_072, 16 * GiB),
-    (2_048, GiB // 4), (8_192, 1 * GiB), (32_768, 4 * GiB),
-])
+@pytest.mark.parametrize(
+    "tokens,expected",
+    [
+        (4_096, 512 * MiB),
+        (131_072, 16 * GiB),
+        (2_048, GiB // 4),
+        (8_192, 1 * GiB),
+        (32_768, 4 * GiB),
+    ],
+)
 def test_llama3_8b_per_sequence(tokens, expected):
     assert mm.kv_bytes_per_sequence(LLAMA3_8B, "bf16", tokens) == expected
 
@@ -53,7 +62,7 @@ def test_mha_gqa_mqa_at_32k(kind, kv_heads, gib):
 
 
 def test_deepseek_v3_mla_latent():
-    assert mm.attention_kind(DSV3) == "MLA"            # despite num_key_value_heads = 128
+    assert mm.attention_kind(DSV3) == "MLA"  # despite num_key_value_heads = 128
     assert mm.kv_bytes_per_token(DSV3, "bf16") == 61 * 576 * 2 == 70_272
     assert "512 latent + 64 rotary" in mm.formula_text(DSV3, "bf16")
 
@@ -68,6 +77,7 @@ def test_mla_expanded_to_mha_uses_decompressed_head_dims():
 
 # ---- kinds, dtypes, aliases
 
+
 def test_presets_kinds():
     kinds = {n: mm.attention_kind(c) for n, c in PRESETS.items()}
     assert kinds["Llama-2-7B (MHA)"] == "MHA"
@@ -79,7 +89,7 @@ def test_presets_kinds():
 
 def test_falcon_mqa_from_multi_query_flag():
     f = PRESETS["Falcon-7B (MQA)"]
-    assert mm.kv_spec(f).head_dim == 64                   # 4544 / 71
+    assert mm.kv_spec(f).head_dim == 64  # 4544 / 71
     assert mm.kv_bytes_per_token(f, "bf16") == 2 * 32 * 1 * 64 * 2
     # the new decoder architecture ignores multi_query and reads num_kv_heads
     assert mm.attention_kind(dict(f, new_decoder_architecture=True, num_kv_heads=71)) == "MHA"
@@ -91,8 +101,10 @@ def test_smollm2_matches_default_model_shape():
     assert mm.kv_bytes_per_token(s, "fp32") == 46_080
 
 
-@pytest.mark.parametrize("dtype,b", [("fp32", 4), ("bf16", 2), ("fp16", 2), ("fp8", 1), ("int8", 1),
-                                     ("bfloat16", 2), ("torch.float32", 4), ("FP8", 1)])
+@pytest.mark.parametrize(
+    "dtype,b",
+    [("fp32", 4), ("bf16", 2), ("fp16", 2), ("fp8", 1), ("int8", 1), ("bfloat16", 2), ("torch.float32", 4), ("FP8", 1)],
+)
 def test_dtypes(dtype, b):
     assert mm.dtype_bytes(dtype) == b
     # 8-bit caches keep a float32 scale per (token, KV head) row: 2 x 32 layers x 8 KV heads x 4 B
@@ -113,8 +125,13 @@ def test_head_dim_derived_from_hidden_size():
 
 
 def test_explicit_head_dim_wins_over_hidden_size():
-    cfg = {"num_hidden_layers": 1, "num_attention_heads": 8, "num_key_value_heads": 4,
-           "hidden_size": 2048, "head_dim": 256}           # Gemma-style
+    cfg = {
+        "num_hidden_layers": 1,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "hidden_size": 2048,
+        "head_dim": 256,
+    }  # Gemma-style
     assert mm.kv_bytes_per_token(cfg, "bf16") == 2 * 4 * 256 * 2
 
 
@@ -126,8 +143,15 @@ def test_object_config_and_gpt2_aliases():
 
 def test_transformers_config_object():
     from transformers import LlamaConfig
-    c = LlamaConfig(num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                    hidden_size=4096, intermediate_size=14336, vocab_size=128256)
+
+    c = LlamaConfig(
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        hidden_size=4096,
+        intermediate_size=14336,
+        vocab_size=128256,
+    )
     assert mm.kv_bytes_per_token(c, "bf16") == 131_072
     assert mm.estimate_params(c).total == mm.estimate_params(LLAMA3_8B).total
 
@@ -138,6 +162,7 @@ def test_text_config_of_multimodal_config():
 
 
 # ---- capacity
+
 
 def test_max_concurrent_sequences():
     # 80 GiB, no weights, 4 GiB per sequence at 32K
@@ -152,10 +177,15 @@ def test_block_rounding():
     assert per == 32 * 131_072
 
 
-@pytest.mark.parametrize("kwargs,field", [
-    (dict(context_len=0), "context_len"), (dict(context_len=-5), "context_len"),
-    (dict(memory_bytes=-1), "memory_bytes"), (dict(weights_bytes=-1), "weights_bytes"),
-])
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        (dict(context_len=0), "context_len"),
+        (dict(context_len=-5), "context_len"),
+        (dict(memory_bytes=-1), "memory_bytes"),
+        (dict(weights_bytes=-1), "weights_bytes"),
+    ],
+)
 def test_capacity_bad_inputs_name_field(kwargs, field):
     args = dict(cfg=LLAMA3_8B, dtype="bf16", context_len=1024, memory_bytes=GiB)
     args.update(kwargs)
@@ -165,8 +195,9 @@ def test_capacity_bad_inputs_name_field(kwargs, field):
 
 # ---- weights
 
+
 def test_weights_llama_like_counts():
-    assert mm.estimate_params(PRESETS["SmolLM2-135M"]).total == 134_515_008   # tied embeddings
+    assert mm.estimate_params(PRESETS["SmolLM2-135M"]).total == 134_515_008  # tied embeddings
     assert round(mm.estimate_params(LLAMA3_8B).total / 1e9, 2) == 8.03
     assert round(mm.estimate_params(PRESETS["Llama-3-70B"]).total / 1e9, 1) == 70.6
     assert round(mm.estimate_params(PRESETS["Llama-2-7B (MHA)"]).total / 1e9, 2) == 6.74
@@ -188,23 +219,32 @@ def test_weights_moe_mla_is_labelled_estimate_or_given():
 
 # ---- parsing
 
+
 def test_parse_config_json_ok():
     assert mm.parse_config_json(json.dumps(LLAMA3_8B)) == LLAMA3_8B
 
 
-@pytest.mark.parametrize("text,msg", [
-    ("", "empty"),
-    ("{not json", "not valid JSON.*line 1"),
-    ("[1, 2]", "must be an object"),
-    ('{"num_attention_heads": 32, "hidden_size": 4096}', "missing 'num_hidden_layers'"),
-    ('{"num_hidden_layers": 2, "num_key_value_heads": 2}', "head_dim"),
-    ('{"num_hidden_layers": 2, "num_attention_heads": 32}', "missing 'hidden_size'"),
-    ('{"num_hidden_layers": 2, "num_attention_heads": 32, "num_key_value_heads": 5, "head_dim": 8}',
-     "divisible by num_key_value_heads"),
-    ('{"num_hidden_layers": 2, "num_attention_heads": 3, "hidden_size": 100}', "not divisible"),
-    ('{"num_hidden_layers": "two", "num_attention_heads": 2, "head_dim": 8}', "'num_hidden_layers' must be a positive integer"),
-    ('{"num_hidden_layers": 4, "kv_lora_rank": 512}', "qk_rope_head_dim"),
-])
+@pytest.mark.parametrize(
+    "text,msg",
+    [
+        ("", "empty"),
+        ("{not json", "not valid JSON.*line 1"),
+        ("[1, 2]", "must be an object"),
+        ('{"num_attention_heads": 32, "hidden_size": 4096}', "missing 'num_hidden_layers'"),
+        ('{"num_hidden_layers": 2, "num_key_value_heads": 2}', "head_dim"),
+        ('{"num_hidden_layers": 2, "num_attention_heads": 32}', "missing 'hidden_size'"),
+        (
+            '{"num_hidden_layers": 2, "num_attention_heads": 32, "num_key_value_heads": 5, "head_dim": 8}',
+            "divisible by num_key_value_heads",
+        ),
+        ('{"num_hidden_layers": 2, "num_attention_heads": 3, "hidden_size": 100}', "not divisible"),
+        (
+            '{"num_hidden_layers": "two", "num_attention_heads": 2, "head_dim": 8}',
+            "'num_hidden_layers' must be a positive integer",
+        ),
+        ('{"num_hidden_layers": 4, "kv_lora_rank": 512}', "qk_rope_head_dim"),
+    ],
+)
 def test_parse_config_json_errors_name_the_problem(text, msg):
     with pytest.raises(ValueError, match=msg):
         mm.parse_config_json(text)
@@ -223,7 +263,7 @@ def test_with_attention_kind_errors():
     with pytest.raises(ValueError, match="divisor of num_attention_heads"):
         mm.with_attention_kind(LLAMA3_8B, "GQA", num_kv_heads=5)
     with pytest.raises(ValueError, match="GQA is not possible"):
-        mm.with_attention_kind(PRESETS["Falcon-7B (MQA)"], "GQA")     # 71 heads is prime
+        mm.with_attention_kind(PRESETS["Falcon-7B (MQA)"], "GQA")  # 71 heads is prime
 
 
 def test_config_from_engine_info_object_and_dict():

@@ -1,6 +1,7 @@
 """Memory policies change speed and memory, never output: preemption (recompute, swap, both
 victim policies), manual eviction, prefix-cache hits, the contiguous baseline and no-cache mode
 all give transformers' greedy tokens. Each memory decision is an event with a reason."""
+
 from __future__ import annotations
 
 import pytest
@@ -18,12 +19,14 @@ def kinds(eng, kind):
     return [e for e in eng.events if e.kind == kind]
 
 
-@pytest.mark.parametrize("mode,policy", [("recompute", "last_admitted"), ("recompute", "lru"),
-                                         ("swap", "last_admitted")])
+@pytest.mark.parametrize(
+    "mode,policy", [("recompute", "last_admitted"), ("recompute", "lru"), ("swap", "last_admitted")]
+)
 def test_preemption_keeps_output(mode, policy):
     ids, refs = reference()
-    got, eng, *_ = run([ids[i] for i in SHORT], num_kv_blocks=9, preemption_mode=mode, victim_policy=policy,
-                       swap_space_bytes=64 << 20)
+    got, eng, *_ = run(
+        [ids[i] for i in SHORT], num_kv_blocks=9, preemption_mode=mode, victim_policy=policy, swap_space_bytes=64 << 20
+    )
     pre = kinds(eng, "preempt")
     assert pre, "a 9-block pool must force preemptions"
     assert all(e.data["mode"] == mode and e.data["reason"] and "blocks_freed" in e.data for e in pre)
@@ -36,8 +39,7 @@ def test_preemption_keeps_output(mode, policy):
 def test_swap_space_full_falls_back_to_recompute():
     ids, refs = reference()
     # one block of swap space: most victims cannot be swapped out
-    got, eng, *_ = run([ids[i] for i in SHORT], num_kv_blocks=9, preemption_mode="swap",
-                       swap_space_bytes=1)
+    got, eng, *_ = run([ids[i] for i in SHORT], num_kv_blocks=9, preemption_mode="swap", swap_space_bytes=1)
     pre = kinds(eng, "preempt")
     assert any("fell back to recompute" in e.data["reason"] for e in pre)
     assert_same(got, refs, SHORT)
@@ -75,22 +77,35 @@ def test_manual_eviction_recomputes_same_output():
 
 def test_prefix_cache_hits_share_blocks_and_keep_output():
     from engine.models import load_model
+
     model, tok = load_model("default")
-    system = ("You are a careful code reviewer. Point out resource leaks, missing error handling, "
-              "race conditions and unclear names. Answer in one short paragraph. ") * 4
-    questions = ["Is a bare except clause bad?", "What does a context manager guarantee?",
-                 "Why pin dependency versions?"]
+    system = (
+        "You are a careful code reviewer. Point out resource leaks, missing error handling, "
+        "race conditions and unclear names. Answer in one short paragraph. "
+    ) * 4
+    questions = [
+        "Is a bare except clause bad?",
+        "What does a context manager guarantee?",
+        "Why pin dependency versions?",
+    ]
     prompts = []
     for q in questions:
-        x = tok.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": q}],
-                                    add_generation_prompt=True, tokenize=True)
+        x = tok.apply_chat_template(
+            [{"role": "system", "content": system}, {"role": "user", "content": q}],
+            add_generation_prompt=True,
+            tokenize=True,
+        )
         prompts.append(list(x["input_ids"] if hasattr(x, "keys") else x))
     refs = []
     for x in prompts:
         with torch.inference_mode():
-            out = model.generate(torch.tensor([x]), max_new_tokens=16, do_sample=False,
-                                 attention_mask=torch.ones(1, len(x), dtype=torch.long))
-        refs.append(out[0, len(x):].tolist())
+            out = model.generate(
+                torch.tensor([x]),
+                max_new_tokens=16,
+                do_sample=False,
+                attention_mask=torch.ones(1, len(x), dtype=torch.long),
+            )
+        refs.append(out[0, len(x) :].tolist())
     llm = LLM(model="default", num_kv_blocks=128)
     first = llm.generate(prompts[:1], SamplingParams(max_tokens=16))[0]
     eng = llm.engine
@@ -116,7 +131,7 @@ def test_shared_blocks_while_running_have_ref_counts():
     ids, _ = reference()
     llm = LLM(model="default", num_kv_blocks=128)
     eng = llm.engine
-    long = ids[5]   # ~330 tokens: 20 full blocks
+    long = ids[5]  # ~330 tokens: 20 full blocks
     eng.add_request("x", long, SamplingParams(max_tokens=4))
     while eng.has_unfinished_requests():
         eng.step()
@@ -132,8 +147,7 @@ def test_shared_blocks_while_running_have_ref_counts():
 
 def test_contiguous_baseline_same_output_more_waste():
     ids, refs = reference()
-    got_c, eng_c, *_ = run([ids[i] for i in SHORT[:4]], allocator="contiguous", max_model_len=512,
-                           num_kv_blocks=160)
+    got_c, eng_c, *_ = run([ids[i] for i in SHORT[:4]], allocator="contiguous", max_model_len=512, num_kv_blocks=160)
     assert_same(got_c, refs, SHORT[:4])
     got_p, eng_p, *_ = run([ids[i] for i in SHORT[:4]], num_kv_blocks=160, max_model_len=512)
     assert_same(got_p, refs, SHORT[:4])
@@ -170,6 +184,7 @@ def test_no_cache_mode_same_output_and_recomputes():
 def test_tier_cap_rejects_with_event():
     ids, _ = reference()
     from engine import TierConfig
+
     llm = LLM(model="default", num_kv_blocks=64, tiers={"free": TierConfig("free", 64, 1)})
     with pytest.raises(ValueError, match="tier 'free'.*context cap of 64"):
         llm.engine.add_request("t", ids[2], SamplingParams(max_tokens=40, tier="free"))

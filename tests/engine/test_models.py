@@ -1,5 +1,6 @@
 """engine/models.py additions: random-weight models of any config built in place, registered by a
 "mem:" name for the engine, with an id-only tokenizer that refuses text."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,9 +12,19 @@ from engine.models import IdTokenizer, build_random, load_model, register_model,
 
 def _cfg():
     from transformers import LlamaConfig
-    return LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                       num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=256,
-                       bos_token_id=1, eos_token_id=2)
+
+    return LlamaConfig(
+        vocab_size=256,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=256,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
 
 
 def test_registered_model_runs_token_ids_and_refuses_text():
@@ -43,6 +54,6 @@ def test_build_random_is_seeded_and_scaled():
     a, b = build_random(_cfg(), seed=5), build_random(_cfg(), seed=5)
     for (n, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
         assert torch.equal(p, q), n
-    w = a.model.layers[0].mlp.down_proj.weight                     # fan-in 64: std 1/8
+    w = a.model.layers[0].mlp.down_proj.weight  # fan-in 64: std 1/8
     assert 0.09 < w.std().item() < 0.16
     assert torch.equal(a.model.norm.weight, torch.ones(32))

@@ -2,6 +2,7 @@
 the suite checks the same code the GPU runs compiled: attention vs a dense reference on random
 ragged batches, logits vs the torch path and the C kernel, greedy tokens vs transformers for
 ragged batches, chunked prefill, prefix hits and speculative verification rows."""
+
 from __future__ import annotations
 
 import pytest
@@ -28,8 +29,9 @@ def _dense_reference(q, k_pool, v_pool, rows, bs, scale):
         idx = torch.tensor([b * bs + o for b in table for o in range(bs)])[:ctx]
         kk, vv = k[idx].transpose(0, 1)[None], v[idx].transpose(0, 1)[None]
         mask = torch.arange(ctx)[None, :] <= torch.arange(start, ctx)[:, None]
-        o = F.scaled_dot_product_attention(q[:, t0:t0 + n][None], kk, vv, attn_mask=mask, scale=scale,
-                                           enable_gqa=q.shape[0] != hkv)
+        o = F.scaled_dot_product_attention(
+            q[:, t0 : t0 + n][None], kk, vv, attn_mask=mask, scale=scale, enable_gqa=q.shape[0] != hkv
+        )
         out.append(o[0].transpose(0, 1))
     return torch.cat(out)
 
@@ -42,7 +44,7 @@ def ragged_batches(draw):
     draw(st.randoms(use_true_random=False)).shuffle(free)
     rows, t = [], 0
     for _ in range(draw(st.integers(1, 4))):
-        n = draw(st.integers(1, 20))                           # prefill chunk, decode (1) or verify rows
+        n = draw(st.integers(1, 20))  # prefill chunk, decode (1) or verify rows
         start = draw(st.integers(0, 20))
         nb = -(-(start + n) // bs)
         if nb > len(free):
@@ -85,8 +87,8 @@ def test_block_mask_lists_only_the_batchs_blocks():
     rows = [(0, 3, 0, [5]), (3, 1, 20, [7, 2, 9, 11, 4, 1])]
     fm = paged_flex.build(rows, 16, 4, CPU)
     num = fm.block_mask.kv_num_blocks.view(-1).tolist()
-    idx = fm.block_mask.kv_indices.view(-1)[:num[0]].tolist()
-    assert num == [7]                          # all 4 rows in one query block: 1 + 6 physical blocks
+    idx = fm.block_mask.kv_indices.view(-1)[: num[0]].tolist()
+    assert num == [7]  # all 4 rows in one query block: 1 + 6 physical blocks
     assert sorted(idx) == [1, 2, 4, 5, 7, 9, 11]
 
 
@@ -98,6 +100,7 @@ def test_unavailable_reasons():
 
 
 # ------------------------------------------------------------------ the runner's logits
+
 
 def _runners():
     model, _ = load_model("tiny", "cpu", "float32")
@@ -117,8 +120,12 @@ def test_logits_match_torch_path_and_c_kernel():
     step1 = [BatchRow("B", 0, B[:20], tb, 0), BatchRow("C", 0, C[:13], tc, 0)]
     # step 2, one ragged batch: a fresh prefill chunk, a decode row, four verification rows,
     # and a prefix hit (D shares B's first two blocks and feeds its next 6 tokens)
-    step2 = [BatchRow("A", 0, A, ta, 0), BatchRow("B", 20, B[20:21], tb, 0), BatchRow("C", 13, C[13:17], tc, 0),
-             BatchRow("D", 8, B[8:14], [3, 7, 10, 11], 0)]
+    step2 = [
+        BatchRow("A", 0, A, ta, 0),
+        BatchRow("B", 20, B[20:21], tb, 0),
+        BatchRow("C", 13, C[13:17], tc, 0),
+        BatchRow("D", 8, B[8:14], [3, 7, 10, 11], 0),
+    ]
     out = {}
     for be, r in runners.items():
         r.forward(step1)
@@ -133,8 +140,13 @@ def test_logits_match_torch_path_and_c_kernel():
 
 # ------------------------------------------------------------------ greedy tokens vs transformers
 
-PROMPTS = [[1, 5, 7, 9, 11, 300, 400, 20], [1, 2, 3], [1] + list(range(100, 170)),
-           [1] + list(range(100, 140)) + [7, 7, 9], [1, 42] * 9]
+PROMPTS = [
+    [1, 5, 7, 9, 11, 300, 400, 20],
+    [1, 2, 3],
+    [1] + list(range(100, 170)),
+    [1] + list(range(100, 140)) + [7, 7, 9],
+    [1, 42] * 9,
+]
 
 
 @pytest.fixture(scope="module")
@@ -151,11 +163,15 @@ def _generate(**cfg):
     return [o.outputs[0].token_ids for o in outs], llm.engine
 
 
-@pytest.mark.parametrize("cfg", [
-    dict(num_kv_blocks=64, block_size=4),                                # ragged batch
-    dict(num_kv_blocks=64, block_size=4, max_num_batched_tokens=8),       # chunked prefill
-    dict(num_kv_blocks=12, block_size=16, preemption_mode="recompute"),   # preemption under pressure
-], ids=["ragged", "chunked", "preempt"])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        dict(num_kv_blocks=64, block_size=4),  # ragged batch
+        dict(num_kv_blocks=64, block_size=4, max_num_batched_tokens=8),  # chunked prefill
+        dict(num_kv_blocks=12, block_size=16, preemption_mode="recompute"),  # preemption under pressure
+    ],
+    ids=["ragged", "chunked", "preempt"],
+)
 def test_greedy_flex_identical_to_transformers(hf_ref, cfg):
     got, eng = _generate(**cfg)
     a = agreement(got, hf_ref)
@@ -167,7 +183,7 @@ def test_prefix_hits_with_flex(hf_ref):
     llm = LLM(model="tiny", device="cpu", attention_backend="flex", num_kv_blocks=64, block_size=4)
     p = SamplingParams(max_tokens=16, ignore_eos=True)
     first = llm.generate([list(PROMPTS[2])], p)[0]
-    second = llm.generate([list(PROMPTS[3])], p)[0]           # shares PROMPTS[2]'s first 41 tokens
+    second = llm.generate([list(PROMPTS[3])], p)[0]  # shares PROMPTS[2]'s first 41 tokens
     assert second.metrics.num_cached_tokens >= 40
     assert [first.outputs[0].token_ids, second.outputs[0].token_ids] == [hf_ref[2], hf_ref[3]]
 
@@ -191,6 +207,7 @@ def test_flex_on_the_default_model_identical_to_transformers():
     """The real default model (30 layers, 9/3 heads) through the flex path: a ragged batch with
     chunked prefill, greedy tokens vs transformers' generate."""
     from tests.engine.exact_ref import MAX_TOKENS, reference
+
     ids, refs = reference()
     idx = [0, 3, 4, 5]
     llm = LLM(model="default", attention_backend="flex", max_num_batched_tokens=128)

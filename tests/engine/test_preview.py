@@ -1,6 +1,7 @@
 """The as-you-type preview (engine/preview.py via EngineThread.preview): typing a prompt, one
 keystroke at a time, leaves the engine exactly as it was; the numbers it shows are the ones the
 engine then uses when the prompt is submitted."""
+
 from __future__ import annotations
 
 import copy
@@ -17,27 +18,51 @@ SYSTEM = "You are the release-freeze assistant of a small team. Answer briefly a
 def engine_state(eng: LLMEngine) -> tuple:
     bm = eng.bm
     snap = eng.snapshot()
-    return (bm.fingerprint(), tuple(bm.free_queue), copy.deepcopy(bm.hash_to_block),
-            tuple((b.ref_cnt, b.block_hash) for b in bm.blocks), copy.deepcopy(bm.req_hashes),
-            bm.prefix_queries, bm.prefix_hits, bm.evicted_hashes, len(bm._pending_events),
-            tuple(r.request_id for r in eng.scheduler.waiting), tuple(r.request_id for r in eng.scheduler.running),
-            eng.metrics.num_rejected, len(eng.events), snap.blocks, snap.requests, snap.step)
+    return (
+        bm.fingerprint(),
+        tuple(bm.free_queue),
+        copy.deepcopy(bm.hash_to_block),
+        tuple((b.ref_cnt, b.block_hash) for b in bm.blocks),
+        copy.deepcopy(bm.req_hashes),
+        bm.prefix_queries,
+        bm.prefix_hits,
+        bm.evicted_hashes,
+        len(bm._pending_events),
+        tuple(r.request_id for r in eng.scheduler.waiting),
+        tuple(r.request_id for r in eng.scheduler.running),
+        eng.metrics.num_rejected,
+        len(eng.events),
+        snap.blocks,
+        snap.requests,
+        snap.step,
+    )
 
 
 @pytest.fixture(scope="module")
 def th():
-    t = EngineThread(LLMEngine(EngineConfig(model="tiny", block_size=4, num_kv_blocks=48, max_model_len=256,
-                                            tiers={"free": TierConfig("free", max_context=64)})))
+    t = EngineThread(
+        LLMEngine(
+            EngineConfig(
+                model="tiny",
+                block_size=4,
+                num_kv_blocks=48,
+                max_model_len=256,
+                tiers={"free": TierConfig("free", max_context=64)},
+            )
+        )
+    )
     yield t
     t.shutdown()
 
 
 def test_typing_changes_nothing_and_the_hit_is_what_admission_takes(th):
-    first = th.submit(template_ids(th.tokenizer, "What is frozen on Friday?", SYSTEM)[0],
-                      SamplingParams(max_tokens=4, temperature=0.0))
+    first = th.submit(
+        template_ids(th.tokenizer, "What is frozen on Friday?", SYSTEM)[0],
+        SamplingParams(max_tokens=4, temperature=0.0),
+    )
     first.result(timeout=120)
     user = "Which services may still deploy during the freeze?"
-    with th.lock:                      # the loop cannot step between the two state reads
+    with th.lock:  # the loop cannot step between the two state reads
         before = engine_state(th.engine)
         previews = [th.preview(user[:i], SamplingParams(max_tokens=16), system=SYSTEM) for i in range(len(user) + 1)]
         assert engine_state(th.engine) == before
@@ -45,7 +70,7 @@ def test_typing_changes_nothing_and_the_hit_is_what_admission_takes(th):
     ids, content = template_ids(th.tokenizer, user, SYSTEM)
     assert list(last.token_ids) == ids and last.content_tokens == content
     assert last.template_tokens == len(ids) - content > 0
-    assert last.hit_blocks >= 1                                   # the system prompt's full blocks
+    assert last.hit_blocks >= 1  # the system prompt's full blocks
     assert last.kv_bytes_prompt == len(ids) * th.engine.bytes_per_token
     assert last.worst_tokens == len(ids) + 16 and last.verdict == "fits"
     assert previews[0].verdict == "rejected" and previews[0].num_tokens == 0
@@ -73,7 +98,7 @@ def test_verdicts_name_the_limit(th):
     p = th.preview("short question", SamplingParams(max_tokens=100, tier="free"))
     assert p.verdict == "rejected" and "context cap of 64" in p.reason
     p = th.preview("short question", SamplingParams(max_tokens=200))
-    assert p.verdict == "rejected" and "KV blocks" in p.reason           # 48 blocks x 4 < prompt + 200
+    assert p.verdict == "rejected" and "KV blocks" in p.reason  # 48 blocks x 4 < prompt + 200
     p = th.preview("short question", SamplingParams(max_tokens=100))
     assert p.verdict == "fits" and p.blocks_worst <= 48
     with pytest.raises(ValueError, match="prompt must be a string"):

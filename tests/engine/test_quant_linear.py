@@ -1,6 +1,7 @@
 """The quantized-weight Linear (engine/csrc/quant_linear.c via engine/linear.py): bitwise the
 fp32 packed kernel's outputs on gguf-py's de-quantized weights, batch-invariant, and greedy
 output through weight_format="gguf" equal to transformers' generate on the de-quantized model."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -20,7 +21,7 @@ TYPES = {"Q4_1": 3, "Q8_0": 8, "F16": 1, "BF16": 30}
 def random_blocks(type_id: int, n: int, k: int, seed: int) -> np.ndarray:
     """n rows of k weights as GGUF blocks with finite random fp16 scales (and mins)."""
     rng = np.random.default_rng(seed)
-    if type_id in (1, 30):          # 16-bit floats: finite random values
+    if type_id in (1, 30):  # 16-bit floats: finite random values
         w = torch.from_numpy(rng.standard_normal((n, k)).astype(np.float32) * 0.1)
         h = w.to(torch.float16 if type_id == 1 else torch.bfloat16)
         return h.view(torch.int16).numpy().view(np.uint8).reshape(n, -1)
@@ -36,7 +37,7 @@ def random_blocks(type_id: int, n: int, k: int, seed: int) -> np.ndarray:
 
 def dequantized(type_id: int, blocks: np.ndarray) -> torch.Tensor:
     """What transformers' GGUF loader holds: gguf-py's dequantize, as fp32."""
-    if type_id == 30:               # gguf-py widens BF16 the same way (bits << 16); torch's own here
+    if type_id == 30:  # gguf-py widens BF16 the same way (bits << 16); torch's own here
         return torch.from_numpy(blocks.copy()).view(torch.bfloat16).float().reshape(blocks.shape[0], -1)
     return torch.from_numpy(gguf.dequantize(blocks, gguf.GGMLQuantizationType(type_id)).copy()).float()
 
@@ -68,14 +69,19 @@ def test_outputs_are_bitwise_the_fp32_kernels(qtype, rows, n, k, threads):
     for bias in (None, torch.randn(n, generator=g)):
         got = cpu_kernels.qlinear(LIB, t, x, panels, n, bias, threads)
         assert torch.equal(got, cpu_kernels.linear(LIB, x, fp32, n, bias, threads))
-        ref = torch.nn.functional.linear(x, w, bias)          # and the same values up to fp32 rounding
+        ref = torch.nn.functional.linear(x, w, bias)  # and the same values up to fp32 rounding
         assert torch.allclose(got, ref, atol=1e-4, rtol=1e-4)
 
 
 @needs_kernel
 @settings(max_examples=25, deadline=None)
-@given(qtype=st.sampled_from(sorted(TYPES)), n=st.integers(1, 70), kblocks=st.integers(1, 5),
-       rows=st.integers(2, 20), seed=st.integers(0, 2**16))
+@given(
+    qtype=st.sampled_from(sorted(TYPES)),
+    n=st.integers(1, 70),
+    kblocks=st.integers(1, 5),
+    rows=st.integers(2, 20),
+    seed=st.integers(0, 2**16),
+)
 def test_a_rows_result_does_not_depend_on_its_batch(qtype, n, kblocks, rows, seed):
     t, k = TYPES[qtype], 32 * kblocks
     b = random_blocks(t, n, k, seed)
@@ -83,7 +89,7 @@ def test_a_rows_result_does_not_depend_on_its_batch(qtype, n, kblocks, rows, see
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(seed))
     batch = cpu_kernels.qlinear(LIB, t, x, panels, n)
     for r in {0, rows // 2, rows - 1}:
-        assert torch.equal(cpu_kernels.qlinear(LIB, t, x[r:r + 1], panels, n)[0], batch[r])
+        assert torch.equal(cpu_kernels.qlinear(LIB, t, x[r : r + 1], panels, n)[0], batch[r])
 
 
 @needs_kernel
@@ -93,18 +99,19 @@ def test_row_map_reorders_rows_and_bad_sizes_are_rejected():
     panels = cpu_kernels.qpack(LIB, 3, b, 48, 64, row_map=perm)
     assert torch.equal(cpu_kernels.qunpack(LIB, 3, panels, 48, 64), dequantized(3, b)[torch.from_numpy(perm)])
     with pytest.raises(ValueError):
-        cpu_kernels.qpack(LIB, 3, b, 48, 48)                   # 48 columns: not whole blocks of 32
+        cpu_kernels.qpack(LIB, 3, b, 48, 48)  # 48 columns: not whole blocks of 32
     with pytest.raises(ValueError):
-        cpu_kernels.qpack(LIB, 3, b, 48, 64, row_map=np.full(48, 99))   # a row the tensor lacks
+        cpu_kernels.qpack(LIB, 3, b, 48, 64, row_map=np.full(48, 99))  # a row the tensor lacks
     with pytest.raises(ValueError):
-        cpu_kernels.qpack(LIB, 2, b, 48, 64)                   # Q4_0: no kernel
+        cpu_kernels.qpack(LIB, 2, b, 48, 64)  # Q4_0: no kernel
 
 
 def test_q_and_k_row_order_inverts_llama_cpps_permutation():
     from engine.gguf_weights import _row_order
+
     n, heads = 24, 3
     hf = np.arange(n * 4).reshape(n, 4)
-    d = n // heads // 2                                         # llama.cpp's permute (convert_hf_to_gguf)
+    d = n // heads // 2  # llama.cpp's permute (convert_hf_to_gguf)
     gguf_rows = hf.reshape(heads, 2, d, 4).swapaxes(1, 2).reshape(n, 4)
     assert np.array_equal(gguf_rows[_row_order("blk.0.attn_q.weight", n, heads, heads)], hf)
     assert np.array_equal(_row_order("blk.0.attn_v.weight", n, heads, heads), np.arange(n))
@@ -112,15 +119,17 @@ def test_q_and_k_row_order_inverts_llama_cpps_permutation():
 
 def test_weight_format_is_validated():
     from engine import EngineConfig
+
     with pytest.raises(ValueError, match="weight_format"):
         EngineConfig(model="tiny", weight_format="int4")
 
 
 def test_gguf_format_needs_a_gguf_model():
     from engine import LLM
+
     with pytest.raises(ValueError, match="weight_format='gguf'"):
         LLM(model="tiny", weight_format="gguf", num_kv_blocks=16)
-    info = LLM(model="tiny", num_kv_blocks=16).engine.info()           # auto: fp32 where no GGUF
+    info = LLM(model="tiny", num_kv_blocks=16).engine.info()  # auto: fp32 where no GGUF
     assert info.weight_format in ("fp32", "torch") and info.weight_bytes_per_step > 0
 
 
@@ -129,12 +138,13 @@ def test_gguf_format_needs_a_gguf_model():
 def test_default_model_reads_its_gguf_blocks_and_greedy_equals_transformers():
     from engine import LLM, SamplingParams
     from tests.engine.exact_ref import MAX_TOKENS, reference
+
     ids, refs = reference()
     llm = LLM(model="default", weight_format="gguf", num_kv_blocks=128)
     info = llm.engine.info()
     pack = llm.engine.runner.linear_pack
     assert info.weight_format == "gguf"
-    assert pack.formats == {"Q4_1": 210, "Q8_0": 1}             # 30 layers x 7 Linears, the tied lm_head
+    assert pack.formats == {"Q4_1": 210, "Q8_0": 1}  # 30 layers x 7 Linears, the tied lm_head
     # 106.2 M Q4_1 weights at 20 bytes / 32, 28.3 M Q8_0 at 34 / 32, the 61 norms in fp32
     assert pack.bytes == 30 * 3538944 * 20 // 32 + 576 * 49152 * 34 // 32
     assert info.weight_bytes_per_step == pack.bytes + 61 * 576 * 4
@@ -152,6 +162,7 @@ def _bf16_exact_tiny():
     from transformers import LlamaForCausalLM
 
     from engine.models import tiny_config
+
     torch.manual_seed(0)
     model = LlamaForCausalLM(tiny_config(vocab_size=512)).eval()
     with torch.no_grad():
@@ -164,6 +175,7 @@ def _bf16_exact_tiny():
 def test_weights_that_are_exactly_bf16_are_read_at_16_bits_with_the_same_logits():
     from engine import linear
     from engine.runner import _weight_pack
+
     model = _bf16_exact_tiny()
     assert linear.half_exact(model, "bf16") and not linear.half_exact(model, "fp16")
     half = _weight_pack(model, "auto")
@@ -177,14 +189,15 @@ def test_weights_that_are_exactly_bf16_are_read_at_16_bits_with_the_same_logits(
         with linear.packed_linears(fp32):
             b = model(ids).logits
     assert torch.equal(a, b)
-    fp16 = _weight_pack(model, "fp16")     # asked for: the Linears whose weights are exactly fp16 values
+    fp16 = _weight_pack(model, "fp16")  # asked for: the Linears whose weights are exactly fp16 values
     assert fp16.weight_format == "fp16" and set(fp16.formats) <= {"F16", "fp32"}
     with torch.inference_mode(), linear.packed_linears(fp16):
         assert torch.equal(model(ids).logits, b)
     from transformers import LlamaForCausalLM
 
     from engine.models import tiny_config
-    plain = LlamaForCausalLM(tiny_config(vocab_size=512)).eval()          # random fp32: not 16-bit values
+
+    plain = LlamaForCausalLM(tiny_config(vocab_size=512)).eval()  # random fp32: not 16-bit values
     assert _weight_pack(plain, "auto").weight_format == "fp32"
     with pytest.raises(ValueError, match="weight_format='bf16'"):
         _weight_pack(plain, "bf16")

@@ -1,4 +1,5 @@
 """recording.LoadFeeder bound to an EngineThread stops when that thread's engine is rebuilt."""
+
 from __future__ import annotations
 
 import threading
@@ -33,14 +34,15 @@ class FakeThread:
 def test_feeder_stops_when_its_engine_is_rebuilt():
     th = FakeThread()
     reqs = [WR(0.0, f"p{i}", 4) for i in range(10)]
-    f = recording.LoadFeeder(th.submit, reqs, make_params=lambda r: None, run_id="r", time_scale=0.0,
-                             bound_to=th).start()
+    f = recording.LoadFeeder(
+        th.submit, reqs, make_params=lambda r: None, run_id="r", time_scale=0.0, bound_to=th
+    ).start()
     assert th.first.wait(30)
-    th.engine = object()             # the shared engine was rebuilt while the feeder was submitting
+    th.engine = object()  # the shared engine was rebuilt while the feeder was submitting
     th.go_on.set()
     f.join(30)
     s = f.snapshot_status()
-    assert th.ids == ["r-000"]       # nothing more went into the rebuilt engine
+    assert th.ids == ["r-000"]  # nothing more went into the rebuilt engine
     assert s.done and s.stopped and s.rebuilt and s.submitted == 1
     assert recording.LoadFeeder.REBUILT in s.errors
 
@@ -48,8 +50,14 @@ def test_feeder_stops_when_its_engine_is_rebuilt():
 def test_unrebuilt_feeder_submits_everything():
     th = FakeThread()
     th.go_on.set()
-    f = recording.LoadFeeder(th.submit, [WR(0.0, "a", 1), WR(0.0, "b", 1)], make_params=lambda r: None,
-                             run_id="q", time_scale=0.0, bound_to=th).start()
+    f = recording.LoadFeeder(
+        th.submit,
+        [WR(0.0, "a", 1), WR(0.0, "b", 1)],
+        make_params=lambda r: None,
+        run_id="q",
+        time_scale=0.0,
+        bound_to=th,
+    ).start()
     f.join(30)
     s = f.snapshot_status()
     assert th.ids == ["q-000", "q-001"] and s.done and not s.stopped and not s.rebuilt

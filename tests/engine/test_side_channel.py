@@ -1,5 +1,6 @@
 """engine/side_channel.py: the probe design (which probes can hit, exactly), the alternation,
 and the attacker's threshold rule. Timings themselves are not asserted (wall clock)."""
+
 from __future__ import annotations
 
 import pytest
@@ -49,9 +50,16 @@ def _p(mode, cached, t):
 
 
 def test_threshold_rule_and_accuracy():
-    probes = [_p("shared", True, 0.01), _p("shared", True, 0.02), _p("shared", False, 0.09),
-              _p("shared", False, 0.10), _p("salted", True, 0.09), _p("salted", False, 0.095),
-              _p("salted", True, 0.10), _p("salted", False, 0.01)]
+    probes = [
+        _p("shared", True, 0.01),
+        _p("shared", True, 0.02),
+        _p("shared", False, 0.09),
+        _p("shared", False, 0.10),
+        _p("salted", True, 0.09),
+        _p("salted", False, 0.095),
+        _p("salted", True, 0.10),
+        _p("salted", False, 0.01),
+    ]
     thr = sc.threshold(probes)
     assert thr == pytest.approx((0.015 + 0.095) / 2)
     assert sc.accuracy(probes, "shared", thr) == 1.0

@@ -6,6 +6,7 @@ client aborts, manual evictions and aborts of unknown/finished ids between steps
 followed by check_invariants(). It compares every finished output with an unconstrained run of
 the same requests. The RSS numbers are reported (printed with -s), not asserted tightly.
 """
+
 from __future__ import annotations
 
 import math
@@ -22,8 +23,17 @@ N_REQUESTS = 1000
 def reports():
     threads = torch.get_num_threads()
     try:
-        reps = soak(N_REQUESTS, "tiny", ("recompute", "swap"), seed=0, profile="small", block_size=8,
-                    budget_fraction=0.1, max_model_len=512, num_threads=1)
+        reps = soak(
+            N_REQUESTS,
+            "tiny",
+            ("recompute", "swap"),
+            seed=0,
+            profile="small",
+            block_size=8,
+            budget_fraction=0.1,
+            max_model_len=512,
+            num_threads=1,
+        )
     finally:
         torch.set_num_threads(threads)
     for r in reps:
@@ -65,7 +75,7 @@ def test_soak_pressure_was_real(reports, mode):
     assert r.prefix_hit_rate > 0.05
     if mode == "swap":
         assert r.preemptions_swap > 0 and r.swap_full_fallbacks > 0
-        assert r.swap_outs == r.swap_ins          # aborted swapped requests release slots without swap-in
+        assert r.swap_outs == r.swap_ins  # aborted swapped requests release slots without swap-in
     else:
         assert r.preemptions_swap == 0
 
@@ -91,11 +101,13 @@ def test_soak_rss_reported(reports):
 
 # ---------------------------------------------------------------- fast checks of the harness
 
+
 def test_build_requests_mixes_scenarios_and_is_seeded():
     a = build_requests(60, seed=3)
     b = build_requests(60, seed=3)
-    assert [(r.request_id, r.prompt, r.max_tokens, r.arrival_step, r.tier) for r in a] == \
-           [(r.request_id, r.prompt, r.max_tokens, r.arrival_step, r.tier) for r in b]
+    assert [(r.request_id, r.prompt, r.max_tokens, r.arrival_step, r.tier) for r in a] == [
+        (r.request_id, r.prompt, r.max_tokens, r.arrival_step, r.tier) for r in b
+    ]
     assert len(a) == 60 and len({r.request_id for r in a}) == 60
     assert {r.scenario for r in a} == {"release-freeze", "shared-system-prompt", "mixed"}
     steps = [r.arrival_step for r in a]
@@ -113,6 +125,7 @@ def test_build_requests_rejects_bad_arguments():
 
 def test_soak_cli_rejects_bad_mode_and_fraction(capsys):
     from engine.soak import main
+
     with pytest.raises(SystemExit) as e:
         main(["--mode", "sometimes"])
     assert e.value.code == 2

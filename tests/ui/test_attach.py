@@ -1,6 +1,7 @@
 """ui/attach.py against stub servers on 127.0.0.1: a vLLM-format /metrics + KV events (both wire
 forms) and a kvscope snapshot stream recorded from a real tiny-model engine. Waits are bounded
 loops of short sleeps (hang guards, never timing assertions)."""
+
 import time
 
 import pytest
@@ -37,14 +38,17 @@ def _wait(cond, rounds=400):
 @pytest.mark.parametrize("wire", ["current", "legacy"])
 def test_vllm_stub_scrapes_and_rebuilds_the_prefix_tree(wire):
     stub = VllmStub(demo_batches(wire, A_TOK, B_TOK, 4), tokenizer=ByteTokenizer())
-    s = A.AttachSession(stub.base_url, None, stub.events_endpoint, stub.replay_endpoint, interval=0.1,
-                        tokenizer=ByteTokenizer())
+    s = A.AttachSession(
+        stub.base_url, None, stub.events_endpoint, stub.replay_endpoint, interval=0.1, tokenizer=ByteTokenizer()
+    )
     try:
         assert s.kind == "vllm"
+
         def done():
             stub.pump()
             st = s.event_state
             return st is not None and st.last_seq == 2 and len(s.history) >= 3
+
         assert _wait(done)
         with s.lock:
             assert s.tree.hashes() == {1, 3} and s.tree.nodes[3].tokens == (7, 7, 7, 7)
@@ -60,7 +64,7 @@ def test_vllm_stub_scrapes_and_rebuilds_the_prefix_tree(wire):
         assert s.resume() and s.alive
         assert _wait(lambda: (stub.pump() or True) and len(s.history) > n)
         with s.lock:
-            assert s.tree.hashes() == {1, 3} and s.tree.nodes[1].reports == 1     # nothing applied twice
+            assert s.tree.hashes() == {1, 3} and s.tree.nodes[1].reports == 1  # nothing applied twice
             assert s.event_state.last_seq == 2
     finally:
         s.stop()
@@ -79,10 +83,10 @@ def test_missing_metrics_and_events_degrade_with_notes_and_idle_stops():
         assert any("no KV events endpoint" in n for n in v["notes"])
         assert v["acceptance"] == [] and v["rows"][-1].itl == {}
         assert _wait(lambda: s.tokenizer_reason != "not checked")
-        assert not s.tokenizer_ok                       # the stub has no /tokenize: no decoded text
-        assert _wait(lambda: not s.alive)               # nobody touched it: it stopped by itself
+        assert not s.tokenizer_ok  # the stub has no /tokenize: no decoded text
+        assert _wait(lambda: not s.alive)  # nobody touched it: it stopped by itself
         s.stop()
-        assert not s.resume()                            # stopped by the user: stays stopped
+        assert not s.resume()  # stopped by the user: stays stopped
     finally:
         s.stop()
         stub.close()
@@ -107,7 +111,7 @@ def test_api_key_and_bad_urls():
 
 
 def test_sse_parsing():
-    lines = [b": comment\n", b"data: {\"a\":\n", b"data: 1}\n", b"\n", b"data: x\n"]
+    lines = [b": comment\n", b'data: {"a":\n', b"data: 1}\n", b"\n", b"data: x\n"]
     assert list(A.iter_sse(lines)) == ['{"a":\n1}', "x"]
     with pytest.raises(ValueError):
         A.parse_stream_message("[1]")
@@ -115,8 +119,7 @@ def test_sse_parsing():
 
 def test_kvscope_stub_stream_gives_snapshots_and_events():
     eng = LLMEngine(EngineConfig(model="tiny", device="cpu", num_kv_blocks=24, block_size=8, max_model_len=128))
-    frames = record_frames(eng, [[1] * 20 + [i] * 5 for i in range(2, 6)], SamplingParams(max_tokens=5,
-                                                                                         temperature=0))
+    frames = record_frames(eng, [[1] * 20 + [i] * 5 for i in range(2, 6)], SamplingParams(max_tokens=5, temperature=0))
     stub = KvscopeStub(frames)
     s = A.AttachSession(stub.base_url, interval=0.2)
     try:

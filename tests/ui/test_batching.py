@@ -1,6 +1,7 @@
 """Continuous batching chart (issue 15 item 4): the step x request grid is exactly what the engine
 put in each forward pass — per request, prefill rows add up to its prompt (plus recomputes), one
 decode row per generated token after the first, leaves where the engine says so."""
+
 from __future__ import annotations
 
 import pytest
@@ -17,11 +18,21 @@ def run():
     torch.set_num_threads(1)
     try:
         # a small token budget forces chunked prefill; a small pool forces preemption
-        eng = LLMEngine(EngineConfig(model="tiny", device="cpu", num_kv_blocks=12, block_size=4,
-                                     max_model_len=128, max_num_batched_tokens=16, seed=0))
+        eng = LLMEngine(
+            EngineConfig(
+                model="tiny",
+                device="cpu",
+                num_kv_blocks=12,
+                block_size=4,
+                max_model_len=128,
+                max_num_batched_tokens=16,
+                seed=0,
+            )
+        )
         for i in range(5):
-            eng.add_request(f"r{i}", list(range(10 + i, 10 + i + 6 + 5 * i)),
-                            SamplingParams(max_tokens=8 + i, ignore_eos=True))
+            eng.add_request(
+                f"r{i}", list(range(10 + i, 10 + i + 6 + 5 * i)), SamplingParams(max_tokens=8 + i, ignore_eos=True)
+            )
         while eng.has_unfinished_requests():
             eng.step()
         return eng, list(eng.events)
@@ -51,7 +62,7 @@ def test_grid_accounts_for_every_token(run):
         prefill = [c for c in mine if c.kind == "prefill"]
         assert all(c.num_tokens == 1 for c in decode)
         fed = sum(c.num_tokens for c in mine)
-        if rid in preempted:       # recompute re-feeds prompt and output so far
+        if rid in preempted:  # recompute re-feeds prompt and output so far
             assert fed > prompt_len + out_len - 1
         else:
             assert fed == prompt_len + out_len - 1
@@ -62,7 +73,7 @@ def test_grid_accounts_for_every_token(run):
         for c in sorted(mine, key=lambda c: c.step):
             assert c.start in (pos, 0) or c.start < pos
             pos = c.start + c.num_tokens
-    assert any(len({c.kind for c in g.cells if c.step == s}) > 1 for s in g.steps)   # mixed passes
+    assert any(len({c.kind for c in g.cells if c.step == s}) > 1 for s in g.steps)  # mixed passes
     assert {r for _, r, w in g.leaves if w == "finished"} == set(g.request_ids)
     assert len([e for e in events if e.kind == FINISH]) == 5
 
@@ -82,8 +93,9 @@ def test_empty_and_hostile():
     assert B.batch_grid([]).steps == ()
     fig = B.batching_figure(B.batch_grid([]))
     assert fig.layout.annotations
-    ev = Event(1, 3, 0.0, SCHEDULE, None, {"rows": [["<script>x</script>", "decode", 1, 4], "junk", [1]],
-                                          "forward_s": 0.01})
+    ev = Event(
+        1, 3, 0.0, SCHEDULE, None, {"rows": [["<script>x</script>", "decode", 1, 4], "junk", [1]], "forward_s": 0.01}
+    )
     g = B.batch_grid([ev])
     assert g.request_ids == ("<script>x</script>",)
     assert "<script>" not in B.batch_summary(g)

@@ -1,5 +1,6 @@
 """ui/compare.py: summaries and figures carry the numbers of the Snapshots they are given
 (hand-built test data here; the pages feed them real engine runs)."""
+
 from dataclasses import replace
 
 import pytest
@@ -12,21 +13,43 @@ from ui import compare as C
 
 
 def info(num_blocks=10, block_size=16, allocator="paged"):
-    return make_engine_info(num_blocks=num_blocks, block_size=block_size, allocator=allocator, max_model_len=64,
-                            max_num_seqs=8, enable_prefix_caching=False)
+    return make_engine_info(
+        num_blocks=num_blocks,
+        block_size=block_size,
+        allocator=allocator,
+        max_model_len=64,
+        max_num_seqs=8,
+        enable_prefix_caching=False,
+    )
 
 
 def req(rid, prompt_len, output_len, state="running"):
-    return RequestInfo(request_id=rid, state=state, tier=None, prompt_len=prompt_len, output_len=output_len,
-                       num_computed_tokens=prompt_len + output_len, num_cached_tokens=0, block_table=(),
-                       slots_allocated=0, kv_bytes=0)
+    return RequestInfo(
+        request_id=rid,
+        state=state,
+        tier=None,
+        prompt_len=prompt_len,
+        output_len=output_len,
+        num_computed_tokens=prompt_len + output_len,
+        num_cached_tokens=0,
+        block_table=(),
+        slots_allocated=0,
+        kv_bytes=0,
+    )
 
 
 def snap(step, alloc, filled, running=1, reqs=(), allocator="paged", **m):
     waste = (1 - filled / alloc) if alloc else 0.0
-    return Snapshot(step=step, time=float(step), info=info(allocator=allocator), blocks=(), requests=tuple(reqs),
-                    metrics=EngineMetrics(slots_allocated=alloc, slots_filled=filled, waste_fraction=waste,
-                                          num_running=running, **m))
+    return Snapshot(
+        step=step,
+        time=float(step),
+        info=info(allocator=allocator),
+        blocks=(),
+        requests=tuple(reqs),
+        metrics=EngineMetrics(
+            slots_allocated=alloc, slots_filled=filled, waste_fraction=waste, num_running=running, **m
+        ),
+    )
 
 
 def ev(seq, kind, rid):
@@ -34,19 +57,23 @@ def ev(seq, kind, rid):
 
 
 def rec(label, series, events=(), outputs=()):
-    return recording.RunRecord(label=label, series=list(series), events=list(events),
-                       outputs={o: object() for o in outputs}, steps=len(series))
+    return recording.RunRecord(
+        label=label, series=list(series), events=list(events), outputs={o: object() for o in outputs}, steps=len(series)
+    )
 
 
 def test_allocator_summary_numbers():
-    paged = rec("paged", [snap(0, 0, 0, 0), snap(1, 64, 60, 3), snap(2, 80, 78, 4), snap(3, 32, 20, 1)],
-                [ev(1, "admit", "a"), ev(2, "admit", "b"), ev(3, "admit", "a"), ev(4, "preempt", "b"),
-                 ev(5, "wait", "c")], outputs=["a", "b"])
+    paged = rec(
+        "paged",
+        [snap(0, 0, 0, 0), snap(1, 64, 60, 3), snap(2, 80, 78, 4), snap(3, 32, 20, 1)],
+        [ev(1, "admit", "a"), ev(2, "admit", "b"), ev(3, "admit", "a"), ev(4, "preempt", "b"), ev(5, "wait", "c")],
+        outputs=["a", "b"],
+    )
     s = C.allocator_summary(paged)
     assert s["peak_allocated"] == 80 and s["filled_at_peak"] == 78
     assert s["waste_at_peak"] == pytest.approx(2 / 80)
     assert s["mean_waste"] == pytest.approx(1 - (60 + 78 + 20) / (64 + 80 + 32))
-    assert s["admitted"] == 2                       # distinct requests, re-admission not double counted
+    assert s["admitted"] == 2  # distinct requests, re-admission not double counted
     assert s["peak_running"] == 4 and s["preemptions"] == 1 and s["waits"] == 1
     assert s["finished"] == 2 and s["budget_slots"] == 160
     empty = C.allocator_summary(rec("x", []))
@@ -90,11 +117,18 @@ def test_exercise_demand_vs_budget():
     # budget: 10 blocks x 16 = 160 tokens
     s0 = snap(0, 0, 0, reqs=[req("a", 50, 0, "waiting"), req("b", 50, 0, "waiting")])
     s1 = snap(1, 128, 100, reqs=[req("a", 50, 30), req("b", 50, 20)], num_blocks_used=7)
-    s2 = snap(2, 96, 90, reqs=[req("a", 50, 40), req("b", 50, 40, "preempted"), req("c", 50, 40, "finished")],
-              num_preemptions_total=1, num_finished=1, num_blocks_used=6)
+    s2 = snap(
+        2,
+        96,
+        90,
+        reqs=[req("a", 50, 40), req("b", 50, 40, "preempted"), req("c", 50, 40, "finished")],
+        num_preemptions_total=1,
+        num_finished=1,
+        num_blocks_used=6,
+    )
     r = rec("LRU", [s0, s1, s2], [ev(1, "preempt", "b"), ev(2, "wait", "b")], outputs=["c"])
     rows = C.exercise_rows(r)
-    assert rows["demand"] == [100, 150, 180]          # finished sequences no longer count
+    assert rows["demand"] == [100, 150, 180]  # finished sequences no longer count
     assert rows["budget"] == [160, 160, 160] and rows["held"] == [0, 112, 96]
     assert C.first_over_budget(r) == 2
     s = C.exercise_summary(r)
@@ -104,7 +138,7 @@ def test_exercise_demand_vs_budget():
     demand = [t for t in fig.data if t.name.startswith("demand")]
     assert list(demand[0].y) == [100, 150, 180]
     assert C.first_held_over_budget(r) is None and s["held_over_budget_step"] is None
-    r.budget_tokens = 100                                   # engine held 112 slots at step 1
+    r.budget_tokens = 100  # engine held 112 slots at step 1
     assert C.first_held_over_budget(r) == 1
     fig = C.exercise_figure([r])
     assert any("KV use > budget at step 1" in (a.text or "") for a in fig.layout.annotations)
@@ -153,8 +187,9 @@ class FakeEngine:
 def test_run_engine_records_every_step_and_rejections():
     eng = FakeEngine()
     seen = []
-    r = recording.run_engine(eng, [("a", "x", None), ("b", "", None), ("c", "y", None)], label="fake",
-                     on_step=lambda i, s: seen.append(i))
+    r = recording.run_engine(
+        eng, [("a", "x", None), ("b", "", None), ("c", "y", None)], label="fake", on_step=lambda i, s: seen.append(i)
+    )
     assert r.steps == 2 and seen == [1, 2] and set(r.outputs) == {"a", "c"}
     assert [s.step for s in r.series] == [0, 1, 2]
     assert r.add_errors == ["b: prompt must not be empty"] and not r.truncated
@@ -166,13 +201,22 @@ def test_run_engine_records_every_step_and_rejections():
 
 def test_prefix_helpers():
     from engine.snapshot import BlockInfo
-    blocks = (BlockInfo(0, "used", 3, ("a", "b", "c"), 16), BlockInfo(1, "used", 3, ("a", "b", "c"), 16),
-              BlockInfo(2, "used", 1, ("a",), 5), BlockInfo(3, "cached", 0, (), 16))
+
+    blocks = (
+        BlockInfo(0, "used", 3, ("a", "b", "c"), 16),
+        BlockInfo(1, "used", 3, ("a", "b", "c"), 16),
+        BlockInfo(2, "used", 1, ("a",), 5),
+        BlockInfo(3, "cached", 0, (), 16),
+    )
     s1 = replace(snap(1, 0, 0), blocks=blocks)
     s0 = replace(snap(0, 0, 0), blocks=blocks[2:])
     st = experiments.sharing_stats(s1)
     assert st == {"shared_blocks": 2, "max_ref": 3, "refs_saved": 4}
-    assert experiments.more_shared(s1, s0) is s1 and experiments.more_shared(s0, s1) is s1 and experiments.more_shared(None, s0) is s0
+    assert (
+        experiments.more_shared(s1, s0) is s1
+        and experiments.more_shared(s0, s1) is s1
+        and experiments.more_shared(None, s0) is s0
+    )
     assert experiments.sharing_stats(None)["shared_blocks"] == 0
     hit = [experiments.PrefixRow("h1", 1, 0.05, 100, 96), experiments.PrefixRow("h2", 2, 0.07, 110, 96)]
     miss = [experiments.PrefixRow("m1", 1, 0.20, 100, 0), experiments.PrefixRow("m2", 2, None, 110, 0)]
@@ -190,9 +234,16 @@ def test_exercise_prompts_and_waiting_reasons():
     ps = experiments.exercise_prompts(50, 12)
     assert len(ps) == 50 and all(len(p) == 12 for p in ps)
     assert len({p[0] for p in ps}) == 50 and all(1000 <= t < 40000 for p in ps for t in p)
-    s0 = snap(0, 0, 0, reqs=[replace(req("a", 5, 0, "waiting"), waiting_reason="no free KV blocks: needs 2, 0 free"),
-                             replace(req("b", 5, 0, "waiting"), waiting_reason="no free KV blocks: needs 2, 0 free"),
-                             replace(req("c", 5, 0, "preempted"), waiting_reason="preempted: no free KV blocks")])
+    s0 = snap(
+        0,
+        0,
+        0,
+        reqs=[
+            replace(req("a", 5, 0, "waiting"), waiting_reason="no free KV blocks: needs 2, 0 free"),
+            replace(req("b", 5, 0, "waiting"), waiting_reason="no free KV blocks: needs 2, 0 free"),
+            replace(req("c", 5, 0, "preempted"), waiting_reason="preempted: no free KV blocks"),
+        ],
+    )
     s1 = snap(1, 0, 0, reqs=[replace(req("a", 5, 0, "waiting"), waiting_reason="no free KV blocks: needs 2, 0 free")])
     r = C.waiting_reasons(rec("x", [s0, s1]))
     assert r == [("no free KV blocks: needs 2, 0 free", 2), ("preempted", 1)]

@@ -1,5 +1,6 @@
 """Demo chapters (issue 15 item 2) on the committed traces: every chapter is anchored on the
 moment the trace's own events or snapshots show, and its caption carries that moment's data."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -44,27 +45,30 @@ def test_release_freeze_moments_come_from_the_events(rf):
     cross = chs["crossing"].moment
     s = rf.snapshots[cross.tick]
     assert D.kv_demand_blocks(s) > s.info.num_blocks
-    assert all(D.kv_demand_blocks(x) <= x.info.num_blocks for x in rf.snapshots[:cross.tick])
+    assert all(D.kv_demand_blocks(x) <= x.info.num_blocks for x in rf.snapshots[: cross.tick])
     q = chs["queue"].moment
     assert any(r.state == "waiting" and r.waiting_reason for r in rf.snapshots[q.tick].requests)
-    for c in chs.values():    # a chapter's tick is the first snapshot at or after its step
+    for c in chs.values():  # a chapter's tick is the first snapshot at or after its step
         assert rf.snapshots[c.moment.tick].step >= c.moment.step
         assert c.moment.tick == 0 or rf.snapshots[c.moment.tick - 1].step < c.moment.step
 
 
 def test_speculation_moments(spec):
     chs = {c.key: c for c in D.chapters(spec, "speculation")}
-    fb = min((e for e in spec.events if e.kind == SPEC_FALLBACK and e.data.get("speculating") is False),
-             key=lambda e: e.seq)
+    fb = min(
+        (e for e in spec.events if e.kind == SPEC_FALLBACK and e.data.get("speculating") is False), key=lambda e: e.seq
+    )
     assert chs["fallback"].moment.step == fb.step
     assert chs["passage"].moment.request_id == "passage-edit"
     assert chs["break"].moment.request_id.startswith("open-ended")
+
     # the passage edit's drafts land far more often than the open-ended ones
     def alpha(rid):
         for s in reversed(spec.snapshots):
             r = s.request(rid)
             if r is not None:
                 return r.spec_num_accepted_tokens / max(1, r.spec_num_draft_tokens)
+
     assert alpha("passage-edit") > 2 * alpha(chs["break"].moment.request_id)
 
 
@@ -86,6 +90,7 @@ def test_current_chapter_and_advance(rf):
 
 def test_missing_moments_say_why(rf):
     from engine.events import Trace
+
     t = Trace(rf.snapshots[:1], [])
     chs = D.chapters(t, "release-freeze")
     assert all(c.moment is None and c.missing for c in chs)

@@ -1,5 +1,6 @@
 """ui/load.py and ui/events_table.py: the numbers the load page's figures carry, built from
 hand-made Snapshots/Events (test data only; the pages show real engine data)."""
+
 from dataclasses import dataclass, replace
 
 import pytest
@@ -13,14 +14,31 @@ from ui import load as L
 
 
 def req(rid, computed, state="running", history=(), arrival=0.0):
-    return RequestInfo(request_id=rid, state=state, tier=None, prompt_len=10, output_len=computed - 10,
-                       num_computed_tokens=computed, num_cached_tokens=0, block_table=(), slots_allocated=0,
-                       kv_bytes=computed * 1536, arrival_time=arrival, history=tuple(history))
+    return RequestInfo(
+        request_id=rid,
+        state=state,
+        tier=None,
+        prompt_len=10,
+        output_len=computed - 10,
+        num_computed_tokens=computed,
+        num_cached_tokens=0,
+        block_table=(),
+        slots_allocated=0,
+        kv_bytes=computed * 1536,
+        arrival_time=arrival,
+        history=tuple(history),
+    )
 
 
 def snap(step, t, reqs=(), num_blocks=64, **m):
-    return Snapshot(step=step, time=t, info=make_engine_info(num_blocks=num_blocks), blocks=(), requests=tuple(reqs),
-                    metrics=EngineMetrics(**m))
+    return Snapshot(
+        step=step,
+        time=t,
+        info=make_engine_info(num_blocks=num_blocks),
+        blocks=(),
+        requests=tuple(reqs),
+        metrics=EngineMetrics(**m),
+    )
 
 
 def test_append_snapshot_dedups_and_bounds():
@@ -35,17 +53,36 @@ def test_append_snapshot_dedups_and_bounds():
 
 
 def test_counts_and_kv_usage_carry_the_metrics():
-    series = [snap(1, 10.0, num_running=2, num_waiting=5, num_preempted=0, num_swapped=0,
-                   num_blocks_used=10, num_blocks_cached=3),
-              snap(2, 10.5, num_running=3, num_waiting=1, num_preempted=2, num_swapped=1,
-                   num_blocks_used=30, num_blocks_cached=0, num_blocks_free=2)]
+    series = [
+        snap(
+            1,
+            10.0,
+            num_running=2,
+            num_waiting=5,
+            num_preempted=0,
+            num_swapped=0,
+            num_blocks_used=10,
+            num_blocks_cached=3,
+        ),
+        snap(
+            2,
+            10.5,
+            num_running=3,
+            num_waiting=1,
+            num_preempted=2,
+            num_swapped=1,
+            num_blocks_used=30,
+            num_blocks_cached=0,
+            num_blocks_free=2,
+        ),
+    ]
     c = L.counts_over_time(series)
     assert c == {"running": [2, 3], "waiting": [5, 1], "preempted": [0, 2], "swapped": [0, 1]}
     fig = L.counts_figure(series)
     by = {t.name: t for t in fig.data}
     assert list(by["preempted"].y) == [0, 2]
-    assert list(by["running"].x) == [0.0, 0.5]        # time since the first snapshot
-    series[1] = replace(series[1], info=make_engine_info(num_blocks=32))   # budget tightened mid-run
+    assert list(by["running"].x) == [0.0, 0.5]  # time since the first snapshot
+    series[1] = replace(series[1], info=make_engine_info(num_blocks=32))  # budget tightened mid-run
     fig = L.kv_usage_figure(series)
     by = {t.name: t for t in fig.data}
     assert list(by["used by requests"].y) == [10, 30]
@@ -53,15 +90,17 @@ def test_counts_and_kv_usage_carry_the_metrics():
 
 
 def test_growth_lines_prefer_history_and_cap():
-    h = [HistoryPoint(step=i, time=float(i), num_cached_tokens=16 * i, num_blocks=i, kv_bytes=0, phase="decode")
-         for i in range(1, 4)]
+    h = [
+        HistoryPoint(step=i, time=float(i), num_cached_tokens=16 * i, num_blocks=i, kv_bytes=0, phase="decode")
+        for i in range(1, 4)
+    ]
     s1 = snap(1, 1.0, [req("a", 20), req("b", 50)])
     s2 = snap(2, 2.0, [req("a", 0, state="preempted", history=h), req("c", 30)])
     lines = L.growth_lines([s1, s2])
-    assert lines["a"] == ([1.0, 2.0, 3.0], [16, 32, 48])      # history from its latest snapshot
-    assert lines["b"] == ([1.0], [50])                         # sampled fallback
+    assert lines["a"] == ([1.0, 2.0, 3.0], [16, 32, 48])  # history from its latest snapshot
+    assert lines["b"] == ([1.0], [50])  # sampled fallback
     capped = L.growth_lines([s1, s2], max_lines=2)
-    assert set(capped) == {"b", "a"}                           # largest peaks: b 50, a 48
+    assert set(capped) == {"b", "a"}  # largest peaks: b 50, a 48
     fig = L.growth_figure([s1, s2], max_lines=2)
     assert len(fig.data) == 2 and "2 largest of 3" in fig.layout.title.text
 
@@ -131,6 +170,7 @@ def test_feeder_stops_promptly_and_is_bounded():
 def test_feeder_stops_on_engine_failure():
     def submit(*a, **k):
         raise RuntimeError("engine thread crashed")
+
     f = recording.LoadFeeder(submit, [WR(0, "a", 1), WR(0, "b", 1)], make_params=lambda r: None, run_id="t3").start()
     f.join(5)
     st = f.snapshot_status()
@@ -138,6 +178,7 @@ def test_feeder_stops_on_engine_failure():
 
 
 # ------------------------------------------------------------------ events table
+
 
 def ev(seq, kind, rid=None, **data):
     return Event(seq=seq, step=seq, time=seq / 10, kind=kind, request_id=rid, data=data)
@@ -154,8 +195,10 @@ def test_filter_events_newest_first_capped():
 
 def test_events_html_escapes_everything():
     hostile = "<script>alert(1)</script>"
-    evs = [ev(1, "preempt", '"><svg onload=alert(1)>', reason=hostile, mode="recompute", blocks_freed=3),
-           ev(2, "reject", "r\u202eevil", reason="prompt of 5000 tokens exceeds tier 'free' cap 1024")]
+    evs = [
+        ev(1, "preempt", '"><svg onload=alert(1)>', reason=hostile, mode="recompute", blocks_freed=3),
+        ev(2, "reject", "r\u202eevil", reason="prompt of 5000 tokens exceeds tier 'free' cap 1024"),
+    ]
     out = et.events_html(evs)
     assert "<script>" not in out and "<svg" not in out
     assert "&lt;script&gt;" in out and "&lt;svg onload" in out
@@ -167,20 +210,28 @@ def test_events_html_escapes_everything():
 
 
 def test_growth_lines_start_at_admission_and_end_at_finish():
-    s = [snap(1, 1.0, [req("a", 0, state="waiting")]),
-         snap(2, 2.0, [req("a", 12)]),
-         snap(3, 3.0, [req("a", 0, state="preempted")]),
-         snap(4, 4.0, [req("a", 20)]),
-         snap(5, 5.0, [req("a", 0, state="finished")]),
-         snap(6, 6.0, [req("a", 0, state="finished"), req("b", 0, state="waiting")])]
+    s = [
+        snap(1, 1.0, [req("a", 0, state="waiting")]),
+        snap(2, 2.0, [req("a", 12)]),
+        snap(3, 3.0, [req("a", 0, state="preempted")]),
+        snap(4, 4.0, [req("a", 20)]),
+        snap(5, 5.0, [req("a", 0, state="finished")]),
+        snap(6, 6.0, [req("a", 0, state="finished"), req("b", 0, state="waiting")]),
+    ]
     lines = L.growth_lines(s)
-    assert lines == {"a": ([2.0, 3.0, 4.0, 5.0], [12, 0, 20, 0])}     # b never held KV: no line
+    assert lines == {"a": ([2.0, 3.0, 4.0, 5.0], [12, 0, 20, 0])}  # b never held KV: no line
 
 
 def test_slim_snapshot_drops_growing_fields_keeps_counts():
     from engine.snapshot import BlockInfo, TokenMark
-    r = replace(req("a", 30), tokens=(TokenMark(1, "x"),), output_text="secret", prompt_preview="p",
-                waiting_reason="no free KV blocks")
+
+    r = replace(
+        req("a", 30),
+        tokens=(TokenMark(1, "x"),),
+        output_text="secret",
+        prompt_preview="p",
+        waiting_reason="no free KV blocks",
+    )
     s = replace(snap(3, 1.0, [r]), blocks=(BlockInfo(0, "used", 1, ("a",), 16),))
     slim = recording.slim_snapshot(s)
     assert slim.blocks == () and slim.requests[0].tokens == () and slim.requests[0].output_text == ""
@@ -193,6 +244,7 @@ class FakeThread:
 
     def __init__(self):
         from engine.events import EventRing
+
         self.events = EventRing(100)
         self.snap = snap(0, 0.0)
 
@@ -204,19 +256,19 @@ def test_recorder_collects_new_steps_and_events_bounded():
     th = FakeThread()
     th.events.emit(0, 0.0, "config", None, reason="before the run")
     rec = recording.SnapshotRecorder("R1", start_time=0.5, start_seq=th.events.last_seq)
-    rec.poll(th)                                   # snapshot older than the run start: ignored
+    rec.poll(th)  # snapshot older than the run start: ignored
     assert rec.series == []
     for i in range(1, 5):
-        th.snap = replace(snap(i, float(i), [req("R1-a", 10 * i)]),
-                          blocks=())
+        th.snap = replace(snap(i, float(i), [req("R1-a", 10 * i)]), blocks=())
         th.events.emit(i, float(i), "decode", "R1-a", token=1)
         th.events.emit(i, float(i), "admit" if i == 1 else "preempt", "R1-a", reason="r")
         rec.poll(th)
-        rec.poll(th)                               # idempotent: same step twice
+        rec.poll(th)  # idempotent: same step twice
     assert [s.step for s in rec.series] == [1, 2, 3, 4]
-    assert [e.kind for e in rec.events] == ["admit", "preempt", "preempt", "preempt"]   # no decode chatter
+    assert [e.kind for e in rec.events] == ["admit", "preempt", "preempt", "preempt"]  # no decode chatter
     text = rec.trace_text()
     from engine.events import read_trace
+
     tr = read_trace(text)
     assert [s.step for s in tr.snapshots] == [1, 2, 3, 4] and len(tr.events) == 4
     assert L.run_request_ids_pending(th.snap, ["R1-a", "zz"]) == 0
@@ -232,6 +284,7 @@ def test_percentile_table_html_formats_numbers():
 
 def test_recorder_starts_over_when_the_engine_is_rebuilt():
     from engine.events import EventRing
+
     th = FakeThread()
     rec = recording.SnapshotRecorder("R2")
     for i in range(1, 4):
@@ -239,7 +292,7 @@ def test_recorder_starts_over_when_the_engine_is_rebuilt():
         th.events.emit(i, float(i), "admit", "R2-a", reason="r")
         rec.poll(th)
     assert len(rec.series) == 3 and len(rec.events) == 3
-    th.events, th.snap = EventRing(100), snap(1, 0.2)      # rebuilt: step, clock and seq restart
+    th.events, th.snap = EventRing(100), snap(1, 0.2)  # rebuilt: step, clock and seq restart
     th.events.emit(1, 0.2, "config", None, reason="engine started")
     rec.poll(th)
     assert rec.restarts == 1 and [s.step for s in rec.series] == [1] and [e.kind for e in rec.events] == ["config"]

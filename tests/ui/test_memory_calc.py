@@ -1,4 +1,5 @@
 """ui/memory_calc.py: numbers, formula text and figures are pure functions of the inputs."""
+
 import plotly.graph_objects as go
 import pytest
 
@@ -23,7 +24,7 @@ def test_compute_llama3_worked_example():
     assert r.formula_lines[1].strip() == "= 131,072 B  (128 KiB)"
     assert "131,072 B x 4,096 tokens" in text and "= 536,870,912 B  (512 MiB)" in text
     assert r.formula_lines[-1].strip() == "= 160"
-    assert max(len(line) for line in r.formula_lines) <= 90      # readable without scrolling
+    assert max(len(line) for line in r.formula_lines) <= 90  # readable without scrolling
 
 
 def test_compute_with_weights_and_concurrency():
@@ -81,7 +82,7 @@ def test_memory_vs_context_figure():
     i = xs.index(32_768)
     assert by["MHA"].y[i] == 16.0 and by["GQA (this config)"].y[i] == 4.0 and by["MQA"].y[i] == 0.5
     assert list(by["your setting"].y) == [4.0]
-    assert fig.layout.shapes[0].y0 == 80.0          # the GPU memory line
+    assert fig.layout.shapes[0].y0 == 80.0  # the GPU memory line
     with_w = mc.memory_vs_context_figure(L3, "bf16", 32_768, 2, 80 * GiB, 16 * GiB)
     assert [t for t in with_w.data if t.name == "your setting"][0].y[0] == 16 + 8
 
@@ -103,29 +104,60 @@ def test_figures_are_pure():
 
 # ---------------------------------------------------------------- bench kvquant's measurement beside the dtype
 
-KVQ = {"date": "2026-12-02", "model": "default", "command": "python -m engine bench kvquant --quick",
-       "dtypes": {"fp32": {"tokens_per_mib": 22.76, "decode_tok_s": 20.0, "needle_recall": 1.0,
-                           "token_agreement": 1.0, "sequences_identical": 1.0, "mean_kl": 0.0, "tokens_vs_fp32": 1.0},
-                  "int8": {"tokens_per_mib": 85.67, "decode_tok_s": 19.5, "needle_recall": 0.5,
-                           "token_agreement": 0.75, "sequences_identical": 0.25, "mean_kl": 0.0123,
-                           "tokens_vs_fp32": 3.765},
-                  "fp8_e4m3": {"tokens_per_mib": 85.67, "decode_tok_s": 19.0, "needle_recall": 0.0,
-                               "token_agreement": 0.5, "sequences_identical": 0.0, "mean_kl": 0.1,
-                               "tokens_vs_fp32": 3.765}}}
+KVQ = {
+    "date": "2026-12-02",
+    "model": "default",
+    "command": "python -m engine bench kvquant --quick",
+    "dtypes": {
+        "fp32": {
+            "tokens_per_mib": 22.76,
+            "decode_tok_s": 20.0,
+            "needle_recall": 1.0,
+            "token_agreement": 1.0,
+            "sequences_identical": 1.0,
+            "mean_kl": 0.0,
+            "tokens_vs_fp32": 1.0,
+        },
+        "int8": {
+            "tokens_per_mib": 85.67,
+            "decode_tok_s": 19.5,
+            "needle_recall": 0.5,
+            "token_agreement": 0.75,
+            "sequences_identical": 0.25,
+            "mean_kl": 0.0123,
+            "tokens_vs_fp32": 3.765,
+        },
+        "fp8_e4m3": {
+            "tokens_per_mib": 85.67,
+            "decode_tok_s": 19.0,
+            "needle_recall": 0.0,
+            "token_agreement": 0.5,
+            "sequences_identical": 0.0,
+            "mean_kl": 0.1,
+            "tokens_vs_fp32": 3.765,
+        },
+    },
+}
 
 
 def test_kvquant_caption_shows_the_measured_figures_and_date():
     text = mc.kvquant_caption(KVQ, "int8")
     assert text.startswith("Measured 2026-12-02 on kvscope's engine (default model) vs an fp32 cache: ")
-    for part in ("75% of greedy tokens identical", "25% of outputs identical", "mean KL 0.012 nats",
-                 "needle recall 50% (fp32: 100%)", "86 tokens per MiB (3.77x fp32)", "19.5 tok/s decode",
-                 "`python -m engine bench kvquant --quick`"):
+    for part in (
+        "75% of greedy tokens identical",
+        "25% of outputs identical",
+        "mean KL 0.012 nats",
+        "needle recall 50% (fp32: 100%)",
+        "86 tokens per MiB (3.77x fp32)",
+        "19.5 tok/s decode",
+        "`python -m engine bench kvquant --quick`",
+    ):
         assert part in text, part
-    assert "needle recall 0%" in mc.kvquant_caption(KVQ, "fp8")          # the calculator's "fp8" is fp8_e4m3
+    assert "needle recall 0%" in mc.kvquant_caption(KVQ, "fp8")  # the calculator's "fp8" is fp8_e4m3
     assert "fp32 is the reference" in mc.kvquant_caption(KVQ, "fp32")
 
 
 def test_kvquant_caption_none_without_a_measurement():
     assert mc.kvquant_caption(None, "int8") is None
-    assert mc.kvquant_caption(KVQ, "bf16") is None                       # not in this file
-    assert mc.kvquant_caption({"dtypes": {"int8": {"token_agreement": 1.0}}}, "int8") is None   # incomplete
+    assert mc.kvquant_caption(KVQ, "bf16") is None  # not in this file
+    assert mc.kvquant_caption({"dtypes": {"int8": {"token_agreement": 1.0}}}, "int8") is None  # incomplete

@@ -1,4 +1,5 @@
 """Pool map and block table figures carry the snapshot's numbers (hand-built snapshots)."""
+
 from tests.factories import request, snapshot
 from ui import pool, theme
 
@@ -20,8 +21,8 @@ def test_every_block_is_one_cell_coloured_by_owner():
     cat_a, cat_b = 2 + colors.index("req-a"), 2 + colors.index("req-b")
     assert [flat[i] for i in (0, 3, 5)] == [cat_a] * 3
     assert [flat[i] for i in (1, 2)] == [cat_b] * 2
-    assert flat[7] == flat[8] == 1          # cached-free
-    assert flat[4] == flat[6] == 0          # free
+    assert flat[7] == flat[8] == 1  # cached-free
+    assert flat[4] == flat[6] == 0  # free
     assert cat_a != cat_b
     # cached-free cells carry a symbol too, not just a shade
     assert hm.text[0][7] == "c"
@@ -34,7 +35,12 @@ def test_shared_blocks_show_ref_count():
     c = request("c", table=(0, 6))
     snap = snapshot(8, [a, b, c])
     fig = pool.pool_map_figure(snap)
-    texts = [t for tr in fig.data if tr.type == "scatter" and tr.mode == "text" and tr.x and tr.x[0] is not None for t in tr.text]
+    texts = [
+        t
+        for tr in fig.data
+        if tr.type == "scatter" and tr.mode == "text" and tr.x and tr.x[0] is not None
+        for t in tr.text
+    ]
     assert sorted(texts) == ["×2", "×3"]
     cells, group = pool.pool_cells(snap)
     assert group == 1
@@ -57,7 +63,7 @@ def test_large_pool_is_aggregated_to_the_cap():
 
 
 def test_hover_text_is_escaped():
-    evil = '<img src=x onerror=alert(1)>'
+    evil = "<img src=x onerror=alert(1)>"
     snap = snapshot(4, [request(evil, table=(0,))])
     fig = pool.pool_map_figure(snap)
     hover = fig.data[0].customdata[0][0]
@@ -100,6 +106,7 @@ def test_pool_map_hover_shows_the_pools_real_bytes():
 
     from engine import EngineConfig, LLMEngine, SamplingParams
     from ui import pool
+
     eng = LLMEngine(EngineConfig(model="tiny", kv_cache_dtype="int8", block_size=4, num_kv_blocks=16, num_threads=1))
     eng.add_request("r", "hello world and more", SamplingParams(max_tokens=2, ignore_eos=True))
     eng.step()
@@ -119,8 +126,20 @@ def test_pool_map_outlines_this_sessions_other_requests():
     from engine import LLMEngine
     from engine.config import EngineConfig, SamplingParams
     from ui import pool as P
-    eng = LLMEngine(EngineConfig(model="tiny", device="cpu", dtype="float32", block_size=4, num_kv_blocks=32,
-                                 max_num_seqs=4, max_model_len=64, seed=0, num_threads=1))
+
+    eng = LLMEngine(
+        EngineConfig(
+            model="tiny",
+            device="cpu",
+            dtype="float32",
+            block_size=4,
+            num_kv_blocks=32,
+            max_num_seqs=4,
+            max_model_len=64,
+            seed=0,
+            num_threads=1,
+        )
+    )
     for rid in ("a", "b", "c"):
         eng.add_request(rid, [7, 8, 9, 10, 11, 12], SamplingParams(max_tokens=4, ignore_eos=True))
     eng.step()
@@ -130,5 +149,6 @@ def test_pool_map_outlines_this_sessions_other_requests():
     assert len(mine) == 1
     want = {i for i, b in enumerate(snap.blocks) if "b" in b.owners}
     assert len(mine[0].x) == len(want) == len(snap.request("b").block_table)
-    assert not [t for t in P.pool_map_figure(snap, highlight="a", mine={"a"}).data
-                if t.name == "your other requests' blocks"]
+    assert not [
+        t for t in P.pool_map_figure(snap, highlight="a", mine={"a"}).data if t.name == "your other requests' blocks"
+    ]

@@ -1,4 +1,5 @@
 """ui/prefix_tree.py: KV events -> the prefix cache as a tree of block-hash chains."""
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -31,9 +32,9 @@ def test_chains_branch_and_evictions_prune():
 
 def test_repeat_reports_count_as_reuse_and_orphans_and_clear():
     t = _tree()
-    t.apply([BlockStored([1], None, A[:4], 4)], t=5.0)       # vLLM's kv_cache_report_mode="full" re-report
+    t.apply([BlockStored([1], None, A[:4], 4)], t=5.0)  # vLLM's kv_cache_report_mode="full" re-report
     assert t.reuse()[1] == 1 and t.nodes[1].stored_at == 0.0
-    t.apply([BlockRemoved([1])], t=6.0)                        # the parent goes first: 3 is an orphan
+    t.apply([BlockRemoved([1])], t=6.0)  # the parent goes first: 3 is an orphan
     assert t.roots() == [3]
     fig = P.tree_figure(t, now=10.0)
     assert "orphans" in fig.data[0].ids and fig.data[0].parents[list(fig.data[0].ids).index("orphans")] == "cache"
@@ -47,7 +48,7 @@ def test_figure_colours_by_age_or_reuse_and_escapes_token_text():
     d = fig.data[0]
     ids = list(d.ids)
     assert ids[0] == "cache" and set(ids[1:]) == {P.hash_label(1), P.hash_label(3)}
-    assert list(d.marker.colors) == [0.0, 4.0, 3.0]           # ages: stored at t=0 and t=1
+    assert list(d.marker.colors) == [0.0, 4.0, 3.0]  # ages: stored at t=0 and t=1
     label3 = d.labels[ids.index(P.hash_label(3))]
     assert "<script>" not in label3 and "&lt;script&gt;" in label3
     assert all("<script>" not in h for h in d.hovertext)
@@ -55,11 +56,18 @@ def test_figure_colours_by_age_or_reuse_and_escapes_token_text():
     assert list(fig.data[0].marker.colors) == [0.0, 0.0, 0.0]
 
 
-events = st.lists(st.one_of(
-    st.builds(lambda hs, p: BlockStored(hs, p, [], 4), st.lists(st.integers(0, 30), min_size=1, max_size=3),
-              st.none() | st.integers(0, 30)),
-    st.builds(lambda hs: BlockRemoved(hs), st.lists(st.integers(0, 30), min_size=1, max_size=3)),
-    st.just(AllBlocksCleared())), max_size=40)
+events = st.lists(
+    st.one_of(
+        st.builds(
+            lambda hs, p: BlockStored(hs, p, [], 4),
+            st.lists(st.integers(0, 30), min_size=1, max_size=3),
+            st.none() | st.integers(0, 30),
+        ),
+        st.builds(lambda hs: BlockRemoved(hs), st.lists(st.integers(0, 30), min_size=1, max_size=3)),
+        st.just(AllBlocksCleared()),
+    ),
+    max_size=40,
+)
 
 
 @settings(max_examples=100, deadline=None)

@@ -13,13 +13,24 @@ def info():
 
 
 def snaps(n=4):
-    return [Snapshot(step=i * 2, time=0.5 * i, info=info(), blocks=(), requests=(),
-                     metrics=EngineMetrics(num_running=i)) for i in range(n)]
+    return [
+        Snapshot(step=i * 2, time=0.5 * i, info=info(), blocks=(), requests=(), metrics=EngineMetrics(num_running=i))
+        for i in range(n)
+    ]
 
 
 def evs():
-    return [Event(seq=i + 1, step=i, time=0.1 * i, kind="admit" if i % 2 == 0 else "preempt",
-                  request_id=f"r{i}", data={"reason": "test"}) for i in range(7)]
+    return [
+        Event(
+            seq=i + 1,
+            step=i,
+            time=0.1 * i,
+            kind="admit" if i % 2 == 0 else "preempt",
+            request_id=f"r{i}",
+            data={"reason": "test"},
+        )
+        for i in range(7)
+    ]
 
 
 def test_roundtrip_and_tick_views():
@@ -38,15 +49,21 @@ def test_roundtrip_and_tick_views():
     assert "tiny&lt;b&gt;" in R.summary_html(s)
 
 
-@pytest.mark.parametrize("data, msg", [
-    (b"", "empty"),
-    (b"\xff\xfe\x00", "UTF-8"),
-    (b'{"kind": "kvscope-trace", "version": 1}\n{"kind": "snapshot", "snapshot": {"step": 1', "line 2"),
-    (b'{"kind": "pickle"}\n', "header"),
-    (b'{"kind": "kvscope-trace", "version": 1}\n', "no snapshot"),
-    (b'{"kind": "kvscope-trace", "version": 1}\n{"kind": "event", "event": {"seq": 1, "step": 0, '
-     b'"time": 0, "kind": "__import__(os)"}}\n', "unknown kind"),
-])
+@pytest.mark.parametrize(
+    "data, msg",
+    [
+        (b"", "empty"),
+        (b"\xff\xfe\x00", "UTF-8"),
+        (b'{"kind": "kvscope-trace", "version": 1}\n{"kind": "snapshot", "snapshot": {"step": 1', "line 2"),
+        (b'{"kind": "pickle"}\n', "header"),
+        (b'{"kind": "kvscope-trace", "version": 1}\n', "no snapshot"),
+        (
+            b'{"kind": "kvscope-trace", "version": 1}\n{"kind": "event", "event": {"seq": 1, "step": 0, '
+            b'"time": 0, "kind": "__import__(os)"}}\n',
+            "unknown kind",
+        ),
+    ],
+)
 def test_bad_traces_give_the_readers_message(data, msg):
     with pytest.raises(ValueError, match=msg):
         R.load_trace_bytes(data)
@@ -71,8 +88,9 @@ def test_interesting_tick_prefers_busy_keyframes():
     from dataclasses import replace
 
     from engine.snapshot import BlockInfo
+
     ss = snaps(4)
-    ss[1] = replace(ss[1], metrics=EngineMetrics(num_running=9))                 # busiest, no pool
+    ss[1] = replace(ss[1], metrics=EngineMetrics(num_running=9))  # busiest, no pool
     ss[2] = replace(ss[2], metrics=EngineMetrics(num_running=5), blocks=(BlockInfo(0, "used", 1, ("a",), 3),))
     tr = R.load_trace_bytes(trace_to_string(ss, []).encode())
     assert R.interesting_tick(tr) == 2

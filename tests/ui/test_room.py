@@ -1,4 +1,5 @@
 """ui/room.py: whose request is whose, what a rebuild would abort, runs kept server-side, access."""
+
 from __future__ import annotations
 
 import threading
@@ -24,9 +25,11 @@ def test_inflight_counts_split_mine_and_others(sid):
     rm.own("a", "me")
     rm.own("b", "me")
     rm.own("c", "you")
-    snap = snapshot(16, [request("a"), request("b", state="finished"), request("c", state="waiting"),
-                         request("d", state="preempted")])
-    assert R.inflight_counts(snap) == (1, 2)        # a mine; c (other session) and d (nobody's tab) others
+    snap = snapshot(
+        16,
+        [request("a"), request("b", state="finished"), request("c", state="waiting"), request("d", state="preempted")],
+    )
+    assert R.inflight_counts(snap) == (1, 2)  # a mine; c (other session) and d (nobody's tab) others
     assert R.mine(snap) == {"a", "b"}
     assert "3 in-flight request(s): 1 from this tab and 2 from other sessions" in R.rebuild_warning(snap)
     sid["sid"] = "you"
@@ -44,7 +47,7 @@ def test_submitter_records_the_owner_from_the_submitting_session(sid):
             return H(request_id or "auto-1")
 
     sub = R.submitter(TH())
-    sid["sid"] = "later"           # the feeder thread runs outside any session: the owner was fixed at creation
+    sid["sid"] = "later"  # the feeder thread runs outside any session: the owner was fixed at creation
     sub("p", None, request_id="L-000")
     assert R.room().owner("L-000") == "me"
     R.submit(TH(), "p")
@@ -59,11 +62,21 @@ def test_outcomes_from_the_kept_handles(sid):
         return NS(request_id=rid, finished=finished, output=out, error=error)
 
     rm = R.room()
-    for h in (handle("r1"), handle("r2", reason="abort"), handle("r3", reason=None, error="aborted: the engine was "
-              "reconfigured"), handle("r4", finished=False), handle("r5", reason="error", error="step failed")):
+    for h in (
+        handle("r1"),
+        handle("r2", reason="abort"),
+        handle("r3", reason=None, error="aborted: the engine was reconfigured"),
+        handle("r4", finished=False),
+        handle("r5", reason="error", error="step failed"),
+    ):
         rm.keep(h)
     assert R.outcomes(["r1", "r2", "r3", "r4", "r5", "gone"]) == {
-        "finished": 1, "aborted": 2, "failed": 1, "in_flight": 1, "unknown": 1}
+        "finished": 1,
+        "aborted": 2,
+        "failed": 1,
+        "in_flight": 1,
+        "unknown": 1,
+    }
 
 
 def test_runs_are_kept_server_side_and_serialised_by_the_lock():
@@ -85,7 +98,7 @@ def test_runs_are_kept_server_side_and_serialised_by_the_lock():
     r1 = rm.start("speculative", "me", first, lock=lock)
     r2 = rm.start("speculative", "you", second, lock=lock)
     assert rm.get(r1.run_id) is r1 and rm.get(r2.run_id) is r2
-    assert not r2.wait(0.2) and r2.status == "queued"       # waits for the first one's slot
+    assert not r2.wait(0.2) and r2.status == "queued"  # waits for the first one's slot
     gate.set()
     assert r1.wait(30) and r2.wait(30)
     assert (r1.result, r2.result, order) == (41, 42, ["first", "second"])
@@ -104,8 +117,9 @@ def test_a_failing_run_reports_its_error():
 
 def test_operator_token(monkeypatch):
     import streamlit as st
+
     monkeypatch.delenv("KVSCOPE_OPERATOR_TOKEN", raising=False)
-    assert R.is_operator()                                    # no token set: everyone may
+    assert R.is_operator()  # no token set: everyone may
     monkeypatch.setenv("KVSCOPE_OPERATOR_TOKEN", "s3cret")
     state = {}
     monkeypatch.setattr(st, "session_state", state)

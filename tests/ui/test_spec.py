@@ -6,8 +6,9 @@ from tests.factories import hist, request, tok
 from ui import growth, spec
 
 
-@pytest.mark.parametrize("alpha,k,expected", [(0.0, 4, 1.0), (1.0, 4, 5.0), (0.5, 1, 1.5), (0.8, 4, 3.3616),
-                                              (0.7, 0, 1.0)])
+@pytest.mark.parametrize(
+    "alpha,k,expected", [(0.0, 4, 1.0), (1.0, 4, 5.0), (0.5, 1, 1.5), (0.8, 4, 3.3616), (0.7, 0, 1.0)]
+)
 def test_expected_tokens_per_pass(alpha, k, expected):
     assert spec.expected_tokens_per_pass(alpha, k) == pytest.approx(expected, abs=1e-4)
 
@@ -33,11 +34,18 @@ def test_bad_arguments():
 def _spec_tokens():
     # step 1: prefill token (plain). step 2: 2 accepted then rejected. step 3: 3 accepted + bonus.
     # step 4: first draft rejected. step 5: no draft (plain).
-    return [tok(1, "A", "plain", 1),
-            tok(2, "b", "accepted", 2), tok(3, "c", "accepted", 2), tok(4, "D", "replaced", 2, rejected_text="x"),
-            tok(5, "e", "accepted", 3), tok(6, "f", "accepted", 3), tok(7, "g", "accepted", 3), tok(8, "H", "bonus", 3),
-            tok(9, "I", "replaced", 4, rejected_text="y"),
-            tok(10, "J", "plain", 5)]
+    return [
+        tok(1, "A", "plain", 1),
+        tok(2, "b", "accepted", 2),
+        tok(3, "c", "accepted", 2),
+        tok(4, "D", "replaced", 2, rejected_text="x"),
+        tok(5, "e", "accepted", 3),
+        tok(6, "f", "accepted", 3),
+        tok(7, "g", "accepted", 3),
+        tok(8, "H", "bonus", 3),
+        tok(9, "I", "replaced", 4, rejected_text="y"),
+        tok(10, "J", "plain", 5),
+    ]
 
 
 def test_position_counts_from_token_marks():
@@ -51,8 +59,9 @@ def test_position_counts_from_token_marks():
 
 def test_request_summary_uses_vllm_definitions():
     toks = _spec_tokens()
-    req = request("r", output_len=len(toks), tokens=toks, spec_num_drafts=3, spec_num_draft_tokens=12,
-                  spec_num_accepted_tokens=5)
+    req = request(
+        "r", output_len=len(toks), tokens=toks, spec_num_drafts=3, spec_num_draft_tokens=12, spec_num_accepted_tokens=5
+    )
     s = spec.request_summary(req)
     assert s.acceptance_rate == pytest.approx(5 / 12)
     assert s.mean_acceptance_length == pytest.approx(1 + 5 / 3)
@@ -84,8 +93,14 @@ def test_position_figure():
 
 
 def test_costs_and_speedup():
-    c = spec.Costs(plain_per_token=0.020, spec_per_token=0.010, draft_per_pass=0.001, verify_per_pass=0.024,
-                   plain_e2e=1.5, spec_e2e=1.0)
+    c = spec.Costs(
+        plain_per_token=0.020,
+        spec_per_token=0.010,
+        draft_per_pass=0.001,
+        verify_per_pass=0.024,
+        plain_e2e=1.5,
+        spec_e2e=1.0,
+    )
     assert c.speedup == pytest.approx(1.5)
     assert c.decode_speedup == pytest.approx(2.0)
     fig = spec.costs_figure(c)
@@ -97,11 +112,25 @@ def test_costs_and_speedup():
 
 
 def _growth_request():
-    h = [hist(100, 0, 0, "waiting"), hist(101, 16, 4, "prefill"), hist(102, 17, 5, "decode"),
-         hist(103, 18, 5, "decode"), hist(104, 0, 0, "preempted"), hist(105, 19, 5, "prefill"),
-         hist(106, 20, 5, "decode")]
-    return request("g", prompt_len=16, output_len=4, history=h, arrival_time=10.0, first_token_time=10.25,
-                   finish_time=11.0, state="finished")
+    h = [
+        hist(100, 0, 0, "waiting"),
+        hist(101, 16, 4, "prefill"),
+        hist(102, 17, 5, "decode"),
+        hist(103, 18, 5, "decode"),
+        hist(104, 0, 0, "preempted"),
+        hist(105, 19, 5, "prefill"),
+        hist(106, 20, 5, "decode"),
+    ]
+    return request(
+        "g",
+        prompt_len=16,
+        output_len=4,
+        history=h,
+        arrival_time=10.0,
+        first_token_time=10.25,
+        finish_time=11.0,
+        state="finished",
+    )
 
 
 def test_growth_figure_numbers():
@@ -110,7 +139,7 @@ def test_growth_figure_numbers():
     tokens = [t for t in fig.data if t.name == "tokens in cache"][0]
     slots = [t for t in fig.data if t.name.startswith("slots allocated")][0]
     byts = [t for t in fig.data if t.name == "K/V bytes"][0]
-    assert list(tokens.x) == [0, 1, 2, 3, 4, 4, 5, 6]     # the evict event's drop follows step 104's point
+    assert list(tokens.x) == [0, 1, 2, 3, 4, 4, 5, 6]  # the evict event's drop follows step 104's point
     assert list(tokens.y) == [0, 16, 17, 18, 0, 0, 19, 20]
     assert list(slots.y) == [0, 16, 20, 20, 0, 0, 20, 20]
     assert list(byts.y) == [0, 16000, 17000, 18000, 0, 0, 19000, 20000]
@@ -118,8 +147,16 @@ def test_growth_figure_numbers():
 
 
 def test_eviction_drop_is_inserted_after_that_steps_point():
-    req = request("e", history=[hist(1, 10, 3, "prefill"), hist(2, 11, 3, "decode"), hist(3, 12, 3, "decode"),
-                                hist(5, 13, 4, "prefill"), hist(6, 14, 4, "decode")])
+    req = request(
+        "e",
+        history=[
+            hist(1, 10, 3, "prefill"),
+            hist(2, 11, 3, "decode"),
+            hist(3, 12, 3, "decode"),
+            hist(5, 13, 4, "prefill"),
+            hist(6, 14, 4, "decode"),
+        ],
+    )
     fig = growth.growth_figure(req, block_size=4, evict_steps=(3,))
     tokens = [t for t in fig.data if t.name == "tokens in cache"][0]
     assert list(tokens.x) == [0, 1, 2, 2, 4, 5]
@@ -128,8 +165,14 @@ def test_eviction_drop_is_inserted_after_that_steps_point():
 
 def test_phase_segments_and_stats():
     req = _growth_request()
-    assert growth.phase_segments(req.history) == [("waiting", 0, 0), ("prefill", 1, 1), ("decode", 2, 3),
-                                                  ("preempted", 4, 4), ("prefill", 5, 5), ("decode", 6, 6)]
+    assert growth.phase_segments(req.history) == [
+        ("waiting", 0, 0),
+        ("prefill", 1, 1),
+        ("decode", 2, 3),
+        ("preempted", 4, 4),
+        ("prefill", 5, 5),
+        ("decode", 6, 6),
+    ]
     st = growth.phase_stats(req)
     assert st.ttft_s == pytest.approx(0.25)
     assert st.decode_tok_s == pytest.approx(3 / 0.75)

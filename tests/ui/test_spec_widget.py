@@ -1,5 +1,6 @@
 """ui/spec_widget.py: every drafter choice maps to the engine config it names; the KV bar's
 numbers are the snapshot's."""
+
 from __future__ import annotations
 
 import pytest
@@ -32,9 +33,16 @@ def test_bad_choices_name_the_field():
 
 def test_kv_bar_reads_the_snapshot():
     from engine.snapshot import EngineMetrics, Snapshot
+
     info = make_engine_info(num_blocks=64)
-    snap = Snapshot(step=1, time=0.0, info=info, blocks=(), requests=(),
-                    metrics=EngineMetrics(num_blocks_used=16, num_blocks_cached=8))
+    snap = Snapshot(
+        step=1,
+        time=0.0,
+        info=info,
+        blocks=(),
+        requests=(),
+        metrics=EngineMetrics(num_blocks_used=16, num_blocks_cached=8),
+    )
     out = W.kv_bar_html(snap)
     assert "16 of 64 blocks used" in out and "8 cached-free" in out
     assert "width:25.00%" in out and "width:12.50%" in out
@@ -42,11 +50,16 @@ def test_kv_bar_reads_the_snapshot():
 
 def test_tick_timeline_replays_the_request():
     from tests.factories import hist, request, tok
-    req = request("r1", tokens=(tok(5, "a", "plain", step=2), tok(6, "b", "accepted", step=3),
-                                tok(7, "c", "bonus", step=3)),
-                  history=(hist(0, 0, 0, "waiting"), hist(1, 4, 1, "prefill"), hist(3, 7, 2, "decode")))
+
+    req = request(
+        "r1",
+        tokens=(tok(5, "a", "plain", step=2), tok(6, "b", "accepted", step=3), tok(7, "c", "bonus", step=3)),
+        history=(hist(0, 0, 0, "waiting"), hist(1, 4, 1, "prefill"), hist(3, 7, 2, "decode")),
+    )
     assert W.tick_steps(req) == [0, 1, 2, 3]
     toks, p = W.at_tick(req, 2)
     assert [t.token_id for t in toks] == [5] and p.step == 1
-    assert W.tick_caption(req, 3, 100) == ("Step 3: decode, 7 tokens' K/V in 2 block(s) (200 bytes of blocks). "
-                                           "Tokens so far: 1 accepted, 1 bonus, 1 plain.")
+    assert W.tick_caption(req, 3, 100) == (
+        "Step 3: decode, 7 tokens' K/V in 2 block(s) (200 bytes of blocks). "
+        "Tokens so far: 1 accepted, 1 bonus, 1 plain."
+    )

@@ -1,4 +1,5 @@
 """Token strip: kinds rendered distinctly, and every token text escaped and made visible."""
+
 from html.parser import HTMLParser
 
 import pytest
@@ -8,7 +9,7 @@ from ui import tokens
 
 HOSTILE = [
     "<script>alert(1)</script>",
-    '<img src=x onerror=alert(1)>',
+    "<img src=x onerror=alert(1)>",
     '"><svg onload=alert(1)>',
     "' onmouseover='alert(1)",
     "&lt;b&gt;already-escaped&amp;",
@@ -46,9 +47,15 @@ def test_hostile_text_is_text(evil):
 
 
 def test_kinds_render_with_distinct_non_colour_cues():
-    strip = tokens.token_strip_html([
-        tok(1, "The", "plain", 1), tok(2, " cat", "accepted", 2), tok(3, " sat", "replaced", 2, rejected_text=" ran"),
-        tok(4, " on", "accepted", 3), tok(5, " mat", "bonus", 3)])
+    strip = tokens.token_strip_html(
+        [
+            tok(1, "The", "plain", 1),
+            tok(2, " cat", "accepted", 2),
+            tok(3, " sat", "replaced", 2, rejected_text=" ran"),
+            tok(4, " on", "accepted", 3),
+            tok(5, " mat", "bonus", 3),
+        ]
+    )
     assert strip.count("tok-accepted") == 2
     assert strip.count("tok-bonus") == 1
     assert strip.count("tok-rejected") == 1 and strip.count("tok-replaced") == 1
@@ -64,7 +71,7 @@ def test_kinds_render_with_distinct_non_colour_cues():
 def test_evicted_tokens_are_marked():
     toks = [tok(i, f"t{i}", "plain", step=i) for i in range(6)]
     strip = tokens.token_strip_html(toks, evicted_before_step=4, prompt_evicted_tokens=12)
-    assert strip.count("tok-evicted\"") + strip.count("tok-evicted ") == 4
+    assert strip.count('tok-evicted"') + strip.count("tok-evicted ") == 4
     assert strip.count("tok-plain") == 2
     assert "12 tokens recomputed" in strip
 
@@ -101,7 +108,11 @@ def test_long_tokens_and_long_strips_are_capped():
 
 
 def test_counts():
-    toks = [tok(1, "a", "accepted"), tok(2, "b", "replaced", rejected_text="c"), tok(3, "d", "bonus"),
-            tok(4, "e", "accepted")]
+    toks = [
+        tok(1, "a", "accepted"),
+        tok(2, "b", "replaced", rejected_text="c"),
+        tok(3, "d", "bonus"),
+        tok(4, "e", "accepted"),
+    ]
     c = tokens.token_counts(toks)
     assert c == {"plain": 0, "accepted": 2, "bonus": 1, "replaced": 1, "rejected": 1}

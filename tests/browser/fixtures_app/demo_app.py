@@ -4,6 +4,7 @@ Two pages under st.navigation (so a direct page URL can be opened on a fresh ser
 Plotly chart, a button whose click changes a text,
 a selectbox and a text input. Nothing here is kvscope's real app.
 """
+
 import plotly.graph_objects as go
 import streamlit as st
 
@@ -11,10 +12,10 @@ import streamlit as st
 def home():
     st.title("Infra demo")
     fig = go.Figure(go.Bar(x=["a", "b", "c", "d"], y=[3, 1, 4, 1], marker_color="#4c78a8"))
-    fig.update_layout(height=300, width=600, margin=dict(l=40, r=20, t=30, b=30),
-                      title="Static bar chart", transition={"duration": 0})
-    st.plotly_chart(fig, width="content",
-                    config={"staticPlot": True, "displayModeBar": False, "responsive": False})
+    fig.update_layout(
+        height=300, width=600, margin=dict(l=40, r=20, t=30, b=30), title="Static bar chart", transition={"duration": 0}
+    )
+    st.plotly_chart(fig, width="content", config={"staticPlot": True, "displayModeBar": False, "responsive": False})
     clicks = st.session_state.setdefault("clicks", 0)
     if st.button("Click me", key="click_me"):
         st.session_state.clicks = clicks = clicks + 1
@@ -34,6 +35,10 @@ def boom():
     raise ValueError("demo failure for the exception check")
 
 
-st.navigation([st.Page(home, title="Home", url_path="home", default=True),
-               st.Page(second, title="Second", url_path="second"),
-               st.Page(boom, title="Boom", url_path="boom")]).run()
+st.navigation(
+    [
+        st.Page(home, title="Home", url_path="home", default=True),
+        st.Page(second, title="Second", url_path="second"),
+        st.Page(boom, title="Boom", url_path="boom"),
+    ]
+).run()

@@ -1,13 +1,22 @@
 """One kvscope server for the serve tests: the tiny model on an EngineThread, served by uvicorn
 from a background thread on 127.0.0.1 and a free port, with an API key. Session-scoped: every
 test leaves the engine idle (no request running or waiting) and checks that it did."""
+
 import socket
 
 import pytest
 
 API_KEY = "sk-kvscope-test"
-TINY_SERVE = {"model": "tiny", "device": "cpu", "num_kv_blocks": 160, "block_size": 8, "max_model_len": 256,
-              "max_num_seqs": 16, "max_num_batched_tokens": 512, "num_threads": 1}
+TINY_SERVE = {
+    "model": "tiny",
+    "device": "cpu",
+    "num_kv_blocks": 160,
+    "block_size": 8,
+    "max_model_len": 256,
+    "max_num_seqs": 16,
+    "max_num_batched_tokens": 512,
+    "num_threads": 1,
+}
 
 
 def free_port() -> int:
@@ -28,6 +37,7 @@ def server():
     from engine.config import EngineConfig
     from engine.serve import create_app, run_in_background
     from engine.thread import EngineThread
+
     th = EngineThread(config=EngineConfig(**TINY_SERVE))
     app = create_app(th, model_name="kvscope-tiny", api_key=API_KEY, max_body_bytes=64 * 1024, max_waiting=512)
     port = free_port()
@@ -43,4 +53,5 @@ def server():
 def llm():
     """In-process reference on the same config (same seeded tiny weights)."""
     from engine import LLM
+
     return LLM(**TINY_SERVE)

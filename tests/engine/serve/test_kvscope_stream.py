@@ -1,5 +1,6 @@
 """kvscope's own routes: /v1/kvscope/snapshot is Snapshot.to_dict() (snapshot_from_dict reads it
 back) and /v1/kvscope/stream sends {"snapshot", "events"} messages with the events after `since`."""
+
 import json
 
 import httpx
@@ -18,12 +19,17 @@ def test_snapshot_round_trips(server):
 def test_stream_sends_snapshots_and_the_events_after_since(server):
     th = server.thread
     since = th.events.last_seq
-    r = httpx.post(server.base + "/v1/completions", headers=server.headers, timeout=120,
-                   json={"prompt": "stream me", "max_tokens": 3, "temperature": 0})
+    r = httpx.post(
+        server.base + "/v1/completions",
+        headers=server.headers,
+        timeout=120,
+        json={"prompt": "stream me", "max_tokens": 3, "temperature": 0},
+    )
     assert r.status_code == 200
     events, snaps = [], []
-    with httpx.stream("GET", server.base + f"/v1/kvscope/stream?since={since}&interval=0.05",
-                      headers=server.headers, timeout=60) as s:
+    with httpx.stream(
+        "GET", server.base + f"/v1/kvscope/stream?since={since}&interval=0.05", headers=server.headers, timeout=60
+    ) as s:
         assert s.headers["content-type"].startswith("text/event-stream")
         for line in s.iter_lines():
             if not line.startswith("data: "):

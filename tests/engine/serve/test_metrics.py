@@ -1,5 +1,6 @@
 """/metrics: parses with prometheus_client's parser, carries vLLM's names, types and labels, no
 *_created series, and agrees with the engine's Snapshot; histograms count every finished request."""
+
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -7,15 +8,26 @@ from prometheus_client.parser import text_string_to_metric_families
 from engine import EngineConfig, SamplingParams
 
 VLLM = {  # name (as the parser reports it) -> type, from vllm/v1/metrics/loggers.py
-    "vllm:num_requests_running": "gauge", "vllm:num_requests_waiting": "gauge",
-    "vllm:kv_cache_usage_perc": "gauge", "vllm:prefix_cache_queries": "counter",
-    "vllm:prefix_cache_hits": "counter", "vllm:num_preemptions": "counter", "vllm:prompt_tokens": "counter",
-    "vllm:generation_tokens": "counter", "vllm:request_success": "counter",
-    "vllm:time_to_first_token_seconds": "histogram", "vllm:inter_token_latency_seconds": "histogram",
-    "vllm:e2e_request_latency_seconds": "histogram", "vllm:request_queue_time_seconds": "histogram",
+    "vllm:num_requests_running": "gauge",
+    "vllm:num_requests_waiting": "gauge",
+    "vllm:kv_cache_usage_perc": "gauge",
+    "vllm:prefix_cache_queries": "counter",
+    "vllm:prefix_cache_hits": "counter",
+    "vllm:num_preemptions": "counter",
+    "vllm:prompt_tokens": "counter",
+    "vllm:generation_tokens": "counter",
+    "vllm:request_success": "counter",
+    "vllm:time_to_first_token_seconds": "histogram",
+    "vllm:inter_token_latency_seconds": "histogram",
+    "vllm:e2e_request_latency_seconds": "histogram",
+    "vllm:request_queue_time_seconds": "histogram",
 }
-SPEC = {"vllm:spec_decode_num_drafts": "counter", "vllm:spec_decode_num_draft_tokens": "counter",
-        "vllm:spec_decode_num_accepted_tokens": "counter", "vllm:spec_decode_num_accepted_tokens_per_pos": "counter"}
+SPEC = {
+    "vllm:spec_decode_num_drafts": "counter",
+    "vllm:spec_decode_num_draft_tokens": "counter",
+    "vllm:spec_decode_num_accepted_tokens": "counter",
+    "vllm:spec_decode_num_accepted_tokens_per_pos": "counter",
+}
 
 
 def parse(text):
@@ -35,10 +47,13 @@ def value(samples, name, **labels):
 
 def test_metrics_names_types_labels_and_snapshot_agree(server):
     h = server.headers
-    for i in range(3):      # some traffic, one repeated prompt for prefix-cache hits
-        r = httpx.post(server.base + "/v1/completions", headers=h, timeout=120,
-                       json={"prompt": "a long shared prefix of several blocks, repeated " * 2, "max_tokens": 3,
-                             "temperature": 0})
+    for i in range(3):  # some traffic, one repeated prompt for prefix-cache hits
+        r = httpx.post(
+            server.base + "/v1/completions",
+            headers=h,
+            timeout=120,
+            json={"prompt": "a long shared prefix of several blocks, repeated " * 2, "max_tokens": 3, "temperature": 0},
+        )
         assert r.status_code == 200
     text = httpx.get(server.base + "/metrics", headers=h).text
     snap = httpx.get(server.base + "/v1/kvscope/snapshot", headers=h).json()
@@ -48,8 +63,12 @@ def test_metrics_names_types_labels_and_snapshot_agree(server):
     assert not [n for n in samples if n.endswith("_created")]
     for s in samples["vllm:num_requests_running"] + samples["vllm:e2e_request_latency_seconds_count"]:
         assert s.labels["model_name"] == "kvscope-tiny" and s.labels["engine"] == "0"
-    assert {s.labels["finished_reason"] for s in samples["vllm:request_success_total"]} == \
-        {"stop", "length", "abort", "error"}
+    assert {s.labels["finished_reason"] for s in samples["vllm:request_success_total"]} == {
+        "stop",
+        "length",
+        "abort",
+        "error",
+    }
     # idle server: the metrics are the snapshot's
     m = snap["metrics"]
     lab = {"model_name": "kvscope-tiny"}
@@ -78,10 +97,18 @@ def test_metrics_names_types_labels_and_snapshot_agree(server):
 def test_spec_decode_metrics_agree_with_the_engine():
     from engine.serve.metrics import MetricsExporter
     from engine.thread import EngineThread
-    th = EngineThread(config=EngineConfig(model="tiny", device="cpu", num_kv_blocks=64, block_size=8,
-                                          max_model_len=256, num_threads=1,
-                                          speculative_config={"method": "self_draft", "draft_layers": 1,
-                                                                      "num_speculative_tokens": 3}))
+
+    th = EngineThread(
+        config=EngineConfig(
+            model="tiny",
+            device="cpu",
+            num_kv_blocks=64,
+            block_size=8,
+            max_model_len=256,
+            num_threads=1,
+            speculative_config={"method": "self_draft", "draft_layers": 1, "num_speculative_tokens": 3},
+        )
+    )
     try:
         x = MetricsExporter(th, "tiny")
         prompt = "one two three four one two three four one two three four one two three"
@@ -94,8 +121,9 @@ def test_spec_decode_metrics_agree_with_the_engine():
         assert value(samples, "vllm:spec_decode_num_drafts_total") == spec.num_drafts
         assert value(samples, "vllm:spec_decode_num_draft_tokens_total") == spec.num_draft_tokens
         assert value(samples, "vllm:spec_decode_num_accepted_tokens_total") == spec.num_accepted_tokens
-        per_pos = [value(samples, "vllm:spec_decode_num_accepted_tokens_per_pos_total", position=str(p))
-                   for p in range(3)]
+        per_pos = [
+            value(samples, "vllm:spec_decode_num_accepted_tokens_per_pos_total", position=str(p)) for p in range(3)
+        ]
         assert per_pos == list(spec.accepted_per_position) and sum(per_pos) == spec.num_accepted_tokens
         assert value(samples, "vllm:request_success_total", finished_reason="length") == 1
         assert not [n for n in samples if n.endswith("_created")]

@@ -1,6 +1,7 @@
 """The official openai client against `python -m engine serve`'s app: chat and completions,
 streamed and not, usage counts, greedy text equal to LLM.generate, n > 1 sharing the prompt's
 blocks (ref count n), logprobs, min_tokens."""
+
 import openai
 import pytest
 
@@ -58,8 +59,16 @@ def test_completion_token_id_prompt(client, llm):
 
 def test_completion_stream_equals_non_stream(client, server, llm):
     ref = reference(llm, PROMPT, 10)
-    chunks = list(client.completions.create(model="kvscope-tiny", prompt=PROMPT, max_tokens=10, temperature=0,
-                                            stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.completions.create(
+            model="kvscope-tiny",
+            prompt=PROMPT,
+            max_tokens=10,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     text = "".join(c.choices[0].text for c in chunks if c.choices)
     assert text == ref.outputs[0].text
     finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
@@ -72,8 +81,9 @@ def test_completion_stream_equals_non_stream(client, server, llm):
 
 def test_chat_greedy_equals_llm_generate_on_the_template(client, server, llm):
     ref = reference(llm, chat_ids(llm, MSG), 12)
-    r = client.chat.completions.create(model="kvscope-tiny", messages=[{"role": "user", "content": MSG}],
-                                       max_tokens=12, temperature=0)
+    r = client.chat.completions.create(
+        model="kvscope-tiny", messages=[{"role": "user", "content": MSG}], max_tokens=12, temperature=0
+    )
     assert r.choices[0].message.role == "assistant"
     assert r.choices[0].message.content == ref.outputs[0].text
     assert r.usage.prompt_tokens == len(ref.prompt_token_ids)
@@ -83,9 +93,14 @@ def test_chat_greedy_equals_llm_generate_on_the_template(client, server, llm):
 
 def test_chat_stream_with_usage(client, server, llm):
     ref = reference(llm, chat_ids(llm, MSG), 9)
-    stream = client.chat.completions.create(model="kvscope-tiny", messages=[{"role": "user", "content": MSG}],
-                                            max_completion_tokens=9, temperature=0, stream=True,
-                                            stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model="kvscope-tiny",
+        messages=[{"role": "user", "content": MSG}],
+        max_completion_tokens=9,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -98,6 +113,7 @@ def test_chat_stream_with_usage(client, server, llm):
 
 def test_stream_ends_with_done(server):
     import httpx
+
     body = {"prompt": PROMPT, "max_tokens": 3, "temperature": 0, "stream": True}
     with httpx.stream("POST", server.base + "/v1/completions", json=body, headers=server.headers) as r:
         lines = [ln for ln in r.iter_lines() if ln]
@@ -112,18 +128,25 @@ def test_n_choices_fork_the_prompt_blocks(client, server, llm):
     bs = th.config.block_size
     prompt = PROMPT + " every request shares the same prefix blocks"
     ids = llm.tokenizer.encode(prompt, add_special_tokens=False)
-    full = (len(ids) - 1) // bs        # the prompt's last token is always computed, never a cache hit
+    full = (len(ids) - 1) // bs  # the prompt's last token is always computed, never a cache hit
     assert full >= 2
     seen, shared = set(), None
-    stream = client.completions.create(model="kvscope-tiny", prompt=prompt, max_tokens=48, temperature=0, n=3,
-                                       stream=True, extra_body={"ignore_eos": True})
+    stream = client.completions.create(
+        model="kvscope-tiny",
+        prompt=prompt,
+        max_tokens=48,
+        temperature=0,
+        n=3,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
     texts = ["", "", ""]
     for c in stream:
         for ch in c.choices:
             texts[ch.index] += ch.text
             seen.add(ch.index)
         if shared is None and seen == {0, 1, 2}:
-            with th.lock:       # the engine cannot step meanwhile: all three are running
+            with th.lock:  # the engine cannot step meanwhile: all three are running
                 snap = th.engine.snapshot()
             http = [r for r in snap.requests if r.origin == "http" and r.state == "running"]
             assert len(http) == 3
@@ -133,12 +156,13 @@ def test_n_choices_fork_the_prompt_blocks(client, server, llm):
             shared = [refs[b] for b in tables[0]]
     assert shared == [3] * full
     ref = reference(llm, prompt, 48).outputs[0].text
-    assert texts == [ref, ref, ref]          # greedy: three equal choices
+    assert texts == [ref, ref, ref]  # greedy: three equal choices
     idle(th)
 
 
 def test_logprobs_are_the_models_log_softmax(client, llm):
     import torch
+
     r = client.completions.create(model="kvscope-tiny", prompt=PROMPT, max_tokens=3, temperature=0, logprobs=2)
     lp = r.choices[0].logprobs
     ids = llm.tokenizer.encode(PROMPT, add_special_tokens=False)
@@ -154,8 +178,14 @@ def test_logprobs_are_the_models_log_softmax(client, llm):
 
 
 def test_chat_logprobs(client):
-    r = client.chat.completions.create(model="kvscope-tiny", messages=[{"role": "user", "content": MSG}],
-                                       max_tokens=2, temperature=0, logprobs=True, top_logprobs=3)
+    r = client.chat.completions.create(
+        model="kvscope-tiny",
+        messages=[{"role": "user", "content": MSG}],
+        max_tokens=2,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+    )
     content = r.choices[0].logprobs.content
     assert len(content) == 2 and all(len(c.top_logprobs) == 3 for c in content)
     assert content[0].logprob == pytest.approx(content[0].top_logprobs[0].logprob)
@@ -163,11 +193,17 @@ def test_chat_logprobs(client):
 
 def test_min_tokens_masks_the_stop_token(client, llm):
     first = reference(llm, PROMPT, 1).outputs[0].token_ids[0]
-    r = client.completions.create(model="kvscope-tiny", prompt=PROMPT, max_tokens=6, temperature=0,
-                                  extra_body={"stop_token_ids": [first]})
+    r = client.completions.create(
+        model="kvscope-tiny", prompt=PROMPT, max_tokens=6, temperature=0, extra_body={"stop_token_ids": [first]}
+    )
     assert r.choices[0].finish_reason == "stop" and r.usage.completion_tokens == 1
-    r = client.completions.create(model="kvscope-tiny", prompt=PROMPT, max_tokens=6, temperature=0,
-                                  extra_body={"stop_token_ids": [first], "min_tokens": 3})
+    r = client.completions.create(
+        model="kvscope-tiny",
+        prompt=PROMPT,
+        max_tokens=6,
+        temperature=0,
+        extra_body={"stop_token_ids": [first], "min_tokens": 3},
+    )
     assert r.usage.completion_tokens >= 3
     # the masked first token is the runner-up of the model's distribution
     lp = client.completions.create(model="kvscope-tiny", prompt=PROMPT, max_tokens=1, temperature=0, logprobs=2)
@@ -176,8 +212,15 @@ def test_min_tokens_masks_the_stop_token(client, llm):
 
 
 def test_seeded_sampling_is_reproducible(client):
-    kw = {"model": "kvscope-tiny", "prompt": PROMPT, "max_tokens": 8, "temperature": 0.9, "top_p": 0.9, "seed": 7,
-          "extra_body": {"top_k": 50}}
+    kw = {
+        "model": "kvscope-tiny",
+        "prompt": PROMPT,
+        "max_tokens": 8,
+        "temperature": 0.9,
+        "top_p": 0.9,
+        "seed": 7,
+        "extra_body": {"top_k": 50},
+    }
     a = client.completions.create(**kw).choices[0].text
     b = client.completions.create(**kw).choices[0].text
     assert a == b
@@ -185,20 +228,30 @@ def test_seeded_sampling_is_reproducible(client):
 
 def test_stop_string_is_cut(client, llm):
     ref = reference(llm, PROMPT, 12).outputs[0].text
-    stop = ref[len(ref) // 2:len(ref) // 2 + 3]
+    stop = ref[len(ref) // 2 : len(ref) // 2 + 3]
     r = client.completions.create(model="kvscope-tiny", prompt=PROMPT, max_tokens=12, temperature=0, stop=[stop])
-    assert r.choices[0].finish_reason == "stop" and r.choices[0].text == ref[:ref.index(stop)]
-    chunks = list(client.completions.create(model="kvscope-tiny", prompt=PROMPT, max_tokens=12, temperature=0,
-                                            stop=[stop], stream=True))
-    assert "".join(c.choices[0].text for c in chunks if c.choices) == ref[:ref.index(stop)]
+    assert r.choices[0].finish_reason == "stop" and r.choices[0].text == ref[: ref.index(stop)]
+    chunks = list(
+        client.completions.create(
+            model="kvscope-tiny", prompt=PROMPT, max_tokens=12, temperature=0, stop=[stop], stream=True
+        )
+    )
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == ref[: ref.index(stop)]
 
 
 def test_continuous_usage_stats(server):
     import json
 
     import httpx
-    body = {"prompt": PROMPT, "max_tokens": 5, "temperature": 0, "stream": True, "ignore_eos": True,
-            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+
+    body = {
+        "prompt": PROMPT,
+        "max_tokens": 5,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
     with httpx.stream("POST", server.base + "/v1/completions", json=body, headers=server.headers, timeout=120) as r:
         msgs = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: {")]
     seen = [m["usage"]["completion_tokens"] for m in msgs]
