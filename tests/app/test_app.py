@@ -435,7 +435,7 @@ def test_speculative_page_draft_model_that_cannot_load_is_a_clear_error():
     at.button(key="spec_run").click().run()
     _no_exception(at)
     assert any(
-        "Could not switch the engine to that drafter" in e.value and "/nonexistent/draft-model" in e.value
+        "The comparison failed" in e.value and "/nonexistent/draft-model" in e.value
         for e in at.error
     ), [e.value for e in at.error]
     assert _engine().snapshot().info.speculative is None or "draft_model" not in _engine().snapshot().info.speculative
