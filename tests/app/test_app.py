@@ -8,7 +8,6 @@ browser sessions do; it is shut down at the end of the module.
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import pytest
@@ -19,23 +18,7 @@ APP = str(REPO_ROOT / "app.py")
 TIMEOUT = 600  # a hang guard on 2 busy cores, not a speed assertion
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _test_env():
-    old = {k: os.environ.get(k) for k in ("KVSCOPE_TEST_MODE", "KVSCOPE_MODEL")}
-    os.environ["KVSCOPE_TEST_MODE"] = "1"
-    os.environ["KVSCOPE_MODEL"] = "tiny"
-    yield
-    from ui import engine_access as ea
-
-    holder = ea.shared_engine()
-    if holder.thread is not None:
-        holder.thread.shutdown()
-    ea.shared_engine.clear()
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+pytestmark = pytest.mark.usefixtures("tiny_test_mode")
 
 
 def _app():
@@ -434,8 +417,7 @@ def test_speculative_page_draft_model_that_cannot_load_is_a_clear_error():
     at.slider(key="spec_k").set_value(16)
     at.button(key="spec_run").click().run()
     _no_exception(at)
-    assert any(
-        "The comparison failed" in e.value and "/nonexistent/draft-model" in e.value
-        for e in at.error
-    ), [e.value for e in at.error]
+    assert any("The comparison failed" in e.value and "/nonexistent/draft-model" in e.value for e in at.error), [
+        e.value for e in at.error
+    ]
     assert _engine().snapshot().info.speculative is None or "draft_model" not in _engine().snapshot().info.speculative

@@ -6,7 +6,6 @@ stream. Waits are bounded loops (hang guards, not timing assertions)."""
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import pytest
@@ -18,23 +17,7 @@ APP = str(REPO_ROOT / "app.py")
 TIMEOUT = 600
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _test_env():
-    old = {k: os.environ.get(k) for k in ("KVSCOPE_TEST_MODE", "KVSCOPE_MODEL")}
-    os.environ["KVSCOPE_TEST_MODE"] = "1"
-    os.environ["KVSCOPE_MODEL"] = "tiny"
-    yield
-    from ui import engine_access as ea
-
-    holder = ea.shared_engine()
-    if holder.thread is not None:
-        holder.thread.shutdown()
-    ea.shared_engine.clear()
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+pytestmark = pytest.mark.usefixtures("tiny_test_mode")
 
 
 def _page():

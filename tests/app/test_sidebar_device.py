@@ -4,8 +4,6 @@ rebuilds the engine there, choosing CUDA without CUDA is a clear message, not a 
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -15,23 +13,7 @@ APP = str(REPO_ROOT / "app.py")
 TIMEOUT = 600  # a hang guard on 2 busy cores, not a speed assertion
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _test_env():
-    old = {k: os.environ.get(k) for k in ("KVSCOPE_TEST_MODE", "KVSCOPE_MODEL")}
-    os.environ["KVSCOPE_TEST_MODE"] = "1"
-    os.environ["KVSCOPE_MODEL"] = "tiny"
-    yield
-    from ui import engine_access as ea
-
-    holder = ea.shared_engine()
-    if holder.thread is not None:
-        holder.thread.shutdown()
-    ea.shared_engine.clear()
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+pytestmark = pytest.mark.usefixtures("tiny_test_mode")
 
 
 def _select(at, label):
