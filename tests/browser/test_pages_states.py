@@ -111,7 +111,7 @@ def test_load_mid_run_replayed(states_server, page):
     assert "model default" in text
     running, waiting = (int(x) for x in _metric(page, "Running/waiting").split(" / "))
     assert running + waiting > 0
-    assert page.locator(".js-plotly-plot").count() == 5
+    assert page.locator(".js-plotly-plot").count() == 6  # 5 load charts + the continuous-batching chart
     assert_screenshot(page, "states_load_mid_run_replayed")
 
 
@@ -129,7 +129,7 @@ def test_load_live_finished(states_server, page):
     assert _metric(page, "Running/waiting") == "0 / 0"
     submitted = _metric(page, "Submitted")
     assert submitted.endswith(" / " + submitted.split(" / ")[0])  # every turn submitted
-    assert page.locator(".js-plotly-plot").count() == 4
+    assert page.locator(".js-plotly-plot").count() == 5  # 4 load charts + the continuous-batching chart
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     (OUT_DIR / "states_load_live_finished.png").write_bytes(take_screenshot(page))
 
