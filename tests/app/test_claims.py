@@ -28,7 +28,7 @@ def test_claims_page_bench_then_live():
     at.run()
     assert not at.exception, at.exception
     body = _html(at)
-    assert "holds here" in body and "model tiny" in body and "not measured yet" in body
+    assert "holds here" in body and "model tiny" in body and "press Measure" in body
     assert "press Measure" in body
     at.button(key="claims_measure").click().run()
     assert not at.exception, at.exception

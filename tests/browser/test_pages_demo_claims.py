@@ -52,7 +52,7 @@ def test_claims_with_bench_results(server, page):
     assert_no_exception(page)
     text = _main_text(page)
     assert "model tiny" in text and "holds here" in text
-    assert "not measured yet" in text  # quantized-KV recall: no kvquant result
+    assert "kvquant.json" in text  # quantized-KV recall: the committed bench kvquant measurement
     assert_screenshot(page, "claims_bench_fixture")
     click_and_wait(page, page.get_by_role("button", name="Measure"), timeout_s=600)
     assert_no_exception(page)

@@ -26,8 +26,9 @@ def test_latest_results_picks_newest_stamp_and_skips_junk(tmp_path):
 def test_no_results_means_not_measured(tmp_path):
     rows = C.rows_from_bench(C.latest_results(tmp_path))
     assert [r.key for r in rows] == list(C.CLAIMS)
-    assert all(r.holds is None and r.measured == "—" for r in rows)
-    assert all("not measured yet" in r.why or "press Measure" in r.why for r in rows)
+    bench_rows = [r for r in rows if r.key != "kv_quant"]  # kv_quant also reads the committed assets/ file
+    assert all(r.holds is None and r.measured == "—" for r in bench_rows)
+    assert all("not measured yet" in r.why or "press Measure" in r.why for r in bench_rows)
 
 
 def test_rules():
@@ -60,7 +61,10 @@ def test_fixture_rows():
     for key in ("memory_bound", "verify_cost", "cache", "paged", "prefix", "speculation"):
         assert rows[key].holds is not None, (key, rows[key].why)
         assert "bench" in rows[key].source and "tiny" in rows[key].source
-    assert rows["kv_quant"].holds is None and "not measured yet" in rows["kv_quant"].why
+    # no kvquant bench file in the fixture: the row reads the committed measurement (assets/)
+    kq = C.committed_kvquant()
+    assert kq is not None and "kvquant.json" in rows["kv_quant"].source
+    assert f"fp32 {kq['dtypes']['fp32']['needle_recall']:.2f}" in rows["kv_quant"].measured
     m = res["memory"].fields
     assert f"{100 * m['paged_waste']:.1f} %" in rows["paged"].measured
 
@@ -70,3 +74,13 @@ def test_merge_prefers_live():
     live = [C.batching_row({1: 0.04, 2: 0.05}, "live")]
     out = C.merge(bench, live)
     assert out[0].source == "live" and out[1].source == "b"
+
+
+def test_kv_quant_row_holds_only_when_recall_falls():
+    fp32 = {"needle_recall": 1.0, "token_agreement": 1.0}
+    same = {"fp32": fp32, "int8": {"needle_recall": 1.0, "token_agreement": 0.73}}
+    lower = {"fp32": fp32, "int8": {"needle_recall": 2 / 3, "token_agreement": 0.73}}
+    assert C.kv_quant_row(same, "x").holds is False and "int8 0.73" in C.kv_quant_row(same, "x").measured
+    assert C.kv_quant_row(lower, "x").holds is True
+    assert C.kv_quant_row({"fp32": fp32}, "x").holds is None
+    assert C.committed_kvquant("/nonexistent.json") is None
