@@ -3,6 +3,7 @@ client mid-stream: every request finishes or is aborted, no block leaks (check_i
 block owned afterwards), and the outputs of the finished ones equal LLM.generate."""
 
 import asyncio
+import concurrent.futures
 import json
 import random
 
@@ -61,7 +62,10 @@ def test_200_concurrent_streams_with_disconnects(server, llm):
     for _ in range(N_REQUESTS):
         drop = rng.randint(1, 3) if rng.random() < 1 / 3 else None
         plans.append((rng.choice(PROMPTS), rng.randint(3, 6), drop))
-    results = asyncio.run(run_all(server.base, plans))
+    # a thread of its own: Playwright's sync API (the browser tests, same session) leaves an event
+    # loop running in the main thread, where asyncio.run() refuses to start
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        results = pool.submit(lambda: asyncio.run(run_all(server.base, plans))).result()
     # the server notices each dropped client and aborts its request; wait (bounded) for the engine to drain
     for _ in range(600):
         with th.lock:
