@@ -64,7 +64,9 @@ def test_replay_shows_batching(server, page):
     open_page(page, server.url, "replay")
     assert_no_exception(page)
     assert "forward passes shown" in _main_text(page)
-    assert_screenshot(page, "replay_batching")
+    # this shot is about the batching chart; the event table's sticky header drew one pixel row
+    # differently in 1 of 3 clean-clone runs, so it is hidden here (space kept; other shots show it)
+    assert_screenshot(page, "replay_batching", extra_css=".kvs-ev-wrap{visibility:hidden!important}")
 
 
 def test_load_run_shows_batching(server, page):
