@@ -48,7 +48,9 @@ def test_replay_demo_trace(mem_server, page):
     text = _main_text(page)
     assert "model default" in text and "Engine step" in text
     assert page.locator(".js-plotly-plot").count() >= 5  # 4 over-time charts + pool map
-    assert_screenshot(page, "mem_replay_demo")
+    assert_screenshot(
+        page, "mem_replay_demo", extra_css=".kvs-ev-wrap{visibility:hidden!important}"
+    )  # see replay_batching
 
 
 def test_paged_vs_contiguous_run(mem_server, page):

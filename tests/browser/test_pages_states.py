@@ -112,7 +112,7 @@ def test_load_mid_run_replayed(states_server, page):
     running, waiting = (int(x) for x in _metric(page, "Running/waiting").split(" / "))
     assert running + waiting > 0
     assert page.locator(".js-plotly-plot").count() == 6  # 5 load charts + the continuous-batching chart
-    assert_screenshot(page, "states_load_mid_run_replayed")
+    assert_screenshot(page, "states_load_mid_run_replayed", extra_css=".kvs-ev-wrap{visibility:hidden!important}")
 
 
 def test_load_live_finished(states_server, page):
@@ -144,7 +144,9 @@ def test_prefix_cache_result_replayed(states_server, page):
     text = _main_text(page)
     assert "model default" in text
     assert "prefix_hit" in page.inner_text("table.kvs-ev") or "from prefix cache" in text
-    assert_screenshot(page, "states_prefix_cache_result_replayed")
+    assert_screenshot(
+        page, "states_prefix_cache_result_replayed", extra_css=".kvs-ev-wrap{visibility:hidden!important}"
+    )
 
 
 def test_prefix_cache_live_result(states_server, page):
