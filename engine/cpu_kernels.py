@@ -248,13 +248,20 @@ def linear_unchecked(
 ) -> torch.Tensor:
     """linear() without the size checks, for callers that made `panels` from a [n_out, K]
     weight themselves (engine/linear.py, once per step and layer)."""
+    return _run_linear(lib.kvscope_linear, "kvscope_linear", (), x, panels, n_out, bias, n_threads)
+
+
+def _run_linear(fn, name: str, lead: tuple, x, panels, n_out: int, bias, n_threads) -> torch.Tensor:
+    """One call of a packed-Linear C entry point (fp32 or quantized panels): `lead` are the
+    arguments before x (the ggml type id for the quantized kernel)."""
     if x.dtype != torch.float32 or x.device.type != "cpu":
         raise ValueError("the linear kernel needs float32 CPU input")
     if not x.is_contiguous():
         x = x.contiguous()
     k = x.shape[-1]
     y = torch.empty((*x.shape[:-1], n_out), dtype=torch.float32)
-    rc = lib.kvscope_linear(
+    rc = fn(
+        *lead,
         x.data_ptr(),
         x.numel() // k if k else 0,
         k,
@@ -265,7 +272,7 @@ def linear_unchecked(
         n_threads if n_threads is not None else torch.get_num_threads(),
     )
     if rc != 0:
-        raise RuntimeError(f"kvscope_linear failed with code {rc}")
+        raise RuntimeError(f"{name} failed with code {rc}")
     return y
 
 
@@ -324,26 +331,7 @@ def qlinear(
     n_threads: int | None = None,
 ) -> torch.Tensor:
     """x [..., K] fp32 -> x W^T (+ bias) with W the quantized panels made by qpack."""
-    if x.dtype != torch.float32 or x.device.type != "cpu":
-        raise ValueError("the linear kernel needs float32 CPU input")
-    if not x.is_contiguous():
-        x = x.contiguous()
-    k = x.shape[-1]
-    y = torch.empty((*x.shape[:-1], n_out), dtype=torch.float32)
-    rc = lib.kvscope_qlinear(
-        qtype,
-        x.data_ptr(),
-        x.numel() // k if k else 0,
-        k,
-        panels.data_ptr(),
-        n_out,
-        bias.data_ptr() if bias is not None else None,
-        y.data_ptr(),
-        n_threads if n_threads is not None else torch.get_num_threads(),
-    )
-    if rc != 0:
-        raise RuntimeError(f"kvscope_qlinear failed with code {rc}")
-    return y
+    return _run_linear(lib.kvscope_qlinear, "kvscope_qlinear", (qtype,), x, panels, n_out, bias, n_threads)
 
 
 def _self_test_linear(lib) -> None:
