@@ -32,6 +32,7 @@ from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Request, Status, WaitReason
 from .snapshot import PLAIN, EngineInfo, RequestInfo, Snapshot
 from .speculative.decoder import SpecDecoder
+from .speculative.verify import Verdict
 
 __all__ = ["LLM", "LLMEngine", "CompletionOutput", "RequestMetrics", "RequestOutput"]
 
@@ -628,17 +629,20 @@ class LLMEngine:
                 if req.first_token_time is None:
                     req.first_token_time = now
                     self.metrics.on_first_token(req)
-                kind = marks[j] if j < len(marks) else PLAIN
-                rej = None
-                if isinstance(kind, tuple):  # (REPLACED, rejected draft id) from the verifier
-                    kind, rej = kind
+                v = marks[j] if j < len(marks) else PLAIN
+                if not isinstance(v, Verdict):  # a plain decode step's PLAIN
+                    v = Verdict(v)
+                rej = v.rejected_id
                 req.mark(
                     tok,
                     self.tokenizer.decode([tok]),
-                    kind,
+                    v.kind,
                     self.step_num,
                     rej,
                     self.tokenizer.decode([rej]) if rej is not None else None,
+                    p=v.p,
+                    q=v.q,
+                    u=v.u,
                 )
                 finished_reason = self._check_stop(req, tok)
                 if finished_reason:

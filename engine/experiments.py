@@ -378,6 +378,25 @@ def private_engine(base: EngineConfig, **changes) -> LLMEngine:
     return LLMEngine(base.replace(**changes))
 
 
+def spec_private_engine(base: EngineConfig, spec) -> LLMEngine:
+    """The Speculative page's private engine: speculation configured by `spec`, room for two
+    requests of up to 4096 tokens, prefix caching off (each run pays its full prefill),
+    recompute preemption."""
+    mml = min(base.max_model_len, 4096)
+    return private_engine(
+        base,
+        speculative=spec,
+        enable_prefix_caching=False,
+        kv_cache_bytes=None,
+        num_kv_blocks=cdiv(mml, base.block_size) * 2 + 4,
+        max_num_seqs=2,
+        max_model_len=mml,
+        allocator="paged",
+        preemption_mode="recompute",
+        max_num_batched_tokens=max(512, mml),
+    )
+
+
 def compare_speculative(
     base: EngineConfig,
     prompt,
@@ -401,19 +420,7 @@ def compare_speculative(
 
     if spec is None:
         raise ValueError("speculative: choose a drafter (method and k) to compare against plain decoding")
-    mml = min(base.max_model_len, 4096)
-    eng = private_engine(
-        base,
-        speculative=spec,
-        enable_prefix_caching=False,
-        kv_cache_bytes=None,
-        num_kv_blocks=cdiv(mml, base.block_size) * 2 + 4,
-        max_num_seqs=2,
-        max_model_len=mml,
-        allocator="paged",
-        preemption_mode="recompute",
-        max_num_batched_tokens=max(512, mml),
-    )
+    eng = spec_private_engine(base, spec)
     ids = eng.apply_chat_template(prompt) if chat and isinstance(prompt, str) else prompt
     last: dict[str, object] = {}
     seqs: dict[str, int] = {}

@@ -102,5 +102,16 @@ class Request:
             )
         )
 
-    def mark(self, token_id: int, text: str, kind: str, step: int, rejected_id=None, rejected_text=None) -> None:
-        self.token_marks.append(TokenMark(token_id, text, kind, step, rejected_id, rejected_text))
+    def mark(
+        self,
+        token_id: int,
+        text: str,
+        kind: str,
+        step: int,
+        rejected_id=None,
+        rejected_text=None,
+        p=None,
+        q=None,
+        u=None,
+    ) -> None:
+        self.token_marks.append(TokenMark(token_id, text, kind, step, rejected_id, rejected_text, p, q, u))

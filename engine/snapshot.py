@@ -66,7 +66,11 @@ class BlockInfo:
 class TokenMark:
     """One generated token as the engine produced it. kind: plain | accepted (a draft token the
     target accepted) | bonus (the extra token from a verify pass) | replaced (the target's token
-    that replaced a rejected draft). `rejected_id` is the draft token that was rejected."""
+    that replaced a rejected draft). `rejected_id` is the draft token that was rejected.
+    With rejection sampling (temperature > 0) the verifier's numbers ride along: for accepted and
+    replaced tokens `p` / `q` are the target's / drafter's probabilities of the judged draft token
+    (1.0 for q when the drafter is deterministic, as n-gram is) and `u` the uniform draw (accepted
+    iff u * q < p); for a bonus token `p` is the target's probability of it. None otherwise."""
 
     __pydantic_config__ = TRACE_VALIDATION
     token_id: int
@@ -75,6 +79,9 @@ class TokenMark:
     step: int = 0
     rejected_id: int | None = None
     rejected_text: str | None = None
+    p: float | None = None
+    q: float | None = None
+    u: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

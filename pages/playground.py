@@ -99,7 +99,9 @@ def render_views(rid: str | None, tag: str) -> None:
         st.caption("Speculative decoding is off (sidebar): every token comes from one target pass.")
     st.html(
         tokens.strip_with_legend(
-            req.tokens, evicted_before_step=max(ev) if ev else None, prompt_evicted_tokens=req.prompt_len if ev else 0
+            req.tokens,
+            evicted_before_step=tokens.recomputed_before_step(ev),
+            prompt_evicted_tokens=req.prompt_len if ev else 0,
         )
     )
 

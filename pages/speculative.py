@@ -5,8 +5,9 @@ from __future__ import annotations
 import streamlit as st
 
 from engine.config import SamplingParams
+from engine.preview import template_ids
 from ui import engine_access as ea
-from ui import preview, room, shell, spec, spec_widget, theme, tokens
+from ui import preview, room, shell, spec, spec_watch, spec_widget, theme, tokens
 
 shell.enter_app()
 
@@ -15,6 +16,8 @@ EXAMPLE = (
     "Copy this sentence exactly, changing only the word cat to dog: The quick brown cat jumps over "
     "the lazy fox, and the quick brown cat runs back home again before the rain."
 )
+
+MEASURE, WATCH = "Measure vs plain", "Watch live (evict during the run)"
 
 st.title("Speculative decoding")
 st.caption(
@@ -77,11 +80,37 @@ with st.container(border=True):
         spec_widget.DRAFTERS[drafter][1]
         + (" — mismatched: early exit after the first ~1/8 of the target's layers" if mismatched else "")
     )
+    mode = st.radio(
+        "Mode",
+        [MEASURE, WATCH],
+        horizontal=True,
+        key="spec_mode",
+        help="Measure: speculative vs plain decoding, alternated rounds, timed. Watch: one speculative run, "
+        "step by step, that you can evict in the middle (untimed)",
+    )
+    if mode == WATCH:
+        w = st.columns(2)
+        evict_after = w[0].number_input(
+            "Evict automatically after N tokens (0: only the button)", 0, 256, 0, key="spec_evict_after"
+        )
+        pace = w[1].slider(
+            "Pause per engine step (s)",
+            0.0,
+            1.0,
+            0.0 if ea.test_mode() else spec_watch.DEFAULT_PACE_S,
+            0.05,
+            key="spec_pace",
+            help="slows the run down so you can press Evict at a moment of your choosing",
+        )
     st.html(spec_widget.kv_bar_html(th.snapshot()))
     preview.prompt_with_preview(
         th, "spec", SamplingParams(max_tokens=int(max_tokens)), default=SS.get("spec_prompt", EXAMPLE)
     )
-    run = st.button("Run speculative and plain decoding", type="primary", key="spec_run")
+    run = st.button(
+        "Run speculative and plain decoding" if mode == MEASURE else "Watch the speculative run",
+        type="primary",
+        key="spec_run",
+    )
     system, prompt = preview.typed("spec")
 
 
@@ -134,7 +163,9 @@ if run:
         st.error(f"Not run: {e}")
         st.stop()
     SS["spec_prompt"] = prompt
-    base, text, n_tok = cfg, prompt, int(max_tokens)
+    base, n_tok = cfg, int(max_tokens)
+    # with a system prompt the private engine gets the templated ids the preview showed
+    text = template_ids(th.engine.tokenizer, prompt, system)[0] if system else prompt
 
     def _experiment(progress):
         from engine.experiments import compare_speculative
@@ -156,19 +187,39 @@ if run:
             on_sample=on_sample,
         )
 
-    room.start_run("speculative", _experiment)
+    if mode == MEASURE:
+        room.start_run("speculative", _experiment)
+    else:
+        from engine.watch import WatchControl, watch_speculative
+
+        ctl = WatchControl(pace_s=float(pace), evict_after_tokens=int(evict_after) or None)
+        temp = float(temperature)
+
+        def _watch(progress):
+            def on_step(snap):
+                r = snap.request("watch")
+                if r is not None:
+                    progress(f"engine step {snap.step}: {r.state}, {r.output_len} tokens, {len(r.block_table)} blocks")
+
+            return watch_speculative(base, text, want, n_tok, ctl, temperature=temp, on_step=on_step)
+
+        room.start_run(spec_watch.KIND, _watch, live=ctl)
     st.rerun()
 
-cur_run = room.current_run("speculative")
+cur_run = room.current_run("speculative") or room.current_run(spec_watch.KIND)
+watching = cur_run is not None and cur_run.kind == spec_watch.KIND
 if cur_run is not None and not cur_run.finished:
     if ea.test_mode():  # no polling in test mode: wait here (this tab only), then draw once
         cur_run.wait(600)
     else:
 
-        @st.fragment(run_every=0.5)
+        @st.fragment(run_every=0.3 if watching else 0.5)
         def _progress():
             if cur_run.finished:
                 st.rerun()
+            if watching:
+                spec_watch.live_view(cur_run)
+                return
             st.info(
                 f"Comparison {cur_run.run_id} {cur_run.status}: {cur_run.progress}. "
                 "It runs on a private engine; the shared engine and other tabs keep going."
@@ -177,9 +228,12 @@ if cur_run is not None and not cur_run.finished:
         _progress()
         st.stop()
 if cur_run is not None and cur_run.status == "error":
-    st.error(f"The comparison failed: {cur_run.error}")
+    st.error(f"The {'watched run' if watching else 'comparison'} failed: {cur_run.error}")
     st.stop()
 res = cur_run.result if cur_run is not None else None
+if watching and res is not None:
+    spec_watch.result_view(res)
+    st.stop()
 
 if not res:
     st.info(
@@ -268,6 +322,7 @@ elif preq is not None:
 
 st.markdown("**Generated tokens**")
 st.html(tokens.strip_with_legend(sreq.tokens))
+spec_watch.judged_table(sreq.tokens)
 ticks = spec_widget.tick_steps(sreq)
 if len(ticks) > 1:
     tick = st.select_slider(

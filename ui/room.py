@@ -114,6 +114,7 @@ class Run:
     result: object = None
     error: str | None = None
     finished_at: float | None = None
+    live: object = None  # what the page and the running experiment share (e.g. engine.watch.WatchControl)
     _done: threading.Event = field(default_factory=threading.Event, repr=False)
 
     @property
@@ -154,9 +155,14 @@ class Room:
 
     # runs
     def start(
-        self, kind: str, owner: str, fn: Callable[[Callable[[str], None]], object], lock: threading.Lock | None = None
+        self,
+        kind: str,
+        owner: str,
+        fn: Callable[[Callable[[str], None]], object],
+        lock: threading.Lock | None = None,
+        live: object = None,
     ) -> Run:
-        run = Run(run_id=f"{kind[:4]}-{uuid.uuid4().hex[:8]}", kind=kind, owner=owner, started=time.time())
+        run = Run(run_id=f"{kind[:4]}-{uuid.uuid4().hex[:8]}", kind=kind, owner=owner, started=time.time(), live=live)
 
         def progress(text: str) -> None:
             run.progress = str(text)
@@ -259,12 +265,15 @@ def rebuild_warning(snapshot) -> str:
     )
 
 
-def start_run(kind: str, fn: Callable[[Callable[[str], None]], object], *, private: bool = True) -> Run:
+def start_run(
+    kind: str, fn: Callable[[Callable[[str], None]], object], *, private: bool = True, live: object = None
+) -> Run:
     """Start a background experiment owned by this session and put its id in the URL (?run=...),
-    so a reload finds it. `private`: queue behind other private-engine experiments."""
+    so a reload finds it. `private`: queue behind other private-engine experiments. `live`: an
+    object the page and the experiment share while it runs (kept on the Run)."""
     from engine.experiments import RUN_LOCK
 
-    run = room().start(kind, session_id(), fn, lock=RUN_LOCK if private else None)
+    run = room().start(kind, session_id(), fn, lock=RUN_LOCK if private else None, live=live)
     st.query_params["run"] = run.run_id
     return run
 

@@ -94,6 +94,45 @@ def position_counts(tokens) -> PositionCounts:
 
 
 @dataclass(frozen=True, slots=True)
+class JudgedDraft:
+    """One draft token rejection sampling judged: its verify pass (engine step), position in the
+    pass, the target's p and drafter's q of it, accept probability min(1, p/q), the draw u."""
+
+    step: int
+    position: int
+    draft: str
+    p: float
+    q: float
+    accept_prob: float
+    u: float
+    accepted: bool
+    emitted: str  # the token the target emitted at this position (the draft, or its replacement)
+
+
+def judged_drafts(tokens) -> list[JudgedDraft]:
+    """Every judged draft token of a sampled (temperature > 0) speculative run, from the marks'
+    recorded p / q / u, in order; empty for greedy runs and traces recorded without them."""
+    out: list[JudgedDraft] = []
+    pos, last_step = 0, None
+    for m in tokens:
+        if m.step != last_step:
+            pos, last_step = 0, m.step
+        if m.kind not in (ACCEPTED, REPLACED) or getattr(m, "p", None) is None or m.q is None or m.u is None:
+            continue
+        pos += 1
+        draft = m.text if m.kind == ACCEPTED else (m.rejected_text if m.rejected_text is not None else "?")
+        a = min(1.0, m.p / m.q) if m.q > 0 else 1.0
+        out.append(JudgedDraft(m.step, pos, draft, m.p, m.q, a, m.u, m.kind == ACCEPTED, m.text))
+    return out
+
+
+def expected_accepts(rows: list[JudgedDraft]) -> tuple[float, int]:
+    """(Σ min(1, p/q) over the judged drafts, drafts accepted): the sampler's expected and
+    observed accept counts; they agree up to the binomial spread."""
+    return sum(r.accept_prob for r in rows), sum(r.accepted for r in rows)
+
+
+@dataclass(frozen=True, slots=True)
 class SpecSummary:
     num_drafts: int
     num_draft_tokens: int

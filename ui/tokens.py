@@ -83,10 +83,35 @@ def _chip(kind: str, text: str, extra_title: str = "") -> str:
     )
 
 
+def _num(x) -> str:
+    return f"{float(x):.3g}"
+
+
+def decision_text(mark) -> tuple[str, str]:
+    """(judged draft's hover text, emitted token's hover text) from a TokenMark's rejection-sampling
+    numbers; ("", "") when it has none (greedy, plain decoding, traces recorded before them)."""
+    p, q, u = getattr(mark, "p", None), getattr(mark, "q", None), getattr(mark, "u", None)
+    if p is None:
+        return "", ""
+    if mark.kind == BONUS:
+        return "", f" — sampled from the target's distribution after the last accepted draft: p = {_num(p)}"
+    if q is None or u is None:
+        return "", ""
+    a = min(1.0, p / q) if q > 0 else 1.0
+    judged = f" — target p = {_num(p)}, draft q = {_num(q)}, accept with min(1, p/q) = {_num(a)}; drew u = {_num(u)}"
+    if mark.kind == ACCEPTED:
+        return "", judged + " → accepted"
+    if mark.kind == REPLACED:
+        return judged + " → rejected", " — sampled from the residual max(0, p − q), renormalised"
+    return "", ""
+
+
 def token_chips(mark, evicted: bool = False) -> str:
     """HTML for one TokenMark: a replaced token renders as the struck-through rejected draft
-    followed by the target's replacement."""
+    followed by the target's replacement. With rejection sampling each chip's tooltip holds the
+    p, q and draw behind its verdict."""
     kind = mark.kind if mark.kind in TOKEN_STYLES else PLAIN
+    judged_title, own_title = (html.escape(t, quote=True) for t in decision_text(mark))
     parts = []
     if kind == REPLACED:
         rejected = (
@@ -94,14 +119,24 @@ def token_chips(mark, evicted: bool = False) -> str:
             if mark.rejected_text is not None
             else (f"#{mark.rejected_id}" if mark.rejected_id is not None else "?")
         )
-        parts.append(_chip(REJECTED, rejected))
+        parts.append(_chip(REJECTED, rejected, extra_title=judged_title))
     if evicted:
-        parts.append(_chip(EVICTED, mark.text, extra_title=" (" + html.escape(TOKEN_STYLES[kind]["label"]) + ")"))
+        parts.append(
+            _chip(EVICTED, mark.text, extra_title=" (" + html.escape(TOKEN_STYLES[kind]["label"]) + ")" + own_title)
+        )
     else:
-        parts.append(_chip(kind, mark.text))
+        parts.append(_chip(kind, mark.text, extra_title=own_title))
     if "\n" in (mark.text or ""):
         parts.append("<br>")
     return "".join(parts)
+
+
+def recomputed_before_step(evict_steps) -> int | None:
+    """`evicted_before_step` for the strip from the steps of a request's evictions: an eviction
+    happens between two engine steps, after its event's step, so every token made at or before
+    the last one had its K/V dropped and recomputed."""
+    steps = list(evict_steps)
+    return max(steps) + 1 if steps else None
 
 
 def token_strip_html(

@@ -3,7 +3,7 @@ verification (greedy; rejection sampling that keeps the target distribution), th
 monitor that falls back to plain decoding when speculation does not pay, and E(alpha, k).
 
     math.py      expected_tokens_per_pass (E(alpha, k)), break_even_alpha
-    verify.py    verify_greedy, verify_sampling
+    verify.py    verify_greedy, verify_sampling, Verdict (each emitted token's mark, with p / q / u)
     drafters.py  ngram_propose, ModelDrafter, SpecContext, draft ids ("<rid>#draft")
     monitor.py   CostModel, ClassState
     decoder.py   SpecDecoder (the hooks LLMEngine.step calls)
@@ -14,7 +14,7 @@ from .decoder import SpecDecoder
 from .drafters import DRAFT_SUFFIX, ModelDrafter, SpecContext, draft_id, ngram_propose
 from .math import break_even_alpha, expected_tokens_per_pass
 from .monitor import ClassState, CostModel
-from .verify import verify_greedy, verify_sampling
+from .verify import Verdict, verify_greedy, verify_sampling
 
 __all__ = [
     "DRAFT_SUFFIX",
@@ -23,6 +23,7 @@ __all__ = [
     "ModelDrafter",
     "SpecContext",
     "SpecDecoder",
+    "Verdict",
     "break_even_alpha",
     "draft_id",
     "expected_tokens_per_pass",

@@ -7,31 +7,47 @@ keeps the emitted tokens distributed exactly as sampling from p. p is the sample
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from ..snapshot import ACCEPTED, BONUS, REPLACED
 
 
-def verify_greedy(drafts: list[int], logits: torch.Tensor) -> tuple[list[int], list, int]:
-    """logits [len(drafts)+1, V]. Returns (tokens, marks, num_accepted)."""
+class Verdict(NamedTuple):
+    """The verifier's word on one emitted token. kind: accepted | replaced | bonus; rejected_id:
+    the draft a replaced token stands in for. Rejection sampling also records the numbers behind
+    the decision: for an accepted or replaced mark, p and q are the target's and the drafter's
+    probabilities of the judged draft token and u the uniform draw (accepted iff u * q < p); for a
+    bonus, p is the target's probability of the bonus token. Greedy leaves them None."""
+
+    kind: str
+    rejected_id: int | None = None
+    p: float | None = None
+    q: float | None = None
+    u: float | None = None
+
+
+def verify_greedy(drafts: list[int], logits: torch.Tensor) -> tuple[list[int], list[Verdict], int]:
+    """logits [len(drafts)+1, V]. Returns (tokens, verdicts, num_accepted)."""
     target = logits.argmax(dim=-1).tolist()
     out, marks = [], []
     for j, x in enumerate(drafts):
         if x == target[j]:
             out.append(x)
-            marks.append(ACCEPTED)
+            marks.append(Verdict(ACCEPTED))
         else:
             out.append(target[j])
-            marks.append((REPLACED, x))
+            marks.append(Verdict(REPLACED, x))
             return out, marks, j
     out.append(target[len(drafts)])
-    marks.append(BONUS)
+    marks.append(Verdict(BONUS))
     return out, marks, len(drafts)
 
 
 def verify_sampling(
     drafts: list[int], p: torch.Tensor, q: torch.Tensor | None, generator: torch.Generator | None
-) -> tuple[list[int], list, int]:
+) -> tuple[list[int], list[Verdict], int]:
     """Rejection sampling (Leviathan et al. 2023; Chen et al. 2023).
     p: target probabilities [len(drafts)+1, V]; q: draft probabilities [len(drafts), V] the
     drafts were sampled from, or None for deterministic drafts (q = point mass on the draft).
@@ -44,7 +60,7 @@ def verify_sampling(
         u = float(torch.rand((), generator=generator, device=dev))
         if u * qx < px:  # accept with probability min(1, p(x)/q(x))
             out.append(x)
-            marks.append(ACCEPTED)
+            marks.append(Verdict(ACCEPTED, None, px, qx, u))
             continue
         if q is not None:
             resid = (p[j] - q[j]).clamp_min(0)
@@ -56,9 +72,9 @@ def verify_sampling(
             resid, s = p[j], float(p[j].sum())
         y = int(torch.multinomial(resid / s, 1, generator=generator))
         out.append(y)
-        marks.append((REPLACED, x))
+        marks.append(Verdict(REPLACED, x, px, qx, u))
         return out, marks, j
     y = int(torch.multinomial(p[len(drafts)], 1, generator=generator))
     out.append(y)
-    marks.append(BONUS)
+    marks.append(Verdict(BONUS, None, float(p[len(drafts), y])))
     return out, marks, len(drafts)

@@ -406,6 +406,69 @@ def test_speculative_page_measures_a_real_run():
     _restore_default_engine()
 
 
+def test_speculative_page_watch_mode_evicts_mid_run():
+    """Watch mode: one speculative run on a private engine, evicted after 6 tokens; the page shows
+    the eviction, the recomputed positions and the drop in the growth chart, and that greedy output
+    matched plain decoding."""
+    from ui import engine_access as ea
+    from ui import room
+
+    at = _app()
+    at.switch_page("pages/speculative.py")
+    at.run()
+    at.selectbox(key="spec_drafter").select("self-draft: int8 copy")
+    at.slider(key="spec_max_tokens").set_value(24)
+    at.radio(key="spec_mode").set_value("Watch live (evict during the run)")
+    at.run()
+    _no_exception(at)
+    at.number_input(key="spec_evict_after").set_value(6)
+    gen = ea.shared_engine().generation
+    at.button(key="spec_run").click().run()
+    _no_exception(at)
+    assert ea.shared_engine().generation == gen
+    run = room.room().get(at.query_params["run"])
+    assert run is not None and run.kind == "spec-watch" and run.status == "done", run
+    res = run.result
+    assert len(res.evictions) == 1 and res.evictions[0].trigger == "after 6 tokens"
+    assert res.matches_plain is True
+    assert _metric(at, "Evictions") == "1"
+    assert any("token-for-token the plain" in m.value for m in at.success)
+    html = _html(at)
+    assert "tok-evicted" in html and f"prompt: {res.request.prompt_len} tokens recomputed" in html
+    assert any(c.value.startswith(f"Evicted after engine step {res.evictions[0].step}") for c in at.caption)
+    growth = next(s for s in _plotly_specs(at) if "cache growth" in s["layout"]["title"]["text"])
+    assert any("evicted" in a.get("text", "") for a in growth["layout"]["annotations"])
+    at.radio(key="spec_mode").set_value("Measure vs plain").run()  # leave the page as the other tests expect it
+    _restore_default_engine()
+
+
+def test_speculative_page_sampling_shows_p_and_q_per_draft():
+    """Temperature > 0: rejection sampling; every judged draft's p, q, min(1, p/q) and draw u are
+    in the table and in the token chips' tooltips."""
+    from ui import room
+
+    at = _app()
+    at.switch_page("pages/speculative.py")
+    at.run()
+    at.selectbox(key="spec_drafter").select("self-draft: int8 copy")
+    at.slider(key="spec_max_tokens").set_value(24)
+    at.slider(key="spec_temperature").set_value(0.3)
+    at.run()
+    at.button(key="spec_run").click().run()
+    _no_exception(at)
+    sreq = room.room().get(at.query_params["run"]).result.spec
+    judged = [t for t in sreq.tokens if t.kind in ("accepted", "replaced")]
+    assert judged and all(t.p is not None for t in judged)
+    assert any(m.value == "**Rejection sampling, draft by draft**" for m in at.markdown)
+    table = next(d.value for d in at.dataframe if "verdict" in d.value.columns)
+    assert len(table) == len(judged)
+    assert list(table["verdict"]) == ["accepted" if t.kind == "accepted" else "rejected" for t in judged]
+    assert list(table["p (target)"]) == [round(t.p, 4) for t in judged]
+    assert "draft q = " in _html(at) and "drew u = " in _html(at)
+    at.slider(key="spec_temperature").set_value(0.0).run()
+    _restore_default_engine()
+
+
 def test_speculative_page_draft_model_that_cannot_load_is_a_clear_error():
     at = _app()
     at.switch_page("pages/speculative.py")

@@ -309,6 +309,36 @@ def test_seeded_sampling_through_engine_is_reproducible(method):
     assert all(len(x) == 16 for x in a)
 
 
+@pytest.mark.parametrize("method", ["ngram", "self_draft_int8"])
+def test_sampled_marks_carry_p_q_and_the_draw(method):
+    """Through the engine: with temperature > 0 every accepted / replaced token's mark holds its
+    draft's p, q and the draw u (accepted iff u * q < p; q = 1 for n-gram's deterministic drafts),
+    every bonus its p; greedy marks carry none."""
+    eng = spec_engine(k=4, spec=TINY_METHODS[method])
+    sp = [SamplingParams(max_tokens=24, temperature=0.3, seed=s, ignore_eos=True) for s in range(4)]
+    for p, params in zip(TINY_PROMPTS[:4], sp):
+        eng.add_request(None, p, params)
+    greedy = eng.add_request(None, TINY_PROMPTS[4], SamplingParams(max_tokens=24, ignore_eos=True))
+    while eng.has_unfinished_requests():
+        eng.step()
+    kinds = set()
+    for r in eng.finished:
+        for m in r.token_marks:
+            kinds.add(m.kind)
+            if r.request_id == greedy or m.kind == PLAIN:
+                assert (m.p, m.q, m.u) == (None, None, None)
+            elif m.kind == BONUS:
+                assert 0 < m.p <= 1 and m.q is None and m.u is None
+            else:
+                assert 0 <= m.p <= 1 and 0 < m.q <= 1 and 0 <= m.u < 1
+                assert (m.u * m.q < m.p) == (m.kind == ACCEPTED)
+                if method == "ngram":
+                    assert m.q == 1.0
+    # the int8 copy drafts close to the target (both verdicts occur); n-gram finds few matches in
+    # the tiny random model's text, but some of them are judged
+    assert ({ACCEPTED, REPLACED} if method == "self_draft_int8" else {REPLACED}) <= kinds
+
+
 def test_engine_sampling_distribution_matches_plain():
     """Through the whole engine (tiny model, int8 self-draft so q != p): the second generated
     token (the first one produced by a verify pass) has the same distribution with and without

@@ -13,7 +13,14 @@ import pytest
 import torch
 
 from engine.snapshot import ACCEPTED, BONUS, REPLACED
-from engine.speculative import break_even_alpha, expected_tokens_per_pass, ngram_propose, verify_greedy, verify_sampling
+from engine.speculative import (
+    Verdict,
+    break_even_alpha,
+    expected_tokens_per_pass,
+    ngram_propose,
+    verify_greedy,
+    verify_sampling,
+)
 
 V = 8
 
@@ -135,16 +142,16 @@ def test_rejected_token_never_reemitted_for_point_mass():
     for _ in range(300):
         toks, marks, n_acc = verify_sampling([4], p, None, g)
         if n_acc == 0:
-            assert toks[0] != 4 and marks[0] == (REPLACED, 4)
+            assert toks[0] != 4 and marks[0][:2] == (REPLACED, 4)
 
 
 def test_verify_greedy_cases():
     logits = torch.full((4, V), -1.0)
     for i, t in enumerate([3, 5, 1, 7]):
         logits[i, t] = 2.0
-    assert verify_greedy([3, 5, 1], logits) == ([3, 5, 1, 7], [ACCEPTED] * 3 + [BONUS], 3)
-    assert verify_greedy([3, 6, 1], logits) == ([3, 5], [ACCEPTED, (REPLACED, 6)], 1)
-    assert verify_greedy([0], logits[:2]) == ([3], [(REPLACED, 0)], 0)
+    assert verify_greedy([3, 5, 1], logits) == ([3, 5, 1, 7], [Verdict(ACCEPTED)] * 3 + [Verdict(BONUS)], 3)
+    assert verify_greedy([3, 6, 1], logits) == ([3, 5], [Verdict(ACCEPTED), Verdict(REPLACED, 6)], 1)
+    assert verify_greedy([0], logits[:2]) == ([3], [Verdict(REPLACED, 0)], 0)
 
 
 def test_ngram_lookup():
@@ -169,3 +176,28 @@ def test_expected_tokens_and_break_even():
     assert abs(a - 0.5) < 1e-9
     assert break_even_alpha(0.9, 4) == 0.0
     assert break_even_alpha(5.0, 4) is None
+
+
+def test_verdicts_carry_the_numbers_behind_each_decision():
+    """Each accepted / replaced verdict holds p(x), q(x) of its draft and the draw u, with
+    accepted iff u * q < p; a bonus holds the target's probability of the bonus token."""
+    p = rows(11, 4, 1.0)
+    q = rows(12, 3, 0.5)
+    seen = set()
+    for s in range(200):
+        drafts = [1, 2, 3]
+        toks, marks, n_acc = verify_sampling(drafts, p, q, torch.Generator().manual_seed(s))
+        for j, m in enumerate(marks):
+            seen.add(m.kind)
+            if m.kind == BONUS:
+                assert m.p == pytest.approx(float(p[j, toks[j]])) and m.q is None and m.u is None
+                continue
+            assert m.p == pytest.approx(float(p[j, drafts[j]])) and m.q == pytest.approx(float(q[j, drafts[j]]))
+            assert 0.0 <= m.u < 1.0
+            assert (m.u * m.q < m.p) == (m.kind == ACCEPTED)
+            if m.kind == REPLACED:
+                assert m.rejected_id == drafts[j]
+    assert seen == {ACCEPTED, REPLACED, BONUS}
+    # deterministic drafts (q = None): q is a point mass, recorded as 1.0
+    _, marks, _ = verify_sampling([4], p[:2], None, torch.Generator().manual_seed(0))
+    assert marks[0].q == 1.0

@@ -116,3 +116,27 @@ def test_counts():
     ]
     c = tokens.token_counts(toks)
     assert c == {"plain": 0, "accepted": 2, "bonus": 1, "replaced": 1, "rejected": 1}
+
+
+def test_recomputed_positions_include_the_eviction_step():
+    """An eviction's event carries the step after which it happened: that step's tokens were
+    dropped too (the strip marks tokens made before the step after it)."""
+    assert tokens.recomputed_before_step([]) is None
+    assert tokens.recomputed_before_step([3, 7]) == 8
+    toks = [tok(i, f"t{i}", step=s) for i, s in enumerate([1, 2, 3, 3, 4])]
+    strip = tokens.token_strip_html(toks, evicted_before_step=tokens.recomputed_before_step([3]))
+    assert strip.count("tok-evicted ") + strip.count('tok-evicted"') == 4
+
+
+def test_chip_tooltips_carry_rejection_sampling_numbers():
+    from engine.snapshot import TokenMark
+
+    acc = TokenMark(1, "a", "accepted", 5, p=0.4, q=0.8, u=0.3)
+    rep = TokenMark(2, "b", "replaced", 5, rejected_id=9, rejected_text="<x>", p=0.1, q=0.9, u=0.7)
+    bonus = TokenMark(3, "c", "bonus", 5, p=0.25)
+    h = tokens.token_strip_html([acc, rep, bonus])
+    assert "min(1, p/q) = 0.5; drew u = 0.3 → accepted" in h
+    assert "target p = 0.1, draft q = 0.9, accept with min(1, p/q) = 0.111; drew u = 0.7 → rejected" in h
+    assert "residual max(0, p − q)" in h and "p = 0.25" in h
+    assert "<x>" not in h  # the rejected draft's text is escaped
+    assert "draft q" not in tokens.token_strip_html([TokenMark(1, "a", "accepted", 5)])  # greedy: no numbers
