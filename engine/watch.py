@@ -96,12 +96,16 @@ def watch_speculative(
     on_step=None,
 ) -> WatchResult:
     """Run `prompt` once with speculation `spec` on a private engine, applying `control` between
-    steps. on_step(snapshot) after each step (the page's progress line)."""
+    steps. on_step(snapshot, note) after each step, and once with (None, note) when the private
+    engine is built (the page's progress line)."""
     from .experiments import spec_private_engine
 
     if spec is None:
         raise ValueError("speculative: choose a drafter (method and k) to watch")
+    t0 = time.perf_counter()
     eng = spec_private_engine(base, spec)
+    if on_step is not None:
+        on_step(None, f"private engine built in {time.perf_counter() - t0:.1f} s; prefill next")
     ids = eng.apply_chat_template(prompt) if chat and isinstance(prompt, str) else prompt
     params = SamplingParams(
         max_tokens=int(max_tokens), temperature=float(temperature), seed=0, request_class="spec-page"
@@ -111,31 +115,30 @@ def watch_speculative(
     evictions: list[Eviction] = control.evictions
     scheduled_done = control.evict_after_tokens is None
 
-    def evict(trigger: str) -> None:
-        snap = eng.snapshot()
-        r = snap.request(REQUEST_ID)
+    def evict(trigger: str) -> bool:
+        r = eng.snapshot().request(REQUEST_ID)
         if r is None or r.state != "running":
-            return  # not admitted yet / finished: nothing to evict (the button waits for the next step)
+            return False  # not admitted yet (or already preempted): try again after the next step
         out = eng.evict(REQUEST_ID)
         evictions.append(Eviction(eng.step_num, r.output_len, out["blocks_freed"], out["tokens_to_recompute"], trigger))
+        return True
 
     def after_step(_n, _outs, _dt) -> None:
         nonlocal scheduled_done
         snap = eng.snapshot()
         control.snapshot = snap
         if on_step is not None:
-            on_step(snap)
+            on_step(snap, "")
         if control.stop.is_set():
             eng.abort_request(REQUEST_ID)
             return
         r = snap.request(REQUEST_ID)
         if r is not None and not r.is_terminal:
             if control._evict_now.is_set():
-                control._evict_now.clear()
-                evict("button")
+                if evict("button"):
+                    control._evict_now.clear()
             elif not scheduled_done and r.output_len >= int(control.evict_after_tokens):
-                scheduled_done = True
-                evict(f"after {int(control.evict_after_tokens)} tokens")
+                scheduled_done = evict(f"after {int(control.evict_after_tokens)} tokens")
         if control.pace_s:
             time.sleep(float(control.pace_s))
 

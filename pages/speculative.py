@@ -196,7 +196,10 @@ if run:
         temp = float(temperature)
 
         def _watch(progress):
-            def on_step(snap):
+            def on_step(snap, note):
+                if snap is None:
+                    progress(note)
+                    return
                 r = snap.request("watch")
                 if r is not None:
                     progress(f"engine step {snap.step}: {r.state}, {r.output_len} tokens, {len(r.block_table)} blocks")
@@ -213,7 +216,7 @@ if cur_run is not None and not cur_run.finished:
         cur_run.wait(600)
     else:
 
-        @st.fragment(run_every=0.3 if watching else 0.5)
+        @st.fragment(run_every=0.5)
         def _progress():
             if cur_run.finished:
                 st.rerun()

@@ -13,7 +13,7 @@ from . import engine_access as ea
 from . import growth, spec, spec_widget, tokens
 
 KIND = "spec-watch"
-DEFAULT_PACE_S = 0.25
+DEFAULT_PACE_S = 0.4
 
 
 def recomputed_before(evictions) -> int | None:
@@ -134,7 +134,12 @@ def result_view(res) -> None:
     st.html(strip_html(req, res.evictions))
     judged_table(req.tokens)
     ea.chart(
-        growth.growth_figure(req, res.info.block_size, evict_steps=[e.step for e in res.evictions]),
+        growth.growth_figure(
+            req,
+            res.info.block_size,
+            evict_steps=[e.step for e in res.evictions],
+            title="cache growth of the watched request",
+        ),
         key="spec_watch_growth",
     )
     ticks = spec_widget.tick_steps(req)

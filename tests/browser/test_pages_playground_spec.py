@@ -19,6 +19,7 @@ from tests.browser.shot import (
     choose_option,
     click_and_wait,
     open_page,
+    rerun_after,
 )
 
 pytestmark = pytest.mark.browser
@@ -118,3 +119,23 @@ def test_speculative_self_draft(server, page):
     assert page.locator(".kvscope-tokens .tok-accepted").count() > 0
     _hide_timing(page)
     assert_screenshot(page, "speculative_self_draft")
+
+
+def test_speculative_watch_evicts_mid_run(server, page):
+    """Watch mode in the browser: evicted after 6 tokens (test mode waits for the run in the page),
+    the recomputed positions are marked and the greedy output still matches plain decoding."""
+    open_page(page, server.url, "speculative")
+    choose_option(page, "Drafter", "self-draft: int8 copy")
+    click_and_wait(page, page.get_by_text("Watch live (evict during the run)"))
+    box = page.get_by_label("Evict automatically after N tokens (0: only the button)")
+    rerun_after(page, lambda: (box.fill("6"), box.press("Enter")), what="setting the eviction point")
+    click_and_wait(page, page.get_by_role("button", name="Watch the speculative run"))
+    assert_no_exception(page)
+    main = page.locator('[data-testid="stMain"]').inner_text()
+    assert "Watched run — self_draft k=4" in main
+    assert re.search(r"Evicted after engine step \d+ \(after 6 tokens\)", main), main[-2000:]
+    assert "token-for-token the plain" in main
+    assert page.locator(".kvscope-tokens .tok-evicted-prompt").count() >= 1
+    assert page.locator(".kvscope-tokens .tok-evicted").count() >= 6
+    assert_screenshot(page, "speculative_watch_evicted")
+    click_and_wait(page, page.get_by_text("Measure vs plain"))

@@ -44,7 +44,9 @@ def test_evict_button_between_steps():
     ctl = WatchControl()
     fired = threading.Event()
 
-    def on_step(snap):
+    def on_step(snap, _note):
+        if snap is None:
+            return
         r = snap.request("watch")
         if r is not None and r.output_len >= 5 and not fired.is_set():
             fired.set()
@@ -73,3 +75,11 @@ def test_stop_aborts_the_run():
 def test_control_refuses_bad_values_with_the_field_named(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         WatchControl(**bad)
+
+
+def test_a_press_before_the_request_runs_waits_for_it():
+    ctl = WatchControl()
+    ctl.request_evict()  # pressed while the private engine is still being built
+    res = watch_speculative(BASE, PROMPT, SPEC, 12, ctl, chat=False)
+    assert [(e.trigger, e.step) for e in res.evictions] == [("button", 1)]
+    assert res.matches_plain is True
