@@ -296,6 +296,7 @@ class FeederStatus:
     done: bool = False
     stopped: bool = False
     rebuilt: bool = False  # stopped because the engine it fed was rebuilt
+    skipped: int = 0  # chained turns not sent because their previous turn did not finish
 
 
 class LoadFeeder:
@@ -308,7 +309,13 @@ class LoadFeeder:
 
     `bound_to` (an EngineThread): the feeder feeds the engine that thread runs when it starts;
     once the thread's engine is rebuilt (another object), the feeder stops and says so, instead
-    of submitting the rest of the workload into an engine its run never saw."""
+    of submitting the rest of the workload into an engine its run never saw.
+
+    `chain(req, parent_output)` (conversations whose later turns carry the model's own answers):
+    a request with a `parent_id` in the workload waits until that turn has finished, then is sent
+    with the prompt `chain` builds from the parent's RequestOutput (first turns get
+    `chain(req, None)`); it is sent at its arrival time or when its parent finishes, whichever is
+    later. A turn whose parent was rejected, aborted or failed is skipped (counted, with why)."""
 
     MAX_ERRORS = 50
     REBUILT = "stopped: the engine this load fed was rebuilt"
@@ -322,8 +329,10 @@ class LoadFeeder:
         time_scale: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
         bound_to=None,
+        chain: Callable | None = None,
     ):
         self._submit = submit
+        self._chain = chain
         self._bound_to = bound_to
         self._engine = getattr(bound_to, "engine", None)
         self._requests = sorted(list(requests)[:MAX_LOAD_REQUESTS], key=lambda r: r.arrival_s)
@@ -353,18 +362,47 @@ class LoadFeeder:
     def snapshot_status(self) -> FeederStatus:
         with self._lock:
             s = self.status
-            return FeederStatus(
-                s.total, s.submitted, s.rejected, list(s.errors), list(s.request_ids), s.done, s.stopped, s.rebuilt
-            )
+            return replace(s, errors=list(s.errors), request_ids=list(s.request_ids))
+
+    POLL_S = 0.02  # how often a chained turn checks whether its previous turn has finished
 
     def _run(self) -> None:
         t0 = self._clock()
+        pending = list(enumerate(self._requests))
+        in_workload = {getattr(r, "request_id", None) for r in self._requests}
+        handles: dict[str, object] = {}  # workload request id -> handle (chained runs)
+        dropped: set[str] = set()  # workload ids not sent or not finished: their later turns skip
         try:
-            for i, req in enumerate(self._requests):
-                delay = t0 + req.arrival_s * self._scale - self._clock()
-                if delay > 0 and self._stop.wait(delay):
-                    break
-                if self._stop.is_set():
+            while pending and not self._stop.is_set():
+                now = self._clock() - t0
+                sent_any = waiting = False
+                for item in list(pending):
+                    i, req = item
+                    if req.arrival_s * self._scale > now:
+                        break  # sorted by arrival: the rest are later still
+                    parent = getattr(req, "parent_id", None) if self._chain is not None else None
+                    parent_out = None
+                    if parent is not None and parent in in_workload:
+                        if parent in dropped:
+                            pending.remove(item)
+                            self._skip(req, f"its previous turn {parent} did not finish")
+                            dropped.add(req.request_id)
+                            continue
+                        h = handles.get(parent)
+                        if h is None or not h.finished:
+                            waiting = True
+                            continue
+                        parent_out = getattr(h, "output", None)
+                        if getattr(h, "error", None) or parent_out is None or _aborted(parent_out):
+                            pending.remove(item)
+                            self._skip(req, f"its previous turn {parent} did not finish")
+                            dropped.add(req.request_id)
+                            continue
+                    pending.remove(item)
+                    sent_any = True
+                    if not self._send(i, req, parent_out, handles, dropped):
+                        return
+                if not pending or self._stop.is_set():
                     break
                 if self._bound_to is not None and getattr(self._bound_to, "engine", None) is not self._engine:
                     with self._lock:
@@ -372,23 +410,61 @@ class LoadFeeder:
                         self.status.rebuilt = True
                     self._stop.set()
                     break
-                rid = f"{self._run_id}-{getattr(req, 'request_id', None) or f'{i:03d}'}"
-                try:
-                    prompt = req.prompt if getattr(req, "prompt", None) is not None else req.prompt_token_ids
-                    self._submit(prompt, self._make_params(req), request_id=rid)
-                    with self._lock:
-                        self.status.submitted += 1
-                        self.status.request_ids.append(rid)
-                except ValueError as e:
-                    with self._lock:
-                        self.status.rejected += 1
-                        if len(self.status.errors) < self.MAX_ERRORS:
-                            self.status.errors.append(f"{rid}: {e}")
-                except Exception as e:  # engine down / reconfigured: stop feeding, say why
-                    with self._lock:
-                        self.status.errors.append(f"{rid}: {type(e).__name__}: {e}")
+                if sent_any:
+                    continue
+                later = [r.arrival_s * self._scale for _, r in pending if r.arrival_s * self._scale > now]
+                until_next = max(0.0, t0 + min(later) - self._clock()) if later else None
+                if waiting:  # a chained turn polls for its parent (and wakes for an earlier arrival)
+                    delay = self.POLL_S if until_next is None else min(self.POLL_S, until_next)
+                else:
+                    delay = until_next if until_next is not None else self.POLL_S
+                if self._stop.wait(delay):
                     break
         finally:
             with self._lock:
                 self.status.stopped = self._stop.is_set()
                 self.status.done = True
+
+    def _skip(self, req, why: str) -> None:
+        with self._lock:
+            self.status.skipped += 1
+            if len(self.status.errors) < self.MAX_ERRORS:
+                self.status.errors.append(f"{self._run_id}-{req.request_id}: skipped, {why}")
+
+    def _send(self, i: int, req, parent_out, handles: dict, dropped: set) -> bool:
+        """Submit one request; False when the feeder must stop (the engine is gone)."""
+        if self._bound_to is not None and getattr(self._bound_to, "engine", None) is not self._engine:
+            with self._lock:
+                self.status.errors.append(self.REBUILT)
+                self.status.rebuilt = True
+            self._stop.set()
+            return False
+        wid = getattr(req, "request_id", None)
+        rid = f"{self._run_id}-{wid or f'{i:03d}'}"
+        try:
+            if self._chain is not None:
+                prompt = self._chain(req, parent_out)
+            else:
+                prompt = req.prompt if getattr(req, "prompt", None) is not None else req.prompt_token_ids
+            h = self._submit(prompt, self._make_params(req), request_id=rid)
+            if wid is not None:
+                handles[wid] = h
+            with self._lock:
+                self.status.submitted += 1
+                self.status.request_ids.append(rid)
+        except ValueError as e:
+            dropped.add(wid)
+            with self._lock:
+                self.status.rejected += 1
+                if len(self.status.errors) < self.MAX_ERRORS:
+                    self.status.errors.append(f"{rid}: {e}")
+        except Exception as e:  # engine down / reconfigured: stop feeding, say why
+            with self._lock:
+                self.status.errors.append(f"{rid}: {type(e).__name__}: {e}")
+            return False
+        return True
+
+
+def _aborted(out) -> bool:
+    reason = out.outputs[0].finish_reason if getattr(out, "outputs", None) else None
+    return reason in ("abort", "error", "rejected")

@@ -40,6 +40,9 @@ class WorkloadRequest:
     turn: int = 1
     ignore_eos: bool = True  # hint: generate exactly max_tokens
     parent_id: str | None = None  # the previous turn of the same conversation, if any
+    # release-freeze: what this turn adds after the previous assistant reply (the user's follow-up
+    # and more diff); `prompt` holds the placeholder-reply version, `chained_prompt` the real one
+    followup: str | None = None
 
     @property
     def prompt_words(self) -> int:
@@ -360,6 +363,36 @@ def _arrivals(rng, n, rate):
     return out
 
 
+REPLY_CUE = "\n\nAssistant: "
+
+
+def chained_prompt(req: WorkloadRequest, parent_prompt_ids, parent_output_ids, tokenize) -> list[int]:
+    """A later turn's prompt built from what the model really answered: the previous turn's prompt
+    ids as the engine ran them, the model's own output ids, then this turn's follow-up and the
+    reply cue, tokenized on their own (message boundaries, as a chat server builds the next turn).
+    The answer's full blocks are then the same tokens the engine cached while generating them, so
+    the next turn can hit them in the prefix cache. A first turn gets its prompt + the reply cue
+    (`tokenize(text)` -> ids without special tokens)."""
+    if req.parent_id is None or req.followup is None:
+        return list(tokenize(req.prompt + REPLY_CUE.rstrip(" ")))
+    return list(parent_prompt_ids) + list(parent_output_ids) + list(tokenize(req.followup + REPLY_CUE.rstrip(" ")))
+
+
+def conversation_chain(tokenizer):
+    """`LoadFeeder(chain=...)` for release-freeze conversations with the model's own answers:
+    (request, parent's RequestOutput or None) -> the prompt ids `chained_prompt` builds."""
+
+    def tokenize(text: str) -> list[int]:
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def chain(req, parent_out) -> list[int]:
+        if parent_out is None:
+            return chained_prompt(req, (), (), tokenize)
+        return chained_prompt(req, parent_out.prompt_token_ids, parent_out.outputs[0].token_ids, tokenize)
+
+    return chain
+
+
 def _sorted(reqs):
     return sorted(reqs, key=lambda r: (r.arrival_s, r.conversation_id or "", r.turn, r.request_id))
 
@@ -429,7 +462,8 @@ def release_freeze(
                 follow = _fill(rng, rng.choice(_FOLLOWUPS))
                 extra = _lognormal_int(rng, followup_median, followup_sigma, 1, 100_000)
                 more_diff = _diff(rng, max(1, extra - len(follow.split())))
-                addition = f"\n\nAssistant: {reply}\n\nUser: {follow}\n{more_diff}"
+                followup = f"\n\nUser: {follow}\n{more_diff}"
+                addition = f"{REPLY_CUE}{reply}{followup}"
                 if prompt_words + len(addition.split()) > context_max:
                     break  # conversation ends rather than overflow
                 prompt = prompt + addition
@@ -446,6 +480,7 @@ def release_freeze(
                     turn=t + 1,
                     ignore_eos=ignore_eos,
                     parent_id=parent,
+                    followup=followup if t > 0 else None,
                 )
             )
             parent, prev_tokens = rid, max_tokens

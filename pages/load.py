@@ -9,7 +9,7 @@ import streamlit as st
 
 from engine import recording
 from engine.config import SamplingParams
-from engine.workloads import SCENARIOS, make_workload, summarize
+from engine.workloads import SCENARIOS, conversation_chain, make_workload, summarize
 from ui import engine_access as ea
 from ui import events_table as et
 from ui import load as L
@@ -35,10 +35,11 @@ snap0 = th.snapshot()
 # ------------------------------------------------------------------ launch form
 SCEN_HELP = {
     "release-freeze": "code-review conversations arriving within a window, each turn re-sending the "
-    "whole conversation so contexts grow (the seed's release-freeze afternoon). The "
-    "assistant replies inside later turns' prompts are placeholder text of the length the "
-    "earlier turn asked for, not the model's own answers: the workload is built before it "
-    "runs, so the token counts and prefix sharing are real, the reply words are not.",
+    "whole conversation so contexts grow (the seed's release-freeze afternoon). With 'real answers' "
+    "on, a later turn is sent once the previous one has finished (at its arrival time or then, "
+    "whichever is later) and carries the model's own answer token for token, so its prefix-cache "
+    "hit reaches into the blocks the engine wrote while generating that answer. Off, the replies "
+    "are placeholder text of the asked length and every turn arrives on its own schedule.",
     "shared-system-prompt": "one long system prompt with many different user questions behind it",
     "mixed": "independent requests with lognormal prompt and output lengths",
 }
@@ -70,6 +71,7 @@ with st.form("load_form"):
     c = st.columns(4)
     if scenario == "release-freeze":
         window = c[0].number_input("Arrival window (s)", 0.1, 600.0, 10.0, key="load_window")
+
     elif scenario == "shared-system-prompt":
         system_words = c[0].number_input("System prompt (words)", 1, 4000, min(300, mml // 4), key="load_sys")
     else:
@@ -84,6 +86,14 @@ with st.form("load_form"):
     )
     o_med = c[2].number_input("Output median (tokens)", 1, 4096, 32, key="load_omed")
     o_max = c[3].number_input("Output max (tokens)", 1, 4096, 96, key="load_omax")
+    if scenario == "release-freeze":
+        chained = st.toggle(
+            "Later turns carry the model's own answers",
+            value=True,
+            key="load_chained",
+            help="each later turn waits for the previous one and re-sends its answer token for token; "
+            "off: placeholder replies, every turn on its own arrival schedule",
+        )
     launch = st.form_submit_button("Launch load", type="primary")
 
 
@@ -147,6 +157,7 @@ if launch:
             run_id,
             time_scale=0.0 if ea.test_mode() else 1.0,
             bound_to=th,
+            chain=conversation_chain(th.engine.tokenizer) if scenario == "release-freeze" and chained else None,
         )
         SS["load_run"] = {
             "run_id": run_id,
@@ -154,6 +165,7 @@ if launch:
             "rec": rec,
             "scenario": scenario,
             "summary": summarize(reqs),
+            "chained": scenario == "release-freeze" and chained,
             "t0": now.time,
         }
         feeder.start()
@@ -238,15 +250,18 @@ def live() -> None:
     st.caption(
         f"Run {run['run_id']} · {run['scenario']} · {state} · {s.get('requests', 0)} requests, prompts "
         f"{s.get('prompt_words_min', 0)}–{s.get('prompt_words_max', 0)} words, "
-        f"{s.get('max_tokens_total', 0)} output tokens asked in total. Counts and charts are "
-        "engine-wide (other sessions' requests included)."
+        f"{s.get('max_tokens_total', 0)} output tokens asked in total"
+        + (" (later turns' prompts: these words plus the model's earlier answers)" if run.get("chained") else "")
+        + ". Counts and charts are engine-wide (other sessions' requests included)."
     )
     if L.origin_html(snap):
         st.html(L.origin_html(snap))  # requests sent to the OpenAI API, tagged with their origin
     oc = room.outcomes(fs.request_ids)
     st.caption(
         f"This run's requests: {oc['finished']} finished, {oc['aborted']} aborted, "
-        f"{oc['failed'] + fs.rejected} rejected or failed, {oc['in_flight']} in flight."
+        f"{oc['failed'] + fs.rejected} rejected or failed, {oc['in_flight']} in flight"
+        + (f", {fs.skipped} later turn(s) not sent because an earlier turn did not finish" if fs.skipped else "")
+        + "."
     )
     if fs.rebuilt:
         st.warning("Feeding stopped: the shared engine was rebuilt, so the rest of this load was not submitted.")
@@ -256,7 +271,7 @@ def live() -> None:
             "aborted its in-flight requests; the charts restart from the rebuilt engine's first step."
         )
     if fs.errors:
-        with st.expander(f"{len(fs.errors)} request(s) refused at submission — the engine's reasons"):
+        with st.expander(f"{len(fs.errors)} request(s) refused or skipped at submission — the reasons"):
             st.code("\n".join(fs.errors[:50]), language=None)
     series = rec.series
     t0 = run["t0"] if not rec.restarts else None

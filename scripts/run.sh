@@ -30,4 +30,4 @@ if [ "$KVSCOPE_API_PORT" != "off" ]; then
 fi
 exec .venv/bin/python -m streamlit run app_api.py --server.headless true --server.port "$PORT" \
   --server.address "$ADDR" --browser.gatherUsageStats false --server.fileWatcherType none \
-  --client.toolbarMode minimal "$@"
+  --client.toolbarMode minimal --runner.postScriptGC false "$@"

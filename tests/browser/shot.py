@@ -48,6 +48,8 @@ TEST_APP_ENV = {
 STREAMLIT_FLAGS = [
     "--client.toolbarMode",
     "minimal",
+    "--runner.postScriptGC",
+    "false",
     "--theme.base",
     "light",
     "--server.fileWatcherType",

@@ -250,3 +250,24 @@ def test_w16_prompts_real_tokenizer():
     assert len(ids) == 16 and all(30 <= len(i) <= 300 for i in ids)
     texts = W.w16_prompts(tok)
     assert all(t.startswith("<|im_start|>") and t.endswith("<|im_start|>assistant\n") for t in texts)
+
+
+def test_release_freeze_turns_know_their_followup_and_chain_onto_real_answers():
+    from engine.workloads import REPLY_CUE, chained_prompt, release_freeze
+
+    reqs = {r.request_id: r for r in release_freeze(n=8, seed=5, turns=4)}
+    later = [r for r in reqs.values() if r.parent_id is not None]
+    assert later
+    for r in later:
+        parent = reqs[r.parent_id]
+        # the placeholder version: the parent's prompt, the cue, placeholder words, this turn's follow-up
+        assert r.prompt.startswith(parent.prompt + REPLY_CUE) and r.prompt.endswith(r.followup)
+    first = next(r for r in reqs.values() if r.parent_id is None)
+    assert first.followup is None
+
+    def tokenize(text):
+        return [len(w) for w in text.split(" ")]  # any deterministic stand-in
+
+    assert chained_prompt(first, (), (), tokenize) == tokenize(first.prompt + "\n\nAssistant:")
+    r = later[0]
+    assert chained_prompt(r, [1, 2], [3], tokenize) == [1, 2, 3] + tokenize(r.followup + "\n\nAssistant:")
