@@ -34,6 +34,7 @@ import torch
 from engine import LLM, EngineConfig, LLMEngine, SamplingParams, SpeculativeConfig, TierConfig
 from engine.events import read_trace
 from engine.thread import EngineThread
+from engine.watch import WatchControl
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "BAD_INPUT.md"
@@ -484,6 +485,22 @@ def _cases() -> list[Case]:
         lambda x: SpeculativeConfig(method="draft_model"),
         ValueError,
         r"^speculative.draft_model must name a model",
+    )
+
+    W = "WatchControl (Speculative page, watch mode)"
+    add(
+        W,
+        "pace_s=5",
+        lambda x: WatchControl(pace_s=5),
+        ValueError,
+        r"^pace_s must be in \[0, 2.0\] seconds, got 5$",
+    )
+    add(
+        W,
+        "evict_after_tokens=0",
+        lambda x: WatchControl(evict_after_tokens=0),
+        ValueError,
+        r"^evict_after_tokens must be >= 1 \(or None\), got 0$",
     )
 
     L = "LLMEngine(config)"
