@@ -73,15 +73,18 @@ def spread(values) -> Spread:
     return Spread(len(vals), statistics.median(vals), vals[0], vals[-1], q1, q3)
 
 
+def round_order(cells, r: int) -> list:
+    """The cells of round `r` in the order they run: as given on even rounds, reversed on odd
+    ones, so whichever cell ran first in one round runs last in the next (two sides: a b, b a, ...;
+    more cells, as the side channel's four: the same mirror)."""
+    cells = list(cells)
+    return cells if r % 2 == 0 else cells[::-1]
+
+
 def order(rounds: int, names: tuple[str, str] = ("a", "b")) -> list[tuple[int, str]]:
     """(round, side) in the order `compare` runs them: each round runs both sides once; even
     rounds start with the first side, odd rounds with the second."""
-    a, b = names
-    out = []
-    for r in range(rounds):
-        first, second = (a, b) if r % 2 == 0 else (b, a)
-        out += [(r, first), (r, second)]
-    return out
+    return [(r, side) for r in range(rounds) for side in round_order(names, r)]
 
 
 @dataclass(frozen=True, slots=True)

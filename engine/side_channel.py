@@ -9,11 +9,11 @@ nobody ran. The attacker's TTFT (the engine's arrival -> first token) is the obs
 Mode "shared": both tenants use the same (no) salt, so the probe can hit the victim's blocks.
 Mode "salted": victim and attacker carry their own cache_salt, so it never can.
 
-Measurement discipline (what engine/measure.py formalises; repoint `spread` and the round order
-there when it lands): the four (mode, condition) cells alternate inside every round and which
-comes first alternates between rounds, so drift lands on every cell alike; `rounds` repeats per
-cell; median and spread (min, quartiles, max) per cell; each probe records whether another
-request was in the engine during it (contention: this runs on the shared engine).
+Measurement discipline is engine/measure.py's: the four (mode, condition) cells run in every
+round in `measure.round_order` (mirrored on odd rounds, so drift lands on every cell alike);
+`rounds` repeats per cell; `measure.spread` gives each cell's median, quartiles, min and max.
+Contention is checked per probe, finer than measure's step counter: whether another request was
+in the engine while the probe ran (this runs on the shared engine).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable
 
+from . import measure as ab  # the module; `measure` below is this module's run
 from .config import SamplingParams
 
 MODES = ("shared", "salted")
@@ -41,28 +42,13 @@ class Probe:
     round: int
 
 
-@dataclass(frozen=True, slots=True)
-class Spread:
-    n: int
-    median: float
-    lo: float
-    q1: float
-    q3: float
-    hi: float
-
-
-def spread(values) -> Spread:
-    vals = sorted(float(v) for v in values)
-    if not vals:
-        raise ValueError("spread needs at least one value")
-    q1, q3 = (vals[0], vals[0]) if len(vals) == 1 else statistics.quantiles(vals, n=4, method="inclusive")[::2]
-    return Spread(len(vals), statistics.median(vals), vals[0], q1, q3, vals[-1])
+spread = ab.spread  # median, quartiles, min, max of one cell (engine/measure.py)
+CELLS = tuple((m, c) for m in MODES for c in (True, False))
 
 
 def cell_order(r: int) -> list[tuple[str, bool]]:
-    """The four (mode, cached) cells of round r: reversed on odd rounds."""
-    cells = [(m, c) for m in MODES for c in (True, False)]
-    return cells if r % 2 == 0 else cells[::-1]
+    """The four (mode, cached) cells of round r: reversed on odd rounds (measure.round_order)."""
+    return ab.round_order(CELLS, r)
 
 
 def threshold(probes: list[Probe], mode: str = "shared") -> float | None:

@@ -165,3 +165,9 @@ def test_suspect_comparison_has_no_result():
     c = M.compare(lambda r: 10.0, lambda r: 1.0, clock=FakeClock())
     c = c.with_suspect(M.suspect_speedup(c.ratio.median, 1.67))
     assert c.result is None and c.suspect
+
+
+def test_round_order_mirrors_on_odd_rounds_for_any_number_of_cells():
+    assert measure.round_order("ab", 0) == ["a", "b"] and measure.round_order("ab", 1) == ["b", "a"]
+    assert measure.round_order([1, 2, 3, 4], 3) == [4, 3, 2, 1]
+    assert measure.order(3) == [(0, "a"), (0, "b"), (1, "b"), (1, "a"), (2, "a"), (2, "b")]
