@@ -168,6 +168,6 @@ def test_suspect_comparison_has_no_result():
 
 
 def test_round_order_mirrors_on_odd_rounds_for_any_number_of_cells():
-    assert measure.round_order("ab", 0) == ["a", "b"] and measure.round_order("ab", 1) == ["b", "a"]
-    assert measure.round_order([1, 2, 3, 4], 3) == [4, 3, 2, 1]
-    assert measure.order(3) == [(0, "a"), (0, "b"), (1, "b"), (1, "a"), (2, "a"), (2, "b")]
+    assert M.round_order("ab", 0) == ["a", "b"] and M.round_order("ab", 1) == ["b", "a"]
+    assert M.round_order([1, 2, 3, 4], 3) == [4, 3, 2, 1]
+    assert M.order(3) == [(0, "a"), (0, "b"), (1, "b"), (1, "a"), (2, "a"), (2, "b")]
