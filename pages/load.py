@@ -166,6 +166,7 @@ if launch:
             "scenario": scenario,
             "summary": summarize(reqs),
             "chained": scenario == "release-freeze" and chained,
+            "first_turns": summarize([r for r in reqs if r.parent_id is None]),
             "t0": now.time,
         }
         feeder.start()
@@ -248,11 +249,15 @@ def live() -> None:
     state = "feeding" if not fs.done else ("draining" if pending else "done")
     s = run["summary"]
     st.caption(
-        f"Run {run['run_id']} · {run['scenario']} · {state} · {s.get('requests', 0)} requests, prompts "
-        f"{s.get('prompt_words_min', 0)}–{s.get('prompt_words_max', 0)} words, "
-        f"{s.get('max_tokens_total', 0)} output tokens asked in total"
-        + (" (later turns' prompts: these words plus the model's earlier answers)" if run.get("chained") else "")
-        + ". Counts and charts are engine-wide (other sessions' requests included)."
+        f"Run {run['run_id']} · {run['scenario']} · {state} · {s.get('requests', 0)} requests, "
+        + (
+            f"first-turn prompts {f1.get('prompt_words_min', 0)}–{f1.get('prompt_words_max', 0)} words "
+            "(each later turn re-sends the conversation with the model's own answers), "
+            if run.get("chained") and (f1 := run.get("first_turns"))
+            else f"prompts {s.get('prompt_words_min', 0)}–{s.get('prompt_words_max', 0)} words, "
+        )
+        + f"{s.get('max_tokens_total', 0)} output tokens asked in total. "
+        "Counts and charts are engine-wide (other sessions' requests included)."
     )
     if L.origin_html(snap):
         st.html(L.origin_html(snap))  # requests sent to the OpenAI API, tagged with their origin
