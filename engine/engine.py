@@ -372,8 +372,8 @@ class LLMEngine:
             )
         if tier is not None and len(ids) + params.max_tokens > tier.max_context:
             raise ValueError(
-                f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds tier "
-                f"{tier.name!r}'s context cap of {tier.max_context} tokens"
+                f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the context cap of "
+                f"tier {tier.name!r}: {tier.max_context} tokens"
             )
         if len(ids) + params.max_tokens > cfg.max_model_len:  # vLLM's wording
             raise ValueError(

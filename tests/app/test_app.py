@@ -186,9 +186,9 @@ def test_sidebar_sets_victim_policy_and_tier_caps():
     at.slider(key="pg_max_tokens").set_value(40)
     at.run()
     _no_exception(at)
-    assert any("Would be rejected" in e.value and "'free''s context cap of 60 tokens" in e.value for e in at.error), [
-        e.value for e in at.error
-    ] + [m.value for m in at.markdown][:3]
+    assert any(
+        "Would be rejected" in e.value and "context cap of tier 'free': 60 tokens" in e.value for e in at.error
+    ), [e.value for e in at.error] + [m.value for m in at.markdown][:3]
     _restore_default_engine()
 
 

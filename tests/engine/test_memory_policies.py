@@ -186,7 +186,7 @@ def test_tier_cap_rejects_with_event():
     from engine import TierConfig
 
     llm = LLM(model="default", num_kv_blocks=64, tiers={"free": TierConfig("free", 64, 1)})
-    with pytest.raises(ValueError, match="tier 'free'.*context cap of 64"):
+    with pytest.raises(ValueError, match="context cap of tier 'free': 64 tokens"):
         llm.engine.add_request("t", ids[2], SamplingParams(max_tokens=40, tier="free"))
     rej = kinds(llm.engine, "reject")
     assert rej and rej[-1].request_id == "t" and "context cap" in rej[-1].data["reason"]
