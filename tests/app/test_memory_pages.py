@@ -97,7 +97,7 @@ def test_load_page_shows_engine_rejections():
     _submit(at, "load_form", "Launch load")
     m = _metrics(at)
     assert m["Rejected at submit"] == ["3"]
-    assert any("refused at submission" in e.label for e in at.expander)
+    assert any("refused or skipped at submission" in e.label for e in at.expander)
     assert any("context cap" in c.value for c in at.code)
 
 
