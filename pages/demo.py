@@ -172,6 +172,12 @@ st.caption(
     + (" and n-gram speculation with k=4" if which == "speculation" else "")
     + "; with other settings the same chapters may happen at other steps or not at all — the captions "
     "below are found in the live run's own events the same way."
+    + (
+        " Second turns carry placeholder replies of the asked length, as in the recording (its prompts are "
+        "built before the run); the Concurrent load page runs release-freeze with the model's own answers."
+        if which == "release-freeze"
+        else ""
+    )
 )
 run_key = f"demo_live_{which}"
 if st.button("Run this story live", key=f"demo_live_btn_{which}"):
