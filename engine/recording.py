@@ -383,17 +383,12 @@ class LoadFeeder:
                     parent = getattr(req, "parent_id", None) if self._chain is not None else None
                     parent_out = None
                     if parent is not None and parent in in_workload:
-                        if parent in dropped:
-                            pending.remove(item)
-                            self._skip(req, f"its previous turn {parent} did not finish")
-                            dropped.add(req.request_id)
-                            continue
                         h = handles.get(parent)
-                        if h is None or not h.finished:
+                        if parent not in dropped and (h is None or not h.finished):
                             waiting = True
                             continue
-                        parent_out = getattr(h, "output", None)
-                        if getattr(h, "error", None) or parent_out is None or _aborted(parent_out):
+                        parent_out = getattr(h, "output", None) if h is not None else None
+                        if parent in dropped or h.error or parent_out is None or _aborted(parent_out):
                             pending.remove(item)
                             self._skip(req, f"its previous turn {parent} did not finish")
                             dropped.add(req.request_id)
@@ -402,13 +397,7 @@ class LoadFeeder:
                     sent_any = True
                     if not self._send(i, req, parent_out, handles, dropped):
                         return
-                if not pending or self._stop.is_set():
-                    break
-                if self._bound_to is not None and getattr(self._bound_to, "engine", None) is not self._engine:
-                    with self._lock:
-                        self.status.errors.append(self.REBUILT)
-                        self.status.rebuilt = True
-                    self._stop.set()
+                if not pending or self._stop.is_set() or self._stopped_by_rebuild():
                     break
                 if sent_any:
                     continue
@@ -425,6 +414,16 @@ class LoadFeeder:
                 self.status.stopped = self._stop.is_set()
                 self.status.done = True
 
+    def _stopped_by_rebuild(self) -> bool:
+        """True (and the feeder stopped, saying so) once the bound thread runs another engine."""
+        if self._bound_to is None or getattr(self._bound_to, "engine", None) is self._engine:
+            return False
+        with self._lock:
+            self.status.errors.append(self.REBUILT)
+            self.status.rebuilt = True
+        self._stop.set()
+        return True
+
     def _skip(self, req, why: str) -> None:
         with self._lock:
             self.status.skipped += 1
@@ -433,11 +432,7 @@ class LoadFeeder:
 
     def _send(self, i: int, req, parent_out, handles: dict, dropped: set) -> bool:
         """Submit one request; False when the feeder must stop (the engine is gone)."""
-        if self._bound_to is not None and getattr(self._bound_to, "engine", None) is not self._engine:
-            with self._lock:
-                self.status.errors.append(self.REBUILT)
-                self.status.rebuilt = True
-            self._stop.set()
+        if self._stopped_by_rebuild():
             return False
         wid = getattr(req, "request_id", None)
         rid = f"{self._run_id}-{wid or f'{i:03d}'}"

@@ -115,9 +115,9 @@ def watch_speculative(
     evictions: list[Eviction] = control.evictions
     scheduled_done = control.evict_after_tokens is None
 
-    def evict(trigger: str) -> bool:
-        r = eng.snapshot().request(REQUEST_ID)
-        if r is None or r.state != "running":
+    def evict(r: RequestInfo, trigger: str) -> bool:
+        """`r`: the request as this step left it (nothing has run since its snapshot)."""
+        if r.state != "running":
             return False  # not admitted yet (or already preempted): try again after the next step
         out = eng.evict(REQUEST_ID)
         evictions.append(Eviction(eng.step_num, r.output_len, out["blocks_freed"], out["tokens_to_recompute"], trigger))
@@ -135,15 +135,15 @@ def watch_speculative(
         r = snap.request(REQUEST_ID)
         if r is not None and not r.is_terminal:
             if control._evict_now.is_set():
-                if evict("button"):
+                if evict(r, "button"):
                     control._evict_now.clear()
             elif not scheduled_done and r.output_len >= int(control.evict_after_tokens):
-                scheduled_done = evict(f"after {int(control.evict_after_tokens)} tokens")
+                scheduled_done = evict(r, f"after {int(control.evict_after_tokens)} tokens")
         if control.pace_s:
             time.sleep(float(control.pace_s))
 
     drive(eng, on_step=after_step, max_idle_steps=1000)
-    final = eng.snapshot().request(REQUEST_ID)
+    end = eng.snapshot()
     evs = eng.events.since(seq0)
     plain = None
     if params.greedy and not control.stop.is_set():
@@ -151,13 +151,13 @@ def watch_speculative(
         p = eng.snapshot().request("watch-plain")
         plain = token_ids(p) if p is not None else None
     return WatchResult(
-        request=final,
+        request=end.request(REQUEST_ID),
         evictions=list(evictions),
         verify=[e for e in evs if e.kind == ev.SPEC_VERIFY and e.request_id == REQUEST_ID],
         fallback=[e for e in evs if e.kind == ev.SPEC_FALLBACK],
-        label=eng.snapshot().info.speculative or "",
+        label=end.info.speculative or "",
         k=int(spec.num_speculative_tokens),
-        info=eng.snapshot().info,
+        info=end.info,
         plain_token_ids=plain,
         stopped=control.stop.is_set(),
     )

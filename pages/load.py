@@ -71,7 +71,6 @@ with st.form("load_form"):
     c = st.columns(4)
     if scenario == "release-freeze":
         window = c[0].number_input("Arrival window (s)", 0.1, 600.0, 10.0, key="load_window")
-
     elif scenario == "shared-system-prompt":
         system_words = c[0].number_input("System prompt (words)", 1, 4000, min(300, mml // 4), key="load_sys")
     else:

@@ -121,7 +121,7 @@ def judged_drafts(tokens) -> list[JudgedDraft]:
             continue
         pos += 1
         draft = m.text if m.kind == ACCEPTED else (m.rejected_text if m.rejected_text is not None else "?")
-        a = min(1.0, m.p / m.q) if m.q > 0 else 1.0
+        a = rates.accept_probability(m.p, m.q)
         out.append(JudgedDraft(m.step, pos, draft, m.p, m.q, a, m.u, m.kind == ACCEPTED, m.text))
     return out
 

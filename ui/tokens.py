@@ -13,6 +13,8 @@ import html
 import unicodedata
 from collections import Counter
 
+from engine.rates import accept_probability
+
 from . import theme
 from .theme import ACCEPTED, BONUS, EVICTED, PLAIN, REJECTED, REPLACED, TOKEN_STYLES
 
@@ -97,7 +99,7 @@ def decision_text(mark) -> tuple[str, str]:
         return "", f" — sampled from the target's distribution after the last accepted draft: p = {_num(p)}"
     if q is None or u is None:
         return "", ""
-    a = min(1.0, p / q) if q > 0 else 1.0
+    a = accept_probability(p, q)
     judged = f" — target p = {_num(p)}, draft q = {_num(q)}, accept with min(1, p/q) = {_num(a)}; drew u = {_num(u)}"
     if mark.kind == ACCEPTED:
         return "", judged + " → accepted"
