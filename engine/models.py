@@ -65,30 +65,51 @@ def _file_digest(path: str) -> str:
     return hashlib.sha256(f"{os.path.abspath(path)}:{st.st_size}:{int(st.st_mtime)}".encode()).hexdigest()[:16]
 
 
+# v2: a standard HF folder (architectures set, the tied embedding stored as
+# model.embed_tokens.weight, tokenizer files beside the weights), so transformers, vLLM and other
+# tools load it as is. v1 folders had "architectures": null and only lm_head.weight: vLLM loaded
+# them without error, left the embedding at zero and answered token 0 at uniform logprob.
+_CACHE_FORMAT = "hf2"
+
+
 def _default_cache_path() -> str:
     gguf = default_gguf_path()
-    return os.path.join(cache_dir(), f"smollm2-135m-instruct-{_file_digest(gguf)}")
+    return os.path.join(cache_dir(), f"smollm2-135m-instruct-{_CACHE_FORMAT}-{_file_digest(gguf)}")
+
+
+def default_hf_folder() -> str:
+    """The default model de-quantized to fp32 as a loadable HF folder (built on first use)."""
+    return _ensure_default_cache()
 
 
 def _build_default_cache(d: str) -> None:
     """De-quantize the GGUF once and store config + tokenizer + safetensors weights in d."""
-    from safetensors.torch import save_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = default_gguf_path()
     gdir, gname = os.path.split(gguf)
     tok = AutoTokenizer.from_pretrained(gdir, gguf_file=gname)
     model = AutoModelForCausalLM.from_pretrained(gdir, gguf_file=gname, dtype=torch.float32)
-    cfg = model.config.to_dict()
-    cfg.pop("quantization_config", None)
     tmp = f"{d}.tmp{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     try:
-        save_model(model, os.path.join(tmp, "model.safetensors"))
+        # One copy of tied weights, under the input embedding's name (model.embed_tokens.weight):
+        # the form HF loaders expect (save_pretrained refuses a GGUF-loaded model).
+        from safetensors.torch import save_file
+
+        tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+        if model.config.tie_word_embeddings:
+            tensors.pop("lm_head.weight", None)
+        save_file(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+        cfg = model.config.to_dict()
+        cfg.pop("quantization_config", None)  # the weights here are plain fp32
+        cfg["architectures"] = [type(model).__name__]
+        cfg["dtype"] = "float32"
         with open(os.path.join(tmp, "config.json"), "w") as f:
-            json.dump(cfg, f)
-        tok.save_pretrained(os.path.join(tmp, "tokenizer"))
+            json.dump(cfg, f, indent=2)
+        model.generation_config.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
         with open(os.path.join(tmp, "kvscope_ok.json"), "w") as f:
             json.dump({"source": gname}, f)
         if os.path.exists(os.path.join(d, "kvscope_ok.json")):  # another process finished first
@@ -117,7 +138,7 @@ def _load_default_cpu():
         d = _ensure_default_cache()
         try:
             model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
-            tok = AutoTokenizer.from_pretrained(os.path.join(d, "tokenizer"))
+            tok = AutoTokenizer.from_pretrained(d)
             return model, tok
         except Exception:
             if attempt:
@@ -131,7 +152,7 @@ def load_tokenizer(name: str = "default"):
 
         with _lock:
             if "tokenizer" not in _cache:
-                _cache["tokenizer"] = AutoTokenizer.from_pretrained(os.path.join(_ensure_default_cache(), "tokenizer"))
+                _cache["tokenizer"] = AutoTokenizer.from_pretrained(_ensure_default_cache())
             return _cache["tokenizer"]
     from transformers import AutoTokenizer
 

@@ -57,3 +57,35 @@ def test_build_random_is_seeded_and_scaled():
     w = a.model.layers[0].mlp.down_proj.weight  # fan-in 64: std 1/8
     assert 0.09 < w.std().item() < 0.16
     assert torch.equal(a.model.norm.weight, torch.ones(32))
+
+
+def test_default_model_cache_is_a_standard_hf_folder():
+    """The de-quantized cache loads in plain transformers (and so in vLLM and other tools) as is:
+    architectures set, the tied embedding stored under its own name, tokenizer files beside the
+    weights, and the same logits as the model the engine runs."""
+    import json
+    import os
+
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from engine.models import default_hf_folder
+
+    d = default_hf_folder()
+    with open(os.path.join(d, "config.json")) as f:
+        cfg = json.load(f)
+    assert cfg["architectures"] == ["LlamaForCausalLM"]
+    assert "quantization_config" not in cfg
+    with safe_open(os.path.join(d, "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+        emb = f.get_tensor("model.embed_tokens.weight")
+    assert "model.embed_tokens.weight" in keys and "lm_head.weight" not in keys  # tied: one copy
+    assert emb.shape == (49152, 576) and emb.abs().sum() > 0
+    tok = AutoTokenizer.from_pretrained(d)
+    assert tok.decode(tok.encode("Hello world")) == "Hello world"
+    plain = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+    ours, _ = load_model("default", device="cpu", dtype="float32")
+    ids = torch.tensor([tok.encode("The capital of France is")])
+    with torch.no_grad():
+        assert torch.equal(plain(ids).logits, ours(ids).logits)
+    assert torch.equal(plain.lm_head.weight, plain.model.embed_tokens.weight)
