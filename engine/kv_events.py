@@ -224,12 +224,18 @@ def apply_events(cached: set, events) -> set:
 # ---------------------------------------------------------------- publisher
 
 
+def vllm_publisher_binds(endpoint: str) -> bool:
+    """vLLM's ZmqEventPublisher binds its PUB socket to a wildcard / ipc / inproc endpoint and
+    CONNECTS to any other one (tcp://127.0.0.1:5557 included): then the consumer must bind."""
+    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
+
+
 def _bind_endpoint(endpoint: str, bind: bool | None) -> bool:
-    """vLLM binds wildcard / ipc / inproc endpoints and connects to the rest; kvscope also binds
-    loopback tcp endpoints (tcp://127.0.0.1:5557), so a subscriber can connect to them."""
+    """vLLM's rule (`vllm_publisher_binds`), except that kvscope also binds loopback tcp endpoints
+    (tcp://127.0.0.1:5557), so a subscriber can connect to them."""
     if bind is not None:
         return bind
-    if "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://")):
+    if vllm_publisher_binds(endpoint):
         return True
     host = endpoint.removeprefix("tcp://").rsplit(":", 1)[0]
     return host in ("127.0.0.1", "localhost", "[::1]")
@@ -463,10 +469,20 @@ class SubscriberState:
 class KVEventSubscriber:
     """SUB (+ optional replay DEALER) client for vLLM's or kvscope's KV events. `poll()` returns
     the batches that arrived, in seq order; on a gap it asks the replay socket for the missing
-    ones first (bounded wait). Not thread-safe: one thread polls."""
+    ones first (bounded wait). Not thread-safe: one thread polls.
+
+    bind=False connects the SUB socket to a publisher that bound `endpoint`; bind=True binds it,
+    for a vLLM whose publisher connects to a concrete endpoint (`vllm_publisher_binds` is False).
+    The replay socket always connects: the publisher binds its ROUTER."""
 
     def __init__(
-        self, endpoint: str, replay_endpoint: str | None = None, topic: str = "", replay_timeout_ms: int = 1000
+        self,
+        endpoint: str,
+        replay_endpoint: str | None = None,
+        topic: str = "",
+        replay_timeout_ms: int = 1000,
+        *,
+        bind: bool = False,
     ):
         import zmq
 
@@ -477,7 +493,11 @@ class KVEventSubscriber:
         self._sub = self._ctx.socket(zmq.SUB)
         self._sub.setsockopt(zmq.LINGER, 0)
         self._sub.setsockopt(zmq.SUBSCRIBE, topic.encode("utf-8"))
-        self._sub.connect(endpoint)
+        if bind:
+            self._sub.bind(endpoint)
+        else:
+            self._sub.connect(endpoint)
+        self.bound = bind
         self._replay = None
         if replay_endpoint:
             self._replay = self._ctx.socket(zmq.DEALER)
@@ -489,6 +509,12 @@ class KVEventSubscriber:
         self._caught_up = self._replay is None
         self._next_catch_up = 0.0
         self.catch_up_retry_s = 5.0
+        # PUB/SUB drops what is published before the subscription reaches the publisher (a
+        # publisher that connects to this side does so some time after the bind), and a lost
+        # last batch leaves no gap to notice: while nothing arrives, ask the replay socket for
+        # anything after last_seq every idle_replay_s.
+        self.idle_replay_s = 2.0
+        self._next_idle_replay = time.monotonic() + self.idle_replay_s
 
     def _decode(self, seq: int, payload: bytes, out: list) -> None:
         try:
@@ -557,6 +583,12 @@ class KVEventSubscriber:
                 if seq > self.state.last_seq + 1:
                     self.state.missed += seq - self.state.last_seq - 1
             self._decode(seq, frames[2], out)
+        now = time.monotonic()
+        if out:
+            self._next_idle_replay = now + self.idle_replay_s
+        elif self._replay is not None and self._caught_up and now >= self._next_idle_replay:
+            out.extend(self.replay(self.state.last_seq + 1))
+            self._next_idle_replay = now + self.idle_replay_s
         return out
 
     def close(self) -> None:

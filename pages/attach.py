@@ -31,10 +31,22 @@ st.caption(
 with st.form("at_form"):
     base = st.text_input("Base URL", value=SS.get("at_base", "http://127.0.0.1:8000"), key="at_base_in")
     key = st.text_input("API key (optional)", type="password", key="at_key_in")
-    c = st.columns([3, 3, 2])
-    ev_ep = c[0].text_input("KV events endpoint (optional)", placeholder="tcp://127.0.0.1:5557", key="at_ev_in")
+    c = st.columns([3, 3, 2, 2])
+    ev_ep = c[0].text_input(
+        "KV events endpoint (optional)",
+        placeholder="tcp://127.0.0.1:5557",
+        key="at_ev_in",
+        help="Left empty, a vLLM's own list (GET /kv_event_sources) is used when it has one.",
+    )
     rp_ep = c[1].text_input("KV events replay endpoint (optional)", placeholder="tcp://127.0.0.1:5558", key="at_rp_in")
     topic = c[2].text_input("Topic", value="", key="at_topic_in")
+    ev_mode = c[3].selectbox(
+        "Events socket",
+        A.EVENT_MODES,
+        key="at_mode_in",
+        help="vLLM binds its publisher only to a wildcard (tcp://*:5557) or ipc endpoint and connects to "
+        "any other one, which this side must then bind. auto: bind exactly then.",
+    )
     go_ = st.form_submit_button("Attach", type="primary")
 
 if go_:
@@ -49,6 +61,7 @@ if go_:
             ev_ep.strip() or None,
             rp_ep.strip() or None,
             topic,
+            events_mode=ev_mode,
             tokenizer=th.tokenizer if th is not None else None,
         )
         SS.pop("at_error", None)
@@ -98,6 +111,7 @@ def _tree_section(sess: A.AttachSession, tok_ok: bool, tok_why: str) -> None:
         )
         + (" · token text decoded: " if decode else " · no token text: ")
         + tok_why
+        + f" · events socket {sess.events_endpoint}, {sess.events_mode_reason}"
     )
     if fig is not None:
         ea.chart(fig, key="at_tree")
@@ -172,6 +186,12 @@ def _vllm(sess: A.AttachSession) -> None:
         def fmt(x, f="{:.0f}"):
             return "—" if x is None else f.format(x)
 
+        bs, bs_from = v["block_size"], v["block_size_from"]
+        st.caption(
+            f"Server block size: **{bs} tokens** (from {bs_from}); a prompt stores a block only once it fills one."
+            if bs
+            else "Server block size: not reported yet (vllm:cache_config_info or a BlockStored event tells it)."
+        )
         c = st.columns(5)
         c[0].metric("Running · waiting", f"{fmt(r.running)} · {fmt(r.waiting)}")
         c[1].metric("KV cache usage", fmt(None if r.kv_usage is None else 100 * r.kv_usage, "{:.1f} %"))

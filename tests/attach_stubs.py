@@ -23,7 +23,7 @@ TTFT_BOUNDS = (0.01, 0.05, 0.1, 0.5, 1.0)
 ITL_BOUNDS = (0.005, 0.01, 0.05, 0.1)
 
 
-def vllm_metrics_text(n: int, *, spec: bool = True, itl: bool = True) -> str:
+def vllm_metrics_text(n: int, *, spec: bool = True, itl: bool = True, block_size: int | None = 16) -> str:
     """Scrape number n: each scrape 10 more prefix-cache queries (4 hits), 2 more requests with
     TTFT 0.03 s and 0.2 s, 10 more ITL observations of 0.008 s, one more preemption every 2 scrapes."""
     lab = 'engine="0",model_name="stub-model"'
@@ -34,6 +34,15 @@ def vllm_metrics_text(n: int, *, spec: bool = True, itl: bool = True) -> str:
         "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
         "# TYPE vllm:num_requests_waiting gauge",
         f"vllm:num_requests_waiting{{{lab}}} 1.0",
+    ]
+    if block_size is not None:  # vLLM's info gauge: CacheConfig fields as labels, value 1
+        out += [
+            "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig",
+            "# TYPE vllm:cache_config_info gauge",
+            f'vllm:cache_config_info{{block_size="{block_size}",cache_dtype="auto",enable_prefix_caching="True",'
+            f'engine="0",gpu_memory_utilization="0.9",num_gpu_blocks="1000"}} 1.0',
+        ]
+    out += [
         "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
         "# TYPE vllm:kv_cache_usage_perc gauge",
         f"vllm:kv_cache_usage_perc{{{lab}}} 0.25",
@@ -122,8 +131,21 @@ class _Quiet(BaseHTTPRequestHandler):
 
 
 class VllmStub:
+    """A vLLM stand-in: /metrics in vLLM's names, /tokenize, /kv_event_sources, and a KV-events
+    PUB + replay ROUTER. publisher="connect" (the default) does what vLLM does for a concrete
+    endpoint such as tcp://127.0.0.1:5557: its PUB socket CONNECTS there and the subscriber must
+    bind it. publisher="bind" binds 127.0.0.1 (what vLLM does for tcp://*:PORT or ipc://)."""
+
     def __init__(
-        self, payloads: list[bytes], *, tokenizer=None, spec: bool = True, itl: bool = True, api_key: str | None = None
+        self,
+        payloads: list[bytes],
+        *,
+        tokenizer=None,
+        spec: bool = True,
+        itl: bool = True,
+        api_key: str | None = None,
+        publisher: str = "connect",
+        sources_route: bool = True,
     ):
         stub = self
         self.scrapes = 0
@@ -141,6 +163,16 @@ class VllmStub:
 
             def do_GET(self):
                 if not self._auth():
+                    return
+                if self.path == "/kv_event_sources" and sources_route:
+                    src = {"data_parallel_rank": 0, "endpoint": stub.events_endpoint}
+                    src |= {"replay_endpoint": stub.replay_endpoint, "topic": ""}
+                    body = json.dumps([src]).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
                     return
                 if self.path != "/metrics":
                     self.send_response(404)
@@ -179,7 +211,13 @@ class VllmStub:
         ctx = zmq.Context.instance()
         self.pub = ctx.socket(zmq.PUB)
         self.pub.setsockopt(zmq.LINGER, 0)
-        port = self.pub.bind_to_random_port("tcp://127.0.0.1")
+        if publisher == "bind":
+            port = self.pub.bind_to_random_port("tcp://127.0.0.1")
+        else:
+            probe = ctx.socket(zmq.PUB)  # a free loopback port for the subscriber to bind
+            port = probe.bind_to_random_port("tcp://127.0.0.1")
+            probe.close(linger=0)
+            self.pub.connect(f"tcp://127.0.0.1:{port}")
         self.events_endpoint = f"tcp://127.0.0.1:{port}"
         self.router = ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)

@@ -10,6 +10,7 @@ the last `history_len` scrapes; HTTP bodies are read up to a size cap.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -19,7 +20,7 @@ import urllib.request
 from collections import deque
 
 from engine.events import Event, event_from_dict, snapshot_from_dict
-from engine.kv_events import KVEventSubscriber
+from engine.kv_events import KVEventSubscriber, vllm_publisher_binds
 from engine.recording import append_snapshot, slim_snapshot
 from ui import vllm_metrics as vm
 from ui.prefix_tree import PrefixTree
@@ -28,6 +29,7 @@ MAX_BODY_BYTES = 16 * 1024 * 1024
 MAX_SSE_LINE = 32 * 1024 * 1024
 STREAM_READ_TIMEOUT = 15.0
 PROBE_TEXT = "KV cache blocks: <b>&amp;</b> ünïcode 123"
+EVENT_MODES = ("auto", "bind", "connect")
 
 
 def normalise_base_url(url: str) -> str:
@@ -114,6 +116,43 @@ def tokenizer_matches(base_url: str, api_key: str | None, tokenizer, timeout: fl
     return False, "the server's tokenizer differs from the local one"
 
 
+def kv_event_sources(base_url: str, api_key: str | None = None, timeout: float = 5.0) -> list[dict] | None:
+    """vLLM's GET /kv_event_sources: one entry per data-parallel rank, each {data_parallel_rank,
+    endpoint, replay_endpoint, topic} as configured by --kv-events-config. None when the server
+    has no such route (older vLLM, kvscope) or answers something else."""
+    try:
+        status, body = http_get(base_url + "/kv_event_sources", api_key, timeout, max_bytes=256 * 1024)
+        obj = json.loads(body) if status == 200 else None
+    except (OSError, ValueError):
+        return None
+    if not isinstance(obj, list):
+        return None
+    return [d for d in obj if isinstance(d, dict) and isinstance(d.get("endpoint"), str)] or None
+
+
+def reachable_endpoint(endpoint: str, base_url: str) -> str:
+    """A wildcard endpoint the server bound (tcp://*:5557) as this side reaches it: the base
+    URL's host (tcp://127.0.0.1:5557). Other endpoints are returned as they are."""
+    if endpoint.startswith("tcp://*:"):
+        host = urllib.parse.urlsplit(base_url).hostname or "127.0.0.1"
+        host = f"[{host}]" if ":" in host else host
+        return f"tcp://{host}:{endpoint.rsplit(':', 1)[1]}"
+    return endpoint
+
+
+def events_socket_mode(mode: str, kind: str, server_endpoint: str) -> tuple[bool, str]:
+    """(bind?, why) for the SUB socket. "auto": against vLLM, bind exactly when vLLM's publisher
+    connects (a concrete endpoint such as tcp://127.0.0.1:5557); kvscope's publisher binds, so
+    connect to it."""
+    if mode not in EVENT_MODES:
+        raise ValueError(f"KV events socket: expected one of {', '.join(EVENT_MODES)}, got {str(mode)[:40]!r}")
+    if mode != "auto":
+        return mode == "bind", f"{mode} (chosen)"
+    if kind == "vllm" and not vllm_publisher_binds(server_endpoint):
+        return True, f"bind: vLLM connects its publisher to the concrete endpoint {server_endpoint}"
+    return False, "connect: the server binds its publisher"
+
+
 def iter_sse(lines):
     """Server-sent events: yield each event's data (data: lines joined by newlines)."""
     buf: list[str] = []
@@ -157,6 +196,7 @@ class AttachSession:
         replay_endpoint: str | None = None,
         topic: str = "",
         *,
+        events_mode: str = "auto",
         kind: str | None = None,
         interval: float = 1.0,
         idle_timeout: float = 30.0,
@@ -182,6 +222,21 @@ class AttachSession:
         self.tokenizer = tokenizer
         self.lock = threading.Lock()
         self.kind, self.kind_reason = (kind, "given") if kind else detect_kind(self.base_url, self.api_key)
+        # vLLM lists its configured KV-event endpoints: fill in what the form left empty
+        self.event_sources = kv_event_sources(self.base_url, self.api_key) if self.kind == "vllm" else None
+        server_endpoint = self.events_endpoint
+        if self.event_sources:
+            src = self.event_sources[0]
+            if not self.events_endpoint:
+                server_endpoint = src["endpoint"]
+                self.events_endpoint = reachable_endpoint(server_endpoint, self.base_url)
+                if not self.replay_endpoint and isinstance(src.get("replay_endpoint"), str):
+                    self.replay_endpoint = reachable_endpoint(src["replay_endpoint"], self.base_url)
+                if not self.topic and isinstance(src.get("topic"), str):
+                    self.topic = src["topic"]
+        self.events_bind, self.events_mode_reason = events_socket_mode(
+            events_mode, self.kind, server_endpoint or self.events_endpoint or ""
+        )
         self.started = time.monotonic()
         self._touched = self.started
         self._stop = threading.Event()
@@ -346,7 +401,7 @@ class AttachSession:
     # -- ZeroMQ KV events
     def _run_events(self) -> None:
         try:
-            sub = KVEventSubscriber(self.events_endpoint, self.replay_endpoint, self.topic)
+            sub = KVEventSubscriber(self.events_endpoint, self.replay_endpoint, self.topic, bind=self.events_bind)
         except Exception as e:  # zmq errors for unusable endpoints: report, don't crash the page
             with self.lock:
                 self.event_error = f"{type(e).__name__}: {str(e)[:200]}"
@@ -362,8 +417,8 @@ class AttachSession:
                         for _, b in got:
                             self.tree.apply(b.events, now)
                         self.event_batches += len(got)
-                with self.lock:
-                    self.event_state = sub.state
+                with self.lock:  # a copy: the page never sees seq numbers ahead of the tree
+                    self.event_state = dataclasses.replace(sub.state, wires=set(sub.state.wires))
         finally:
             sub.close()
 
@@ -386,9 +441,16 @@ class AttachSession:
                 "no KV events received yet (is the server started with --kv-events-config and is the "
                 "endpoint reachable?)"
             )
+        with self.lock:
+            bs_events = self.tree.block_size
+        bs_metrics = vm.block_size(last) if last is not None else None
         return {
             "rows": rs,
             "last": last,
+            "block_size": bs_metrics or bs_events,
+            "block_size_from": "vllm:cache_config_info"
+            if bs_metrics
+            else ("BlockStored events" if bs_events else None),
             "notes": notes,
             "acceptance": vm.acceptance_per_position(last) if last else [],
         }

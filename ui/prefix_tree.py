@@ -51,6 +51,7 @@ class PrefixTree:
         self.removed = 0
         self.cleared = 0
         self.stored_events = 0
+        self.block_size: int | None = None  # tokens per block, as the last BlockStored said
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -71,6 +72,7 @@ class PrefixTree:
             if isinstance(e, BlockStored):
                 self.stored_events += 1
                 bs = e.block_size
+                self.block_size = bs
                 whole = len(e.token_ids) == bs * len(e.block_hashes)
                 parent = e.parent_block_hash
                 for i, h in enumerate(e.block_hashes):

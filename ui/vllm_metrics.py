@@ -33,6 +33,7 @@ TTFT = ("vllm:time_to_first_token_seconds",)
 ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+CACHE_CONFIG = "vllm:cache_config_info"  # an info gauge: the CacheConfig's fields as labels
 
 # What each figure needs, for the "missing" note.
 EXPECTED = {
@@ -83,6 +84,18 @@ def value(scrape: Scrape, names) -> float | None:
     if n is None:
         return None
     return sum(v for _, v in scrape.samples[n] if not math.isnan(v))
+
+
+def block_size(scrape: Scrape) -> int | None:
+    """Tokens per KV block, from the block_size label of vllm:cache_config_info (None if absent)."""
+    for labels, _ in scrape.samples.get(CACHE_CONFIG, []):
+        try:
+            n = int(labels.get("block_size", ""))
+        except ValueError:
+            continue
+        if n > 0:
+            return n
+    return None
 
 
 def histogram(scrape: Scrape, names) -> tuple[list[float], list[float]] | None:

@@ -28,10 +28,11 @@ def _page():
     return at.run()
 
 
-def _attach(at, base, events="", replay=""):
+def _attach(at, base, events="", replay="", mode="auto"):
     at.text_input(key="at_base_in").input(base)
     at.text_input(key="at_ev_in").input(events)
     at.text_input(key="at_rp_in").input(replay)
+    at.selectbox(key="at_mode_in").select(mode)
     next(b for b in at.button if b.label == "Attach").click()
     return at.run()
 
@@ -68,6 +69,7 @@ def test_attach_to_a_vllm_stub():
         assert not at.exception, [e.value for e in at.exception]
         sess = at.session_state["at_session"]
         assert sess.kind == "vllm"
+        assert sess.events_bind  # vLLM's publisher connects to a concrete endpoint: this side binds
         assert _wait(
             lambda: (
                 (stub.pump() or True)
@@ -90,6 +92,8 @@ def test_attach_to_a_vllm_stub():
         assert any("&lt;" in lab or "&amp;" in lab for lab in labels[1:]), labels  # decoded and escaped
         assert not any("<i>" in h or "<b>so" in h for h in tree["data"][0]["hovertext"])
         assert not at.warning, [w.value for w in at.warning]  # nothing missing on this stub
+        assert any("Server block size: **16 tokens** (from vllm:cache_config_info)" in c.value for c in at.caption)
+        assert any("events socket tcp://127.0.0.1:" in c.value and "bind: vLLM connects" in c.value for c in at.caption)
     finally:
         at.session_state["at_session"].stop()
         stub.close()
@@ -97,7 +101,7 @@ def test_attach_to_a_vllm_stub():
 
 def test_attach_to_a_vllm_stub_without_events_or_spec_notes_what_is_missing():
     at = _page()
-    stub = VllmStub([], spec=False)
+    stub = VllmStub([], spec=False, sources_route=False)
     try:
         at = _attach(at, stub.base_url)
         sess = at.session_state["at_session"]
@@ -154,3 +158,43 @@ def test_bad_url_is_an_error_not_a_crash():
     at = _attach(at, "ftp://nowhere")
     assert not at.exception
     assert any("base URL" in e.value for e in at.error)
+
+
+@pytest.mark.parametrize("publisher", ["connect", "bind"])
+def test_attach_finds_the_events_endpoint_from_kv_event_sources(publisher):
+    """No endpoint typed: the page reads vLLM's GET /kv_event_sources. A publisher that connects
+    (vLLM with a concrete endpoint) is bound by auto; one that binds 127.0.0.1 needs "connect"."""
+    from ui import engine_access as ea
+
+    at = _page()
+    tok = ea.get_engine().tokenizer
+    text_a = tok.encode("Shared prefix blocks are stored once and reused by later requests.", add_special_tokens=False)
+    stub = VllmStub(
+        demo_batches("legacy", text_a[:8], text_a[:4] + text_a[8:12], 4), tokenizer=tok, publisher=publisher
+    )
+    try:
+        at = _attach(at, stub.base_url, mode="auto" if publisher == "connect" else "connect")
+        assert not at.exception, [e.value for e in at.exception]
+        sess = at.session_state["at_session"]
+        assert sess.events_endpoint == stub.events_endpoint and sess.replay_endpoint == stub.replay_endpoint
+        assert sess.events_bind == (publisher == "connect")
+        assert _wait(lambda: (stub.pump() or True) and sess.event_state is not None and sess.event_state.last_seq == 2)
+        assert len(sess.tree) == 2 and sess.tree.block_size == 4
+        assert sess.event_error is None
+    finally:
+        at.session_state["at_session"].stop()
+        stub.close()
+
+
+def test_events_socket_mode_follows_vllms_bind_rule():
+    from ui.attach import events_socket_mode, reachable_endpoint
+
+    assert events_socket_mode("auto", "vllm", "tcp://127.0.0.1:5557")[0] is True
+    assert events_socket_mode("auto", "vllm", "tcp://*:5557")[0] is False
+    assert events_socket_mode("auto", "vllm", "ipc:///tmp/kv")[0] is False
+    assert events_socket_mode("auto", "kvscope", "tcp://127.0.0.1:5557")[0] is False
+    assert events_socket_mode("bind", "kvscope", "tcp://*:5557")[0] is True
+    with pytest.raises(ValueError, match="KV events socket: expected one of auto, bind, connect"):
+        events_socket_mode("listen", "vllm", "tcp://127.0.0.1:5557")
+    assert reachable_endpoint("tcp://*:5557", "http://127.0.0.1:8000") == "tcp://127.0.0.1:5557"
+    assert reachable_endpoint("tcp://10.1.2.3:5557", "http://127.0.0.1:8000") == "tcp://10.1.2.3:5557"

@@ -74,7 +74,7 @@ def test_vllm_stub_scrapes_and_rebuilds_the_prefix_tree(wire):
 
 
 def test_missing_metrics_and_events_degrade_with_notes_and_idle_stops():
-    stub = VllmStub([], spec=False, itl=False)
+    stub = VllmStub([], spec=False, itl=False, sources_route=False)
     s = A.AttachSession(stub.base_url, interval=0.1, idle_timeout=0.5, tokenizer=ByteTokenizer(shift=1))
     try:
         assert _wait(lambda: len(s.history) >= 1)
