@@ -33,9 +33,8 @@ import threading
 
 import torch
 
-SOURCES = [
-    os.path.join(os.path.dirname(__file__), "csrc", f) for f in ("paged_attention.c", "linear.c", "quant_linear.c", "layer.c")
-]
+_CSRC = ("paged_attention.c", "linear.c", "quant_linear.c", "layer.c")
+SOURCES = [os.path.join(os.path.dirname(__file__), "csrc", f) for f in _CSRC]
 ABI_VERSION = 4
 CFLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
 MIN_PARALLEL_KEYS = 4096  # below this many (key position x KV head) pairs one thread is faster
