@@ -90,3 +90,11 @@ def test_choice_validated(default_model):
             decode_backend="c",
         )
     assert fused_decode.DECODE_BACKENDS == ("auto", "c", "transformers")
+
+
+def test_engine_config_names_the_choice():
+    from engine import EngineConfig
+
+    assert EngineConfig(model="tiny").decode_backend == "auto"
+    with pytest.raises(ValueError, match="decode_backend must be one of"):
+        EngineConfig(model="tiny", decode_backend="cuda")
