@@ -169,7 +169,8 @@ def _engine_panel(th) -> None:
         f"{info.preemption_mode} · up to {info.max_num_seqs} concurrent sequences · "
         f"max model length {info.max_model_len:,} tokens · {info.allocator} allocator · kernels: "
         f"Linear {_KERNEL_NAMES.get(info.linear_backend, info.linear_backend)}, decode attention "
-        f"{_KERNEL_NAMES.get(info.attention_backend, info.attention_backend)}"
+        f"{_KERNEL_NAMES.get(info.attention_backend, info.attention_backend)}, layers "
+        f"{'kvscope C (one call a step)' if getattr(info, 'decode_backend', '') == 'c' else 'transformers'}"
     )
     if ea.weight_format_text(info):
         st.caption(

@@ -16,6 +16,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16", "fp8_e4m3", "int8")  # engine/kv_quant.py
 LINEAR_BACKENDS = ("auto", "torch")
 ATTENTION_BACKENDS = ("auto", "torch", "flex")
+DECODE_BACKENDS = ("auto", "c", "transformers")
 WEIGHT_FORMATS = ("auto", "gguf", "fp32", "bf16", "fp16")
 MIN_TEMPERATURE = 1e-5
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs
@@ -192,6 +193,9 @@ class EngineConfig:
     # "auto": "gguf" where the model came from a GGUF, else bf16 / fp16 where every weight is
     # exactly one, else "fp32" (always "fp32" where the C kernel cannot be built)
     weight_format: str = "auto"
+    # "c": every decoder layer in kvscope's C (engine/fused_decode.py: CPU fp32, Llama-family, fp32
+    # pool), an error where it cannot run; "transformers": the HF layer code; "auto": "c" where it runs
+    decode_backend: str = "auto"
     event_ring_size: int = 20000
     history_len: int = 512  # per-request history points kept for the UI
 
@@ -280,6 +284,10 @@ class EngineConfig:
         _check(
             self.weight_format in WEIGHT_FORMATS,
             f"weight_format must be one of {WEIGHT_FORMATS}, got {self.weight_format!r}",
+        )
+        _check(
+            self.decode_backend in DECODE_BACKENDS,
+            f"decode_backend must be one of {DECODE_BACKENDS}, got {self.decode_backend!r}",
         )
         _check(
             _is_int(self.event_ring_size) and 16 <= self.event_ring_size <= 10_000_000,

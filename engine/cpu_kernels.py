@@ -9,6 +9,9 @@ and called through ctypes on tensors' memory.
   blocks (interleaved 16 rows to a panel, same bytes) or as exact F16 / BF16 values, widened to
   fp32 in registers with the dequantizer's arithmetic and summed in linear.c's order: bitwise the
   fp32 kernel's result on the de-quantized weight, reading 5 / 8.5 / 16 bits per weight, not 32.
+- `kvscope_stack_forward` (csrc/layer.c): a whole Llama-family decoder stack in one call (RMSNorm,
+  the packed Linears above, rotary, K/V written to the pool, the paged attention, SiLU-mul,
+  residuals); engine/fused_decode.py drives it.
 - `linear` (csrc/linear.c): y = x W^T on weights packed once into 16-column panels, for every
   row count (decode's 1-16 rows and prefill's 512). Each output is summed in the same order
   whatever the row count, so results do not depend on the batch.
@@ -30,9 +33,8 @@ import threading
 
 import torch
 
-SOURCES = [
-    os.path.join(os.path.dirname(__file__), "csrc", f) for f in ("paged_attention.c", "linear.c", "quant_linear.c")
-]
+_CSRC = ("paged_attention.c", "linear.c", "quant_linear.c", "layer.c")
+SOURCES = [os.path.join(os.path.dirname(__file__), "csrc", f) for f in _CSRC]
 ABI_VERSION = 4
 CFLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
 MIN_PARALLEL_KEYS = 4096  # below this many (key position x KV head) pairs one thread is faster
@@ -131,6 +133,11 @@ def load():
                     lib.kvscope_qunpack.restype = I
                     lib.kvscope_qlinear.argtypes = [I, P, I, I, P, I, P, P, I]
                     lib.kvscope_qlinear.restype = I
+                    lib.kvscope_layer_scratch_floats.argtypes = [I, I, I, I, I, I]
+                    lib.kvscope_layer_scratch_floats.restype = ctypes.c_longlong
+                    step = [P, I, P, I, P, P, P, P, P, P, I, I, I, ctypes.c_float, I, I, P, P]
+                    lib.kvscope_stack_forward.argtypes = step
+                    lib.kvscope_stack_forward.restype = I
                     _self_test(lib)
                     _self_test_linear(lib)
                 except Exception as e:  # build or self-test failed: the torch path stays

@@ -189,6 +189,7 @@ class LLMEngine:
             attention_backend=config.attention_backend,
             kv_cache_dtype=self.kv_cache_dtype,
             weight_format=config.weight_format,
+            decode_backend=config.decode_backend,
         )
         self.events = EventRing(config.event_ring_size)
         self.engine_id = uuid.uuid4().hex[:12]
@@ -787,6 +788,7 @@ class LLMEngine:
             self.kv_cache_dtype,
             self.runner.weight_format,
             self.runner.weight_bytes_per_step,
+            self.runner.decode_backend,
         )
 
     def check_invariants(self) -> None:

@@ -80,6 +80,7 @@ def matmul_for(weights: list[torch.Tensor], bias: torch.Tensor | None = None, ke
                 raise ValueError(f"input has {x.shape[-1]} features, the weight {k}")
             return cpu_kernels.linear_unchecked(lib, x, panels, n, bias)
 
+        matmul.raw = (-1, panels, n, k, bias)  # what engine/fused_decode.py hands the C layer
         return matmul
     if kernel == "onednn":
         reorder, apply = _onednn_ops()
@@ -162,6 +163,7 @@ def _quant_matmul(lib, qtype: int, panels: torch.Tensor, n: int, k: int, bias):
             raise ValueError(f"input has {x.shape[-1]} features, the weight {k}")
         return cpu_kernels.qlinear(lib, qtype, x, panels, n, bias)
 
+    matmul.raw = (qtype, panels, n, k, bias)  # what engine/fused_decode.py hands the C layer
     return matmul
 
 

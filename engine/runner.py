@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import attention, cpu_kernels, kv_quant, linear, paged_flex
+from . import attention, cpu_kernels, fused_decode, kv_quant, linear, paged_flex
 from . import device as device_policy
 from .attention import AttnMetadata, PrefillItem, build_decode_mask, forward_context
 from .kv_layout import cdiv, dtype_bytes, kv_bytes_per_token, kv_geometry, kv_scale_bytes
@@ -87,6 +87,7 @@ class ModelRunner:
         attention_backend: str = "auto",
         kv_cache_dtype: str = "auto",
         weight_format: str = "auto",
+        decode_backend: str = "auto",
     ):
         attention.register()
         self.model = model
@@ -145,6 +146,25 @@ class ModelRunner:
                 self.decode_kernel = cpu_kernels.load()
                 if self.decode_kernel is not None:
                     self.attention_backend = "cpu_kernel"
+        # the C whole-stack path (engine/fused_decode.py) where the model and pool allow it
+        if decode_backend not in fused_decode.DECODE_BACKENDS:
+            raise ValueError(f"decode_backend must be one of {fused_decode.DECODE_BACKENDS}, got {decode_backend!r}")
+        self.fused = None
+        self.decode_backend_reason = "decode_backend='transformers'"
+        if decode_backend != "transformers":
+            why = fused_decode.unsupported_reason(self)
+            if why is None:
+                self.fused = fused_decode.FusedStack(self)
+                self.decode_backend_reason = ""
+            elif decode_backend == "c":
+                raise ValueError(f"decode_backend='c': {why}; use decode_backend='auto' or 'transformers'")
+            else:
+                self.decode_backend_reason = why
+
+    @property
+    def decode_backend(self) -> str:
+        """ "c": every layer in engine/csrc/layer.c (one call a step); "transformers": the HF layer code."""
+        return "c" if self.fused is not None else "transformers"
 
     @property
     def weight_format(self) -> str:
@@ -295,6 +315,11 @@ class ModelRunner:
     def forward(self, rows: list[BatchRow], num_layers: int | None = None) -> torch.Tensor:
         """Runs the flattened batch; returns fp32 logits for the requested rows, in order."""
         t0 = time.perf_counter()
+        if self.fused is not None:
+            with linear.packed_linears(self.linear_pack):
+                logits = self.fused.run(rows, num_layers)
+            self.last_forward_s = time.perf_counter() - t0
+            return logits
         input_ids, positions, meta, logit_rows = self.build_metadata(rows)
         logits = self.run_model(input_ids, positions, meta, logit_rows, num_layers)
         self.last_forward_s = time.perf_counter() - t0

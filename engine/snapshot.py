@@ -227,6 +227,7 @@ class EngineInfo:
     kv_cache_dtype: str = "fp32"  # what the pool stores: fp32 / bf16 / fp16 / fp8_e4m3 / int8 (engine/kv_quant.py)
     weight_format: str = "torch"  # "gguf": Linears read the GGUF's quantized blocks; "fp32": fp32 copies
     weight_bytes_per_step: int = 0  # weight bytes one forward pass reads in that format (Linears + norms)
+    decode_backend: str = "transformers"  # "c": every layer in engine/csrc/layer.c (engine/fused_decode.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,7 @@ from ..kv_layout import (
 from . import common as C
 from . import peers
 from .common import SuiteResult, _spread
+from .decode_bs1 import KernelTimer, decode_bs1_by_format, decode_steps  # noqa: F401 (re-exported)
 from .report import bar_figure, line_figure
 
 
@@ -322,121 +323,6 @@ def probe_threads(shape: ModelShape, candidates=None, rounds: int = 3, layers: i
 # ---------------------------------------------------------------------------- batch-1 decode per weight format
 
 
-class KernelTimer:
-    """Within the block, wall time spent in the engine's packed Linears (the weights) and in the
-    paged decode-attention kernel, summed over calls; the rest of a step is everything else
-    (norms, rotary, K/V writes, sampling, Python). Timing is a perf_counter pair per call
-    (121 Linear groups + 30 attention calls a step for the default model). Each is also timed in
-    this thread's CPU time (`*_cpu_s`): on a machine shared with other work, wall time includes
-    the slices other processes took, CPU time only the work (exact for the engine's default of one
-    thread, where the kernels run on the calling thread)."""
-
-    def __init__(self, runner):
-        self.runner = runner
-        self.weights_s = self.attention_s = self.weights_cpu_s = self.attention_cpu_s = 0.0
-
-    def _wrap(self, fn, slot):
-        def timed(*a, **kw):
-            t, c = time.perf_counter(), time.thread_time()
-            try:
-                return fn(*a, **kw)
-            finally:
-                setattr(self, slot, getattr(self, slot) + time.perf_counter() - t)
-                setattr(
-                    self,
-                    slot.replace("_s", "_cpu_s"),
-                    getattr(self, slot.replace("_s", "_cpu_s")) + time.thread_time() - c,
-                )
-
-        return timed
-
-    def __enter__(self):
-        from engine import cpu_kernels
-
-        pack = self.runner.linear_pack
-        self._groups = {id(g): g for g, _ in pack.members.values()}.values() if pack is not None else ()
-        self._saved = [(g, g.matmul) for g in self._groups]
-        for g, mm in self._saved:
-            g.matmul = self._wrap(mm, "weights_s")
-        self._attn = cpu_kernels.paged_decode_attention
-        cpu_kernels.paged_decode_attention = self._wrap(self._attn, "attention_s")
-        return self
-
-    def __exit__(self, *exc):
-        from engine import cpu_kernels
-
-        for g, mm in self._saved:
-            g.matmul = mm
-        cpu_kernels.paged_decode_attention = self._attn
-
-
-def decode_steps(llm, prompt, params, request_id: str, timer=None) -> tuple[int, float, float]:
-    """(decode steps, their summed wall seconds, their summed CPU seconds in this thread) for one
-    request alone, its prefill step excluded."""
-    eng = llm.engine
-    eng.add_request(request_id, prompt, params)
-    steps, total, cpu, first = 0, 0.0, 0.0, True
-    while eng.has_unfinished_requests():
-        if timer is not None and first:
-            saved = (timer.weights_s, timer.attention_s, timer.weights_cpu_s, timer.attention_cpu_s)
-        t, c = time.perf_counter(), time.thread_time()
-        eng.step()
-        dt, dc = time.perf_counter() - t, time.thread_time() - c
-        if first:  # the prefill step: not decode
-            first = False
-            if timer is not None:
-                timer.weights_s, timer.attention_s, timer.weights_cpu_s, timer.attention_cpu_s = saved
-            continue
-        steps += 1
-        total += dt
-        cpu += dc
-    return steps, total, cpu
-
-
-def decode_bs1_by_format(ctx, prompt: list[int], n_new: int, formats=("auto", "fp32"), rounds: int = 2) -> dict:
-    """Batch-1 decode of one request with each weight format, in one process, the formats
-    alternating round by round (on a shared machine the CPU share drifts; alternation keeps the
-    ratio honest). Per format: best tok/s over the rounds, the format the engine resolved, the
-    weight bytes it reads per step, and the step split (ms per decode step in the Linears, the
-    attention kernel and the rest) from one extra timed run."""
-    from . import common as C
-
-    _, SamplingParams, _ = C.require_engine()
-    llms = {
-        f: C.make_llm(ctx, max_num_seqs=4, num_kv_blocks=C.blocks_for([len(prompt)], n_new) + 8, weight_format=f)
-        for f in formats
-    }
-    out = {f: {"rates": []} for f in formats}
-    try:
-        for f, llm in llms.items():
-            C.warm_up(llm, SamplingParams, prompt)
-            info = llm.engine.info()
-            out[f]["format"] = info.weight_format
-            out[f]["weight_bytes"] = info.weight_bytes_per_step
-        params = C.greedy(SamplingParams, n_new)
-        for i in range(rounds):
-            for f, llm in llms.items():
-                steps, secs, _ = decode_steps(llm, prompt, params, f"bs1-{f}-{i}")
-                if steps and secs > 0:
-                    out[f]["rates"].append(steps / secs)
-        for f, llm in llms.items():
-            with KernelTimer(llm.engine.runner) as kt:
-                steps, secs, cpu = decode_steps(llm, prompt, params, f"bs1-split-{f}", timer=kt)
-            if steps:
-                for key, total, w, a in (
-                    ("split_ms", secs, kt.weights_s, kt.attention_s),
-                    ("split_cpu_ms", cpu, kt.weights_cpu_s, kt.attention_cpu_s),
-                ):
-                    step, w, a = total / steps * 1e3, w / steps * 1e3, a / steps * 1e3
-                    out[f][key] = {"step": step, "weights": w, "attention": a, "rest": step - w - a}
-    finally:
-        for llm in llms.values():
-            C.free_llm(llm)
-    for f in formats:
-        out[f]["tok_s"] = max(out[f]["rates"]) if out[f]["rates"] else None
-    return out
-
-
 # ---------------------------------------------------------------------------- roofline
 
 
@@ -539,7 +425,7 @@ def suite_roofline(ctx: C.BenchContext) -> SuiteResult:
     ctx.start("kvscope batch-1 decode")
     p1 = prompts[_spread(prompts, 1)[0]]
     n1 = ctx.pick(64, 32, smoke=6)
-    by_fmt = decode_bs1_by_format(ctx, p1, n1, rounds=ctx.pick(3, 2, smoke=1))
+    by_fmt = decode_bs1_by_format(ctx, p1, n1, formats=("auto", "fp32", "transformers"), rounds=ctx.pick(3, 2, smoke=1))
     dec, dec32 = by_fmt["auto"]["tok_s"], by_fmt["fp32"]["tok_s"]
     ctx.done("kvscope bs1")
 
@@ -582,6 +468,15 @@ def suite_roofline(ctx: C.BenchContext) -> SuiteResult:
         "the same request with weight_format='fp32', rounds alternating with the above in this process",
     )
     res.add("decode_bs1_speedup_vs_fp32", fraction(dec, dec32), "target >= 3")
+    res.add("decode_backend", by_fmt["auto"].get("decode_backend"), "the default engine's layer code", row=False)
+    res.add(
+        "decode_bs1_transformers_tok_s",
+        by_fmt["transformers"]["tok_s"],
+        "the same weights with decode_backend='transformers' (HF layer code), alternating with the above",
+    )
+    res.add("decode_bs1_c_vs_transformers", fraction(dec, by_fmt["transformers"]["tok_s"]), "")
+    for op, ms in (by_fmt["auto"].get("ops_ms") or {}).items():
+        res.add(f"bs1_op_{op}_ms", ms, "ms per decode step in this op of engine/csrc/layer.c (all layers)")
     res.add("memory_roof_fraction", fraction(dec, mroof_read), "against the bytes actually read; target >= 0.8")
     for f, name in (("auto", ""), ("fp32", "_fp32")):
         for key, unit in (("split_ms", "ms"), ("split_cpu_ms", "cpu_ms")):

@@ -114,3 +114,6 @@ def test_long_generations_in_one_batch():
     for o, ref, i in zip(outs, refs, idx):
         assert o.outputs[0].token_ids == ref, f"prompt {i}: engine {o.outputs[0].token_ids} != transformers {ref}"
     assert llm.engine.info().attention_backend in ("cpu_kernel", "torch")
+    # where the C kernels build, the default (Llama-family) model runs every layer in engine/csrc/layer.c
+    info = llm.engine.info()
+    assert info.decode_backend == ("c" if info.attention_backend == "cpu_kernel" else "transformers")
