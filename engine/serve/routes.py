@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 import uuid
@@ -14,6 +15,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..engine import _check_unicode
+from ..inputs import chat_ids
 from ..thread import EngineCrashed
 from .bridge import Submitter, Waker
 from .errors import APIError, param_of
@@ -22,6 +24,19 @@ from .protocol import ChatCompletionRequest, CompletionRequest
 
 router = APIRouter()
 DISCONNECT_POLL_S = 0.5
+IGNORED_HEADER = "x-kvscope-ignored-fields"
+log = logging.getLogger("kvscope.serve")
+
+
+def _ignored_headers(body) -> dict:
+    """Fields the request carried that this server does not use: logged (as vLLM logs them) and
+    listed, comma-separated, in the x-kvscope-ignored-fields response header."""
+    ignored = body.ignored_fields()
+    if not ignored:
+        return {}
+    log.warning("The following fields were present in the request but ignored: %s", ", ".join(ignored))
+    value = ",".join(ignored)
+    return {IGNORED_HEADER: value if len(value) <= 2000 else value[:2000] + "..."}
 
 
 def _state(request: Request):
@@ -193,13 +208,7 @@ def _chat_ids(th, req: ChatCompletionRequest) -> list[int]:
         except UnicodeEncodeError:
             raise ValueError("messages: content is not valid Unicode text (a lone surrogate)") from None
     with _TOK_LOCK:
-        out = th.tokenizer.apply_chat_template(msgs, add_generation_prompt=req.add_generation_prompt, tokenize=True)
-    if isinstance(out, dict) or hasattr(out, "input_ids"):
-        out = out["input_ids"]
-    ids = list(out)
-    if not ids:
-        raise ValueError("messages: the chat template produced no tokens")
-    return ids
+        return chat_ids(th.tokenizer, msgs, add_generation_prompt=req.add_generation_prompt)
 
 
 def _max_tokens(th, requested: int | None, prompt_len: int, tier: str | None = None) -> int:
@@ -388,11 +397,12 @@ async def _generate(request: Request, body, chat: bool):
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     created = int(time.time())
     run = await _start(st, prompts_ids, body, logprobs, loop)
+    extra_headers = _ignored_headers(body)
     if body.stream:
         return StreamingResponse(
             _stream(request, st, run, body, chat, rid, created),
             media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache"},
+            headers={"Cache-Control": "no-cache", **extra_headers},
         )
     try:
         await _wait_all(request, run)
@@ -428,7 +438,7 @@ async def _generate(request: Request, body, chat: bool):
                     "stop_reason": _stop_reason(out),
                 }
             )
-    return {
+    result = {
         "id": rid,
         "object": "chat.completion" if chat else "text_completion",
         "created": created,
@@ -436,6 +446,7 @@ async def _generate(request: Request, body, chat: bool):
         "choices": choices,
         "usage": _usage(run, body.n),
     }
+    return JSONResponse(result, headers=extra_headers)
 
 
 async def _stream(request: Request, st, run: _Run, body, chat: bool, rid: str, created: int):
