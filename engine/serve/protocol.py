@@ -10,7 +10,7 @@ tier, request_class, cache_salt, speculative (per-request on/off)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -246,3 +246,28 @@ class ChatCompletionRequest(_Common):
         for i, m in enumerate(self.messages):
             out += m.extra_fields(f"messages.{i}.")
         return sorted(set(out))
+
+
+class TokenizeRequest(_Lenient):
+    """vLLM's /tokenize body: either prompt (completions form) or messages (chat form)."""
+
+    model: str | None = Field(None, max_length=256)
+    prompt: str | None = Field(None, max_length=1_000_000)
+    messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=1024)
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+
+    @model_validator(mode="after")
+    def _one_input(self):
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("prompt: give exactly one of prompt or messages")
+        return self
+
+    def chat_messages(self) -> list[dict]:
+        return ChatCompletionRequest.model_construct(messages=self.messages).chat_messages()
+
+
+class DetokenizeRequest(_Lenient):
+    model: str | None = Field(None, max_length=256)
+    tokens: list[Annotated[int, Field(ge=0)]] = Field(max_length=1_000_000)

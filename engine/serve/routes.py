@@ -5,6 +5,7 @@ origin="http"; a client that goes away mid-request has its requests aborted (blo
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import threading
@@ -20,7 +21,7 @@ from ..thread import EngineCrashed
 from .bridge import Submitter, Waker
 from .errors import APIError, param_of
 from .metrics import CONTENT_TYPE
-from .protocol import ChatCompletionRequest, CompletionRequest
+from .protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 
 router = APIRouter()
 DISCONNECT_POLL_S = 0.5
@@ -55,22 +56,81 @@ async def health(request: Request):
 @router.get("/v1/models")
 async def models(request: Request):
     st = _state(request)
+    return {"object": "list", "data": [_model_card(st)]}
+
+
+def _model_card(st) -> dict:
     cfg = st.thread.config
     return {
-        "object": "list",
-        "data": [
-            {
-                "id": st.model_name,
-                "object": "model",
-                "created": st.created,
-                "owned_by": "kvscope",
-                "root": cfg.model,
-                "parent": None,
-                "max_model_len": cfg.max_model_len,
-                "permission": [],
-            }
-        ],
+        "id": st.model_name,
+        "object": "model",
+        "created": st.created,
+        "owned_by": "kvscope",
+        "root": cfg.model,
+        "parent": None,
+        "max_model_len": cfg.max_model_len,
+        "permission": [],
     }
+
+
+@router.get("/v1/models/{model_id:path}")
+async def model_by_id(request: Request, model_id: str):
+    st = _state(request)
+    _check_model(st, model_id)
+    return _model_card(st)
+
+
+@router.get("/version")
+async def version():
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as pkg_version
+
+    try:
+        v = pkg_version("kvscope")
+    except PackageNotFoundError:
+        v = "0.0.0"
+    return {"version": v}
+
+
+@router.api_route("/ping", methods=["GET", "POST"])
+async def ping(request: Request):
+    return await health(request)
+
+
+@router.post("/tokenize")
+async def tokenize(request: Request, body: TokenizeRequest):
+    """vLLM's /tokenize: a prompt (add_special_tokens) or chat messages (the chat template)."""
+    st = _state(request)
+    th = st.thread
+    _check_model(st, body.model)
+    try:
+        if body.messages is not None:
+            with _TOK_LOCK:
+                ids = chat_ids(th.tokenizer, body.chat_messages(), add_generation_prompt=body.add_generation_prompt)
+        else:
+            _check_unicode(body.prompt)
+            with _TOK_LOCK:
+                ids = list(th.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens))
+    except ValueError as e:
+        raise APIError(
+            400, str(e), param_of(str(e)) or ("messages" if body.messages is not None else "prompt")
+        ) from None
+    strs = th.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
+    return {"count": len(ids), "max_model_len": th.config.max_model_len, "tokens": ids, "token_strs": strs}
+
+
+@router.post("/detokenize")
+async def detokenize(request: Request, body: DetokenizeRequest):
+    st = _state(request)
+    th = st.thread
+    _check_model(st, body.model)
+    vocab = len(th.tokenizer)
+    bad = [t for t in body.tokens if t >= vocab]
+    if bad:
+        raise APIError(400, f"tokens: token id {bad[0]} is outside the vocabulary (size {vocab})", "tokens")
+    with _TOK_LOCK:
+        text = th.tokenizer.decode(body.tokens)
+    return {"prompt": text}
 
 
 @router.get("/metrics")
@@ -223,6 +283,13 @@ def _max_tokens(th, requested: int | None, prompt_len: int, tier: str | None = N
     return max(1, room)
 
 
+def _choice_params(params, j: int):
+    """Choice j of n: its own seed (seed + j, vLLM's per-child seed), else the same params."""
+    if params.seed is None:
+        return params
+    return dataclasses.replace(params, seed=(params.seed + j) % (2**63))
+
+
 async def _start(st, prompts_ids: list[list[int]], body, logprobs: int | None, loop) -> _Run:
     run = _Run(st, loop)
     th = st.thread
@@ -246,8 +313,8 @@ async def _start(st, prompts_ids: list[list[int]], body, logprobs: int | None, l
                         await asyncio.wait_for(run.event.wait(), DISCONNECT_POLL_S)
                     except TimeoutError:
                         pass
-                for _ in range(n - 1):
-                    run.handles.append(await run.submit(ids, params))
+                for j in range(1, n):
+                    run.handles.append(await run.submit(ids, _choice_params(params, j)))
     except ValueError as e:
         run.abort_unfinished()
         st.in_flight -= run.counted
@@ -276,8 +343,14 @@ def _usage(run: _Run, n: int) -> dict:
         "prompt_tokens": prompt,
         "total_tokens": prompt + completion,
         "completion_tokens": completion,
-        "prompt_tokens_details": None,
+        # prompt tokens served by the prefix cache at admission, one count per prompt (its first
+        # choice; the forks of n > 1 share those blocks), as vLLM's cached_tokens
+        "prompt_tokens_details": {"cached_tokens": _cached_tokens(run, n)},
     }
+
+
+def _cached_tokens(run: _Run, n: int) -> int:
+    return sum(h.output.metrics.num_cached_tokens for h in run.handles[::n] if h.output is not None)
 
 
 def _finish_reason(out) -> str | None:

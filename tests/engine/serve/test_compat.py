@@ -140,3 +140,42 @@ def test_oversized_body_gets_413_json_not_a_reset(server):
         pass
     r = httpx.post(server.base + "/v1/completions", json=GOOD, headers=server.headers, timeout=120)
     assert r.status_code == 200
+
+
+def test_cached_tokens_in_usage(http):
+    body = dict(GOOD, prompt="The same long prompt for the prefix cache, " * 3, max_tokens=1)
+    first = http.post("/v1/completions", json=body).json()["usage"]
+    second = http.post("/v1/completions", json=body).json()["usage"]
+    assert first["prompt_tokens_details"]["cached_tokens"] >= 0
+    # every full block of the prompt but the one holding the last token is a hit (block_size 8)
+    assert second["prompt_tokens_details"]["cached_tokens"] == (second["prompt_tokens"] - 1) // 8 * 8
+
+
+def test_n_with_seed_gives_each_choice_its_own_seed(http):
+    body = dict(GOOD, prompt="Once upon", max_tokens=8, temperature=1.0, seed=7, n=3)
+    texts = [c["text"] for c in http.post("/v1/completions", json=body).json()["choices"]]
+    for i in range(3):
+        one = http.post("/v1/completions", json=dict(body, n=1, seed=7 + i)).json()["choices"][0]["text"]
+        assert texts[i] == one
+    assert len(set(texts)) > 1
+
+
+def test_tokenize_detokenize_version_ping_model_by_id(http, server):
+    tok = server.thread.tokenizer
+    r = http.post("/tokenize", json={"model": "kvscope-tiny", "prompt": "Hello world", "return_token_strs": True})
+    assert r.status_code == 200, r.text
+    d = r.json()
+    assert d["tokens"] == tok.encode("Hello world", add_special_tokens=True)
+    assert d["count"] == len(d["tokens"]) and d["max_model_len"] == 256
+    assert d["token_strs"] == tok.convert_ids_to_tokens(d["tokens"])
+    r = http.post("/tokenize", json={"messages": [{"role": "user", "content": "Hi"}]})
+    want = tok.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=True)
+    assert r.json()["tokens"] == list(getattr(want, "input_ids", want))
+    assert http.post("/detokenize", json={"tokens": d["tokens"]}).json() == {"prompt": tok.decode(d["tokens"])}
+    assert_error(http.post("/detokenize", json={"tokens": [10**9]}), 400, "tokens", param="tokens")
+    assert_error(http.post("/tokenize", json={}), 400, "prompt")
+    assert set(http.get("/version").json()) == {"version"}
+    assert http.get("/ping").status_code == 200 and http.post("/ping").status_code == 200
+    card = http.get("/v1/models/kvscope-tiny").json()
+    assert card == http.get("/v1/models").json()["data"][0]
+    assert_error(http.get("/v1/models/nope"), 404, "nope", param="model")
