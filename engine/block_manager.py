@@ -79,7 +79,7 @@ class BlockManager:
         self.prefix_hits = 0
         self.evicted_hashes = 0
         self._pending_events: list[tuple[str, str | None, dict]] = []
-        # called as listener("stored", hash, parent_hash, token_ids) when a hash enters the prefix
+        # called as listener("stored", hash, parent_hash, token_ids, extra_keys) when a hash enters the prefix
         # cache index and listener("removed", hash, None, None) when it leaves (engine/kv_events.py)
         self.hash_listener = None
 
@@ -264,6 +264,7 @@ class BlockManager:
                     h,
                     hashes[i - 1] if i else None,
                     token_ids[i * self.block_size : (i + 1) * self.block_size],
+                    (salt,) if salt and i == 0 else None,  # vLLM's extra keys: the salt on the first block
                 )
 
     def uncache(self, bid: int) -> bytes | None:

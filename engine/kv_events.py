@@ -6,7 +6,9 @@ What goes on the wire (vLLM's `ZmqEventPublisher`, vllm/distributed/kv_events.py
 - PUB socket, one multipart message per batch: [topic, seq (8-byte big-endian, from 0), payload].
 - payload: msgpack of `KVEventBatch` = positional array [ts, events, data_parallel_rank].
 - each event is `BlockStored(block_hashes, parent_block_hash, token_ids, block_size, lora_id,
-  medium, lora_name, ...)`, `BlockRemoved(block_hashes, medium, ...)` or `AllBlocksCleared()`.
+  medium, lora_name, extra_keys, group_idx, ...)`, `BlockRemoved(block_hashes, medium, group_idx)`
+  or `AllBlocksCleared()`; kvscope publishes group_idx=0 and extra_keys [(salt,), None, ...] for a
+  salted chain's first block.
   wire="current" (vLLM 0.33): a map tagged by "type", fields by name, defaulted fields omitted.
   wire="legacy" (vLLM before mid-2026, `array_like=True` events): a positional array whose first
   element is the tag, e.g. ["BlockRemoved", [hash, ...], "GPU"].
@@ -56,12 +58,18 @@ class BlockStored:
     lora_id: int | None = None
     medium: str | None = MEDIUM_GPU
     lora_name: str | None = None
+    # vLLM 0.33's trailing fields, in its order (array_like: order is the wire format); None =
+    # the default, omitted on the wire (msgspec omit_defaults). extra_keys: one entry per block,
+    # a tuple of the keys hashed with it (the cache salt on a chain's first block) or None
+    extra_keys: list | None = None
+    group_idx: int | None = None
 
 
 @dataclass(slots=True)
 class BlockRemoved:
     block_hashes: list
     medium: str | None = MEDIUM_GPU
+    group_idx: int | None = None
 
 
 @dataclass(slots=True)
@@ -77,6 +85,19 @@ class KVEventBatch:
     wire: str = "current"  # which form the events were decoded from ("current"/"legacy"/"mixed")
 
 
+def _extra_keys_wire(keys):
+    return None if keys is None else [list(k) if k is not None else None for k in keys]
+
+
+def _trailing(fields: list) -> list:
+    """vLLM's defaulted trailing fields as msgspec writes them with omit_defaults: up to the
+    last one that is set (an unset one before it goes out as null in the array form; the map
+    form drops nulls, see _event_to_wire)."""
+    while fields and fields[-1][1] is None:
+        fields.pop()
+    return fields
+
+
 def _event_to_wire(e, wire: str):
     if isinstance(e, BlockStored):
         fields = [
@@ -88,8 +109,10 @@ def _event_to_wire(e, wire: str):
             ("medium", e.medium),
             ("lora_name", e.lora_name),
         ]
+        fields += _trailing([("extra_keys", _extra_keys_wire(e.extra_keys)), ("group_idx", e.group_idx)])
     elif isinstance(e, BlockRemoved):
         fields = [("block_hashes", list(e.block_hashes)), ("medium", e.medium)]
+        fields += _trailing([("group_idx", e.group_idx)])
     elif isinstance(e, AllBlocksCleared):
         fields = []
     else:
@@ -97,7 +120,8 @@ def _event_to_wire(e, wire: str):
     tag = type(e).__name__
     if wire == "legacy":
         return [tag, *(v for _, v in fields)]
-    return {"type": tag, **dict(fields)}
+    defaulted = ("extra_keys", "group_idx")
+    return {"type": tag, **{k: v for k, v in fields if not (k in defaulted and v is None)}}
 
 
 def encode_batch(batch: KVEventBatch, wire: str = "current") -> bytes:
@@ -300,7 +324,7 @@ class KVEventPublisher:
             self._replay.bind(replay_endpoint)
             self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
-        self._pending: list[tuple[int, str, bytes, bytes | None, list | None]] = []
+        self._pending: list[tuple[int, str, bytes, bytes | None, list | None, tuple | None]] = []
         self._lock = threading.Lock()  # guards _pending (engine thread appends)
         self._sock_lock = threading.Lock()  # sockets are used by one thread at a time
         self._seq = 0
@@ -337,14 +361,15 @@ class KVEventPublisher:
                 self._append(engine, "stored", h, None, None)
         self._engine = engine
 
-        def listener(kind, h, parent, tokens, _engine=engine):
-            self._append(_engine, kind, h, parent, tokens)
+        def listener(kind, h, parent, tokens, extra=None, _engine=engine):
+            self._append(_engine, kind, h, parent, tokens, extra)
 
         bm.hash_listener = listener
 
-    def _append(self, engine, kind, h, parent, tokens) -> None:
+    def _append(self, engine, kind, h, parent, tokens, extra=None) -> None:
         with self._lock:
-            self._pending.append((engine.step_num, kind, h, parent, list(tokens) if tokens is not None else None))
+            toks = list(tokens) if tokens is not None else None
+            self._pending.append((engine.step_num, kind, h, parent, toks, extra))
 
     # -- batches
     def _batches(self, pending) -> list[KVEventBatch]:
@@ -352,7 +377,7 @@ class KVEventPublisher:
         chain merge into one BlockStored, consecutive removals into one BlockRemoved."""
         batches: list[KVEventBatch] = []
         cur_step = None
-        for step, kind, h, parent, tokens in pending:
+        for step, kind, h, parent, tokens, extra in pending:
             if step != cur_step:
                 batches.append(KVEventBatch(time.time(), [], self.data_parallel_rank))
                 cur_step = step
@@ -371,13 +396,17 @@ class KVEventPublisher:
                 ):
                     last.block_hashes.append(xh)
                     last.token_ids.extend(toks)
+                    if extra is not None or last.extra_keys is not None:
+                        last.extra_keys = (last.extra_keys or [None] * (len(last.block_hashes) - 1)) + [extra]
                 else:
-                    evs.append(BlockStored([xh], xp, toks, self.block_size, None, self.medium, None))
+                    ev = BlockStored([xh], xp, toks, self.block_size, None, self.medium, None, group_idx=0)
+                    ev.extra_keys = [extra] if extra is not None else None
+                    evs.append(ev)
             elif kind == "removed":
                 if isinstance(last, BlockRemoved):
                     last.block_hashes.append(external_hash(h))
                 else:
-                    evs.append(BlockRemoved([external_hash(h)], self.medium))
+                    evs.append(BlockRemoved([external_hash(h)], self.medium, group_idx=0))
             else:
                 evs.append(AllBlocksCleared())
         return batches

@@ -144,6 +144,23 @@ def install(app) -> None:
     app.add_exception_handler(Exception, on_unexpected)
 
 
+DRAIN_LIMIT_BYTES = 64 * 1024 * 1024
+
+
+async def _drain(receive, length: int) -> None:
+    """Reads (and drops) an oversized body before the 413 goes out: a client still sending when
+    the server answers and closes gets a connection reset instead of the JSON error. Bounded:
+    past DRAIN_LIMIT_BYTES the answer goes out anyway."""
+    seen = 0
+    while seen < min(length, DRAIN_LIMIT_BYTES):
+        msg = await receive()
+        if msg["type"] != "http.request":
+            return
+        seen += len(msg.get("body", b""))
+        if not msg.get("more_body", False):
+            return
+
+
 class GuardMiddleware:
     """Pure ASGI: API key check (every route but /health) and the body size limit (413), before
     any route runs. Counts streamed bodies too, not only Content-Length."""
@@ -167,8 +184,11 @@ class GuardMiddleware:
             if not cl.isdigit():
                 return await error_response(400, "content-length is not a number")(scope, receive, send)
             if int(cl) > self.max_body:
+                await _drain(receive, int(cl))
                 return await error_response(
-                    413, f"request body is {int(cl)} bytes; the limit is {self.max_body} (--max-body-bytes)"
+                    413,
+                    f"request body is {int(cl)} bytes; the limit is {self.max_body} (--max-body-bytes)",
+                    headers={"connection": "close"},
                 )(scope, receive, send)
         if cl is None and scope.get("method") in ("POST", "PUT", "PATCH"):
             # chunked body without a length: read it here, bounded, then hand it on

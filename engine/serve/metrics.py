@@ -229,6 +229,21 @@ class MetricsExporter:
             "Histogram of time spent in WAITING phase for request.",
             REQUEST_LATENCY_BUCKETS,
         )
+        self.prefill = h(
+            "vllm:request_prefill_time_seconds",
+            "Histogram of time spent in PREFILL phase for request.",
+            REQUEST_LATENCY_BUCKETS,
+        )
+        self.decode = h(
+            "vllm:request_decode_time_seconds",
+            "Histogram of time spent in DECODE phase for request.",
+            REQUEST_LATENCY_BUCKETS,
+        )
+        self.max_gen = h(
+            "vllm:request_max_num_generation_tokens",
+            "Histogram of maximum number of requested generation tokens.",
+            build_1_2_5_buckets(max_len),
+        )
         self.prompt_len = h(
             "vllm:request_prompt_tokens", "Number of prefill tokens processed.", build_1_2_5_buckets(max_len)
         )
@@ -262,8 +277,16 @@ class MetricsExporter:
                 self.itl.observe(gap)
             if req.num_output_tokens > 1 and req.first_token_time is not None and req.token_times:
                 self.tpot.observe(max(0.0, req.token_times[-1] - req.first_token_time) / (req.num_output_tokens - 1))
+            if req.first_token_time is not None and req.first_scheduled_time is not None:
+                # vLLM v1: prefill = first token - scheduled, decode = last token - first token
+                self.prefill.observe(max(0.0, req.first_token_time - req.first_scheduled_time))
+                last = req.token_times[-1] if req.token_times else req.first_token_time
+                self.decode.observe(max(0.0, last - req.first_token_time))
             self.prompt_len.observe(req.num_prompt_tokens)
             self.gen_len.observe(req.num_output_tokens)
+            # vLLM observes the most generation tokens among a request's n choices; each engine
+            # request here is one choice, so this is its own count (exact for n = 1)
+            self.max_gen.observe(req.num_output_tokens)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

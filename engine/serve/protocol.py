@@ -1,13 +1,16 @@
 """Request bodies of the OpenAI routes as pydantic models, and their mapping to SamplingParams.
 
-Unknown fields are refused (400 naming the field), types are strict (a string is not a number),
+Unknown fields are accepted and ignored as vLLM does (extra="allow"); `ignored_fields()` lists
+them (plus accepted-but-unused OpenAI fields) for the x-kvscope-ignored-fields header and the
+server log. `null` means "the default" for every field (vLLM accepts null for n, logprobs, stream,
+penalties, ...). Fields kvscope implements keep strict checks: types are strict (a string is not a number),
 ranges follow vLLM's: max_tokens >= 1, temperature in [0, 100] (engine limit), top_p in (0, 1],
 top_k -1/0 (off) or >= 1, n in [1, MAX_N], logprobs / top_logprobs in [0, 20]. kvscope extras:
 tier, request_class, cache_salt, speculative (per-request on/off)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -23,12 +26,29 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-class StreamOptions(_Strict):
+class _Lenient(BaseModel):
+    """Unknown fields kept in model_extra (reported, never used); null -> the field's default."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data):
+        if isinstance(data, dict):
+            fields = cls.model_fields
+            data = {k: v for k, v in data.items() if not (v is None and k in fields and fields[k].default is not None)}
+        return data
+
+    def extra_fields(self, prefix: str = "") -> list[str]:
+        return [prefix + k for k in sorted(self.model_extra or {})]
+
+
+class StreamOptions(_Lenient):
     include_usage: bool = False
     continuous_usage_stats: bool = False
 
 
-class _Common(_Strict):
+class _Common(_Lenient):
     model: str | None = Field(None, max_length=256)
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=100)
@@ -46,6 +66,11 @@ class _Common(_Strict):
     presence_penalty: float = Field(0.0, ge=0, le=0)  # not implemented by the engine: only the neutral value
     frequency_penalty: float = Field(0.0, ge=0, le=0)
     repetition_penalty: float = Field(1.0, ge=1, le=1)
+    logit_bias: dict[str, float] | None = None  # only {} (neutral): not implemented
+    min_p: float = Field(0.0, ge=0, le=0)  # only the neutral value: not implemented
+    skip_special_tokens: bool = True  # the engine's detokenizer always skips them
+    include_stop_str_in_output: bool = False  # only false: not implemented
+    response_format: dict[str, Any] | None = None  # only {"type": "text"}: structured output not implemented
     # kvscope extras
     tier: str | None = Field(None, max_length=64)
     request_class: str | None = Field(None, max_length=64)
@@ -67,7 +92,26 @@ class _Common(_Strict):
             raise ValueError("top_k: must be -1 (off), 0 (off) or >= 1")
         if self.temperature is not None and 0 < self.temperature < 1e-5:
             raise ValueError("temperature: must be 0 (greedy) or >= 1e-05")
+        if self.include_stop_str_in_output:
+            raise ValueError("include_stop_str_in_output: not implemented by this server (only false)")
+        if self.logit_bias:
+            raise ValueError("logit_bias: not implemented by this server (only {} or null)")
+        if self.response_format is not None and self.response_format.get("type", "text") != "text":
+            raise ValueError(
+                f"response_format: type {self.response_format.get('type')!r} is not implemented by this server "
+                "(only 'text')"
+            )
         return self
+
+    def ignored_fields(self) -> list[str]:
+        """Fields present in the body that do nothing here (sorted): unknown ones and the known
+        OpenAI / vLLM ones kvscope does not use."""
+        out = self.extra_fields()
+        if not self.skip_special_tokens:
+            out.append("skip_special_tokens")  # the detokenizer always skips them
+        if self.stream_options is not None:
+            out += self.stream_options.extra_fields("stream_options.")
+        return sorted(set(out))
 
     def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
         """Raises ValueError naming the field (SamplingParams' own checks)."""
@@ -96,6 +140,7 @@ class _Common(_Strict):
 class CompletionRequest(_Common):
     prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    max_completion_tokens: int | None = Field(None, ge=1)
     echo: bool = False
     suffix: None = None
     best_of: int | None = Field(None, ge=1, le=MAX_N)
@@ -119,15 +164,33 @@ class CompletionRequest(_Common):
         return list(p)
 
 
-class TextPart(_Strict):
+class TextPart(_Lenient):
     type: Literal["text"]
     text: str
 
 
-class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
+class ToolCallFunction(_Lenient):
+    name: str = Field(max_length=256)
+    arguments: str = ""
+
+
+class ToolCall(_Lenient):
+    id: str | None = Field(None, max_length=256)
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class ChatMessage(_Lenient):
+    """One history message. An assistant message as the server returned it (tool_calls [] or
+    a list, refusal null, reasoning_content, ...) is taken back unchanged: the OpenAI SDK
+    multi-turn pattern appends r.choices[0].message to the history."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = Field(None, max_length=256)
+    tool_calls: list[ToolCall] | None = Field(None, max_length=128)
+    tool_call_id: str | None = Field(None, max_length=256)
+    refusal: str | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -143,12 +206,68 @@ class ChatCompletionRequest(_Common):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
+    tools: list[dict[str, Any]] | None = Field(None, max_length=128)
+    tool_choice: str | dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _check_chat(self):
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs: requires logprobs to be true")
+        if self.tools:
+            raise ValueError("tools: tool calling is not implemented by this server (only [] or null)")
+        if self.tool_choice not in (None, "none", "auto"):
+            raise ValueError(f"tool_choice: {self.tool_choice!r} needs tools, which this server does not implement")
         return self
 
     def chat_messages(self) -> list[dict]:
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+        """Messages for the chat template: developer -> system; tool_calls (when non-empty) and
+        tool_call_id passed on with their arguments as JSON text, as HF templates read them."""
+        out = []
+        for m in self.messages:
+            d: dict = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+            if m.tool_calls:
+                d["tool_calls"] = [
+                    {
+                        "id": t.id,
+                        "type": "function",
+                        "function": {"name": t.function.name, "arguments": t.function.arguments},
+                    }
+                    for t in m.tool_calls
+                ]
+            if m.tool_call_id is not None:
+                d["tool_call_id"] = m.tool_call_id
+            if m.name is not None and m.role == "tool":
+                d["name"] = m.name
+            out.append(d)
+        return out
+
+    def ignored_fields(self) -> list[str]:
+        out = super().ignored_fields()
+        for i, m in enumerate(self.messages):
+            out += m.extra_fields(f"messages.{i}.")
+        return sorted(set(out))
+
+
+class TokenizeRequest(_Lenient):
+    """vLLM's /tokenize body: either prompt (completions form) or messages (chat form)."""
+
+    model: str | None = Field(None, max_length=256)
+    prompt: str | None = Field(None, max_length=1_000_000)
+    messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=1024)
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+
+    @model_validator(mode="after")
+    def _one_input(self):
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("prompt: give exactly one of prompt or messages")
+        return self
+
+    def chat_messages(self) -> list[dict]:
+        return ChatCompletionRequest.model_construct(messages=self.messages).chat_messages()
+
+
+class DetokenizeRequest(_Lenient):
+    model: str | None = Field(None, max_length=256)
+    tokens: list[Annotated[int, Field(ge=0)]] = Field(max_length=1_000_000)

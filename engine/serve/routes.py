@@ -5,7 +5,9 @@ origin="http"; a client that goes away mid-request has its requests aborted (blo
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import logging
 import threading
 import time
 import uuid
@@ -14,14 +16,28 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..engine import _check_unicode
+from ..inputs import chat_ids
 from ..thread import EngineCrashed
 from .bridge import Submitter, Waker
 from .errors import APIError, param_of
 from .metrics import CONTENT_TYPE
-from .protocol import ChatCompletionRequest, CompletionRequest
+from .protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 
 router = APIRouter()
 DISCONNECT_POLL_S = 0.5
+IGNORED_HEADER = "x-kvscope-ignored-fields"
+log = logging.getLogger("kvscope.serve")
+
+
+def _ignored_headers(body) -> dict:
+    """Fields the request carried that this server does not use: logged (as vLLM logs them) and
+    listed, comma-separated, in the x-kvscope-ignored-fields response header."""
+    ignored = body.ignored_fields()
+    if not ignored:
+        return {}
+    log.warning("The following fields were present in the request but ignored: %s", ", ".join(ignored))
+    value = ",".join(ignored)
+    return {IGNORED_HEADER: value if len(value) <= 2000 else value[:2000] + "..."}
 
 
 def _state(request: Request):
@@ -40,22 +56,81 @@ async def health(request: Request):
 @router.get("/v1/models")
 async def models(request: Request):
     st = _state(request)
+    return {"object": "list", "data": [_model_card(st)]}
+
+
+def _model_card(st) -> dict:
     cfg = st.thread.config
     return {
-        "object": "list",
-        "data": [
-            {
-                "id": st.model_name,
-                "object": "model",
-                "created": st.created,
-                "owned_by": "kvscope",
-                "root": cfg.model,
-                "parent": None,
-                "max_model_len": cfg.max_model_len,
-                "permission": [],
-            }
-        ],
+        "id": st.model_name,
+        "object": "model",
+        "created": st.created,
+        "owned_by": "kvscope",
+        "root": cfg.model,
+        "parent": None,
+        "max_model_len": cfg.max_model_len,
+        "permission": [],
     }
+
+
+@router.get("/v1/models/{model_id:path}")
+async def model_by_id(request: Request, model_id: str):
+    st = _state(request)
+    _check_model(st, model_id)
+    return _model_card(st)
+
+
+@router.get("/version")
+async def version():
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as pkg_version
+
+    try:
+        v = pkg_version("kvscope")
+    except PackageNotFoundError:
+        v = "0.0.0"
+    return {"version": v}
+
+
+@router.api_route("/ping", methods=["GET", "POST"])
+async def ping(request: Request):
+    return await health(request)
+
+
+@router.post("/tokenize")
+async def tokenize(request: Request, body: TokenizeRequest):
+    """vLLM's /tokenize: a prompt (add_special_tokens) or chat messages (the chat template)."""
+    st = _state(request)
+    th = st.thread
+    _check_model(st, body.model)
+    try:
+        if body.messages is not None:
+            with _TOK_LOCK:
+                ids = chat_ids(th.tokenizer, body.chat_messages(), add_generation_prompt=body.add_generation_prompt)
+        else:
+            _check_unicode(body.prompt)
+            with _TOK_LOCK:
+                ids = list(th.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens))
+    except ValueError as e:
+        raise APIError(
+            400, str(e), param_of(str(e)) or ("messages" if body.messages is not None else "prompt")
+        ) from None
+    strs = th.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
+    return {"count": len(ids), "max_model_len": th.config.max_model_len, "tokens": ids, "token_strs": strs}
+
+
+@router.post("/detokenize")
+async def detokenize(request: Request, body: DetokenizeRequest):
+    st = _state(request)
+    th = st.thread
+    _check_model(st, body.model)
+    vocab = len(th.tokenizer)
+    bad = [t for t in body.tokens if t >= vocab]
+    if bad:
+        raise APIError(400, f"tokens: token id {bad[0]} is outside the vocabulary (size {vocab})", "tokens")
+    with _TOK_LOCK:
+        text = th.tokenizer.decode(body.tokens)
+    return {"prompt": text}
 
 
 @router.get("/metrics")
@@ -193,13 +268,7 @@ def _chat_ids(th, req: ChatCompletionRequest) -> list[int]:
         except UnicodeEncodeError:
             raise ValueError("messages: content is not valid Unicode text (a lone surrogate)") from None
     with _TOK_LOCK:
-        out = th.tokenizer.apply_chat_template(msgs, add_generation_prompt=req.add_generation_prompt, tokenize=True)
-    if isinstance(out, dict) or hasattr(out, "input_ids"):
-        out = out["input_ids"]
-    ids = list(out)
-    if not ids:
-        raise ValueError("messages: the chat template produced no tokens")
-    return ids
+        return chat_ids(th.tokenizer, msgs, add_generation_prompt=req.add_generation_prompt)
 
 
 def _max_tokens(th, requested: int | None, prompt_len: int, tier: str | None = None) -> int:
@@ -212,6 +281,13 @@ def _max_tokens(th, requested: int | None, prompt_len: int, tier: str | None = N
     if t is not None:
         room = min(room, t.max_context - prompt_len)
     return max(1, room)
+
+
+def _choice_params(params, j: int):
+    """Choice j of n: its own seed (seed + j, vLLM's per-child seed), else the same params."""
+    if params.seed is None:
+        return params
+    return dataclasses.replace(params, seed=(params.seed + j) % (2**63))
 
 
 async def _start(st, prompts_ids: list[list[int]], body, logprobs: int | None, loop) -> _Run:
@@ -237,8 +313,8 @@ async def _start(st, prompts_ids: list[list[int]], body, logprobs: int | None, l
                         await asyncio.wait_for(run.event.wait(), DISCONNECT_POLL_S)
                     except TimeoutError:
                         pass
-                for _ in range(n - 1):
-                    run.handles.append(await run.submit(ids, params))
+                for j in range(1, n):
+                    run.handles.append(await run.submit(ids, _choice_params(params, j)))
     except ValueError as e:
         run.abort_unfinished()
         st.in_flight -= run.counted
@@ -267,8 +343,14 @@ def _usage(run: _Run, n: int) -> dict:
         "prompt_tokens": prompt,
         "total_tokens": prompt + completion,
         "completion_tokens": completion,
-        "prompt_tokens_details": None,
+        # prompt tokens served by the prefix cache at admission, one count per prompt (its first
+        # choice; the forks of n > 1 share those blocks), as vLLM's cached_tokens
+        "prompt_tokens_details": {"cached_tokens": _cached_tokens(run, n)},
     }
+
+
+def _cached_tokens(run: _Run, n: int) -> int:
+    return sum(h.output.metrics.num_cached_tokens for h in run.handles[::n] if h.output is not None)
 
 
 def _finish_reason(out) -> str | None:
@@ -388,11 +470,12 @@ async def _generate(request: Request, body, chat: bool):
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     created = int(time.time())
     run = await _start(st, prompts_ids, body, logprobs, loop)
+    extra_headers = _ignored_headers(body)
     if body.stream:
         return StreamingResponse(
             _stream(request, st, run, body, chat, rid, created),
             media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache"},
+            headers={"Cache-Control": "no-cache", **extra_headers},
         )
     try:
         await _wait_all(request, run)
@@ -428,7 +511,7 @@ async def _generate(request: Request, body, chat: bool):
                     "stop_reason": _stop_reason(out),
                 }
             )
-    return {
+    result = {
         "id": rid,
         "object": "chat.completion" if chat else "text_completion",
         "created": created,
@@ -436,6 +519,7 @@ async def _generate(request: Request, body, chat: bool):
         "choices": choices,
         "usage": _usage(run, body.n),
     }
+    return JSONResponse(result, headers=extra_headers)
 
 
 async def _stream(request: Request, st, run: _Run, body, chat: bool, rid: str, created: int):

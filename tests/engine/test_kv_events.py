@@ -488,3 +488,44 @@ def test_decoder_never_fails_with_anything_but_value_error(data):
         decode_batch(data)
     except ValueError:
         pass
+
+
+def test_group_idx_and_extra_keys_in_vllm_033_field_order():
+    ev = BlockStored([7, 8], None, [1, 2, 3, 4], 2, None, "GPU", None, [("tenant-a",), None], 0)
+    rm = BlockRemoved([7], "GPU", 0)
+    legacy = msgpack.unpackb(encode_batch(KVEventBatch(1.0, [ev, rm], 0), "legacy"))
+    # array_like: the position is the field (extra_keys before group_idx, as vLLM declares them)
+    assert legacy[1][0] == ["BlockStored", [7, 8], None, [1, 2, 3, 4], 2, None, "GPU", None, [["tenant-a"], None], 0]
+    assert legacy[1][1] == ["BlockRemoved", [7], "GPU", 0]
+    # group_idx set, extra_keys unset: the array carries a null in extra_keys' slot
+    only_group = BlockStored([7], None, [1, 2], 2, None, "GPU", None, None, 0)
+    assert msgpack.unpackb(encode_batch(KVEventBatch(1.0, [only_group]), "legacy"))[1][0][-2:] == [None, 0]
+    current = msgpack.unpackb(encode_batch(KVEventBatch(1.0, [ev, rm, only_group], 0), "current"))
+    assert current[1][0]["extra_keys"] == [["tenant-a"], None] and current[1][0]["group_idx"] == 0
+    assert current[1][1] == {"type": "BlockRemoved", "block_hashes": [7], "medium": "GPU", "group_idx": 0}
+    assert "extra_keys" not in current[1][2]  # defaults omitted (msgspec omit_defaults)
+    # msgspec with vLLM 0.33's declarations reads them
+    msgspec, Current, _, _ = _vllm_structs()
+    got = msgspec.msgpack.Decoder(type=Current).decode(encode_batch(KVEventBatch(1.0, [ev, rm], 0), "current"))
+    assert got.events[0].group_idx == 0 and got.events[0].extra_keys == [["tenant-a"], None]
+    assert got.events[1].group_idx == 0
+
+
+def test_published_stores_carry_group_idx_0_and_the_salt_on_the_first_block():
+    eng = _engine()
+    pub = KVEventPublisher("tcp://127.0.0.1:0", flush_interval=3600)
+    try:
+        pub.attach(eng)
+        eng.add_request("a", list(range(2, 30)), SamplingParams(max_tokens=1, temperature=0, cache_salt="tenant-a"))
+        eng.add_request("b", list(range(40, 68)), SamplingParams(max_tokens=1, temperature=0))
+        while eng.has_unfinished_requests():
+            eng.step()
+        with pub._lock:
+            pending = list(pub._pending)
+        stores = [e for b in pub._batches(pending) for e in b.events if isinstance(e, BlockStored)]
+        salted = [e for e in stores if e.extra_keys is not None]
+        assert all(e.group_idx == 0 for e in stores) and len(salted) == 1
+        assert salted[0].parent_block_hash is None
+        assert salted[0].extra_keys == [("tenant-a",)] + [None] * (len(salted[0].block_hashes) - 1)
+    finally:
+        pub.close()

@@ -92,6 +92,17 @@ def test_metrics_names_types_labels_and_snapshot_agree(server):
     assert value(samples, "vllm:time_to_first_token_seconds_count", **lab) <= ended
     # ITL: one gap per step after the first token; generation tokens bound it from above
     assert 0 < value(samples, "vllm:inter_token_latency_seconds_count", **lab) <= m["generation_tokens_total"]
+    # the dashboard's phase panels: prefill + decode per request with a first token, and the
+    # max-generation histogram summing to the generation-tokens histogram (n = 1 requests)
+    ttft_n = value(samples, "vllm:time_to_first_token_seconds_count", **lab)
+    assert value(samples, "vllm:request_prefill_time_seconds_count", **lab) == ttft_n > 0
+    assert value(samples, "vllm:request_decode_time_seconds_count", **lab) == ttft_n
+    assert value(samples, "vllm:request_max_num_generation_tokens_count", **lab) == ended
+    assert value(samples, "vllm:request_max_num_generation_tokens_sum", **lab) == value(
+        samples, "vllm:request_generation_tokens_sum", **lab
+    )
+    for name in ("vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds"):
+        assert fams[name].type == "histogram"
 
 
 def test_spec_decode_metrics_agree_with_the_engine():
