@@ -22,6 +22,8 @@ from .config import EngineConfig, SamplingParams
 from .device import activation_reserve_bytes, cuda_memory, gpu_kv_budget_bytes
 from .events import EventRing
 from .families import check_supported
+from .inputs import chat_ids, check_prompt_length
+from .inputs import check_unicode as _check_unicode
 from .kv_layout import dtype_bytes, kv_bytes_per_token, kv_geometry, kv_scale_bytes
 from .metrics import MetricsTracker
 from .models import load_model, resolve_device, resolve_dtype
@@ -38,7 +40,6 @@ __all__ = ["LLM", "LLMEngine", "CompletionOutput", "RequestMetrics", "RequestOut
 
 DEFAULT_KV_BYTES = 256 * 1024 * 1024
 MAX_DEFAULT_BLOCKS = 4096
-MAX_PROMPT_CHARS = 1_000_000
 MAX_BLOCKS = 1_000_000  # same cap as EngineConfig.num_kv_blocks, also for kv_cache_bytes
 MEMORY_FRACTION = 0.9  # of the available memory a KV pool (or swap space) may take
 
@@ -54,14 +55,6 @@ def _schedule_rows(items, rows) -> list[list]:
         kind = "verify" if it.num_spec_tokens else ("decode" if decode else "prefill")
         out.append([row.request_id, kind, n, row.start])
     return out
-
-
-def _check_unicode(text: str) -> None:
-    """Lone surrogates (possible in Python/JSON strings) make the tokenizer raise TypeError."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise ValueError(f"prompt is not valid Unicode text (a lone surrogate at character {e.start})") from None
 
 
 def _available_bytes(device: torch.device) -> int | None:
@@ -282,11 +275,7 @@ class LLMEngine:
 
     def apply_chat_template(self, text: str) -> list[int]:
         _check_unicode(text)
-        msgs = [{"role": "user", "content": text}]
-        out = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-        if isinstance(out, dict) or hasattr(out, "input_ids"):
-            out = out["input_ids"]
-        return list(out)
+        return chat_ids(self.tokenizer, [{"role": "user", "content": text}])
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -296,8 +285,7 @@ class LLMEngine:
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt must not be empty")
-            if len(prompt) > MAX_PROMPT_CHARS:
-                raise ValueError(f"prompt is {len(prompt)} characters; the limit is {MAX_PROMPT_CHARS}")
+            check_prompt_length(prompt)
             _check_unicode(prompt)
             ids = self.tokenizer.encode(prompt, add_special_tokens=False)
             if not ids:

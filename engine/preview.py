@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .config import SamplingParams
+from .inputs import chat_ids
 from .kv_layout import cdiv
 
 
@@ -69,10 +70,7 @@ def template_ids(tokenizer, user: str, system: str | None = None) -> tuple[list[
     LLMEngine.apply_chat_template(user) when there is no system prompt."""
     msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
     try:
-        out = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-        if isinstance(out, dict) or hasattr(out, "input_ids"):
-            out = out["input_ids"]
-        ids = list(out)
+        ids = chat_ids(tokenizer, msgs)
     except Exception:  # a tokenizer without a chat template: the texts as they are
         ids = list(tokenizer.encode((system + "\n\n" if system else "") + user, add_special_tokens=False))
     content = len(tokenizer.encode(user, add_special_tokens=False)) if user else 0

@@ -13,6 +13,7 @@ from collections import deque
 
 from .config import EngineConfig, SamplingParams
 from .engine import LLMEngine, RequestOutput
+from .inputs import MAX_PROMPT_CHARS, check_prompt_length
 from .snapshot import Snapshot
 
 _DONE = object()
@@ -239,8 +240,7 @@ class EngineThread:
             if chat:
                 if not isinstance(prompt, str) or not prompt.strip():
                     raise ValueError("prompt must be a non-empty string")
-                if len(prompt) > 1_000_000:
-                    raise ValueError(f"prompt is {len(prompt)} characters; the limit is 1000000")
+                check_prompt_length(prompt)
                 prompt_in = self.engine.apply_chat_template(prompt)
             else:
                 prompt_in = prompt
@@ -267,8 +267,8 @@ class EngineThread:
 
         params = params if params is not None else SamplingParams()
         for field, text in (("prompt", user), ("system prompt", system or "")):
-            if not isinstance(text, str) or len(text) > 1_000_000:
-                raise ValueError(f"{field} must be a string of at most 1000000 characters")
+            if not isinstance(text, str) or len(text) > MAX_PROMPT_CHARS:
+                raise ValueError(f"{field} must be a string of at most {MAX_PROMPT_CHARS} characters")
         with self.lock:
             self._check_alive()
             ids, content = template_ids(self.engine.tokenizer, user, system) if user.strip() else ([], 0)

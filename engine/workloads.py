@@ -25,6 +25,8 @@ import math
 import random
 from dataclasses import dataclass
 
+from .inputs import as_ids, chat_ids
+
 MAX_REQUESTS = 10_000
 
 
@@ -643,12 +645,7 @@ _W16_OPENERS = (
 )
 
 
-def _ids(x) -> list[int]:
-    if hasattr(x, "keys") and "input_ids" in x.keys():
-        x = x["input_ids"]
-    if x and isinstance(x[0], (list, tuple)):
-        x = x[0]
-    return list(x)
+_ids = as_ids
 
 
 def w16_prompts(
@@ -744,10 +741,7 @@ _SENTENCES = [
 
 
 def _templated_ids(tok, text: str) -> list[int]:
-    ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
-    if isinstance(ids, dict) or hasattr(ids, "keys"):
-        ids = ids["input_ids"]
-    return list(ids)
+    return chat_ids(tok, [{"role": "user", "content": text}])
 
 
 def _fallback_prompts(tok, n: int, seed: int, min_tokens: int, max_tokens: int) -> list[list[int]]:
@@ -849,12 +843,7 @@ def shared_prefix_prompts(tok, n: int, prefix_tokens: int = 1000, seed: int = 0)
 
     def ids_for(k, q):
         system = "You are the support assistant of a software company. Policies follow. " + " ".join(sents[:k])
-        ids = tok.apply_chat_template(
-            [{"role": "system", "content": system}, {"role": "user", "content": q}],
-            add_generation_prompt=True,
-            tokenize=True,
-        )
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        return chat_ids(tok, [{"role": "system", "content": system}, {"role": "user", "content": q}])
 
     while len(ids_for(len(sents), "")) < prefix_tokens:
         sents.append(f"Policy {len(sents) + 1}: " + rng.choice(_SENTENCES) + f" It concerns {rng.choice(_TOPICS)}.")
@@ -910,8 +899,7 @@ _OPEN = [
 
 def speculative_sets(tok):
     def ids(text):
-        x = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
-        return list(x["input_ids"] if hasattr(x, "keys") else x)
+        return chat_ids(tok, [{"role": "user", "content": text}])
 
     edit = [
         ids(
@@ -945,9 +933,7 @@ class NeedlePrompt:
 
 
 def _chat_ids(tokenizer, text: str) -> list[int]:
-    return _ids(
-        tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
-    )
+    return chat_ids(tokenizer, [{"role": "user", "content": text}])
 
 
 def _lines_to_fit(tokenizer, lines: list[str], target: int, build) -> list[int]:
