@@ -215,7 +215,7 @@ def llamacpp_decode_bs1(
 
     py = llamacpp_python()
     if py is None:
-        return {"why": f"no llama.cpp peer environment (run scripts/peers.sh install-llamacpp to install {LLAMACPP_PIN})"}
+        return {"why": f"no llama.cpp peer environment (scripts/peers.sh install-llamacpp installs {LLAMACPP_PIN})"}
     try:
         proc = subprocess.run(
             [py, "-c", _LLAMACPP_SCRIPT, gguf_path, str(threads), str(n_new), str(reps)],
