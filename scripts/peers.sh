@@ -11,7 +11,9 @@
 #   scripts/peers.sh status
 #
 # Environment: KVSCOPE_CACHE_DIR, VLLM_PORT (8100), VLLM_EVENTS (tcp://127.0.0.1:5557),
-# VLLM_REPLAY (tcp://127.0.0.1:5558), VLLM_WAIT_S (600: bound on the wait for /health).
+# VLLM_REPLAY (tcp://127.0.0.1:5558), VLLM_WAIT_S (600: bound on the wait for /health),
+# VLLM_EXTRA_ARGS (e.g. --enforce-eager: no compile warm-up, a faster start for tests),
+# VLLM_PIDFILE ($PEERS/vllm.pid), VLLM_LOG ($PEERS/vllm.log).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PEERS="${KVSCOPE_CACHE_DIR:-$HOME/.cache/kvscope}/peers"
@@ -24,7 +26,7 @@ VLLM_PORT="${VLLM_PORT:-8100}"
 VLLM_EVENTS="${VLLM_EVENTS:-tcp://127.0.0.1:5557}"
 VLLM_REPLAY="${VLLM_REPLAY:-tcp://127.0.0.1:5558}"
 VLLM_WAIT_S="${VLLM_WAIT_S:-600}"
-PIDFILE="$PEERS/vllm.pid"
+PIDFILE="${VLLM_PIDFILE:-$PEERS/vllm.pid}"
 PY="${PYTHON:-python3}"
 mkdir -p "$PEERS"
 
@@ -85,12 +87,12 @@ vllm_start() {
   # VLLM_CPU_KVCACHE_SPACE: GiB of KV cache (vLLM CPU's default is sized for big machines).
   VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}" nohup "$VLLM_VENV/bin/vllm" serve "$model" \
     --host 127.0.0.1 --port "$VLLM_PORT" --dtype float32 --served-model-name default \
-    --max-model-len 4096 --enable-prefix-caching --kv-events-config "$cfg" \
-    >"$PEERS/vllm.log" 2>&1 &
+    --max-model-len 4096 --enable-prefix-caching --kv-events-config "$cfg" ${VLLM_EXTRA_ARGS:-} \
+    >"${VLLM_LOG:-$PEERS/vllm.log}" 2>&1 &
   echo $! >"$PIDFILE"
   local t=0
   until curl -sf -m 2 "http://127.0.0.1:$VLLM_PORT/health" >/dev/null; do
-    kill -0 "$(cat "$PIDFILE")" 2>/dev/null || { echo "vLLM exited; see $PEERS/vllm.log" >&2; tail -20 "$PEERS/vllm.log" >&2; exit 1; }
+    kill -0 "$(cat "$PIDFILE")" 2>/dev/null || { echo "vLLM exited; see ${VLLM_LOG:-$PEERS/vllm.log}" >&2; tail -20 "${VLLM_LOG:-$PEERS/vllm.log}" >&2; exit 1; }
     t=$((t + 2)); [ "$t" -lt "$VLLM_WAIT_S" ] || { echo "vLLM not healthy after ${VLLM_WAIT_S}s" >&2; vllm_stop; exit 1; }
     sleep 2
   done
