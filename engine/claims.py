@@ -304,8 +304,10 @@ def rows_from_bench(res: dict[str, BenchResult]) -> list[ClaimRow]:
                 f"{kq.get('command', 'bench kvquant')} (model {kq.get('model')}), {KVQUANT_JSON.name}, {kq.get('date')}"
             )
             rows.append(kv_quant_row(kq.get("dtypes", {}), src))
-    pe = res.get("peers")  # optional (the peers are not project dependencies): a row only once measured
-    if pe is not None:
+    pe = res.get("peers")  # the peers are optional tools: scripts/peers.sh install, then bench peers
+    if pe is None:
+        rows.append(_row("peers", "—", None, _missing("peers") + " after scripts/peers.sh install", "bench"))
+    else:
         rows.append(peers_row(pe.fields, pe.label))
     return rows
 
