@@ -134,6 +134,7 @@ CLAIMS = {
         "000, 001, 004",
     ),
     "kv_quant": ("Quantizing the KV cache hurts recall over long contexts before it shows on short prompts.", "003"),
+    "peers": ("On the same weights, kvscope keeps up with vLLM CPU at W16 and with llama.cpp at batch 1.", "—"),
 }
 
 
@@ -303,7 +304,23 @@ def rows_from_bench(res: dict[str, BenchResult]) -> list[ClaimRow]:
                 f"{kq.get('command', 'bench kvquant')} (model {kq.get('model')}), {KVQUANT_JSON.name}, {kq.get('date')}"
             )
             rows.append(kv_quant_row(kq.get("dtypes", {}), src))
+    pe = res.get("peers")  # the peers are optional tools: scripts/peers.sh install, then bench peers
+    if pe is None:
+        rows.append(_row("peers", "—", None, _missing("peers") + " after scripts/peers.sh install", "bench"))
+    else:
+        rows.append(peers_row(pe.fields, pe.label))
     return rows
+
+
+def peers_row(f: dict, source: str) -> ClaimRow:
+    w16, bs1 = _num(f, "w16_kvscope_vs_vllm"), _num(f, "decode_bs1_vs_llamacpp_t1")
+    parts = [f"W16 kvscope / vLLM {w16:.2f}" if w16 else "W16 vs vLLM not measured"]
+    parts.append(f"batch-1 kvscope / llama.cpp {bs1:.2f} (1 thread)" if bs1 else "llama.cpp not measured")
+    if f.get("greedy_identical"):
+        parts.append(f"greedy text identical {f['greedy_identical']}")
+    known = [x for x in (w16, bs1) if x is not None]
+    holds = all(x >= 1.0 for x in known) if len(known) == 2 else None
+    return _row("peers", "; ".join(parts), holds, "holds if both ratios ≥ 1 (best vs best, alternating).", source)
 
 
 KVQUANT_JSON = Path(__file__).resolve().parents[1] / "assets" / "measurements" / "kvquant.json"

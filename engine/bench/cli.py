@@ -71,6 +71,14 @@ SUITES: dict[str, Suite] = {
             "W16 through the HTTP API (16 concurrent streams) vs in-process LLM.generate; client-side TTFT / ITL",
             module="serve",
         ),
+        Suite(
+            "peers",
+            "suite_peers",
+            5,
+            "kvscope vs vLLM CPU and llama.cpp on the same weights (scripts/peers.sh): batch-1 decode, "
+            "W16 over HTTP, greedy agreement, TTFT with a cached 1k prefix",
+            module="vs_peers",
+        ),
     )
 }
 DEFAULT_ALL = ("throughput", "roofline", "memory", "prefix", "speculative", "cache")

@@ -171,18 +171,37 @@ print(json.dumps({"tok_s": max(rates[1:]), "rates": rates[1:], "tokens": toks, "
 """
 
 
-def llamacpp_python() -> str | None:
-    """The Python of the bench-peer environment that scripts/bench_peers.sh installs llama.cpp
-    into ($KVSCOPE_PEERS_VENV, default <kvscope cache>/peers-venv), where it exists."""
+def peers_dir() -> str:
+    """Where scripts/peers.sh keeps the peers' venvs: <kvscope cache>/peers."""
     import os
 
-    venv = os.environ.get("KVSCOPE_PEERS_VENV")
-    if not venv:
-        from engine.models import cache_dir
+    from engine.models import cache_dir
 
-        venv = os.path.join(cache_dir(), "peers-venv")
-    py = os.path.join(venv, "bin", "python")
-    return py if os.path.exists(py) else None
+    return os.path.join(cache_dir(), "peers")
+
+
+def llamacpp_python() -> str | None:
+    """The Python of the llama.cpp peer venv that scripts/peers.sh installs ($KVSCOPE_PEERS_VENV,
+    else <kvscope cache>/peers/llamacpp, else the older <kvscope cache>/peers-venv), where it exists."""
+    import os
+
+    from engine.models import cache_dir
+
+    env = os.environ.get("KVSCOPE_PEERS_VENV")
+    venvs = [env] if env else [os.path.join(peers_dir(), "llamacpp"), os.path.join(cache_dir(), "peers-venv")]
+    for venv in venvs:
+        py = os.path.join(venv, "bin", "python")
+        if os.path.exists(py):
+            return py
+    return None
+
+
+def vllm_command() -> str | None:
+    """The `vllm` command of the vLLM CPU peer venv (scripts/peers.sh install-vllm), where it exists."""
+    import os
+
+    cmd = os.path.join(peers_dir(), "vllm", "bin", "vllm")
+    return cmd if os.path.exists(cmd) else None
 
 
 def llamacpp_decode_bs1(
@@ -196,7 +215,7 @@ def llamacpp_decode_bs1(
 
     py = llamacpp_python()
     if py is None:
-        return {"why": f"no llama.cpp peer environment (run scripts/bench_peers.sh to install {LLAMACPP_PIN})"}
+        return {"why": f"no llama.cpp peer environment (scripts/peers.sh install-llamacpp installs {LLAMACPP_PIN})"}
     try:
         proc = subprocess.run(
             [py, "-c", _LLAMACPP_SCRIPT, gguf_path, str(threads), str(n_new), str(reps)],
