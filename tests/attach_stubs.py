@@ -146,6 +146,7 @@ class VllmStub:
         api_key: str | None = None,
         publisher: str = "connect",
         sources_route: bool = True,
+        sources_by_rank: bool = False,
     ):
         stub = self
         self.scrapes = 0
@@ -167,7 +168,8 @@ class VllmStub:
                 if self.path == "/kv_event_sources" and sources_route:
                     src = {"data_parallel_rank": 0, "endpoint": stub.events_endpoint}
                     src |= {"replay_endpoint": stub.replay_endpoint, "topic": ""}
-                    body = json.dumps([src]).encode()
+                    # vLLM 0.33: a list; vLLM CPU 0.32: {"0": the whole KVEventsConfig}
+                    body = json.dumps({"0": src | {"publisher": "zmq"}} if sources_by_rank else [src]).encode()
                     self.send_response(200)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(body)))

@@ -118,13 +118,19 @@ def tokenizer_matches(base_url: str, api_key: str | None, tokenizer, timeout: fl
 
 def kv_event_sources(base_url: str, api_key: str | None = None, timeout: float = 5.0) -> list[dict] | None:
     """vLLM's GET /kv_event_sources: one entry per data-parallel rank, each {data_parallel_rank,
-    endpoint, replay_endpoint, topic} as configured by --kv-events-config. None when the server
-    has no such route (older vLLM, kvscope) or answers something else."""
+    endpoint, replay_endpoint, topic} as configured by --kv-events-config. vLLM 0.33 answers a
+    list of those; vLLM CPU 0.32 answers an object keyed by rank whose values are the whole
+    KVEventsConfig (seen on a live server); both are read. None when the server has no such route
+    (older vLLM, kvscope) or answers something else."""
     try:
         status, body = http_get(base_url + "/kv_event_sources", api_key, timeout, max_bytes=256 * 1024)
         obj = json.loads(body) if status == 200 else None
     except (OSError, ValueError):
         return None
+    if isinstance(obj, dict):  # vLLM 0.32: {"0": KVEventsConfig fields, ...} keyed by rank
+        obj = [
+            dict(v, data_parallel_rank=int(k)) for k, v in sorted(obj.items()) if isinstance(v, dict) and k.isdigit()
+        ]
     if not isinstance(obj, list):
         return None
     return [d for d in obj if isinstance(d, dict) and isinstance(d.get("endpoint"), str)] or None

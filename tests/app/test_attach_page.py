@@ -160,8 +160,8 @@ def test_bad_url_is_an_error_not_a_crash():
     assert any("base URL" in e.value for e in at.error)
 
 
-@pytest.mark.parametrize("publisher", ["connect", "bind"])
-def test_attach_finds_the_events_endpoint_from_kv_event_sources(publisher):
+@pytest.mark.parametrize("publisher,by_rank", [("connect", False), ("bind", False), ("connect", True)])
+def test_attach_finds_the_events_endpoint_from_kv_event_sources(publisher, by_rank):
     """No endpoint typed: the page reads vLLM's GET /kv_event_sources. A publisher that connects
     (vLLM with a concrete endpoint) is bound by auto; one that binds 127.0.0.1 needs "connect"."""
     from ui import engine_access as ea
@@ -170,7 +170,10 @@ def test_attach_finds_the_events_endpoint_from_kv_event_sources(publisher):
     tok = ea.get_engine().tokenizer
     text_a = tok.encode("Shared prefix blocks are stored once and reused by later requests.", add_special_tokens=False)
     stub = VllmStub(
-        demo_batches("legacy", text_a[:8], text_a[:4] + text_a[8:12], 4), tokenizer=tok, publisher=publisher
+        demo_batches("legacy", text_a[:8], text_a[:4] + text_a[8:12], 4),
+        tokenizer=tok,
+        publisher=publisher,
+        sources_by_rank=by_rank,
     )
     try:
         at = _attach(at, stub.base_url, mode="auto" if publisher == "connect" else "connect")
