@@ -62,7 +62,7 @@ def default_gguf_path() -> str:
 
 def _file_digest(path: str) -> str:
     st = os.stat(path)
-    return hashlib.sha256(f"{os.path.abspath(path)}:{st.st_size}:{int(st.st_mtime)}".encode()).hexdigest()[:16]
+    return hashlib.sha256(f"{os.path.realpath(path)}:{st.st_size}:{int(st.st_mtime)}".encode()).hexdigest()[:16]
 
 
 # v2: a standard HF folder (architectures set, the tied embedding stored as
