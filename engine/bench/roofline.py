@@ -500,7 +500,6 @@ def suite_roofline(ctx: C.BenchContext) -> SuiteResult:
     except Exception:
         pass
     if gguf_path:
-        _find_llamacpp_venv()
         ctx.start("llama.cpp batch-1 decode")
         lc = peers.llamacpp_decode_bs1(gguf_path, p1, n1, C.torch_threads(), reps=ctx.pick(3, 2, smoke=1))
         ctx.done("llama.cpp bs1")
@@ -554,17 +553,3 @@ def suite_roofline(ctx: C.BenchContext) -> SuiteResult:
         )
     )
     return res
-
-
-def _find_llamacpp_venv() -> None:
-    """Points $KVSCOPE_PEERS_VENV at <kvscope cache>/peers/llamacpp (where the peers install
-    puts llama-cpp-python) when it is unset and the default peers-venv has no Python."""
-    import os
-
-    from engine.models import cache_dir
-
-    if os.environ.get("KVSCOPE_PEERS_VENV") or peers.llamacpp_python():
-        return
-    alt = os.path.join(cache_dir(), "peers", "llamacpp")
-    if os.path.exists(os.path.join(alt, "bin", "python")):
-        os.environ["KVSCOPE_PEERS_VENV"] = alt
