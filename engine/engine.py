@@ -27,7 +27,7 @@ from .metrics import MetricsTracker
 from .models import load_model, resolve_device, resolve_dtype
 from .outputs import CompletionOutput, RequestMetrics, RequestOutput
 from .runner import BatchRow, ModelRunner
-from .sampler import make_generator, sample
+from .sampler import make_generator, process, sample
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Request, Status, WaitReason
 from .snapshot import PLAIN, EngineInfo, RequestInfo, Snapshot
@@ -384,6 +384,9 @@ class LLMEngine:
             )
         if params.stop_token_ids and any(t >= self.vocab_size for t in params.stop_token_ids):
             raise ValueError(f"stop_token_ids must be < vocab size {self.vocab_size}")
+        if params.logit_bias and any(t >= self.vocab_size for t in params.logit_bias):
+            bad = next(t for t in params.logit_bias if t >= self.vocab_size)
+            raise ValueError(f"logit_bias: token id {bad} is outside the vocabulary [0, {self.vocab_size})")
         worst = min(len(ids) + params.max_tokens, cfg.max_model_len)
         need = self.scheduler.blocks_for_whole_request(worst)
         if cfg.allocator == "paged" and need > self.bm.num_blocks:
@@ -575,7 +578,10 @@ class LLMEngine:
                     if masked:  # vLLM's min_tokens: EOS and stop_token_ids cannot be sampled yet
                         row_lg = row_lg.clone()
                         row_lg[self._min_tokens_mask(req)] = float("-inf")
-                    if greedy_ids is not None and req.params.greedy and not masked:
+                    processed = req.params.has_logits_processors
+                    if processed:  # penalties / logit_bias / min_p over the request's own token history
+                        row_lg = process(row_lg, req.params, req.prompt_token_ids, req.output_token_ids)
+                    if greedy_ids is not None and req.params.greedy and not masked and not processed:
                         tok = greedy_ids[off - 1]
                     else:
                         tok = sample(row_lg, req.params, req.generator)

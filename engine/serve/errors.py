@@ -43,6 +43,11 @@ KNOWN_PARAMS = (
     "messages",
     "n",
     "model",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "logit_bias",
+    "min_p",
 )
 
 

@@ -112,18 +112,35 @@ def test_tool_history_messages_accepted(http):
 @pytest.mark.parametrize(
     "extra,field",
     [
-        ({"logit_bias": {"5": 10}}, "logit_bias"),
+        ({"logit_bias": {"abc": 10}}, "logit_bias"),
+        ({"logit_bias": {"5": 101}}, "logit_bias"),
+        ({"logit_bias": {"999999999": 1}}, "logit_bias"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"frequency_penalty": -2.5}, "frequency_penalty"),
         ({"response_format": {"type": "json_object"}}, "response_format"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ({"tool_choice": "required"}, "tool_choice"),
         ({"include_stop_str_in_output": True}, "include_stop_str_in_output"),
-        ({"min_p": 0.1}, "min_p"),
+        ({"min_p": 1.5}, "min_p"),
         ({"n": "3"}, "n"),
         ({"skip_special_tokens": "no"}, "skip_special_tokens"),
     ],
 )
 def test_implemented_fields_stay_strict_and_unimplemented_values_say_so(http, extra, field):
     assert_error(http.post("/v1/chat/completions", json=dict(CHAT, **extra)), 400, field, param=field)
+
+
+def test_sampler_knobs_reach_the_engine(http):
+    """LiteLLM's logit_bias (string token ids) and the penalties are applied, not ignored."""
+    body = dict(GOOD, max_tokens=4, temperature=0, ignore_eos=True)
+    r = http.post("/v1/completions", json=dict(body, logit_bias={"42": 100}))
+    assert r.status_code == 200 and IGNORED_HEADER not in r.headers, r.text
+    want = http.post("/detokenize", json={"tokens": [42] * 4}).json()["prompt"]
+    assert r.json()["choices"][0]["text"] == want
+    knobs = dict(presence_penalty=-2, frequency_penalty=-1, repetition_penalty=0.5, min_p=0.1)
+    a = http.post("/v1/completions", json=dict(body, **knobs))
+    assert a.status_code == 200, a.text
+    assert a.json()["choices"][0]["text"] != http.post("/v1/completions", json=body).json()["choices"][0]["text"]
 
 
 def test_oversized_body_gets_413_json_not_a_reset(server):
