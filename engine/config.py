@@ -319,6 +319,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # HF / vLLM: prompt + generated tokens' logits / this (x this if < 0)
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit (ids checked against the vocab)
     min_p: float = 0.0  # drop tokens with p < min_p * p_max (after temperature)
+    include_stop_str_in_output: bool = False  # vLLM: keep the matched stop string in the text
 
     def __post_init__(self):
         # below MIN_TEMPERATURE, logits / temperature overflows float32 (inf - inf = nan) and sampling fails
@@ -362,6 +363,7 @@ class SamplingParams:
                 "stop_token_ids must be a list of non-negative integers",
             )
         _check(isinstance(self.ignore_eos, bool), "ignore_eos must be True or False")
+        _check(isinstance(self.include_stop_str_in_output, bool), "include_stop_str_in_output must be True or False")
         _check(
             _is_int(self.min_tokens) and 0 <= self.min_tokens <= self.max_tokens,
             f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}",

@@ -33,6 +33,7 @@ from .sequence import Request, Status, WaitReason
 from .snapshot import PLAIN, EngineInfo, RequestInfo, Snapshot
 from .speculative.decoder import SpecDecoder
 from .speculative.verify import Verdict
+from .stops import find_stop_string
 
 __all__ = ["LLM", "LLMEngine", "CompletionOutput", "RequestMetrics", "RequestOutput"]
 
@@ -720,15 +721,11 @@ class LLMEngine:
         req.output_text = self.decode(req.output_token_ids)
 
     def _check_stop_strings(self, req: Request) -> str | None:
-        text = req.output_text
-        tail_from = max(0, len(text) - 64 - max(len(s) for s in req.params.stop))
-        for s in req.params.stop:
-            i = text.find(s, tail_from)
-            if i >= 0:
-                req.output_text = text[:i]
-                req.stop_reason = s
-                return "stop"
-        return None
+        hit = find_stop_string(req.output_text, req.params.stop, req.params.include_stop_str_in_output)
+        if hit is None:
+            return None
+        req.output_text, req.stop_reason = hit
+        return "stop"
 
     # ------------------------------------------------------------------ outputs
     def _output(self, req: Request) -> RequestOutput:

@@ -69,7 +69,7 @@ class _Common(_Lenient):
     logit_bias: dict[str, float] | None = None  # token id (as a string, OpenAI's form) -> bias in [-100, 100]
     min_p: float = Field(0.0, ge=0, le=1)
     skip_special_tokens: bool = True  # the engine's detokenizer always skips them
-    include_stop_str_in_output: bool = False  # only false: not implemented
+    include_stop_str_in_output: bool = False  # vLLM: the matched stop string kept in the text
     response_format: dict[str, Any] | None = None  # only {"type": "text"}: structured output not implemented
     # kvscope extras
     tier: str | None = Field(None, max_length=64)
@@ -92,8 +92,6 @@ class _Common(_Lenient):
             raise ValueError("top_k: must be -1 (off), 0 (off) or >= 1")
         if self.temperature is not None and 0 < self.temperature < 1e-5:
             raise ValueError("temperature: must be 0 (greedy) or >= 1e-05")
-        if self.include_stop_str_in_output:
-            raise ValueError("include_stop_str_in_output: not implemented by this server (only false)")
         for k, v in (self.logit_bias or {}).items():
             if not k.strip().isdigit():
                 raise ValueError(f"logit_bias: keys must be token ids (non-negative integers), got {k!r}")
@@ -138,6 +136,7 @@ class _Common(_Lenient):
             repetition_penalty=float(self.repetition_penalty),
             logit_bias={int(k): float(v) for k, v in self.logit_bias.items()} if self.logit_bias else None,
             min_p=float(self.min_p),
+            include_stop_str_in_output=self.include_stop_str_in_output,
         )
 
     @property

@@ -11,6 +11,7 @@ from transformers import MinPLogitsWarper, RepetitionPenaltyLogitsProcessor
 from engine import EngineConfig, LLMEngine, SamplingParams, SpeculativeConfig
 from engine import events as ev
 from engine.sampler import probs, process
+from engine.stops import find_stop_string
 
 V = 50
 
@@ -179,3 +180,35 @@ def test_speculative_engine_runs_penalised_requests_on_plain_steps_exactly(tiny)
     assert not spec.events.since(0, kinds=[ev.SPEC_VERIFY])  # never verified with drafts
     engine_tokens(spec, "a b a b a b a b", SamplingParams(max_tokens=16, ignore_eos=True))
     assert spec.events.since(0, kinds=[ev.SPEC_VERIFY])  # a plain request is speculated (the test has power)
+
+
+# ---- include_stop_str_in_output
+
+
+def test_find_stop_string_cuts_before_or_after():
+    assert find_stop_string("hello world, bye", ["xyz", "world"], False) == ("hello ", "world")
+    assert find_stop_string("hello world, bye", ["xyz", "world"], True) == ("hello world", "world")
+    assert find_stop_string("hello", ["xyz"], True) is None
+
+
+def run_text(eng: LLMEngine, prompt: str, params: SamplingParams):
+    rid = eng.add_request(None, prompt, params)
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            if o.finished and o.request_id == rid:
+                return o.outputs[0]
+    raise AssertionError("not finished")
+
+
+def test_include_stop_str_in_output_keeps_the_stop_string(tiny):
+    full = run_text(tiny, "Once upon a time", SamplingParams(max_tokens=16, ignore_eos=True)).text
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    cut = full.index(stop)
+    out = run_text(tiny, "Once upon a time", SamplingParams(max_tokens=16, ignore_eos=True, stop=[stop]))
+    kept_params = SamplingParams(max_tokens=16, ignore_eos=True, stop=[stop], include_stop_str_in_output=True)
+    kept = run_text(tiny, "Once upon a time", kept_params)
+    assert (out.text, out.finish_reason, out.stop_reason) == (full[:cut], "stop", stop)
+    assert (kept.text, kept.finish_reason, kept.stop_reason) == (full[: cut + len(stop)], "stop", stop)
+    assert kept.token_ids == out.token_ids
+    with pytest.raises(ValueError, match="include_stop_str_in_output"):
+        SamplingParams(include_stop_str_in_output=1)

@@ -120,7 +120,7 @@ def test_tool_history_messages_accepted(http):
         ({"response_format": {"type": "json_object"}}, "response_format"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ({"tool_choice": "required"}, "tool_choice"),
-        ({"include_stop_str_in_output": True}, "include_stop_str_in_output"),
+        ({"include_stop_str_in_output": "yes"}, "include_stop_str_in_output"),
         ({"min_p": 1.5}, "min_p"),
         ({"n": "3"}, "n"),
         ({"skip_special_tokens": "no"}, "skip_special_tokens"),
@@ -141,6 +141,20 @@ def test_sampler_knobs_reach_the_engine(http):
     a = http.post("/v1/completions", json=dict(body, **knobs))
     assert a.status_code == 200, a.text
     assert a.json()["choices"][0]["text"] != http.post("/v1/completions", json=body).json()["choices"][0]["text"]
+
+
+def test_include_stop_str_in_output_on_the_wire(http):
+    body = dict(GOOD, max_tokens=16, temperature=0, ignore_eos=True)
+    full = http.post("/v1/completions", json=body).json()["choices"][0]["text"]
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    cut = full.index(stop)
+    for include, want in ((False, full[:cut]), (True, full[: cut + len(stop)])):
+        b = dict(body, stop=[stop], include_stop_str_in_output=include)
+        ch = http.post("/v1/completions", json=b).json()["choices"][0]
+        assert (ch["text"], ch["finish_reason"], ch["stop_reason"]) == (want, "stop", stop)
+        with http.stream("POST", "/v1/completions", json=dict(b, stream=True)) as r:
+            lines = [ln[6:] for ln in r.iter_lines() if ln.startswith("data: ") and ln != "data: [DONE]"]
+        assert "".join(json.loads(ln)["choices"][0]["text"] for ln in lines) == want
 
 
 def test_oversized_body_gets_413_json_not_a_reset(server):
