@@ -320,6 +320,7 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit (ids checked against the vocab)
     min_p: float = 0.0  # drop tokens with p < min_p * p_max (after temperature)
     include_stop_str_in_output: bool = False  # vLLM: keep the matched stop string in the text
+    response_format: dict | None = None  # OpenAI's json_object / json_schema: a grammar mask (engine/structured.py)
 
     def __post_init__(self):
         # below MIN_TEMPERATURE, logits / temperature overflows float32 (inf - inf = nan) and sampling fails
@@ -387,6 +388,10 @@ class SamplingParams:
             for t, b in self.logit_bias.items():
                 _check(_is_int(t) and t >= 0, f"logit_bias: token id must be an integer >= 0, got {t!r}")
                 _check(_is_num(b) and -100 <= b <= 100, f"logit_bias[{t}] must be a number in [-100, 100], got {b!r}")
+        if self.response_format is not None:
+            from .structured import check_response_format
+
+            check_response_format(self.response_format)
         if self.tier is not None:
             _check(isinstance(self.tier, str), "tier must be a string")
         if self.request_class is not None:

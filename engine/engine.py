@@ -34,6 +34,7 @@ from .snapshot import PLAIN, EngineInfo, RequestInfo, Snapshot
 from .speculative.decoder import SpecDecoder
 from .speculative.verify import Verdict
 from .stops import find_stop_string
+from .structured import Grammars, mask_logits
 
 __all__ = ["LLM", "LLMEngine", "CompletionOutput", "RequestMetrics", "RequestOutput"]
 
@@ -106,6 +107,7 @@ class LLMEngine:
         hf = self.model.config
         check_supported(hf, config.max_model_len)
         self.vocab_size = hf.vocab_size
+        self.grammars = Grammars(self.tokenizer, self.vocab_size)  # structured output (built on first use)
         max_pos = getattr(hf, "max_position_embeddings", None) or config.max_model_len
         if config.max_model_len > max_pos:
             raise ValueError(
@@ -349,6 +351,13 @@ class LLMEngine:
         req.request_class = params.request_class or (tier.name if tier else "default")
         req.history = deque(maxlen=self.config.history_len)  # EngineConfig.history_len bounds the UI history
         req.generator = make_generator(params, self.device)
+        if params.response_format is not None:
+            try:
+                req.matcher = self.grammars.matcher(params.response_format)
+            except ValueError as e:
+                self._emit(ev.REJECT, request_id, reason=str(e))
+                self.metrics.num_rejected += 1
+                raise
         req.waiting_reason, req.wait_reason = "queued", WaitReason.QUEUED
         self.requests[request_id] = req
         self.scheduler.add(req)
@@ -579,13 +588,17 @@ class LLMEngine:
                     if masked:  # vLLM's min_tokens: EOS and stop_token_ids cannot be sampled yet
                         row_lg = row_lg.clone()
                         row_lg[self._min_tokens_mask(req)] = float("-inf")
-                    processed = req.params.has_logits_processors
-                    if processed:  # penalties / logit_bias / min_p over the request's own token history
+                    processed = req.params.has_logits_processors or req.matcher is not None
+                    if req.params.has_logits_processors:  # penalties / logit_bias / min_p over its own history
                         row_lg = process(row_lg, req.params, req.prompt_token_ids, req.output_token_ids)
+                    if req.matcher is not None:  # structured output: the grammar's token mask
+                        row_lg = mask_logits(row_lg, req.matcher)
                     if greedy_ids is not None and req.params.greedy and not masked and not processed:
                         tok = greedy_ids[off - 1]
                     else:
                         tok = sample(row_lg, req.params, req.generator)
+                    if req.matcher is not None:
+                        req.matcher.advance(tok)
                     new_ids = [tok]
                     marks = [PLAIN]
                 if req.params.logprobs is not None:

@@ -48,6 +48,8 @@ KNOWN_PARAMS = (
     "repetition_penalty",
     "logit_bias",
     "min_p",
+    "include_stop_str_in_output",
+    "response_format",
 )
 
 

@@ -70,7 +70,7 @@ class _Common(_Lenient):
     min_p: float = Field(0.0, ge=0, le=1)
     skip_special_tokens: bool = True  # the engine's detokenizer always skips them
     include_stop_str_in_output: bool = False  # vLLM: the matched stop string kept in the text
-    response_format: dict[str, Any] | None = None  # only {"type": "text"}: structured output not implemented
+    response_format: dict[str, Any] | None = None  # text, json_object, json_schema (engine/structured.py)
     # kvscope extras
     tier: str | None = Field(None, max_length=64)
     request_class: str | None = Field(None, max_length=64)
@@ -98,10 +98,9 @@ class _Common(_Lenient):
             if not -100 <= v <= 100:
                 raise ValueError(f"logit_bias: the bias of token {k} must be in [-100, 100], got {v!r}")
         if self.response_format is not None and self.response_format.get("type", "text") != "text":
-            raise ValueError(
-                f"response_format: type {self.response_format.get('type')!r} is not implemented by this server "
-                "(only 'text')"
-            )
+            from ..structured import check_response_format
+
+            check_response_format(self.response_format)  # ValueError naming response_format
         return self
 
     def ignored_fields(self) -> list[str]:
@@ -137,6 +136,9 @@ class _Common(_Lenient):
             logit_bias={int(k): float(v) for k, v in self.logit_bias.items()} if self.logit_bias else None,
             min_p=float(self.min_p),
             include_stop_str_in_output=self.include_stop_str_in_output,
+            response_format=None
+            if (self.response_format or {}).get("type", "text") == "text"
+            else self.response_format,
         )
 
     @property

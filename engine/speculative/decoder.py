@@ -188,8 +188,9 @@ class SpecDecoder:
                 or req.params.logprobs is not None
                 or req.num_output_tokens < req.params.min_tokens
                 or req.params.has_logits_processors
+                or req.matcher is not None
             ):
-                continue  # logprobs, min_tokens masking and logits processors: plain decode steps only
+                continue  # logprobs, min_tokens, logits processors, grammars: plain decode steps only
             st = self.class_state(req.request_class)
             if not (st.enabled and st.speculating):
                 continue

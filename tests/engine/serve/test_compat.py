@@ -117,7 +117,9 @@ def test_tool_history_messages_accepted(http):
         ({"logit_bias": {"999999999": 1}}, "logit_bias"),
         ({"repetition_penalty": 0}, "repetition_penalty"),
         ({"frequency_penalty": -2.5}, "frequency_penalty"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "xml"}}, "response_format"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "nope"}}}}, "response_format"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ({"tool_choice": "required"}, "tool_choice"),
         ({"include_stop_str_in_output": "yes"}, "include_stop_str_in_output"),
@@ -155,6 +157,36 @@ def test_include_stop_str_in_output_on_the_wire(http):
         with http.stream("POST", "/v1/completions", json=dict(b, stream=True)) as r:
             lines = [ln[6:] for ln in r.iter_lines() if ln.startswith("data: ") and ln != "data: [DONE]"]
         assert "".join(json.loads(ln)["choices"][0]["text"] for ln in lines) == want
+
+
+def test_structured_output_on_the_wire(http):
+    """LangChain's with_structured_output body: response_format json_schema; the content parses
+    and validates, streamed and not."""
+    import jsonschema
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 10},
+            "unit": {"enum": ["C", "F"]},
+            "days": {"type": "array", "items": {"type": "integer"}, "maxItems": 2},
+        },
+        "required": ["city", "unit", "days"],
+        "additionalProperties": False,
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "Weather", "schema": schema, "strict": True}}
+    body = dict(CHAT, max_tokens=200, temperature=0, response_format=fmt)
+    r = http.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200 and IGNORED_HEADER not in r.headers, r.text
+    ch = r.json()["choices"][0]
+    assert ch["finish_reason"] == "stop"
+    jsonschema.validate(json.loads(ch["message"]["content"]), schema)
+    with http.stream("POST", "/v1/chat/completions", json=dict(body, stream=True)) as s:
+        lines = [ln[6:] for ln in s.iter_lines() if ln.startswith("data: ") and ln != "data: [DONE]"]
+    text = "".join(
+        json.loads(ln)["choices"][0]["delta"].get("content") or "" for ln in lines if json.loads(ln)["choices"]
+    )
+    assert text == ch["message"]["content"]
 
 
 def test_oversized_body_gets_413_json_not_a_reset(server):
