@@ -6,6 +6,7 @@ Every check raises ValueError naming the field and the limit, before anything is
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 ALLOCATORS = ("paged", "contiguous")
@@ -20,6 +21,7 @@ DECODE_BACKENDS = ("auto", "c", "transformers")
 WEIGHT_FORMATS = ("auto", "gguf", "fp32", "bf16", "fp16")
 MIN_TEMPERATURE = 1e-5
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs
+MAX_LOGIT_BIAS = 1024  # entries in one request's logit_bias
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -29,6 +31,10 @@ def _check(cond: bool, msg: str) -> None:
 
 def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_num(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 @dataclass(slots=True)
@@ -316,6 +322,13 @@ class SamplingParams:
     min_tokens: int = 0  # EOS / stop_token_ids masked (and stop strings ignored) until this many
     logprobs: int | None = None  # None: none; N: the sampled token's logprob and the top N (vLLM: <= 20)
     num_speculative_tokens: int | None = None  # this request's draft length (<= the engine's k; None = engine's)
+    presence_penalty: float = 0.0  # OpenAI / vLLM: minus this for every token already generated
+    frequency_penalty: float = 0.0  # minus this times the token's count among the generated tokens
+    repetition_penalty: float = 1.0  # HF / vLLM: prompt + generated tokens' logits / this (x this if < 0)
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit (ids checked against the vocab)
+    min_p: float = 0.0  # drop tokens with p < min_p * p_max (after temperature)
+    include_stop_str_in_output: bool = False  # vLLM: keep the matched stop string in the text
+    response_format: dict | None = None  # OpenAI's json_object / json_schema: a grammar mask (engine/structured.py)
 
     def __post_init__(self):
         # below MIN_TEMPERATURE, logits / temperature overflows float32 (inf - inf = nan) and sampling fails
@@ -359,6 +372,7 @@ class SamplingParams:
                 "stop_token_ids must be a list of non-negative integers",
             )
         _check(isinstance(self.ignore_eos, bool), "ignore_eos must be True or False")
+        _check(isinstance(self.include_stop_str_in_output, bool), "include_stop_str_in_output must be True or False")
         _check(
             _is_int(self.min_tokens) and 0 <= self.min_tokens <= self.max_tokens,
             f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}",
@@ -368,6 +382,24 @@ class SamplingParams:
                 _is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS,
                 f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}",
             )
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            _check(_is_num(v) and -2 <= v <= 2, f"{name} must be a number in [-2, 2], got {v!r}")
+        rp = self.repetition_penalty
+        _check(_is_num(rp) and 0 < rp <= 2, f"repetition_penalty must be a number in (0, 2], got {rp!r}")
+        _check(_is_num(self.min_p) and 0 <= self.min_p <= 1, f"min_p must be a number in [0, 1], got {self.min_p!r}")
+        if self.logit_bias is not None:
+            _check(
+                isinstance(self.logit_bias, dict) and len(self.logit_bias) <= MAX_LOGIT_BIAS,
+                f"logit_bias must be a mapping of at most {MAX_LOGIT_BIAS} token ids to numbers",
+            )
+            for t, b in self.logit_bias.items():
+                _check(_is_int(t) and t >= 0, f"logit_bias: token id must be an integer >= 0, got {t!r}")
+                _check(_is_num(b) and -100 <= b <= 100, f"logit_bias[{t}] must be a number in [-100, 100], got {b!r}")
+        if self.response_format is not None:
+            from .structured import check_response_format
+
+            check_response_format(self.response_format)
         if self.tier is not None:
             _check(isinstance(self.tier, str), "tier must be a string")
         if self.request_class is not None:
@@ -384,3 +416,14 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def has_logits_processors(self) -> bool:
+        """True when a penalty, logit_bias or min_p changes the logits (all neutral: the plain path)."""
+        return bool(
+            self.presence_penalty
+            or self.frequency_penalty
+            or self.repetition_penalty != 1.0
+            or self.logit_bias
+            or self.min_p
+        )

@@ -29,12 +29,14 @@ from .metrics import MetricsTracker
 from .models import load_model, resolve_device, resolve_dtype
 from .outputs import CompletionOutput, RequestMetrics, RequestOutput
 from .runner import BatchRow, ModelRunner
-from .sampler import make_generator, sample
+from .sampler import make_generator, process, sample
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Request, Status, WaitReason
 from .snapshot import PLAIN, EngineInfo, RequestInfo, Snapshot
 from .speculative.decoder import SpecDecoder
 from .speculative.verify import Verdict
+from .stops import find_stop_string
+from .structured import Grammars, mask_logits
 
 __all__ = ["LLM", "LLMEngine", "CompletionOutput", "RequestMetrics", "RequestOutput"]
 
@@ -98,6 +100,7 @@ class LLMEngine:
         hf = self.model.config
         check_supported(hf, config.max_model_len)
         self.vocab_size = hf.vocab_size
+        self.grammars = Grammars(self.tokenizer, self.vocab_size)  # structured output (built on first use)
         max_pos = getattr(hf, "max_position_embeddings", None) or config.max_model_len
         if config.max_model_len > max_pos:
             raise ValueError(
@@ -337,6 +340,13 @@ class LLMEngine:
         req.request_class = params.request_class or (tier.name if tier else "default")
         req.history = deque(maxlen=self.config.history_len)  # EngineConfig.history_len bounds the UI history
         req.generator = make_generator(params, self.device)
+        if params.response_format is not None:
+            try:
+                req.matcher = self.grammars.matcher(params.response_format)
+            except ValueError as e:
+                self._emit(ev.REJECT, request_id, reason=str(e))
+                self.metrics.num_rejected += 1
+                raise
         req.waiting_reason, req.wait_reason = "queued", WaitReason.QUEUED
         self.requests[request_id] = req
         self.scheduler.add(req)
@@ -373,6 +383,9 @@ class LLMEngine:
             )
         if params.stop_token_ids and any(t >= self.vocab_size for t in params.stop_token_ids):
             raise ValueError(f"stop_token_ids must be < vocab size {self.vocab_size}")
+        if params.logit_bias and any(t >= self.vocab_size for t in params.logit_bias):
+            bad = next(t for t in params.logit_bias if t >= self.vocab_size)
+            raise ValueError(f"logit_bias: token id {bad} is outside the vocabulary [0, {self.vocab_size})")
         worst = min(len(ids) + params.max_tokens, cfg.max_model_len)
         need = self.scheduler.blocks_for_whole_request(worst)
         if cfg.allocator == "paged" and need > self.bm.num_blocks:
@@ -564,10 +577,17 @@ class LLMEngine:
                     if masked:  # vLLM's min_tokens: EOS and stop_token_ids cannot be sampled yet
                         row_lg = row_lg.clone()
                         row_lg[self._min_tokens_mask(req)] = float("-inf")
-                    if greedy_ids is not None and req.params.greedy and not masked:
+                    processed = req.params.has_logits_processors or req.matcher is not None
+                    if req.params.has_logits_processors:  # penalties / logit_bias / min_p over its own history
+                        row_lg = process(row_lg, req.params, req.prompt_token_ids, req.output_token_ids)
+                    if req.matcher is not None:  # structured output: the grammar's token mask
+                        row_lg = mask_logits(row_lg, req.matcher)
+                    if greedy_ids is not None and req.params.greedy and not masked and not processed:
                         tok = greedy_ids[off - 1]
                     else:
                         tok = sample(row_lg, req.params, req.generator)
+                    if req.matcher is not None:
+                        req.matcher.advance(tok)
                     new_ids = [tok]
                     marks = [PLAIN]
                 if req.params.logprobs is not None:
@@ -703,15 +723,11 @@ class LLMEngine:
         req.output_text = self.decode(req.output_token_ids)
 
     def _check_stop_strings(self, req: Request) -> str | None:
-        text = req.output_text
-        tail_from = max(0, len(text) - 64 - max(len(s) for s in req.params.stop))
-        for s in req.params.stop:
-            i = text.find(s, tail_from)
-            if i >= 0:
-                req.output_text = text[:i]
-                req.stop_reason = s
-                return "stop"
-        return None
+        hit = find_stop_string(req.output_text, req.params.stop, req.params.include_stop_str_in_output)
+        if hit is None:
+            return None
+        req.output_text, req.stop_reason = hit
+        return "stop"
 
     # ------------------------------------------------------------------ outputs
     def _output(self, req: Request) -> RequestOutput:

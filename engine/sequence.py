@@ -61,6 +61,7 @@ class Request:
     output_text: str = ""
     stop_reason: str | int | None = None
     generator: object | None = None  # torch.Generator for seeded sampling
+    matcher: object | None = None  # structured output: the grammar state (engine/structured.Matcher)
     token_marks: deque = field(default_factory=lambda: deque(maxlen=2048))
     history: deque = field(default_factory=lambda: deque(maxlen=512))
     token_times: list[float] = field(default_factory=list)

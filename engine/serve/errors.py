@@ -43,6 +43,13 @@ KNOWN_PARAMS = (
     "messages",
     "n",
     "model",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "logit_bias",
+    "min_p",
+    "include_stop_str_in_output",
+    "response_format",
 )
 
 

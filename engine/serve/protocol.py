@@ -63,14 +63,14 @@ class _Common(_Lenient):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = Field(None, max_length=256)
-    presence_penalty: float = Field(0.0, ge=0, le=0)  # not implemented by the engine: only the neutral value
-    frequency_penalty: float = Field(0.0, ge=0, le=0)
-    repetition_penalty: float = Field(1.0, ge=1, le=1)
-    logit_bias: dict[str, float] | None = None  # only {} (neutral): not implemented
-    min_p: float = Field(0.0, ge=0, le=0)  # only the neutral value: not implemented
+    presence_penalty: float = Field(0.0, ge=-2, le=2)  # engine/sampler.py process()
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    repetition_penalty: float = Field(1.0, gt=0, le=2)
+    logit_bias: dict[str, float] | None = None  # token id (as a string, OpenAI's form) -> bias in [-100, 100]
+    min_p: float = Field(0.0, ge=0, le=1)
     skip_special_tokens: bool = True  # the engine's detokenizer always skips them
-    include_stop_str_in_output: bool = False  # only false: not implemented
-    response_format: dict[str, Any] | None = None  # only {"type": "text"}: structured output not implemented
+    include_stop_str_in_output: bool = False  # vLLM: the matched stop string kept in the text
+    response_format: dict[str, Any] | None = None  # text, json_object, json_schema (engine/structured.py)
     # kvscope extras
     tier: str | None = Field(None, max_length=64)
     request_class: str | None = Field(None, max_length=64)
@@ -92,15 +92,15 @@ class _Common(_Lenient):
             raise ValueError("top_k: must be -1 (off), 0 (off) or >= 1")
         if self.temperature is not None and 0 < self.temperature < 1e-5:
             raise ValueError("temperature: must be 0 (greedy) or >= 1e-05")
-        if self.include_stop_str_in_output:
-            raise ValueError("include_stop_str_in_output: not implemented by this server (only false)")
-        if self.logit_bias:
-            raise ValueError("logit_bias: not implemented by this server (only {} or null)")
+        for k, v in (self.logit_bias or {}).items():
+            if not k.strip().isdigit():
+                raise ValueError(f"logit_bias: keys must be token ids (non-negative integers), got {k!r}")
+            if not -100 <= v <= 100:
+                raise ValueError(f"logit_bias: the bias of token {k} must be in [-100, 100], got {v!r}")
         if self.response_format is not None and self.response_format.get("type", "text") != "text":
-            raise ValueError(
-                f"response_format: type {self.response_format.get('type')!r} is not implemented by this server "
-                "(only 'text')"
-            )
+            from ..structured import check_response_format
+
+            check_response_format(self.response_format)  # ValueError naming response_format
         return self
 
     def ignored_fields(self) -> list[str]:
@@ -130,6 +130,15 @@ class _Common(_Lenient):
             request_class=self.request_class,
             cache_salt=self.cache_salt,
             speculative=self.speculative,
+            presence_penalty=float(self.presence_penalty),
+            frequency_penalty=float(self.frequency_penalty),
+            repetition_penalty=float(self.repetition_penalty),
+            logit_bias={int(k): float(v) for k, v in self.logit_bias.items()} if self.logit_bias else None,
+            min_p=float(self.min_p),
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            response_format=None
+            if (self.response_format or {}).get("type", "text") == "text"
+            else self.response_format,
         )
 
     @property

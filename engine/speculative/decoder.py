@@ -187,8 +187,10 @@ class SpecDecoder:
                 not req.params.speculative
                 or req.params.logprobs is not None
                 or req.num_output_tokens < req.params.min_tokens
+                or req.params.has_logits_processors
+                or req.matcher is not None
             ):
-                continue  # logprobs and min_tokens masking are done on plain decode steps
+                continue  # logprobs, min_tokens, logits processors, grammars: plain decode steps only
             st = self.class_state(req.request_class)
             if not (st.enabled and st.speculating):
                 continue

@@ -125,9 +125,9 @@ CASES = [
         "top_logprobs",
     ),
     (
-        "presence_penalty (not implemented)",
+        "presence_penalty out of range",
         "/v1/completions",
-        dict(GOOD, presence_penalty=0.5),
+        dict(GOOD, presence_penalty=2.5),
         400,
         ["presence_penalty"],
         "presence_penalty",

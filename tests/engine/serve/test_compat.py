@@ -112,18 +112,81 @@ def test_tool_history_messages_accepted(http):
 @pytest.mark.parametrize(
     "extra,field",
     [
-        ({"logit_bias": {"5": 10}}, "logit_bias"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"logit_bias": {"abc": 10}}, "logit_bias"),
+        ({"logit_bias": {"5": 101}}, "logit_bias"),
+        ({"logit_bias": {"999999999": 1}}, "logit_bias"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"frequency_penalty": -2.5}, "frequency_penalty"),
+        ({"response_format": {"type": "xml"}}, "response_format"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "nope"}}}}, "response_format"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ({"tool_choice": "required"}, "tool_choice"),
-        ({"include_stop_str_in_output": True}, "include_stop_str_in_output"),
-        ({"min_p": 0.1}, "min_p"),
+        ({"include_stop_str_in_output": "yes"}, "include_stop_str_in_output"),
+        ({"min_p": 1.5}, "min_p"),
         ({"n": "3"}, "n"),
         ({"skip_special_tokens": "no"}, "skip_special_tokens"),
     ],
 )
 def test_implemented_fields_stay_strict_and_unimplemented_values_say_so(http, extra, field):
     assert_error(http.post("/v1/chat/completions", json=dict(CHAT, **extra)), 400, field, param=field)
+
+
+def test_sampler_knobs_reach_the_engine(http):
+    """LiteLLM's logit_bias (string token ids) and the penalties are applied, not ignored."""
+    body = dict(GOOD, max_tokens=4, temperature=0, ignore_eos=True)
+    r = http.post("/v1/completions", json=dict(body, logit_bias={"42": 100}))
+    assert r.status_code == 200 and IGNORED_HEADER not in r.headers, r.text
+    want = http.post("/detokenize", json={"tokens": [42] * 4}).json()["prompt"]
+    assert r.json()["choices"][0]["text"] == want
+    knobs = dict(presence_penalty=-2, frequency_penalty=-1, repetition_penalty=0.5, min_p=0.1)
+    a = http.post("/v1/completions", json=dict(body, **knobs))
+    assert a.status_code == 200, a.text
+    assert a.json()["choices"][0]["text"] != http.post("/v1/completions", json=body).json()["choices"][0]["text"]
+
+
+def test_include_stop_str_in_output_on_the_wire(http):
+    body = dict(GOOD, max_tokens=16, temperature=0, ignore_eos=True)
+    full = http.post("/v1/completions", json=body).json()["choices"][0]["text"]
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    cut = full.index(stop)
+    for include, want in ((False, full[:cut]), (True, full[: cut + len(stop)])):
+        b = dict(body, stop=[stop], include_stop_str_in_output=include)
+        ch = http.post("/v1/completions", json=b).json()["choices"][0]
+        assert (ch["text"], ch["finish_reason"], ch["stop_reason"]) == (want, "stop", stop)
+        with http.stream("POST", "/v1/completions", json=dict(b, stream=True)) as r:
+            lines = [ln[6:] for ln in r.iter_lines() if ln.startswith("data: ") and ln != "data: [DONE]"]
+        assert "".join(json.loads(ln)["choices"][0]["text"] for ln in lines) == want
+
+
+def test_structured_output_on_the_wire(http):
+    """LangChain's with_structured_output body: response_format json_schema; the content parses
+    and validates, streamed and not."""
+    import jsonschema
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 10},
+            "unit": {"enum": ["C", "F"]},
+            "days": {"type": "array", "items": {"type": "integer"}, "maxItems": 2},
+        },
+        "required": ["city", "unit", "days"],
+        "additionalProperties": False,
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "Weather", "schema": schema, "strict": True}}
+    body = dict(CHAT, max_tokens=200, temperature=0, response_format=fmt)
+    r = http.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200 and IGNORED_HEADER not in r.headers, r.text
+    ch = r.json()["choices"][0]
+    assert ch["finish_reason"] == "stop"
+    jsonschema.validate(json.loads(ch["message"]["content"]), schema)
+    with http.stream("POST", "/v1/chat/completions", json=dict(body, stream=True)) as s:
+        lines = [ln[6:] for ln in s.iter_lines() if ln.startswith("data: ") and ln != "data: [DONE]"]
+    text = "".join(
+        json.loads(ln)["choices"][0]["delta"].get("content") or "" for ln in lines if json.loads(ln)["choices"]
+    )
+    assert text == ch["message"]["content"]
 
 
 def test_oversized_body_gets_413_json_not_a_reset(server):
