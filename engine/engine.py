@@ -16,10 +16,10 @@ from dataclasses import dataclass
 import torch
 
 from . import events as ev
-from . import kv_quant
-from .block_manager import BlockManager, cdiv
+from . import kv_quant, pool_sizing
+from .block_manager import BlockManager
 from .config import EngineConfig, SamplingParams
-from .device import activation_reserve_bytes, cuda_memory, gpu_kv_budget_bytes
+from .device import cuda_memory
 from .events import EventRing
 from .families import check_supported
 from .inputs import chat_ids, check_prompt_length
@@ -28,6 +28,8 @@ from .kv_layout import dtype_bytes, kv_bytes_per_token, kv_geometry, kv_scale_by
 from .metrics import MetricsTracker
 from .models import load_model, resolve_device, resolve_dtype
 from .outputs import CompletionOutput, RequestMetrics, RequestOutput
+from .pool_sizing import DEFAULT_KV_BYTES as DEFAULT_KV_BYTES  # re-exported (tests read them here)
+from .pool_sizing import MAX_BLOCKS as MAX_BLOCKS
 from .runner import BatchRow, ModelRunner
 from .sampler import make_generator, process, sample
 from .scheduler import Scheduler, SchedulerOutput
@@ -39,11 +41,6 @@ from .stops import find_stop_string
 from .structured import Grammars, mask_logits
 
 __all__ = ["LLM", "LLMEngine", "CompletionOutput", "RequestMetrics", "RequestOutput"]
-
-DEFAULT_KV_BYTES = 256 * 1024 * 1024
-MAX_DEFAULT_BLOCKS = 4096
-MAX_BLOCKS = 1_000_000  # same cap as EngineConfig.num_kv_blocks, also for kv_cache_bytes
-MEMORY_FRACTION = 0.9  # of the available memory a KV pool (or swap space) may take
 
 
 def _schedule_rows(items, rows) -> list[list]:
@@ -113,58 +110,19 @@ class LLMEngine:
             n_layers, n_kv, head_dim, dtype_bytes(self.kv_cache_dtype), scale_bytes=kv_scale_bytes(self.kv_cache_dtype)
         )
         self.bytes_per_block = self.bytes_per_token * config.block_size
-        if config.num_kv_blocks is not None:
-            num_blocks = config.num_kv_blocks
-            field_name = f"num_kv_blocks={num_blocks}"
-        elif config.kv_cache_bytes is None and self.device.type == "cuda":
-            num_blocks, field_name = self._gpu_pool_blocks(hf)
-        else:
-            budget = config.kv_cache_bytes or DEFAULT_KV_BYTES
-            num_blocks = budget // self.bytes_per_block
-            field_name = f"kv_cache_bytes={budget}"
-            if config.kv_cache_bytes is None:
-                num_blocks = min(num_blocks, MAX_DEFAULT_BLOCKS)
-            if num_blocks < 1:
-                raise ValueError(
-                    f"kv_cache_bytes={budget} is smaller than one block "
-                    f"({self.bytes_per_block} bytes at block_size {config.block_size})"
-                )
-        # refuse pools the machine cannot hold before anything is allocated (zero-filling them
-        # tensor by tensor would end in the OOM killer, taking the server down)
-        pool_bytes = num_blocks * self.bytes_per_block
-        avail = _available_bytes(self.device)
-        if field_name.startswith("gpu_memory_utilization"):
-            avail = None  # sized from free device memory just above
-        if avail is not None and pool_bytes > MEMORY_FRACTION * avail:
-            raise ValueError(
-                f"{field_name} needs {pool_bytes / 2**30:.1f} GiB of KV cache ({self.bytes_per_block} "
-                f"bytes per block); the {self.device.type} has {avail / 2**30:.1f} GiB available and "
-                f"the pool may use at most {MEMORY_FRACTION:.0%} of it"
-            )
-        if num_blocks > MAX_BLOCKS:
-            raise ValueError(
-                f"{field_name} gives {num_blocks} blocks; the limit is {MAX_BLOCKS} "
-                f"(raise block_size for a bigger pool)"
-            )
+        num_blocks, field_name = pool_sizing.pool_blocks(
+            config, self.bytes_per_block, self.device.type, lambda: self._gpu_pool_blocks(hf)
+        )
+        # sized from free device memory already under gpu_memory_utilization
+        avail = None if field_name.startswith("gpu_memory_utilization") else _available_bytes(self.device)
+        pool_sizing.check_pool(config, num_blocks, field_name, self.bytes_per_block, self.device.type, avail)
         slab_tokens = config.max_model_len
-        if config.allocator == "contiguous" and cdiv(slab_tokens, config.block_size) > num_blocks:
-            raise ValueError(
-                f"allocator='contiguous' needs at least one max_model_len slab "
-                f"({cdiv(slab_tokens, config.block_size)} blocks); the pool has {num_blocks}"
-            )
-        num_swap = config.swap_space_bytes // self.bytes_per_block if config.preemption_mode == "swap" else 0
+        num_swap = pool_sizing.swap_blocks(config, self.bytes_per_block)
         if num_swap:
             cpu_avail = _available_bytes(torch.device("cpu"))
-            if cpu_avail is not None:
-                if self.device.type == "cpu":
-                    cpu_avail = max(0, cpu_avail - pool_bytes)
-                if num_swap * self.bytes_per_block > MEMORY_FRACTION * cpu_avail:
-                    raise ValueError(
-                        f"swap_space_bytes={config.swap_space_bytes} needs "
-                        f"{num_swap * self.bytes_per_block / 2**30:.1f} GiB of CPU swap space; "
-                        f"{cpu_avail / 2**30:.1f} GiB of memory is available and the swap space may "
-                        f"use at most {MEMORY_FRACTION:.0%} of it"
-                    )
+            if cpu_avail is not None and self.device.type == "cpu":
+                cpu_avail = max(0, cpu_avail - num_blocks * self.bytes_per_block)
+            pool_sizing.check_swap(config, num_swap, self.bytes_per_block, cpu_avail)
         self.num_blocks = num_blocks
         self.bm = BlockManager(
             num_blocks,
@@ -235,28 +193,16 @@ class LLMEngine:
     # ------------------------------------------------------------------ helpers
     def _gpu_pool_blocks(self, hf) -> tuple[int, str]:
         """(blocks, the field that sized them) for a CUDA pool sized by gpu_memory_utilization."""
-        c = self.config
         budget = self._gpu_budget(hf, self.dtype.itemsize)
-        num_blocks = min(budget // self.bytes_per_block, MAX_BLOCKS)
-        if num_blocks < 1:
-            raise ValueError(
-                f"gpu_memory_utilization={c.gpu_memory_utilization} leaves {budget} bytes for "
-                f"the KV cache, less than one block ({self.bytes_per_block} bytes)"
-            )
-        return num_blocks, f"gpu_memory_utilization={c.gpu_memory_utilization}"
+        return pool_sizing.gpu_pool_blocks(budget, self.bytes_per_block, self.config.gpu_memory_utilization)
 
     def _gpu_budget(self, hf, itemsize: int) -> int:
         """KV bytes on CUDA from free device memory (engine/device.py), read after the weights loaded."""
-        c = self.config
         mem = cuda_memory(self.device)
-        if mem is None:
-            return DEFAULT_KV_BYTES
-        hidden = getattr(hf, "hidden_size", 0) or 0
-        inter = getattr(hf, "intermediate_size", None) or 4 * hidden
-        reserve = activation_reserve_bytes(
-            c.max_num_batched_tokens, hidden, inter, hf.vocab_size, c.max_num_seqs, itemsize
+        hidden = getattr(hf, "hidden_size", 0)
+        return pool_sizing.gpu_budget(
+            mem, self.config, itemsize, hidden, getattr(hf, "intermediate_size", None), hf.vocab_size
         )
-        return gpu_kv_budget_bytes(mem[0], mem[1], c.gpu_memory_utilization, reserve)
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
