@@ -408,7 +408,7 @@ class LiveRequest:
 def speculation_requests(tokenizer, spec: dict | None = None) -> list[LiveRequest]:
     """The speculation scenario's requests: the bench's passage-edit and open-ended prompts,
     chat-templated, greedy, each kind in its own request class (CLASSES)."""
-    from engine.workloads import speculative_sets
+    from engine.prompt_sets import speculative_sets
 
     spec = spec or RECORDINGS["speculation"]
     sets = speculative_sets(tokenizer)

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from .. import recording
-from ..workloads import chat_prompts, filler_ids  # noqa: F401  (the suites call C.*)
+from ..prompt_sets import chat_prompts, filler_ids  # noqa: F401  (the suites call C.*)
 from .report import BenchUnavailable, Progress
 
 # ---------------------------------------------------------------------------- run context

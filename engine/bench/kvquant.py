@@ -1,7 +1,7 @@
 """`python -m engine bench kvquant`: what a quantized K/V cache costs in quality, and what it buys.
 
 For each pool format (EngineConfig.kv_cache_dtype: fp32 as the reference, bf16, fp16, fp8_e4m3,
-int8) on one fixed prompt set (engine/workloads.py: chat prompts, long-context prompts of 1-2k
+int8) on one fixed prompt set (engine/prompt_sets.py: chat prompts, long-context prompts of 1-2k
 tokens, needle-in-a-haystack prompts), greedy decoding through the engine, then:
 
 - agreement with the fp32-KV run: `token_agreement` (identical tokens at the same position / all
@@ -82,9 +82,9 @@ def agreement(ref: list[list[int]], got: list[list[int]]) -> dict:
 
 
 def _prompt_set(ctx, tok):
-    from engine import workloads as W
+    from engine import prompt_sets as PS
 
-    chat = W.w16_prompts(
+    chat = PS.w16_prompts(
         tok,
         n=ctx.pick(8, 3, smoke=2),
         seed=0,
@@ -93,10 +93,10 @@ def _prompt_set(ctx, tok):
         return_token_ids=True,
     )
     lo, hi = ctx.pick((1024, 2048), (1024, 1024), smoke=(96, 128))
-    long = W.long_context_prompts(tok, n=ctx.pick(3, 1, smoke=1), seed=0, min_tokens=lo, max_tokens=hi)
-    needles = W.needle_prompts(
+    long = PS.long_context_prompts(tok, n=ctx.pick(3, 1, smoke=1), seed=0, min_tokens=lo, max_tokens=hi)
+    needles = PS.needle_prompts(
         tok,
-        depths=ctx.pick(W.NEEDLE_DEPTHS, (0.1, 0.5, 0.9), smoke=(0.5,)),
+        depths=ctx.pick(PS.NEEDLE_DEPTHS, (0.1, 0.5, 0.9), smoke=(0.5,)),
         n_codes=ctx.pick(2, 1, smoke=1),
         context_tokens=ctx.pick(1536, 1024, smoke=128),
     )

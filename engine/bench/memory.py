@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
+from .. import prompt_sets as PS
 from .. import recording
-from .. import workloads as W
 from . import common as C
 from .common import SuiteResult
 from .report import BenchUnavailable, line_figure
@@ -30,7 +30,7 @@ def suite_memory(ctx: C.BenchContext) -> SuiteResult:
     ctx.start("load tokenizer")
     tok = ctx.tokenizer()
     ctx.done("tokenizer")
-    work, max_len = W.release_freeze_workload(tok, ctx.quick)
+    work, max_len = PS.release_freeze_workload(tok, ctx.quick)
     if ctx.smoke:
         work, max_len = [(a, ids[:20], 4) for a, ids, _ in work[:4]], 64
     n = len(work)

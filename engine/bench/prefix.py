@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .. import workloads as W
+from .. import prompt_sets as PS
 from . import common as C
 from .common import SuiteResult
 from .report import BenchUnavailable, bar_figure
@@ -14,7 +14,7 @@ def suite_prefix(ctx: C.BenchContext) -> SuiteResult:
     ctx.start("prompts")
     tok = ctx.tokenizer()
     n = ctx.pick(16, 6, smoke=2)
-    prompts, shared = W.shared_prefix_prompts(tok, n + 1, prefix_tokens=ctx.pick(1000, 1000, smoke=80))
+    prompts, shared = PS.shared_prefix_prompts(tok, n + 1, prefix_tokens=ctx.pick(1000, 1000, smoke=80))
     warm, prompts = prompts[0], prompts[1:]
     ctx.done("prompts")
     res.add("shared_prefix_tokens", shared, f"{n} questions behind one system prompt")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .. import measure, rates
-from .. import workloads as W
+from .. import prompt_sets as PS
 from . import common as C
 from . import peers
 from .common import SuiteResult
@@ -27,7 +27,7 @@ def suite_speculative(ctx: C.BenchContext) -> SuiteResult:
     res = SuiteResult()
     ctx.start("prompts")
     model, tok = ctx.hf()
-    sets = W.speculative_sets(tok)
+    sets = PS.speculative_sets(tok)
     k = 4
     drafters = {"ngram": SpeculativeConfig(method="ngram", num_speculative_tokens=k)}
     if not ctx.quick:

@@ -7,7 +7,9 @@ monitor that falls back to plain decoding when speculation does not pay, and E(a
     drafters.py  ngram_propose, ModelDrafter, SpecContext, draft ids ("<rid>#draft")
     monitor.py   CostModel, ClassState
     decoder.py   SpecDecoder (the hooks LLMEngine.step calls)
-    measure.py   speedup_vs_plain (builds engines; imported on first use)
+
+The plain-vs-speculative speedup lives in engine/experiments.py (compare_speculative): nothing
+here imports engine.engine or engine.experiments.
 """
 
 from .decoder import SpecDecoder
@@ -28,15 +30,6 @@ __all__ = [
     "draft_id",
     "expected_tokens_per_pass",
     "ngram_propose",
-    "speedup_vs_plain",
     "verify_greedy",
     "verify_sampling",
 ]
-
-
-def __getattr__(name):  # measure.py builds LLMEngines: importing it here would be a cycle
-    if name == "speedup_vs_plain":
-        from .measure import speedup_vs_plain
-
-        return speedup_vs_plain
-    raise AttributeError(name)

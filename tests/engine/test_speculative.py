@@ -447,20 +447,16 @@ def test_early_exit_layers_must_be_below_target_depth():
         spec_engine(k=2, spec=dict(method="self_draft", draft_layers=2))
 
 
-def test_speedup_vs_plain_reports_both_runs():
-    from engine.speculative import speedup_vs_plain
+def test_compare_speculative_reports_both_runs_for_self_draft():
+    from engine.experiments import compare_speculative
 
-    cfg = EngineConfig(
-        model="tiny",
-        num_threads=1,
-        speculative=SpeculativeConfig(
-            method="self_draft", draft_layers=1, num_speculative_tokens=2, enable_fallback=False
-        ),
-    )
-    r = speedup_vs_plain(cfg, TINY_PROMPTS[1], SamplingParams(max_tokens=12, ignore_eos=True))
-    assert r["identical"] and r["tokens"] == 12
-    assert r["plain_s"] > 0 and r["spec_s"] > 0 and r["speedup"] == pytest.approx(r["plain_s"] / r["spec_s"])
-    assert r["spec"]["num_drafts"] > 0
+    base = EngineConfig(model="tiny", num_threads=1)
+    spec = SpeculativeConfig(method="self_draft", draft_layers=1, num_speculative_tokens=2, enable_fallback=False)
+    r = compare_speculative(base, TINY_PROMPTS[1], spec, 12, min_rounds=1, chat=False)
+    assert r.outputs_match and r.spec.output_len == r.plain.output_len == 12
+    c = r.comparison
+    assert c.a.median > 0 and c.b.median > 0 and c.ratio.median > 0
+    assert r.spec.spec_num_draft_tokens > 0
 
 
 def test_early_exit_borrowed_blocks_go_back_where_they_were():

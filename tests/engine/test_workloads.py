@@ -1,4 +1,5 @@
-"""engine/workloads.py: seeded scenarios (determinism, ranges, growth, shared prefixes, errors)."""
+"""engine/workloads.py: seeded scenarios (determinism, ranges, growth, shared prefixes, errors);
+engine/prompt_sets.py: the W16 prompts."""
 
 import os
 import subprocess
@@ -7,6 +8,7 @@ from dataclasses import asdict
 
 import pytest
 
+from engine import prompt_sets as PS
 from engine import workloads as W
 
 
@@ -15,7 +17,7 @@ def _dump(reqs):
 
 
 def test_module_does_not_import_torch():
-    code = "import sys, engine.workloads; print('torch' in sys.modules)"
+    code = "import sys, engine.workloads, engine.prompt_sets; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -211,21 +213,21 @@ class WordTokenizer:
 
 def test_w16_prompts_lengths_and_determinism():
     tok = WordTokenizer()
-    ids = W.w16_prompts(tok, n=16, seed=0, min_tokens=30, max_tokens=300, return_token_ids=True)
+    ids = PS.w16_prompts(tok, n=16, seed=0, min_tokens=30, max_tokens=300, return_token_ids=True)
     assert len(ids) == 16
     assert all(30 <= len(i) <= 300 for i in ids)
     assert len({len(i) for i in ids}) > 8
-    texts = W.w16_prompts(tok, n=16, seed=0)
-    assert texts == W.w16_prompts(tok, n=16, seed=0)
-    assert texts != W.w16_prompts(tok, n=16, seed=1)
+    texts = PS.w16_prompts(tok, n=16, seed=0)
+    assert texts == PS.w16_prompts(tok, n=16, seed=0)
+    assert texts != PS.w16_prompts(tok, n=16, seed=1)
     assert [len(t.split()) for t in texts] == [len(i) for i in ids]
 
 
 def test_w16_prompts_bad_range():
     with pytest.raises(ValueError, match="max_tokens"):
-        W.w16_prompts(WordTokenizer(), min_tokens=50, max_tokens=40)
+        PS.w16_prompts(WordTokenizer(), min_tokens=50, max_tokens=40)
     with pytest.raises(ValueError, match="chat template"):
-        W.w16_prompts(WordTokenizer(), min_tokens=1, max_tokens=3)
+        PS.w16_prompts(WordTokenizer(), min_tokens=1, max_tokens=3)
 
 
 def _gguf_dir():
@@ -246,9 +248,9 @@ def test_w16_prompts_real_tokenizer():
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(GGUF_DIR, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
-    ids = W.w16_prompts(tok, return_token_ids=True)
+    ids = PS.w16_prompts(tok, return_token_ids=True)
     assert len(ids) == 16 and all(30 <= len(i) <= 300 for i in ids)
-    texts = W.w16_prompts(tok)
+    texts = PS.w16_prompts(tok)
     assert all(t.startswith("<|im_start|>") and t.endswith("<|im_start|>assistant\n") for t in texts)
 
 
