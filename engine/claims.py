@@ -97,9 +97,16 @@ def _num(d: dict, k: str) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
+def _shown_dir() -> str:
+    """results_dir() relative to the repository when inside it (the page never shows where this
+    checkout happens to live)."""
+    d, root = results_dir().resolve(), Path(__file__).resolve().parents[1]
+    return str(d.relative_to(root)) if d.is_relative_to(root) else str(d)
+
+
 def _missing(suite: str) -> str:
     return (
-        f"not measured yet: no '{suite}' bench result in {results_dir()} (run: python -m engine bench {suite} --quick)"
+        f"not measured yet: no '{suite}' bench result in {_shown_dir()} (run: python -m engine bench {suite} --quick)"
     )
 
 
