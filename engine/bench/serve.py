@@ -82,6 +82,22 @@ def client_main() -> None:
     print(json.dumps(asyncio.run(_client_run(spec))))
 
 
+def run_client(spec: dict) -> dict:
+    """Run `client_main` in a process of its own on `spec` (so the client's event loop and GIL
+    are not the server's) and return its JSON result line."""
+    p = subprocess.run(
+        [sys.executable, "-c", "from engine.bench.serve import client_main; client_main()"],
+        input=json.dumps(spec),
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        check=False,
+    )
+    if p.returncode != 0:
+        raise RuntimeError(f"client process failed: {p.stderr[-500:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
 def suite_serve(ctx: C.BenchContext) -> SuiteResult:
     C.require_engine()
     from engine.serve import create_app, run_in_background
@@ -123,17 +139,7 @@ def suite_serve(ctx: C.BenchContext) -> SuiteResult:
     server = run_in_background(create_app(th, model_name="bench", max_waiting=4096), "127.0.0.1", port)
     try:
         spec = {"base": f"http://127.0.0.1:{port}", "model": "bench", "prompts": prompts, "new": new}
-        p = subprocess.run(
-            [sys.executable, "-c", "from engine.bench.serve import client_main; client_main()"],
-            input=json.dumps(spec),
-            capture_output=True,
-            text=True,
-            timeout=3600,
-            check=False,
-        )
-        if p.returncode != 0:
-            raise RuntimeError(f"client process failed: {p.stderr[-500:]}")
-        out = json.loads(p.stdout.strip().splitlines()[-1])
+        out = run_client(spec)
     finally:
         server.should_exit = True
         server.thread.join(10)

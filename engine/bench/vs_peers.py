@@ -15,33 +15,21 @@ unavailable and says why. Peers are measurement tools: nothing here is a project
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import subprocess
-import sys
 
 from . import common as C
 from . import peers
 from .common import SuiteResult
 from .roofline import decode_steps
-from .serve import _free_port, _pct
+from .serve import _free_port, _pct, run_client
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _client(spec: dict) -> dict:
-    p = subprocess.run(
-        [sys.executable, "-c", "from engine.bench.serve import client_main; client_main()"],
-        input=json.dumps(spec),
-        capture_output=True,
-        text=True,
-        timeout=3600,
-        check=False,
-    )
-    if p.returncode != 0:
-        raise RuntimeError(f"client process failed: {p.stderr[-500:]}")
-    out = json.loads(p.stdout.strip().splitlines()[-1])
+    out = run_client(spec)
     errs = [r["error"] for r in out["results"] if "error" in r]
     if errs:
         raise RuntimeError(f"{len(errs)} request(s) to {spec['base']} failed: {errs[0]}")
