@@ -6,9 +6,12 @@ and called through ctypes on tensors' memory.
   blocks into a dense, padded copy each layer and step and then runs SDPA over it; this kernel
   reads each key and value once from its block (timings: docs/BENCHMARKS.md).
 - `qlinear` (csrc/quant_linear.c): the same product with the weight held as a GGUF's Q4_1 / Q8_0
-  blocks (interleaved 16 rows to a panel, same bytes) or as exact F16 / BF16 values, widened to
-  fp32 in registers with the dequantizer's arithmetic and summed in linear.c's order: bitwise the
-  fp32 kernel's result on the de-quantized weight, reading 5 / 8.5 / 16 bits per weight, not 32.
+  blocks (interleaved 16 rows to a panel, same bytes) or as exact F16 / BF16 values, reading
+  5 / 8.5 / 16 bits per weight, not 32. F16 / BF16 (and Q4_1 / Q8_0 without AVX-512) are widened
+  to fp32 in registers with the dequantizer's arithmetic and summed in linear.c's order: bitwise
+  the fp32 kernel's result on the de-quantized weight. Q4_1 / Q8_0 with AVX-512 sum each block
+  factorized, d * sum(q x) + m * sum(x): the same value up to fp32 rounding
+  (`qlinear_bitwise` says which; `within_fp32_rounding` is the bound the engine checks).
 - `kvscope_stack_forward` (csrc/layer.c): a whole Llama-family decoder stack in one call (RMSNorm,
   the packed Linears above, rotary, K/V written to the pool, the paged attention, SiLU-mul,
   residuals); engine/fused_decode.py drives it.
@@ -35,7 +38,7 @@ import torch
 
 _CSRC = ("paged_attention.c", "linear.c", "quant_linear.c", "layer.c")
 SOURCES = [os.path.join(os.path.dirname(__file__), "csrc", f) for f in _CSRC]
-ABI_VERSION = 4
+ABI_VERSION = 5
 CFLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
 MIN_PARALLEL_KEYS = 4096  # below this many (key position x KV head) pairs one thread is faster
 _lock = threading.Lock()
@@ -133,6 +136,8 @@ def load():
                     lib.kvscope_qunpack.restype = I
                     lib.kvscope_qlinear.argtypes = [I, P, I, I, P, I, P, P, I]
                     lib.kvscope_qlinear.restype = I
+                    lib.kvscope_qlinear_bitwise.argtypes = [I]
+                    lib.kvscope_qlinear_bitwise.restype = I
                     lib.kvscope_layer_scratch_floats.argtypes = [I, I, I, I, I, I]
                     lib.kvscope_layer_scratch_floats.restype = ctypes.c_longlong
                     step = [P, I, P, I, P, P, P, P, P, P, I, I, I, ctypes.c_float, I, I, P, P]
@@ -339,6 +344,44 @@ def qlinear(
 ) -> torch.Tensor:
     """x [..., K] fp32 -> x W^T (+ bias) with W the quantized panels made by qpack."""
     return _run_linear(lib.kvscope_qlinear, "kvscope_qlinear", (qtype,), x, panels, n_out, bias, n_threads)
+
+
+def qlinear_bitwise(lib, qtype: int) -> bool:
+    """Whether `qlinear` on `qtype` is bitwise the fp32 kernel's result on the de-quantized weight
+    (else it sums each block factorized: the same value up to fp32 rounding)."""
+    return lib.kvscope_qlinear_bitwise(qtype) == 1
+
+
+def block_offsets(qtype: int, blocks) -> torch.Tensor | None:
+    """|m| per row and block of 32 weights [rows, K / 32] from a GGUF tensor's Q4_1 blocks (w =
+    d q + m), the term `within_fp32_rounding` needs for them; None for types without an offset."""
+    import numpy as np
+
+    if qtype != 3:
+        return None
+    b = np.ascontiguousarray(blocks).reshape(blocks.shape[0], -1, 20)
+    return torch.from_numpy(np.ascontiguousarray(b[:, :, 2:4]).view(np.float16)[..., 0].astype(np.float32)).abs()
+
+
+def within_fp32_rounding(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias=None, offsets=None) -> bool:
+    """`got` [M, N] is x w^T (+ bias) up to the rounding of fp32 sums of K products in any order:
+    |got - exact| <= (K + 4) u S per output, u = 2^-24, exact taken in float64, S the sum of the
+    magnitudes of the terms summed: sum_k |x_k w_k| (+ |bias|), and for a block-factorized sum
+    (w = d q + m per block of 32, `offsets` = |m| [N, K / 32]) each block's d * sum(q x) and
+    m * sum(x) are summed instead, |d q_k| <= |w_k| + |m|, so 2 |m| sum_k |x_k| is added per block.
+    (The classical bound on a recursively summed dot product, with slack for the factorized form's
+    extra roundings.)"""
+    xd, wd = x.double(), w.double()
+    exact = xd @ wd.T
+    scale = xd.abs() @ wd.abs().T
+    if offsets is not None:
+        xsum = xd.abs().reshape(x.shape[0], -1, 32).sum(-1)  # [M, K / 32]
+        scale = scale + 2 * xsum @ offsets.double().T
+    if bias is not None:
+        exact = exact + bias.double()
+        scale = scale + bias.double().abs()
+    bound = (x.shape[-1] + 4) * 2.0**-24 * scale
+    return bool(((got.double() - exact).abs() <= bound).all())
 
 
 def _self_test_linear(lib) -> None:

@@ -16,10 +16,12 @@ Their measured times are in docs/BENCHMARKS.md.
 
 With weight_format="gguf" (a model loaded from a GGUF file), each Linear whose GGUF tensor is
 Q4_1 or Q8_0 computes from the file's own blocks instead (engine/csrc/quant_linear.c, blocks from
-engine/gguf_weights.py): 5 / 8.5 bits read per weight instead of 32, and bitwise the same outputs
-as the fp32 packed kernel on the de-quantized weight, which transformers holds. That is checked
-when the pack is made (the widened blocks equal the HF weight, and the kernel's outputs equal the
-fp32 kernel's at 1, 3 and 7 rows); a group that fails it keeps fp32 panels. weight_format="bf16" /
+engine/gguf_weights.py): 5 / 8.5 bits read per weight instead of 32, the same outputs as the fp32
+packed kernel on the de-quantized weight (which transformers holds) bitwise, or, where the kernel
+sums each block factorized (Q4_1 / Q8_0 with AVX-512), within fp32 rounding of the exact product.
+That is checked when the pack is made (the widened blocks equal the HF weight; the outputs at 1, 3
+and 7 rows equal the fp32 kernel's, or are within the rounding bound; the last row alone gives the
+same bits as in its batch); a group that fails it keeps fp32 panels. weight_format="bf16" /
 "fp16" does the same for fp32 weights that are exactly 16-bit values (a bf16 checkpoint loaded in
 fp32): held at 16 bits, widened exactly, half the bytes read.
 
@@ -169,7 +171,9 @@ def _quant_matmul(lib, qtype: int, panels: torch.Tensor, n: int, k: int, bias):
 
 def _quant_group(name: str, mods: list, qts: list, bias):
     """A _Group computing from the GGUF blocks of `mods`, or None where they do not reproduce the
-    HF weights bit for bit (or the kernel's outputs differ from the fp32 kernel's)."""
+    HF weights bit for bit, or the kernel's outputs are not the fp32 kernel's (bitwise, where the
+    kernel sums in its order) or within fp32 rounding of the exact product (where it factorizes
+    by block), or a row's result depends on its batch."""
     import numpy as np
 
     lib = cpu_kernels.load()
@@ -183,12 +187,21 @@ def _quant_group(name: str, mods: list, qts: list, bias):
     w = torch.cat([m.weight.detach() for m in mods]) if len(mods) > 1 else mods[0].weight.detach()
     if not torch.equal(cpu_kernels.qunpack(lib, qtype, panels, n, k), w):
         return None, 0
-    fp32 = cpu_kernels.pack_linear(lib, w)
     matmul = _quant_matmul(lib, qtype, panels, n, k, bias)
     g = torch.Generator().manual_seed(0)
+    bitwise = cpu_kernels.qlinear_bitwise(lib, qtype)
+    fp32 = cpu_kernels.pack_linear(lib, w) if bitwise else None
+    offsets = None if bitwise else cpu_kernels.block_offsets(qtype, blocks)
+
+    def agrees(x, y):
+        if bitwise:
+            return torch.equal(y, cpu_kernels.linear(lib, x, fp32, n, bias))
+        return cpu_kernels.within_fp32_rounding(y, x, w, bias, offsets)
+
     for rows in (1, 3, 7):
         x = torch.randn(rows, k, generator=g)
-        if not torch.equal(matmul(x), cpu_kernels.linear(lib, x, fp32, n, bias)):
+        y = matmul(x)
+        if not agrees(x, y) or not torch.equal(matmul(x[-1:])[0], y[-1]):
             return None, 0
     return _Group(name, matmul, [m.weight.shape[0] for m in mods]), panels.numel()
 

@@ -61,14 +61,39 @@ install_vllm() {
   "$VLLM_VENV/bin/python" -c "import vllm; print('vLLM peer installed in $VLLM_VENV:', vllm.__version__)"
 }
 
+# llama.cpp's CPU options for the instruction sets this CPU runs. Not GGML_NATIVE: -march=native
+# also turns on AMX where the CPU advertises it, and on this workplace's VMs the CPU advertises AMX
+# (cpuinfo amx_tile / amx_int8, arch_prctl grants the tile permission) but the first ldtilecfg
+# takes a general protection fault, so a native build segfaults on its first matmul. AMX is left
+# off; every other extension the CPU has is on, as -march=native would set it.
+llamacpp_cmake_args() {
+  local flags args="-DGGML_NATIVE=OFF"
+  flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
+  local pair
+  for pair in f16c:F16C fma:FMA bmi2:BMI2 avx:AVX avx2:AVX2 avx_vnni:AVX_VNNI avx512f:AVX512 \
+              avx512vbmi:AVX512_VBMI avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16; do
+    case "$flags" in
+      *" ${pair%%:*} "*) args="$args -DGGML_${pair#*:}=ON" ;;
+      *) args="$args -DGGML_${pair#*:}=OFF" ;;
+    esac
+  done
+  echo "$args -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+}
+
 install_llamacpp() {
-  if [ -x "$LLAMA_VENV/bin/python" ] && "$LLAMA_VENV/bin/python" -c "import llama_cpp" 2>/dev/null; then
+  local args="${CMAKE_ARGS:-$(llamacpp_cmake_args)}"
+  # the build's options are recorded beside it: an install made with other options (an older
+  # native build) is rebuilt
+  if [ -x "$LLAMA_VENV/bin/python" ] && "$LLAMA_VENV/bin/python" -c "import llama_cpp" 2>/dev/null \
+     && [ "$(cat "$LLAMA_VENV/kvscope-cmake-args" 2>/dev/null)" = "$args" ]; then
     echo "llama.cpp peer already in $LLAMA_VENV"; return 0
   fi
   "$PY" -m venv "$LLAMA_VENV"
-  # llama-cpp-python builds llama.cpp from source; GGML_NATIVE builds it for this CPU
-  # (AVX2/FMA/F16C where present), as kvscope's kernels are. nice: the machine is shared.
-  CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=ON}" nice "$LLAMA_VENV/bin/pip" install -q "$LLAMA_PIN"
+  # llama-cpp-python builds llama.cpp from source, for this CPU's instruction sets as kvscope's
+  # kernels are. nice: the machine is shared. --no-cache-dir: a wheel cached from other options
+  # would be reused as it is.
+  CMAKE_ARGS="$args" nice "$LLAMA_VENV/bin/pip" install -q --no-cache-dir --force-reinstall "$LLAMA_PIN"
+  echo "$args" >"$LLAMA_VENV/kvscope-cmake-args"
   "$LLAMA_VENV/bin/python" -c "import llama_cpp; print('llama.cpp peer installed in $LLAMA_VENV:', llama_cpp.__version__)"
 }
 

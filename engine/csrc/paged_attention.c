@@ -180,7 +180,7 @@ static void attend_seq(const float *q, float *out, const unsigned char *k_pool, 
     }
 }
 
-int kvscope_abi_version(void) { return 4; }
+int kvscope_abi_version(void) { return 5; }
 
 /* Returns 0 on success, a negative code for unsupported shapes or a failed allocation.
    kv_format: KV_FP32 / KV_INT8 / KV_FP8_E4M3 / KV_BF16 / KV_FP16 (engine/kv_quant.KERNEL_CODES). */

@@ -12,14 +12,24 @@
  *   Q4_1 panel block (320 bytes = 20 per 32 weights, as in the file): d[16] fp16, m[16] fp16,
  *        then for k = 0..31 eight bytes, byte j = row j's nibble | row j+8's nibble << 4;
  *   Q8_0 panel block (544 bytes = 34 per 32 weights): d[16] fp16, then for k = 0..31 16 int8.
- * Each weight is widened to fp32 in registers with exactly the dequantizer's arithmetic, and the
- * outputs are accumulated in exactly linear.c's order (16 outputs in vector lanes, blocks of KB
- * terms, each block's fused multiply-add chain added to a running total). So every output is
- * bitwise the fp32 packed kernel's on the de-quantized weight, for any row count (checked when a
- * model is packed, and in tests/engine/test_quant_linear.py).
+ * F16 / BF16 (and Q4_1 / Q8_0 on CPUs without AVX-512): each weight is widened to fp32 in
+ * registers with exactly the dequantizer's arithmetic, and the outputs are accumulated in exactly
+ * linear.c's order (16 outputs in vector lanes, blocks of KB terms, each block's fused
+ * multiply-add chain added to a running total). So every output is bitwise the fp32 packed
+ * kernel's on the de-quantized weight, for any row count. Up to 6 rows: weights widened once per
+ * column and used by every row. More rows: a panel is widened into a scratch buffer and linear.c's
+ * tiles run over it (kvscope_linear_panel).
  *
- * Up to 6 rows: weights widened once per column and used by every row. More rows: a panel is
- * widened into a scratch buffer and linear.c's tiles run over it (kvscope_linear_panel).
+ * Q4_1 / Q8_0 with AVX-512: the sum is factorized by block, as the block's scale is common to its
+ * 32 weights: sum_k (d q_k + m) x_k = d * sum_k q_k x_k + m * sum_k x_k, so the codes are only
+ * converted to fp32 and multiplied by x (no dequantizing multiply-add per weight), and sum_k x_k
+ * is computed once per row and block for every output. That is the same value up to fp32
+ * rounding, not bitwise the fp32 kernel's (kvscope_qlinear_bitwise says which a type gets; the
+ * engine checks the bound when it packs a model). The order is fixed per output whatever the row
+ * count or the tile: per block, the even and the odd columns each in a left-to-right fused
+ * multiply-add chain from zero, their sum s, then (Q4_1) t = fma(m, sum x, d * s) or (Q8_0)
+ * fma(d, s, total), t added to the running total block after block; so a row's result does not
+ * depend on its batch either.
  */
 #include <omp.h>
 #include <stddef.h>
@@ -29,6 +39,9 @@
 #if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
 #include <immintrin.h>
 #define QL_AVX2 1
+#if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define QL_AVX512 1
+#endif
 #endif
 
 #define NR 16
@@ -303,6 +316,190 @@ static const qt_fn QTBF16[7] = {0, qt_30_1_1, qt_30_2_1, qt_30_3_1, qt_30_4_1, q
 static void widen_block(int type, const uint8_t *blk, float *w) { widen_block_scalar(type, blk, w); }
 #endif
 
+#ifdef QL_AVX512
+#define QL_PREFETCH 4 /* blocks ahead, per panel (the next rows of a stream the hardware may not see) */
+#define FMR 4         /* rows per tile */
+
+/* one row's broadcasts for the Q4_1 tile: xp[8 k .. 8 k + 15] = x[k] eight times then x[k + 1]
+ * eight times (k even: the lanes of a column pair), and sx[b] = block b's 32 x, left to right */
+static void row_pairs(const float *x, int K, float *xp, float *sx) {
+    for (int k = 0; k < K; k += 2)
+        _mm512_storeu_ps(xp + (size_t)k * 8, _mm512_insertf32x8(_mm512_set1_ps(x[k]), _mm256_set1_ps(x[k + 1]), 1));
+    for (int b = 0; b < K / QK; b++) {
+        float t = 0.f;
+        for (int k = 0; k < QK; k++) t += x[b * QK + k];
+        sx[b] = t;
+    }
+}
+
+static inline __attribute__((always_inline)) void prefetch_block(const uint8_t *blk, int pb) {
+    for (int o = 0; o < pb; o += 64) __builtin_prefetch(blk + (size_t)QL_PREFETCH * pb + o);
+}
+
+static inline __attribute__((always_inline)) void store_tile(int MR, int P, __m512 tot[FMR][4], const float *bias,
+                                                             float *y, int ldy, int nvalid_last) {
+    for (int q = 0; q < P; q++) {
+        const int nvalid = q == P - 1 ? nvalid_last : NR;
+        const __mmask16 mask = (__mmask16)((1u << nvalid) - 1);
+        const __m512 bb = bias ? _mm512_maskz_loadu_ps(mask, bias + q * NR) : _mm512_setzero_ps();
+        for (int r = 0; r < MR; r++) {
+            const __m512 o = bias ? _mm512_add_ps(tot[r][q], bb) : tot[r][q];
+            _mm512_mask_storeu_ps(y + (size_t)r * ldy + q * NR, mask, o);
+        }
+    }
+}
+
+/* MR rows x P consecutive Q4_1 panels. A column pair's 16 code bytes widen to 16 lanes: lanes
+ * 0-7 the pair's first column for rows 0-7 (low nibbles) or 8-15 (high nibbles, read as 16 q and
+ * scaled by 1/16 at the block's end, exactly), lanes 8-15 its second column. */
+static inline __attribute__((always_inline)) void f4tile(int MR, int P, const float *xp, const float *sx, int K,
+                                                         const uint8_t *pan, size_t pstride, const float *bias,
+                                                         float *y, int ldy, int nvalid_last) {
+    const int nb = K / QK, pb = 320;
+    const size_t xs = (size_t)K * 8;
+    const __m512i m_lo = _mm512_set1_epi32(0x0f), m_hi = _mm512_set1_epi32(0xf0);
+    __m512 tot[FMR][4];
+    for (int r = 0; r < MR; r++)
+        for (int q = 0; q < P; q++) tot[r][q] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        __m512 alo[FMR][4], ahi[FMR][4];
+        const uint8_t *blk[4];
+        for (int q = 0; q < P; q++) {
+            blk[q] = pan + q * pstride + (size_t)b * pb;
+            prefetch_block(blk[q], pb);
+            for (int r = 0; r < MR; r++) { alo[r][q] = _mm512_setzero_ps(); ahi[r][q] = _mm512_setzero_ps(); }
+        }
+        for (int kk = 0; kk < QK; kk += 2) {
+            __m512 xv[FMR];
+            for (int r = 0; r < MR; r++) xv[r] = _mm512_loadu_ps(xp + r * xs + (size_t)(b * QK + kk) * 8);
+            for (int q = 0; q < P; q++) {
+                const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk[q] + 64 + kk * 8)));
+                const __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(v, m_lo));
+                const __m512 hi = _mm512_cvtepi32_ps(_mm512_and_si512(v, m_hi));
+                for (int r = 0; r < MR; r++) {
+                    alo[r][q] = _mm512_fmadd_ps(lo, xv[r], alo[r][q]);
+                    ahi[r][q] = _mm512_fmadd_ps(hi, xv[r], ahi[r][q]);
+                }
+            }
+        }
+        for (int q = 0; q < P; q++) {
+            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk[q]));
+            const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk[q] + 32)));
+            for (int r = 0; r < MR; r++) {
+                const __m256 slo = _mm256_add_ps(_mm512_castps512_ps256(alo[r][q]), _mm512_extractf32x8_ps(alo[r][q], 1));
+                const __m256 shi = _mm256_mul_ps(
+                    _mm256_add_ps(_mm512_castps512_ps256(ahi[r][q]), _mm512_extractf32x8_ps(ahi[r][q], 1)),
+                    _mm256_set1_ps(0.0625f));
+                const __m512 sum = _mm512_insertf32x8(_mm512_castps256_ps512(slo), shi, 1);
+                const __m512 t = _mm512_fmadd_ps(m, _mm512_set1_ps(sx[r * nb + b]), _mm512_mul_ps(d, sum));
+                tot[r][q] = _mm512_add_ps(tot[r][q], t);
+            }
+        }
+    }
+    store_tile(MR, P, tot, bias, y, ldy, nvalid_last);
+}
+
+/* MR rows x P consecutive Q8_0 panels: a column's 16 int8 codes widen to 16 lanes (rows 0-15) */
+static inline __attribute__((always_inline)) void f8tile(int MR, int P, const float *x, int K, const uint8_t *pan,
+                                                         size_t pstride, const float *bias, float *y, int ldy,
+                                                         int nvalid_last) {
+    const int nb = K / QK, pb = 544;
+    __m512 tot[FMR][4];
+    for (int r = 0; r < MR; r++)
+        for (int q = 0; q < P; q++) tot[r][q] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        __m512 ae[FMR][4], ao[FMR][4];
+        const uint8_t *blk[4];
+        for (int q = 0; q < P; q++) {
+            blk[q] = pan + q * pstride + (size_t)b * pb;
+            prefetch_block(blk[q], pb);
+            for (int r = 0; r < MR; r++) { ae[r][q] = _mm512_setzero_ps(); ao[r][q] = _mm512_setzero_ps(); }
+        }
+        for (int kk = 0; kk < QK; kk += 2) {
+            const int k = b * QK + kk;
+            for (int q = 0; q < P; q++) {
+                const uint8_t *c = blk[q] + 32 + kk * 16;
+                const __m512 w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)c)));
+                const __m512 w1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(c + 16))));
+                for (int r = 0; r < MR; r++) {
+                    ae[r][q] = _mm512_fmadd_ps(w0, _mm512_set1_ps(x[(size_t)r * K + k]), ae[r][q]);
+                    ao[r][q] = _mm512_fmadd_ps(w1, _mm512_set1_ps(x[(size_t)r * K + k + 1]), ao[r][q]);
+                }
+            }
+        }
+        for (int q = 0; q < P; q++) {
+            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk[q]));
+            for (int r = 0; r < MR; r++) tot[r][q] = _mm512_fmadd_ps(d, _mm512_add_ps(ae[r][q], ao[r][q]), tot[r][q]);
+        }
+    }
+    store_tile(MR, P, tot, bias, y, ldy, nvalid_last);
+}
+
+#define FT(MR, P)                                                                                   \
+static void f4_##MR##_##P(const float *xp, const float *sx, const float *x, int K, const uint8_t *pan,  \
+                          size_t ps, const float *bias, float *y, int ldy, int nv) {                \
+    (void)x; f4tile(MR, P, xp, sx, K, pan, ps, bias, y, ldy, nv);                                   \
+}                                                                                                   \
+static void f8_##MR##_##P(const float *xp, const float *sx, const float *x, int K, const uint8_t *pan,  \
+                          size_t ps, const float *bias, float *y, int ldy, int nv) {                \
+    (void)xp; (void)sx; f8tile(MR, P, x, K, pan, ps, bias, y, ldy, nv);                             \
+}
+FT(1, 4) FT(1, 1) FT(2, 2) FT(2, 1) FT(3, 2) FT(3, 1) FT(4, 2) FT(4, 1)
+typedef void (*ft_fn)(const float *, const float *, const float *, int, const uint8_t *, size_t, const float *, float *,
+                      int, int);
+static const ft_fn F4[2][FMR + 1] = {{0, f4_1_1, f4_2_1, f4_3_1, f4_4_1}, {0, f4_1_4, f4_2_2, f4_3_2, f4_4_2}};
+static const ft_fn F8[2][FMR + 1] = {{0, f8_1_1, f8_2_1, f8_3_1, f8_4_1}, {0, f8_1_4, f8_2_2, f8_3_2, f8_4_2}};
+
+static int qlinear_factorized(int type, const float *x, int M, int K, const uint8_t *panels, int N, const float *bias,
+                              float *y, int n_threads) {
+    const int np = (N + NR - 1) / NR, nb = K / QK;
+    const size_t pstride = (size_t)nb * panel_block_bytes(type);
+    const ft_fn(*tiles)[FMR + 1] = type == T_Q4_1 ? F4 : F8;
+    int rc = 0;
+    #pragma omp parallel num_threads(n_threads) if (n_threads > 1)
+    {
+        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        const int p0 = (int)((long long)np * t / nt), p1 = (int)((long long)np * (t + 1) / nt);
+        float *xp = NULL, *sx = NULL;
+        if (type == T_Q4_1) {
+            xp = malloc((size_t)FMR * K * 8 * sizeof(float));
+            sx = malloc((size_t)FMR * nb * sizeof(float));
+        }
+        if (type == T_Q4_1 && (!xp || !sx)) {
+            #pragma omp atomic write
+            rc = -3;
+        } else
+            for (int r0 = 0; r0 < M; r0 += FMR) {
+                const int mr = M - r0 < FMR ? M - r0 : FMR, wide = mr == 1 ? 4 : 2;
+                const float *xr = x + (size_t)r0 * K;
+                float *yr = y + (size_t)r0 * N;
+                if (xp)
+                    for (int r = 0; r < mr; r++) row_pairs(xr + (size_t)r * K, K, xp + (size_t)r * K * 8, sx + r * nb);
+                int p = p0;
+                for (; p + wide <= p1 && (p + wide) * NR <= N; p += wide)
+                    tiles[1][mr](xp, sx, xr, K, panels + p * pstride, pstride, bias ? bias + p * NR : NULL, yr + p * NR,
+                                 N, NR);
+                for (; p < p1; p++)
+                    tiles[0][mr](xp, sx, xr, K, panels + p * pstride, pstride, bias ? bias + p * NR : NULL, yr + p * NR,
+                                 N, N - p * NR < NR ? N - p * NR : NR);
+            }
+        free(xp);
+        free(sx);
+    }
+    return rc;
+}
+#endif
+
+/* 1: this build's kernel for `type` sums the widened weights in linear.c's order (bitwise the fp32
+ * kernel's outputs); 0: it factorizes by block (the same value up to fp32 rounding); -1: no kernel */
+int kvscope_qlinear_bitwise(int type) {
+    if (!panel_block_bytes(type)) return -1;
+#ifdef QL_AVX512
+    if (type == T_Q4_1 || type == T_Q8_0) return 0;
+#endif
+    return 1;
+}
+
 /* panel p of every row through the scratch buffer and linear.c's tiles */
 static void panel_via_scratch(int type, const float *x, int M, int K, const uint8_t *pan, const float *bias,
                               float *y, int N, int nvalid, float *scratch) {
@@ -322,6 +519,9 @@ int kvscope_qlinear(int type, const float *x, int M, int K, const uint8_t *panel
     if (n_threads < 1) n_threads = 1;
     if (n_threads > np) n_threads = np;
     int rc = 0;
+#ifdef QL_AVX512
+    if (type == T_Q4_1 || type == T_Q8_0) return qlinear_factorized(type, x, M, K, panels, N, bias, y, n_threads);
+#endif
 #ifdef QL_AVX2
     const qt_fn *tiles = type == T_Q4_1 ? QT4 : type == T_Q8_0 ? QT8 : type == T_F16 ? QTF16 : QTBF16;
     if (M == 1) {

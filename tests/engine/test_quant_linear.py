@@ -1,6 +1,8 @@
-"""The quantized-weight Linear (engine/csrc/quant_linear.c via engine/linear.py): bitwise the
-fp32 packed kernel's outputs on gguf-py's de-quantized weights, batch-invariant, and greedy
-output through weight_format="gguf" equal to transformers' generate on the de-quantized model."""
+"""The quantized-weight Linear (engine/csrc/quant_linear.c via engine/linear.py): the fp32 packed
+kernel's outputs on gguf-py's de-quantized weights (bitwise where the kernel sums in that order,
+within fp32 rounding of the exact product where it factorizes each block), batch-invariant, and
+greedy output through weight_format="gguf" equal to transformers' generate on the de-quantized
+model."""
 
 from __future__ import annotations
 
@@ -56,10 +58,10 @@ def test_widened_blocks_are_the_dequantized_weight(qtype, n, k):
 
 @needs_kernel
 @pytest.mark.parametrize("qtype", sorted(TYPES))
-@pytest.mark.parametrize("rows", [1, 2, 3, 6, 7, 16, 40])
-@pytest.mark.parametrize("n,k", [(37, 64), (50, 96), (192, 576)])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 9, 16, 40])
+@pytest.mark.parametrize("n,k", [(37, 64), (50, 96), (192, 576), (130, 1536)])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_outputs_are_bitwise_the_fp32_kernels(qtype, rows, n, k, threads):
+def test_outputs_are_the_fp32_products_values(qtype, rows, n, k, threads):
     t = TYPES[qtype]
     b = random_blocks(t, n, k, seed=rows * 7 + n)
     w = dequantized(t, b)
@@ -68,9 +70,72 @@ def test_outputs_are_bitwise_the_fp32_kernels(qtype, rows, n, k, threads):
     x = torch.randn(rows, k, generator=g)
     for bias in (None, torch.randn(n, generator=g)):
         got = cpu_kernels.qlinear(LIB, t, x, panels, n, bias, threads)
-        assert torch.equal(got, cpu_kernels.linear(LIB, x, fp32, n, bias, threads))
+        if cpu_kernels.qlinear_bitwise(LIB, t):
+            assert torch.equal(got, cpu_kernels.linear(LIB, x, fp32, n, bias, threads))
+        else:
+            assert cpu_kernels.within_fp32_rounding(got, x, w, bias, cpu_kernels.block_offsets(t, b))
         ref = torch.nn.functional.linear(x, w, bias)  # and the same values up to fp32 rounding
         assert torch.allclose(got, ref, atol=1e-4, rtol=1e-4)
+
+
+@needs_kernel
+def test_only_q4_1_and_q8_0_factorize_and_only_with_avx512():
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        pytest.skip("no /proc/cpuinfo to read the CPU's instruction sets from")
+    avx512 = {"avx512f", "avx512dq", "avx512bw", "avx512vl"} <= set(flags)
+    for name, t in TYPES.items():
+        assert cpu_kernels.qlinear_bitwise(LIB, t) == (name in ("F16", "BF16") or not avx512)
+    assert LIB.kvscope_qlinear_bitwise(2) == -1  # Q4_0: no kernel
+
+
+@needs_kernel
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
+def test_factorized_sum_is_per_block_d_times_codes_dot_x_plus_m_times_sum_x(qtype):
+    """One output, written out in the kernel's order: per block the even and odd columns' fused
+    multiply-add chains, s = their sum, t = fma(m, sum x, d s) (Q4_1) or fma(d, s, total) (Q8_0)."""
+    t = TYPES[qtype]
+    if cpu_kernels.qlinear_bitwise(LIB, t):
+        pytest.skip("this CPU's kernel sums the widened weights in the fp32 kernel's order")
+    k, n = 96, 16
+    b = random_blocks(t, n, k, seed=5)
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(5))
+    got = cpu_kernels.qlinear(LIB, t, x, cpu_kernels.qpack(LIB, t, b, n, k), n)
+    f32 = np.float32
+    xs = x[0].numpy()
+    for row in (0, 9, 15):
+        blk = b[row].reshape(k // 32, -1)
+        total = f32(0)
+        for j in range(k // 32):
+            d = blk[j, 0:2].view(np.float16)[0].astype(f32)
+            if t == 3:
+                m = blk[j, 2:4].view(np.float16)[0].astype(f32)
+                codes = np.concatenate([blk[j, 4:20] & 15, blk[j, 4:20] >> 4]).astype(f32)
+            else:
+                codes = blk[j, 2:34].view(np.int8).astype(f32)
+            xb = xs[32 * j : 32 * j + 32]
+            even = odd = f32(0)
+            for i in range(0, 32, 2):
+                even = fma(codes[i], xb[i], even)
+                odd = fma(codes[i + 1], xb[i + 1], odd)
+            s = f32(even + odd)
+            if t == 3:
+                sx = f32(0)
+                for v in xb:
+                    sx = f32(sx + v)
+                total = f32(total + fma(m, sx, f32(d * s)))
+            else:
+                total = fma(d, s, total)
+        assert got[0, row].item() == float(total)
+
+
+def fma(a, b, c) -> np.float32:
+    """fp32 fused multiply-add: the exact a * b + c (float64 holds the product of two fp32
+    exactly), rounded once to fp32 (double rounding through float64 cannot change an fp32 fma's
+    result here: the product is exact and the sum's error is below half a float64 ulp)."""
+    return np.float32(np.float64(a) * np.float64(b) + np.float64(c))
 
 
 @needs_kernel
