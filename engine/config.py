@@ -193,7 +193,8 @@ class EngineConfig:
     # rest (vLLM's gpu_memory_utilization; engine/device.py)
     gpu_memory_utilization: float = 0.9
     # "gguf": on CPU in fp32, Linears whose GGUF tensor (the model's source file) is Q4_1 / Q8_0
-    # compute from those blocks, bitwise as on the de-quantized weights (engine/linear.py);
+    # compute from those blocks, as on the de-quantized weights (bitwise, or within fp32 rounding
+    # where AVX-512 sums each block factorized; engine/linear.py);
     # "fp32": the de-quantized fp32 weights; "bf16" / "fp16": fp32 weights that are exactly such
     # values (a 16-bit checkpoint loaded in fp32) held and read at 16 bits, widened exactly;
     # "auto": "gguf" where the model came from a GGUF, else bf16 / fp16 where every weight is

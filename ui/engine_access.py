@@ -301,8 +301,9 @@ def settings_sidebar() -> None:
             index=WEIGHT_FORMAT_CHOICES.index(cfg.weight_format),
             format_func=WEIGHT_FORMAT_LABELS.get,
             help="What the CPU Linear layers read each step. gguf: the model file's own "
-            "quantized blocks (Q4_1 / Q8_0), widened to fp32 in registers — outputs "
-            "bitwise those of the de-quantized weights; fp32: de-quantized copies.",
+            "quantized blocks (Q4_1 / Q8_0), computed on in registers — outputs those "
+            "of the de-quantized weights (bitwise, or within fp32 rounding where AVX-512 "
+            "sums each block factorized); fp32: de-quantized copies.",
         )
         st.caption(room.rebuild_warning(snap))
         confirm = st.checkbox(
