@@ -68,7 +68,7 @@ class _Common(_Lenient):
     repetition_penalty: float = Field(1.0, gt=0, le=2)
     logit_bias: dict[str, float] | None = None  # token id (as a string, OpenAI's form) -> bias in [-100, 100]
     min_p: float = Field(0.0, ge=0, le=1)
-    skip_special_tokens: bool = True  # the engine's detokenizer always skips them
+    skip_special_tokens: bool = True  # vLLM's default; False keeps EOS / <|im_end|> / ... in the text
     include_stop_str_in_output: bool = False  # vLLM: the matched stop string kept in the text
     response_format: dict[str, Any] | None = None  # text, json_object, json_schema (engine/structured.py)
     # kvscope extras
@@ -107,8 +107,6 @@ class _Common(_Lenient):
         """Fields present in the body that do nothing here (sorted): unknown ones and the known
         OpenAI / vLLM ones kvscope does not use."""
         out = self.extra_fields()
-        if not self.skip_special_tokens:
-            out.append("skip_special_tokens")  # the detokenizer always skips them
         if self.stream_options is not None:
             out += self.stream_options.extra_fields("stream_options.")
         return sorted(set(out))
@@ -136,6 +134,7 @@ class _Common(_Lenient):
             logit_bias={int(k): float(v) for k, v in self.logit_bias.items()} if self.logit_bias else None,
             min_p=float(self.min_p),
             include_stop_str_in_output=self.include_stop_str_in_output,
+            skip_special_tokens=self.skip_special_tokens,
             response_format=None
             if (self.response_format or {}).get("type", "text") == "text"
             else self.response_format,
