@@ -23,6 +23,7 @@ from .bridge import Submitter, Waker
 from .errors import APIError, param_of
 from .metrics import CONTENT_TYPE
 from .protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from .tools import ToolCallStream, finish_reason_with_calls, parse_tool_calls, template_supports_tools, tool_call_delta
 
 router = APIRouter()
 DISCONNECT_POLL_S = 0.5
@@ -268,8 +269,11 @@ def _chat_ids(th, req: ChatCompletionRequest) -> list[int]:
             m["content"].encode("utf-8")
         except UnicodeEncodeError:
             raise ValueError("messages: content is not valid Unicode text (a lone surrogate)") from None
+    tools = req.tool_defs()
+    if tools and not template_supports_tools(th.tokenizer):
+        raise ValueError("tools: this model's chat template does not support tools (it never reads `tools`)")
     with _TOK_LOCK:
-        return chat_ids(th.tokenizer, msgs, add_generation_prompt=req.add_generation_prompt)
+        return chat_ids(th.tokenizer, msgs, tools=tools, add_generation_prompt=req.add_generation_prompt)
 
 
 def _max_tokens(th, requested: int | None, prompt_len: int, tier: str | None = None) -> int:
@@ -394,12 +398,13 @@ async def _generate(request: Request, body, chat: bool):
         out = h.output
         c = out.outputs[0]
         if chat:
+            content, calls = parse_tool_calls(c.text) if body.parses_tool_calls else (c.text, [])
             choices.append(
                 {
                     "index": i,
-                    "message": {"role": "assistant", "content": c.text, "tool_calls": []},
+                    "message": {"role": "assistant", "content": content, "tool_calls": calls},
                     "logprobs": render.chat_logprobs(th, c, 0, len(c.token_ids)),
-                    "finish_reason": render.finish_reason(out),
+                    "finish_reason": finish_reason_with_calls(render.finish_reason(out), bool(calls)),
                     "stop_reason": render.stop_reason(out),
                 }
             )
@@ -439,6 +444,7 @@ async def _stream(request: Request, st, run: _Run, body, chat: bool, rid: str, c
     ]
     done = [False] * len(run.handles)
     offsets = [0] * len(run.handles)
+    tool_streams = [ToolCallStream() for _ in run.handles] if chat and body.parses_tool_calls else None
 
     def chunk(choices, usage="absent"):
         d = {"id": rid, "object": obj, "created": created, "model": st.model_name, "choices": choices}
@@ -485,9 +491,19 @@ async def _stream(request: Request, st, run: _Run, body, chat: bool, rid: str, c
                 c = out.outputs[0]
                 fr = render.finish_reason(out) if finished else None
                 if chat:
+                    delta = {"content": text} if text or not finished else {}
+                    if tool_streams is not None:  # content up to a possible <tool_call>; each call once closed
+                        ts = tool_streams[i]
+                        text, calls = ts.feed(c.text[: cursors[i].text_sent], finished)
+                        delta = {"content": text} if text else {}
+                        if calls:
+                            delta["tool_calls"] = [tool_call_delta(k, call) for k, call in calls]
+                        fr = finish_reason_with_calls(fr, bool(ts.calls))
+                        if not delta and not finished and c.logprobs is None:
+                            continue  # held back: it may be the start of a call
                     ch = {
                         "index": i,
-                        "delta": {"content": text} if text or not finished else {},
+                        "delta": delta,
                         "logprobs": render.chat_logprobs(th, c, first, len(toks)) if toks else None,
                         "finish_reason": fr,
                     }
