@@ -1,7 +1,8 @@
 """Real clients against the real server, unchanged: the OpenAI SDK multi-turn pattern (the returned
 message appended to the history, with and without tool calls) and LangChain's ChatOpenAI
-(`with_structured_output(method="json_schema")`, `bind_tools` + invoke with a forced tool).
-LangSmith tracing is off (no network)."""
+(`with_structured_output(method="json_schema")`, `bind_tools` + invoke with a forced tool) and
+LiteLLM's completion with `logit_bias` (its cost map read locally). LangSmith tracing is off (no
+network)."""
 
 import os
 
@@ -60,3 +61,21 @@ def test_langchain_bind_tools_invoke(chat_model):
     # auto: the request is accepted; whatever the random model says comes back as an AIMessage
     free = chat_model.bind_tools([WEATHER]).invoke("Weather in Paris?")
     assert isinstance(free.content, str)
+
+
+def test_litellm_with_logit_bias(server):
+    """LiteLLM (openai-compatible provider) sends logit_bias as given; +100 on one ordinary token
+    makes the greedy answer that token repeated."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no cost-map download
+    litellm = pytest.importorskip("litellm")
+    r = litellm.completion(
+        model="openai/kvscope-tiny",
+        api_base=server.base + "/v1",
+        api_key=API_KEY,
+        messages=[{"role": "user", "content": "Hi"}],
+        logit_bias={"1000": 100},
+        max_tokens=4,
+        temperature=0,
+    )
+    assert r.choices[0].message.content == server.thread.tokenizer.decode([1000] * 4)
+    assert r.usage.completion_tokens == 4
