@@ -330,6 +330,7 @@ class SamplingParams:
     min_p: float = 0.0  # drop tokens with p < min_p * p_max (after temperature)
     include_stop_str_in_output: bool = False  # vLLM: keep the matched stop string in the text
     response_format: dict | None = None  # OpenAI's json_object / json_schema: a grammar mask (engine/structured.py)
+    skip_special_tokens: bool = True  # vLLM's default: special tokens (EOS, <|im_end|>, ...) left out of the text
 
     def __post_init__(self):
         # below MIN_TEMPERATURE, logits / temperature overflows float32 (inf - inf = nan) and sampling fails
@@ -397,6 +398,7 @@ class SamplingParams:
             for t, b in self.logit_bias.items():
                 _check(_is_int(t) and t >= 0, f"logit_bias: token id must be an integer >= 0, got {t!r}")
                 _check(_is_num(b) and -100 <= b <= 100, f"logit_bias[{t}] must be a number in [-100, 100], got {b!r}")
+        _check(isinstance(self.skip_special_tokens, bool), "skip_special_tokens must be true or false")
         if self.response_format is not None:
             from .structured import check_response_format
 

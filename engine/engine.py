@@ -226,8 +226,8 @@ class LLMEngine:
         _check_unicode(text)
         return chat_ids(self.tokenizer, [{"role": "user", "content": text}])
 
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     # ------------------------------------------------------------------ requests
     def _tokenize_prompt(self, prompt) -> tuple[list[int], str]:
@@ -666,7 +666,7 @@ class LLMEngine:
         return None
 
     def _update_text(self, req: Request) -> None:
-        req.output_text = self.decode(req.output_token_ids)
+        req.output_text = self.decode(req.output_token_ids, req.params.skip_special_tokens)
 
     def _check_stop_strings(self, req: Request) -> str | None:
         hit = find_stop_string(req.output_text, req.params.stop, req.params.include_stop_str_in_output)

@@ -1,4 +1,5 @@
-"""Structured output (response_format json_object / json_schema) as a token mask, with llguidance
+"""Structured output (response_format json_object / json_schema; the engine's own "lark" kind,
+{"type": "lark", "lark": grammar, "param": field}, for forced tool calls) as a token mask, with llguidance
 (the grammar library vLLM also uses; CPU only, no torch dependency, pinned in requirements.txt).
 
 One `LLTokenizer` per engine tokenizer (built once, ~1 s); one `LLMatcher` per request, advanced on
@@ -18,6 +19,10 @@ MAX_SCHEMA_CHARS = 64_000
 def check_response_format(rf) -> None:
     """ValueError naming the field unless rf is {"type": "json_object"} or {"type": "json_schema",
     "json_schema": {"schema": {...}, ...}} (OpenAI's shapes)."""
+    if isinstance(rf, dict) and rf.get("type") == "lark":
+        if not isinstance(rf.get("lark"), str) or not rf["lark"]:
+            raise ValueError("response_format: a lark grammar must be a non-empty string")
+        return
     if not isinstance(rf, dict) or rf.get("type") not in ("json_object", "json_schema"):
         raise ValueError("response_format: type must be 'text', 'json_object' or 'json_schema'")
     if rf["type"] == "json_schema":
@@ -60,24 +65,29 @@ class Grammars:
         import llguidance
 
         check_response_format(rf)
-        key = json.dumps(schema_of(rf), sort_keys=True)
+        lark = rf["type"] == "lark"
+        field, what = (rf.get("param") or "response_format", "grammar") if lark else ("response_format", "JSON schema")
+        key = rf["lark"] if lark else json.dumps(schema_of(rf), sort_keys=True)
         grammar = self._cache.get(key)
         if grammar is None:
             try:
-                grammar = llguidance.LLMatcher.grammar_from_json_schema(
-                    key, defaults={"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-                )
+                if lark:
+                    grammar = llguidance.grammar_from("lark", key)
+                else:
+                    grammar = llguidance.LLMatcher.grammar_from_json_schema(
+                        key, defaults={"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+                    )
             except ValueError as e:
-                raise ValueError(f"response_format: invalid JSON schema: {str(e)[:200]}") from e
+                raise ValueError(f"{field}: invalid {what}: {str(e)[:200]}") from e
             is_err, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self.lltok)
             if is_err:
-                raise ValueError(f"response_format: unsupported JSON schema: {msgs[0][:300]}")
+                raise ValueError(f"{field}: unsupported {what}: {msgs[0][:300]}")
             if len(self._cache) >= 256:
                 self._cache.pop(next(iter(self._cache)))
             self._cache[key] = grammar
         m = llguidance.LLMatcher(self.lltok, grammar, log_level=0)
         if m.is_error():
-            raise ValueError(f"response_format: unsupported JSON schema: {m.get_error()[:300]}")
+            raise ValueError(f"{field}: unsupported {what}: {m.get_error()[:300]}")
         return Matcher(m, self.vocab_size)
 
 

@@ -50,6 +50,8 @@ KNOWN_PARAMS = (
     "min_p",
     "include_stop_str_in_output",
     "response_format",
+    "tools",
+    "tool_choice",
 )
 
 

@@ -10,11 +10,14 @@ tier, request_class, cache_salt, speculative (per-request on/off)."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..config import MAX_LOGPROBS, SamplingParams
+from . import tools as tools_mod
 
 MAX_N = 16  # choices per request (each one is a request in the engine)
 MAX_STOP = 16  # stop strings (SamplingParams' limit)
@@ -68,7 +71,7 @@ class _Common(_Lenient):
     repetition_penalty: float = Field(1.0, gt=0, le=2)
     logit_bias: dict[str, float] | None = None  # token id (as a string, OpenAI's form) -> bias in [-100, 100]
     min_p: float = Field(0.0, ge=0, le=1)
-    skip_special_tokens: bool = True  # the engine's detokenizer always skips them
+    skip_special_tokens: bool = True  # vLLM's default; False keeps EOS / <|im_end|> / ... in the text
     include_stop_str_in_output: bool = False  # vLLM: the matched stop string kept in the text
     response_format: dict[str, Any] | None = None  # text, json_object, json_schema (engine/structured.py)
     # kvscope extras
@@ -100,6 +103,9 @@ class _Common(_Lenient):
         if self.response_format is not None and self.response_format.get("type", "text") != "text":
             from ..structured import check_response_format
 
+            if self.response_format.get("type") not in ("json_object", "json_schema"):
+                raise ValueError("response_format: type must be 'text', 'json_object' or 'json_schema'")
+
             check_response_format(self.response_format)  # ValueError naming response_format
         return self
 
@@ -107,8 +113,6 @@ class _Common(_Lenient):
         """Fields present in the body that do nothing here (sorted): unknown ones and the known
         OpenAI / vLLM ones kvscope does not use."""
         out = self.extra_fields()
-        if not self.skip_special_tokens:
-            out.append("skip_special_tokens")  # the detokenizer always skips them
         if self.stream_options is not None:
             out += self.stream_options.extra_fields("stream_options.")
         return sorted(set(out))
@@ -136,6 +140,7 @@ class _Common(_Lenient):
             logit_bias={int(k): float(v) for k, v in self.logit_bias.items()} if self.logit_bias else None,
             min_p=float(self.min_p),
             include_stop_str_in_output=self.include_stop_str_in_output,
+            skip_special_tokens=self.skip_special_tokens,
             response_format=None
             if (self.response_format or {}).get("type", "text") == "text"
             else self.response_format,
@@ -222,15 +227,33 @@ class ChatCompletionRequest(_Common):
     def _check_chat(self):
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs: requires logprobs to be true")
-        if self.tools:
-            raise ValueError("tools: tool calling is not implemented by this server (only [] or null)")
-        if self.tool_choice not in (None, "none", "auto"):
-            raise ValueError(f"tool_choice: {self.tool_choice!r} needs tools, which this server does not implement")
+        choice = self.resolved_tool_choice()  # ValueError naming tools.i... / tool_choice
+        if choice not in (None, "none", "auto") and (self.response_format or {}).get("type", "text") != "text":
+            raise ValueError("tool_choice: a forced tool call cannot be combined with response_format")
         return self
 
+    def tool_defs(self) -> list[dict] | None:
+        """The request's tools, checked and normalized (engine/serve/tools.py); None without any."""
+        return tools_mod.check_tools(self.tools) if self.tools else None
+
+    def resolved_tool_choice(self) -> str | None:
+        """None (no tools), "none", "auto", "required" or the forced tool's name."""
+        return tools_mod.resolve_tool_choice(self.tool_choice, self.tool_defs())
+
+    @property
+    def parses_tool_calls(self) -> bool:
+        return self.resolved_tool_choice() not in (None, "none")
+
+    def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
+        params = super().sampling_params(max_tokens, logprobs)
+        choice = self.resolved_tool_choice()
+        forced = tools_mod.forced_format(self.tool_defs(), choice) if choice else None
+        return dataclasses.replace(params, response_format=forced) if forced else params
+
     def chat_messages(self) -> list[dict]:
-        """Messages for the chat template: developer -> system; tool_calls (when non-empty) and
-        tool_call_id passed on with their arguments as JSON text, as HF templates read them."""
+        """Messages for the chat template: developer -> system; tool_calls (when non-empty) with
+        their arguments as a mapping when they are a JSON object (vLLM's rule: HF templates apply
+        `tojson` to them), and tool_call_id passed on."""
         out = []
         for m in self.messages:
             d: dict = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
@@ -239,7 +262,7 @@ class ChatCompletionRequest(_Common):
                     {
                         "id": t.id,
                         "type": "function",
-                        "function": {"name": t.function.name, "arguments": t.function.arguments},
+                        "function": {"name": t.function.name, "arguments": _arguments(t.function.arguments)},
                     }
                     for t in m.tool_calls
                 ]
@@ -255,6 +278,15 @@ class ChatCompletionRequest(_Common):
         for i, m in enumerate(self.messages):
             out += m.extra_fields(f"messages.{i}.")
         return sorted(set(out))
+
+
+def _arguments(text: str):
+    """A tool call's arguments for the template: the JSON object they hold, else the text itself."""
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return text
+    return obj if isinstance(obj, dict) else text
 
 
 class TokenizeRequest(_Lenient):

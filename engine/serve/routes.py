@@ -18,10 +18,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ..engine import _check_unicode
 from ..inputs import chat_ids
 from ..thread import EngineCrashed
+from . import render
 from .bridge import Submitter, Waker
 from .errors import APIError, param_of
 from .metrics import CONTENT_TYPE
 from .protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from .tools import ToolCallStream, finish_reason_with_calls, parse_tool_calls, template_supports_tools, tool_call_delta
 
 router = APIRouter()
 DISCONNECT_POLL_S = 0.5
@@ -267,8 +269,11 @@ def _chat_ids(th, req: ChatCompletionRequest) -> list[int]:
             m["content"].encode("utf-8")
         except UnicodeEncodeError:
             raise ValueError("messages: content is not valid Unicode text (a lone surrogate)") from None
+    tools = req.tool_defs()
+    if tools and not template_supports_tools(th.tokenizer):
+        raise ValueError("tools: this model's chat template does not support tools (it never reads `tools`)")
     with _TOK_LOCK:
-        return chat_ids(th.tokenizer, msgs, add_generation_prompt=req.add_generation_prompt)
+        return chat_ids(th.tokenizer, msgs, tools=tools, add_generation_prompt=req.add_generation_prompt)
 
 
 def _max_tokens(th, requested: int | None, prompt_len: int, tier: str | None = None) -> int:
@@ -336,28 +341,6 @@ def _finish_run(st, run: _Run) -> None:
     run.counted = 0
 
 
-def _usage(run: _Run, n: int) -> dict:
-    prompt = sum(run.prompt_lens)
-    completion = sum(len(h.output.outputs[0].token_ids) for h in run.handles if h.output is not None)
-    return {
-        "prompt_tokens": prompt,
-        "total_tokens": prompt + completion,
-        "completion_tokens": completion,
-        # prompt tokens served by the prefix cache at admission, one count per prompt (its first
-        # choice; the forks of n > 1 share those blocks), as vLLM's cached_tokens
-        "prompt_tokens_details": {"cached_tokens": _cached_tokens(run, n)},
-    }
-
-
-def _cached_tokens(run: _Run, n: int) -> int:
-    return sum(h.output.metrics.num_cached_tokens for h in run.handles[::n] if h.output is not None)
-
-
-def _finish_reason(out) -> str | None:
-    r = out.outputs[0].finish_reason if out is not None else None
-    return {"error": "abort"}.get(r, r) if r else None
-
-
 def _raise_if_failed(h) -> None:
     """The engine could not finish the request: 503 when it is down, shutting down or being
     reconfigured (retry later), 500 when a step failed for this request (e.g. non-finite logits)."""
@@ -376,79 +359,6 @@ async def _wait_all(request: Request, run: _Run) -> None:
         except TimeoutError:
             if await request.is_disconnected():
                 raise asyncio.CancelledError() from None
-
-
-class _Delta:
-    """Per-choice streaming cursor: new text (holding back an incomplete UTF-8 sequence and,
-    while stop strings may still match, their length - 1 characters) and new token ids."""
-
-    def __init__(self, stop: list[str] | None):
-        self.text_sent = 0
-        self.tokens_sent = 0
-        self.hold = max((len(s) for s in stop), default=1) - 1 if stop else 0
-
-    def take(self, out) -> tuple[str, list[int], int]:
-        c = out.outputs[0]
-        text = c.text
-        end = len(text)
-        if not out.finished:
-            end = len(text.rstrip("\ufffd"))
-            end = max(self.text_sent, end - self.hold)
-        delta = text[self.text_sent : end] if end > self.text_sent else ""
-        self.text_sent = max(self.text_sent, end)
-        first = self.tokens_sent
-        toks = c.token_ids[first:]
-        self.tokens_sent = len(c.token_ids)
-        return delta, toks, first
-
-
-def _tok_text(th, tid: int) -> str:
-    return th.tokenizer.decode([tid])
-
-
-def _completion_logprobs(th, c, first: int, count: int, offset0: int) -> dict | None:
-    if c.logprobs is None:
-        return None
-    toks, lps, tops, offs = [], [], [], []
-    off = offset0
-    for i in range(first, first + count):
-        tid = c.token_ids[i]
-        lp, alts = c.logprobs[i]
-        t = _tok_text(th, tid)
-        toks.append(t)
-        lps.append(lp)
-        top = {_tok_text(th, a): v for a, v in alts}
-        top.setdefault(t, lp)
-        tops.append(top)
-        offs.append(off)
-        off += len(t)
-    return {"text_offset": offs, "token_logprobs": lps, "tokens": toks, "top_logprobs": tops}
-
-
-def _chat_logprobs(th, c, first: int, count: int) -> dict | None:
-    if c.logprobs is None:
-        return None
-    content = []
-    for i in range(first, first + count):
-        tid = c.token_ids[i]
-        lp, alts = c.logprobs[i]
-        t = _tok_text(th, tid)
-        content.append(
-            {
-                "token": t,
-                "logprob": lp,
-                "bytes": list(t.encode("utf-8")),
-                "top_logprobs": [
-                    {"token": _tok_text(th, a), "logprob": v, "bytes": list(_tok_text(th, a).encode("utf-8"))}
-                    for a, v in alts
-                ],
-            }
-        )
-    return {"content": content}
-
-
-def _stop_reason(out):
-    return out.outputs[0].stop_reason if out is not None else None
 
 
 async def _generate(request: Request, body, chat: bool):
@@ -488,13 +398,14 @@ async def _generate(request: Request, body, chat: bool):
         out = h.output
         c = out.outputs[0]
         if chat:
+            content, calls = parse_tool_calls(c.text) if body.parses_tool_calls else (c.text, [])
             choices.append(
                 {
                     "index": i,
-                    "message": {"role": "assistant", "content": c.text, "tool_calls": []},
-                    "logprobs": _chat_logprobs(th, c, 0, len(c.token_ids)),
-                    "finish_reason": _finish_reason(out),
-                    "stop_reason": _stop_reason(out),
+                    "message": {"role": "assistant", "content": content, "tool_calls": calls},
+                    "logprobs": render.chat_logprobs(th, c, 0, len(c.token_ids)),
+                    "finish_reason": finish_reason_with_calls(render.finish_reason(out), bool(calls)),
+                    "stop_reason": render.stop_reason(out),
                 }
             )
         else:
@@ -506,9 +417,9 @@ async def _generate(request: Request, body, chat: bool):
                 {
                     "index": i,
                     "text": prefix + text,
-                    "logprobs": _completion_logprobs(th, c, 0, len(c.token_ids), len(prefix)),
-                    "finish_reason": _finish_reason(out),
-                    "stop_reason": _stop_reason(out),
+                    "logprobs": render.completion_logprobs(th, c, 0, len(c.token_ids), len(prefix)),
+                    "finish_reason": render.finish_reason(out),
+                    "stop_reason": render.stop_reason(out),
                 }
             )
     result = {
@@ -517,7 +428,7 @@ async def _generate(request: Request, body, chat: bool):
         "created": created,
         "model": st.model_name,
         "choices": choices,
-        "usage": _usage(run, body.n),
+        "usage": render.usage(run, body.n),
     }
     return JSONResponse(result, headers=extra_headers)
 
@@ -528,17 +439,19 @@ async def _stream(request: Request, st, run: _Run, body, chat: bool, rid: str, c
     usage_on = body.include_usage
     continuous = bool(body.stream_options and body.stream_options.continuous_usage_stats and usage_on)
     cursors = [
-        _Delta(body.stop if isinstance(body.stop, list) else ([body.stop] if body.stop else None)) for _ in run.handles
+        render.Delta(body.stop if isinstance(body.stop, list) else ([body.stop] if body.stop else None))
+        for _ in run.handles
     ]
     done = [False] * len(run.handles)
     offsets = [0] * len(run.handles)
+    tool_streams = [ToolCallStream() for _ in run.handles] if chat and body.parses_tool_calls else None
 
     def chunk(choices, usage="absent"):
         d = {"id": rid, "object": obj, "created": created, "model": st.model_name, "choices": choices}
         if usage != "absent":
             d["usage"] = usage
         elif continuous:
-            d["usage"] = _usage(run, body.n)  # tokens so far, on every chunk (vLLM's continuous_usage_stats)
+            d["usage"] = render.usage(run, body.n)  # tokens so far, on every chunk (vLLM's continuous_usage_stats)
         elif usage_on:
             d["usage"] = None
         return f"data: {json.dumps(d)}\n\n"
@@ -576,24 +489,34 @@ async def _stream(request: Request, st, run: _Run, body, chat: bool, rid: str, c
                 if not text and not toks and not finished:
                     continue
                 c = out.outputs[0]
-                fr = _finish_reason(out) if finished else None
+                fr = render.finish_reason(out) if finished else None
                 if chat:
+                    delta = {"content": text} if text or not finished else {}
+                    if tool_streams is not None:  # content up to a possible <tool_call>; each call once closed
+                        ts = tool_streams[i]
+                        text, calls = ts.feed(c.text[: cursors[i].text_sent], finished)
+                        delta = {"content": text} if text else {}
+                        if calls:
+                            delta["tool_calls"] = [tool_call_delta(k, call) for k, call in calls]
+                        fr = finish_reason_with_calls(fr, bool(ts.calls))
+                        if not delta and not finished and c.logprobs is None:
+                            continue  # held back: it may be the start of a call
                     ch = {
                         "index": i,
-                        "delta": {"content": text} if text or not finished else {},
-                        "logprobs": _chat_logprobs(th, c, first, len(toks)) if toks else None,
+                        "delta": delta,
+                        "logprobs": render.chat_logprobs(th, c, first, len(toks)) if toks else None,
                         "finish_reason": fr,
                     }
                 else:
                     ch = {
                         "index": i,
                         "text": text,
-                        "logprobs": _completion_logprobs(th, c, first, len(toks), offsets[i]) if toks else None,
+                        "logprobs": render.completion_logprobs(th, c, first, len(toks), offsets[i]) if toks else None,
                         "finish_reason": fr,
                     }
                     offsets[i] += len(text)
                 if finished:
-                    ch["stop_reason"] = _stop_reason(out)
+                    ch["stop_reason"] = render.stop_reason(out)
                     done[i] = True
                 yield chunk([ch])
             if all(done):
@@ -604,7 +527,7 @@ async def _stream(request: Request, st, run: _Run, body, chat: bool, rid: str, c
                 if await request.is_disconnected():
                     return
         if usage_on:
-            yield chunk([], _usage(run, body.n))
+            yield chunk([], render.usage(run, body.n))
         yield "data: [DONE]\n\n"
     finally:
         _finish_run(st, run)  # aborts whatever did not finish: a client that left frees its blocks

@@ -55,3 +55,55 @@ def llm():
     from engine import LLM
 
     return LLM(**TINY_SERVE)
+
+
+# A Hermes / Qwen-style chat template that renders `tools` (the default model's does not): the tool
+# definitions in a system turn, assistant tool calls as <tool_call> blocks, role tool as
+# <tool_response> in a user turn.
+TOOLS_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\nCall a function when it helps. Functions:\n<tools>\n"
+    "{%- for tool in tools %}{{ tool | tojson }}\n{% endfor %}</tools>\n"
+    'Answer a call as <tool_call>\n{"name": <name>, "arguments": <object>}\n</tool_call><|im_end|>\n'
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'assistant' and message.tool_calls %}<|im_start|>assistant\n"
+    "{{ message.content or '' }}"
+    "{%- for tc in message.tool_calls %}<tool_call>\n"
+    '{"name": "{{ tc.function.name }}", "arguments": {{ tc.function.arguments | tojson }}}\n</tool_call>'
+    "{%- endfor %}<|im_end|>\n"
+    "{%- elif message.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ message.content }}\n"
+    "</tool_response><|im_end|>\n"
+    "{%- else %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+TOOLS_SERVE = dict(
+    TINY_SERVE, model="mem:tiny-tools", num_kv_blocks=320, max_model_len=1024, max_num_batched_tokens=1024
+)
+
+
+@pytest.fixture(scope="session")
+def tools_server():
+    """A second server: the tiny model (the same weights) with its own tokenizer copy whose chat
+    template renders tools (TOOLS_TEMPLATE)."""
+    from transformers import AutoTokenizer
+
+    from engine.config import EngineConfig
+    from engine.models import default_hf_folder, load_model, register_model, unregister_model
+    from engine.serve import create_app, run_in_background
+    from engine.thread import EngineThread
+
+    model, _ = load_model("tiny", "cpu", "float32")
+    tok = AutoTokenizer.from_pretrained(default_hf_folder())
+    tok.chat_template = TOOLS_TEMPLATE
+    register_model("mem:tiny-tools", model, tok)
+    th = EngineThread(config=EngineConfig(**TOOLS_SERVE))
+    app = create_app(th, model_name="kvscope-tools", api_key=API_KEY, max_body_bytes=256 * 1024, max_waiting=64)
+    port = free_port()
+    srv = run_in_background(app, "127.0.0.1", port)
+    assert srv.started
+    yield Server(th, app, srv, port)
+    srv.should_exit = True
+    srv.thread.join(10)
+    th.shutdown()
+    unregister_model("mem:tiny-tools")

@@ -65,9 +65,35 @@ def test_streaming_reports_ignored(http):
         assert any(line.strip() == "data: [DONE]" for line in r.iter_lines())
 
 
-def test_skip_special_tokens_false_is_reported(http):
-    r = http.post("/v1/completions", json=dict(GOOD, skip_special_tokens=False))
-    assert r.status_code == 200 and r.headers[IGNORED_HEADER] == "skip_special_tokens"
+# ignore_eos and a +8 bias on <|endoftext|> / <|im_start|> / <|im_end|>: the tiny model's greedy
+# output then holds special tokens among ordinary ones (ids 0 and 2 here)
+BIAS = {"0": 8, "1": 8, "2": 8}
+SPECIAL = dict(GOOD, prompt="Hello there, tell me", max_tokens=12, ignore_eos=True, logit_bias=BIAS)
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_skip_special_tokens_matches_the_tokenizers_decode(http, server, llm, skip):
+    from engine.config import SamplingParams
+
+    tok = server.thread.tokenizer
+    params = SamplingParams(max_tokens=12, ignore_eos=True, logit_bias={int(k): v for k, v in BIAS.items()})
+    ids = llm.generate([SPECIAL["prompt"]], params)[0].outputs[0].token_ids
+    assert {0, 2} <= set(ids) and len(set(ids) - {0, 1, 2}) >= 5  # special and ordinary tokens
+    r = http.post("/v1/completions", json=dict(SPECIAL, skip_special_tokens=skip))
+    assert r.status_code == 200 and IGNORED_HEADER not in r.headers, r.text
+    text = r.json()["choices"][0]["text"]
+    assert text == tok.decode(ids, skip_special_tokens=skip)
+    assert ("<|im_end|>" in text) is (not skip) and ("<|endoftext|>" in text) is (not skip)
+    with http.stream("POST", "/v1/completions", json=dict(SPECIAL, skip_special_tokens=skip, stream=True)) as s:
+        parts = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+    assert "".join(p["choices"][0]["text"] for p in parts if p["choices"]) == text
+    # chat: the same rule on the assistant message
+    msgs = [{"role": "user", "content": "Hello there"}]
+    prompt_ids = http.post("/tokenize", json={"messages": msgs}).json()["tokens"]
+    chat_ids = llm.generate([prompt_ids], params)[0].outputs[0].token_ids
+    body = {"messages": msgs, "max_tokens": 12, "ignore_eos": True, "logit_bias": BIAS, "temperature": 0}
+    msg = http.post("/v1/chat/completions", json=dict(body, skip_special_tokens=skip)).json()["choices"][0]["message"]
+    assert msg["content"] == tok.decode(chat_ids, skip_special_tokens=skip)
 
 
 def test_max_completion_tokens_on_completions(http):
