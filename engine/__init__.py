@@ -20,10 +20,14 @@ def __getattr__(name):  # lazy: importing engine.config must not import torch
         from . import outputs
 
         return getattr(outputs, name)
-    if name in ("LLM", "LLMEngine"):
-        from . import engine as _e
+    if name == "LLM":
+        from .llm import LLM
 
-        return getattr(_e, name)
+        return LLM
+    if name == "LLMEngine":
+        from .engine import LLMEngine
+
+        return LLMEngine
     if name == "EngineThread":
         from .thread import EngineThread
 

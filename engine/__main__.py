@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         from .serve.cli import main as serve_main
 
         return serve_main(rest)
-    from .soak import main as soak_main
+    from .soak_cli import main as soak_main
 
     return soak_main(rest)
 

@@ -1,8 +1,8 @@
-"""LLMEngine (add_request / step / abort_request / evict / snapshot) and LLM (batch generate).
+"""LLMEngine: add_request / step / abort_request / evict / snapshot (LLM, the batch entry point: engine/llm.py).
 
 One step (vLLM v1's shape) = schedule (drafts, then the Scheduler's batch) -> execute (copy-on-write,
 one flattened forward pass) -> update from output (sample or verify, stop checks, events and
-metrics). Every memory decision becomes an Event with a reason.
+metrics; engine/output_processor.py). Every memory decision becomes an Event with a reason.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from . import detokenizer, kv_quant, output_processor, pool_sizing
 from . import events as ev
-from . import kv_quant, pool_sizing
 from .block_manager import BlockManager
 from .config import EngineConfig, SamplingParams
 from .device import cuda_memory
@@ -31,29 +31,23 @@ from .outputs import CompletionOutput, RequestMetrics, RequestOutput
 from .pool_sizing import DEFAULT_KV_BYTES as DEFAULT_KV_BYTES  # re-exported (tests read them here)
 from .pool_sizing import MAX_BLOCKS as MAX_BLOCKS
 from .runner import BatchRow, ModelRunner
-from .sampler import make_generator, process, sample
+from .sampler import make_generator
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Request, Status, WaitReason
-from .snapshot import PLAIN, EngineInfo, RequestInfo, Snapshot
+from .snapshot import EngineInfo, RequestInfo, Snapshot
 from .speculative.decoder import SpecDecoder
-from .speculative.verify import Verdict
-from .stops import find_stop_string
-from .structured import Grammars, mask_logits
+from .structured import Grammars
 
-__all__ = ["LLM", "LLMEngine", "CompletionOutput", "RequestMetrics", "RequestOutput"]
+__all__ = ["LLMEngine", "CompletionOutput", "RequestMetrics", "RequestOutput"]
 
 
 def _schedule_rows(items, rows) -> list[list]:
-    """What one forward pass held, per request: [request_id, kind, num_tokens, start] with kind
-    "verify" (a decode row carrying draft tokens), "decode" (the newest output token alone) or
-    "prefill" (a prompt chunk, even a 1-token one, or a recompute after preemption)."""
-    out = []
-    for it, row in zip(items, rows):
-        n = len(row.tokens)
-        decode = n == 1 and row.start >= it.req.num_prompt_tokens  # feeding its newest output token
-        kind = "verify" if it.num_spec_tokens else ("decode" if decode else "prefill")
-        out.append([row.request_id, kind, n, row.start])
-    return out
+    """What one forward pass held, per request: [request_id, kind, num_tokens, start], kind the
+    row's phase (output_processor.row_phase)."""
+    return [
+        [row.request_id, output_processor.row_phase(it, row), len(row.tokens), row.start]
+        for it, row in zip(items, rows)
+    ]
 
 
 def _available_bytes(device: torch.device) -> int | None:
@@ -94,6 +88,7 @@ class LLMEngine:
             torch.set_num_threads(config.num_threads or 1)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.model, self.tokenizer = load_model(config.model, config.device, config.dtype)
+        self.incremental_detok = detokenizer.concatenative(self.tokenizer)  # engine/detokenizer.py
         hf = self.model.config
         check_supported(hf, config.max_model_len)
         self.vocab_size = hf.vocab_size
@@ -422,7 +417,7 @@ class LLMEngine:
             self._finish_step(t_step)
             return []
         out = self._execute(sched)
-        return self._update_from_output(sched, out, t_step)
+        return output_processor.update_from_output(self, sched, out, t_step)
 
     def _schedule(self) -> SchedulerOutput:
         """Drafts for the requests in decode (speculative decoding), then the Scheduler's batch."""
@@ -471,161 +466,6 @@ class LLMEngine:
         except Exception as e:  # fail only the requests in this step
             return ModelOutput(rows, error=f"step {self.step_num} failed: {type(e).__name__}: {str(e)[:300]}")
 
-    def _update_from_output(self, sched: SchedulerOutput, out: ModelOutput, t_step: float) -> list[RequestOutput]:
-        """Sample (or verify drafts), commit K/V, append tokens, check stops, emit events."""
-        outputs: list[RequestOutput] = []
-        if out.error is not None:
-            for it in sched.items:
-                if not it.req.is_finished:
-                    self._finish(it.req, Status.ABORTED, "error", error=out.error)
-                    outputs.append(self._output(it.req))
-            self.metrics.num_errors += 1
-            self._finish_step(t_step)
-            return outputs
-        rows, logits, fwd_s = out.rows, out.logits, out.forward_s
-        if self.spec is not None:
-            self.spec.record_forward(sched.items, fwd_s)
-        # ---- consume logits
-        greedy_ids = None  # one argmax over every row (the same ids as row by row)
-        if logits.shape[0] and any(it.req.params.greedy and not it.num_spec_tokens for it in sched.items):
-            greedy_ids = logits.argmax(-1).tolist()
-        off = 0
-        now = self.now()
-        new_tokens_total = 0
-        for it, row in zip(sched.items, rows):
-            req = it.req
-            n_rows = (len(row.tokens) - row.logits_from) if row.logits_from >= 0 else 0
-            lg = logits[off : off + n_rows]
-            off += n_rows
-            start = row.start
-            phase = "decode" if len(row.tokens) - it.num_spec_tokens == 1 and start > 0 else "prefill"
-            if row.logits_from < 0:
-                # partial prefill chunk: K/V written, nothing sampled yet
-                req.num_computed_tokens = start + len(row.tokens)
-                self.bm.commit(req.request_id, req.num_computed_tokens)
-                self._emit(
-                    ev.PREFILL,
-                    req.request_id,
-                    start=start,
-                    tokens=len(row.tokens),
-                    num_blocks=len(self.bm.table(req.request_id)),
-                    chunk=True,
-                )
-                req.add_history(self.step_num, now, len(self.bm.table(req.request_id)), self.bytes_per_token, "prefill")
-                continue
-            try:
-                if it.num_spec_tokens:
-                    accepted, marks = self.spec.verify(req, req.spec_token_ids[: it.num_spec_tokens], lg)
-                    new_ids = accepted
-                else:
-                    row_lg = lg[-1]
-                    masked = req.num_output_tokens < req.params.min_tokens
-                    if masked:  # vLLM's min_tokens: EOS and stop_token_ids cannot be sampled yet
-                        row_lg = row_lg.clone()
-                        row_lg[self._min_tokens_mask(req)] = float("-inf")
-                    processed = req.params.has_logits_processors or req.matcher is not None
-                    if req.params.has_logits_processors:  # penalties / logit_bias / min_p over its own history
-                        row_lg = process(row_lg, req.params, req.prompt_token_ids, req.output_token_ids)
-                    if req.matcher is not None:  # structured output: the grammar's token mask
-                        row_lg = mask_logits(row_lg, req.matcher)
-                    if greedy_ids is not None and req.params.greedy and not masked and not processed:
-                        tok = greedy_ids[off - 1]
-                    else:
-                        tok = sample(row_lg, req.params, req.generator)
-                    if req.matcher is not None:
-                        req.matcher.advance(tok)
-                    new_ids = [tok]
-                    marks = [PLAIN]
-                if req.params.logprobs is not None:
-                    self._record_logprobs(req, lg[-len(new_ids) :], new_ids)
-            except Exception as e:  # e.g. non-finite logits: fail this request only, keep the loop alive
-                self._finish(
-                    req,
-                    Status.ABORTED,
-                    "error",
-                    error=f"step {self.step_num} failed for "
-                    f"{req.request_id} while sampling: {type(e).__name__}: {str(e)[:300]}",
-                )
-                self.metrics.num_errors += 1
-                outputs.append(self._output(req))
-                continue
-            # K/V valid through the last fed non-rejected token
-            base_len = start + len(row.tokens) - it.num_spec_tokens  # tokens fed excluding drafts
-            n_acc_drafts = len(new_ids) - 1
-            req.num_computed_tokens = base_len + n_acc_drafts
-            released_slots_from = req.num_computed_tokens
-            fed_end = start + len(row.tokens)
-            if fed_end > released_slots_from:
-                bs = self.bm.block_size
-                table = self.bm.table(req.request_id)
-                self.runner.clear_slots(
-                    [table[p // bs] * bs + p % bs for p in range(released_slots_from, fed_end) if p // bs < len(table)]
-                )
-            released = self.bm.commit(req.request_id, req.num_computed_tokens)
-            if released:
-                self._emit(
-                    ev.BLOCK_FREE, req.request_id, blocks=released, reason="rolled back rejected speculative tokens"
-                )
-            req.spec_token_ids = []
-            if phase == "prefill":
-                self._emit(
-                    ev.PREFILL,
-                    req.request_id,
-                    start=start,
-                    tokens=len(row.tokens),
-                    num_blocks=len(self.bm.table(req.request_id)),
-                    chunk=False,
-                )
-            finished_reason = None
-            for j, tok in enumerate(new_ids):
-                req.output_token_ids.append(tok)
-                new_tokens_total += 1
-                req.token_times.append(now)
-                if req.first_token_time is None:
-                    req.first_token_time = now
-                    self.metrics.on_first_token(req)
-                v = marks[j] if j < len(marks) else PLAIN
-                if not isinstance(v, Verdict):  # a plain decode step's PLAIN
-                    v = Verdict(v)
-                rej = v.rejected_id
-                req.mark(
-                    tok,
-                    self.tokenizer.decode([tok]),
-                    v.kind,
-                    self.step_num,
-                    rej,
-                    self.tokenizer.decode([rej]) if rej is not None else None,
-                    p=v.p,
-                    q=v.q,
-                    u=v.u,
-                )
-                finished_reason = self._check_stop(req, tok)
-                if finished_reason:
-                    break
-            self._update_text(req)
-            if finished_reason is None and req.params.stop and req.num_output_tokens >= req.params.min_tokens:
-                finished_reason = self._check_stop_strings(req)
-            if not self.config.kv_cache and finished_reason is None:
-                # no-cache baseline: throw the K/V away; the next step recomputes the whole prefix
-                freed = self.bm.free(req.request_id)
-                req.num_computed_tokens = 0
-                if freed:
-                    self._emit(
-                        ev.BLOCK_FREE, req.request_id, blocks=freed, reason="kv_cache=False: recompute every step"
-                    )
-            else:
-                self.bm.cache_full_blocks(req.request_id, req.all_token_ids, req.params.cache_salt)
-            if phase == "decode" and not it.num_spec_tokens:
-                self._emit(ev.DECODE, req.request_id, token=new_ids[-1], position=req.num_tokens - 1)
-            req.add_history(self.step_num, now, len(self.bm.table(req.request_id)), self.bytes_per_token, phase)
-            if finished_reason:
-                self._finish(req, Status.FINISHED, finished_reason)
-            outputs.append(self._output(req))
-        self.metrics.on_step(new_tokens_total, time.perf_counter() - t_step)
-        self.bm.apply_target()
-        self._finish_step(t_step)
-        return outputs
-
     def _finish_step(self, t_step: float) -> None:
         self._flush_bm_events()
         self.last_step_s = time.perf_counter() - t_step
@@ -634,68 +474,9 @@ class LLMEngine:
         for kind, rid, data in self.bm.drain_events():
             self._emit(kind, rid, **data)
 
-    def _min_tokens_mask(self, req: Request) -> list[int]:
-        ids = set() if req.params.ignore_eos else set(self.eos_ids)
-        ids.update(req.params.stop_token_ids or ())
-        return sorted(ids)
-
-    def _record_logprobs(self, req: Request, rows: torch.Tensor, new_ids: list[int]) -> None:
-        """The model's own log-probabilities (raw logits, before temperature / top-k / top-p, as
-        vLLM returns them by default) of each emitted token, with the top `logprobs` alternatives."""
-        lp = torch.log_softmax(rows.float(), dim=-1)
-        k = req.params.logprobs
-        top = torch.topk(lp, k, dim=-1) if k else None
-        for j, tok in enumerate(new_ids):
-            alts = tuple(zip(top.indices[j].tolist(), top.values[j].tolist())) if top is not None else ()
-            req.logprobs.append((float(lp[j, tok]), alts))
-
-    def _check_stop(self, req: Request, tok: int) -> str | None:
-        p = req.params
-        if req.num_output_tokens < p.min_tokens:  # vLLM: no stop condition but length before min_tokens
-            return None
-        if not p.ignore_eos and tok in self.eos_ids:
-            req.stop_reason = tok
-            return "stop"
-        if p.stop_token_ids and tok in p.stop_token_ids:
-            req.stop_reason = tok
-            return "stop"
-        if req.num_output_tokens >= p.max_tokens:
-            return "length"
-        if req.num_tokens >= self.config.max_model_len:
-            return "length"
-        return None
-
-    def _update_text(self, req: Request) -> None:
-        req.output_text = self.decode(req.output_token_ids, req.params.skip_special_tokens)
-
-    def _check_stop_strings(self, req: Request) -> str | None:
-        hit = find_stop_string(req.output_text, req.params.stop, req.params.include_stop_str_in_output)
-        if hit is None:
-            return None
-        req.output_text, req.stop_reason = hit
-        return "stop"
-
     # ------------------------------------------------------------------ outputs
     def _output(self, req: Request) -> RequestOutput:
-        m = self.metrics.request_metrics(req)
-        return RequestOutput(
-            req.request_id,
-            req.prompt_text or None,
-            list(req.prompt_token_ids),
-            [
-                CompletionOutput(
-                    0,
-                    req.output_text,
-                    list(req.output_token_ids),
-                    req.finish_reason,
-                    req.stop_reason,
-                    list(req.logprobs) if req.params.logprobs is not None else None,
-                )
-            ],
-            req.is_finished,
-            m,
-            req.error,
-        )
+        return output_processor.request_output(self, req)
 
     def get_request(self, request_id: str) -> Request | None:
         r = self.requests.get(request_id)
@@ -813,47 +594,3 @@ class LLMEngine:
             r.spec_num_accepted_tokens,
             r.origin,
         )
-
-
-class LLM:
-    """vLLM-shaped offline entry point: LLM(model="default", **EngineConfig fields).generate(...)"""
-
-    def __init__(self, model: str = "default", **config):
-        self.engine = LLMEngine(EngineConfig(model=model, **config))
-        self.tokenizer = self.engine.tokenizer
-        self._n = itertools.count()
-
-    def generate(
-        self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None, use_tqdm: bool = False
-    ) -> list[RequestOutput]:
-        if isinstance(prompts, str) or (
-            isinstance(prompts, (list, tuple))
-            and prompts
-            and all(isinstance(t, int) and not isinstance(t, bool) for t in prompts)
-        ):
-            prompts = [prompts]
-        if not isinstance(prompts, (list, tuple)) or not prompts:
-            raise ValueError("prompts must be a string, a list of token ids, or a non-empty list of either")
-        if sampling_params is None:
-            sampling_params = SamplingParams()
-        params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
-        if len(params) != len(prompts):
-            raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")
-        # validate all before adding any
-        for p in prompts:
-            self.engine._tokenize_prompt(p)
-        ids = []
-        try:
-            for p, sp in zip(prompts, params):
-                ids.append(self.engine.add_request(f"gen-{next(self._n)}", p, sp))
-        except ValueError:
-            self.engine.abort_request(ids)
-            raise
-        final: dict[str, RequestOutput] = {}
-        while len(final) < len(ids):
-            if not self.engine.has_unfinished_requests():
-                break
-            for out in self.engine.step():
-                if out.finished:
-                    final[out.request_id] = out
-        return [final[i] for i in ids]

@@ -89,7 +89,8 @@ INTER_FIELDS = ("intermediate_size", "ffn_hidden_size", "n_inner", "ffn_dim")
 # ---------------------------------------------------------------- field access
 
 
-def _raw(cfg, key):
+def config_field(cfg, key):
+    """A model config field, from a transformers config object or a plain dict (None if absent)."""
     if isinstance(cfg, dict):
         return cfg.get(key)
     return getattr(cfg, key, None)
@@ -97,8 +98,8 @@ def _raw(cfg, key):
 
 def _text_part(cfg):
     """Multimodal configs (Llava, Gemma 3, ...) keep the language model under ``text_config``."""
-    if not any(_raw(cfg, k) is not None for k in LAYERS_FIELDS):
-        sub = _raw(cfg, "text_config")
+    if not any(config_field(cfg, k) is not None for k in LAYERS_FIELDS):
+        sub = config_field(cfg, "text_config")
         if sub is not None:
             return sub
     return cfg
@@ -106,7 +107,7 @@ def _text_part(cfg):
 
 def _first(cfg, names):
     for n in names:
-        v = _raw(cfg, n)
+        v = config_field(cfg, n)
         if v is not None:
             return n, v
     return None, None
@@ -185,7 +186,7 @@ class KVSpec:
 
 
 def _is_mla(cfg) -> bool:
-    return _raw(cfg, "kv_lora_rank") is not None
+    return config_field(cfg, "kv_lora_rank") is not None
 
 
 def kv_spec(cfg) -> KVSpec:
@@ -196,8 +197,8 @@ def kv_spec(cfg) -> KVSpec:
     layers = _need(cfg, LAYERS_FIELDS, "the number of layers")
     heads = _opt(cfg, HEADS_FIELDS)
     if _is_mla(cfg):
-        rank = _pos_int("kv_lora_rank", _raw(cfg, "kv_lora_rank"))
-        rope = _raw(cfg, "qk_rope_head_dim")
+        rank = _pos_int("kv_lora_rank", config_field(cfg, "kv_lora_rank"))
+        rope = config_field(cfg, "qk_rope_head_dim")
         if rope is None:
             raise ValueError(
                 "config is missing 'qk_rope_head_dim': MLA (kv_lora_rank is set) caches "
@@ -208,7 +209,7 @@ def kv_spec(cfg) -> KVSpec:
     kv_name, kv = _first(cfg, KV_HEADS_FIELDS)
     if kv is not None:
         kv = _pos_int(kv_name, kv)
-    elif _raw(cfg, "multi_query") and not _raw(cfg, "new_decoder_architecture"):
+    elif config_field(cfg, "multi_query") and not config_field(cfg, "new_decoder_architecture"):
         kv = 1  # Falcon-7B style MQA
     elif heads is not None:
         kv = heads  # no KV-head field: plain MHA
@@ -225,13 +226,13 @@ def kv_spec(cfg) -> KVSpec:
                 f"num_attention_heads ({heads}) must be divisible by {kv_name or 'num_key_value_heads'} ({kv})"
             )
 
-    nope, rope, vdim = (_raw(cfg, k) for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
+    nope, rope, vdim = (config_field(cfg, k) for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
     if nope is not None and rope is not None and vdim is not None:
         # DeepSeek-style attention without the latent compression: K and V differ in size
         kd = _pos_int("qk_nope_head_dim", nope) + _pos_int("qk_rope_head_dim", rope)
         vd = _pos_int("v_head_dim", vdim)
     else:
-        hd = _raw(cfg, "head_dim")
+        hd = config_field(cfg, "head_dim")
         if hd is not None:
             hd = _pos_int("head_dim", hd)
         else:

@@ -32,10 +32,10 @@ from engine.kv_layout import (  # noqa: F401
     _need,
     _opt,
     _pos_int,
-    _raw,
     _text_part,
     attention_kind,
     cdiv,
+    config_field,
     dtype_bytes,
     kv_scale_bytes,
     kv_spec,
@@ -194,7 +194,7 @@ def formula_text(cfg, dtype) -> str:
 
 def sliding_window(cfg) -> int | None:
     """The config's sliding-window size, if it declares one (kvscope's sums assume full attention)."""
-    v = _raw(_text_part(cfg), "sliding_window")
+    v = config_field(_text_part(cfg), "sliding_window")
     return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 else None
 
 
@@ -210,8 +210,8 @@ class ParamEstimate:
 
 
 def _mlp_matrices(cfg) -> int:
-    mt = str(_raw(cfg, "model_type") or "").lower()
-    act = str(_raw(cfg, "hidden_act") or _raw(cfg, "activation_function") or "").lower()
+    mt = str(config_field(cfg, "model_type") or "").lower()
+    act = str(config_field(cfg, "hidden_act") or config_field(cfg, "activation_function") or "").lower()
     non_gated = mt in ("gpt2", "gpt_neox", "falcon", "opt", "bloom", "gpt_bigcode", "gptj", "phi")
     if non_gated or act in ("gelu_new", "gelu_pytorch_tanh", "relu") and mt not in ("gemma", "gemma2", "gemma3_text"):
         return 2
@@ -237,13 +237,13 @@ def estimate_params(cfg, param_count: int | None = None) -> ParamEstimate:
     notes = []
 
     if spec.kind == "MLA":
-        nope, vdim = _raw(cfg, "qk_nope_head_dim"), _raw(cfg, "v_head_dim")
+        nope, vdim = config_field(cfg, "qk_nope_head_dim"), config_field(cfg, "v_head_dim")
         if nope is None or vdim is None:
             raise ValueError("config is missing 'qk_nope_head_dim'/'v_head_dim': needed to count MLA weights")
         nope, vdim = _pos_int("qk_nope_head_dim", nope), _pos_int("v_head_dim", vdim)
         rope, rank = spec.qk_rope_head_dim, spec.kv_lora_rank
         qd = nope + rope
-        qr = _raw(cfg, "q_lora_rank")
+        qr = config_field(cfg, "q_lora_rank")
         q = (h * qr + qr + qr * heads * qd) if qr else h * heads * qd
         attn = q + h * (rank + rope) + rank + rank * heads * (nope + vdim) + heads * vdim * h
     else:
@@ -252,7 +252,7 @@ def estimate_params(cfg, param_count: int | None = None) -> ParamEstimate:
             + h * spec.num_kv_heads * (spec.k_head_dim + spec.v_head_dim)
             + heads * spec.v_head_dim * h
         )
-        if _raw(cfg, "attention_bias") or _raw(cfg, "bias"):
+        if config_field(cfg, "attention_bias") or config_field(cfg, "bias"):
             attn += heads * spec.k_head_dim + spec.num_kv_heads * (spec.k_head_dim + spec.v_head_dim) + h
 
     m = _mlp_matrices(cfg)
@@ -275,9 +275,9 @@ def estimate_params(cfg, param_count: int | None = None) -> ParamEstimate:
         mlp_total = L * m * h * inter
     norms = L * 2 * h + h
     embed = vocab * h
-    tied = _raw(cfg, "tie_word_embeddings")
+    tied = config_field(cfg, "tie_word_embeddings")
     if tied is None:
-        tied = str(_raw(cfg, "model_type") or "").lower() in ("falcon", "gpt2")
+        tied = str(config_field(cfg, "model_type") or "").lower() in ("falcon", "gpt2")
     head = 0 if tied else vocab * h
     total = embed + L * attn + mlp_total + norms + head
     exact_kinds = spec.kind != "MLA" and not moe and m == 3

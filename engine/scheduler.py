@@ -67,8 +67,8 @@ class Scheduler:
     def add(self, req: Request) -> None:
         self.waiting.append(req)
 
-    def remove(self, req: Request) -> None:
-        """Take a request out of whatever queue holds it and free its memory."""
+    def remove(self, req: Request) -> list[int]:
+        """Take a request out of whatever queue holds it and free its memory; the blocks freed."""
         if req in self.running:
             self.running.remove(req)
         if req in self.waiting:

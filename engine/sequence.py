@@ -71,8 +71,8 @@ class Request:
     spec_num_accepted_tokens: int = 0
     request_class: str = "default"
     spec_token_ids: list[int] = field(default_factory=list)  # drafts to verify next step
-    pending_marks: list = field(default_factory=list)  # marks for tokens appended this step
-    detok_offset: int = 0  # output tokens already turned into output_text
+    detok_offset: int = 0  # output tokens decoded once into detok_prefix (engine/detokenizer.py)
+    detok_prefix: str = ""
     origin: str = "engine"  # who submitted it: "engine" (Python API), "app", "http"
     logprobs: list = field(default_factory=list)  # per output token (logprob, ((id, logprob), ...)) if asked
 

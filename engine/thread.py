@@ -210,6 +210,11 @@ class EngineThread:
     def tokenizer(self):
         return self.engine.tokenizer
 
+    @property
+    def step_num(self) -> int:
+        """Steps the current engine has run (changes while it works)."""
+        return self.engine.step_num
+
     def _check_alive(self) -> None:
         if not self.healthy:
             raise EngineCrashed(self.error or "engine is not running")

@@ -47,7 +47,7 @@ if run_cost:
                 base,
                 n,
                 p,
-                busy=lambda: th.engine.step_num,
+                busy=lambda: th.step_num,
                 busy_what="shared-engine steps (other requests on the same cores)",
                 on_sample=lambda r, side, smp: bar.progress(
                     min(1.0, (2 * r + 1 + (side == "cache")) / 6), text=f"round {r + 1}: {side} {smp.seconds:.2f} s"

@@ -156,7 +156,7 @@ if launch:
             run_id,
             time_scale=0.0 if ea.test_mode() else 1.0,
             bound_to=th,
-            chain=conversation_chain(th.engine.tokenizer) if scenario == "release-freeze" and chained else None,
+            chain=conversation_chain(th.tokenizer) if scenario == "release-freeze" and chained else None,
         )
         SS["load_run"] = {
             "run_id": run_id,

@@ -81,7 +81,7 @@ if go:
                     prompts,
                     int(max_tokens),
                     prompt_lens=lens,
-                    busy=lambda: th.engine.step_num,
+                    busy=lambda: th.step_num,
                     busy_what="shared-engine steps (other requests on the same cores)",
                 )
             SS["pc_result"] = {

@@ -165,7 +165,7 @@ if run:
     SS["spec_prompt"] = prompt
     base, n_tok = cfg, int(max_tokens)
     # with a system prompt the private engine gets the templated ids the preview showed
-    text = template_ids(th.engine.tokenizer, prompt, system)[0] if system else prompt
+    text = template_ids(th.tokenizer, prompt, system)[0] if system else prompt
 
     def _experiment(progress):
         from engine.experiments import compare_speculative
@@ -181,7 +181,7 @@ if run:
             want,
             n_tok,
             temperature=float(temperature),
-            busy=lambda: th.engine.step_num,
+            busy=lambda: th.step_num,
             busy_what="shared-engine steps (other requests on the same cores)",
             budget_s=BUDGET_S,
             on_sample=on_sample,

@@ -61,23 +61,15 @@ install_vllm() {
   "$VLLM_VENV/bin/python" -c "import vllm; print('vLLM peer installed in $VLLM_VENV:', vllm.__version__)"
 }
 
-# llama.cpp's CPU options for the instruction sets this CPU runs. Not GGML_NATIVE: -march=native
-# also turns on AMX where the CPU advertises it, and on this workplace's VMs the CPU advertises AMX
-# (cpuinfo amx_tile / amx_int8, arch_prctl grants the tile permission) but the first ldtilecfg
-# takes a general protection fault, so a native build segfaults on its first matmul. AMX is left
-# off; every other extension the CPU has is on, as -march=native would set it.
+# llama.cpp's CPU options: GGML_NATIVE (-march=native: every extension this CPU has, tuned for
+# it), but never AMX. On this workplace's VMs the CPU advertises AMX (cpuinfo amx_tile / amx_int8,
+# arch_prctl grants the tile permission) yet the first ldtilecfg takes a general protection fault,
+# so a plain native build segfaults on its first matmul. GCC lets an explicit -mno-amx-* win over
+# -march=native whatever their order, which also leaves ggml's AMX kernels out (they are compiled
+# only under __AMX_INT8__).
 llamacpp_cmake_args() {
-  local flags args="-DGGML_NATIVE=OFF"
-  flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
-  local pair
-  for pair in f16c:F16C fma:FMA bmi2:BMI2 avx:AVX avx2:AVX2 avx_vnni:AVX_VNNI avx512f:AVX512 \
-              avx512vbmi:AVX512_VBMI avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16; do
-    case "$flags" in
-      *" ${pair%%:*} "*) args="$args -DGGML_${pair#*:}=ON" ;;
-      *) args="$args -DGGML_${pair#*:}=OFF" ;;
-    esac
-  done
-  echo "$args -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+  local noamx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+  echo "-DGGML_NATIVE=ON -DCMAKE_C_FLAGS='$noamx' -DCMAKE_CXX_FLAGS='$noamx'"
 }
 
 install_llamacpp() {

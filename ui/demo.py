@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+from engine import rates
 from engine.events import ADMIT, FINISH, PREEMPT, PREFIX_HIT, SCHEDULE, SPEC_FALLBACK, Event, Trace
 from engine.snapshot import Snapshot
 
@@ -219,8 +220,9 @@ def _spec_chapter(trace: Trace, which: str) -> tuple[Moment | None, str]:
     _, drafted, accepted, out = info
     vsteps = _verify_steps(trace, rid)
     passes = len(vsteps)
-    alpha = f"{accepted / drafted:.2f}" if drafted else "n/a"
-    per_pass = f"{(accepted + passes) / passes:.2f}" if passes else "n/a"
+    a, mal = rates.acceptance_rate(accepted, drafted), rates.mean_acceptance_length(accepted, passes)
+    alpha = f"{a:.2f}" if a is not None else "n/a"
+    per_pass = f"{mal:.2f}" if mal is not None else "n/a"
     # an edit is shown when it finishes; "break it" at its last verify pass (before any fallback)
     step = fin.step if which == "passage-edit" or not vsteps else vsteps[-1]
     return Moment(

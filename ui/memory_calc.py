@@ -284,15 +284,15 @@ def config_from_engine_info(info) -> dict:
     or dict). Uses a full HF config when one is attached (``hf_config``/``model_config``/``config``),
     else the fields EngineInfo reports (layers, KV heads, head dim; query heads if present)."""
     for key in ("hf_config", "model_config", "config"):
-        sub = mm._raw(info, key)
+        sub = mm.config_field(info, key)
         if isinstance(sub, dict) or (sub is not None and hasattr(sub, "to_dict")):
             return mm.config_to_dict(sub)
     out = {
-        "num_hidden_layers": mm._raw(info, "num_layers") or mm._raw(info, "num_hidden_layers"),
-        "num_key_value_heads": mm._raw(info, "num_kv_heads") or mm._raw(info, "num_key_value_heads"),
-        "head_dim": mm._raw(info, "head_dim"),
+        "num_hidden_layers": mm.config_field(info, "num_layers") or mm.config_field(info, "num_hidden_layers"),
+        "num_key_value_heads": mm.config_field(info, "num_kv_heads") or mm.config_field(info, "num_key_value_heads"),
+        "head_dim": mm.config_field(info, "head_dim"),
     }
-    heads = mm._raw(info, "num_heads") or mm._raw(info, "num_attention_heads")
+    heads = mm.config_field(info, "num_heads") or mm.config_field(info, "num_attention_heads")
     if heads:
         out["num_attention_heads"] = heads
     mm.kv_spec(out)

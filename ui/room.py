@@ -124,6 +124,10 @@ class Run:
     def wait(self, timeout: float | None = None) -> bool:
         return self._done.wait(timeout)
 
+    def mark_done(self) -> None:
+        """Wakes every wait(): the run ended (status done or error)."""
+        self._done.set()
+
 
 class Room:
     def __init__(self):
@@ -182,7 +186,7 @@ class Room:
                 run.status = "error"
             finally:
                 run.finished_at = time.time()
-                run._done.set()
+                run.mark_done()
 
         with self.lock:
             self.runs[run.run_id] = run

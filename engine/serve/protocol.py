@@ -22,7 +22,6 @@ from . import tools as tools_mod
 MAX_N = 16  # choices per request (each one is a request in the engine)
 MAX_STOP = 16  # stop strings (SamplingParams' limit)
 MAX_PROMPTS = 64  # prompts in one /v1/completions batch
-DEFAULT_MAX_TOKENS = 16  # OpenAI's / vLLM's completions default is "up to the context"; see resolve_max_tokens
 
 
 class _Strict(BaseModel):

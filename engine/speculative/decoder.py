@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from .. import events as ev
+from .. import rates
 from ..block_manager import cdiv
 from ..runner import BatchRow
 from ..sampler import probs as sampler_probs
@@ -386,7 +387,7 @@ class SpecDecoder:
         judged): the geometric model's α, the one E(α, k) assumes."""
         m = self.metrics()
         judged = self.num_accepted + self.num_rejections
-        alpha_geo = self.num_accepted / judged if judged else None
+        alpha_geo = rates.acceptance_rate(self.num_accepted, judged)
         k_mean = self.num_draft_tokens / self.num_drafts if self.num_drafts else None
         d = {
             "method": m.method,

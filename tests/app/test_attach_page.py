@@ -117,7 +117,8 @@ def test_attach_to_a_vllm_stub_without_events_or_spec_notes_what_is_missing():
 
 def test_attach_to_a_kvscope_stub():
     from engine import EngineConfig, LLMEngine, SamplingParams
-    from engine.kv_events import KVEventPublisher, external_hash
+    from engine.kv_event_wire import external_hash
+    from engine.kv_events import KVEventPublisher
 
     eng = LLMEngine(EngineConfig(model="tiny", device="cpu", num_kv_blocks=24, block_size=8, max_model_len=128))
     pub = KVEventPublisher("tcp://127.0.0.1:0", replay_endpoint="tcp://127.0.0.1:0")  # the engine's real events

@@ -9,18 +9,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.kv_events import (
+from engine.kv_event_wire import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
     KVEventBatch,
-    KVEventPublisher,
-    KVEventSubscriber,
     apply_events,
     decode_batch,
     encode_batch,
     external_hash,
 )
+from engine.kv_events import KVEventPublisher, KVEventSubscriber
 
 BATCH = KVEventBatch(
     12.5,
