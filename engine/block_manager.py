@@ -20,9 +20,9 @@ import struct
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from .events import EventKind
 from .kv_layout import cdiv  # noqa: F401  (callers import it from here too)
 from .snapshot import BlockInfo, BlockState
+from .trace_events import EventKind
 
 
 def hash_block(parent: bytes | None, token_ids, salt: str | None) -> bytes:

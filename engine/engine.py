@@ -16,11 +16,10 @@ from dataclasses import dataclass
 import torch
 
 from . import detokenizer, kv_quant, output_processor, pool_sizing
-from . import events as ev
+from . import trace_events as ev
 from .block_manager import BlockManager
 from .config import EngineConfig, SamplingParams
 from .device import cuda_memory
-from .events import EventRing
 from .families import check_supported
 from .inputs import chat_ids, check_prompt_length
 from .inputs import check_unicode as _check_unicode
@@ -37,6 +36,7 @@ from .sequence import Request, Status, WaitReason
 from .snapshot import EngineInfo, RequestInfo, Snapshot
 from .speculative.decoder import SpecDecoder
 from .structured import Grammars
+from .trace_events import EventRing
 
 __all__ = ["LLMEngine", "CompletionOutput", "RequestMetrics", "RequestOutput"]
 

@@ -91,12 +91,12 @@ def compare_cache_vs_nocache(
     busy_what: str = "",
     on_sample: Callable[[int, str, object], None] | None = None,
 ) -> dict:
-    """The Cache vs no-cache page's timing, controlled (engine/measure.py): the same decode on the
+    """The Cache vs no-cache page's timing, controlled (engine/ab_timing.py): the same decode on the
     no-cache and the cache engine, alternated, `min_rounds`+ rounds. Compared: decode seconds
     (sum of the decode steps). Returns {"comparison" (a = nocache, b = cache, ratio = how many
     times slower without the cache), "cache": (prefill s, points), "nocache": (...)} with the
     points of the round whose no-cache/cache ratio is the median one."""
-    from . import measure
+    from . import ab_timing
 
     engines, prompt = _cache_engines(base, n_tokens, prompt_tokens)
     runs: dict[str, list] = {"cache": [], "nocache": []}
@@ -105,12 +105,12 @@ def compare_cache_vs_nocache(
         def run(r):
             pre, pts = measure_decode_cost(engines[key], prompt, n_tokens, request_id=f"{key}-r{r}")
             runs[key].append((pre, pts))
-            return measure.Sample(sum(p.step_s for p in pts) or 1e-9, {"prefill_s": pre})
+            return ab_timing.Sample(sum(p.step_s for p in pts) or 1e-9, {"prefill_s": pre})
 
         return run
 
     try:
-        cmp_ = measure.compare(
+        cmp_ = ab_timing.compare(
             side("nocache"),
             side("cache"),
             names=("nocache", "cache"),
@@ -360,7 +360,7 @@ class SpecComparison:
     seconds, so its ratio is the speedup), the last round's final RequestInfo of each side, the
     speculative request's verify events and any fallback events, and the private engine's label."""
 
-    comparison: object  # measure.Comparison
+    comparison: object  # ab_timing.Comparison
     spec: object  # RequestInfo
     plain: object
     verify: list
@@ -414,9 +414,9 @@ def compare_speculative(
     """Plain vs speculative decoding of one prompt (greedy unless `temperature` > 0: then both sides
     sample with seed 0 and speculation verifies by rejection sampling) on one private engine (speculation
     configured by `spec`; plain requests set SamplingParams.speculative=False), alternating sides
-    per engine/measure.py. Prefix caching is off so each run pays its full prefill. A short
+    per engine/ab_timing.py. Prefix caching is off so each run pays its full prefill. A short
     untimed request of each side first takes first-call costs out of the numbers."""
-    from . import measure
+    from . import ab_timing
 
     if spec is None:
         raise ValueError("speculative: choose a drafter (method and k) to compare against plain decoding")
@@ -452,12 +452,12 @@ def compare_speculative(
         info = eng.snapshot().request(rid)
         last[side] = info
         ntok[side] = info.output_len if info is not None else 0
-        return measure.Sample(dt, {"tokens": ntok[side], "request_id": rid})
+        return ab_timing.Sample(dt, {"tokens": ntok[side], "request_id": rid})
 
     try:
         one("plain", "warmup", 2)
         one("spec", "warmup", 2)
-        cmp_ = measure.compare(
+        cmp_ = ab_timing.compare(
             lambda r: one("plain", f"r{r}", max_tokens),
             lambda r: one("spec", f"r{r}", max_tokens),
             names=("plain", "spec"),
@@ -471,7 +471,7 @@ def compare_speculative(
         acc = sreq.spec_num_accepted_tokens if sreq is not None else 0
         passes = (sreq.output_len - acc) if sreq is not None else 0
         tpp = sreq.output_len / passes if passes > 0 else None
-        cmp_ = cmp_.with_suspect(measure.suspect_speedup(cmp_.ratio.median, tpp))
+        cmp_ = cmp_.with_suspect(ab_timing.suspect_speedup(cmp_.ratio.median, tpp))
         evs = eng.events.since(seqs["spec"])
         srid = sreq.request_id if sreq is not None else None
         return SpecComparison(
@@ -505,11 +505,11 @@ def compare_prefix(
     EngineThread (same loaded weights, its own pool sized for the turns) runs `measure_prefix`
     with forced misses ("miss": a fresh salt per request, so every turn is cold) and with sharing
     ("cache": one fresh salt per round, so later turns reuse turn 1's blocks), alternated per
-    engine/measure.py. Compared: mean TTFT of the later turns (all turns when there is one).
+    engine/ab_timing.py. Compared: mean TTFT of the later turns (all turns when there is one).
     Returns {"comparison" (a = miss, b = cache: ratio = how many times faster the warm turns
     reach their first token), "hit", "miss" (rows of the median round), "best" (snapshot with the
     most sharing seen), "rec" (SnapshotRecorder of the private engine)}."""
-    from . import measure
+    from . import ab_timing
     from .thread import EngineThread
 
     if not prompts:
@@ -552,14 +552,14 @@ def compare_prefix(
             rows[mode].append(rws)
             if mode == "cache":
                 best[0] = more_shared(best[0], b)
-            return measure.Sample(later(rws))
+            return ab_timing.Sample(later(rws))
 
         return run
 
     try:
         one_warm = measure_prefix(pth, prompts[:1], 2, mode="miss", run_tag=f"{tag}-warmup")
         del one_warm
-        cmp_ = measure.compare(
+        cmp_ = ab_timing.compare(
             side("miss"),
             side("cache"),
             names=("miss", "cache"),

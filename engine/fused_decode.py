@@ -31,33 +31,35 @@ SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
 PROF_OPS = ("norm1", "qkv", "rope+kv_write", "attention", "o_proj+res", "norm2", "gate_up+silu", "down+res")
 
 
-class _Lin(ctypes.Structure):
-    _fields_ = [
-        ("type", ctypes.c_int),
-        ("n", ctypes.c_int),
-        ("k", ctypes.c_int),
-        ("panels", ctypes.c_void_p),
-        ("bias", ctypes.c_void_p),
-    ]
+def _c_struct(name: str, fields: list[tuple[str, type]]) -> type[ctypes.Structure]:
+    """A ctypes Structure laid out as engine/csrc/layer.c's struct of the same role: `fields` are
+    (names, ctype) in the C order, names sharing one ctype written space-separated."""
+    return type(name, (ctypes.Structure,), {"_fields_": [(n, ct) for names, ct in fields for n in names.split()]})
 
 
-class _Layer(ctypes.Structure):
-    _fields_ = [
-        ("norm1", ctypes.c_void_p),
-        ("norm2", ctypes.c_void_p),
+_P, _I = ctypes.c_void_p, ctypes.c_int
+_Lin = _c_struct("_Lin", [("type n k", _I), ("panels bias", _P)])  # one packed Linear group
+_Layer = _c_struct(
+    "_Layer",
+    [
+        ("norm1 norm2", _P),
         ("eps", ctypes.c_float),
-        ("hidden", ctypes.c_int),
-        ("H", ctypes.c_int),
-        ("Hkv", ctypes.c_int),
-        ("D", ctypes.c_int),
-        ("inter", ctypes.c_int),
-        ("qkv", _Lin),
-        ("o", _Lin),
-        ("gate_up", _Lin),
-        ("down", _Lin),
-        ("k_pool", ctypes.c_void_p),
-        ("v_pool", ctypes.c_void_p),
-    ]
+        ("hidden H Hkv D inter", _I),
+        ("qkv o gate_up down", _Lin),
+        ("k_pool v_pool", _P),
+    ],
+)
+
+
+def _linear_groups(layer) -> tuple[tuple[str, str, list], ...]:
+    """(descriptor field, name in messages, modules) of the four packed Linear groups of a layer."""
+    att, mlp = layer.self_attn, layer.mlp
+    return (
+        ("qkv", "qkv", [att.q_proj, att.k_proj, att.v_proj]),
+        ("o", "o_proj", [att.o_proj]),
+        ("gate_up", "gate_up", [mlp.gate_proj, mlp.up_proj]),
+        ("down", "down_proj", [mlp.down_proj]),
+    )
 
 
 def _raw(pack, mods: list):
@@ -98,15 +100,9 @@ def unsupported_reason(runner) -> str | None:
     if not cpu_kernels.supports(cfg.num_attention_heads, runner.num_kv_heads, runner.head_dim):
         return "head shapes outside the paged-attention kernel's"
     for layer in model.model.layers[: runner.num_layers]:
-        att, mlp = layer.self_attn, layer.mlp
-        if any(hasattr(att, a) for a in ("q_norm", "k_norm")):
+        if any(hasattr(layer.self_attn, a) for a in ("q_norm", "k_norm")):
             return "per-head q/k norms are not in the C decode path"
-        for name, mods in (
-            ("qkv", [att.q_proj, att.k_proj, att.v_proj]),
-            ("o_proj", [att.o_proj]),
-            ("gate_up", [mlp.gate_proj, mlp.up_proj]),
-            ("down_proj", [mlp.down_proj]),
-        ):
+        for _, name, mods in _linear_groups(layer):
             if _raw(runner.linear_pack, mods) is None:
                 return f"{name} is not one packed C group"
         for norm in (layer.input_layernorm, layer.post_attention_layernorm):
@@ -127,7 +123,6 @@ class FusedStack:
         self.descs = (_Layer * len(layers))()
         self.keep = []
         for i, layer in enumerate(layers):
-            att, mlp = layer.self_attn, layer.mlp
             n1 = layer.input_layernorm.weight.detach().contiguous()
             n2 = layer.post_attention_layernorm.weight.detach().contiguous()
             k_pool, v_pool = runner.kv_caches[i]
@@ -137,29 +132,27 @@ class FusedStack:
             d.eps = float(layer.input_layernorm.variance_epsilon)
             d.hidden = cfg.hidden_size
             d.H, d.Hkv, d.D = cfg.num_attention_heads, runner.num_kv_heads, runner.head_dim
-            d.inter = mlp.gate_proj.out_features
-            d.qkv = _lin(_raw(pack, [att.q_proj, att.k_proj, att.v_proj]))
-            d.o = _lin(_raw(pack, [att.o_proj]))
-            d.gate_up = _lin(_raw(pack, [mlp.gate_proj, mlp.up_proj]))
-            d.down = _lin(_raw(pack, [mlp.down_proj]))
+            d.inter = layer.mlp.gate_proj.out_features
+            for field, _, mods in _linear_groups(layer):
+                setattr(d, field, _lin(_raw(pack, mods)))
             d.k_pool, d.v_pool = k_pool.data_ptr(), v_pool.data_ptr()
         self.scale = float(layers[0].self_attn.scaling)
         self.prof = torch.zeros(len(PROF_OPS), dtype=torch.float64)
         self.profile = os.environ.get("KVSCOPE_LAYER_PROFILE", "0") == "1"
 
-    def run(self, rows, num_layers: int | None = None) -> torch.Tensor:
+    def run(self, rows, slots: list[int], num_layers: int | None = None) -> torch.Tensor:
+        """One forward of the flattened batch `rows`; `slots` is the runner's slot mapping of its
+        tokens (engine.runner.slot_mapping), where each token's K/V is written."""
         r = self.runner
         bs = r.block_size
-        ids, pos, slots, tables = [], [], [], []
+        ids, pos, tables = [], [], []
         logit_rows = []
         t = 0
         for row in rows:
             n = len(row.tokens)
             tab = row.block_table
             for j in range(n):
-                p = row.start + j
-                slots.append(tab[p // bs] * bs + p % bs)
-                tables.append(tab[: p // bs + 1])
+                tables.append(tab[: (row.start + j) // bs + 1])
             ids.extend(row.tokens)
             pos.extend(range(row.start, row.start + n))
             if row.logits_from >= 0:

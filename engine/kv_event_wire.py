@@ -2,7 +2,7 @@
 batch (both wire generations), and applying a stream to a set of cached block hashes. The
 ZeroMQ publisher and subscriber are engine/kv_events.py.
 
-What goes on the wire (vLLM's `ZmqEventPublisher`, vllm/distributed/kv_events.py):
+What goes on the wire (as vLLM's `ZmqEventPublisher` sends it):
 
 - PUB socket, one multipart message per batch: [topic, seq (8-byte big-endian, from 0), payload].
 - payload: msgpack of `KVEventBatch` = positional array [ts, events, data_parallel_rank].

@@ -11,7 +11,7 @@ import time
 import torch
 
 from . import detokenizer
-from . import events as ev
+from . import trace_events as ev
 from .outputs import CompletionOutput, RequestOutput
 from .sampler import process, sample
 from .sequence import Request, Status

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Sequence
 
 from .config import SamplingParams
-from .events import trace_to_string
 from .snapshot import Snapshot
+from .trace_events import trace_to_string
 
 SERIES_CAP = 600  # snapshots kept for the over-time charts (older half thinned beyond it)
 # Events kept for logs and traces: every kind except the per-token/per-chunk chatter.

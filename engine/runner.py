@@ -35,6 +35,13 @@ class BatchRow:
     logits_from: int  # index within `tokens` of the first row whose logits are needed (-1: none)
 
 
+def slot_mapping(rows: list[BatchRow], block_size: int) -> list[int]:
+    """The flat pool slot (block id * block_size + offset) of every token fed, in batch order:
+    where each token's K/V is written. The one home of the rule for both forward paths."""
+    bs = block_size
+    return [r.block_table[p // bs] * bs + p % bs for r in rows for p in range(r.start, r.start + len(r.tokens))]
+
+
 def _weight_pack(model, weight_format: str):
     """engine/linear.py's pack for the requested weight format ("auto": GGUF blocks where the
     model came from a GGUF and the kernel runs, else fp32)."""
@@ -246,17 +253,15 @@ class ModelRunner:
     # ------------------------------------------------------------------ forward
     def build_metadata(self, rows: list[BatchRow]):
         bs = self.block_size
-        ids, pos, slots, logit_rows = [], [], [], []
+        ids, pos, logit_rows = [], [], []
         dec_idx, dec_tables, dec_lens, prefills, flex_rows = [], [], [], [], []
         flex = self.attention_backend == "flex"
         max_ctx = 0
         t = 0
+        slots = slot_mapping(rows, bs)
         for r in rows:
             n = len(r.tokens)
             table = r.block_table
-            for j in range(n):
-                p = r.start + j
-                slots.append(table[p // bs] * bs + p % bs)
             ids.extend(r.tokens)
             pos.extend(range(r.start, r.start + n))
             ctx = r.start + n
@@ -317,7 +322,7 @@ class ModelRunner:
         t0 = time.perf_counter()
         if self.fused is not None:
             with linear.packed_linears(self.linear_pack):
-                logits = self.fused.run(rows, num_layers)
+                logits = self.fused.run(rows, slot_mapping(rows, self.block_size), num_layers)
             self.last_forward_s = time.perf_counter() - t0
             return logits
         input_ids, positions, meta, logit_rows = self.build_metadata(rows)

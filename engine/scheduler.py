@@ -16,8 +16,8 @@ from typing import Callable
 
 from .block_manager import BlockManager, cdiv
 from .config import EngineConfig
-from .events import EventKind
 from .sequence import Request, Status, WaitReason
+from .trace_events import EventKind
 
 
 @dataclass(slots=True)

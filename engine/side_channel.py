@@ -9,10 +9,10 @@ nobody ran. The attacker's TTFT (the engine's arrival -> first token) is the obs
 Mode "shared": both tenants use the same (no) salt, so the probe can hit the victim's blocks.
 Mode "salted": victim and attacker carry their own cache_salt, so it never can.
 
-Measurement discipline is engine/measure.py's: the four (mode, condition) cells run in every
-round in `measure.round_order` (mirrored on odd rounds, so drift lands on every cell alike);
-`rounds` repeats per cell; `measure.spread` gives each cell's median, quartiles, min and max.
-Contention is checked per probe, finer than measure's step counter: whether another request was
+Measurement discipline is engine/ab_timing.py's: the four (mode, condition) cells run in every
+round in `ab_timing.round_order` (mirrored on odd rounds, so drift lands on every cell alike);
+`rounds` repeats per cell; `ab_timing.spread` gives each cell's median, quartiles, min and max.
+Contention is checked per probe, finer than ab_timing's step counter: whether another request was
 in the engine while the probe ran (this runs on the shared engine).
 """
 
@@ -24,7 +24,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable
 
-from . import measure as ab  # the module; `measure` below is this module's run
+from . import ab_timing as ab
 from .config import SamplingParams
 
 MODES = ("shared", "salted")
@@ -42,12 +42,12 @@ class Probe:
     round: int
 
 
-spread = ab.spread  # median, quartiles, min, max of one cell (engine/measure.py)
+spread = ab.spread  # median, quartiles, min, max of one cell (engine/ab_timing.py)
 CELLS = tuple((m, c) for m in MODES for c in (True, False))
 
 
 def cell_order(r: int) -> list[tuple[str, bool]]:
-    """The four (mode, cached) cells of round r: reversed on odd rounds (measure.round_order)."""
+    """The four (mode, cached) cells of round r: reversed on odd rounds (ab_timing.round_order)."""
     return ab.round_order(CELLS, r)
 
 

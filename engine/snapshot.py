@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 
 from . import rates
 
-# Trace loading (engine/events.py) validates these classes with pydantic: strict types, unknown
+# Trace loading (engine/trace_events.py) validates these classes with pydantic: strict types, unknown
 # fields refused, no NaN/Infinity (a class attribute, not a field; pydantic reads it).
 TRACE_VALIDATION = {"strict": True, "extra": "forbid", "allow_inf_nan": False}
 

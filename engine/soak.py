@@ -32,9 +32,9 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from .config import EngineConfig, SamplingParams, TierConfig, default_tiers
-from .events import EventKind
 from .kv_layout import cdiv
 from .rates import prefix_hit_rate
+from .trace_events import EventKind
 from .workloads import make_workload
 
 SCENARIO_ORDER = ("release-freeze", "shared-system-prompt", "mixed")

@@ -19,7 +19,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from . import events as ev
+from . import trace_events as ev
 from .config import EngineConfig, SamplingParams
 from .recording import drive
 from .snapshot import EngineInfo, RequestInfo, Snapshot

@@ -7,6 +7,7 @@ import html
 import streamlit as st
 
 from engine import claims as C
+from engine.claims_live import measure_live
 from ui import engine_access as ea
 from ui import shell
 
@@ -46,7 +47,7 @@ if c[0].button(
 ):
     bar = st.progress(0.0, text="starting")
     try:
-        live = C.measure_live(th, progress=lambda f, s: bar.progress(min(1.0, max(0.0, f)), text=s))
+        live = measure_live(th, progress=lambda f, s: bar.progress(min(1.0, max(0.0, f)), text=s))
         store[model] = live
     except Exception as e:  # noqa: BLE001 - shown; the engine keeps serving
         st.error(f"Measurement failed: {type(e).__name__}: {e}")

@@ -12,7 +12,7 @@ import streamlit as st
 
 from engine import recording
 from engine.config import SamplingParams
-from engine.events import Trace
+from engine.trace_events import Trace
 from ui import demo as D
 from ui import engine_access as ea
 from ui import load as L

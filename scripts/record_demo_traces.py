@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
-from engine.events import trace_to_string  # noqa: E402
 from engine.recording import RECORDED_EXCLUDE, append_snapshot, slim_snapshot  # noqa: E402
+from engine.trace_events import trace_to_string  # noqa: E402
 from engine.workloads import make_workload  # noqa: E402
 from ui.demo import RECORDINGS, speculation_requests  # noqa: E402
 

@@ -7,7 +7,7 @@ from typing import Iterable
 
 import streamlit as st
 
-from engine.events import Event
+from engine.trace_events import Event
 from ui import batching as B
 from ui import engine_access as ea
 

@@ -13,11 +13,11 @@ from typing import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from engine.events import ADMIT, PREEMPT, REJECT, SWAP_OUT, WAIT
 from engine.experiments import PrefixRow
 from engine.rates import prefix_hit_rate
 from engine.recording import CostPoint, RunRecord
 from engine.snapshot import Snapshot
+from engine.trace_events import ADMIT, PREEMPT, REJECT, SWAP_OUT, WAIT
 from ui import theme
 
 _O = theme.OKABE_ITO

@@ -1,7 +1,7 @@
 """The guided demo: chapters of a recorded trace, each anchored on a moment found in the trace's
 own events and snapshots (never a hard-coded step), with a caption written from that moment's data.
 
-Pure functions over `engine.events.Trace`; no Streamlit. A tick is an index into the trace's
+Pure functions over `engine.trace_events.Trace`; no Streamlit. A tick is an index into the trace's
 snapshots (as on the Replay page). Captions are plain text: escape them when rendering (request
 ids and engine reasons come from the file).
 """
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from engine import rates
-from engine.events import ADMIT, FINISH, PREEMPT, PREFIX_HIT, SCHEDULE, SPEC_FALLBACK, Event, Trace
 from engine.snapshot import Snapshot
+from engine.trace_events import ADMIT, FINISH, PREEMPT, PREFIX_HIT, SCHEDULE, SPEC_FALLBACK, Event, Trace
 
 LIVE_STATES = ("running", "waiting", "preempted", "swapped")
 SPEEDS = (0.5, 1.0, 2.0, 4.0)  # ticks advanced per second of auto-play

@@ -2,7 +2,7 @@
 prometheus_client's text parser, and the Attach page's figures drawn from a series of scrapes.
 
 Pure functions: text in, `Scrape` out; scrapes in, numbers and Plotly figures out. Names and
-meanings follow vllm/v1/metrics/loggers.py (vLLM 0.33): gauges `vllm:num_requests_running`,
+meanings follow vLLM 0.33's Prometheus logger: gauges `vllm:num_requests_running`,
 `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` (a fraction, 0..1); counters
 `vllm:num_preemptions_total`, `vllm:prefix_cache_queries_total` / `_hits_total` (tokens),
 `vllm:spec_decode_num_drafts_total`, `vllm:spec_decode_num_accepted_tokens_per_pos_total{position}`;

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .. import measure, rates
+from .. import ab_timing, rates
 from .. import prompt_sets as PS
 from . import common as C
 from . import peers
@@ -47,7 +47,7 @@ def suite_speculative(ctx: C.BenchContext) -> SuiteResult:
     ctx.done("verify cost")
 
     # Plain and speculative engines run the same prompt set alternately, the first side swapped each
-    # round, `rounds` rounds (engine/measure.compare, the one home the pages use too); each side's
+    # round, `rounds` rounds (engine/ab_timing.compare, the one home the pages use too); each side's
     # median is compared. Run one after the other once, the open-ended ratio (~1.0 by construction
     # once the class falls back) swung between 0.90 and 1.18 on a shared 2-core machine, as did two
     # identical plain engines.
@@ -87,11 +87,11 @@ def suite_speculative(ctx: C.BenchContext) -> SuiteResult:
                         w, t = one(llm, p, sname)
                         wall += w
                         toks[name].append(t)
-                    return measure.Sample(wall)
+                    return ab_timing.Sample(wall)
 
                 return run
 
-            cmp_ = measure.compare(
+            cmp_ = ab_timing.compare(
                 side("plain", plain_llm), side("spec", spec_llm), names=("plain", "spec"), min_rounds=rounds
             )
             after = C.snapshot_metrics(spec_llm).spec
@@ -151,7 +151,7 @@ def suite_speculative(ctx: C.BenchContext) -> SuiteResult:
                     f"(1 - a^(k+1)) / (1 - a), k={kk}",
                 )
                 cmp_ = d["comparison"]
-                why = measure.suspect_speedup(speedup, tpp)
+                why = ab_timing.suspect_speedup(speedup, tpp)
                 res.add(
                     f"{pre}_speedup",
                     speedup,

@@ -1,5 +1,5 @@
-"""/metrics: vLLM's metric names, types and labels (vllm/v1/metrics/loggers.py and
-vllm/v1/spec_decode/metrics.py), read from the engine's own counters, plus kvscope: figures.
+"""/metrics: vLLM's metric names, types and labels (its Prometheus logger's and its
+speculative-decoding metrics'), read from the engine's own counters, plus kvscope: figures.
 
 Gauges and counters are read from the engine at scrape time (a custom collector); histograms are
 observed by a finish listener on the engine (MetricsTracker.listeners) when each request

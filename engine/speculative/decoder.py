@@ -19,8 +19,8 @@ import time
 import numpy as np
 import torch
 
-from .. import events as ev
 from .. import rates
+from .. import trace_events as ev
 from ..block_manager import cdiv
 from ..runner import BatchRow
 from ..sampler import probs as sampler_probs

@@ -28,7 +28,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .. import events as ev
+from .. import trace_events as ev
 from ..block_manager import BlockManager, cdiv
 from ..config import EngineConfig
 from ..runner import BatchRow, ModelRunner

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from engine.events import read_trace
+from engine.trace_events import read_trace
 from ui import demo as D
 
 VIEWS = Path(__file__).resolve().parents[2] / "pages"

@@ -32,8 +32,8 @@ import pytest
 import torch
 
 from engine import LLM, EngineConfig, LLMEngine, SamplingParams, SpeculativeConfig, TierConfig
-from engine.events import read_trace
 from engine.thread import EngineThread
+from engine.trace_events import read_trace
 from engine.watch import WatchControl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -887,7 +887,7 @@ def _cases() -> list[Case]:
     )
 
     # ---------------------------------------------------------------- trace loader
-    R = "engine.events.read_trace"
+    R = "engine.trace_events.read_trace"
     for bad, src, msg in (
         ("empty file", "", r"^trace is empty$"),
         ("header only", H, r"^trace holds no snapshot$"),

@@ -1,4 +1,4 @@
-"""Each event kind carries its documented keys (engine.events.EVENT_PAYLOADS) and nothing else;
+"""Each event kind carries its documented keys (engine.trace_events.EVENT_PAYLOADS) and nothing else;
 `blocks` is always a list of block ids. A tiny engine runs through admissions, prefix hits,
 chunked prefill, preemption (recompute and swap), eviction, copy-on-write bookkeeping, aborts,
 a budget change and speculation."""
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine import EngineConfig, LLMEngine, SamplingParams, SpeculativeConfig
-from engine.events import EVENT_PAYLOADS, EventKind, check_payload
+from engine.trace_events import EVENT_PAYLOADS, EventKind, check_payload
 
 SHARED = "a shared system prompt that every request starts with, long enough for full blocks: "
 

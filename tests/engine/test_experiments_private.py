@@ -1,6 +1,6 @@
 """Page experiments on private engines: they share the loaded weights with the shared engine
 (no second copy) and never touch the shared engine's pool; the speculative comparison is
-controlled (engine/measure.py)."""
+controlled (engine/ab_timing.py)."""
 
 from __future__ import annotations
 

@@ -144,7 +144,7 @@ def test_round_trip_property(events, wire):
 
 
 def _vllm_structs():
-    """msgspec structs declared as vllm/distributed/kv_events.py (vLLM 0.33.0) declares them:
+    """msgspec structs declared as vLLM 0.33.0 declares its KV events:
     the batch array_like, the events tagged maps; and the legacy declarations (array_like events)."""
     msgspec = pytest.importorskip("msgspec")
 

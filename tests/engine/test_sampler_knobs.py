@@ -9,7 +9,7 @@ import torch
 from transformers import MinPLogitsWarper, RepetitionPenaltyLogitsProcessor
 
 from engine import EngineConfig, LLMEngine, SamplingParams, SpeculativeConfig
-from engine import events as ev
+from engine import trace_events as ev
 from engine.sampler import probs, process
 from engine.stops import find_stop_string
 

@@ -10,7 +10,7 @@ and real acceptance on a few prompts, including a passage-editing one.
 import pytest
 
 from engine import EngineConfig, LLMEngine, SamplingParams, SpeculativeConfig
-from engine import events as ev
+from engine import trace_events as ev
 from engine.snapshot import ACCEPTED, BONUS, PLAIN, REPLACED
 from engine.speculative import DRAFT_SUFFIX
 

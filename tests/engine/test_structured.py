@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine import EngineConfig, LLMEngine, SamplingParams, SpeculativeConfig
-from engine import events as ev
+from engine import trace_events as ev
 from engine.structured import mask_logits
 
 SCHEMAS = {

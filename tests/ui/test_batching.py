@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.events import FINISH, PREEMPT, SCHEDULE, Event
+from engine.trace_events import FINISH, PREEMPT, SCHEDULE, Event
 from ui import batching as B
 
 

@@ -6,8 +6,8 @@ from dataclasses import replace
 import pytest
 
 from engine import experiments, recording
-from engine.events import Event
 from engine.snapshot import EngineMetrics, RequestInfo, Snapshot
+from engine.trace_events import Event
 from tests.factories import make_engine_info
 from ui import compare as C
 

@@ -6,8 +6,8 @@ from dataclasses import dataclass, replace
 import pytest
 
 from engine import recording
-from engine.events import Event
 from engine.snapshot import EngineMetrics, HistoryPoint, RequestInfo, Snapshot
+from engine.trace_events import Event
 from tests.factories import make_engine_info
 from ui import events_table as et
 from ui import load as L
@@ -243,7 +243,7 @@ class FakeThread:
     """The two EngineThread reads the recorder uses (test-only)."""
 
     def __init__(self):
-        from engine.events import EventRing
+        from engine.trace_events import EventRing
 
         self.events = EventRing(100)
         self.snap = snap(0, 0.0)
@@ -267,7 +267,7 @@ def test_recorder_collects_new_steps_and_events_bounded():
     assert [s.step for s in rec.series] == [1, 2, 3, 4]
     assert [e.kind for e in rec.events] == ["admit", "preempt", "preempt", "preempt"]  # no decode chatter
     text = rec.trace_text()
-    from engine.events import read_trace
+    from engine.trace_events import read_trace
 
     tr = read_trace(text)
     assert [s.step for s in tr.snapshots] == [1, 2, 3, 4] and len(tr.events) == 4
@@ -283,7 +283,7 @@ def test_percentile_table_html_formats_numbers():
 
 
 def test_recorder_starts_over_when_the_engine_is_rebuilt():
-    from engine.events import EventRing
+    from engine.trace_events import EventRing
 
     th = FakeThread()
     rec = recording.SnapshotRecorder("R2")

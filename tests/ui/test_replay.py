@@ -2,8 +2,8 @@
 
 import pytest
 
-from engine.events import Event, trace_to_string
 from engine.snapshot import EngineMetrics, Snapshot
+from engine.trace_events import Event, trace_to_string
 from tests.factories import make_engine_info
 from ui import replay as R
 

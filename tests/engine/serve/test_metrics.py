@@ -7,7 +7,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine import EngineConfig, SamplingParams
 
-VLLM = {  # name (as the parser reports it) -> type, from vllm/v1/metrics/loggers.py
+VLLM = {  # name (as the parser reports it) -> type, as vLLM's Prometheus logger declares them
     "vllm:num_requests_running": "gauge",
     "vllm:num_requests_waiting": "gauge",
     "vllm:kv_cache_usage_perc": "gauge",

@@ -1,6 +1,6 @@
 """Traces (issue 7, items 3 and 6): a real run's trace round-trips exactly, hostile strings inside
 it stay inert data, and malformed or hostile trace files only ever get a ValueError (with the
-line number where one applies) from engine.events.read_trace — never another exception, never
+line number where one applies) from engine.trace_events.read_trace — never another exception, never
 execution. The exact messages for each kind of bad file are in tests/engine/test_bad_input.py.
 """
 
@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.events import MAX_LINE_BYTES, MAX_TRACE_LINES, read_trace, trace_to_string, write_trace
+from engine.trace_events import MAX_LINE_BYTES, MAX_TRACE_LINES, read_trace, trace_to_string, write_trace
 
 HOSTILE = [
     '<script>alert("x")</script>',

@@ -1,4 +1,6 @@
-"""Typed engine events, the bounded ring they live in, and JSONL trace read/write.
+"""Typed engine events (kvscope's own record of every scheduling and memory decision; the
+vLLM-format KV-cache events are engine/kv_events.py), the bounded ring they live in, and JSONL
+trace read/write.
 
 A trace file is JSON Lines: a header line {"kind": "kvscope-trace", "version": 2}, then lines
 {"kind": "snapshot", "snapshot": {...}} and {"kind": "event", "event": {...}}. Reading never
