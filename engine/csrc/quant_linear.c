@@ -10,7 +10,8 @@
  * The blocks of 16 rows are interleaved once into panels (kvscope_qpack), byte for byte the same
  * scales and quantized values, so that the 16 weights of one column k lie side by side:
  *   Q4_1 panel block (320 bytes = 20 per 32 weights, as in the file): d[16] fp16, m[16] fp16,
- *        then for k = 0..31 eight bytes, byte j = row j's nibble | row j+8's nibble << 4;
+ *        then for each column pair (k, k+1), k even, 16 bytes: byte j = row j's nibble of column k
+ *        | its nibble of column k+1 << 4;
  *   Q8_0 panel block (544 bytes = 34 per 32 weights): d[16] fp16, then for k = 0..31 16 int8.
  * F16 / BF16 (and Q4_1 / Q8_0 on CPUs without AVX-512): each weight is widened to fp32 in
  * registers with exactly the dequantizer's arithmetic, and the outputs are accumulated in exactly
@@ -29,7 +30,9 @@
  * count or the tile: per block, the even and the odd columns each in a left-to-right fused
  * multiply-add chain from zero, their sum s, then (Q4_1) t = fma(m, sum x, d * s) or (Q8_0)
  * fma(d, s, total), t added to the running total block after block; so a row's result does not
- * depend on its batch either.
+ * depend on its batch either. Below SCRATCH_ROWS rows the codes are converted in registers, per
+ * column pair, for the tile's rows; from SCRATCH_ROWS rows a block's codes are converted once
+ * into a small buffer that every row tile reads (the same fp32 values, the same chains).
  */
 #include <omp.h>
 #include <stddef.h>
@@ -130,7 +133,7 @@ int kvscope_qpack(int type, const uint8_t *src, long long src_rows, const int32_
                     memcpy(dst + 32 + 2 * j, blk + 2, 2);   /* m */
                     for (int k = 0; k < QK; k++) {
                         const uint8_t q = k < 16 ? blk[4 + k] & 15 : blk[4 + k - 16] >> 4;
-                        dst[64 + k * 8 + (j & 7)] |= (uint8_t)(j < 8 ? q : q << 4);
+                        dst[64 + (k / 2) * 16 + j] |= (uint8_t)(k & 1 ? q << 4 : q);
                     }
                 } else {
                     for (int k = 0; k < QK; k++) dst[32 + k * 16 + j] = blk[2 + k];
@@ -160,8 +163,8 @@ static void widen_block_scalar(int type, const uint8_t *blk, float *w) {
             memcpy(&mh, blk + 32 + 2 * j, 2);
             const float m = half_to_float(mh);
             for (int k = 0; k < QK; k++) {
-                const uint8_t byte = blk[64 + k * 8 + (j & 7)];
-                const float q = (float)(j < 8 ? byte & 15 : byte >> 4);
+                const uint8_t byte = blk[64 + (k / 2) * 16 + j];
+                const float q = (float)(k & 1 ? byte >> 4 : byte & 15);
                 w[k * NR + j] = opq(d * q) + m;
             }
         } else {
@@ -198,10 +201,6 @@ static inline __attribute__((always_inline)) bconst block_consts(int type, const
     c.d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
     c.d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)));
     if (type == T_Q4_1) {
-        /* rows 8..15 sit in the high nibbles: their q is read as 16 q and d scaled by 1/16, and
-         * (d / 16) (16 q) rounds to exactly d q (powers of two scale exactly; d / 16 >= 2^-28 stays
-         * normal in fp32) */
-        c.d1 = _mm256_mul_ps(c.d1, _mm256_set1_ps(0.0625f));
         c.m0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32)));
         c.m1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 48)));
         c.q = blk + 64;
@@ -214,9 +213,11 @@ static inline __attribute__((always_inline)) bconst block_consts(int type, const
 
 static inline __attribute__((always_inline)) void widen_col(int type, const bconst *c, int k, v8 *w0, v8 *w1) {
     if (type == T_Q4_1) {
-        const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(c->q + k * 8)));
-        const __m256 lo = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(0x0f)));
-        const __m256 hi = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(0xf0)));
+        /* column k's 16 rows: the low (k even) or high (k odd) nibbles of its pair's 16 bytes */
+        const __m128i b = _mm_loadu_si128((const __m128i *)(c->q + (k / 2) * 16));
+        const __m128i q = _mm_and_si128(k & 1 ? _mm_srli_epi16(b, 4) : b, _mm_set1_epi8(0x0f));
+        const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q));
+        const __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q, 8)));
         /* d q is exact in fp32 (an 11-bit significand times a 4-bit integer), so rounding d q + m
          * once (a fused multiply-add) gives exactly the dequantizer's round(round(d q) + m) */
         *w0 = (v8)_mm256_fmadd_ps(c->d0, lo, c->m0);
@@ -317,93 +318,61 @@ static void widen_block(int type, const uint8_t *blk, float *w) { widen_block_sc
 #endif
 
 #ifdef QL_AVX512
-#define QL_PREFETCH 4 /* blocks ahead, per panel (the next rows of a stream the hardware may not see) */
-#define FMR 4         /* rows per tile */
+#define QL_PREFETCH 4   /* blocks ahead, per panel (the next rows of a stream the hardware may not see) */
+#define FMR 4           /* rows per tile with the codes converted in registers */
+#define SMR 4           /* rows per tile reading converted codes from the scratch (x 2 panels: 16
+                         * accumulators + 8 broadcasts stay in registers) */
+#define SCRATCH_ROWS 8  /* from this many rows a block's codes are converted once, for every row */
+#ifndef RC
+#define RC 48
+#endif
+/* RC: rows per chunk of the scratch path (its running totals stay in L1 / L2) */
+#define AI inline __attribute__((always_inline))
 
-/* one row's broadcasts for the Q4_1 tile: xp[8 k .. 8 k + 15] = x[k] eight times then x[k + 1]
- * eight times (k even: the lanes of a column pair), and sx[b] = block b's 32 x, left to right */
-static void row_pairs(const float *x, int K, float *xp, float *sx) {
-    for (int k = 0; k < K; k += 2)
-        _mm512_storeu_ps(xp + (size_t)k * 8, _mm512_insertf32x8(_mm512_set1_ps(x[k]), _mm256_set1_ps(x[k + 1]), 1));
-    for (int b = 0; b < K / QK; b++) {
-        float t = 0.f;
-        for (int k = 0; k < QK; k++) t += x[b * QK + k];
-        sx[b] = t;
-    }
-}
-
-static inline __attribute__((always_inline)) void prefetch_block(const uint8_t *blk, int pb) {
+static AI void prefetch_block(const uint8_t *blk, int pb) {
     for (int o = 0; o < pb; o += 64) __builtin_prefetch(blk + (size_t)QL_PREFETCH * pb + o);
 }
 
-static inline __attribute__((always_inline)) void store_tile(int MR, int P, __m512 tot[FMR][4], const float *bias,
-                                                             float *y, int ldy, int nvalid_last) {
-    for (int q = 0; q < P; q++) {
-        const int nvalid = q == P - 1 ? nvalid_last : NR;
-        const __mmask16 mask = (__mmask16)((1u << nvalid) - 1);
-        const __m512 bb = bias ? _mm512_maskz_loadu_ps(mask, bias + q * NR) : _mm512_setzero_ps();
-        for (int r = 0; r < MR; r++) {
-            const __m512 o = bias ? _mm512_add_ps(tot[r][q], bb) : tot[r][q];
-            _mm512_mask_storeu_ps(y + (size_t)r * ldy + q * NR, mask, o);
-        }
+/* column pair (kk, kk + 1) of a panel block as fp32 codes, 16 rows in the lanes: *e column kk,
+ * *o column kk + 1 (Q4_1: its high nibble left in place, i.e. 16 q, exact; scaled back by 1/16
+ * once per block, exactly) */
+static AI void pair_codes(int type, const uint8_t *blk, int kk, __m512 *e, __m512 *o) {
+    if (type == T_Q4_1) {
+        const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 64 + kk * 8)));
+        *e = _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(0x0f)));
+        *o = _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(0xf0)));
+    } else {
+        const uint8_t *c = blk + 32 + kk * 16;
+        *e = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)c)));
+        *o = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(c + 16))));
     }
 }
 
-/* MR rows x P consecutive Q4_1 panels. A column pair's 16 code bytes widen to 16 lanes: lanes
- * 0-7 the pair's first column for rows 0-7 (low nibbles) or 8-15 (high nibbles, read as 16 q and
- * scaled by 1/16 at the block's end, exactly), lanes 8-15 its second column. */
-static inline __attribute__((always_inline)) void f4tile(int MR, int P, const float *xp, const float *sx, int K,
-                                                         const uint8_t *pan, size_t pstride, const float *bias,
-                                                         float *y, int ldy, int nvalid_last) {
-    const int nb = K / QK, pb = 320;
-    const size_t xs = (size_t)K * 8;
-    const __m512i m_lo = _mm512_set1_epi32(0x0f), m_hi = _mm512_set1_epi32(0xf0);
-    __m512 tot[FMR][4];
-    for (int r = 0; r < MR; r++)
-        for (int q = 0; q < P; q++) tot[r][q] = _mm512_setzero_ps();
-    for (int b = 0; b < nb; b++) {
-        __m512 alo[FMR][4], ahi[FMR][4];
-        const uint8_t *blk[4];
-        for (int q = 0; q < P; q++) {
-            blk[q] = pan + q * pstride + (size_t)b * pb;
-            prefetch_block(blk[q], pb);
-            for (int r = 0; r < MR; r++) { alo[r][q] = _mm512_setzero_ps(); ahi[r][q] = _mm512_setzero_ps(); }
-        }
-        for (int kk = 0; kk < QK; kk += 2) {
-            __m512 xv[FMR];
-            for (int r = 0; r < MR; r++) xv[r] = _mm512_loadu_ps(xp + r * xs + (size_t)(b * QK + kk) * 8);
-            for (int q = 0; q < P; q++) {
-                const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk[q] + 64 + kk * 8)));
-                const __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(v, m_lo));
-                const __m512 hi = _mm512_cvtepi32_ps(_mm512_and_si512(v, m_hi));
-                for (int r = 0; r < MR; r++) {
-                    alo[r][q] = _mm512_fmadd_ps(lo, xv[r], alo[r][q]);
-                    ahi[r][q] = _mm512_fmadd_ps(hi, xv[r], ahi[r][q]);
-                }
-            }
-        }
-        for (int q = 0; q < P; q++) {
-            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk[q]));
-            const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk[q] + 32)));
-            for (int r = 0; r < MR; r++) {
-                const __m256 slo = _mm256_add_ps(_mm512_castps512_ps256(alo[r][q]), _mm512_extractf32x8_ps(alo[r][q], 1));
-                const __m256 shi = _mm256_mul_ps(
-                    _mm256_add_ps(_mm512_castps512_ps256(ahi[r][q]), _mm512_extractf32x8_ps(ahi[r][q], 1)),
-                    _mm256_set1_ps(0.0625f));
-                const __m512 sum = _mm512_insertf32x8(_mm512_castps256_ps512(slo), shi, 1);
-                const __m512 t = _mm512_fmadd_ps(m, _mm512_set1_ps(sx[r * nb + b]), _mm512_mul_ps(d, sum));
-                tot[r][q] = _mm512_add_ps(tot[r][q], t);
-            }
-        }
+/* the one per-block finish, for every tile: even / odd chains -> s -> added to the running total */
+static AI __m512 finish_block(int type, __m512 d, __m512 m, __m512 e, __m512 o, float sx, __m512 tot) {
+    if (type == T_Q4_1) {
+        const __m512 s = _mm512_fmadd_ps(o, _mm512_set1_ps(0.0625f), e); /* = round(even + odd) */
+        return _mm512_add_ps(tot, _mm512_fmadd_ps(m, _mm512_set1_ps(sx), _mm512_mul_ps(d, s)));
     }
-    store_tile(MR, P, tot, bias, y, ldy, nvalid_last);
+    return _mm512_fmadd_ps(d, _mm512_add_ps(e, o), tot);
 }
 
-/* MR rows x P consecutive Q8_0 panels: a column's 16 int8 codes widen to 16 lanes (rows 0-15) */
-static inline __attribute__((always_inline)) void f8tile(int MR, int P, const float *x, int K, const uint8_t *pan,
-                                                         size_t pstride, const float *bias, float *y, int ldy,
-                                                         int nvalid_last) {
-    const int nb = K / QK, pb = 544;
+static AI __m512 block_d(const uint8_t *blk) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk)); }
+static AI __m512 block_m(int type, const uint8_t *blk) {
+    return type == T_Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32))) : _mm512_setzero_ps();
+}
+
+static AI void store_out(__m512 t, const float *bias, float *y, int nvalid) {
+    const __mmask16 mask = (__mmask16)((1u << nvalid) - 1);
+    if (bias) t = _mm512_add_ps(t, _mm512_maskz_loadu_ps(mask, bias));
+    _mm512_mask_storeu_ps(y, mask, t);
+}
+
+/* MR rows x P consecutive panels, codes converted in registers per column pair and used by the
+ * tile's rows; sx [MR][nb] the rows' per-block sums of x */
+static AI void rtile(int type, int MR, int P, const float *x, const float *sx, int K, const uint8_t *pan,
+                     size_t pstride, const float *bias, float *y, int ldy, int nvalid_last) {
+    const int nb = K / QK, pb = panel_block_bytes(type);
     __m512 tot[FMR][4];
     for (int r = 0; r < MR; r++)
         for (int q = 0; q < P; q++) tot[r][q] = _mm512_setzero_ps();
@@ -418,74 +387,161 @@ static inline __attribute__((always_inline)) void f8tile(int MR, int P, const fl
         for (int kk = 0; kk < QK; kk += 2) {
             const int k = b * QK + kk;
             for (int q = 0; q < P; q++) {
-                const uint8_t *c = blk[q] + 32 + kk * 16;
-                const __m512 w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)c)));
-                const __m512 w1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(c + 16))));
+                __m512 e, o;
+                pair_codes(type, blk[q], kk, &e, &o);
                 for (int r = 0; r < MR; r++) {
-                    ae[r][q] = _mm512_fmadd_ps(w0, _mm512_set1_ps(x[(size_t)r * K + k]), ae[r][q]);
-                    ao[r][q] = _mm512_fmadd_ps(w1, _mm512_set1_ps(x[(size_t)r * K + k + 1]), ao[r][q]);
+                    ae[r][q] = _mm512_fmadd_ps(e, _mm512_set1_ps(x[(size_t)r * K + k]), ae[r][q]);
+                    ao[r][q] = _mm512_fmadd_ps(o, _mm512_set1_ps(x[(size_t)r * K + k + 1]), ao[r][q]);
                 }
             }
         }
         for (int q = 0; q < P; q++) {
-            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk[q]));
-            for (int r = 0; r < MR; r++) tot[r][q] = _mm512_fmadd_ps(d, _mm512_add_ps(ae[r][q], ao[r][q]), tot[r][q]);
+            const __m512 d = block_d(blk[q]), m = block_m(type, blk[q]);
+            for (int r = 0; r < MR; r++) tot[r][q] = finish_block(type, d, m, ae[r][q], ao[r][q], sx[r * nb + b], tot[r][q]);
         }
     }
-    store_tile(MR, P, tot, bias, y, ldy, nvalid_last);
+    for (int q = 0; q < P; q++)
+        for (int r = 0; r < MR; r++)
+            store_out(tot[r][q], bias ? bias + q * NR : NULL, y + (size_t)r * ldy + q * NR, q == P - 1 ? nvalid_last : NR);
 }
 
-#define FT(MR, P)                                                                                   \
-static void f4_##MR##_##P(const float *xp, const float *sx, const float *x, int K, const uint8_t *pan,  \
-                          size_t ps, const float *bias, float *y, int ldy, int nv) {                \
-    (void)x; f4tile(MR, P, xp, sx, K, pan, ps, bias, y, ldy, nv);                                   \
-}                                                                                                   \
-static void f8_##MR##_##P(const float *xp, const float *sx, const float *x, int K, const uint8_t *pan,  \
-                          size_t ps, const float *bias, float *y, int ldy, int nv) {                \
-    (void)xp; (void)sx; f8tile(MR, P, x, K, pan, ps, bias, y, ldy, nv);                             \
+/* MR rows x P panels of one block, the codes read from wsc (P x 32 columns x 16 floats, converted
+ * by pair_codes: the same values), the running totals from / to tb (row stride P x 16) */
+static AI void stile(int type, int MR, int P, const float *x, const float *sx, int K, int b, const float *wsc,
+                     const __m512 *d, const __m512 *m, float *tb) {
+    const int nb = K / QK;
+    __m512 ae[SMR][2], ao[SMR][2];
+    for (int r = 0; r < MR; r++)
+        for (int q = 0; q < P; q++) { ae[r][q] = _mm512_setzero_ps(); ao[r][q] = _mm512_setzero_ps(); }
+    for (int kk = 0; kk < QK; kk += 2) {
+        const int k = b * QK + kk;
+        for (int q = 0; q < P; q++) {
+            const __m512 e = _mm512_loadu_ps(wsc + (size_t)(q * QK + kk) * NR);
+            const __m512 o = _mm512_loadu_ps(wsc + (size_t)(q * QK + kk + 1) * NR);
+            for (int r = 0; r < MR; r++) {
+                ae[r][q] = _mm512_fmadd_ps(e, _mm512_set1_ps(x[(size_t)r * K + k]), ae[r][q]);
+                ao[r][q] = _mm512_fmadd_ps(o, _mm512_set1_ps(x[(size_t)r * K + k + 1]), ao[r][q]);
+            }
+        }
+    }
+    for (int r = 0; r < MR; r++)
+        for (int q = 0; q < P; q++) {
+            float *t = tb + (size_t)(r * P + q) * NR;
+            _mm512_storeu_ps(t, finish_block(type, d[q], m[q], ae[r][q], ao[r][q], sx[r * nb + b], _mm512_loadu_ps(t)));
+        }
 }
-FT(1, 4) FT(1, 1) FT(2, 2) FT(2, 1) FT(3, 2) FT(3, 1) FT(4, 2) FT(4, 1)
-typedef void (*ft_fn)(const float *, const float *, const float *, int, const uint8_t *, size_t, const float *, float *,
-                      int, int);
-static const ft_fn F4[2][FMR + 1] = {{0, f4_1_1, f4_2_1, f4_3_1, f4_4_1}, {0, f4_1_4, f4_2_2, f4_3_2, f4_4_2}};
-static const ft_fn F8[2][FMR + 1] = {{0, f8_1_1, f8_2_1, f8_3_1, f8_4_1}, {0, f8_1_4, f8_2_2, f8_3_2, f8_4_2}};
+
+#define RT(TY, MR, P)                                                                                            \
+static void rt_##TY##_##MR##_##P(const float *x, const float *sx, int K, const uint8_t *pan, size_t ps,        \
+                                 const float *bias, float *y, int ldy, int nv) {                                \
+    rtile(TY, MR, P, x, sx, K, pan, ps, bias, y, ldy, nv);                                                       \
+}
+#define ST(TY, MR, P)                                                                                            \
+static void st_##TY##_##MR##_##P(const float *x, const float *sx, int K, int b, const float *wsc, const __m512 *d, \
+                                 const __m512 *m, float *tb) {                                                   \
+    stile(TY, MR, P, x, sx, K, b, wsc, d, m, tb);                                                                \
+}
+#define TILES(TY)                                                                                                \
+    RT(TY, 1, 4) RT(TY, 1, 1) RT(TY, 2, 2) RT(TY, 2, 1) RT(TY, 3, 2) RT(TY, 3, 1) RT(TY, 4, 1)        \
+    ST(TY, 1, 1) ST(TY, 2, 1) ST(TY, 3, 1) ST(TY, 4, 1) ST(TY, 1, 2) ST(TY, 2, 2) ST(TY, 3, 2) ST(TY, 4, 2)
+TILES(3) TILES(8)
+typedef void (*rt_fn)(const float *, const float *, int, const uint8_t *, size_t, const float *, float *, int, int);
+typedef void (*st_fn)(const float *, const float *, int, int, const float *, const __m512 *, const __m512 *, float *);
+/* [type is Q8_0][wide][rows]: wide = 4 panels for one row, 2 for two or three (4 rows: 1, as 4 x 2
+ * would not fit in the registers) */
+static const rt_fn RTILES[2][2][FMR + 1] = {
+    {{0, rt_3_1_1, rt_3_2_1, rt_3_3_1, rt_3_4_1}, {0, rt_3_1_4, rt_3_2_2, rt_3_3_2, 0}},
+    {{0, rt_8_1_1, rt_8_2_1, rt_8_3_1, rt_8_4_1}, {0, rt_8_1_4, rt_8_2_2, rt_8_3_2, 0}}};
+/* [type is Q8_0][panels - 1][rows] */
+static const st_fn STILES[2][2][SMR + 1] = {
+    {{0, st_3_1_1, st_3_2_1, st_3_3_1, st_3_4_1}, {0, st_3_1_2, st_3_2_2, st_3_3_2, st_3_4_2}},
+    {{0, st_8_1_1, st_8_2_1, st_8_3_1, st_8_4_1}, {0, st_8_1_2, st_8_2_2, st_8_3_2, st_8_4_2}}};
+
+/* P (1 or 2) panels for rows 0..M-1: per chunk of RC rows and block, the panels' codes converted
+ * once into wsc, then every row tile of the chunk reads them (tb: RC x P x 16 running totals) */
+static void scratch_panels(int type, int P, const float *x, const float *sx, int M, int K, const uint8_t *pan,
+                           size_t pstride, const float *bias, float *y, int N, int nvalid_last, float *wsc, float *tb) {
+    const int nb = K / QK, pb = panel_block_bytes(type), q8 = type == T_Q8_0;
+    for (int r0 = 0; r0 < M; r0 += RC) {
+        const int rc = M - r0 < RC ? M - r0 : RC;
+        memset(tb, 0, sizeof(float) * (size_t)rc * P * NR);
+        for (int b = 0; b < nb; b++) {
+            __m512 d[2], m[2];
+            for (int q = 0; q < P; q++) {
+                const uint8_t *blk = pan + q * pstride + (size_t)b * pb;
+                prefetch_block(blk, pb);
+                d[q] = block_d(blk);
+                m[q] = block_m(type, blk);
+                for (int kk = 0; kk < QK; kk += 2) {
+                    __m512 e, o;
+                    pair_codes(type, blk, kk, &e, &o);
+                    _mm512_storeu_ps(wsc + (size_t)(q * QK + kk) * NR, e);
+                    _mm512_storeu_ps(wsc + (size_t)(q * QK + kk + 1) * NR, o);
+                }
+            }
+            for (int r = 0; r < rc; r += SMR) {
+                const int mr = rc - r < SMR ? rc - r : SMR;
+                STILES[q8][P - 1][mr](x + (size_t)(r0 + r) * K, sx + (size_t)(r0 + r) * nb, K, b, wsc, d, m,
+                                      tb + (size_t)r * P * NR);
+            }
+        }
+        for (int r = 0; r < rc; r++)
+            for (int q = 0; q < P; q++)
+                store_out(_mm512_loadu_ps(tb + (size_t)(r * P + q) * NR), bias ? bias + q * NR : NULL,
+                          y + (size_t)(r0 + r) * N + q * NR, q == P - 1 ? nvalid_last : NR);
+    }
+}
 
 static int qlinear_factorized(int type, const float *x, int M, int K, const uint8_t *panels, int N, const float *bias,
                               float *y, int n_threads) {
-    const int np = (N + NR - 1) / NR, nb = K / QK;
+    const int np = (N + NR - 1) / NR, nb = K / QK, q8 = type == T_Q8_0;
     const size_t pstride = (size_t)nb * panel_block_bytes(type);
-    const ft_fn(*tiles)[FMR + 1] = type == T_Q4_1 ? F4 : F8;
+    float *sx = malloc(sizeof(float) * (size_t)M * nb);
+    if (!sx) return -3;
     int rc = 0;
     #pragma omp parallel num_threads(n_threads) if (n_threads > 1)
     {
+        /* every row's per-block sums of x, left to right (Q8_0 does not use them) */
+        #pragma omp for schedule(static)
+        for (int r = 0; r < M; r++)
+            for (int b = 0; b < nb; b++) {
+                float t = 0.f;
+                if (!q8)
+                    for (int k = 0; k < QK; k++) t += x[(size_t)r * K + b * QK + k];
+                sx[(size_t)r * nb + b] = t;
+            }
         const int t = omp_get_thread_num(), nt = omp_get_num_threads();
         const int p0 = (int)((long long)np * t / nt), p1 = (int)((long long)np * (t + 1) / nt);
-        float *xp = NULL, *sx = NULL;
-        if (type == T_Q4_1) {
-            xp = malloc((size_t)FMR * K * 8 * sizeof(float));
-            sx = malloc((size_t)FMR * nb * sizeof(float));
-        }
-        if (type == T_Q4_1 && (!xp || !sx)) {
-            #pragma omp atomic write
-            rc = -3;
+        int p = p0;
+        if (M >= SCRATCH_ROWS) {
+            float *wsc = malloc(sizeof(float) * 2 * QK * NR), *tb = malloc(sizeof(float) * RC * 2 * NR);
+            if (!wsc || !tb) {
+                #pragma omp atomic write
+                rc = -3;
+            } else {
+                for (; p + 2 <= p1 && (p + 2) * NR <= N; p += 2)
+                    scratch_panels(type, 2, x, sx, M, K, panels + p * pstride, pstride, bias ? bias + p * NR : NULL,
+                                   y + p * NR, N, NR, wsc, tb);
+                for (; p < p1; p++)
+                    scratch_panels(type, 1, x, sx, M, K, panels + p * pstride, pstride, bias ? bias + p * NR : NULL,
+                                   y + p * NR, N, N - p * NR < NR ? N - p * NR : NR, wsc, tb);
+            }
+            free(wsc);
+            free(tb);
         } else
             for (int r0 = 0; r0 < M; r0 += FMR) {
-                const int mr = M - r0 < FMR ? M - r0 : FMR, wide = mr == 1 ? 4 : 2;
-                const float *xr = x + (size_t)r0 * K;
+                const int mr = M - r0 < FMR ? M - r0 : FMR, wide = mr == 1 ? 4 : mr < 4 ? 2 : 1;
+                const float *xr = x + (size_t)r0 * K, *sxr = sx + (size_t)r0 * nb;
                 float *yr = y + (size_t)r0 * N;
-                if (xp)
-                    for (int r = 0; r < mr; r++) row_pairs(xr + (size_t)r * K, K, xp + (size_t)r * K * 8, sx + r * nb);
-                int p = p0;
-                for (; p + wide <= p1 && (p + wide) * NR <= N; p += wide)
-                    tiles[1][mr](xp, sx, xr, K, panels + p * pstride, pstride, bias ? bias + p * NR : NULL, yr + p * NR,
-                                 N, NR);
+                for (p = p0; wide > 1 && p + wide <= p1 && (p + wide) * NR <= N; p += wide)
+                    RTILES[q8][1][mr](xr, sxr, K, panels + p * pstride, pstride, bias ? bias + p * NR : NULL,
+                                      yr + p * NR, N, NR);
                 for (; p < p1; p++)
-                    tiles[0][mr](xp, sx, xr, K, panels + p * pstride, pstride, bias ? bias + p * NR : NULL, yr + p * NR,
-                                 N, N - p * NR < NR ? N - p * NR : NR);
+                    RTILES[q8][0][mr](xr, sxr, K, panels + p * pstride, pstride, bias ? bias + p * NR : NULL,
+                                      yr + p * NR, N, N - p * NR < NR ? N - p * NR : NR);
             }
-        free(xp);
-        free(sx);
     }
+    free(sx);
     return rc;
 }
 #endif
