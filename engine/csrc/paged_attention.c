@@ -2,8 +2,11 @@
  *
  * For each decode sequence s (one query token at row q_rows[s] of the flattened batch) and each
  * query head, attends over positions 0..ctx_lens[s]-1, whose keys/values live in the blocks
- * tables[s][0..]. Nothing is gathered: every key and value is read once from its block, in place.
+ * tables[s][0..]. Nothing is gathered: keys and values are read in place from their blocks.
  * Softmax is exact up to fp32 rounding (max-subtracted, one exp per score, divided by the sum).
+ * fp32 pools with head dim 64 or 128 go head by head (attend_seq_fp32: the head's query and
+ * accumulators in registers, 8 keys' scores summed together, each position's pool row looked up
+ * once per sequence); other pools token by token (attend_seq: each row read once and widened).
  *
  * Layouts (contiguous): q, out [T, H, D] fp32; k_pool, v_pool [num_blocks, block_size, Hkv, row]
  * where a row is one (token, KV head) in the pool's format (engine/kv_quant.py): fp32 / bf16 /
@@ -32,6 +35,23 @@ typedef int32_t v8i __attribute__((vector_size(32)));
 static inline v8 ld(const float *p) { v8 v; memcpy(&v, p, sizeof v); return v; }
 static inline void st(float *p, v8 v) { memcpy(p, &v, sizeof v); }
 static inline float hsum(v8 a) { return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7])); }
+#ifdef __clang__
+#define SHUF(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+#define SHUF(a, b, ...) __builtin_shuffle(a, b, (v8i){__VA_ARGS__})
+#endif
+/* lane j = the sum of a[j]'s 8 lanes, for 8 vectors at once (three rounds of pairing halves; the
+ * arguments go in as 0 4 2 6 1 5 3 7 so that the sums come out in order) */
+static inline v8 sum_lanes8(const v8 *a) {
+#define PAIR1(x, y) (SHUF(x, y, 0, 1, 2, 3, 8, 9, 10, 11) + SHUF(x, y, 4, 5, 6, 7, 12, 13, 14, 15))
+#define PAIR2(x, y) (SHUF(x, y, 0, 1, 8, 9, 4, 5, 12, 13) + SHUF(x, y, 2, 3, 10, 11, 6, 7, 14, 15))
+#define PAIR3(x, y) (SHUF(x, y, 0, 8, 2, 10, 4, 12, 6, 14) + SHUF(x, y, 1, 9, 3, 11, 5, 13, 7, 15))
+    const v8 s0 = PAIR1(a[0], a[4]), s1 = PAIR1(a[2], a[6]), s2 = PAIR1(a[1], a[5]), s3 = PAIR1(a[3], a[7]);
+    return PAIR3(PAIR2(s0, s1), PAIR2(s2, s3));
+#undef PAIR1
+#undef PAIR2
+#undef PAIR3
+}
 static inline v8 sel(v8i m, v8 a, v8 b) { return (v8)(((v8i)a & m) | ((v8i)b & ~m)); }
 static inline v8 splat(float x) { return (v8){x, x, x, x, x, x, x, x}; }
 
@@ -180,6 +200,78 @@ static void attend_seq(const float *q, float *out, const unsigned char *k_pool, 
     }
 }
 
+/* One head of an fp32-pool sequence, NV = D / 8 known at compile time so that the query and the
+   accumulators stay in registers: scores 8 keys at a time (sum_lanes8), then p = exp(score - max)
+   and their total, then out = sum p v / total, the keys and values read in place, block by block. */
+static inline __attribute__((always_inline)) void attend_head_fp32(int NV, const float *qp, float *o, const float *kp,
+                                                                   const float *vp, int Hkv, const int32_t *rows,
+                                                                   int L, float scale, float *sc) {
+    const int D = NV * 8;
+    v8 q[16], acc[16];
+    for (int i = 0; i < NV; i++) q[i] = ld(qp + 8 * i) * scale;
+    v8 top = splat(-INFINITY);
+    for (int l0 = 0; l0 < L; l0 += 8) {
+        const int n = L - l0 < 8 ? L - l0 : 8;
+        v8 a[8];
+        for (int j = 0; j < 8; j++) {                   /* past the end: key l0 again, its lane unused */
+            const int l = l0 + (j < n ? j : 0);
+            const float *k = kp + (size_t)rows[l] * Hkv * D;
+            a[j] = q[0] * ld(k);
+            for (int i = 1; i < NV; i++) a[j] += q[i] * ld(k + 8 * i);
+        }
+        const v8 v = sum_lanes8(a);
+        st(sc + l0, v);                                 /* sc holds L + 8 floats */
+        const v8 vm = sel((v8i){0, 1, 2, 3, 4, 5, 6, 7} < n, v, splat(-INFINITY));
+        top = sel(vm > top, vm, top);
+    }
+    const float m = fmaxf(fmaxf(fmaxf(top[0], top[1]), fmaxf(top[2], top[3])),
+                          fmaxf(fmaxf(top[4], top[5]), fmaxf(top[6], top[7])));
+    v8 tot = splat(0.f);
+    int l = 0;
+    for (; l + 8 <= L; l += 8) {
+        const v8 e = exp_nonpos(ld(sc + l) - m);
+        st(sc + l, e);
+        tot += e;
+    }
+    float total = hsum(tot);
+    for (; l < L; l++) {
+        const float e = exp_nonpos(splat(sc[l] - m))[0];
+        sc[l] = e;
+        total += e;
+    }
+    for (int i = 0; i < NV; i++) acc[i] = splat(0.f);
+    for (l = 0; l < L; l++) {
+        const float *v = vp + (size_t)rows[l] * Hkv * D;
+        const v8 p = splat(sc[l]);
+        for (int i = 0; i < NV; i++) acc[i] += p * ld(v + 8 * i);
+    }
+    const v8 inv = splat(1.0f / total);
+    for (int i = 0; i < NV; i++) st(o + 8 * i, acc[i] * inv);
+}
+
+/* An fp32-pool sequence head by head (each head's query and accumulators in registers; its KV
+   head's keys and values re-read per query head from cache). D = 64 or 128. rows: L ints, the
+   pool row (block * bs + offset) of each position, looked up once for all heads. */
+static void attend_seq_fp32(const float *q, float *out, const float *k_pool, const float *v_pool, const int32_t *q_rows,
+                            const int32_t *ctx_lens, const int32_t *tables, int max_blocks, int bs, int H, int Hkv,
+                            int D, float scale, int s, float *sc, int32_t *rows) {
+    const int G = H / Hkv, L = ctx_lens[s];
+    const int32_t *tb = tables + (size_t)s * max_blocks;
+    for (int l = 0, b = 0, off = 0; l < L; l++) {
+        rows[l] = tb[b] * bs + off;
+        if (++off == bs) { off = 0; b++; }
+    }
+    const float *qp = q + (size_t)q_rows[s] * H * D;
+    float *op = out + (size_t)q_rows[s] * H * D;
+    for (int hq = 0; hq < H; hq++) {
+        const size_t hoff = (size_t)(hq / G) * D;
+        if (D == 64)
+            attend_head_fp32(8, qp + hq * D, op + hq * D, k_pool + hoff, v_pool + hoff, Hkv, rows, L, scale, sc);
+        else
+            attend_head_fp32(16, qp + hq * D, op + hq * D, k_pool + hoff, v_pool + hoff, Hkv, rows, L, scale, sc);
+    }
+}
+
 int kvscope_abi_version(void) { return 5; }
 
 /* Returns 0 on success, a negative code for unsupported shapes or a failed allocation.
@@ -198,7 +290,8 @@ int kvscope_paged_decode_kv(const float *q, float *out, const void *k_pool, cons
     float *scores = (float *)malloc(sizeof(float) * sc_floats * n_threads);
     v8 *accs = (v8 *)aligned_alloc(32, sizeof(v8) * acc_vecs * n_threads);
     float *bufs = (float *)malloc(sizeof(float) * (size_t)Hkv * D * n_threads);
-    if (!scores || !accs || !bufs) { free(scores); free(accs); free(bufs); return -2; }
+    int32_t *rowbufs = (int32_t *)malloc(sizeof(int32_t) * ((size_t)max_ctx + 8) * n_threads);
+    if (!scores || !accs || !bufs || !rowbufs) { free(scores); free(accs); free(bufs); free(rowbufs); return -2; }
     /* OpenMP from the same libgomp that torch loaded (resolved by soname in-process): one pool of
        threads for torch's ops and this kernel, never two pools competing for the cores */
     #pragma omp parallel for num_threads(n_threads) schedule(dynamic, 1) if (n_threads > 1)
@@ -207,13 +300,18 @@ int kvscope_paged_decode_kv(const float *q, float *out, const void *k_pool, cons
 #ifdef _OPENMP
         t = omp_get_thread_num();
 #endif
-        attend_seq(q, out, (const unsigned char *)k_pool, (const unsigned char *)v_pool, q_rows, ctx_lens, tables,
-                   max_blocks, bs, H, Hkv, D, scale, s, scores + sc_floats * t, accs + acc_vecs * t, kv_format,
-                   bufs + (size_t)Hkv * D * t);
+        if (kv_format == KV_FP32 && (D == 64 || D == 128))
+            attend_seq_fp32(q, out, (const float *)k_pool, (const float *)v_pool, q_rows, ctx_lens, tables, max_blocks,
+                            bs, H, Hkv, D, scale, s, scores + sc_floats * t, rowbufs + (size_t)(max_ctx + 8) * t);
+        else
+            attend_seq(q, out, (const unsigned char *)k_pool, (const unsigned char *)v_pool, q_rows, ctx_lens, tables,
+                       max_blocks, bs, H, Hkv, D, scale, s, scores + sc_floats * t, accs + acc_vecs * t, kv_format,
+                       bufs + (size_t)Hkv * D * t);
     }
     free(scores);
     free(accs);
     free(bufs);
+    free(rowbufs);
     return 0;
 }
 

@@ -142,7 +142,7 @@ def reference_decode(q, k_pool, v_pool, rows, lens, tables, scale):
 @needs_kernel
 @pytest.mark.parametrize(
     "heads,kv_heads,head_dim,block_size",
-    [(9, 3, 64, 16), (4, 4, 8, 1), (8, 1, 32, 5), (6, 2, 16, 32), (12, 4, 128, 16)],
+    [(9, 3, 64, 16), (4, 4, 8, 1), (8, 1, 32, 5), (6, 2, 16, 32), (12, 4, 128, 16), (9, 3, 64, 5), (4, 2, 128, 1)],
 )
 @pytest.mark.parametrize("threads", [1, 2])
 def test_decode_kernel_matches_sdpa_over_gathered_blocks(heads, kv_heads, head_dim, block_size, threads):
