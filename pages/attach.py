@@ -7,13 +7,14 @@ import time
 
 import streamlit as st
 
-from ui import attach as A
-from ui import engine_access as ea
-from ui import events_table as et
-from ui import load as L
-from ui import pool, shell, theme
-from ui import prefix_tree as P
-from ui import vllm_metrics as vm
+from ui.figures import events_table as et
+from ui.figures import load as L
+from ui.figures import pool, theme
+from ui.figures import prefix_tree as P
+from ui.figures import vllm_metrics as vm
+from ui.servers import attach as A
+from ui.widgets import engine_access as ea
+from ui.widgets import shell
 
 shell.enter_app()
 

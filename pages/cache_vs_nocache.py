@@ -5,10 +5,10 @@ from __future__ import annotations
 import streamlit as st
 
 from engine import experiments
-from ui import compare as C
-from ui import engine_access as ea
-from ui import events_table as et
-from ui import shell
+from ui.figures import compare as C
+from ui.figures import events_table as et
+from ui.widgets import engine_access as ea
+from ui.widgets import shell
 
 shell.enter_app()
 

@@ -13,12 +13,13 @@ import streamlit as st
 from engine import recording
 from engine.config import SamplingParams
 from engine.trace_events import Trace
-from ui import demo as D
-from ui import engine_access as ea
-from ui import load as L
-from ui import pool, shell, theme
-from ui import replay as R
-from ui.batching_view import batching_view
+from ui.figures import demo as D
+from ui.figures import load as L
+from ui.figures import pool, theme
+from ui.figures import replay as R
+from ui.widgets import engine_access as ea
+from ui.widgets import shell
+from ui.widgets.batching_view import batching_view
 
 shell.enter_app()
 

@@ -10,11 +10,11 @@ import streamlit as st
 from engine import recording
 from engine.config import SamplingParams
 from engine.workloads import SCENARIOS, conversation_chain, make_workload, summarize
-from ui import engine_access as ea
-from ui import events_table as et
-from ui import load as L
-from ui import room, shell
-from ui.batching_view import batching_view
+from ui.figures import events_table as et
+from ui.figures import load as L
+from ui.widgets import engine_access as ea
+from ui.widgets import room, shell
+from ui.widgets.batching_view import batching_view
 
 shell.enter_app()
 

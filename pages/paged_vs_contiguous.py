@@ -6,9 +6,10 @@ import streamlit as st
 
 from engine import experiments, recording
 from engine.workloads import make_workload, summarize
-from ui import compare as C
-from ui import engine_access as ea
-from ui import pool, shell, theme
+from ui.figures import compare as C
+from ui.figures import pool, theme
+from ui.widgets import engine_access as ea
+from ui.widgets import shell
 
 shell.enter_app()
 

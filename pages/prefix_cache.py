@@ -6,10 +6,11 @@ import streamlit as st
 
 from engine import experiments
 from engine.workloads import make_workload
-from ui import compare as C
-from ui import engine_access as ea
-from ui import events_table as et
-from ui import pool, shell, side_channel, theme
+from ui.figures import compare as C
+from ui.figures import events_table as et
+from ui.figures import pool, theme
+from ui.widgets import engine_access as ea
+from ui.widgets import shell, side_channel_view
 
 shell.enter_app()
 
@@ -192,4 +193,4 @@ def show_result(res) -> None:
 
 if res:
     show_result(res)
-side_channel.render(st, th, small=small, chart=ea.chart)
+side_channel_view.render(th, small=small, chart=ea.chart)

@@ -8,13 +8,14 @@ from pathlib import Path
 
 import streamlit as st
 
-from ui import demo as D
-from ui import engine_access as ea
-from ui import events_table as et
-from ui import load as L
-from ui import pool, shell, theme
-from ui import replay as R
-from ui.batching_view import batching_view
+from ui.figures import demo as D
+from ui.figures import events_table as et
+from ui.figures import load as L
+from ui.figures import pool, theme
+from ui.figures import replay as R
+from ui.widgets import engine_access as ea
+from ui.widgets import shell
+from ui.widgets.batching_view import batching_view
 
 shell.enter_app()
 

@@ -6,8 +6,9 @@ import streamlit as st
 
 from engine.config import SamplingParams
 from engine.preview import template_ids
-from ui import engine_access as ea
-from ui import preview, room, shell, spec, spec_watch, spec_widget, theme, tokens
+from ui.figures import spec, spec_widget, theme, tokens
+from ui.widgets import engine_access as ea
+from ui.widgets import prompt_preview, room, shell, spec_watch
 
 shell.enter_app()
 
@@ -103,7 +104,7 @@ with st.container(border=True):
             help="slows the run down so you can press Evict at a moment of your choosing",
         )
     st.html(spec_widget.kv_bar_html(th.snapshot()))
-    preview.prompt_with_preview(
+    prompt_preview.prompt_with_preview(
         th, "spec", SamplingParams(max_tokens=int(max_tokens)), default=SS.get("spec_prompt", EXAMPLE)
     )
     run = st.button(
@@ -111,7 +112,7 @@ with st.container(border=True):
         type="primary",
         key="spec_run",
     )
-    system, prompt = preview.typed("spec")
+    system, prompt = prompt_preview.typed("spec")
 
 
 def _wanted():
@@ -153,7 +154,7 @@ def _costs(spec_req, plain_req, verify_events) -> spec.Costs:
 
 # The comparison runs on a private engine that shares the loaded weights (engine/experiments.py):
 # the shared engine is never rebuilt and nobody's requests are aborted. It runs in the background
-# (ui/room.py), so this tab can be reloaded and other tabs are never blocked.
+# (ui/widgets/room.py), so this tab can be reloaded and other tabs are never blocked.
 BUDGET_S = None if ea.test_mode() else 30.0
 
 if run:

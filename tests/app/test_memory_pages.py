@@ -47,7 +47,7 @@ def _html(at) -> str:
 
 
 def _engine():
-    from ui import engine_access as ea
+    from ui.widgets import engine_access as ea
 
     return ea.get_engine()
 
@@ -125,10 +125,10 @@ def test_prefix_cache_page_measures_hits_on_the_engine():
     assert c.names == ("miss", "cache") and c.rounds == 3
     assert any("median of 3 rounds" in str(x.value) for x in list(at.caption) + list(at.warning))
     # measured on a private engine: nothing of it ever entered the shared engine
-    from ui import engine_access as ea
+    from ui.widgets import engine_access as ea
 
     assert not any(r.request_id.startswith(res["tag"]) for r in ea.get_engine().snapshot().requests)
-    from ui import compare as C
+    from ui.figures import compare as C
 
     cold = [r.ttft_s for r in res["miss"][1:]]
     warm = [r.ttft_s for r in res["hit"][1:]]
@@ -167,7 +167,7 @@ def test_paged_vs_contiguous_page_reads_waste_from_snapshots():
     at.number_input(key="pvc_n").set_value(10)
     _submit(at, "pvc_form", "Run both allocators")
     res = at.session_state["pvc_result"]
-    from ui import compare as C
+    from ui.figures import compare as C
 
     sa, sb = C.allocator_summary(res["paged"]), C.allocator_summary(res["contiguous"])
     assert sa["allocator"] == "paged" and sb["allocator"] == "contiguous"

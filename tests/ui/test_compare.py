@@ -1,4 +1,4 @@
-"""ui/compare.py: summaries and figures carry the numbers of the Snapshots they are given
+"""ui/figures/compare.py: summaries and figures carry the numbers of the Snapshots they are given
 (hand-built test data here; the pages feed them real engine runs)."""
 
 from dataclasses import replace
@@ -9,7 +9,7 @@ from engine import experiments, recording
 from engine.snapshot import EngineMetrics, RequestInfo, Snapshot
 from engine.trace_events import Event
 from tests.factories import make_engine_info
-from ui import compare as C
+from ui.figures import compare as C
 
 
 def info(num_blocks=10, block_size=16, allocator="paged"):

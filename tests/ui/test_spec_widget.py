@@ -1,4 +1,4 @@
-"""ui/spec_widget.py: every drafter choice maps to the engine config it names; the KV bar's
+"""ui/figures/spec_widget.py: every drafter choice maps to the engine config it names; the KV bar's
 numbers are the snapshot's."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.factories import make_engine_info
-from ui import spec_widget as W
+from ui.figures import spec_widget as W
 
 
 def test_each_drafter_is_what_its_label_says():

@@ -18,7 +18,7 @@ from engine.rates import prefix_hit_rate
 from engine.recording import CostPoint, RunRecord
 from engine.snapshot import Snapshot
 from engine.trace_events import ADMIT, PREEMPT, REJECT, SWAP_OUT, WAIT
-from ui import theme
+from ui.figures import theme
 
 _O = theme.OKABE_ITO
 A_COLOR, B_COLOR = _O["blue"], _O["vermillion"]  # the two sides of every comparison

@@ -8,9 +8,9 @@ from __future__ import annotations
 import streamlit as st
 
 from engine.watch import REQUEST_ID
+from ui.figures import growth, spec, spec_widget, tokens
 
 from . import engine_access as ea
-from . import growth, spec, spec_widget, tokens
 
 KIND = "spec-watch"
 DEFAULT_PACE_S = 0.4

@@ -250,7 +250,7 @@ def settings_sidebar() -> None:
     snap = snapshot()
     info = snap.info if snap is not None else None
     sb = st.sidebar
-    from ui import room
+    from ui.widgets import room
 
     room.operator_sidebar()
     sb.subheader("Engine settings")
@@ -286,7 +286,7 @@ def settings_sidebar() -> None:
             horizontal=True,
             index=0 if cfg.preemption_mode == "recompute" else 1,
         )
-        limits = sidebar_limits.limit_inputs(st, cfg)
+        limits = sidebar_limits.limit_inputs(cfg)
         cur_method = cfg.speculative.method if cfg.speculative else "off"
         method = st.selectbox("Speculative decoding", SPEC_CHOICES, index=SPEC_CHOICES.index(cur_method))
         k = st.slider("Draft length k", 1, 16, value=cfg.speculative.num_speculative_tokens if cfg.speculative else 4)
