@@ -6,9 +6,9 @@ import streamlit as st
 
 from engine import experiments
 from engine.workloads import make_workload
-from ui.figures import compare as C
 from ui.figures import events_table as et
 from ui.figures import pool, theme
+from ui.figures import prefix_sharing as PS
 from ui.widgets import engine_access as ea
 from ui.widgets import shell, side_channel_view
 
@@ -109,7 +109,7 @@ if not res:
 
 def show_result(res) -> None:
     hit, miss, best = res["hit"], res["miss"], res["best"]
-    sh, sm = C.prefix_summary(hit), C.prefix_summary(miss)
+    sh, sm = PS.prefix_summary(hit), PS.prefix_summary(miss)
     share = experiments.sharing_stats(best)
     c = st.columns(6)
     c[0].metric(
@@ -120,13 +120,13 @@ def show_result(res) -> None:
     c[1].metric("Hit rate with forced misses", f"{100 * sm['hit_rate']:.0f}%")
     c[2].metric(
         "Mean TTFT, later turns (shared)",
-        "—" if len(hit) < 2 else f"{1000 * C.prefix_summary(hit[1:])['mean_ttft_s']:.0f} ms",
+        "—" if len(hit) < 2 else f"{1000 * PS.prefix_summary(hit[1:])['mean_ttft_s']:.0f} ms",
     )
     c[3].metric(
         "Mean TTFT, later turns (misses)",
-        "—" if len(miss) < 2 else f"{1000 * C.prefix_summary(miss[1:])['mean_ttft_s']:.0f} ms",
+        "—" if len(miss) < 2 else f"{1000 * PS.prefix_summary(miss[1:])['mean_ttft_s']:.0f} ms",
     )
-    saved = C.ttft_saved_ms(hit, miss)
+    saved = PS.ttft_saved_ms(hit, miss)
     c[5].metric(
         "TTFT saved, later turns",
         "—" if saved is None else f"{saved:,.0f} ms",
@@ -148,7 +148,7 @@ def show_result(res) -> None:
             f"Conditions: {cmp_.conditions()}. Run on a private engine sharing the loaded weights (the shared pool "
             "was not touched); the turns shown are the median round's."
         )
-    ea.chart(C.prefix_figure(hit, miss), key="pc_fig")
+    ea.chart(PS.prefix_figure(hit, miss), key="pc_fig")
 
     if best is not None and share["shared_blocks"]:
         st.subheader("The pool while the later turns ran together")
@@ -161,8 +161,8 @@ def show_result(res) -> None:
     elif best is not None:
         st.caption("No block was shared by two running requests at the same moment in this run.")
 
-    later_hit = C.prefix_summary(hit[1:]) if len(hit) > 1 else None
-    later_miss = C.prefix_summary(miss[1:]) if len(miss) > 1 else None
+    later_hit = PS.prefix_summary(hit[1:]) if len(hit) > 1 else None
+    later_miss = PS.prefix_summary(miss[1:]) if len(miss) > 1 else None
     if later_hit and later_miss and later_hit["mean_ttft_s"] and later_miss["mean_ttft_s"]:
         cached_each = [r.cached_tokens for r in hit[1:]]
         span = (
