@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from engine import experiments
+from engine import experiments, side_channel
 from engine.workloads import make_workload
 from ui.figures import events_table as et
 from ui.figures import pool, theme
@@ -193,4 +193,24 @@ def show_result(res) -> None:
 
 if res:
     show_result(res)
-side_channel_view.render(th, small=small, chart=ea.chart)
+
+# ------------------------------------------------------------------ the timing side channel (shared engine)
+asked = side_channel_view.controls(small=small)
+if asked is not None:
+    prefix_tokens, rounds = asked
+    bar = st.progress(0.0, text="probing…")
+    try:
+        probes = side_channel.measure(
+            th,
+            prefix_tokens=prefix_tokens,
+            rounds=rounds,
+            on_probe=lambda p, i, n: bar.progress(i / n, text=f"probe {i} of {n}"),
+        )
+        probed = side_channel.probed_prefix_tokens(prefix_tokens, th.config.block_size)
+        SS["sc_result"] = {"probes": probes, "prefix": probed}
+    except ValueError as e:
+        st.error(f"Not measured: {e}")
+    except Exception as e:  # noqa: BLE001 - engine down or timed out: a message, not a traceback
+        st.error(f"Measurement failed: {type(e).__name__}: {e}")
+    bar.empty()
+side_channel_view.result(SS.get("sc_result"))

@@ -1,5 +1,6 @@
-"""The Prefix cache page's side-channel section: its controls and its result (figures:
-ui/figures/side_channel.py)."""
+"""The Prefix cache page's side-channel section: its controls (`controls`) and the drawing of a
+measurement's result (`result`, figures from ui/figures/side_channel.py). The page runs the
+measurement itself (engine.side_channel.measure) between the two."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ import streamlit as st
 
 from engine import side_channel as sc
 from ui.figures import side_channel as F
+from ui.widgets import engine_access as ea
 
 
-def render(th, *, small: bool, chart) -> None:
-    """The section: controls, the measurement on the shared engine, the result."""
+def controls(*, small: bool) -> tuple[int, int] | None:
+    """The section's heading, explanation and form; (prefix tokens, rounds) when Measure was pressed."""
     st.subheader("The timing side channel, and per-tenant salts")
     st.caption(
         "A shared prefix cache is visible from outside: a request whose prompt starts with blocks someone "
@@ -20,7 +22,6 @@ def render(th, *, small: bool, chart) -> None:
         "midpoint of the two medians (fitted in the shared setting) means cached. Then the same probes with a "
         "cache_salt per tenant: the victim's blocks are no longer reachable from the attacker's requests."
     )
-    ss = st.session_state
     with st.form("sc_form", border=True):
         c = st.columns(3)
         prefix_tokens = c[0].number_input(
@@ -40,23 +41,12 @@ def render(th, *, small: bool, chart) -> None:
         )
         c[2].caption("Runs on the shared engine: each probe records whether another request ran beside it.")
         go_ = st.form_submit_button("Measure the side channel")
-    if go_:
-        bar = st.progress(0.0, text="probing…")
-        try:
-            probes = sc.measure(
-                th,
-                prefix_tokens=int(prefix_tokens),
-                rounds=int(rounds),
-                on_probe=lambda p, i, n: bar.progress(i / n, text=f"probe {i} of {n}"),
-            )
-            bs = th.config.block_size
-            ss["sc_result"] = {"probes": probes, "prefix": int(prefix_tokens) - int(prefix_tokens) % bs}
-        except ValueError as e:
-            st.error(f"Not measured: {e}")
-        except Exception as e:  # noqa: BLE001 - engine down or timed out: a message, not a traceback
-            st.error(f"Measurement failed: {type(e).__name__}: {e}")
-        bar.empty()
-    res = ss.get("sc_result")
+    return (int(prefix_tokens), int(rounds)) if go_ else None
+
+
+def result(res: dict | None) -> None:
+    """A measurement's result ({"probes", "prefix"}: the probes and the prefix length they probed)
+    as numbers, the TTFT figure, the summary table and the conditions; a hint before any."""
     if not res:
         st.info("Press **Measure the side channel** to run the probes.")
         return
@@ -86,7 +76,7 @@ def render(th, *, small: bool, chart) -> None:
             "—" if hr_salted is None else f"{100 * hr_salted:.0f}%",
             help="what the salt costs: identical prefixes of different tenants are computed again",
         )
-    chart(F.ttft_figure(probes, thr), key="sc_fig")
+    ea.chart(F.ttft_figure(probes, thr), key="sc_fig")
     st.dataframe(F.summary_rows(probes, prefix), hide_index=True, width="stretch")
     n_cont = sum(p.contended for p in probes)
     st.caption(
