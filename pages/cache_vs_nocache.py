@@ -9,7 +9,7 @@ from ui.figures import cache_cost as CC
 from ui.figures import events_table as et
 from ui.figures import exercise as EX
 from ui.widgets import engine_access as ea
-from ui.widgets import shell
+from ui.widgets import mode, shell
 
 shell.enter_app()
 
@@ -29,7 +29,7 @@ base = ea.engine_config()
 st.header("1 · Cost per generated token", divider="gray")
 with st.form("cvn_cost_form"):
     c = st.columns(3)
-    n_tok = c[0].number_input("Tokens to generate", 8, 1024, 48 if ea.test_mode() else 64, step=8, key="cvn_n")
+    n_tok = c[0].number_input("Tokens to generate", 8, 1024, mode.current().cost_tokens, step=8, key="cvn_n")
     p_tok = c[1].number_input("Prompt length (tokens)", 1, 1024, 32, key="cvn_p")
     c[2].caption(
         f"Model: **{base.model}** (the server's model). Greedy, EOS ignored, one request, one step "
@@ -127,7 +127,7 @@ with st.form("cvn_ex_form"):
     c = st.columns(5)
     n_seq = c[0].number_input("Sequences", 2, 200, 50, key="cvn_seqs")
     p_len = c[1].number_input("Prompt (tokens)", 1, 512, 24, key="cvn_plen")
-    growth = c[2].number_input("Tokens each grows by", 1, 1024, 48 if ea.test_mode() else 96, key="cvn_growth")
+    growth = c[2].number_input("Tokens each grows by", 1, 1024, mode.current().exercise_growth, key="cvn_growth")
     ex_budget = c[3].number_input("KV budget (blocks)", 2, 4096, 64, key="cvn_budget")
     ex_bs = c[4].selectbox("Block size", (4, 8, 16, 32), index=2, key="cvn_bs")
     models = ["tiny", base.model] if base.model != "tiny" else ["tiny"]

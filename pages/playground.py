@@ -11,7 +11,7 @@ from engine.thread import EngineCrashed
 from ui.figures import growth, pool, theme, tokens
 from ui.figures import load as L
 from ui.widgets import engine_access as ea
-from ui.widgets import prompt_preview, room, shell
+from ui.widgets import mode, prompt_preview, room, shell
 
 shell.enter_app()
 
@@ -126,7 +126,8 @@ _n = [0]
 
 
 def _refresh_views(rid: str, last: list) -> None:
-    if ea.live_interval() and time.monotonic() - last[0] >= ea.LIVE_INTERVAL_S:
+    every = mode.run_every()
+    if every and time.monotonic() - last[0] >= every:
         last[0] = time.monotonic()
         _n[0] += 1
         with slot.container():
@@ -213,7 +214,7 @@ elif SS.get("pg_rid"):
                 st.markdown((req.output_text if req is not None else SS.get("pg_answer", "")) or "…")
 
 
-@st.fragment(run_every=ea.live_interval())
+@st.fragment(run_every=mode.run_every())
 def live():
     render_views(SS.get("pg_rid"), "live")
 

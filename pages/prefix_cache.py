@@ -10,7 +10,7 @@ from ui.figures import events_table as et
 from ui.figures import pool, theme
 from ui.figures import prefix_sharing as PS
 from ui.widgets import engine_access as ea
-from ui.widgets import shell, side_channel_view
+from ui.widgets import mode, shell, side_channel_view
 
 shell.enter_app()
 
@@ -40,7 +40,7 @@ def _defaults(system_words: int, n: int) -> tuple[str, list[str]]:
     return system, questions
 
 
-small = ea.test_mode() or info0.num_blocks * info0.block_size < 4096
+small = mode.current().small_workloads or info0.num_blocks * info0.block_size < 4096
 sys_default, q_default = _defaults(40 if small else 200, 4 if small else 6)
 
 if not info0.enable_prefix_caching:

@@ -8,7 +8,7 @@ from engine.config import SamplingParams
 from engine.preview import template_ids
 from ui.figures import spec, spec_widget, theme, tokens
 from ui.widgets import engine_access as ea
-from ui.widgets import prompt_preview, room, shell, spec_watch
+from ui.widgets import mode, prompt_preview, room, shell, spec_watch
 
 shell.enter_app()
 
@@ -81,7 +81,7 @@ with st.container(border=True):
         spec_widget.DRAFTERS[drafter][1]
         + (" — mismatched: early exit after the first ~1/8 of the target's layers" if mismatched else "")
     )
-    mode = st.radio(
+    spec_mode = st.radio(
         "Mode",
         [MEASURE, WATCH],
         horizontal=True,
@@ -89,7 +89,7 @@ with st.container(border=True):
         help="Measure: speculative vs plain decoding, alternated rounds, timed. Watch: one speculative run, "
         "step by step, that you can evict in the middle (untimed)",
     )
-    if mode == WATCH:
+    if spec_mode == WATCH:
         w = st.columns(2)
         evict_after = w[0].number_input(
             "Evict automatically after N tokens (0: only the button)", 0, 256, 0, key="spec_evict_after"
@@ -98,7 +98,7 @@ with st.container(border=True):
             "Pause per engine step (s)",
             0.0,
             1.0,
-            0.0 if ea.test_mode() else spec_watch.DEFAULT_PACE_S,
+            mode.current().watch_pace_s,
             0.05,
             key="spec_pace",
             help="slows the run down so you can press Evict at a moment of your choosing",
@@ -108,7 +108,7 @@ with st.container(border=True):
         th, "spec", SamplingParams(max_tokens=int(max_tokens)), default=SS.get("spec_prompt", EXAMPLE)
     )
     run = st.button(
-        "Run speculative and plain decoding" if mode == MEASURE else "Watch the speculative run",
+        "Run speculative and plain decoding" if spec_mode == MEASURE else "Watch the speculative run",
         type="primary",
         key="spec_run",
     )
@@ -119,7 +119,7 @@ def _wanted():
     if mismatched:
         return ea.spec_config("self_draft", int(k), mismatched=True, num_layers=info.num_layers)
     return spec_widget.drafter_config(
-        drafter, int(k), exit_layers=int(exit_layers), draft_model=draft_model, fallback=not ea.test_mode()
+        drafter, int(k), exit_layers=int(exit_layers), draft_model=draft_model, fallback=mode.current().spec_fallback
     )
 
 
@@ -155,8 +155,6 @@ def _costs(spec_req, plain_req, verify_events) -> spec.Costs:
 # The comparison runs on a private engine that shares the loaded weights (engine/experiments.py):
 # the shared engine is never rebuilt and nobody's requests are aborted. It runs in the background
 # (ui/widgets/room.py), so this tab can be reloaded and other tabs are never blocked.
-BUDGET_S = None if ea.test_mode() else 30.0
-
 if run:
     try:
         want = _wanted()
@@ -184,11 +182,11 @@ if run:
             temperature=float(temperature),
             busy=lambda: th.step_num,
             busy_what="shared-engine steps (other requests on the same cores)",
-            budget_s=BUDGET_S,
+            budget_s=mode.current().spec_budget_s,
             on_sample=on_sample,
         )
 
-    if mode == MEASURE:
+    if spec_mode == MEASURE:
         room.start_run("speculative", _experiment)
     else:
         from engine.watch import WatchControl, watch_speculative
@@ -213,11 +211,11 @@ if run:
 cur_run = room.current_run("speculative") or room.current_run(spec_watch.KIND)
 watching = cur_run is not None and cur_run.kind == spec_watch.KIND
 if cur_run is not None and not cur_run.finished:
-    if ea.test_mode():  # no polling in test mode: wait here (this tab only), then draw once
-        cur_run.wait(600)
-    else:
+    # live: a fragment shows the progress; test mode waits here (this tab only), then draws once
+    every = mode.wait_or_poll(lambda: not cur_run.finished, wait=cur_run.wait, interval_s=0.5)
+    if every is not None:
 
-        @st.fragment(run_every=0.5)
+        @st.fragment(run_every=every)
         def _progress():
             if cur_run.finished:
                 st.rerun()

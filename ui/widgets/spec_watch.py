@@ -13,7 +13,6 @@ from ui.figures import growth, spec, spec_widget, tokens
 from . import engine_access as ea
 
 KIND = "spec-watch"
-DEFAULT_PACE_S = 0.4
 
 
 def recomputed_before(evictions) -> int | None:
