@@ -6,7 +6,7 @@ import streamlit as st
 
 from engine.config import SamplingParams
 from engine.preview import template_ids
-from ui.figures import spec, spec_widget, theme, tokens
+from ui.figures import drafters, pool, spec, theme, tokens
 from ui.widgets import engine_access as ea
 from ui.widgets import mode, prompt_preview, room, shell, spec_watch
 
@@ -34,17 +34,15 @@ info = th.snapshot().info
 with st.container(border=True):
     c = st.columns([3, 2, 2, 3])
     cur = cfg.speculative
-    labels = list(spec_widget.DRAFTERS)
+    labels = list(drafters.DRAFTERS)
     drafter = c[0].selectbox(
         "Drafter",
         labels,
-        index=labels.index(spec_widget.label_of(cur)),
-        help="; ".join(f"{k}: {v[1]}" for k, v in spec_widget.DRAFTERS.items()),
+        index=labels.index(drafters.label_of(cur)),
+        help="; ".join(f"{k}: {v[1]}" for k, v in drafters.DRAFTERS.items()),
         key="spec_drafter",
     )
-    k = c[1].slider(
-        "Draft length k", 1, spec_widget.K_MAX, value=cur.num_speculative_tokens if cur else 4, key="spec_k"
-    )
+    k = c[1].slider("Draft length k", 1, drafters.K_MAX, value=cur.num_speculative_tokens if cur else 4, key="spec_k")
     max_tokens = c[2].slider("Max new tokens", 8, 256, 64, key="spec_max_tokens")
     temperature = c[2].slider(
         "Temperature",
@@ -78,7 +76,7 @@ with st.container(border=True):
             "badly, an honest demo of a poor drafter",
         )
     st.caption(
-        spec_widget.DRAFTERS[drafter][1]
+        drafters.DRAFTERS[drafter][1]
         + (" — mismatched: early exit after the first ~1/8 of the target's layers" if mismatched else "")
     )
     spec_mode = st.radio(
@@ -103,7 +101,7 @@ with st.container(border=True):
             key="spec_pace",
             help="slows the run down so you can press Evict at a moment of your choosing",
         )
-    st.html(spec_widget.kv_bar_html(th.snapshot()))
+    st.html(pool.kv_bar_html(th.snapshot()))
     prompt_preview.prompt_with_preview(
         th, "spec", SamplingParams(max_tokens=int(max_tokens)), default=SS.get("spec_prompt", EXAMPLE)
     )
@@ -118,7 +116,7 @@ with st.container(border=True):
 def _wanted():
     if mismatched:
         return ea.spec_config("self_draft", int(k), mismatched=True, num_layers=info.num_layers)
-    return spec_widget.drafter_config(
+    return drafters.drafter_config(
         drafter, int(k), exit_layers=int(exit_layers), draft_model=draft_model, fallback=mode.current().spec_fallback
     )
 
@@ -316,7 +314,7 @@ with st.container(key="spec_conditions"):
         "and no request was aborted."
     )
     (st.warning if cmp_.contended else st.caption)(cond)
-st.html(spec_widget.kv_bar_html(th.snapshot_now()))
+st.html(pool.kv_bar_html(th.snapshot_now()))
 if preq is not None and sreq.output_text != preq.output_text:
     st.warning("The speculative and plain outputs differ (expected only with sampling, not greedy).")
 elif preq is not None:
@@ -325,13 +323,13 @@ elif preq is not None:
 st.markdown("**Generated tokens**")
 st.html(tokens.strip_with_legend(sreq.tokens))
 spec_watch.judged_table(sreq.tokens)
-ticks = spec_widget.tick_steps(sreq)
+ticks = spec.tick_steps(sreq)
 if len(ticks) > 1:
     tick = st.select_slider(
         "Tick timeline: scrub the run step by step (engine steps)", ticks, value=ticks[-1], key="spec_tick"
     )
-    st.caption(spec_widget.tick_caption(sreq, tick, th.snapshot().info.bytes_per_block))
-    st.html(tokens.token_strip_html(spec_widget.at_tick(sreq, tick)[0]))
+    st.caption(spec.tick_caption(sreq, tick, th.snapshot().info.bytes_per_block))
+    st.html(tokens.token_strip_html(spec.at_tick(sreq, tick)[0]))
 
 left, right = st.columns(2, gap="large")
 with left:
