@@ -2,8 +2,8 @@
 
 Entry point for every page (st.navigation): sets the page config, draws the shared engine
 settings in the sidebar, then runs the chosen page from pages/. Each page file starts with
-`ui.shell.enter_app()`, which routes a direct page URL on a fresh server through this script
-(see ui/shell.py and docs/DESIGN.md).
+`ui.widgets.shell.enter_app()`, which routes a direct page URL on a fresh server through this script
+(see ui/widgets/shell.py and docs/DESIGN.md).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from pathlib import Path
 import streamlit as st
 
 from engine import memory_math as mm
-from ui import engine_access as ea
-from ui import memory_calc as mc
-from ui import theme
+from ui.figures import memory_calc as mc
+from ui.figures import theme
+from ui.widgets import engine_access as ea
 
 ROOT = Path(__file__).resolve().parent
 PAGES_DIR = ROOT / "pages"

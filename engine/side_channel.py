@@ -75,6 +75,12 @@ def hit_rate(probes: list[Probe], mode: str, prefix_tokens: int) -> float | None
     return None if not ps else sum(min(p.hit_tokens, prefix_tokens) for p in ps) / (prefix_tokens * len(ps))
 
 
+def probed_prefix_tokens(prefix_tokens: int, block_size: int) -> int:
+    """The prefix length `measure` probes for a requested one: cut to whole blocks, so every
+    prefix block can be shared."""
+    return prefix_tokens - prefix_tokens % block_size
+
+
 def measure(
     th,
     *,
@@ -90,7 +96,7 @@ def measure(
     bs = th.config.block_size
     if not isinstance(prefix_tokens, int) or not bs <= prefix_tokens <= MAX_PREFIX_TOKENS:
         raise ValueError(f"prefix_tokens must be an integer in [{bs}, {MAX_PREFIX_TOKENS}]")
-    prefix_tokens -= prefix_tokens % bs  # whole blocks: every prefix block can be shared
+    prefix_tokens = probed_prefix_tokens(prefix_tokens, bs)
     rng = random.Random(seed)
     vocab = th.engine.vocab_size
     lo, hi = min(1000, vocab // 4), vocab - 1

@@ -7,13 +7,14 @@ import time
 
 import streamlit as st
 
-from ui import attach as A
-from ui import engine_access as ea
-from ui import events_table as et
-from ui import load as L
-from ui import pool, shell, theme
-from ui import prefix_tree as P
-from ui import vllm_metrics as vm
+from ui.figures import events_table as et
+from ui.figures import load as L
+from ui.figures import pool, theme
+from ui.figures import prefix_tree as P
+from ui.figures import vllm_metrics as vm
+from ui.servers import attach as A
+from ui.widgets import engine_access as ea
+from ui.widgets import mode, shell
 
 shell.enter_app()
 
@@ -122,12 +123,12 @@ def _tree_section(sess: A.AttachSession, tok_ok: bool, tok_why: str) -> None:
 def _kvscope(sess: A.AttachSession) -> None:
     with sess.lock:
         snap, series, events = sess.snapshot, list(sess.series), list(sess.events)
-        err, mode = sess.last_error, sess.stream_mode
+        err, stream_mode = sess.last_error, sess.stream_mode
     if snap is None:
         st.info(f"Waiting for the first snapshot… {err or ''}")
         return
     st.caption(
-        f"Reading {'the snapshot stream' if mode == 'stream' else 'snapshots once a second'} of "
+        f"Reading {'the snapshot stream' if stream_mode == 'stream' else 'snapshots once a second'} of "
         f"{sess.base_url} · model {snap.info.model} · step {snap.step}" + (f" · {err}" if err else "")
     )
     m = snap.metrics
@@ -215,7 +216,7 @@ def _vllm(sess: A.AttachSession) -> None:
     _tree_section(sess, tok_ok, tok_why)
 
 
-@st.fragment(run_every=None if ea.test_mode() else REFRESH_S)
+@st.fragment(run_every=mode.run_every(REFRESH_S))
 def _live() -> None:
     s = SS.get("at_session")
     if s is None:

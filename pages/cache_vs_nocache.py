@@ -5,10 +5,11 @@ from __future__ import annotations
 import streamlit as st
 
 from engine import experiments
-from ui import compare as C
-from ui import engine_access as ea
-from ui import events_table as et
-from ui import shell
+from ui.figures import cache_cost as CC
+from ui.figures import events_table as et
+from ui.figures import exercise as EX
+from ui.widgets import engine_access as ea
+from ui.widgets import mode, shell
 
 shell.enter_app()
 
@@ -28,7 +29,7 @@ base = ea.engine_config()
 st.header("1 · Cost per generated token", divider="gray")
 with st.form("cvn_cost_form"):
     c = st.columns(3)
-    n_tok = c[0].number_input("Tokens to generate", 8, 1024, 48 if ea.test_mode() else 64, step=8, key="cvn_n")
+    n_tok = c[0].number_input("Tokens to generate", 8, 1024, mode.current().cost_tokens, step=8, key="cvn_n")
     p_tok = c[1].number_input("Prompt length (tokens)", 1, 1024, 32, key="cvn_p")
     c[2].caption(
         f"Model: **{base.model}** (the server's model). Greedy, EOS ignored, one request, one step "
@@ -68,8 +69,8 @@ if run_cost:
 cost = SS.get("cvn_cost")
 if cost:
     (pf_a, pa), (pf_b, pb) = cost["cache"], cost["nocache"]
-    sa, sb = C.cost_summary(pa), C.cost_summary(pb)
-    fa, fb = C.cumulative_fed(pa), C.cumulative_fed(pb)
+    sa, sb = CC.cost_summary(pa), CC.cost_summary(pb)
+    fa, fb = CC.cumulative_fed(pa), CC.cumulative_fed(pb)
     c = st.columns(4)
     c[0].metric("Decode time, with cache", f"{sa['total_s']:.2f} s")
     cmp_ = cost.get("comparison")
@@ -94,7 +95,7 @@ if cost:
             f"without {cmp_.a.median:.2f} s ({cmp_.a.lo:.2f}–{cmp_.a.hi:.2f}). Conditions: {cmp_.conditions()}. "
             "The decode times and chart above are the median round's."
         )
-    ea.chart(C.cost_figure(pa, pb), key="cvn_cost_fig")
+    ea.chart(CC.cost_figure(pa, pb), key="cvn_cost_fig")
     st.markdown(
         f"**Reading it.** Both runs prefilled the same {cost['p']}-token prompt and then generated {cost['n']} tokens "
         "one step at a time. With the cache each step fed the model only the newest token — "
@@ -126,7 +127,7 @@ with st.form("cvn_ex_form"):
     c = st.columns(5)
     n_seq = c[0].number_input("Sequences", 2, 200, 50, key="cvn_seqs")
     p_len = c[1].number_input("Prompt (tokens)", 1, 512, 24, key="cvn_plen")
-    growth = c[2].number_input("Tokens each grows by", 1, 1024, 48 if ea.test_mode() else 96, key="cvn_growth")
+    growth = c[2].number_input("Tokens each grows by", 1, 1024, mode.current().exercise_growth, key="cvn_growth")
     ex_budget = c[3].number_input("KV budget (blocks)", 2, 4096, 64, key="cvn_budget")
     ex_bs = c[4].selectbox("Block size", (4, 8, 16, 32), index=2, key="cvn_bs")
     models = ["tiny", base.model] if base.model != "tiny" else ["tiny"]
@@ -171,7 +172,7 @@ if not ex:
     st.stop()
 
 runs = ex["runs"]
-sums = [C.exercise_summary(r) for r in runs]
+sums = [EX.exercise_summary(r) for r in runs]
 budget_tok = ex["budget"] * ex["bs"]
 st.caption(
     f"{ex['n']} sequences × ({ex['p']} prompt + {ex['g']} generated) tokens on model {ex['model']}; "
@@ -213,14 +214,14 @@ for col, s, r in zip(cols, sums, runs):
                 ),
                 icon=":material/check_circle:",
             )
-        reasons = C.waiting_reasons(r, limit=3)
+        reasons = EX.waiting_reasons(r, limit=3)
         if reasons:
             st.caption(
                 "Engine's waiting reasons (most sequences waiting at once): "
                 + "; ".join(f"{why} ({k})" for why, k in reasons)
             )
 
-ea.chart(C.exercise_figure(runs), key="cvn_ex_fig")
+ea.chart(EX.exercise_figure(runs), key="cvn_ex_fig")
 st.markdown(
     "**Reading it.** The dashed line is demand: the context every unfinished sequence has built so far, i.e. "
     "what a server that never evicts must hold at that moment. Run A holds all of it (rounded up to whole "

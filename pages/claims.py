@@ -8,8 +8,8 @@ import streamlit as st
 
 from engine import claims as C
 from engine.claims_live import measure_live
-from ui import engine_access as ea
-from ui import shell
+from ui.widgets import engine_access as ea
+from ui.widgets import shell
 
 shell.enter_app()
 

@@ -4,7 +4,6 @@ traces, with every caption taken from the trace's own events; any chapter can be
 from __future__ import annotations
 
 import html
-import time
 import uuid
 from pathlib import Path
 
@@ -13,12 +12,13 @@ import streamlit as st
 from engine import recording
 from engine.config import SamplingParams
 from engine.trace_events import Trace
-from ui import demo as D
-from ui import engine_access as ea
-from ui import load as L
-from ui import pool, shell, theme
-from ui import replay as R
-from ui.batching_view import batching_view
+from ui.figures import demo as D
+from ui.figures import load as L
+from ui.figures import pool, theme
+from ui.figures import replay as R
+from ui.widgets import engine_access as ea
+from ui.widgets import mode, shell
+from ui.widgets.batching_view import batching_view
 
 shell.enter_app()
 
@@ -90,7 +90,7 @@ c[2].button("Step ▶", key="demo_fwd", on_click=lambda: _goto(SS[tick_key] + 1)
 speed = c[3].select_slider("Speed (recorded snapshots per second)", D.SPEEDS, value=1.0, key="demo_speed")
 
 
-@st.fragment(run_every=(D.PLAY_INTERVAL_S if SS.get(play_key) and not ea.test_mode() else None))
+@st.fragment(run_every=mode.run_every(D.PLAY_INTERVAL_S, active=bool(SS.get(play_key))))
 def player() -> None:
     if SS.get(play_key):
         nxt, end = D.advance(SS[tick_key], n, float(speed))
@@ -190,26 +190,21 @@ if st.button("Run this story live", key=f"demo_live_btn_{which}"):
         reqs,
         lambda r: SamplingParams(**r.sampling_kwargs()),
         run_id,
-        time_scale=0.0 if ea.test_mode() else 1.0,
+        time_scale=mode.current().time_scale,
     )
     SS[run_key] = {"run_id": run_id, "feeder": feeder, "rec": rec}
     feeder.start()
-    if ea.test_mode():  # no polling in test mode: let it finish, then draw once
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            rec.poll(th)
-            fs = feeder.snapshot_status()
-            if fs.done and L.run_request_ids_pending(th.snapshot(), fs.request_ids) == 0:
-                break
-            time.sleep(0.02)
-        rec.poll(th)
 
 live = SS.get(run_key)
 if live:
-    fs0 = live["feeder"].snapshot_status()
-    active = (not fs0.done) or L.run_request_ids_pending(th.snapshot(), fs0.request_ids) > 0
 
-    @st.fragment(run_every=ea.live_interval() if active else None)
+    def _running() -> bool:
+        fs = live["feeder"].snapshot_status()
+        return not fs.done or L.run_request_ids_pending(th.snapshot(), fs.request_ids) > 0
+
+    every = mode.wait_or_poll(_running, tick=lambda: live["rec"].poll(th))
+
+    @st.fragment(run_every=every)
     def live_view() -> None:
         rec: recording.SnapshotRecorder = live["rec"]
         snap = rec.poll(th)
@@ -230,7 +225,7 @@ if live:
                 )
             st.html("<ul style='margin:0'>" + "".join(rows) + "</ul>")
         batching_view(rec.events, key="demo_live_batching", max_steps=80)
-        if active and fs.done and not pending:
-            st.rerun()
+        if every and fs.done and not pending:
+            st.rerun()  # the run just ended: a full rerun stops the polling
 
     live_view()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 
 import streamlit as st
@@ -10,11 +9,11 @@ import streamlit as st
 from engine import recording
 from engine.config import SamplingParams
 from engine.workloads import SCENARIOS, conversation_chain, make_workload, summarize
-from ui import engine_access as ea
-from ui import events_table as et
-from ui import load as L
-from ui import room, shell
-from ui.batching_view import batching_view
+from ui.figures import events_table as et
+from ui.figures import load as L
+from ui.widgets import engine_access as ea
+from ui.widgets import mode, room, shell
+from ui.widgets.batching_view import batching_view
 
 shell.enter_app()
 
@@ -154,7 +153,7 @@ if launch:
             reqs,
             lambda r: SamplingParams(**r.sampling_kwargs()),
             run_id,
-            time_scale=0.0 if ea.test_mode() else 1.0,
+            time_scale=mode.current().time_scale,
             bound_to=th,
             chain=conversation_chain(th.tokenizer) if scenario == "release-freeze" and chained else None,
         )
@@ -169,20 +168,6 @@ if launch:
             "t0": now.time,
         }
         feeder.start()
-        if ea.test_mode():  # no live polling in test mode: let the run finish, then draw it once
-            deadline = time.monotonic() + 600
-            while time.monotonic() < deadline:
-                rec.poll(th)
-                st_ = feeder.snapshot_status()
-                # the handles are the engine's final word (the published snapshot can predate a submit)
-                if (
-                    st_.done
-                    and room.outcomes(st_.request_ids)["in_flight"] == 0
-                    and L.run_request_ids_pending(th.snapshot(), st_.request_ids) == 0
-                ):
-                    break
-                time.sleep(0.02)
-            rec.poll(th)
 
 run = SS.get("load_run")
 
@@ -221,11 +206,22 @@ if not run:
         st.html(L.origin_html(th.snapshot()))  # requests sent to the OpenAI API (same engine)
     st.stop()
 
-fstat = run["feeder"].snapshot_status()
-active = (not fstat.done) or L.run_request_ids_pending(th.snapshot(), fstat.request_ids) > 0
+
+def _running() -> bool:
+    """The run still has something to draw: the feeder is sending, or one of its requests is in the
+    engine (the handles are the engine's final word: the published snapshot can predate a submit)."""
+    fs = run["feeder"].snapshot_status()
+    return (
+        not fs.done
+        or L.run_request_ids_pending(th.snapshot(), fs.request_ids) > 0
+        or room.outcomes(fs.request_ids)["in_flight"] > 0
+    )
 
 
-@st.fragment(run_every=ea.live_interval() if active else None)
+every = mode.wait_or_poll(_running, tick=lambda: run["rec"].poll(th))
+
+
+@st.fragment(run_every=every)
 def live() -> None:
     rec: recording.SnapshotRecorder = run["rec"]
     snap = rec.poll(th)
@@ -313,7 +309,7 @@ def live() -> None:
     counts = et.count_by_kind(evs)
     st.caption(" · ".join(f"{k}: {counts[k]}" for k in sorted(counts)) or "no events yet")
     st.html(et.events_html(et.filter_events(evs, kinds)))
-    if active and not (not fs.done or pending):
+    if every and not _running():
         st.rerun()  # the run just ended: a full rerun stops the polling
 
 

@@ -15,9 +15,10 @@ import json  # noqa: E402
 import streamlit as st  # noqa: E402
 
 from engine import memory_math as mm  # noqa: E402
-from ui import engine_access as ea  # noqa: E402
-from ui import memory_calc as mc  # noqa: E402
-from ui import presets, shell  # noqa: E402
+from ui.figures import memory_calc as mc  # noqa: E402
+from ui.figures import presets  # noqa: E402
+from ui.widgets import engine_access as ea  # noqa: E402
+from ui.widgets import shell  # noqa: E402
 
 shell.enter_app()
 

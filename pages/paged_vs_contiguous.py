@@ -6,9 +6,10 @@ import streamlit as st
 
 from engine import experiments, recording
 from engine.workloads import make_workload, summarize
-from ui import compare as C
-from ui import engine_access as ea
-from ui import pool, shell, theme
+from ui.figures import allocators as AL
+from ui.figures import pool, theme
+from ui.widgets import engine_access as ea
+from ui.widgets import shell
 
 shell.enter_app()
 
@@ -114,7 +115,7 @@ if not res:
     st.stop()
 
 a, b = res["paged"], res["contiguous"]
-sa, sb = C.allocator_summary(a), C.allocator_summary(b)
+sa, sb = AL.allocator_summary(a), AL.allocator_summary(b)
 w = res["workload"]
 st.caption(
     f"Workload: {w['requests']} mixed requests (prompts {w['prompt_words_min']}–{w['prompt_words_max']} "
@@ -140,8 +141,8 @@ for col, s, r in ((cols[0], sa, a), (cols[1], sb, b)):
             f"{s['finished']} finished" + (", stopped at the step limit" if s["truncated"] else "") + "."
         )
 
-ea.chart(C.allocator_figure(a, b), key="pvc_slots")
-ea.chart(C.allocator_bars(sa, sb), key="pvc_bars")
+ea.chart(AL.allocator_figure(a, b), key="pvc_slots")
+ea.chart(AL.allocator_bars(sa, sb), key="pvc_bars")
 
 same = [rid for rid in a.outputs if ("c" + rid[1:]) in b.outputs]
 identical = sum(

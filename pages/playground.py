@@ -8,9 +8,10 @@ import streamlit as st
 
 from engine.config import SamplingParams
 from engine.thread import EngineCrashed
-from ui import engine_access as ea
-from ui import growth, pool, preview, room, shell, theme, tokens
-from ui import load as L
+from ui.figures import growth, pool, theme, tokens
+from ui.figures import load as L
+from ui.widgets import engine_access as ea
+from ui.widgets import mode, prompt_preview, room, shell
 
 shell.enter_app()
 
@@ -110,11 +111,11 @@ left, right = st.columns([5, 7], gap="large")
 
 with left:
     max_tokens = st.slider("Max new tokens", 1, 256, 48, key="pg_max_tokens")
-    preview.prompt_with_preview(
+    prompt_preview.prompt_with_preview(
         th, "pg", SamplingParams(max_tokens=int(max_tokens)), default=SS.get("pg_prompt", EXAMPLE)
     )
     submitted = st.button("Generate", type="primary", key="pg_generate")
-    system, prompt = preview.typed("pg")
+    system, prompt = prompt_preview.typed("pg")
     actions = st.container()
     answer = st.container()
 
@@ -125,7 +126,8 @@ _n = [0]
 
 
 def _refresh_views(rid: str, last: list) -> None:
-    if ea.live_interval() and time.monotonic() - last[0] >= ea.LIVE_INTERVAL_S:
+    every = mode.run_every()
+    if every and time.monotonic() - last[0] >= every:
         last[0] = time.monotonic()
         _n[0] += 1
         with slot.container():
@@ -180,7 +182,7 @@ def evict_button(rid: str) -> None:
 h = None
 if submitted:
     try:
-        h = preview.submit(th, "pg", SamplingParams(max_tokens=int(max_tokens), temperature=0.0, seed=0))
+        h = prompt_preview.submit(th, "pg", SamplingParams(max_tokens=int(max_tokens), temperature=0.0, seed=0))
     except ValueError as e:
         with answer:
             st.error(f"Not submitted: {e}")
@@ -212,7 +214,7 @@ elif SS.get("pg_rid"):
                 st.markdown((req.output_text if req is not None else SS.get("pg_answer", "")) or "…")
 
 
-@st.fragment(run_every=ea.live_interval())
+@st.fragment(run_every=mode.run_every())
 def live():
     render_views(SS.get("pg_rid"), "live")
 

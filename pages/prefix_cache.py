@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import streamlit as st
 
-from engine import experiments
+from engine import experiments, side_channel
 from engine.workloads import make_workload
-from ui import compare as C
-from ui import engine_access as ea
-from ui import events_table as et
-from ui import pool, shell, side_channel, theme
+from ui.figures import events_table as et
+from ui.figures import pool, theme
+from ui.figures import prefix_sharing as PS
+from ui.widgets import engine_access as ea
+from ui.widgets import mode, shell, side_channel_view
 
 shell.enter_app()
 
@@ -39,7 +40,7 @@ def _defaults(system_words: int, n: int) -> tuple[str, list[str]]:
     return system, questions
 
 
-small = ea.test_mode() or info0.num_blocks * info0.block_size < 4096
+small = mode.current().small_workloads or info0.num_blocks * info0.block_size < 4096
 sys_default, q_default = _defaults(40 if small else 200, 4 if small else 6)
 
 if not info0.enable_prefix_caching:
@@ -108,7 +109,7 @@ if not res:
 
 def show_result(res) -> None:
     hit, miss, best = res["hit"], res["miss"], res["best"]
-    sh, sm = C.prefix_summary(hit), C.prefix_summary(miss)
+    sh, sm = PS.prefix_summary(hit), PS.prefix_summary(miss)
     share = experiments.sharing_stats(best)
     c = st.columns(6)
     c[0].metric(
@@ -119,13 +120,13 @@ def show_result(res) -> None:
     c[1].metric("Hit rate with forced misses", f"{100 * sm['hit_rate']:.0f}%")
     c[2].metric(
         "Mean TTFT, later turns (shared)",
-        "—" if len(hit) < 2 else f"{1000 * C.prefix_summary(hit[1:])['mean_ttft_s']:.0f} ms",
+        "—" if len(hit) < 2 else f"{1000 * PS.prefix_summary(hit[1:])['mean_ttft_s']:.0f} ms",
     )
     c[3].metric(
         "Mean TTFT, later turns (misses)",
-        "—" if len(miss) < 2 else f"{1000 * C.prefix_summary(miss[1:])['mean_ttft_s']:.0f} ms",
+        "—" if len(miss) < 2 else f"{1000 * PS.prefix_summary(miss[1:])['mean_ttft_s']:.0f} ms",
     )
-    saved = C.ttft_saved_ms(hit, miss)
+    saved = PS.ttft_saved_ms(hit, miss)
     c[5].metric(
         "TTFT saved, later turns",
         "—" if saved is None else f"{saved:,.0f} ms",
@@ -147,7 +148,7 @@ def show_result(res) -> None:
             f"Conditions: {cmp_.conditions()}. Run on a private engine sharing the loaded weights (the shared pool "
             "was not touched); the turns shown are the median round's."
         )
-    ea.chart(C.prefix_figure(hit, miss), key="pc_fig")
+    ea.chart(PS.prefix_figure(hit, miss), key="pc_fig")
 
     if best is not None and share["shared_blocks"]:
         st.subheader("The pool while the later turns ran together")
@@ -160,8 +161,8 @@ def show_result(res) -> None:
     elif best is not None:
         st.caption("No block was shared by two running requests at the same moment in this run.")
 
-    later_hit = C.prefix_summary(hit[1:]) if len(hit) > 1 else None
-    later_miss = C.prefix_summary(miss[1:]) if len(miss) > 1 else None
+    later_hit = PS.prefix_summary(hit[1:]) if len(hit) > 1 else None
+    later_miss = PS.prefix_summary(miss[1:]) if len(miss) > 1 else None
     if later_hit and later_miss and later_hit["mean_ttft_s"] and later_miss["mean_ttft_s"]:
         cached_each = [r.cached_tokens for r in hit[1:]]
         span = (
@@ -192,4 +193,24 @@ def show_result(res) -> None:
 
 if res:
     show_result(res)
-side_channel.render(st, th, small=small, chart=ea.chart)
+
+# ------------------------------------------------------------------ the timing side channel (shared engine)
+asked = side_channel_view.controls(small=small)
+if asked is not None:
+    prefix_tokens, rounds = asked
+    bar = st.progress(0.0, text="probing…")
+    try:
+        probes = side_channel.measure(
+            th,
+            prefix_tokens=prefix_tokens,
+            rounds=rounds,
+            on_probe=lambda p, i, n: bar.progress(i / n, text=f"probe {i} of {n}"),
+        )
+        probed = side_channel.probed_prefix_tokens(prefix_tokens, th.config.block_size)
+        SS["sc_result"] = {"probes": probes, "prefix": probed}
+    except ValueError as e:
+        st.error(f"Not measured: {e}")
+    except Exception as e:  # noqa: BLE001 - engine down or timed out: a message, not a traceback
+        st.error(f"Measurement failed: {type(e).__name__}: {e}")
+    bar.empty()
+side_channel_view.result(SS.get("sc_result"))

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import hashlib
-import time
 from pathlib import Path
 
 import streamlit as st
 
-from ui import demo as D
-from ui import engine_access as ea
-from ui import events_table as et
-from ui import load as L
-from ui import pool, shell, theme
-from ui import replay as R
-from ui.batching_view import batching_view
+from ui.figures import demo as D
+from ui.figures import events_table as et
+from ui.figures import load as L
+from ui.figures import pool, theme
+from ui.figures import replay as R
+from ui.widgets import engine_access as ea
+from ui.widgets import mode, shell
+from ui.widgets.batching_view import batching_view
 
 shell.enter_app()
 
@@ -157,9 +157,8 @@ kinds = st.multiselect(
 st.caption(f"{len(now_evs)} event(s) since the previous tick; newest first, up to this tick:")
 st.html(et.events_html(et.filter_events(view.events, kinds)))
 
-if n > 1 and SS.get("rp_play") and not ea.test_mode():
-    # auto-play: wait one interval, then rerun at the next tick (stops by itself at the end)
-    time.sleep(D.PLAY_INTERVAL_S)
+if n > 1 and SS.get("rp_play") and mode.paced(D.PLAY_INTERVAL_S):
+    # auto-play: after one interval, rerun at the next tick (stops by itself at the end)
     nxt, end = D.advance(tick, n, float(speed))
     SS["rp_next_tick"] = nxt
     if end:

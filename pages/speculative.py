@@ -6,8 +6,9 @@ import streamlit as st
 
 from engine.config import SamplingParams
 from engine.preview import template_ids
-from ui import engine_access as ea
-from ui import preview, room, shell, spec, spec_watch, spec_widget, theme, tokens
+from ui.figures import drafters, pool, spec, theme, tokens
+from ui.widgets import engine_access as ea
+from ui.widgets import mode, prompt_preview, room, shell, spec_watch
 
 shell.enter_app()
 
@@ -33,17 +34,15 @@ info = th.snapshot().info
 with st.container(border=True):
     c = st.columns([3, 2, 2, 3])
     cur = cfg.speculative
-    labels = list(spec_widget.DRAFTERS)
+    labels = list(drafters.DRAFTERS)
     drafter = c[0].selectbox(
         "Drafter",
         labels,
-        index=labels.index(spec_widget.label_of(cur)),
-        help="; ".join(f"{k}: {v[1]}" for k, v in spec_widget.DRAFTERS.items()),
+        index=labels.index(drafters.label_of(cur)),
+        help="; ".join(f"{k}: {v[1]}" for k, v in drafters.DRAFTERS.items()),
         key="spec_drafter",
     )
-    k = c[1].slider(
-        "Draft length k", 1, spec_widget.K_MAX, value=cur.num_speculative_tokens if cur else 4, key="spec_k"
-    )
+    k = c[1].slider("Draft length k", 1, drafters.K_MAX, value=cur.num_speculative_tokens if cur else 4, key="spec_k")
     max_tokens = c[2].slider("Max new tokens", 8, 256, 64, key="spec_max_tokens")
     temperature = c[2].slider(
         "Temperature",
@@ -77,10 +76,10 @@ with st.container(border=True):
             "badly, an honest demo of a poor drafter",
         )
     st.caption(
-        spec_widget.DRAFTERS[drafter][1]
+        drafters.DRAFTERS[drafter][1]
         + (" — mismatched: early exit after the first ~1/8 of the target's layers" if mismatched else "")
     )
-    mode = st.radio(
+    spec_mode = st.radio(
         "Mode",
         [MEASURE, WATCH],
         horizontal=True,
@@ -88,7 +87,7 @@ with st.container(border=True):
         help="Measure: speculative vs plain decoding, alternated rounds, timed. Watch: one speculative run, "
         "step by step, that you can evict in the middle (untimed)",
     )
-    if mode == WATCH:
+    if spec_mode == WATCH:
         w = st.columns(2)
         evict_after = w[0].number_input(
             "Evict automatically after N tokens (0: only the button)", 0, 256, 0, key="spec_evict_after"
@@ -97,28 +96,28 @@ with st.container(border=True):
             "Pause per engine step (s)",
             0.0,
             1.0,
-            0.0 if ea.test_mode() else spec_watch.DEFAULT_PACE_S,
+            mode.current().watch_pace_s,
             0.05,
             key="spec_pace",
             help="slows the run down so you can press Evict at a moment of your choosing",
         )
-    st.html(spec_widget.kv_bar_html(th.snapshot()))
-    preview.prompt_with_preview(
+    st.html(pool.kv_bar_html(th.snapshot()))
+    prompt_preview.prompt_with_preview(
         th, "spec", SamplingParams(max_tokens=int(max_tokens)), default=SS.get("spec_prompt", EXAMPLE)
     )
     run = st.button(
-        "Run speculative and plain decoding" if mode == MEASURE else "Watch the speculative run",
+        "Run speculative and plain decoding" if spec_mode == MEASURE else "Watch the speculative run",
         type="primary",
         key="spec_run",
     )
-    system, prompt = preview.typed("spec")
+    system, prompt = prompt_preview.typed("spec")
 
 
 def _wanted():
     if mismatched:
         return ea.spec_config("self_draft", int(k), mismatched=True, num_layers=info.num_layers)
-    return spec_widget.drafter_config(
-        drafter, int(k), exit_layers=int(exit_layers), draft_model=draft_model, fallback=not ea.test_mode()
+    return drafters.drafter_config(
+        drafter, int(k), exit_layers=int(exit_layers), draft_model=draft_model, fallback=mode.current().spec_fallback
     )
 
 
@@ -153,9 +152,7 @@ def _costs(spec_req, plain_req, verify_events) -> spec.Costs:
 
 # The comparison runs on a private engine that shares the loaded weights (engine/experiments.py):
 # the shared engine is never rebuilt and nobody's requests are aborted. It runs in the background
-# (ui/room.py), so this tab can be reloaded and other tabs are never blocked.
-BUDGET_S = None if ea.test_mode() else 30.0
-
+# (ui/widgets/room.py), so this tab can be reloaded and other tabs are never blocked.
 if run:
     try:
         want = _wanted()
@@ -183,11 +180,11 @@ if run:
             temperature=float(temperature),
             busy=lambda: th.step_num,
             busy_what="shared-engine steps (other requests on the same cores)",
-            budget_s=BUDGET_S,
+            budget_s=mode.current().spec_budget_s,
             on_sample=on_sample,
         )
 
-    if mode == MEASURE:
+    if spec_mode == MEASURE:
         room.start_run("speculative", _experiment)
     else:
         from engine.watch import WatchControl, watch_speculative
@@ -212,11 +209,11 @@ if run:
 cur_run = room.current_run("speculative") or room.current_run(spec_watch.KIND)
 watching = cur_run is not None and cur_run.kind == spec_watch.KIND
 if cur_run is not None and not cur_run.finished:
-    if ea.test_mode():  # no polling in test mode: wait here (this tab only), then draw once
-        cur_run.wait(600)
-    else:
+    # live: a fragment shows the progress; test mode waits here (this tab only), then draws once
+    every = mode.wait_or_poll(lambda: not cur_run.finished, wait=cur_run.wait, interval_s=0.5)
+    if every is not None:
 
-        @st.fragment(run_every=0.5)
+        @st.fragment(run_every=every)
         def _progress():
             if cur_run.finished:
                 st.rerun()
@@ -317,7 +314,7 @@ with st.container(key="spec_conditions"):
         "and no request was aborted."
     )
     (st.warning if cmp_.contended else st.caption)(cond)
-st.html(spec_widget.kv_bar_html(th.snapshot_now()))
+st.html(pool.kv_bar_html(th.snapshot_now()))
 if preq is not None and sreq.output_text != preq.output_text:
     st.warning("The speculative and plain outputs differ (expected only with sampling, not greedy).")
 elif preq is not None:
@@ -326,13 +323,13 @@ elif preq is not None:
 st.markdown("**Generated tokens**")
 st.html(tokens.strip_with_legend(sreq.tokens))
 spec_watch.judged_table(sreq.tokens)
-ticks = spec_widget.tick_steps(sreq)
+ticks = spec.tick_steps(sreq)
 if len(ticks) > 1:
     tick = st.select_slider(
         "Tick timeline: scrub the run step by step (engine steps)", ticks, value=ticks[-1], key="spec_tick"
     )
-    st.caption(spec_widget.tick_caption(sreq, tick, th.snapshot().info.bytes_per_block))
-    st.html(tokens.token_strip_html(spec_widget.at_tick(sreq, tick)[0]))
+    st.caption(spec.tick_caption(sreq, tick, th.snapshot().info.bytes_per_block))
+    st.html(tokens.token_strip_html(spec.at_tick(sreq, tick)[0]))
 
 left, right = st.columns(2, gap="large")
 with left:

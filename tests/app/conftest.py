@@ -14,7 +14,7 @@ def tiny_test_mode():
     os.environ["KVSCOPE_TEST_MODE"] = "1"
     os.environ["KVSCOPE_MODEL"] = "tiny"
     yield
-    from ui import engine_access as ea
+    from ui.widgets import engine_access as ea
 
     holder = ea.shared_engine()
     if holder.thread is not None:

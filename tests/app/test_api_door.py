@@ -1,4 +1,4 @@
-"""One engine, two doors: the API door (ui/api_door.py, what app_api.py's lifespan opens for
+"""One engine, two doors: the API door (ui/servers/api_door.py, what app_api.py's lifespan opens for
 scripts/run.sh) serves the app's shared engine; a request sent over HTTP shows on the Playground
 and Load pages tagged as coming from the HTTP API, and its blocks are the engine's own."""
 
@@ -28,8 +28,8 @@ def door():
     old = {k: os.environ.get(k) for k in keys}
     port = _free_port()
     os.environ.update({"KVSCOPE_TEST_MODE": "1", "KVSCOPE_MODEL": "tiny", "KVSCOPE_API_PORT": str(port)})
-    from ui import engine_access as ea
-    from ui.api_door import ApiDoor
+    from ui.servers.api_door import ApiDoor
+    from ui.widgets import engine_access as ea
 
     ea.shared_engine.clear()
     d = ApiDoor().start(ea.shared_engine())
@@ -48,7 +48,7 @@ def door():
 
 
 def test_api_port_settings(monkeypatch):
-    from ui.api_door import api_settings
+    from ui.servers.api_door import api_settings
 
     monkeypatch.setenv("KVSCOPE_API_PORT", "off")
     assert api_settings()[1] is None
@@ -64,7 +64,7 @@ def test_http_requests_show_on_the_pages_of_the_same_engine(door):
     d, port = door
     from streamlit.testing.v1 import AppTest
 
-    from ui import engine_access as ea
+    from ui.widgets import engine_access as ea
 
     th = ea.shared_engine().get()
     assert d.server.config.app.state.kvscope.thread is th  # the API serves the app's engine

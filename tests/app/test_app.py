@@ -28,7 +28,7 @@ def _app():
 
 
 def _engine():
-    from ui import engine_access as ea
+    from ui.widgets import engine_access as ea
 
     return ea.get_engine()
 
@@ -63,7 +63,7 @@ def _button(at, label):
 
 
 def _restore_default_engine():
-    from ui import engine_access as ea
+    from ui.widgets import engine_access as ea
 
     th = _engine()
     if th.config != ea.default_config():
@@ -92,7 +92,7 @@ def test_home_shows_the_real_engine():
 
 
 def test_home_and_sidebar_show_the_weight_format_and_bytes_read():
-    from ui import engine_access as ea
+    from ui.widgets import engine_access as ea
 
     at = _app().run()
     _no_exception(at)
@@ -369,8 +369,8 @@ def test_speculative_page_measures_a_real_run():
     at.slider(key="spec_k").set_value(3)
     at.slider(key="spec_max_tokens").set_value(24)
     at.run()
-    from ui import engine_access as ea
-    from ui import room
+    from ui.widgets import engine_access as ea
+    from ui.widgets import room
 
     gen, before = ea.shared_engine().generation, _engine().snapshot().info.speculative
     at.button(key="spec_run").click().run()
@@ -410,8 +410,8 @@ def test_speculative_page_watch_mode_evicts_mid_run():
     """Watch mode: one speculative run on a private engine, evicted after 6 tokens; the page shows
     the eviction, the recomputed positions and the drop in the growth chart, and that greedy output
     matched plain decoding."""
-    from ui import engine_access as ea
-    from ui import room
+    from ui.widgets import engine_access as ea
+    from ui.widgets import room
 
     at = _app()
     at.switch_page("pages/speculative.py")
@@ -445,7 +445,7 @@ def test_speculative_page_watch_mode_evicts_mid_run():
 def test_speculative_page_sampling_shows_p_and_q_per_draft():
     """Temperature > 0: rejection sampling; every judged draft's p, q, min(1, p/q) and draw u are
     in the table and in the token chips' tooltips."""
-    from ui import room
+    from ui.widgets import room
 
     at = _app()
     at.switch_page("pages/speculative.py")

@@ -54,7 +54,7 @@ def _specs(at):
 
 
 def test_attach_to_a_vllm_stub():
-    from ui import engine_access as ea
+    from ui.widgets import engine_access as ea
 
     at = _page()
     assert not at.exception
@@ -165,7 +165,7 @@ def test_bad_url_is_an_error_not_a_crash():
 def test_attach_finds_the_events_endpoint_from_kv_event_sources(publisher, by_rank):
     """No endpoint typed: the page reads vLLM's GET /kv_event_sources. A publisher that connects
     (vLLM with a concrete endpoint) is bound by auto; one that binds 127.0.0.1 needs "connect"."""
-    from ui import engine_access as ea
+    from ui.widgets import engine_access as ea
 
     at = _page()
     tok = ea.get_engine().tokenizer
@@ -191,7 +191,7 @@ def test_attach_finds_the_events_endpoint_from_kv_event_sources(publisher, by_ra
 
 
 def test_events_socket_mode_follows_vllms_bind_rule():
-    from ui.attach import events_socket_mode, reachable_endpoint
+    from ui.servers.attach import events_socket_mode, reachable_endpoint
 
     assert events_socket_mode("auto", "vllm", "tcp://127.0.0.1:5557")[0] is True
     assert events_socket_mode("auto", "vllm", "tcp://*:5557")[0] is False

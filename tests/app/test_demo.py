@@ -11,7 +11,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from engine.trace_events import read_trace
-from ui import demo as D
+from ui.figures import demo as D
 
 VIEWS = Path(__file__).resolve().parents[2] / "pages"
 TRACES = Path(__file__).resolve().parents[2] / "assets" / "traces"

@@ -47,7 +47,7 @@ def _html(at) -> str:
 
 
 def _engine():
-    from ui import engine_access as ea
+    from ui.widgets import engine_access as ea
 
     return ea.get_engine()
 
@@ -125,15 +125,15 @@ def test_prefix_cache_page_measures_hits_on_the_engine():
     assert c.names == ("miss", "cache") and c.rounds == 3
     assert any("median of 3 rounds" in str(x.value) for x in list(at.caption) + list(at.warning))
     # measured on a private engine: nothing of it ever entered the shared engine
-    from ui import engine_access as ea
+    from ui.widgets import engine_access as ea
 
     assert not any(r.request_id.startswith(res["tag"]) for r in ea.get_engine().snapshot().requests)
-    from ui import compare as C
+    from ui.figures import prefix_sharing as PS
 
     cold = [r.ttft_s for r in res["miss"][1:]]
     warm = [r.ttft_s for r in res["hit"][1:]]
     saved = 1000 * (sum(cold) / len(cold) - sum(warm) / len(warm))
-    assert C.ttft_saved_ms(res["hit"], res["miss"]) == pytest.approx(saved)
+    assert PS.ttft_saved_ms(res["hit"], res["miss"]) == pytest.approx(saved)
     assert m["TTFT saved, later turns"] == [f"{saved:,.0f} ms"]
 
 
@@ -167,9 +167,9 @@ def test_paged_vs_contiguous_page_reads_waste_from_snapshots():
     at.number_input(key="pvc_n").set_value(10)
     _submit(at, "pvc_form", "Run both allocators")
     res = at.session_state["pvc_result"]
-    from ui import compare as C
+    from ui.figures import allocators as AL
 
-    sa, sb = C.allocator_summary(res["paged"]), C.allocator_summary(res["contiguous"])
+    sa, sb = AL.allocator_summary(res["paged"]), AL.allocator_summary(res["contiguous"])
     assert sa["allocator"] == "paged" and sb["allocator"] == "contiguous"
     assert sb["mean_waste"] > sa["mean_waste"] and sa["peak_running"] > sb["peak_running"]
     m = _metrics(at)

@@ -34,7 +34,7 @@ def _apply(at):
 def test_device_offered_only_with_a_gpu(monkeypatch):
     from streamlit.testing.v1 import AppTest
 
-    from ui import engine_access as ea
+    from ui.widgets import engine_access as ea
 
     if not torch.cuda.is_available():
         at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()

@@ -815,7 +815,7 @@ def _cases() -> list[Case]:
         ValueError,
         r"/no/such/draft",
     )
-    from ui.replay import load_trace_bytes
+    from ui.figures.replay import load_trace_bytes
 
     add(
         A + "Replay upload",

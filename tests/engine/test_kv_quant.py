@@ -188,7 +188,7 @@ def test_byte_budget_holds_the_formulas_tokens():
     assert i8.num_blocks / fp32.num_blocks == pytest.approx(512 / 160, rel=0.01)
     assert bf.num_blocks == 2 * fp32.num_blocks
     # the default model (head_dim 64): 4 bytes of scale per 64 codes -> 3.76x the fp32 tokens
-    from ui.presets import PRESETS
+    from ui.figures.presets import PRESETS
 
     s = PRESETS["SmolLM2-135M"]
     assert mm.kv_bytes_per_token(s, "int8") == 2 * 30 * 3 * (64 + 4) == 12_240

@@ -8,8 +8,8 @@ import pytest
 
 from engine import memory_math as mm
 from engine.memory_math import GiB, KiB, MiB
-from ui import memory_calc as mc
-from ui.presets import PRESET_PARAM_COUNTS, PRESETS
+from ui.figures import memory_calc as mc
+from ui.figures.presets import PRESET_PARAM_COUNTS, PRESETS
 
 LLAMA3_8B = PRESETS["Llama-3-8B"]
 DSV3 = PRESETS["DeepSeek-V3 (MLA)"]

@@ -72,3 +72,7 @@ def test_spread_orders_its_numbers(vals):
     s = sc.spread(vals)
     assert s.lo <= s.q1 <= s.median <= s.q3 <= s.hi and s.n == len(vals)
     assert (s.lo, s.hi) == (min(vals), max(vals))
+
+
+def test_probed_prefix_is_whole_blocks():
+    assert [sc.probed_prefix_tokens(n, 16) for n in (16, 17, 31, 32, 250)] == [16, 16, 16, 32, 240]

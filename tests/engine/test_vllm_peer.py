@@ -66,8 +66,8 @@ def vllm_server():
 
 
 def test_attach_rebuilds_vllm_prefix_tree(vllm_server):
-    from ui import attach as A
-    from ui import vllm_metrics as vm
+    from ui.figures import vllm_metrics as vm
+    from ui.servers import attach as A
 
     s = A.AttachSession(vllm_server, None, None, None, interval=0.5, tokenizer=None)
     try:

@@ -1,4 +1,4 @@
-"""ui/attach.py against stub servers on 127.0.0.1: a vLLM-format /metrics + KV events (both wire
+"""ui/servers/attach.py against stub servers on 127.0.0.1: a vLLM-format /metrics + KV events (both wire
 forms) and a kvscope snapshot stream recorded from a real tiny-model engine. Waits are bounded
 loops of short sleeps (hang guards, never timing assertions)."""
 
@@ -8,7 +8,7 @@ import pytest
 
 from engine import EngineConfig, LLMEngine, SamplingParams
 from tests.attach_stubs import KvscopeStub, VllmStub, demo_batches, record_frames
-from ui import attach as A
+from ui.servers import attach as A
 
 A_TOK = list(range(100, 108))
 B_TOK = list(range(100, 104)) + [7, 7, 7, 7]

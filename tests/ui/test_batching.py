@@ -9,7 +9,7 @@ import torch
 
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.trace_events import FINISH, PREEMPT, SCHEDULE, Event
-from ui import batching as B
+from ui.figures import batching as B
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from engine.trace_events import ADMIT, PREEMPT, PREFIX_HIT, SPEC_FALLBACK, read_trace
-from ui import demo as D
+from ui.figures import demo as D
 
 TRACES = Path(__file__).resolve().parents[2] / "assets" / "traces"
 

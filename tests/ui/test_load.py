@@ -1,4 +1,4 @@
-"""ui/load.py and ui/events_table.py: the numbers the load page's figures carry, built from
+"""ui/figures/load.py and ui/figures/events_table.py: the numbers the load page's figures carry, built from
 hand-made Snapshots/Events (test data only; the pages show real engine data)."""
 
 from dataclasses import dataclass, replace
@@ -9,8 +9,8 @@ from engine import recording
 from engine.snapshot import EngineMetrics, HistoryPoint, RequestInfo, Snapshot
 from engine.trace_events import Event
 from tests.factories import make_engine_info
-from ui import events_table as et
-from ui import load as L
+from ui.figures import events_table as et
+from ui.figures import load as L
 
 
 def req(rid, computed, state="running", history=(), arrival=0.0):

@@ -1,12 +1,12 @@
-"""ui/memory_calc.py: numbers, formula text and figures are pure functions of the inputs."""
+"""ui/figures/memory_calc.py: numbers, formula text and figures are pure functions of the inputs."""
 
 import plotly.graph_objects as go
 import pytest
 
 from engine import memory_math as mm
 from engine.memory_math import GiB, MiB
-from ui import memory_calc as mc
-from ui.presets import PRESETS
+from ui.figures import memory_calc as mc
+from ui.figures.presets import PRESETS
 
 L3 = PRESETS["Llama-3-8B"]
 DS = PRESETS["DeepSeek-V3 (MLA)"]

@@ -1,7 +1,7 @@
 """Pool map and block table figures carry the snapshot's numbers (hand-built snapshots)."""
 
 from tests.factories import request, snapshot
-from ui import pool, theme
+from ui.figures import pool, theme
 
 
 def _cells(fig):
@@ -105,7 +105,7 @@ def test_pool_map_hover_shows_the_pools_real_bytes():
     import dataclasses
 
     from engine import EngineConfig, LLMEngine, SamplingParams
-    from ui import pool
+    from ui.figures import pool
 
     eng = LLMEngine(EngineConfig(model="tiny", kv_cache_dtype="int8", block_size=4, num_kv_blocks=16, num_threads=1))
     eng.add_request("r", "hello world and more", SamplingParams(max_tokens=2, ignore_eos=True))
@@ -125,7 +125,7 @@ def test_pool_map_outlines_this_sessions_other_requests():
     """`mine` marks blocks of the viewer's other requests (dotted), apart from the highlighted one."""
     from engine import LLMEngine
     from engine.config import EngineConfig, SamplingParams
-    from ui import pool as P
+    from ui.figures import pool as P
 
     eng = LLMEngine(
         EngineConfig(

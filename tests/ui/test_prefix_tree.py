@@ -1,11 +1,11 @@
-"""ui/prefix_tree.py: KV events -> the prefix cache as a tree of block-hash chains."""
+"""ui/figures/prefix_tree.py: KV events -> the prefix cache as a tree of block-hash chains."""
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.kv_event_wire import AllBlocksCleared, BlockRemoved, BlockStored, apply_events, decode_batch
 from tests.attach_stubs import demo_batches
-from ui import prefix_tree as P
+from ui.figures import prefix_tree as P
 
 A = list(range(100, 108))
 B = list(range(100, 104)) + [7, 7, 7, 7]

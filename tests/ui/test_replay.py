@@ -1,11 +1,11 @@
-"""ui/replay.py: trace loading (bad files get the reader's message) and tick views."""
+"""ui/figures/replay.py: trace loading (bad files get the reader's message) and tick views."""
 
 import pytest
 
 from engine.snapshot import EngineMetrics, Snapshot
 from engine.trace_events import Event, trace_to_string
 from tests.factories import make_engine_info
-from ui import replay as R
+from ui.figures import replay as R
 
 
 def info():

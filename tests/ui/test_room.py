@@ -1,4 +1,4 @@
-"""ui/room.py: whose request is whose, what a rebuild would abort, runs kept server-side, access."""
+"""ui/widgets/room.py: whose request is whose, what a rebuild would abort, runs kept server-side, access."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from tests.factories import request, snapshot
-from ui import room as R
+from ui.widgets import room as R
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 import pytest
 
 from tests.factories import hist, request, tok
-from ui import growth, spec
+from ui.figures import growth, spec
 
 
 @pytest.mark.parametrize(

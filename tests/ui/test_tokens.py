@@ -5,7 +5,7 @@ from html.parser import HTMLParser
 import pytest
 
 from tests.factories import tok
-from ui import tokens
+from ui.figures import tokens
 
 HOSTILE = [
     "<script>alert(1)</script>",

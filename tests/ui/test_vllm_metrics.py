@@ -1,9 +1,9 @@
-"""ui/vllm_metrics.py: vLLM-named /metrics text -> numbers -> figures (no browser)."""
+"""ui/figures/vllm_metrics.py: vLLM-named /metrics text -> numbers -> figures (no browser)."""
 
 import pytest
 
 from tests.attach_stubs import vllm_metrics_text
-from ui import vllm_metrics as vm
+from ui.figures import vllm_metrics as vm
 
 
 def _hist(n_scrapes, **kw):

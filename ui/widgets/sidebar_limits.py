@@ -4,6 +4,8 @@ Drawn inside engine_access.settings_sidebar's form; returns EngineConfig.replace
 
 from __future__ import annotations
 
+import streamlit as st
+
 from engine.config import VICTIM_POLICIES, TierConfig
 
 POLICY_HELP = {
@@ -13,7 +15,7 @@ POLICY_HELP = {
 NO_TIER = "(none: no tier cap)"
 
 
-def limit_inputs(st, cfg) -> dict:
+def limit_inputs(cfg) -> dict:
     """Victim policy, per-tier context caps and default tier, as EngineConfig.replace kwargs."""
     policy = st.selectbox(
         "Preemption victim policy",

@@ -398,3 +398,22 @@ def block_table_rows(snapshot, request_id: str) -> list[dict]:
         b = by_id.get(phys)
         out.append({"logical": i, "physical": phys, "fill": b.fill if b else 0, "ref_count": b.ref_count if b else 0})
     return out
+
+
+def kv_bar_html(snap) -> str:
+    """KV blocks used (and cached-free) against the budget, as one bar with the numbers in words."""
+    m, info = snap.metrics, snap.info
+    n = max(1, info.num_blocks)
+    used, cached = m.num_blocks_used, m.num_blocks_cached
+    pu, pc = 100 * used / n, 100 * cached / n
+    text = (
+        f"KV: {used} of {info.num_blocks} blocks used ({used * info.bytes_per_block / 2**20:,.2f} of "
+        f"{info.num_blocks * info.bytes_per_block / 2**20:,.2f} MiB), {cached} cached-free"
+    )
+    return (
+        '<div class="kvscope-kvbar" style="font-size:0.85rem">'
+        '<div style="display:flex;height:14px;border:1px solid #888;border-radius:3px;overflow:hidden">'
+        f'<div style="width:{pu:.2f}%;background:#0072B2"></div>'
+        f'<div style="width:{pc:.2f}%;background:#BDBDBD"></div></div>'
+        f"<div>{html.escape(text)}</div></div>"
+    )

@@ -261,3 +261,20 @@ def base_layout(height: int, title: str | None = None, **kw) -> dict:
         lay["title"] = dict(text=html.escape(title), x=0, font=dict(size=14))
     lay.update(kw)
     return lay
+
+
+COMPARE_A, COMPARE_B = OKABE_ITO["blue"], OKABE_ITO["vermillion"]  # the two sides of every comparison
+
+
+def comparison_layout(fig, title: str, height: int = 320, **kw):
+    """Lay out a comparison page's Plotly figure: its title at the top, subplot titles under it,
+    the legend below the x axes (so neither covers the other), fixed height."""
+    fig.update_layout(**base_layout(height, title, margin=dict(l=60, r=15, t=64, b=100), **kw))
+    fig.update_layout(
+        title=dict(y=0.99, yref="container", yanchor="top"),
+        legend=dict(orientation="h", yanchor="top", y=-0.3, xanchor="left", x=0, font=dict(size=11)),
+    )
+    fig.update_annotations(font=dict(size=12))  # subplot titles
+    fig.update_xaxes(gridcolor=GRID, zerolinecolor=GRID)
+    fig.update_yaxes(gridcolor=GRID, zerolinecolor=GRID)
+    return fig

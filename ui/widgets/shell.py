@@ -15,7 +15,7 @@ from pathlib import Path
 
 import streamlit as st
 
-APP = Path(__file__).resolve().parents[1] / "app.py"
+APP = Path(__file__).resolve().parents[2] / "app.py"
 
 
 def enter_app() -> None:

@@ -33,10 +33,10 @@ from engine.trace_events import (
     WAIT,
     Event,
 )
-from ui import theme
+from ui.figures import theme
 
 _O = theme.OKABE_ITO
-# Event kind -> bar colour. Dropped-KV decisions share the preempted/evicted colour of ui.theme,
+# Event kind -> bar colour. Dropped-KV decisions share the preempted/evicted colour of ui.figures.theme,
 # swaps the swapped colour; the kind is always written out too, so colour is never the only cue.
 EVENT_COLORS = {
     ADMIT: _O["blue"],

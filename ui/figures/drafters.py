@@ -1,14 +1,12 @@
-"""The Speculative page's drafter choices, named for what they are, and its KV bar.
+"""The Speculative page's drafter choices, named for what they are.
 
 `DRAFTERS` maps each UI choice to the engine's SpeculativeConfig: n-gram prompt lookup, the
 target's own early-exit self-draft, its dynamic-int8 copy, and a separate draft model given by
 a path or hub id ("tiny" — kvscope's 2-layer random model with the same tokenizer — is offered
-offline as an honestly poor drafter). `kv_bar_html` draws blocks used / budget from a Snapshot.
+offline as an honestly poor drafter).
 """
 
 from __future__ import annotations
-
-import html
 
 from engine.config import SpeculativeConfig
 
@@ -65,55 +63,3 @@ def label_of(cfg: SpeculativeConfig | None) -> str:
     if cfg.method == "draft_model":
         return "draft model"
     return "self-draft: int8 copy" if cfg.draft_quantize == "int8" else "self-draft: early exit"
-
-
-def kv_bar_html(snap) -> str:
-    """KV blocks used (and cached-free) against the budget, as one bar with the numbers in words."""
-    m, info = snap.metrics, snap.info
-    n = max(1, info.num_blocks)
-    used, cached = m.num_blocks_used, m.num_blocks_cached
-    pu, pc = 100 * used / n, 100 * cached / n
-    text = (
-        f"KV: {used} of {info.num_blocks} blocks used ({used * info.bytes_per_block / 2**20:,.2f} of "
-        f"{info.num_blocks * info.bytes_per_block / 2**20:,.2f} MiB), {cached} cached-free"
-    )
-    return (
-        '<div class="kvscope-kvbar" style="font-size:0.85rem">'
-        '<div style="display:flex;height:14px;border:1px solid #888;border-radius:3px;overflow:hidden">'
-        f'<div style="width:{pu:.2f}%;background:#0072B2"></div>'
-        f'<div style="width:{pc:.2f}%;background:#BDBDBD"></div></div>'
-        f"<div>{html.escape(text)}</div></div>"
-    )
-
-
-# --------------------------------------------------------------------------- the tick timeline
-
-
-def tick_steps(req) -> list[int]:
-    """The engine steps at which the request's tokens or KV changed (its history points and the
-    steps its tokens were produced), sorted: the positions of the timeline slider."""
-    return sorted({p.step for p in req.history} | {t.step for t in req.tokens})
-
-
-def at_tick(req, step: int) -> tuple[tuple, object | None]:
-    """(tokens produced up to `step`, the request's last history point at or before it)."""
-    toks = tuple(t for t in req.tokens if t.step <= step)
-    point = None
-    for p in req.history:
-        if p.step <= step:
-            point = p
-    return toks, point
-
-
-def tick_caption(req, step: int, bytes_per_block: int) -> str:
-    toks, p = at_tick(req, step)
-    kinds = {}
-    for t in toks:
-        kinds[t.kind] = kinds.get(t.kind, 0) + 1
-    made = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "none yet"
-    if p is None:
-        return f"Step {step}: not admitted yet. Tokens so far: {made}."
-    return (
-        f"Step {step}: {p.phase}, {p.num_cached_tokens} tokens' K/V in {p.num_blocks} block(s) "
-        f"({p.num_blocks * bytes_per_block:,} bytes of blocks). Tokens so far: {made}."
-    )

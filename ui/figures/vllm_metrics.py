@@ -19,7 +19,7 @@ from typing import Sequence
 
 import plotly.graph_objects as go
 
-from ui import theme
+from ui.figures import theme
 
 MAX_METRICS_BYTES = 8 * 1024 * 1024
 

@@ -8,12 +8,11 @@ from __future__ import annotations
 import streamlit as st
 
 from engine.watch import REQUEST_ID
+from ui.figures import growth, pool, spec, tokens
 
 from . import engine_access as ea
-from . import growth, spec, spec_widget, tokens
 
 KIND = "spec-watch"
-DEFAULT_PACE_S = 0.4
 
 
 def recomputed_before(evictions) -> int | None:
@@ -51,7 +50,7 @@ def live_view(run) -> None:
     if snap is None:
         st.caption("Building the private engine…")
         return
-    st.html(spec_widget.kv_bar_html(snap))
+    st.html(pool.kv_bar_html(snap))
     req = snap.request(REQUEST_ID)
     if req is not None:
         evs = list(ctl.evictions)
@@ -142,11 +141,11 @@ def result_view(res) -> None:
         ),
         key="spec_watch_growth",
     )
-    ticks = spec_widget.tick_steps(req)
+    ticks = spec.tick_steps(req)
     if len(ticks) > 1:
         tick = st.select_slider("Tick timeline (engine steps)", ticks, value=ticks[-1], key="spec_watch_tick")
-        st.caption(spec_widget.tick_caption(req, tick, res.info.bytes_per_block))
-        toks, _ = spec_widget.at_tick(req, tick)
+        st.caption(spec.tick_caption(req, tick, res.info.bytes_per_block))
+        toks, _ = spec.at_tick(req, tick)
         evs = [e for e in res.evictions if e.step < tick]
         st.html(
             tokens.token_strip_html(

@@ -1,12 +1,14 @@
-"""ui/spec_widget.py: every drafter choice maps to the engine config it names; the KV bar's
-numbers are the snapshot's."""
+"""ui/figures/drafters.py: every drafter choice maps to the engine config it names; pool.kv_bar_html:
+the KV bar's numbers are the snapshot's; spec.py's tick timeline."""
 
 from __future__ import annotations
 
 import pytest
 
 from tests.factories import make_engine_info
-from ui import spec_widget as W
+from ui.figures import drafters as W
+from ui.figures import pool as P
+from ui.figures import spec as S
 
 
 def test_each_drafter_is_what_its_label_says():
@@ -43,7 +45,7 @@ def test_kv_bar_reads_the_snapshot():
         requests=(),
         metrics=EngineMetrics(num_blocks_used=16, num_blocks_cached=8),
     )
-    out = W.kv_bar_html(snap)
+    out = P.kv_bar_html(snap)
     assert "16 of 64 blocks used" in out and "8 cached-free" in out
     assert "width:25.00%" in out and "width:12.50%" in out
 
@@ -56,10 +58,10 @@ def test_tick_timeline_replays_the_request():
         tokens=(tok(5, "a", "plain", step=2), tok(6, "b", "accepted", step=3), tok(7, "c", "bonus", step=3)),
         history=(hist(0, 0, 0, "waiting"), hist(1, 4, 1, "prefill"), hist(3, 7, 2, "decode")),
     )
-    assert W.tick_steps(req) == [0, 1, 2, 3]
-    toks, p = W.at_tick(req, 2)
+    assert S.tick_steps(req) == [0, 1, 2, 3]
+    toks, p = S.at_tick(req, 2)
     assert [t.token_id for t in toks] == [5] and p.step == 1
-    assert W.tick_caption(req, 3, 100) == (
+    assert S.tick_caption(req, 3, 100) == (
         "Step 3: decode, 7 tokens' K/V in 2 block(s) (200 bytes of blocks). "
         "Tokens so far: 1 accepted, 1 bonus, 1 plain."
     )

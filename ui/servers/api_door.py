@@ -2,7 +2,7 @@
 process on the app's own shared engine, so HTTP clients and the pages drive ONE engine.
 
 Started by app_api.py's st.App lifespan (scripts/run.sh) before any browser connects: it builds
-the shared engine (ui.engine_access.shared_engine) and serves the API with uvicorn from a daemon
+the shared engine (ui.widgets.engine_access.shared_engine) and serves the API with uvicorn from a daemon
 thread. Environment: KVSCOPE_API_PORT (default 8000; "off" disables), KVSCOPE_API_HOST (default
 127.0.0.1), KVSCOPE_API_KEY (then every API route but /health needs the bearer key)."""
 

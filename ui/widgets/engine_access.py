@@ -7,7 +7,8 @@ rebuild it through `EngineThread.reconfigure`, which deals with in-flight reques
 Environment
 - KVSCOPE_MODEL: model name for the engine ("default" = embedded SmolLM2-135M; tests use "tiny").
 - KVSCOPE_TEST_MODE=1: deterministic settings (CPU, float32, one torch thread, seed 0, a small
-  pool) and static Plotly charts with fixed heights, no live polling, so screenshots are exact.
+  pool) and static Plotly charts with fixed heights, no live polling, so screenshots are exact;
+  every difference is a field of ui/widgets/mode.py's Mode.
 """
 
 from __future__ import annotations
@@ -19,16 +20,7 @@ import streamlit as st
 
 from engine.config import SPEC_METHODS, EngineConfig, SpeculativeConfig
 from engine.device import detect_devices
-
-from . import sidebar_limits
-
-
-def test_mode() -> bool:
-    """KVSCOPE_TEST_MODE=1 (read at every call, so tests can set it before running the app)."""
-    return os.environ.get("KVSCOPE_TEST_MODE", "") not in ("", "0", "false", "no")
-
-
-LIVE_INTERVAL_S = 0.25  # fragment refresh (4 Hz)
+from ui.widgets import mode, sidebar_limits
 
 BLOCK_SIZES = (4, 8, 16, 32)
 KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16", "fp8_e4m3", "int8")  # EngineConfig.kv_cache_dtype
@@ -40,43 +32,23 @@ def model_name() -> str:
 
 
 def default_config() -> EngineConfig:
-    """The engine a fresh server starts with."""
-    if test_mode():
-        return EngineConfig(
-            model=model_name(),
-            device="cpu",
-            dtype="float32",
-            block_size=4,
-            num_kv_blocks=96,
-            max_num_seqs=8,
-            max_num_batched_tokens=256,
-            max_model_len=512,
-            seed=0,
-            num_threads=1,
-            event_ring_size=5000,
-            history_len=256,
-        )
-    return EngineConfig(model=model_name())
+    """The engine a fresh server starts with (test mode: a small deterministic one, Mode.engine)."""
+    return EngineConfig(model=model_name(), **mode.current().engine)
 
 
 def plotly_config() -> dict:
     """The Plotly config every chart uses: static in test mode (no hover, no mode bar, no
     resize), interactive otherwise."""
-    if test_mode():
+    if mode.current().static_charts:
         return {"staticPlot": True, "displayModeBar": False, "responsive": False}
     return {"displaylogo": False, "displayModeBar": "hover", "responsive": True}
 
 
 def chart(fig, *, key: str | None = None) -> None:
     """Draw a Plotly figure with the shared config. Heights are fixed by the figure builders."""
-    if test_mode():
+    if mode.current().static_charts:
         fig.update_layout(hovermode=False)
     st.plotly_chart(fig, config=plotly_config(), width="stretch", key=key, theme=None)
-
-
-def live_interval():
-    """run_every for live fragments: 4 Hz, or None (render once) in test mode."""
-    return None if test_mode() else LIVE_INTERVAL_S
 
 
 # --------------------------------------------------------------------------- the shared engine
@@ -196,7 +168,7 @@ def current_snapshot(th):
     """The snapshot a page draws: the loop's latest published one (cheap, at most ~50 ms old),
     or in test mode a fresh one taken between steps, so a finished request always shows its
     final state."""
-    return th.snapshot_now() if test_mode() else th.snapshot()
+    return th.snapshot_now() if mode.current().fresh_snapshots else th.snapshot()
 
 
 # --------------------------------------------------------------------------- sidebar settings
@@ -207,7 +179,7 @@ def spec_config(method: str, k: int, *, mismatched: bool = False, num_layers: in
     itself exited after its first ~1/8 of layers (kvscope's "Break it"). In test mode the
     acceptance-monitoring fallback is off: it acts on measured wall-clock costs, which would make
     the token strip differ from run to run."""
-    fb = dict(enable_fallback=not test_mode())
+    fb = dict(enable_fallback=mode.current().spec_fallback)
     if mismatched:
         layers = max(1, (num_layers or 8) // 8)
         return SpeculativeConfig(method="self_draft", num_speculative_tokens=k, draft_layers=layers, **fb)
@@ -250,7 +222,7 @@ def settings_sidebar() -> None:
     snap = snapshot()
     info = snap.info if snap is not None else None
     sb = st.sidebar
-    from ui import room
+    from ui.widgets import room
 
     room.operator_sidebar()
     sb.subheader("Engine settings")
@@ -286,7 +258,7 @@ def settings_sidebar() -> None:
             horizontal=True,
             index=0 if cfg.preemption_mode == "recompute" else 1,
         )
-        limits = sidebar_limits.limit_inputs(st, cfg)
+        limits = sidebar_limits.limit_inputs(cfg)
         cur_method = cfg.speculative.method if cfg.speculative else "off"
         method = st.selectbox("Speculative decoding", SPEC_CHOICES, index=SPEC_CHOICES.index(cur_method))
         k = st.slider("Draft length k", 1, 16, value=cfg.speculative.num_speculative_tokens if cfg.speculative else 4)

@@ -1,4 +1,4 @@
-"""Streamlit block drawing the continuous-batching chart (ui.batching) with its one-line summary;
+"""Streamlit block drawing the continuous-batching chart (ui.figures.batching) with its one-line summary;
 shared by the Load, Replay and Demo pages."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Iterable
 import streamlit as st
 
 from engine.trace_events import Event
-from ui import batching as B
-from ui import engine_access as ea
+from ui.figures import batching as B
+from ui.widgets import engine_access as ea
 
 
 def batching_view(events: Iterable[Event], *, key: str, max_steps: int = B.MAX_STEPS) -> None:

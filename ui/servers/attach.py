@@ -22,8 +22,8 @@ from collections import deque
 from engine.kv_events import KVEventSubscriber, vllm_publisher_binds
 from engine.recording import append_snapshot, slim_snapshot
 from engine.trace_events import Event, event_from_dict, snapshot_from_dict
-from ui import vllm_metrics as vm
-from ui.prefix_tree import PrefixTree
+from ui.figures import vllm_metrics as vm
+from ui.figures.prefix_tree import PrefixTree
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 MAX_SSE_LINE = 32 * 1024 * 1024

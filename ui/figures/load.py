@@ -14,7 +14,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from engine.snapshot import RequestState, Snapshot
-from ui import theme
+from ui.figures import theme
 
 MAX_GROWTH_LINES = 24  # per-request cache-growth lines drawn at most
 PERCENTILES = (50, 90, 99)
@@ -43,7 +43,7 @@ def _layout(
     return fig
 
 
-# Line colours for request states: the phase colours of ui.theme, except "waiting", whose
+# Line colours for request states: the phase colours of ui.figures.theme, except "waiting", whose
 # light-grey phase fill is too faint for a line. Each state also has its own dash pattern.
 STATE_COLORS = {
     "running": theme.PHASE_COLORS["decode"],

@@ -396,7 +396,7 @@ CLASSES = {"edit": "passage-edit", "open": "open-ended"}
 
 @dataclass(frozen=True, slots=True)
 class LiveRequest:
-    """One request of a live run, in the shape ui.load.LoadFeeder submits."""
+    """One request of a live run, in the shape engine.recording.LoadFeeder submits."""
 
     request_id: str
     prompt: object  # text or token ids

@@ -1,6 +1,6 @@
 """The token strip: a request's generated tokens as escaped HTML chips.
 
-Kinds (ui.theme.TOKEN_STYLES): plain, accepted, bonus, replaced (shown after the rejected draft
+Kinds (ui.figures.theme.TOKEN_STYLES): plain, accepted, bonus, replaced (shown after the rejected draft
 token it replaced, which is struck through), evicted (K/V dropped and recomputed). Every token
 text goes through `visible_text`, which HTML-escapes it and makes invisible characters visible:
 spaces-only tokens, newlines, tabs, control characters, zero-width and bidi-control characters;

@@ -1,4 +1,5 @@
-"""ui/compare.py: summaries and figures carry the numbers of the Snapshots they are given
+"""ui/figures/allocators.py, cache_cost.py, exercise.py and prefix_sharing.py: summaries and
+figures carry the numbers of the Snapshots they are given
 (hand-built test data here; the pages feed them real engine runs)."""
 
 from dataclasses import replace
@@ -9,7 +10,10 @@ from engine import experiments, recording
 from engine.snapshot import EngineMetrics, RequestInfo, Snapshot
 from engine.trace_events import Event
 from tests.factories import make_engine_info
-from ui import compare as C
+from ui.figures import allocators as AL
+from ui.figures import cache_cost as CC
+from ui.figures import exercise as EX
+from ui.figures import prefix_sharing as PS
 
 
 def info(num_blocks=10, block_size=16, allocator="paged"):
@@ -69,48 +73,48 @@ def test_allocator_summary_numbers():
         [ev(1, "admit", "a"), ev(2, "admit", "b"), ev(3, "admit", "a"), ev(4, "preempt", "b"), ev(5, "wait", "c")],
         outputs=["a", "b"],
     )
-    s = C.allocator_summary(paged)
+    s = AL.allocator_summary(paged)
     assert s["peak_allocated"] == 80 and s["filled_at_peak"] == 78
     assert s["waste_at_peak"] == pytest.approx(2 / 80)
     assert s["mean_waste"] == pytest.approx(1 - (60 + 78 + 20) / (64 + 80 + 32))
     assert s["admitted"] == 2  # distinct requests, re-admission not double counted
     assert s["peak_running"] == 4 and s["preemptions"] == 1 and s["waits"] == 1
     assert s["finished"] == 2 and s["budget_slots"] == 160
-    empty = C.allocator_summary(rec("x", []))
+    empty = AL.allocator_summary(rec("x", []))
     assert empty["mean_waste"] == 0.0 and empty["peak_allocated"] == 0
 
 
 def test_allocator_figures_carry_slots_and_waste():
     a = rec("paged", [snap(0, 16, 10), snap(1, 32, 30)])
     b = rec("contiguous <slab>", [snap(0, 64, 10, allocator="contiguous"), snap(1, 64, 30, allocator="contiguous")])
-    fig = C.allocator_figure(a, b)
+    fig = AL.allocator_figure(a, b)
     alloc = [t for t in fig.data if t.name == "allocated slots"]
     assert [list(t.y) for t in alloc] == [[16, 32], [64, 64]]
     assert all("<slab>" not in ann.text for ann in fig.layout.annotations)
-    bars = C.allocator_bars(C.allocator_summary(a), C.allocator_summary(b))
+    bars = AL.allocator_bars(AL.allocator_summary(a), AL.allocator_summary(b))
     waste = [t for t in bars.data if t.x[0] == "mean over run"]
     assert waste[0].y[0] == pytest.approx(100 * (1 - 40 / 48))
     assert waste[1].y[0] == pytest.approx(100 * (1 - 40 / 128))
 
 
 def test_cost_summary_and_fit():
-    assert C.fit_line([1, 2, 3], [2, 4, 6]) == pytest.approx((2.0, 0.0))
-    assert C.fit_line([5, 5], [1, 3]) == (0.0, 2.0)
+    assert CC.fit_line([1, 2, 3], [2, 4, 6]) == pytest.approx((2.0, 0.0))
+    assert CC.fit_line([5, 5], [1, 3]) == (0.0, 2.0)
     flat = [recording.CostPoint(i, 10 + i, 0.01, 1) for i in range(1, 41)]
     growing = [recording.CostPoint(i, 10 + i, 0.001 * (10 + i), 10 + i) for i in range(1, 41)]
-    sf, sg = C.cost_summary(flat), C.cost_summary(growing)
+    sf, sg = CC.cost_summary(flat), CC.cost_summary(growing)
     assert sf["slope_s_per_ctx_token"] == pytest.approx(0.0, abs=1e-12) and sf["growth"] == pytest.approx(1.0)
     assert sg["slope_s_per_ctx_token"] == pytest.approx(0.001)
     assert sg["late_step_s"] > sg["early_step_s"] and sg["total_s"] == pytest.approx(sum(p.step_s for p in growing))
-    assert C.cumulative(flat)[-1] == pytest.approx(0.4)
-    fig = C.cost_figure(flat, growing)
+    assert CC.cumulative(flat)[-1] == pytest.approx(0.4)
+    fig = CC.cost_figure(flat, growing)
     cum = [t for t in fig.data if t.xaxis == "x2"]
     assert cum[1].y[-1] == pytest.approx(sg["total_s"])
     fed = [t for t in fig.data if t.xaxis == "x3"]
     assert fed[0].y[-1] == 40 and fed[1].y[-1] == sum(10 + i for i in range(1, 41))
-    assert C.cumulative_fed(growing)[:2] == [11, 23]
+    assert CC.cumulative_fed(growing)[:2] == [11, 23]
     assert list(fig.data[0].x)[:2] == [11, 12]
-    assert C.cost_summary([])["tokens"] == 0
+    assert CC.cost_summary([])["tokens"] == 0
 
 
 def test_exercise_demand_vs_budget():
@@ -127,20 +131,20 @@ def test_exercise_demand_vs_budget():
         num_blocks_used=6,
     )
     r = rec("LRU", [s0, s1, s2], [ev(1, "preempt", "b"), ev(2, "wait", "b")], outputs=["c"])
-    rows = C.exercise_rows(r)
+    rows = EX.exercise_rows(r)
     assert rows["demand"] == [100, 150, 180]  # finished sequences no longer count
     assert rows["budget"] == [160, 160, 160] and rows["held"] == [0, 112, 96]
-    assert C.first_over_budget(r) == 2
-    s = C.exercise_summary(r)
+    assert EX.first_over_budget(r) == 2
+    s = EX.exercise_summary(r)
     assert s["peak_demand"] == 180 and s["over_budget_step"] == 2 and s["preemptions"] == 1
     assert s["waits"] == 1 and s["finished"] == 1 and s["requests"] == 3
-    fig = C.exercise_figure([r, rec("other", [s0])])
+    fig = EX.exercise_figure([r, rec("other", [s0])])
     demand = [t for t in fig.data if t.name.startswith("demand")]
     assert list(demand[0].y) == [100, 150, 180]
-    assert C.first_held_over_budget(r) is None and s["held_over_budget_step"] is None
+    assert EX.first_held_over_budget(r) is None and s["held_over_budget_step"] is None
     r.budget_tokens = 100  # engine held 112 slots at step 1
-    assert C.first_held_over_budget(r) == 1
-    fig = C.exercise_figure([r])
+    assert EX.first_held_over_budget(r) == 1
+    fig = EX.exercise_figure([r])
     assert any("KV use > budget at step 1" in (a.text or "") for a in fig.layout.annotations)
 
 
@@ -220,10 +224,10 @@ def test_prefix_helpers():
     assert experiments.sharing_stats(None)["shared_blocks"] == 0
     hit = [experiments.PrefixRow("h1", 1, 0.05, 100, 96), experiments.PrefixRow("h2", 2, 0.07, 110, 96)]
     miss = [experiments.PrefixRow("m1", 1, 0.20, 100, 0), experiments.PrefixRow("m2", 2, None, 110, 0)]
-    sh, sm = C.prefix_summary(hit), C.prefix_summary(miss)
+    sh, sm = PS.prefix_summary(hit), PS.prefix_summary(miss)
     assert sh["hit_rate"] == pytest.approx(192 / 210) and sh["mean_ttft_s"] == pytest.approx(0.06)
     assert sm["hit_rate"] == 0.0 and sm["mean_ttft_s"] == pytest.approx(0.20)
-    fig = C.prefix_figure(hit, miss)
+    fig = PS.prefix_figure(hit, miss)
     ttft = [t for t in fig.data if t.legendgroup in ("prefix cache on", "forced misses (fresh cache_salt)")]
     assert list(ttft[0].y) == [pytest.approx(50), pytest.approx(70)] and list(ttft[1].y)[1] is None
     comp = [t for t in fig.data if t.legendgroup == "computed"][0]
@@ -245,8 +249,8 @@ def test_exercise_prompts_and_waiting_reasons():
         ],
     )
     s1 = snap(1, 0, 0, reqs=[replace(req("a", 5, 0, "waiting"), waiting_reason="no free KV blocks: needs 2, 0 free")])
-    r = C.waiting_reasons(rec("x", [s0, s1]))
+    r = EX.waiting_reasons(rec("x", [s0, s1]))
     assert r == [("no free KV blocks: needs 2, 0 free", 2), ("preempted", 1)]
     r2 = rec("y", [s0])
     r2.budget_tokens = 50
-    assert C.exercise_rows(r2)["budget"] == [50]
+    assert EX.exercise_rows(r2)["budget"] == [50]

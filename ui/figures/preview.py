@@ -1,10 +1,8 @@
-"""The as-you-type prompt preview: a keystroke text field and the panel it drives.
-
-`prompt_inputs` draws the fields (streamlit-keyup: the value reaches Python on every keystroke,
-debounced, with no Enter and no form); `preview_html` is a pure function of an
-engine.preview.PromptPreview: the prompt's tokens as chips grouped by the KV block each fills,
-leading blocks the prefix cache would supply in green, the first block that would be computed
-marked, and where the prompt first differs from the previous one.
+"""The as-you-type prompt preview's content, pure functions of an engine.preview.PromptPreview:
+`preview_html`, the prompt's tokens as chips grouped by the KV block each fills, leading blocks
+the prefix cache would supply in green, the first block that would be computed marked, and where
+the prompt first differs from the previous one; `summary_lines`, its numbers. The fields and the
+panel are ui/widgets/prompt_preview.py.
 """
 
 from __future__ import annotations
@@ -13,7 +11,6 @@ from engine.preview import PromptPreview
 
 from .tokens import visible_text
 
-DEBOUNCE_MS = 120  # value sent this long after the last keystroke (≤ 150 ms)
 BLOCK_BG = ("#EEF4FB", "#FDF3E1")  # alternate blocks: pale blue / pale orange
 HIT_BG, HIT_BORDER = "#D5F0E6", "#009E73"  # prefix-cache hit blocks (bluish green)
 MAX_PREVIEW_TOKENS = 1200  # chips drawn (the counts cover every token)
@@ -106,78 +103,3 @@ def summary_lines(pv: PromptPreview, previous: tuple[int, ...] | None = None) ->
         f"({pv.cached_free_blocks:,} cached-free)"
     )
     return lines
-
-
-def render(st, pv: PromptPreview, previous: tuple[int, ...] | None = None) -> None:
-    """Draw the preview panel with Streamlit module `st`."""
-    label, kind = VERDICTS.get(pv.verdict, (pv.verdict, "info"))
-    with st.container(key="kvscope_preview", border=True):
-        if pv.num_tokens == 0:
-            st.caption("Preview: type a prompt to see its tokens, blocks and prefix-cache hits.")
-            return
-        st.markdown("  \n".join(summary_lines(pv, previous)))
-        getattr(st, kind)(f"{label}: {pv.reason}")
-        st.html(preview_html(pv, previous))
-
-
-# --------------------------------------------------------------------------- the fields (Streamlit)
-
-
-def typed(prefix: str) -> tuple[str, str]:
-    """(system prompt, prompt) as last typed in the fields drawn by prompt_with_preview."""
-    import streamlit as st
-
-    ss = st.session_state
-    return (ss.get(f"{prefix}_system") or "").strip(), ss.get(f"{prefix}_prompt") or ""
-
-
-def prompt_with_preview(th, prefix: str, params, *, default: str = "", system_default: str = "") -> None:
-    """System prompt and prompt fields that send every keystroke (debounced), and the preview
-    panel under them. Runs as a fragment: a keystroke reruns only this part of the page."""
-    import streamlit as st
-    from st_keyup import st_keyup
-
-    @st.fragment
-    def _fields():
-        st_keyup(
-            "System prompt (optional; shared prefixes are where the prefix cache helps)",
-            value=system_default,
-            key=f"{prefix}_system",
-            debounce=DEBOUNCE_MS,
-            max_chars=20000,
-            placeholder="e.g. You are the release-freeze assistant…",
-        )
-        st_keyup("Prompt", value=default, key=f"{prefix}_prompt", debounce=DEBOUNCE_MS, max_chars=20000)
-        system, user = typed(prefix)
-        try:
-            pv = th.preview(user, params, system=system or None)
-        except ValueError as e:
-            st.error(f"Preview: {e}")
-            return
-        except Exception as e:  # noqa: BLE001 - an engine being rebuilt must not break typing
-            st.warning(f"Preview unavailable right now: {type(e).__name__}: {e}")
-            return
-        render(st, pv, st.session_state.get(f"{prefix}_last_ids"))
-
-    _fields()
-
-
-def submit(th, prefix: str, params):
-    """Submit what was typed, exactly as previewed (same token ids), as this session's request
-    (ui/room.py). Raises ValueError if rejected."""
-    import streamlit as st
-
-    from ui import room
-
-    system, user = typed(prefix)
-    if not user.strip():
-        raise ValueError("prompt must be a non-empty string")
-    if system:
-        pv = th.preview(user, params, system=system)
-        h = room.submit(th, list(pv.token_ids), params)
-        ids = pv.token_ids
-    else:
-        h = room.submit(th, user, params, chat=True)
-        ids = tuple(th.preview(user, params).token_ids)
-    st.session_state[f"{prefix}_last_ids"] = tuple(ids)
-    return h

@@ -343,3 +343,36 @@ def costs_figure(c: Costs, *, height: int = 340) -> go.Figure:
     fig.update_layout(barmode="stack", legend=dict(orientation="h", y=-0.15, yanchor="top", x=0, font=dict(size=10)))
     fig.update_yaxes(title_text="milliseconds", gridcolor=theme.GRID, rangemode="tozero")
     return fig
+
+
+# --------------------------------------------------------------------------- the tick timeline
+
+
+def tick_steps(req) -> list[int]:
+    """The engine steps at which the request's tokens or KV changed (its history points and the
+    steps its tokens were produced), sorted: the positions of the timeline slider."""
+    return sorted({p.step for p in req.history} | {t.step for t in req.tokens})
+
+
+def at_tick(req, step: int) -> tuple[tuple, object | None]:
+    """(tokens produced up to `step`, the request's last history point at or before it)."""
+    toks = tuple(t for t in req.tokens if t.step <= step)
+    point = None
+    for p in req.history:
+        if p.step <= step:
+            point = p
+    return toks, point
+
+
+def tick_caption(req, step: int, bytes_per_block: int) -> str:
+    toks, p = at_tick(req, step)
+    kinds = {}
+    for t in toks:
+        kinds[t.kind] = kinds.get(t.kind, 0) + 1
+    made = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "none yet"
+    if p is None:
+        return f"Step {step}: not admitted yet. Tokens so far: {made}."
+    return (
+        f"Step {step}: {p.phase}, {p.num_cached_tokens} tokens' K/V in {p.num_blocks} block(s) "
+        f"({p.num_blocks * bytes_per_block:,} bytes of blocks). Tokens so far: {made}."
+    )
