@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import msgpack
@@ -302,3 +303,27 @@ def record_frames(engine, prompts, params, every: int = 2):
             seq = engine.events.last_seq
             frames.append((engine.snapshot(), evs))
     return frames
+
+
+def stub_engine():
+    """The tiny-model engine whose run the kvscope stub serves (a small pool of 8-token blocks)."""
+    from engine import EngineConfig, LLMEngine
+
+    return LLMEngine(EngineConfig(model="tiny", device="cpu", num_kv_blocks=24, block_size=8, max_model_len=128))
+
+
+def record_stub_run(engine):
+    """record_frames of four prompts sharing a 20-token prefix, 5 greedy tokens each."""
+    from engine import SamplingParams
+
+    prompts = [[1] * 20 + [i] * 5 for i in range(2, 6)]
+    return record_frames(engine, prompts, SamplingParams(max_tokens=5, temperature=0))
+
+
+def wait(cond, rounds: int = 400, every_s: float = 0.05) -> bool:
+    """Poll cond() up to `rounds` times (a hang guard, not a timing assertion); its last value."""
+    for _ in range(rounds):
+        if cond():
+            return True
+        time.sleep(every_s)
+    return cond()

@@ -4,47 +4,27 @@ and Load pages tagged as coming from the HTTP API, and its blocks are the engine
 
 from __future__ import annotations
 
-import os
-import socket
-
 import httpx
 import pytest
 
-from tests.conftest import REPO_ROOT
-
-APP = str(REPO_ROOT / "app.py")
-TIMEOUT = 600  # a hang guard on 2 busy cores, not a speed assertion
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.app import helpers as H
+from tests.ports import free_port
 
 
 @pytest.fixture(scope="module")
-def door():
-    keys = ("KVSCOPE_TEST_MODE", "KVSCOPE_MODEL", "KVSCOPE_API_PORT")
-    old = {k: os.environ.get(k) for k in keys}
-    port = _free_port()
-    os.environ.update({"KVSCOPE_TEST_MODE": "1", "KVSCOPE_MODEL": "tiny", "KVSCOPE_API_PORT": str(port)})
+def door(tiny_test_mode):
+    """The API door on a free port, opened on the module's shared engine (tiny_test_mode shuts
+    the engine down after the door)."""
     from ui.servers.api_door import ApiDoor
     from ui.widgets import engine_access as ea
 
-    ea.shared_engine.clear()
-    d = ApiDoor().start(ea.shared_engine())
-    assert d.error is None, d.error
-    yield d, port
-    d.stop()
-    holder = ea.shared_engine()
-    if holder.thread is not None:
-        holder.thread.shutdown()
-    ea.shared_engine.clear()
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    port = free_port()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KVSCOPE_API_PORT", str(port))
+        d = ApiDoor().start(ea.shared_engine())
+        assert d.error is None, d.error
+        yield d, port
+        d.stop()
 
 
 def test_api_port_settings(monkeypatch):
@@ -60,10 +40,8 @@ def test_api_port_settings(monkeypatch):
     assert api_settings() == ("127.0.0.1", 8000)
 
 
-def test_http_requests_show_on_the_pages_of_the_same_engine(door):
+def test_http_requests_show_on_the_pages_of_the_same_engine(door, app_test):
     d, port = door
-    from streamlit.testing.v1 import AppTest
-
     from ui.widgets import engine_access as ea
 
     th = ea.shared_engine().get()
@@ -78,9 +56,6 @@ def test_http_requests_show_on_the_pages_of_the_same_engine(door):
     http = [q for q in snap.requests if q.origin == "http"]
     assert len(http) == 1 and http[0].state == "finished" and http[0].output_len == 5
     for page in ("pages/playground.py", "pages/load.py"):
-        at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-        at.switch_page(page)
-        at.run()
-        assert not at.exception, [e.value for e in at.exception]
-        html = " ".join(h.proto.body for h in at.get("html"))
+        at = H.run_ok(app_test(page=page))
+        html = H.html(at)
         assert "From the HTTP API (http)" in html and http[0].request_id in html, page

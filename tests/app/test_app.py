@@ -12,60 +12,16 @@ import time
 
 import pytest
 
-from tests.conftest import REPO_ROOT
-
-APP = str(REPO_ROOT / "app.py")
-TIMEOUT = 600  # a hang guard on 2 busy cores, not a speed assertion
-
+from tests.app import helpers as H
+from tests.app.helpers import TIMEOUT
 
 pytestmark = pytest.mark.usefixtures("tiny_test_mode")
-
-
-def _app():
-    from streamlit.testing.v1 import AppTest
-
-    return AppTest.from_file(APP, default_timeout=TIMEOUT)
-
-
-def _engine():
-    from ui.widgets import engine_access as ea
-
-    return ea.get_engine()
-
-
-def _no_exception(at):
-    assert not at.exception, [e.value for e in at.exception]
-
-
-def _metric(at, label):
-    for m in at.metric:
-        if m.label == label:
-            return m.value
-    raise AssertionError(f"no metric {label!r}: {[m.label for m in at.metric]}")
-
-
-def _plotly_specs(at):
-    out = []
-    for el in at.main.get("plotly_chart"):
-        out.append(json.loads(el.proto.spec))
-    return out
-
-
-def _html(at) -> str:
-    return "\n".join(h.proto.body for h in at.html)
-
-
-def _button(at, label):
-    for b in at.button:
-        if b.label == label:
-            return b
-    raise AssertionError(f"no button {label!r}: {[b.label for b in at.button]}")
 
 
 def _restore_default_engine():
     from ui.widgets import engine_access as ea
 
-    th = _engine()
+    th = H.engine()
     if th.config != ea.default_config():
         ea.shared_engine().reconfigure(ea.default_config())
 
@@ -73,30 +29,30 @@ def _restore_default_engine():
 # --------------------------------------------------------------------------- Home
 
 
-def test_home_shows_the_real_engine():
-    at = _app().run()
-    _no_exception(at)
-    th = _engine()
+def test_home_shows_the_real_engine(app_test):
+    at = app_test().run()
+    H.no_exception(at)
+    th = H.engine()
     hf = th.engine.model.config
     head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
     expected = 2 * hf.num_hidden_layers * hf.num_key_value_heads * head_dim * 4  # float32
-    assert _metric(at, "KV bytes per token") == f"{expected:,}"
-    assert _metric(at, "Model") == "tiny"
-    assert _metric(at, "Device · dtype") == "cpu · float32"
+    assert H.metric(at, "KV bytes per token") == f"{expected:,}"
+    assert H.metric(at, "Model") == "tiny"
+    assert H.metric(at, "Device · dtype") == "cpu · float32"
     info = th.snapshot().info
-    assert _metric(at, "KV budget") == f"{info.kv_cache_bytes / 2**20:,.2f} MiB"
+    assert H.metric(at, "KV budget") == f"{info.kv_cache_bytes / 2**20:,.2f} MiB"
     assert any("Engine healthy" in s.value for s in at.success)
     # the memory calculator gets the loaded model's shape from the session
     assert at.session_state["engine_info"].bytes_per_token == expected
-    assert "cached-free" in _html(at) and "draft rejected" in _html(at)
+    assert "cached-free" in H.html(at) and "draft rejected" in H.html(at)
 
 
-def test_home_and_sidebar_show_the_weight_format_and_bytes_read():
+def test_home_and_sidebar_show_the_weight_format_and_bytes_read(app_test):
     from ui.widgets import engine_access as ea
 
-    at = _app().run()
-    _no_exception(at)
-    info = _engine().snapshot().info
+    at = app_test().run()
+    H.no_exception(at)
+    info = H.engine().snapshot().info
     assert info.weight_format == "fp32" and info.weight_bytes_per_step > 0  # tiny: no GGUF behind it
     shown = f"fp32 copies · {info.weight_bytes_per_step / 1e6:,.1f} MB of weights read per step"
     assert any(shown in c.value for c in at.caption)
@@ -104,14 +60,14 @@ def test_home_and_sidebar_show_the_weight_format_and_bytes_read():
     assert wf.options[wf.index] == ea.WEIGHT_FORMAT_LABELS["auto"]
     wf.select("gguf")  # the tiny model has no GGUF: a message naming the field
     at.sidebar.checkbox[0].check()
-    _button(at, "Apply").click().run()
-    _no_exception(at)
+    H.button(at, "Apply").click().run()
+    H.no_exception(at)
     assert any("weight_format='gguf'" in e.value for e in at.sidebar.error)
-    assert _engine().snapshot().info.weight_format == "fp32"
+    assert H.engine().snapshot().info.weight_format == "fp32"
 
 
-def test_home_offers_restart_after_a_crash():
-    th = _engine()
+def test_home_offers_restart_after_a_crash(app_test):
+    th = H.engine()
 
     def boom():
         raise RuntimeError("injected loop failure")
@@ -122,70 +78,70 @@ def test_home_offers_restart_after_a_crash():
     while th.healthy and time.monotonic() < deadline:
         time.sleep(0.02)
     assert not th.healthy
-    at = _app().run()
-    _no_exception(at)
+    at = app_test().run()
+    H.no_exception(at)
     assert any("injected loop failure" in e.value for e in at.error)
-    _button(at, "Restart engine").click().run()
-    _no_exception(at)
+    H.button(at, "Restart engine").click().run()
+    H.no_exception(at)
     assert th.healthy
     assert any("Engine healthy" in s.value for s in at.success)
 
 
-def test_sidebar_apply_needs_confirmation_then_rebuilds():
-    at = _app().run()
+def test_sidebar_apply_needs_confirmation_then_rebuilds(app_test):
+    at = app_test().run()
     sb = at.sidebar
     sb.selectbox[0].select(8)  # block size
     sb.number_input[0].set_value(64)  # KV blocks
-    _button(at, "Apply").click().run()
-    _no_exception(at)
+    H.button(at, "Apply").click().run()
+    H.no_exception(at)
     assert any("Tick the confirmation" in w.value for w in at.sidebar.warning)
-    assert _engine().snapshot().info.block_size == 4
+    assert H.engine().snapshot().info.block_size == 4
     at.sidebar.selectbox[0].select(8)
     at.sidebar.number_input[0].set_value(64)
     at.sidebar.checkbox[0].check()
-    _button(at, "Apply").click().run()
-    _no_exception(at)
-    info = _engine().snapshot_now().info
+    H.button(at, "Apply").click().run()
+    H.no_exception(at)
+    info = H.engine().snapshot_now().info
     assert (info.block_size, info.num_blocks) == (8, 64)
     assert any("rebuilt" in s.value for s in at.sidebar.success)
-    assert _metric(at, "KV budget") == f"{info.kv_cache_bytes / 2**20:,.2f} MiB"
+    assert H.metric(at, "KV budget") == f"{info.kv_cache_bytes / 2**20:,.2f} MiB"
     _restore_default_engine()
 
 
-def test_operator_token_gates_engine_wide_changes(monkeypatch):
+def test_operator_token_gates_engine_wide_changes(monkeypatch, app_test):
     monkeypatch.setenv("KVSCOPE_OPERATOR_TOKEN", "tok-123")
-    at = _app().run()
-    _no_exception(at)
+    at = app_test().run()
+    H.no_exception(at)
     caps = " ".join(c.value for c in at.sidebar.caption)
     assert "Viewer: your own prompts only" in caps
     assert "nothing would be aborted" in caps or "in-flight request(s)" in caps
-    assert _button(at, "Apply").disabled
+    assert H.button(at, "Apply").disabled
     at.sidebar.text_input(key="operator_token_input").input("wrong").run()
-    assert _button(at, "Apply").disabled
+    assert H.button(at, "Apply").disabled
     at.sidebar.text_input(key="operator_token_input").input("tok-123").run()
-    assert not _button(at, "Apply").disabled
+    assert not H.button(at, "Apply").disabled
     assert "Operator: you can change the engine" in " ".join(c.value for c in at.sidebar.caption)
 
 
-def test_sidebar_sets_victim_policy_and_tier_caps():
+def test_sidebar_sets_victim_policy_and_tier_caps(app_test):
     """Victim policy, a tier's cap and the default tier reach the engine; the playground preview
     then rejects a request over that cap with the engine's own reason."""
-    at = _app().run()
+    at = app_test().run()
     at.sidebar.selectbox(key="sb_victim_policy").select("lru")
     at.sidebar.number_input(key="sb_tier_free").set_value(60)
     at.sidebar.selectbox(key="sb_default_tier").select("free")
     at.sidebar.checkbox[0].check()
-    _button(at, "Apply").click().run()
-    _no_exception(at)
-    cfg = _engine().config
+    H.button(at, "Apply").click().run()
+    H.no_exception(at)
+    cfg = H.engine().config
     assert (cfg.victim_policy, cfg.tiers["free"].max_context, cfg.default_tier) == ("lru", 60, "free")
-    assert _engine().snapshot_now().info.victim_policy == "lru"
+    assert H.engine().snapshot_now().info.victim_policy == "lru"
     at.switch_page("pages/playground.py")
     _type(at, "pg", "Name three colours.")
     at.run()
     at.slider(key="pg_max_tokens").set_value(40)
     at.run()
-    _no_exception(at)
+    H.no_exception(at)
     assert any(
         "Would be rejected" in e.value and "context cap of tier 'free': 60 tokens" in e.value for e in at.error
     ), [e.value for e in at.error] + [m.value for m in at.markdown][:3]
@@ -200,27 +156,27 @@ def _type(at, prefix, text, field="prompt"):
     at.session_state[f"_st_keyup_{prefix}_{field}"] = {"value": text}
 
 
-def _playground():
-    at = _app()
+def _playground(app_test):
+    at = app_test()
     at.switch_page("pages/playground.py")
     return at.run()
 
 
-def test_playground_generates_and_draws_the_engine_state():
-    at = _playground()
-    _no_exception(at)
+def test_playground_generates_and_draws_the_engine_state(app_test):
+    at = _playground(app_test)
+    H.no_exception(at)
     _type(at, "pg", "Name three colours.")
     at.slider(key="pg_max_tokens").set_value(12)
-    _button(at, "Generate").click().run()
-    _no_exception(at)
-    th = _engine()
+    H.button(at, "Generate").click().run()
+    H.no_exception(at)
+    th = H.engine()
     snap = th.snapshot_now()
     rid = at.session_state["pg_rid"]
     req = snap.request(rid)
     assert req is not None and req.state == "finished" and req.output_len == 12
     # the answer is the engine's text
     assert at.session_state["pg_answer"] == req.output_text
-    specs = _plotly_specs(at)
+    specs = H.plotly_specs(at)
     pool_map = specs[0]
     cells = [v for row in pool_map["data"][0]["z"] for v in row if v is not None]
     assert len(cells) == snap.info.num_blocks
@@ -228,8 +184,8 @@ def test_playground_generates_and_draws_the_engine_state():
     growth = next(s for s in specs if "cache growth" in s["layout"]["title"]["text"])
     tokens_line = next(t for t in growth["data"] if t.get("name") == "tokens in cache")
     assert tokens_line["y"] == [p.num_cached_tokens for p in req.history]
-    assert _metric(at, "Prompt · output") == f"{req.prompt_len} · {req.output_len}"
-    strip = _html(at)
+    assert H.metric(at, "Prompt · output") == f"{req.prompt_len} · {req.output_len}"
+    strip = H.html(at)
     assert strip.count("tok-plain") == req.output_len
     assert st_static_config(at)
 
@@ -248,48 +204,48 @@ def st_static_config(at) -> bool:
 HOSTILE = '<script>alert(1)</script><img src=x onerror=alert(2)>"><svg onload=alert(3)> \u202eevil\u200b'
 
 
-def test_playground_prompt_is_data_not_markup():
-    at = _playground()
+def test_playground_prompt_is_data_not_markup(app_test):
+    at = _playground(app_test)
     _type(at, "pg", HOSTILE)
     at.slider(key="pg_max_tokens").set_value(4)
-    _button(at, "Generate").click().run()
-    _no_exception(at)
+    H.button(at, "Generate").click().run()
+    H.no_exception(at)
     # the prompt is echoed as plain text, never as HTML; the preview's chips escape every token
     assert any(HOSTILE in t.value for t in at.text)
-    assert "kvscope-preview-block" in _html(at)
-    html = _html(at)
+    assert "kvscope-preview-block" in H.html(at)
+    html = H.html(at)
     for bad in ("<script", "<img", "<svg", "onerror=", "onload=", "\u202e"):
         assert bad not in html
 
 
-def test_playground_bad_input_is_a_message_not_a_traceback():
-    at = _playground()
+def test_playground_bad_input_is_a_message_not_a_traceback(app_test):
+    at = _playground(app_test)
     _type(at, "pg", "   ")
-    _button(at, "Generate").click().run()
-    _no_exception(at)
+    H.button(at, "Generate").click().run()
+    H.no_exception(at)
     assert any("Not submitted" in e.value and "prompt" in e.value for e in at.error)
 
 
-def test_playground_preview_follows_typing_and_changes_nothing():
+def test_playground_preview_follows_typing_and_changes_nothing(app_test):
     """Each keystroke reruns the preview: counts from the engine's own tokenizer and pool, the
     system-prompt edit's block, and not one change in the engine's snapshot."""
     from engine.config import SamplingParams
     from engine.preview import template_ids
 
-    at = _playground()
-    th = _engine()
+    at = _playground(app_test)
+    th = H.engine()
     system = "You are the release-freeze assistant. Answer briefly."
     _type(at, "pg", system, field="system")
     _type(at, "pg", "Is the <b>API</b> frozen?")
     at.slider(key="pg_max_tokens").set_value(8)
     at.run()
-    _button(at, "Generate").click().run()
-    _no_exception(at)
+    H.button(at, "Generate").click().run()
+    H.no_exception(at)
     before = th.snapshot_now()
     for typed in ("W", "Wh", "What", "What is frozen"):
         _type(at, "pg", typed)
         at.run()
-        _no_exception(at)
+        H.no_exception(at)
         ids, content = template_ids(th.tokenizer, typed, system)
         text = "\n".join(m.value for m in at.markdown)
         assert f"**{len(ids)} tokens** with the chat template: {content} typed + {len(ids) - content} template" in text
@@ -308,25 +264,25 @@ def test_playground_preview_follows_typing_and_changes_nothing():
     assert f"differs from the previous prompt at token {first} → block {first // 4}" in "\n".join(
         m.value for m in at.markdown
     )
-    assert "<b>API" not in _html(at)
+    assert "<b>API" not in H.html(at)
 
 
-def test_evict_of_a_finished_request_explains_itself():
-    at = _playground()
+def test_evict_of_a_finished_request_explains_itself(app_test):
+    at = _playground(app_test)
     _type(at, "pg", "Hi")
     at.slider(key="pg_max_tokens").set_value(3)
-    _button(at, "Generate").click().run()
-    _button(at, "Evict KV cache").click().run()
-    _no_exception(at)
+    H.button(at, "Generate").click().run()
+    H.button(at, "Evict KV cache").click().run()
+    H.no_exception(at)
     assert any("Nothing to evict" in w.value for w in at.warning)
 
 
-def test_evicted_request_shows_the_recompute():
+def test_evicted_request_shows_the_recompute(app_test):
     """A request evicted while running: the growth chart marks the eviction, the token strip
     marks the tokens whose K/V were recomputed, the prompt's recompute is counted."""
     from engine.config import SamplingParams
 
-    th = _engine()
+    th = H.engine()
     h = th.submit("Count slowly to one hundred.", SamplingParams(max_tokens=200, ignore_eos=True), chat=True)
     deadline = time.monotonic() + TIMEOUT
     while time.monotonic() < deadline:
@@ -337,15 +293,15 @@ def test_evicted_request_shows_the_recompute():
                 break
         time.sleep(0.005)
     h.result(TIMEOUT)
-    at = _app()
+    at = app_test()
     at.session_state["pg_rid"] = h.request_id
     at.session_state["pg_prompt"] = "Count slowly to one hundred."
     at.switch_page("pages/playground.py")
     at.run()
-    _no_exception(at)
+    H.no_exception(at)
     req = th.snapshot_now().request(h.request_id)
     assert req.state == "finished" and req.num_preemptions >= 1
-    growth = next(s for s in _plotly_specs(at) if "cache growth" in s["layout"]["title"]["text"])
+    growth = next(s for s in H.plotly_specs(at) if "cache growth" in s["layout"]["title"]["text"])
     assert any("evicted" in a.get("text", "") for a in growth["layout"]["annotations"])
     tokens_line = next(t for t in growth["data"] if t.get("name") == "tokens in cache")
     ys = tokens_line["y"]
@@ -353,18 +309,18 @@ def test_evicted_request_shows_the_recompute():
     drop = next(i for i in range(first, len(ys)) if ys[i] == 0)
     assert max(ys[first:drop]) >= req.prompt_len + 4  # grew through prefill and decode
     assert max(ys[drop:]) >= req.prompt_len + 4  # dropped to 0, then recomputed
-    html = _html(at)
+    html = H.html(at)
     assert "tok-evicted" in html and f"prompt: {req.prompt_len} tokens recomputed" in html
 
 
 # --------------------------------------------------------------------------- Speculative
 
 
-def test_speculative_page_measures_a_real_run():
-    at = _app()
+def test_speculative_page_measures_a_real_run(app_test):
+    at = app_test()
     at.switch_page("pages/speculative.py")
     at.run()
-    _no_exception(at)
+    H.no_exception(at)
     at.selectbox(key="spec_drafter").select("self-draft: int8 copy")
     at.slider(key="spec_k").set_value(3)
     at.slider(key="spec_max_tokens").set_value(24)
@@ -372,33 +328,33 @@ def test_speculative_page_measures_a_real_run():
     from ui.widgets import engine_access as ea
     from ui.widgets import room
 
-    gen, before = ea.shared_engine().generation, _engine().snapshot().info.speculative
+    gen, before = ea.shared_engine().generation, H.engine().snapshot().info.speculative
     at.button(key="spec_run").click().run()
-    _no_exception(at)
+    H.no_exception(at)
     # measured on a private engine: the shared engine was not rebuilt and keeps its settings
     assert ea.shared_engine().generation == gen
-    assert _engine().snapshot().info.speculative == before
+    assert H.engine().snapshot().info.speculative == before
     run = room.room().get(at.query_params["run"])
     assert run is not None and run.kind == "speculative" and run.status == "done", run
     res = run.result
     sreq, preq = res.spec, res.plain
     assert res.label == "self_draft k=3"
     assert res.comparison.rounds == 3 and [s for _, s in res.comparison.order[:4]] == ["plain", "spec", "spec", "plain"]
-    assert "median of 3 rounds" in _html(at) + " ".join(str(c.value) for c in list(at.caption) + list(at.warning))
+    assert "median of 3 rounds" in H.html(at) + " ".join(str(c.value) for c in list(at.caption) + list(at.warning))
     assert sreq.output_text == preq.output_text  # greedy: identical output
-    assert _metric(at, "Accepted / drafted") == f"{sreq.spec_num_accepted_tokens} / {sreq.spec_num_draft_tokens}"
+    assert H.metric(at, "Accepted / drafted") == f"{sreq.spec_num_accepted_tokens} / {sreq.spec_num_draft_tokens}"
     assert sreq.spec_num_draft_tokens > 0
-    specs = _plotly_specs(at)
+    specs = H.plotly_specs(at)
     theory = next(s for s in specs if s["layout"]["title"]["text"].startswith("tokens per target pass"))
     meas = next(t for t in theory["data"] if t.get("name", "").startswith("measured"))
     assert meas["x"] == [3]
     assert meas["y"][0] == pytest.approx(1 + sreq.spec_num_accepted_tokens / sreq.spec_num_drafts)
-    assert "tok-accepted" in _html(at) or "tok-replaced" in _html(at)
+    assert "tok-accepted" in H.html(at) or "tok-replaced" in H.html(at)
     # the tick timeline: scrubbing back shows only the tokens produced by then
     ticks = sorted({p.step for p in sreq.history} | {t.step for t in sreq.tokens})
     first_tok = min(t.step for t in sreq.tokens)
     at.select_slider(key="spec_tick").set_value(first_tok).run()
-    _no_exception(at)
+    H.no_exception(at)
     n = sum(1 for t in sreq.tokens if t.step <= first_tok)
     assert any(c.value.startswith(f"Step {first_tok}:") for c in at.caption)
     assert at.select_slider(key="spec_tick").options == [str(t) for t in ticks]
@@ -406,48 +362,48 @@ def test_speculative_page_measures_a_real_run():
     _restore_default_engine()
 
 
-def test_speculative_page_watch_mode_evicts_mid_run():
+def test_speculative_page_watch_mode_evicts_mid_run(app_test):
     """Watch mode: one speculative run on a private engine, evicted after 6 tokens; the page shows
     the eviction, the recomputed positions and the drop in the growth chart, and that greedy output
     matched plain decoding."""
     from ui.widgets import engine_access as ea
     from ui.widgets import room
 
-    at = _app()
+    at = app_test()
     at.switch_page("pages/speculative.py")
     at.run()
     at.selectbox(key="spec_drafter").select("self-draft: int8 copy")
     at.slider(key="spec_max_tokens").set_value(24)
     at.radio(key="spec_mode").set_value("Watch live (evict during the run)")
     at.run()
-    _no_exception(at)
+    H.no_exception(at)
     at.number_input(key="spec_evict_after").set_value(6)
     gen = ea.shared_engine().generation
     at.button(key="spec_run").click().run()
-    _no_exception(at)
+    H.no_exception(at)
     assert ea.shared_engine().generation == gen
     run = room.room().get(at.query_params["run"])
     assert run is not None and run.kind == "spec-watch" and run.status == "done", run
     res = run.result
     assert len(res.evictions) == 1 and res.evictions[0].trigger == "after 6 tokens"
     assert res.matches_plain is True
-    assert _metric(at, "Evictions") == "1"
+    assert H.metric(at, "Evictions") == "1"
     assert any("token-for-token the plain" in m.value for m in at.success)
-    html = _html(at)
+    html = H.html(at)
     assert "tok-evicted" in html and f"prompt: {res.request.prompt_len} tokens recomputed" in html
     assert any(c.value.startswith(f"Evicted after engine step {res.evictions[0].step}") for c in at.caption)
-    growth = next(s for s in _plotly_specs(at) if "cache growth" in s["layout"]["title"]["text"])
+    growth = next(s for s in H.plotly_specs(at) if "cache growth" in s["layout"]["title"]["text"])
     assert any("evicted" in a.get("text", "") for a in growth["layout"]["annotations"])
     at.radio(key="spec_mode").set_value("Measure vs plain").run()  # leave the page as the other tests expect it
     _restore_default_engine()
 
 
-def test_speculative_page_sampling_shows_p_and_q_per_draft():
+def test_speculative_page_sampling_shows_p_and_q_per_draft(app_test):
     """Temperature > 0: rejection sampling; every judged draft's p, q, min(1, p/q) and draw u are
     in the table and in the token chips' tooltips."""
     from ui.widgets import room
 
-    at = _app()
+    at = app_test()
     at.switch_page("pages/speculative.py")
     at.run()
     at.selectbox(key="spec_drafter").select("self-draft: int8 copy")
@@ -455,7 +411,7 @@ def test_speculative_page_sampling_shows_p_and_q_per_draft():
     at.slider(key="spec_temperature").set_value(0.3)
     at.run()
     at.button(key="spec_run").click().run()
-    _no_exception(at)
+    H.no_exception(at)
     sreq = room.room().get(at.query_params["run"]).result.spec
     judged = [t for t in sreq.tokens if t.kind in ("accepted", "replaced")]
     assert judged and all(t.p is not None for t in judged)
@@ -464,13 +420,13 @@ def test_speculative_page_sampling_shows_p_and_q_per_draft():
     assert len(table) == len(judged)
     assert list(table["verdict"]) == ["accepted" if t.kind == "accepted" else "rejected" for t in judged]
     assert list(table["p (target)"]) == [round(t.p, 4) for t in judged]
-    assert "draft q = " in _html(at) and "drew u = " in _html(at)
+    assert "draft q = " in H.html(at) and "drew u = " in H.html(at)
     at.slider(key="spec_temperature").set_value(0.0).run()
     _restore_default_engine()
 
 
-def test_speculative_page_draft_model_that_cannot_load_is_a_clear_error():
-    at = _app()
+def test_speculative_page_draft_model_that_cannot_load_is_a_clear_error(app_test):
+    at = app_test()
     at.switch_page("pages/speculative.py")
     at.run()
     at.selectbox(key="spec_drafter").select("draft model")
@@ -479,8 +435,8 @@ def test_speculative_page_draft_model_that_cannot_load_is_a_clear_error():
     at.text_input(key="spec_draft_model").input("/nonexistent/draft-model")
     at.slider(key="spec_k").set_value(16)
     at.button(key="spec_run").click().run()
-    _no_exception(at)
+    H.no_exception(at)
     assert any("The comparison failed" in e.value and "/nonexistent/draft-model" in e.value for e in at.error), [
         e.value for e in at.error
     ]
-    assert _engine().snapshot().info.speculative is None or "draft_model" not in _engine().snapshot().info.speculative
+    assert H.engine().snapshot().info.speculative is None or "draft_model" not in H.engine().snapshot().info.speculative

@@ -5,27 +5,18 @@ stream. Waits are bounded loops (hang guards, not timing assertions)."""
 
 from __future__ import annotations
 
-import json
-import time
-
 import pytest
 
-from tests.attach_stubs import KvscopeStub, VllmStub, demo_batches, record_frames
-from tests.conftest import REPO_ROOT
-
-APP = str(REPO_ROOT / "app.py")
-TIMEOUT = 600
-
+from tests.app import helpers as H
+from tests.attach_stubs import KvscopeStub, VllmStub, demo_batches, record_stub_run, stub_engine, wait
 
 pytestmark = pytest.mark.usefixtures("tiny_test_mode")
 
 
-def _page():
-    from streamlit.testing.v1 import AppTest
-
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    at.switch_page("pages/attach.py")
-    return at.run()
+@pytest.fixture
+def attach_page(app_test):
+    """factory: the Attach page, run once."""
+    return lambda: app_test(page="pages/attach.py").run()
 
 
 def _attach(at, base, events="", replay="", mode="auto"):
@@ -37,26 +28,10 @@ def _attach(at, base, events="", replay="", mode="auto"):
     return at.run()
 
 
-def _metric(at, label):
-    return next(m.value for m in at.metric if m.label == label)
-
-
-def _wait(cond, rounds=400):
-    for _ in range(rounds):
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
-
-
-def _specs(at):
-    return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
-
-
-def test_attach_to_a_vllm_stub():
+def test_attach_to_a_vllm_stub(attach_page):
     from ui.widgets import engine_access as ea
 
-    at = _page()
+    at = attach_page()
     assert not at.exception
     tok = ea.get_engine().tokenizer
     text_a = tok.encode(
@@ -70,7 +45,7 @@ def test_attach_to_a_vllm_stub():
         sess = at.session_state["at_session"]
         assert sess.kind == "vllm"
         assert sess.events_bind  # vLLM's publisher connects to a concrete endpoint: this side binds
-        assert _wait(
+        assert wait(
             lambda: (
                 (stub.pump() or True)
                 and sess.event_state is not None
@@ -81,12 +56,12 @@ def test_attach_to_a_vllm_stub():
         )
         at.run()
         assert not at.exception, [e.value for e in at.exception]
-        assert _metric(at, "KV cache usage") == "25.0 %"
-        assert _metric(at, "Prefix hit rate (10 s)") == "40.0 %"
-        assert _metric(at, "TTFT p50") == "50 ms"
-        titles = [s["layout"]["title"]["text"] for s in _specs(at)]
+        assert H.metric(at, "KV cache usage") == "25.0 %"
+        assert H.metric(at, "Prefix hit rate (10 s)") == "40.0 %"
+        assert H.metric(at, "TTFT p50") == "50 ms"
+        titles = [s["layout"]["title"]["text"] for s in H.plotly_specs(at)]
         assert any(t.startswith("Acceptance per draft position") for t in titles)
-        tree = next(s for s in _specs(at) if s["layout"]["title"]["text"].startswith("Prefix cache rebuilt"))
+        tree = next(s for s in H.plotly_specs(at) if s["layout"]["title"]["text"].startswith("Prefix cache rebuilt"))
         assert "2 cached blocks, 1 chains" in tree["layout"]["title"]["text"]
         labels = tree["data"][0]["labels"]
         assert any("&lt;" in lab or "&amp;" in lab for lab in labels[1:]), labels  # decoded and escaped
@@ -99,13 +74,13 @@ def test_attach_to_a_vllm_stub():
         stub.close()
 
 
-def test_attach_to_a_vllm_stub_without_events_or_spec_notes_what_is_missing():
-    at = _page()
+def test_attach_to_a_vllm_stub_without_events_or_spec_notes_what_is_missing(attach_page):
+    at = attach_page()
     stub = VllmStub([], spec=False, sources_route=False)
     try:
         at = _attach(at, stub.base_url)
         sess = at.session_state["at_session"]
-        assert _wait(lambda: len(sess.history) >= 1)
+        assert wait(lambda: len(sess.history) >= 1)
         at.run()
         notes = " ".join(w.value for w in at.warning)
         assert "speculative acceptance per position" in notes and "no KV events endpoint" in notes
@@ -115,36 +90,35 @@ def test_attach_to_a_vllm_stub_without_events_or_spec_notes_what_is_missing():
         stub.close()
 
 
-def test_attach_to_a_kvscope_stub():
-    from engine import EngineConfig, LLMEngine, SamplingParams
+def test_attach_to_a_kvscope_stub(attach_page):
     from engine.kv_event_wire import external_hash
     from engine.kv_events import KVEventPublisher
 
-    eng = LLMEngine(EngineConfig(model="tiny", device="cpu", num_kv_blocks=24, block_size=8, max_model_len=128))
+    eng = stub_engine()
     pub = KVEventPublisher("tcp://127.0.0.1:0", replay_endpoint="tcp://127.0.0.1:0")  # the engine's real events
     pub.attach(eng)
-    frames = record_frames(eng, [[1] * 20 + [i] * 5 for i in range(2, 6)], SamplingParams(max_tokens=5, temperature=0))
+    frames = record_stub_run(eng)
     pub.flush()
     cached = {external_hash(h) for h in eng.bm.hash_to_block}
     stub = KvscopeStub(frames)
-    at = _page()
+    at = attach_page()
     try:
         at = _attach(at, stub.base_url, pub.endpoint, pub.replay_endpoint)
         assert not at.exception, [e.value for e in at.exception]
         sess = at.session_state["at_session"]
         last = frames[-1][0]
-        assert _wait(
+        assert wait(
             lambda: sess.snapshot is not None and sess.snapshot.step == last.step and sess.tree.hashes() == cached
         )  # a late subscriber: rebuilt from the replay buffer
         at.run()
-        tree = next(s for s in _specs(at) if s["layout"]["title"]["text"].startswith("Prefix cache rebuilt"))
+        tree = next(s for s in H.plotly_specs(at) if s["layout"]["title"]["text"].startswith("Prefix cache rebuilt"))
         assert f"{len(cached)} cached blocks" in tree["layout"]["title"]["text"]
         assert any("token text decoded: the server runs the same tokenizer" in c.value for c in at.caption)
         assert not at.exception, [e.value for e in at.exception]
         m = last.metrics
-        assert _metric(at, "KV blocks used") == f"{m.num_blocks_used} / {last.info.num_blocks}"
-        assert _metric(at, "Preemptions") == str(m.num_preemptions_total)
-        specs = _specs(at)
+        assert H.metric(at, "KV blocks used") == f"{m.num_blocks_used} / {last.info.num_blocks}"
+        assert H.metric(at, "Preemptions") == str(m.num_preemptions_total)
+        specs = H.plotly_specs(at)
         pool_map = next(s for s in specs if "used" in s["layout"]["title"]["text"] and s["data"][0].get("z"))
         cells = [v for row in pool_map["data"][0]["z"] for v in row if v is not None]
         assert len(cells) == last.info.num_blocks
@@ -154,20 +128,20 @@ def test_attach_to_a_kvscope_stub():
         pub.close()
 
 
-def test_bad_url_is_an_error_not_a_crash():
-    at = _page()
+def test_bad_url_is_an_error_not_a_crash(attach_page):
+    at = attach_page()
     at = _attach(at, "ftp://nowhere")
     assert not at.exception
     assert any("base URL" in e.value for e in at.error)
 
 
 @pytest.mark.parametrize("publisher,by_rank", [("connect", False), ("bind", False), ("connect", True)])
-def test_attach_finds_the_events_endpoint_from_kv_event_sources(publisher, by_rank):
+def test_attach_finds_the_events_endpoint_from_kv_event_sources(publisher, by_rank, attach_page):
     """No endpoint typed: the page reads vLLM's GET /kv_event_sources. A publisher that connects
     (vLLM with a concrete endpoint) is bound by auto; one that binds 127.0.0.1 needs "connect"."""
     from ui.widgets import engine_access as ea
 
-    at = _page()
+    at = attach_page()
     tok = ea.get_engine().tokenizer
     text_a = tok.encode("Shared prefix blocks are stored once and reused by later requests.", add_special_tokens=False)
     stub = VllmStub(
@@ -182,7 +156,7 @@ def test_attach_finds_the_events_endpoint_from_kv_event_sources(publisher, by_ra
         sess = at.session_state["at_session"]
         assert sess.events_endpoint == stub.events_endpoint and sess.replay_endpoint == stub.replay_endpoint
         assert sess.events_bind == (publisher == "connect")
-        assert _wait(lambda: (stub.pump() or True) and sess.event_state is not None and sess.event_state.last_seq == 2)
+        assert wait(lambda: (stub.pump() or True) and sess.event_state is not None and sess.event_state.last_seq == 2)
         assert len(sess.tree) == 2 and sess.tree.block_size == 4
         assert sess.event_error is None
     finally:

@@ -6,33 +6,24 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from streamlit.testing.v1 import AppTest
 
-VIEWS = Path(__file__).resolve().parents[2] / "pages"
+from tests.app import helpers as H
+
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "bench"
 
-
-@pytest.fixture(autouse=True)
-def _env(monkeypatch):
-    monkeypatch.setenv("KVSCOPE_TEST_MODE", "1")
-    monkeypatch.setenv("KVSCOPE_MODEL", "tiny")
-    monkeypatch.setenv("KVSCOPE_RESULTS_DIR", str(FIXTURE))
+pytestmark = pytest.mark.parametrize(
+    "tiny_test_mode", [{"KVSCOPE_RESULTS_DIR": str(FIXTURE)}], indirect=True, ids=["bench-fixture"]
+)
 
 
-def _html(at) -> str:
-    return " ".join(h.proto.body for h in at.get("html"))
-
-
-def test_claims_page_bench_then_live():
-    at = AppTest.from_file(str(VIEWS / "claims.py"), default_timeout=900)
-    at.run()
-    assert not at.exception, at.exception
-    body = _html(at)
+def test_claims_page_bench_then_live(app_test):
+    at = H.run_ok(app_test("pages/claims.py"))
+    body = H.html(at)
     assert "holds here" in body and "model tiny" in body and "press Measure" in body
     assert "press Measure" in body
     at.button(key="claims_measure").click().run()
-    assert not at.exception, at.exception
-    body = _html(at)
+    H.no_exception(at)
+    body = H.html(at)
     errors = [e.value for e in at.error]
     assert not errors, errors
     assert "measured on this page" in body and "B=1:" in body and "k=8:" in body, body[-3000:]

@@ -5,40 +5,31 @@ live run's own events."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from streamlit.testing.v1 import AppTest
 
 from engine.trace_events import read_trace
+from tests.app import helpers as H
+from tests.conftest import REPO_ROOT
 from ui.figures import demo as D
 
-VIEWS = Path(__file__).resolve().parents[2] / "pages"
-TRACES = Path(__file__).resolve().parents[2] / "assets" / "traces"
+TRACES = REPO_ROOT / "assets" / "traces"
 
 
-@pytest.fixture(autouse=True)
-def _test_mode(monkeypatch):
-    monkeypatch.setenv("KVSCOPE_TEST_MODE", "1")
-    monkeypatch.setenv("KVSCOPE_MODEL", "tiny")
+@pytest.fixture
+def demo_page(app_test):
+    """factory: the Demo page, run once (and checked for exceptions)."""
+    return lambda: H.run_ok(app_test("pages/demo.py"))
 
 
-def _app() -> AppTest:
-    at = AppTest.from_file(str(VIEWS / "demo.py"), default_timeout=900)
-    at.run()
-    assert not at.exception, at.exception
-    return at
-
-
-def test_chapters_jump_to_their_moments():
-    at = _app()
+def test_chapters_jump_to_their_moments(demo_page):
+    at = demo_page()
     trace = read_trace((TRACES / "release-freeze.jsonl").read_text())
     chs = D.chapters(trace, "release-freeze")
     pre = next(c for c in chs if c.key == "preempt")
     at.button(key="demo_ch_release-freeze_preempt").click().run()
     assert not at.exception
     assert at.session_state["demo_tick_release-freeze"] == pre.moment.tick
-    text = " ".join(h.proto.body for h in at.get("html"))
+    text = H.html(at)
     assert f"The victim is {pre.moment.request_id}" in text
     at.button(key="demo_fwd").click().run()
     assert at.session_state["demo_tick_release-freeze"] == pre.moment.tick + 1
@@ -47,20 +38,20 @@ def test_chapters_jump_to_their_moments():
     assert at.session_state["demo_tick_release-freeze"] == pre.moment.tick - 1
 
 
-def test_speculation_story_renders():
-    at = _app()
+def test_speculation_story_renders(demo_page):
+    at = demo_page()
     at.segmented_control(key="demo_set").set_value("speculation").run()
     assert not at.exception, at.exception
     labels = [b.label for b in at.button]
     assert "2. Break it" in labels and "3. Fallback" in labels
 
 
-def test_run_live_on_the_shared_engine():
-    at = _app()
+def test_run_live_on_the_shared_engine(demo_page):
+    at = demo_page()
     at.button(key="demo_live_btn_release-freeze").click().run()
     assert not at.exception, at.exception
     run = at.session_state["demo_live_release-freeze"]
     fs = run["feeder"].snapshot_status()
     assert fs.done and fs.submitted + fs.rejected == len(D.release_freeze_requests())
-    text = " ".join(h.proto.body for h in at.get("html"))
+    text = H.html(at)
     assert "Conversations grow" in text and "is admitted with" in text

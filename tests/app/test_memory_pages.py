@@ -7,95 +7,63 @@ completion before the page draws; private-engine measurements use small sizes.""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from streamlit.testing.v1 import AppTest
 
-VIEWS = Path(__file__).resolve().parents[2] / "pages"
-TIMEOUT = 900
+from tests.app import helpers as H
 
-
-@pytest.fixture(autouse=True)
-def _test_mode(monkeypatch):
-    monkeypatch.setenv("KVSCOPE_TEST_MODE", "1")
-    monkeypatch.setenv("KVSCOPE_MODEL", "tiny")
+pytestmark = pytest.mark.usefixtures("tiny_test_mode")
 
 
-def _app(name: str) -> AppTest:
-    at = AppTest.from_file(str(VIEWS / name), default_timeout=TIMEOUT)
-    at.run()
-    assert not at.exception, at.exception
-    return at
-
-
-def _submit(at: AppTest, form: str, label: str) -> AppTest:
-    at.button(key=f"FormSubmitter:{form}-{label}").click().run()
-    assert not at.exception, at.exception
-    return at
-
-
-def _metrics(at) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for m in at.metric:
-        out.setdefault(m.label, []).append(m.value)
-    return out
-
-
-def _html(at) -> str:
-    return "\n".join(h.proto.body for h in at.get("html"))
-
-
-def _engine():
-    from ui.widgets import engine_access as ea
-
-    return ea.get_engine()
+@pytest.fixture
+def run_page(app_test):
+    """factory: run_page(name) runs pages/<name> once (checked for exceptions)."""
+    return lambda name: H.run_ok(app_test(f"pages/{name}"))
 
 
 # ------------------------------------------------------------------ concurrent load
 
 
-def test_load_page_runs_a_workload_on_the_shared_engine():
-    at = _app("load.py")
+def test_load_page_runs_a_workload_on_the_shared_engine(run_page):
+    at = run_page("load.py")
     assert "No load launched" in at.info[0].value
     at.button_group(key="load_scenario").set_value("mixed").run()
     at.number_input(key="load_n").set_value(6)
-    _submit(at, "load_form", "Launch load")
-    m = _metrics(at)
+    H.submit(at, "load_form", "Launch load")
+    m = H.metrics(at)
     assert m["Submitted"] == ["6 / 6"]
     assert m["Rejected at submit"] == ["0"]
     assert len(at.get("plotly_chart")) == 5  # 4 over-time charts + the continuous-batching chart
     assert any("done" in c.value for c in at.caption)
-    th = _engine()
+    th = H.engine()
     snap = th.snapshot()
     finished = [r for r in snap.requests if r.request_id.startswith("L") and "-mix-" in r.request_id]
     assert finished and all(r.state == "finished" for r in finished)
-    html = _html(at)
+    html = H.html(at)
     assert "kvs-ev" in html and ">admit<" in html and "p50" in html
 
 
-def test_load_page_budget_control_changes_the_engine():
-    th = _engine()
-    at = _app("load.py")
+def test_load_page_budget_control_changes_the_engine(run_page):
+    th = H.engine()
+    at = run_page("load.py")
     before = th.snapshot().info.num_blocks
     at.slider(key="load_budget").set_value(before - 8)
-    _submit(at, "budget_form", "Apply budget")
+    H.submit(at, "budget_form", "Apply budget")
     assert th.snapshot_now().info.num_blocks == before - 8
     assert any(e.kind == "config" and e.data.get("num_blocks") == before - 8 for e in th.events.since(0))
     at.slider(key="load_budget").set_value(before)
-    _submit(at, "budget_form", "Apply budget")
+    H.submit(at, "budget_form", "Apply budget")
     assert th.snapshot_now().info.num_blocks == before
 
 
-def test_load_page_shows_engine_rejections():
-    at = _app("load.py")
+def test_load_page_shows_engine_rejections(run_page):
+    at = run_page("load.py")
     at.button_group(key="load_scenario").set_value("mixed").run()
     at.number_input(key="load_n").set_value(3)
     at.multiselect(key="load_tiers").set_value(["free"])
     at.number_input(key="load_omax").set_value(4000)  # prompt + max_tokens over the free tier's cap
     at.number_input(key="load_omed").set_value(4000)
-    _submit(at, "load_form", "Launch load")
-    m = _metrics(at)
+    H.submit(at, "load_form", "Launch load")
+    m = H.metrics(at)
     assert m["Rejected at submit"] == ["3"]
     assert any("refused or skipped at submission" in e.label for e in at.expander)
     assert any("context cap" in c.value for c in at.code)
@@ -104,15 +72,15 @@ def test_load_page_shows_engine_rejections():
 # ------------------------------------------------------------------ prefix cache
 
 
-def test_prefix_cache_page_measures_hits_on_the_engine():
-    at = _app("prefix_cache.py")
+def test_prefix_cache_page_measures_hits_on_the_engine(run_page):
+    at = run_page("prefix_cache.py")
     at.text_area(key="pc_users").set_value(
         "first <script>alert(1)</script>\nsecond <img src=x onerror=alert(2)>\nthird"
     )
     at.slider(key="pc_max_tokens").set_value(32)  # the later turns share blocks for 32+ steps
-    _submit(at, "pc_form", "Measure with and without sharing")
+    H.submit(at, "pc_form", "Measure with and without sharing")
     assert not at.error, [e.value for e in at.error]
-    m = _metrics(at)
+    m = H.metrics(at)
     assert m["Hit rate with forced misses"] == ["0%"]
     assert int(m["Prefix hit rate (this run)"][0].rstrip("%")) > 0
     assert m["Blocks shared at peak"][0] != "0 (×0)"
@@ -120,7 +88,7 @@ def test_prefix_cache_page_measures_hits_on_the_engine():
     assert res["hit"][0].cached_tokens == 0 and all(r.cached_tokens > 0 for r in res["hit"][1:])
     assert all(r.cached_tokens == 0 for r in res["miss"])
     assert len(at.get("plotly_chart")) == 2  # TTFT figure + pool map
-    assert "<script>alert" not in _html(at) and "<img src=x" not in _html(at)
+    assert "<script>alert" not in H.html(at) and "<img src=x" not in H.html(at)
     c = res["comparison"]  # cold vs warm, alternated, 3 rounds
     assert c.names == ("miss", "cache") and c.rounds == 3
     assert any("median of 3 rounds" in str(x.value) for x in list(at.caption) + list(at.warning))
@@ -137,22 +105,22 @@ def test_prefix_cache_page_measures_hits_on_the_engine():
     assert m["TTFT saved, later turns"] == [f"{saved:,.0f} ms"]
 
 
-def test_prefix_cache_page_side_channel_and_salts():
+def test_prefix_cache_page_side_channel_and_salts(run_page):
     """The side-channel section: every cell measured each round, the shared-cache probes of a cached
     prefix hit it fully, the salted ones never do; the numbers shown are the probes'."""
     from engine import side_channel as sc
 
-    at = _app("prefix_cache.py")
+    at = run_page("prefix_cache.py")
     assert any("Measure the side channel" in i.value for i in at.info)
     at.number_input(key="sc_prefix").set_value(16)
     at.number_input(key="sc_rounds").set_value(2)
-    _submit(at, "sc_form", "Measure the side channel")
+    H.submit(at, "sc_form", "Measure the side channel")
     assert not at.error, [e.value for e in at.error]
     res = at.session_state["sc_result"]
     probes = res["probes"]
     assert len(probes) == 8 and res["prefix"] == 16
     assert all(p.hit_tokens == (16 if p.mode == "shared" and p.cached else 0) for p in probes)
-    m = _metrics(at)
+    m = H.metrics(at)
     assert m["Cross-tenant sharing, shared"] == ["100%"] and m["Cross-tenant sharing, salted"] == ["0%"]
     thr = sc.threshold(probes)
     assert m["Guess right, per-tenant salt"] == [f"{100 * sc.accuracy(probes, 'salted', thr):.0f}%"]
@@ -162,17 +130,17 @@ def test_prefix_cache_page_side_channel_and_salts():
 # ------------------------------------------------------------------ paged vs contiguous
 
 
-def test_paged_vs_contiguous_page_reads_waste_from_snapshots():
-    at = _app("paged_vs_contiguous.py")
+def test_paged_vs_contiguous_page_reads_waste_from_snapshots(run_page):
+    at = run_page("paged_vs_contiguous.py")
     at.number_input(key="pvc_n").set_value(10)
-    _submit(at, "pvc_form", "Run both allocators")
+    H.submit(at, "pvc_form", "Run both allocators")
     res = at.session_state["pvc_result"]
     from ui.figures import allocators as AL
 
     sa, sb = AL.allocator_summary(res["paged"]), AL.allocator_summary(res["contiguous"])
     assert sa["allocator"] == "paged" and sb["allocator"] == "contiguous"
     assert sb["mean_waste"] > sa["mean_waste"] and sa["peak_running"] > sb["peak_running"]
-    m = _metrics(at)
+    m = H.metrics(at)
     assert m["Peak running"] == [str(sa["peak_running"]), str(sb["peak_running"])]
     assert "10 of 10 requests produced identical tokens" in at.markdown[-1].value
     assert len(at.get("plotly_chart")) >= 2
@@ -181,25 +149,25 @@ def test_paged_vs_contiguous_page_reads_waste_from_snapshots():
 # ------------------------------------------------------------------ cache vs no-cache
 
 
-def test_cache_vs_nocache_counts_tokens_fed():
-    at = _app("cache_vs_nocache.py")
+def test_cache_vs_nocache_counts_tokens_fed(run_page):
+    at = run_page("cache_vs_nocache.py")
     at.number_input(key="cvn_n").set_value(16)
     at.number_input(key="cvn_p").set_value(10)
-    _submit(at, "cvn_cost_form", "Measure with and without the cache")
-    m = _metrics(at)
+    H.submit(at, "cvn_cost_form", "Measure with and without the cache")
+    m = H.metrics(at)
     # with the cache: one token per decode step; without: the whole context every step
     assert m["Tokens through the model, with cache"] == ["15"]
     assert m["Tokens through the model, no cache"] == [f"{sum(10 + i for i in range(1, 16)):,}"]
 
 
-def test_cache_vs_nocache_exercise_three_runs():
-    at = _app("cache_vs_nocache.py")
+def test_cache_vs_nocache_exercise_three_runs(run_page):
+    at = run_page("cache_vs_nocache.py")
     at.number_input(key="cvn_seqs").set_value(10)
     at.number_input(key="cvn_plen").set_value(8)
     at.number_input(key="cvn_growth").set_value(16)
     at.number_input(key="cvn_budget").set_value(8)
-    _submit(at, "cvn_ex_form", "Run the three engines")
-    m = _metrics(at)
+    H.submit(at, "cvn_ex_form", "Run the three engines")
+    m = H.metrics(at)
     assert m["Finished"] == ["10 / 10"] * 3
     pre = [int(x) for x in m["Preemptions"]]
     assert pre[0] == 0 and pre[1] == 0 and pre[2] > 0
@@ -211,15 +179,15 @@ def test_cache_vs_nocache_exercise_three_runs():
 # ------------------------------------------------------------------ replay
 
 
-def test_replay_page_scrubs_a_recorded_trace():
-    at = _app("replay.py")
+def test_replay_page_scrubs_a_recorded_trace(run_page):
+    at = run_page("replay.py")
     steps = []
     for tick in (0, 10, 40):
         at.slider(key="rp_tick").set_value(tick).run()
         assert not at.exception
-        steps.append(int(_metrics(at)["Engine step"][0]))
+        steps.append(int(H.metrics(at)["Engine step"][0]))
     assert steps[0] < steps[1] < steps[2]
     assert len(at.get("plotly_chart")) >= 4
     at.selectbox(key="rp_demo").set_value("shared-system-prompt.jsonl").run()
     assert not at.exception
-    assert "prefix_hit" in _html(at) or "admit" in _html(at)
+    assert "prefix_hit" in H.html(at) or "admit" in H.html(at)

@@ -7,12 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import REPO_ROOT
-
-APP = str(REPO_ROOT / "app.py")
-TIMEOUT = 600  # a hang guard on 2 busy cores, not a speed assertion
-
-
 pytestmark = pytest.mark.usefixtures("tiny_test_mode")
 
 
@@ -31,17 +25,15 @@ def _apply(at):
     return at.run()
 
 
-def test_device_offered_only_with_a_gpu(monkeypatch):
-    from streamlit.testing.v1 import AppTest
-
+def test_device_offered_only_with_a_gpu(monkeypatch, app_test):
     from ui.widgets import engine_access as ea
 
     if not torch.cuda.is_available():
-        at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+        at = app_test().run()
         assert not at.exception
         assert _select(at, "Device") is None
     monkeypatch.setattr(ea, "detect_devices", lambda: ["cuda", "cpu"])
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    at = app_test().run()
     dev = _select(at, "Device")
     assert dev is not None and dev.options == ["cuda", "cpu"]
     dev.select("cpu")

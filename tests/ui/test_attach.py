@@ -2,12 +2,9 @@
 forms) and a kvscope snapshot stream recorded from a real tiny-model engine. Waits are bounded
 loops of short sleeps (hang guards, never timing assertions)."""
 
-import time
-
 import pytest
 
-from engine import EngineConfig, LLMEngine, SamplingParams
-from tests.attach_stubs import KvscopeStub, VllmStub, demo_batches, record_frames
+from tests.attach_stubs import KvscopeStub, VllmStub, demo_batches, record_stub_run, stub_engine, wait
 from ui.servers import attach as A
 
 A_TOK = list(range(100, 108))
@@ -27,14 +24,6 @@ class ByteTokenizer:
         return bytes(i - self.shift for i in ids if 0 <= i - self.shift < 256).decode("utf-8", "replace")
 
 
-def _wait(cond, rounds=400):
-    for _ in range(rounds):
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
-
-
 @pytest.mark.parametrize("wire", ["current", "legacy"])
 def test_vllm_stub_scrapes_and_rebuilds_the_prefix_tree(wire):
     stub = VllmStub(demo_batches(wire, A_TOK, B_TOK, 4), tokenizer=ByteTokenizer())
@@ -49,7 +38,7 @@ def test_vllm_stub_scrapes_and_rebuilds_the_prefix_tree(wire):
             st = s.event_state
             return st is not None and st.last_seq == 2 and len(s.history) >= 3
 
-        assert _wait(done)
+        assert wait(done)
         with s.lock:
             assert s.tree.hashes() == {1, 3} and s.tree.nodes[3].tokens == (7, 7, 7, 7)
             assert s.event_state.wires == {wire} and s.event_state.decode_errors == 0
@@ -59,10 +48,10 @@ def test_vllm_stub_scrapes_and_rebuilds_the_prefix_tree(wire):
         assert v["rows"][-1].kv_usage == 0.25 and v["rows"][-1].hit_rate == pytest.approx(0.4)
         # the page stops refreshing (a background tab): the session pauses, then resumes where it was
         s._touched = -1e9
-        assert _wait(lambda: not s.alive)
+        assert wait(lambda: not s.alive)
         n = len(s.history)
         assert s.resume() and s.alive
-        assert _wait(lambda: (stub.pump() or True) and len(s.history) > n)
+        assert wait(lambda: (stub.pump() or True) and len(s.history) > n)
         with s.lock:
             assert s.tree.hashes() == {1, 3} and s.tree.nodes[1].reports == 1  # nothing applied twice
             assert s.event_state.last_seq == 2
@@ -77,14 +66,14 @@ def test_missing_metrics_and_events_degrade_with_notes_and_idle_stops():
     stub = VllmStub([], spec=False, itl=False, sources_route=False)
     s = A.AttachSession(stub.base_url, interval=0.1, idle_timeout=0.5, tokenizer=ByteTokenizer(shift=1))
     try:
-        assert _wait(lambda: len(s.history) >= 1)
+        assert wait(lambda: len(s.history) >= 1)
         v = s.vllm_view()
         assert any("inter-token latency, speculative acceptance per position" in n for n in v["notes"])
         assert any("no KV events endpoint" in n for n in v["notes"])
         assert v["acceptance"] == [] and v["rows"][-1].itl == {}
-        assert _wait(lambda: s.tokenizer_reason != "not checked")
+        assert wait(lambda: s.tokenizer_reason != "not checked")
         assert not s.tokenizer_ok  # the stub has no /tokenize: no decoded text
-        assert _wait(lambda: not s.alive)  # nobody touched it: it stopped by itself
+        assert wait(lambda: not s.alive)  # nobody touched it: it stopped by itself
         s.stop()
         assert not s.resume()  # stopped by the user: stays stopped
     finally:
@@ -118,15 +107,15 @@ def test_sse_parsing():
 
 
 def test_kvscope_stub_stream_gives_snapshots_and_events():
-    eng = LLMEngine(EngineConfig(model="tiny", device="cpu", num_kv_blocks=24, block_size=8, max_model_len=128))
-    frames = record_frames(eng, [[1] * 20 + [i] * 5 for i in range(2, 6)], SamplingParams(max_tokens=5, temperature=0))
+    eng = stub_engine()
+    frames = record_stub_run(eng)
     stub = KvscopeStub(frames)
     s = A.AttachSession(stub.base_url, interval=0.2)
     try:
         assert s.kind == "kvscope"
         last = frames[-1][0]
         n_events = sum(len(e) for _, e in frames)
-        assert _wait(lambda: s.snapshot is not None and s.snapshot.step == last.step and len(s.events) == n_events)
+        assert wait(lambda: s.snapshot is not None and s.snapshot.step == last.step and len(s.events) == n_events)
         with s.lock:
             assert s.snapshot == last and [e.seq for e in s.events] == [e.seq for _, es in frames for e in es]
             assert s.last_event_seq == eng.events.last_seq and s.stream_mode == "stream"
