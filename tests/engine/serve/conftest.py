@@ -2,9 +2,11 @@
 from a background thread on 127.0.0.1 and a free port, with an API key. Session-scoped: every
 test leaves the engine idle (no request running or waiting) and checks that it did."""
 
-import socket
+from contextlib import contextmanager
 
 import pytest
+
+from tests.ports import free_port
 
 API_KEY = "sk-kvscope-test"
 TINY_SERVE = {
@@ -19,34 +21,64 @@ TINY_SERVE = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Server:
     def __init__(self, thread, app, server, port):
         self.thread, self.app, self.server, self.port = thread, app, server, port
         self.base = f"http://127.0.0.1:{port}"
         self.headers = {"Authorization": f"Bearer {API_KEY}"}
 
+    def http(self):
+        """An httpx client on this server with its API key (use as a context manager)."""
+        import httpx
+
+        return httpx.Client(base_url=self.base, headers=self.headers, timeout=120)
+
+    def openai(self):
+        """The OpenAI SDK's client on this server (no retries)."""
+        from openai import OpenAI
+
+        return OpenAI(base_url=self.base + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
+
+
+@contextmanager
+def serving(th, **app_kw):
+    """EngineThread `th` served by uvicorn on a free port with API_KEY; on exit the server stops
+    and the thread is shut down."""
+    from engine.serve import create_app, run_in_background
+
+    app = create_app(th, api_key=API_KEY, **app_kw)
+    port = free_port()
+    srv = run_in_background(app, "127.0.0.1", port)
+    assert srv.started
+    try:
+        yield Server(th, app, srv, port)
+    finally:
+        srv.should_exit = True
+        srv.thread.join(10)
+        th.shutdown()
+
 
 @pytest.fixture(scope="session")
 def server():
     from engine.config import EngineConfig
-    from engine.serve import create_app, run_in_background
     from engine.thread import EngineThread
 
     th = EngineThread(config=EngineConfig(**TINY_SERVE))
-    app = create_app(th, model_name="kvscope-tiny", api_key=API_KEY, max_body_bytes=64 * 1024, max_waiting=512)
-    port = free_port()
-    srv = run_in_background(app, "127.0.0.1", port)
-    assert srv.started
-    yield Server(th, app, srv, port)
-    srv.should_exit = True
-    srv.thread.join(10)
-    th.shutdown()
+    with serving(th, model_name="kvscope-tiny", max_body_bytes=64 * 1024, max_waiting=512) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    """httpx client on `server` with its API key (a module overrides it to talk to another)."""
+    with server.http() as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    """The OpenAI SDK on `server`."""
+    return server.openai()
 
 
 @pytest.fixture(scope="session")
@@ -90,7 +122,6 @@ def tools_server():
 
     from engine.config import EngineConfig
     from engine.models import default_hf_folder, load_model, register_model, unregister_model
-    from engine.serve import create_app, run_in_background
     from engine.thread import EngineThread
 
     model, _ = load_model("tiny", "cpu", "float32")
@@ -98,12 +129,6 @@ def tools_server():
     tok.chat_template = TOOLS_TEMPLATE
     register_model("mem:tiny-tools", model, tok)
     th = EngineThread(config=EngineConfig(**TOOLS_SERVE))
-    app = create_app(th, model_name="kvscope-tools", api_key=API_KEY, max_body_bytes=256 * 1024, max_waiting=64)
-    port = free_port()
-    srv = run_in_background(app, "127.0.0.1", port)
-    assert srv.started
-    yield Server(th, app, srv, port)
-    srv.should_exit = True
-    srv.thread.join(10)
-    th.shutdown()
+    with serving(th, model_name="kvscope-tools", max_body_bytes=256 * 1024, max_waiting=64) as srv:
+        yield srv
     unregister_model("mem:tiny-tools")

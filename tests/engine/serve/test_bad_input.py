@@ -15,12 +15,6 @@ GOOD = {"model": "kvscope-tiny", "prompt": "Hello", "max_tokens": 2, "temperatur
 CHAT = {"model": "kvscope-tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "temperature": 0}
 
 
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.base, headers=server.headers, timeout=120) as c:
-        yield c
-
-
 def assert_error(r, status, *words, param="any"):
     assert r.status_code == status, r.text
     body = r.json()
@@ -289,8 +283,9 @@ def test_engine_down_is_503():
     from engine.config import EngineConfig
     from engine.serve import create_app, run_in_background
     from engine.thread import EngineThread
+    from tests.ports import free_port
 
-    from .conftest import TINY_SERVE, free_port
+    from .conftest import TINY_SERVE
 
     th = EngineThread(config=EngineConfig(**TINY_SERVE))
     port = free_port()

@@ -11,8 +11,7 @@ import httpx
 import pytest
 
 from engine.serve import cli
-
-from .conftest import free_port
+from tests.ports import free_port
 
 
 def config_of(*argv):

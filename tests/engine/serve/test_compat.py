@@ -14,13 +14,6 @@ from engine.serve.routes import IGNORED_HEADER
 
 from .test_bad_input import CHAT, GOOD, assert_error
 
-
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.base, headers=server.headers, timeout=120) as c:
-        yield c
-
-
 # bodies as LangChain / LiteLLM / the OpenAI SDK send them (fields they add by default)
 CLIENT_EXTRAS = {
     "metadata": {"k": "v"},

@@ -2,20 +2,12 @@
 streamed and not, usage counts, greedy text equal to LLM.generate, n > 1 sharing the prompt's
 blocks (ref count n), logprobs, min_tokens."""
 
-import openai
 import pytest
 
 from engine import SamplingParams
 
-from .conftest import API_KEY
-
 PROMPT = "The paged KV cache stores keys and values in fixed-size blocks so that"
 MSG = "Explain prefix caching in one sentence."
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.base + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
 
 
 def idle(th):

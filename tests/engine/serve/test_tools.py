@@ -19,7 +19,7 @@ from engine.serve.tools import (
     template_supports_tools,
 )
 
-from .conftest import API_KEY, TOOLS_TEMPLATE
+from .conftest import TOOLS_TEMPLATE
 
 WEATHER = {
     "type": "function",
@@ -180,15 +180,13 @@ def test_history_tool_call_arguments_reach_the_template_as_a_mapping():
 
 # ------------------------------------------------------------------ the wire
 @pytest.fixture(scope="module")
-def client(tools_server):
-    from openai import OpenAI
-
-    return OpenAI(base_url=tools_server.base + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
+def client(tools_server):  # this module talks to the tools server
+    return tools_server.openai()
 
 
 @pytest.fixture(scope="module")
 def http(tools_server):
-    with httpx.Client(base_url=tools_server.base, headers=tools_server.headers, timeout=120) as c:
+    with tools_server.http() as c:
         yield c
 
 
