@@ -1,6 +1,6 @@
 """Browser fixtures: Streamlit servers, headless Chromium, pinned contexts and pages.
 
-Helpers (wait_drawn, click_and_wait, open_page, assert_screenshot, assert_no_exception,
+Helpers (wait_drawn, click_and_wait, open_page, main_text, assert_screenshot, assert_no_exception,
 page_has_no_exception) live in tests/browser/shot.py; import them from there:
 
     from tests.browser.shot import assert_screenshot, click_and_wait, open_page
@@ -55,7 +55,7 @@ def app_server(streamlit_server) -> StreamlitServer:
 # ---------------------------------------------------------------------------------------------
 # fresh_server (function): factory start(script=APP_SCRIPT, env=None) -> StreamlitServer that
 # starts a NEW server each call and stops it when the test ends. For "first request on a freshly
-# started server" checks (direct page URLs, SCREENSHOTS.md pitfall 1) and restart-determinism.
+# started server" checks (direct page URLs: docs/DESIGN.md, "Pages and direct URLs") and restart-determinism.
 # ---------------------------------------------------------------------------------------------
 @pytest.fixture
 def fresh_server():

@@ -1,7 +1,7 @@
 """Deterministic browser checks of the Streamlit app: server process, Chromium, waits, screenshots.
 
 Plain functions and one class, used by the fixtures in tests/browser/conftest.py and by browser
-tests directly. The recipe (flags, waits, hiding) follows /work/shared/SCREENSHOTS.md: it gave
+tests directly. The recipe (flags, waits, hiding; summed up in docs/DESIGN.md, "Tests") gave
 pixel-identical shots across server and browser restarts on these machines.
 
 Timeouts below are hang guards (generous for 2 busy cores), never speed assertions. They scale
@@ -15,7 +15,6 @@ import io
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,8 @@ from pathlib import Path
 
 from PIL import Image
 from pixelmatch.contrib.PIL import pixelmatch
+
+from tests.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 APP_SCRIPT = REPO_ROOT / "app.py"
@@ -199,12 +200,6 @@ _EXCEPTION_TEXT_JS = """
 # --------------------------------------------------------------------------------------------
 # Streamlit server
 # --------------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _die_with_parent() -> None:
@@ -468,6 +463,11 @@ def open_page(page, base_url: str, url_path: str = "", timeout_s: float | None =
 # --------------------------------------------------------------------------------------------
 # Checks
 # --------------------------------------------------------------------------------------------
+
+
+def main_text(page) -> str:
+    """The main area's text as the browser renders it (sidebar excluded)."""
+    return page.inner_text('[data-testid="stMain"]')
 
 
 def exception_text(page) -> str:

@@ -16,6 +16,7 @@ from tests.browser.shot import (
     choose_option,
     click_and_wait,
     diff_pixels,
+    main_text,
     new_context,
     open_page,
     page_has_no_exception,
@@ -66,7 +67,7 @@ def test_shots_identical_across_fresh_servers(fresh_server, browser):
             page = ctx.new_page()
             open_page(page, server.url, "/")
             assert page.locator(".js-plotly-plot .main-svg").count() >= 1
-            assert "Not clicked yet" in page.inner_text('[data-testid="stMain"]')
+            assert "Not clicked yet" in main_text(page)
             assert_screenshot(page, "infra_demo")
             shots.append(Image.open(io.BytesIO(take_screenshot(page))))
         finally:

@@ -14,7 +14,15 @@ from dataclasses import asdict
 
 import pytest
 
-from tests.browser.shot import APP_SCRIPT, assert_no_exception, assert_screenshot, click_and_wait, open_page, wait_drawn
+from tests.browser.shot import (
+    APP_SCRIPT,
+    assert_no_exception,
+    assert_screenshot,
+    click_and_wait,
+    main_text,
+    open_page,
+    wait_drawn,
+)
 from tests.factories import make_engine_info
 
 pytestmark = pytest.mark.browser
@@ -26,12 +34,8 @@ def mem_server(streamlit_server):
     return streamlit_server(APP_SCRIPT, env=MEMORY_ENV)
 
 
-def _main_text(page) -> str:
-    return page.inner_text('[data-testid="stMain"]')
-
-
 def test_direct_urls_and_initial_states(mem_server, page):
-    # the first URL this server ever answers is a memory page (SCREENSHOTS.md pitfall 1)
+    # the first URL this server ever answers is a memory page (docs/DESIGN.md, "Pages and direct URLs")
     for path, shot, heading in (
         ("load", "mem_load_initial", "Concurrent load"),
         ("prefix_cache", "mem_prefix_cache_initial", "Prefix cache"),
@@ -45,7 +49,7 @@ def test_direct_urls_and_initial_states(mem_server, page):
 
 def test_replay_demo_trace(mem_server, page):
     open_page(page, mem_server.url, "replay")
-    text = _main_text(page)
+    text = main_text(page)
     assert "model default" in text and "Engine step" in text
     assert page.locator(".js-plotly-plot").count() >= 5  # 4 over-time charts + pool map
     assert_screenshot(
@@ -57,7 +61,7 @@ def test_paged_vs_contiguous_run(mem_server, page):
     open_page(page, mem_server.url, "paged_vs_contiguous")
     click_and_wait(page, page.get_by_role("button", name="Run both allocators"))
     assert_no_exception(page)
-    text = _main_text(page)
+    text = main_text(page)
     assert "What the run shows" in text and "produced identical tokens" in text
     assert_screenshot(page, "mem_paged_vs_contiguous_run")
 
@@ -66,7 +70,7 @@ def test_cache_vs_nocache_exercise(mem_server, page):
     open_page(page, mem_server.url, "cache_vs_nocache")
     click_and_wait(page, page.get_by_role("button", name="Run the three engines"))
     assert_no_exception(page)
-    text = _main_text(page)
+    text = main_text(page)
     assert "MemoryBudgetExceeded there" in text and "50 / 50" in text
     assert_screenshot(page, "mem_cache_vs_nocache_exercise")
 
@@ -79,7 +83,7 @@ def test_load_run_draws_engine_numbers(mem_server, page):
     n.press("Tab")
     click_and_wait(page, page.get_by_role("button", name="Launch load"))
     assert_no_exception(page)
-    text = _main_text(page)
+    text = main_text(page)
     assert "6 / 6" in text and "done" in text
     assert page.locator(".js-plotly-plot").count() >= 4
     assert "admit" in page.inner_text("table.kvs-ev")
@@ -131,7 +135,7 @@ def _hostile_trace() -> bytes:
 def test_replay_upload_hostile_and_bad_files(mem_server, page, tmp_path):
     open_page(page, mem_server.url, "replay")
     click_and_wait(page, page.get_by_text("Upload a file"))
-    assert "Engine step" not in _main_text(page)  # the demo is no longer shown
+    assert "Engine step" not in main_text(page)  # the demo is no longer shown
     hostile = tmp_path / "hostile.jsonl"
     hostile.write_bytes(_hostile_trace())
     page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(str(hostile))
@@ -146,4 +150,4 @@ def test_replay_upload_hostile_and_bad_files(mem_server, page, tmp_path):
     bad.write_text('{"kind": "kvscope-trace", "version": 1}\n{"kind": "snapshot", "snapshot": {"step": 1')
     page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(str(bad))
     page.wait_for_function("() => document.body.innerText.includes('Not a usable trace')", timeout=120_000)
-    assert "trace line 2" in _main_text(page)
+    assert "trace line 2" in main_text(page)

@@ -49,7 +49,7 @@ def _hide_timing(page):
 
 
 def test_direct_page_urls_on_a_fresh_server(fresh_app_server, page):
-    # the very first request to this server is a page URL (SCREENSHOTS.md pitfall 1)
+    # the very first request to this server is a page URL (docs/DESIGN.md, "Pages and direct URLs")
     open_page(page, fresh_app_server.url, "playground")
     assert page.locator("h1", has_text="Playground").count() == 1
     assert page.get_by_role("button", name="Generate").count() == 1

@@ -23,6 +23,7 @@ from tests.browser.shot import (
     assert_screenshot,
     choose_option,
     click_and_wait,
+    main_text,
     open_page,
     rerun_after,
     take_screenshot,
@@ -48,10 +49,6 @@ ALL_PAGES = (
 @pytest.fixture(scope="module")
 def states_server(streamlit_server):
     return streamlit_server(APP_SCRIPT, env=STATES_ENV)
-
-
-def _main_text(page) -> str:
-    return page.inner_text('[data-testid="stMain"]')
 
 
 def _metric(page, label: str) -> str:
@@ -93,7 +90,7 @@ def test_memory_calculator_mistral_7b_long_context(states_server, page):
     assert per_token == 131_072
     assert _metric(page, "KV bytes per token") == f"{per_token:,} B"
     assert _metric(page, "KV per sequence") == "4 GiB"  # 131,072 x 32,768 = 4 x 2^30
-    text = _main_text(page)
+    text = main_text(page)
     assert "Mistral-7B (v0.2): GQA" in text
     assert "they fit" in text
     assert page.locator(".js-plotly-plot").count() == 3
@@ -107,7 +104,7 @@ def test_load_mid_run_replayed(states_server, page):
     """Release-freeze on the default model, at the busiest recorded tick (the Replay page's
     default): requests running and waiting, blocks in use, per-request rows."""
     _open_demo_trace(page, states_server.url, "release-freeze")
-    text = _main_text(page)
+    text = main_text(page)
     assert "model default" in text
     running, waiting = (int(x) for x in _metric(page, "Running/waiting").split(" / "))
     assert running + waiting > 0
@@ -124,7 +121,7 @@ def test_load_live_finished(states_server, page):
     _set_number(page, "Requests", 4)
     click_and_wait(page, page.get_by_role("button", name="Launch load"))
     assert_no_exception(page)
-    text = _main_text(page)
+    text = main_text(page)
     assert "done" in text
     assert _metric(page, "Running/waiting") == "0 / 0"
     submitted = _metric(page, "Submitted")
@@ -141,7 +138,7 @@ def test_prefix_cache_result_replayed(states_server, page):
     """One long system prompt shared by many user turns, recorded on the default model, at the
     busiest tick: the pool map shows blocks held by several requests (×n)."""
     _open_demo_trace(page, states_server.url, "shared-system-prompt")
-    text = _main_text(page)
+    text = main_text(page)
     assert "model default" in text
     assert "prefix_hit" in page.inner_text("table.kvs-ev") or "from prefix cache" in text
     assert_screenshot(

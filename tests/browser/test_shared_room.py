@@ -15,7 +15,15 @@ import re
 
 import pytest
 
-from tests.browser.shot import APP_SCRIPT, assert_no_exception, click_and_wait, new_context, open_page, wait_drawn
+from tests.browser.shot import (
+    APP_SCRIPT,
+    assert_no_exception,
+    click_and_wait,
+    main_text,
+    new_context,
+    open_page,
+    wait_drawn,
+)
 
 pytestmark = pytest.mark.browser
 ROOM_ENV = {"KVSCOPE_TEST_SERVER": "shared-room"}
@@ -25,10 +33,6 @@ LONG_S = 600  # a hang guard on busy cores, not a speed assertion
 @pytest.fixture(scope="module")
 def room_server(streamlit_server):
     return streamlit_server(APP_SCRIPT, env=ROOM_ENV)
-
-
-def _main(page) -> str:
-    return page.inner_text('[data-testid="stMain"]')
 
 
 def test_load_keeps_running_through_a_speculative_comparison(room_server, browser):
@@ -42,7 +46,7 @@ def test_load_keeps_running_through_a_speculative_comparison(room_server, browse
         a.get_by_role("button", name="Launch load").click()
         click_and_wait(b, b.get_by_role("button", name="Run speculative and plain decoding"), timeout_s=LONG_S)
         assert_no_exception(b)
-        text = _main(b)
+        text = main_text(b)
         assert "Conditions: median of 3 rounds" in text, text[-2000:]
         assert "plain and spec alternated" in text
         assert "the shared engine was not rebuilt and no request was aborted" in text
@@ -54,7 +58,7 @@ def test_load_keeps_running_through_a_speculative_comparison(room_server, browse
         )
         wait_drawn(a, LONG_S)
         assert_no_exception(a)
-        ta = _main(a)
+        ta = main_text(a)
         m = re.search(
             r"This run's requests: (\d+) finished, (\d+) aborted, (\d+) rejected or failed, "
             r"(\d+) in flight",
@@ -79,14 +83,14 @@ def test_reload_keeps_the_run_and_another_persons_rebuild_does_not_break_it(room
         open_page(a, room_server.url, "speculative")
         click_and_wait(a, a.get_by_role("button", name="Run speculative and plain decoding"), timeout_s=LONG_S)
         assert "run=" in a.url
-        first = _main(a)
+        first = main_text(a)
         head = re.search(r"Result — [^\n]+", first).group(0)
         cond = re.search(r"Conditions: [^\n]+", first).group(0)
         # reload mid-session: the same run is drawn again from the server-side record
         a.reload(wait_until="domcontentloaded")
         wait_drawn(a, LONG_S)
         assert_no_exception(a)
-        again = _main(a)
+        again = main_text(a)
         assert head in again and cond in again
         # B changes the engine for everyone (block size; confirmed), A's page keeps working
         open_page(b, room_server.url, "")
@@ -99,7 +103,7 @@ def test_reload_keeps_the_run_and_another_persons_rebuild_does_not_break_it(room
         a.reload(wait_until="domcontentloaded")
         wait_drawn(a, LONG_S)
         assert_no_exception(a)
-        assert head in _main(a) and cond in _main(a)
+        assert head in main_text(a) and cond in main_text(a)
     finally:
         a_ctx.close()
         b_ctx.close()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import time
 import urllib.request
@@ -20,6 +19,7 @@ import urllib.request
 import pytest
 
 from engine.bench.peers import peers_dir, vllm_command
+from tests.ports import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytestmark = pytest.mark.slow
@@ -28,12 +28,6 @@ BLOCK = 128  # vLLM CPU's default block size; the test also reads it from the se
 SHARED = list(range(1000, 1000 + 3 * BLOCK))
 PROMPT_A = SHARED + list(range(5000, 5000 + BLOCK + 40))
 PROMPT_B = SHARED + list(range(9000, 9000 + BLOCK + 10))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _post(url: str, body: dict, timeout: float = 300) -> dict:
@@ -46,7 +40,7 @@ def _post(url: str, body: dict, timeout: float = 300) -> dict:
 def vllm_server():
     if vllm_command() is None:
         pytest.skip(f"no vLLM peer venv in {peers_dir()}/vllm (scripts/peers.sh install-vllm)")
-    port, ev, rp = _free_port(), _free_port(), _free_port()
+    port, ev, rp = free_port(), free_port(), free_port()
     env = dict(
         os.environ,
         VLLM_PORT=str(port),
