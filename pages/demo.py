@@ -17,7 +17,7 @@ from ui.figures import load as L
 from ui.figures import pool, theme
 from ui.figures import replay as R
 from ui.widgets import engine_access as ea
-from ui.widgets import mode, shell
+from ui.widgets import mode, room, shell
 from ui.widgets.batching_view import batching_view
 
 shell.enter_app()
@@ -186,11 +186,12 @@ if st.button("Run this story live", key=f"demo_live_btn_{which}"):
     now = th.snapshot()
     rec = recording.SnapshotRecorder(run_id, start_time=now.time, start_seq=th.events.last_seq)
     feeder = recording.LoadFeeder(
-        th.submit,
+        room.submitter(th),
         reqs,
         lambda r: SamplingParams(**r.sampling_kwargs()),
         run_id,
         time_scale=mode.current().time_scale,
+        bound_to=th,
     )
     SS[run_key] = {"run_id": run_id, "feeder": feeder, "rec": rec}
     feeder.start()

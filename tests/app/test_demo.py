@@ -53,5 +53,9 @@ def test_run_live_on_the_shared_engine(demo_page):
     run = at.session_state["demo_live_release-freeze"]
     fs = run["feeder"].snapshot_status()
     assert fs.done and fs.submitted + fs.rejected == len(D.release_freeze_requests())
+    from ui.widgets import room
+
+    owners = {room.room().owner(rid) for rid in fs.request_ids}  # this tab's, as the Load page's are
+    assert len(owners) == 1 and None not in owners and "" not in owners, owners
     text = H.html(at)
     assert "Conversations grow" in text and "is admitted with" in text
