@@ -36,10 +36,6 @@ def _evict_steps(rid: str) -> list[int]:
         return []
 
 
-def _fmt_bytes(n: int) -> str:
-    return f"{n:,} B" if n < 1024 else f"{n / 1024:,.1f} KiB" if n < 2**20 else f"{n / 2**20:,.1f} MiB"
-
-
 def render_views(rid: str | None, tag: str) -> None:
     snap = ea.current_snapshot(th)
     colors = theme.request_colors_for(snap)
@@ -65,7 +61,7 @@ def render_views(rid: str | None, tag: str) -> None:
             help="generated tokens after the first / time since the first token (wall clock)",
         )
     c[2].metric("Prompt · output", f"{req.prompt_len} · {req.output_len}", help="tokens")
-    c[3].metric("K/V held", _fmt_bytes(req.kv_bytes), help="bytes of keys and values this request holds now")
+    c[3].metric("K/V held", L.format_bytes(req.kv_bytes), help="bytes of keys and values this request holds now")
     st.caption(
         f"State: {req.state}"
         + (f" ({req.finish_reason})" if req.finish_reason else "")

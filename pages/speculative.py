@@ -121,35 +121,6 @@ def _wanted():
     )
 
 
-def _event_time(e, *names):
-    for n in names:
-        v = e.data.get(n)
-        if isinstance(v, (int, float)):
-            return float(v) / (1000.0 if n.endswith("_ms") else 1.0)
-    return None
-
-
-def _costs(spec_req, plain_req, verify_events) -> spec.Costs:
-    def per_token(r):
-        if r is None or r.first_token_time is None or r.finish_time is None or r.output_len < 2:
-            return None
-        return (r.finish_time - r.first_token_time) / (r.output_len - 1)
-
-    def e2e(r):
-        return None if r is None or r.finish_time is None else r.finish_time - r.arrival_time
-
-    d = [t for t in (_event_time(e, "draft_time_s", "draft_s", "draft_ms") for e in verify_events) if t is not None]
-    v = [t for t in (_event_time(e, "verify_time_s", "verify_s", "verify_ms") for e in verify_events) if t is not None]
-    return spec.Costs(
-        plain_per_token=per_token(plain_req),
-        spec_per_token=per_token(spec_req),
-        draft_per_pass=sum(d) / len(d) if d else None,
-        verify_per_pass=sum(v) / len(v) if v else None,
-        plain_e2e=e2e(plain_req),
-        spec_e2e=e2e(spec_req),
-    )
-
-
 # The comparison runs on a private engine that shares the loaded weights (engine/experiments.py):
 # the shared engine is never rebuilt and nobody's requests are aborted. It runs in the background
 # (ui/widgets/room.py), so this tab can be reloaded and other tabs are never blocked.
@@ -249,7 +220,7 @@ if sreq is None:
     st.stop()
 summ = spec.request_summary(sreq)
 pc = spec.position_counts(sreq.tokens)
-costs = _costs(sreq, preq, res.verify)
+costs = spec.measured_costs(sreq, preq, res.verify)
 cmp_ = res.comparison
 
 st.subheader(f"Result — {res.label or 'speculation off'}")

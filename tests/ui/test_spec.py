@@ -111,6 +111,24 @@ def test_costs_and_speedup():
     assert spec.Costs().speedup is None
 
 
+def test_measured_costs_from_the_runs_and_their_verify_events():
+    from engine.trace_events import Event
+
+    plain = request("p", state="finished", output_len=11, arrival_time=0.0, first_token_time=0.5, finish_time=1.5)
+    sped = request("s", state="finished", output_len=11, arrival_time=0.0, first_token_time=0.5, finish_time=1.0)
+    evs = [
+        Event(seq=1, step=3, time=0.6, kind="verify", request_id="s", data={"draft_time_s": 0.002, "verify_ms": 30}),
+        Event(seq=2, step=4, time=0.7, kind="verify", request_id="s", data={"draft_ms": 4.0, "verify_time_s": 0.01}),
+        Event(seq=3, step=5, time=0.8, kind="verify", request_id="s", data={"draft_time_s": "n/a"}),
+    ]
+    c = spec.measured_costs(sped, plain, evs)
+    assert c.plain_per_token == pytest.approx(0.1) and c.spec_per_token == pytest.approx(0.05)
+    assert c.draft_per_pass == pytest.approx(0.003) and c.verify_per_pass == pytest.approx(0.02)
+    assert (c.plain_e2e, c.spec_e2e) == (1.5, 1.0) and c.speedup == pytest.approx(1.5)
+    running = request("r", output_len=1, first_token_time=0.5)
+    assert spec.measured_costs(running, None, []) == spec.Costs()
+
+
 def _growth_request():
     h = [
         hist(100, 0, 0, "waiting"),

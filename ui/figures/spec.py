@@ -289,6 +289,39 @@ class Costs:
         return None
 
 
+def _event_time(e, *names) -> float | None:
+    for n in names:
+        v = e.data.get(n)
+        if isinstance(v, (int, float)):
+            return float(v) / (1000.0 if n.endswith("_ms") else 1.0)
+    return None
+
+
+def measured_costs(spec_req, plain_req, verify_events) -> Costs:
+    """Costs of a speculative run and its plain twin (RequestInfos; either may be None) and the
+    run's verify Events: decode time per token after the first, end-to-end time, and the mean
+    draft and verify time per pass from the events' timings (seconds, or *_ms)."""
+
+    def per_token(r):
+        if r is None or r.first_token_time is None or r.finish_time is None or r.output_len < 2:
+            return None
+        return (r.finish_time - r.first_token_time) / (r.output_len - 1)
+
+    def e2e(r):
+        return None if r is None or r.finish_time is None else r.finish_time - r.arrival_time
+
+    d = [t for t in (_event_time(e, "draft_time_s", "draft_s", "draft_ms") for e in verify_events) if t is not None]
+    v = [t for t in (_event_time(e, "verify_time_s", "verify_s", "verify_ms") for e in verify_events) if t is not None]
+    return Costs(
+        plain_per_token=per_token(plain_req),
+        spec_per_token=per_token(spec_req),
+        draft_per_pass=sum(d) / len(d) if d else None,
+        verify_per_pass=sum(v) / len(v) if v else None,
+        plain_e2e=e2e(plain_req),
+        spec_e2e=e2e(spec_req),
+    )
+
+
 def costs_figure(c: Costs, *, height: int = 340) -> go.Figure:
     """Measured milliseconds: plain decode per token vs speculative per token, and the
     speculative pass split into draft + verify."""
