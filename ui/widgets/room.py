@@ -4,13 +4,14 @@ change the engine for everyone.
 - Ownership: every request a page submits is recorded against the Streamlit session that sent it
   (`submit`, `submitter`), so engine-wide views can highlight "yours" and a rebuild can say whose
   requests it would abort (`inflight_counts`).
-- Background runs (`start_run`, `get_run`): a page experiment runs on a daemon thread, on its own
+- Background runs (`start_run`, `current_run`): a page experiment runs on a daemon thread, on its own
   private engine, with its state kept here (server-side, keyed by a run id the page puts in the URL
-  as ?run=...), so reloading the tab keeps showing the run and no tab waits for another's
-  experiment. Private experiments queue on experiments.RUN_LOCK (they compete for the same cores).
+  as ?run=...), so reloading the tab keeps showing the run and no tab is blocked while it runs.
+  It queues on experiments.RUN_LOCK behind other private-engine measurements (they compete for
+  the same cores), the ones pages run inline included.
 - Access (`shared`, `operator_token`, `is_operator`): KVSCOPE_SHARE=1 means the app is served to
   a room (scripts/run.sh binds 0.0.0.0 then); KVSCOPE_OPERATOR_TOKEN, when set, limits the actions
-  that change the engine for everyone (rebuild, KV budget, evict, abort others' requests) to the
+  that change the engine for everyone (the sidebar's rebuild, the Load page's KV budget) to the
   sessions that entered it in the sidebar. Viewers still run their own prompts.
 """
 
