@@ -35,11 +35,18 @@ class BatchRow:
     logits_from: int  # index within `tokens` of the first row whose logits are needed (-1: none)
 
 
-def slot_mapping(rows: list[BatchRow], block_size: int) -> list[int]:
-    """The flat pool slot (block id * block_size + offset) of every token fed, in batch order:
-    where each token's K/V is written. The one home of the rule for both forward paths."""
+def token_slots(block_table, block_size: int, start: int, end: int) -> list[int]:
+    """The flat pool slot (block id * block_size + offset) of each position in [start, end) of a
+    request holding `block_table`: the one home of the token -> pool slot rule (the forward
+    writes K/V there; rollbacks and drafters clear them there)."""
     bs = block_size
-    return [r.block_table[p // bs] * bs + p % bs for r in rows for p in range(r.start, r.start + len(r.tokens))]
+    return [block_table[p // bs] * bs + p % bs for p in range(start, end)]
+
+
+def slot_mapping(rows: list[BatchRow], block_size: int) -> list[int]:
+    """token_slots of every token fed, in batch order: where each token's K/V is written, for
+    both forward paths (the C path gets this list too)."""
+    return [s for r in rows for s in token_slots(r.block_table, block_size, r.start, r.start + len(r.tokens))]
 
 
 def _weight_pack(model, weight_format: str):

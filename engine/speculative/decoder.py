@@ -22,7 +22,7 @@ import torch
 from .. import rates
 from .. import trace_events as ev
 from ..block_manager import cdiv
-from ..runner import BatchRow
+from ..runner import BatchRow, token_slots
 from ..sampler import probs as sampler_probs
 from ..snapshot import SpecMetrics
 from .drafters import ModelDrafter, SpecContext, _check_same_tokenizer, draft_id, ngram_propose
@@ -135,7 +135,7 @@ class SpecDecoder:
             a = time.perf_counter()
             r.forward([BatchRow("calib", ctx, toks[ctx : ctx + self.k + 1], table, 0)])
             tk.append(time.perf_counter() - a)
-        r.clear_slots([b * bs + o for b in table for o in range(bs)])
+        r.clear_slots(token_slots(table, bs, 0, len(table) * bs))  # every slot of the borrowed blocks
         self.costs.add(1, float(np.median(t1[1:])))
         self.costs.add(self.k + 1, float(np.median(tk[1:])))
         self.calibration = {"context": ctx, "plain_s": float(np.median(t1[1:])), "verify_s": float(np.median(tk[1:]))}
