@@ -150,7 +150,6 @@ class LLMEngine:
             self._emit,
             self.runner.swap_out,
             self.runner.swap_in,
-            self.runner.copy_blocks,
             clock=self.now,
             bytes_per_token=self.bytes_per_token,
         )

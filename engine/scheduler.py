@@ -42,7 +42,6 @@ class Scheduler:
         emit: Callable,
         swap_out: Callable,
         swap_in: Callable,
-        copy_blocks: Callable,
         *,
         clock: Callable[[], float],
         bytes_per_token: int,
@@ -52,7 +51,6 @@ class Scheduler:
         self.emit = emit  # emit(kind, request_id, **data)
         self.swap_out_fn = swap_out  # perform (gpu block, swap slot) copies
         self.swap_in_fn = swap_in  # perform (swap slot, gpu block) copies
-        self.copy_blocks_fn = copy_blocks  # perform (src, dst) copies (copy-on-write)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()
