@@ -14,8 +14,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .block_manager import BlockManager, cdiv
+from .block_manager import BlockManager
 from .config import EngineConfig
+from .kv_layout import cdiv
 from .sequence import Request, Status, WaitReason
 from .trace_events import EventKind
 

@@ -21,7 +21,7 @@ import torch
 
 from .. import rates
 from .. import trace_events as ev
-from ..block_manager import cdiv
+from ..kv_layout import cdiv
 from ..runner import BatchRow, token_slots
 from ..sampler import probs as sampler_probs
 from ..snapshot import SpecMetrics

@@ -29,8 +29,9 @@ import numpy as np
 import torch
 
 from .. import trace_events as ev
-from ..block_manager import BlockManager, cdiv
+from ..block_manager import BlockManager
 from ..config import EngineConfig
+from ..kv_layout import cdiv
 from ..runner import BatchRow, ModelRunner, token_slots
 from ..sampler import probs as sampler_probs
 from ..scheduler import Scheduler
