@@ -16,7 +16,7 @@ import torch
 from . import attention, cpu_kernels, fused_decode, kv_quant, linear, paged_flex
 from . import device as device_policy
 from .attention import AttnMetadata, PrefillItem, build_decode_mask, forward_context
-from .kv_layout import cdiv, dtype_bytes, kv_bytes_per_token, kv_geometry, kv_scale_bytes
+from .kv_layout import cdiv, kv_geometry
 
 KERNEL_MAX_QUERY_TOKENS = 32  # up to this many new tokens after earlier context go to the decode kernel
 # model types whose HF model forward is exactly embed -> rotary -> decoder layers -> norm, so the
@@ -201,17 +201,6 @@ class ModelRunner:
             elif w.dim() == 1:
                 rest += w.numel() * w.element_size()
         return lin + rest
-
-    @property
-    def bytes_per_token(self) -> int:
-        """K+V bytes of one token in this pool, all its layers (kv_layout's formula, scales included)."""
-        return kv_bytes_per_token(
-            self.num_layers,
-            self.num_kv_heads,
-            self.head_dim,
-            dtype_bytes(self.kv_format),
-            scale_bytes=kv_scale_bytes(self.kv_format),
-        )
 
     # ------------------------------------------------------------------ block copies
     @torch.inference_mode()

@@ -191,9 +191,11 @@ def test_byte_budget_holds_the_formulas_tokens():
     from ui.presets import PRESETS
 
     s = PRESETS["SmolLM2-135M"]
-    assert mm.kv_bytes_per_token(s, "int8") == 2 * 30 * 3 * (64 + 4) == 12_240
-    assert mm.kv_bytes_per_token(s, "fp32") / mm.kv_bytes_per_token(s, "int8") == pytest.approx(3.765, abs=1e-3)
-    blocks = {dt: (64 << 20) // (16 * mm.kv_bytes_per_token(s, dt)) for dt in ("fp32", "bf16", "int8")}
+    assert mm.config_kv_bytes_per_token(s, "int8") == 2 * 30 * 3 * (64 + 4) == 12_240
+    assert mm.config_kv_bytes_per_token(s, "fp32") / mm.config_kv_bytes_per_token(s, "int8") == pytest.approx(
+        3.765, abs=1e-3
+    )
+    blocks = {dt: (64 << 20) // (16 * mm.config_kv_bytes_per_token(s, dt)) for dt in ("fp32", "bf16", "int8")}
     assert blocks == {"fp32": 91, "bf16": 182, "int8": 342}  # blocks of 16 tokens in 64 MiB
 
 
