@@ -287,7 +287,7 @@ class LLMEngine:
                 self._emit(ev.REJECT, request_id, reason=str(e))
                 self.metrics.num_rejected += 1
                 raise
-        req.waiting_reason, req.wait_reason = "queued", WaitReason.QUEUED
+        req.wait_reason, req.wait_reason_text = WaitReason.QUEUED, "queued"
         self.requests[request_id] = req
         self.scheduler.add(req)
         req.add_history(self.step_num, self.now(), 0, self.bytes_per_token, "waiting")
@@ -581,7 +581,7 @@ class LLMEngine:
             first_token_time=r.first_token_time,
             finish_time=r.finish_time,
             finish_reason=r.finish_reason,
-            waiting_reason=r.waiting_reason,
+            waiting_reason=r.wait_reason_text,
             error=r.error,
             num_preemptions=r.num_preemptions,
             prompt_preview=(r.prompt_text or self.decode(r.prompt_token_ids[:64]))[:200],

@@ -97,7 +97,7 @@ class Scheduler:
         if reason in self._MEMORY_WAITS and req.wait_reason != reason:
             self.emit(EventKind.WAIT, req.request_id, wait_reason=reason, reason=text)
         req.wait_reason = reason
-        req.waiting_reason = text
+        req.wait_reason_text = text
 
     def _allocate(self, req: Request, total_tokens: int, computed: list[int] = ()) -> None:
         new = self.bm.allocate(req.request_id, total_tokens, computed)
@@ -306,7 +306,7 @@ class Scheduler:
             budget -= num_new
 
         for req in self.waiting:
-            if req is not (self.waiting[0] if self.waiting else None) and not req.waiting_reason:
+            if req is not (self.waiting[0] if self.waiting else None) and not req.wait_reason_text:
                 self._wait(req, WaitReason.QUEUED, "queued behind earlier requests (FCFS)")
         out.num_batched_tokens = cfg.max_num_batched_tokens - budget
         return out

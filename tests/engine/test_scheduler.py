@@ -82,7 +82,7 @@ def test_admission_is_first_come_first_served_with_counters_and_events():
     assert rows(out) == [("a", 5, 0), ("b", 3, 0), ("c", 6, 0)]
     assert out.num_batched_tokens == 14 and out.preempted == []
     assert [r.admit_order for r in (a, b, c)] == [0, 1, 2]
-    assert all(r.status == Status.RUNNING and r.wait_reason is None and r.waiting_reason is None for r in (a, b, c))
+    assert all(r.status == Status.RUNNING and r.wait_reason is None and r.wait_reason_text is None for r in (a, b, c))
     admits = g.kinds(EventKind.ADMIT)
     assert [rid for rid, _ in admits] == ["a", "b", "c"]
     assert admits[0][1] == {
@@ -103,7 +103,7 @@ def test_token_budget_chunks_a_long_prompt_and_holds_the_queue():
     a, b = g.add("a", 20), g.add("b", 3, first_token=100)
     assert rows(g.step()) == [("a", 8, 0)]
     assert b.wait_reason == WaitReason.TOKEN_BUDGET
-    assert b.waiting_reason == "token budget (max_num_batched_tokens) used up this step"
+    assert b.wait_reason_text == "token budget (max_num_batched_tokens) used up this step"
     assert a.num_computed_tokens == 8 and not a.output_token_ids  # a chunk emits nothing
     assert rows(g.step()) == [("a", 8, 0)]
     assert rows(g.step()) == [("a", 4, 0), ("b", 3, 0)]  # the last chunk leaves room for b
@@ -118,8 +118,8 @@ def test_seq_limit_and_queued_behind_it():
     g.add("b", 4, first_token=50)
     c, d = g.add("c", 4, first_token=100), g.add("d", 4, first_token=150)
     assert rows(g.step()) == [("a", 4, 0), ("b", 4, 0)]
-    assert c.wait_reason == WaitReason.SEQ_LIMIT and c.waiting_reason == "seq limit: max_num_seqs=2 running"
-    assert d.wait_reason == WaitReason.QUEUED and d.waiting_reason == "queued behind earlier requests (FCFS)"
+    assert c.wait_reason == WaitReason.SEQ_LIMIT and c.wait_reason_text == "seq limit: max_num_seqs=2 running"
+    assert d.wait_reason == WaitReason.QUEUED and d.wait_reason_text == "queued behind earlier requests (FCFS)"
     assert [r.request_id for r in g.s.waiting] == ["c", "d"]
 
 
@@ -130,11 +130,11 @@ def test_no_free_blocks_waits_with_one_wait_event_and_counts_for_memory():
     assert rows(g.step()) == [("a", 12, 0)]
     assert b.wait_reason == WaitReason.NO_FREE_BLOCKS
     first = "no free KV blocks: needs 2, 1 free"
-    assert b.waiting_reason == first
+    assert b.wait_reason_text == first
     assert g.s.waiting_for_memory()
     g.step()  # a's next token takes the last block: the sentence changes, the typed reason does not
     g.step()
-    assert b.waiting_reason == "no free KV blocks: needs 2, 0 free"
+    assert b.wait_reason_text == "no free KV blocks: needs 2, 0 free"
     assert g.kinds(EventKind.WAIT) == [("b", {"wait_reason": WaitReason.NO_FREE_BLOCKS, "reason": first})]
 
 
@@ -172,7 +172,7 @@ def test_last_admitted_victim_and_recompute_preemption():
     assert g.s.waiting[0] is b and not g.bm.has_table("b")
     # preempted, then (same step, front of the queue) held back: someone was preempted
     assert b.wait_reason == WaitReason.MEMORY_PRESSURE
-    assert b.waiting_reason == "not admitted: memory pressure (a request was preempted this step)"
+    assert b.wait_reason_text == "not admitted: memory pressure (a request was preempted this step)"
     (rid, pre), *_ = g.kinds(EventKind.PREEMPT)
     assert rid == "b" and pre["mode"] == "recompute" and pre["blocks_freed"] == 2
     assert pre["tokens_to_recompute"] == b.num_tokens == 8
@@ -306,7 +306,7 @@ def test_contiguous_waits_for_a_run_of_free_blocks():
     c = g.add("c", 3, first_token=200)
     assert rows(g.step()) == [("a", 3, 0), ("b", 3, 0)]
     assert c.wait_reason == WaitReason.NO_CONTIGUOUS_RUN
-    assert c.waiting_reason == "no contiguous run of 12 free blocks (0 free in total)"
+    assert c.wait_reason_text == "no contiguous run of 12 free blocks (0 free in total)"
     assert g.bm.table("b") == list(range(12, 24)) and b.status == Status.RUNNING
 
 
