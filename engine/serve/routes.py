@@ -15,7 +15,7 @@ import uuid
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from ..inputs import MAX_PROMPT_CHARS, chat_ids, check_prompt_length, check_unicode
+from ..inputs import MAX_PROMPT_CHARS, chat_ids, check_unicode, text_prompt_ids
 from ..thread import EngineCrashed
 from . import render
 from .bridge import Submitter, Waker
@@ -247,15 +247,8 @@ def _tokenize(th, prompt) -> list[int]:
     """Text -> ids with the engine's tokenizer; token ids pass through (the engine checks them
     against the vocabulary)."""
     if isinstance(prompt, str):
-        if not prompt:
-            raise ValueError("prompt must not be empty")
-        check_prompt_length(prompt)
-        check_unicode(prompt)
         with _TOK_LOCK:
-            ids = list(th.tokenizer.encode(prompt, add_special_tokens=False))
-        if not ids:
-            raise ValueError("prompt must not be empty (it tokenizes to no tokens)")
-        return ids
+            return text_prompt_ids(th.tokenizer, prompt)
     return list(prompt)
 
 
@@ -277,15 +270,9 @@ def _chat_ids(th, req: ChatCompletionRequest) -> list[int]:
 
 
 def _max_tokens(th, requested: int | None, prompt_len: int, tier: str | None = None) -> int:
-    cfg = th.config
     if requested is not None:
         return requested
-    # vLLM's default: the rest of the context; also bounded by what the pool and the tier allow
-    room = min(cfg.max_model_len, th.engine.bm.num_blocks * cfg.block_size) - prompt_len
-    t = cfg.tiers.get(tier or cfg.default_tier or "")
-    if t is not None:
-        room = min(room, t.max_context - prompt_len)
-    return max(1, room)
+    return th.engine.max_completion_tokens(prompt_len, tier)  # the rest of the context, pool and tier
 
 
 def _choice_params(params, j: int):
