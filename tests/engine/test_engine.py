@@ -210,3 +210,12 @@ def test_set_num_blocks_records_the_change():
     assert eng.bm.num_blocks == 10 and eng.info().num_blocks == 10
     (_, d), *_ = events(eng, EventKind.CONFIG)[1:]
     assert d == {"num_blocks": 10, "previous": 32, "reason": "KV budget changed from 32 to 10 blocks"}
+
+
+def test_speculative_calibration_borrows_blocks_from_the_block_manager_and_gives_them_back():
+    eng = tiny(speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    assert eng.spec.calibration is not None and eng.spec.calibration["context"] == 32
+    assert eng.bm.is_empty and eng.bm.free_block_ids() == list(range(eng.bm.num_blocks))
+    assert all(not k.any() and not v.any() for k, v in eng.runner.kv_caches)  # zeroed again
+    assert [e.kind for e in eng.events] == [EventKind.CONFIG]  # lent, not allocated: no event
+    eng.check_invariants()
