@@ -45,7 +45,6 @@ class RequestState(enum.StrEnum):
 
 
 _TERMINAL = frozenset({RequestState.FINISHED, RequestState.REJECTED, RequestState.ABORTED})
-REQUEST_STATES = tuple(RequestState)
 
 # Token marks for the token strip.
 PLAIN, ACCEPTED, REJECTED, BONUS, REPLACED = "plain", "accepted", "rejected", "bonus", "replaced"

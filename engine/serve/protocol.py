@@ -25,10 +25,6 @@ MAX_STOP = 16  # stop strings (SamplingParams' limit)
 MAX_PROMPTS = 64  # prompts in one /v1/completions batch
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
 class _Lenient(BaseModel):
     """Unknown fields kept in model_extra (reported, never used); null -> the field's default."""
 
