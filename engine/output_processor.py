@@ -13,6 +13,7 @@ import torch
 from . import detokenizer
 from . import trace_events as ev
 from .outputs import CompletionOutput, RequestOutput
+from .runner import token_slots
 from .sampler import process, sample
 from .sequence import Request, Status
 from .snapshot import PLAIN
@@ -134,9 +135,8 @@ def _commit_kv(eng, it, row, new_ids: list[int]) -> None:
     if fed_end > req.num_computed_tokens:
         bs = eng.bm.block_size
         table = eng.bm.table(req.request_id)
-        eng.runner.clear_slots(
-            [table[p // bs] * bs + p % bs for p in range(req.num_computed_tokens, fed_end) if p // bs < len(table)]
-        )
+        # positions past the table have no block, so nothing to clear
+        eng.runner.clear_slots(token_slots(table, bs, req.num_computed_tokens, min(fed_end, len(table) * bs)))
     released = eng.bm.commit(req.request_id, req.num_computed_tokens)
     if released:
         eng._emit(ev.BLOCK_FREE, req.request_id, blocks=released, reason="rolled back rejected speculative tokens")
