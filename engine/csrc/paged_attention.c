@@ -225,23 +225,18 @@ static inline __attribute__((always_inline)) void attend_head_fp32(int NV, const
         const v8 vm = sel((v8i){0, 1, 2, 3, 4, 5, 6, 7} < n, v, splat(-INFINITY));
         top = sel(vm > top, vm, top);
     }
-    const float m = fmaxf(fmaxf(fmaxf(top[0], top[1]), fmaxf(top[2], top[3])),
-                          fmaxf(fmaxf(top[4], top[5]), fmaxf(top[6], top[7])));
+    float m = top[0];
+    for (int j = 1; j < 8; j++) m = top[j] > m ? top[j] : m;
     v8 tot = splat(0.f);
-    int l = 0;
-    for (; l + 8 <= L; l += 8) {
+    for (int l = 0; l < L; l += 8) {                    /* the last group's dead lanes count 0 */
         const v8 e = exp_nonpos(ld(sc + l) - m);
-        st(sc + l, e);
-        tot += e;
+        const v8 ev = L - l >= 8 ? e : sel((v8i){0, 1, 2, 3, 4, 5, 6, 7} < L - l, e, splat(0.f));
+        st(sc + l, ev);
+        tot += ev;
     }
-    float total = hsum(tot);
-    for (; l < L; l++) {
-        const float e = exp_nonpos(splat(sc[l] - m))[0];
-        sc[l] = e;
-        total += e;
-    }
+    const float total = hsum(tot);
     for (int i = 0; i < NV; i++) acc[i] = splat(0.f);
-    for (l = 0; l < L; l++) {
+    for (int l = 0; l < L; l++) {
         const float *v = vp + (size_t)rows[l] * Hkv * D;
         const v8 p = splat(sc[l]);
         for (int i = 0; i < NV; i++) acc[i] += p * ld(v + 8 * i);
