@@ -20,7 +20,7 @@ import struct
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from .kv_layout import cdiv  # noqa: F401  (callers import it from here too)
+from .kv_layout import cdiv
 from .snapshot import BlockInfo, BlockState
 from .trace_events import EventKind
 
@@ -96,7 +96,9 @@ class BlockManager:
         return self.num_used_blocks / self.num_blocks if self.num_blocks else 0.0
 
     def table(self, rid: str) -> list[int]:
-        return self.block_tables.get(rid, [])
+        """A copy of rid's block table (logical block i -> block id; [] for none): callers read
+        it, and change it only through this class's methods."""
+        return list(self.block_tables.get(rid, ()))
 
     def num_tokens(self, rid: str) -> int:
         """Tokens whose K/V are written in rid's blocks (0 for a request holding none)."""
@@ -317,10 +319,11 @@ class BlockManager:
         # hit blocks sitting in the free queue are taken out of it, so they don't count as free
         reusable_free = sum(1 for b in computed_blocks if self.blocks[b].ref_cnt == 0)
         if self.allocator == "contiguous" and rid not in self.block_tables:
-            return self._find_run(self.slab_blocks)
+            return self.has_free_run(self.slab_blocks)
         return need <= self.num_free_blocks - reusable_free
 
-    def _find_run(self, n: int) -> bool:
+    def has_free_run(self, n: int) -> bool:
+        """n consecutive free block ids exist (what a contiguous slab needs)."""
         run = 0
         for i in range(self.capacity):
             run = run + 1 if i in self.free_queue else 0

@@ -29,7 +29,6 @@ PAGED_WASTE_MAX, CONTIG_WASTE_MIN = 0.04, 0.6  # seed 004: under 4 % vs 60-80 %
 PREFIX_TTFT_MAX_RATIO = 0.5  # a prefix hit must at least halve TTFT
 SPEC_PASSAGE_MIN, SPEC_OPEN_MIN = 2.0, 0.95  # seed 004: 2-3x; never much below plain
 SPEC_THEORY_TOL = 0.25  # measured tokens per pass within 25 % of (1 - a^(k+1)) / (1 - a)
-RECALL_MIN = 0.9  # quantized-KV recall vs full precision
 
 _STAMP = re.compile(r"^(?P<suite>[a-z_]+)-(?P<stamp>\d{8}T\d{6}Z)\.json$")
 

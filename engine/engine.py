@@ -15,14 +15,13 @@ from dataclasses import dataclass
 
 import torch
 
-from . import detokenizer, kv_quant, output_processor, pool_sizing
+from . import detokenizer, inputs, kv_quant, output_processor, pool_sizing
 from . import trace_events as ev
 from .block_manager import BlockManager
 from .config import EngineConfig, SamplingParams
 from .device import cuda_memory
 from .families import check_supported
-from .inputs import chat_ids, check_prompt_length
-from .inputs import check_unicode as _check_unicode
+from .inputs import chat_ids, check_unicode, prompt_ids
 from .kv_layout import dtype_bytes, kv_bytes_per_token, kv_geometry, kv_scale_bytes
 from .metrics import MetricsTracker
 from .models import load_model, resolve_device, resolve_dtype
@@ -150,7 +149,6 @@ class LLMEngine:
             self._emit,
             self.runner.swap_out,
             self.runner.swap_in,
-            self.runner.copy_blocks,
             clock=self.now,
             bytes_per_token=self.bytes_per_token,
         )
@@ -218,34 +216,13 @@ class LLMEngine:
         return ids
 
     def apply_chat_template(self, text: str) -> list[int]:
-        _check_unicode(text)
+        check_unicode(text)
         return chat_ids(self.tokenizer, [{"role": "user", "content": text}])
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     # ------------------------------------------------------------------ requests
-    def _tokenize_prompt(self, prompt) -> tuple[list[int], str]:
-        if isinstance(prompt, str):
-            if not prompt:
-                raise ValueError("prompt must not be empty")
-            check_prompt_length(prompt)
-            _check_unicode(prompt)
-            ids = self.tokenizer.encode(prompt, add_special_tokens=False)
-            if not ids:
-                raise ValueError("prompt must not be empty (it tokenizes to no tokens)")
-            return list(ids), prompt
-        if isinstance(prompt, (list, tuple)):
-            if not prompt:
-                raise ValueError("prompt must not be empty (got an empty token id list)")
-            for t in prompt:
-                if not isinstance(t, int) or isinstance(t, bool):
-                    raise ValueError(f"prompt token ids must be integers, got {type(t).__name__}")
-                if not 0 <= t < self.vocab_size:
-                    raise ValueError(f"prompt token id {t} is outside the vocabulary [0, {self.vocab_size})")
-            return list(prompt), ""
-        raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
-
     def add_request(
         self, request_id: str | None, prompt, params: SamplingParams | None = None, arrival_time: float | None = None
     ) -> str:
@@ -263,7 +240,7 @@ class LLMEngine:
         if request_id.endswith("#draft"):
             raise ValueError("request_id must not end with '#draft' (reserved for draft-model caches)")
         try:
-            ids, text = self._tokenize_prompt(prompt)
+            ids, text = prompt_ids(self.tokenizer, self.vocab_size, prompt)
             tier = self.admission_check(ids, params)
         except ValueError as e:
             self._emit(ev.REJECT, request_id, reason=str(e))
@@ -288,53 +265,22 @@ class LLMEngine:
                 self._emit(ev.REJECT, request_id, reason=str(e))
                 self.metrics.num_rejected += 1
                 raise
-        req.waiting_reason, req.wait_reason = "queued", WaitReason.QUEUED
+        req.wait_reason, req.wait_reason_text = WaitReason.QUEUED, "queued"
         self.requests[request_id] = req
         self.scheduler.add(req)
         req.add_history(self.step_num, self.now(), 0, self.bytes_per_token, "waiting")
         return request_id
 
     def admission_check(self, ids: list[int], params: SamplingParams):
-        """The checks a prompt of token ids must pass to be accepted at all (tier, max_model_len,
-        tier context cap, stop ids, whole pool); raises ValueError naming the limit. Returns the
-        request's TierConfig (or None). Reads only: add_request and the as-you-type preview use it."""
-        cfg = self.config
-        tier_name = params.tier or cfg.default_tier
-        tier = None
-        if tier_name is not None:
-            if tier_name not in cfg.tiers:
-                raise ValueError(f"tier {tier_name!r} is not configured (known: {sorted(cfg.tiers)})")
-            tier = cfg.tiers[tier_name]
-        if len(ids) >= cfg.max_model_len:
-            raise ValueError(
-                f"prompt is {len(ids)} tokens; max_model_len is {cfg.max_model_len} "
-                f"(prompt + at least 1 generated token must fit)"
-            )
-        if tier is not None and len(ids) + params.max_tokens > tier.max_context:
-            raise ValueError(
-                f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the context cap of "
-                f"tier {tier.name!r}: {tier.max_context} tokens"
-            )
-        if len(ids) + params.max_tokens > cfg.max_model_len:  # vLLM's wording
-            raise ValueError(
-                f"This model's maximum context length is {cfg.max_model_len} tokens. However, you "
-                f"requested {len(ids) + params.max_tokens} tokens ({len(ids)} in the prompt, "
-                f"{params.max_tokens} in the completion). Please reduce the length of the prompt "
-                f"or max_tokens (at most {cfg.max_model_len - len(ids)} here)."
-            )
-        if params.stop_token_ids and any(t >= self.vocab_size for t in params.stop_token_ids):
-            raise ValueError(f"stop_token_ids must be < vocab size {self.vocab_size}")
-        if params.logit_bias and any(t >= self.vocab_size for t in params.logit_bias):
-            bad = next(t for t in params.logit_bias if t >= self.vocab_size)
-            raise ValueError(f"logit_bias: token id {bad} is outside the vocabulary [0, {self.vocab_size})")
-        worst = min(len(ids) + params.max_tokens, cfg.max_model_len)
-        need = self.scheduler.blocks_for_whole_request(worst)
-        if cfg.allocator == "paged" and need > self.bm.num_blocks:
-            raise ValueError(
-                f"request needs up to {need} KV blocks ({worst} tokens) but the pool has "
-                f"{self.bm.num_blocks}; lower max_tokens or raise the KV budget"
-            )
-        return tier
+        """inputs.admission_check on this engine's config, vocabulary and live pool (reads only:
+        add_request and the as-you-type preview use it). Returns the request's TierConfig or None."""
+        return inputs.admission_check(
+            self.config, self.vocab_size, self.bm.num_blocks, self.scheduler.blocks_for_whole_request, ids, params
+        )
+
+    def max_completion_tokens(self, prompt_len: int, tier: str | None = None) -> int:
+        """inputs.completion_room on this engine's live pool: the default max_tokens (serve)."""
+        return inputs.completion_room(self.config, self.bm.num_blocks, prompt_len, tier)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -582,7 +528,7 @@ class LLMEngine:
             first_token_time=r.first_token_time,
             finish_time=r.finish_time,
             finish_reason=r.finish_reason,
-            waiting_reason=r.waiting_reason,
+            waiting_reason=r.wait_reason_text,
             error=r.error,
             num_preemptions=r.num_preemptions,
             prompt_preview=(r.prompt_text or self.decode(r.prompt_token_ids[:64]))[:200],

@@ -178,12 +178,6 @@ class KVSpec:
     def head_dim(self) -> int | None:
         return self.k_head_dim if self.k_head_dim == self.v_head_dim else None
 
-    @property
-    def numbers_per_token_per_layer(self) -> int:
-        if self.kind == "MLA":
-            return self.kv_lora_rank + self.qk_rope_head_dim
-        return self.num_kv_heads * (self.k_head_dim + self.v_head_dim)
-
 
 def _is_mla(cfg) -> bool:
     return config_field(cfg, "kv_lora_rank") is not None

@@ -23,7 +23,7 @@ per row: head_dim 64 costs 68 bytes per (token, head) instead of 256 in fp32 (3.
 tokens per byte, vs 3.98x for a per-block scale at block size 16).
 
 Bytes per token come from engine/kv_layout.kv_bytes_per_token(..., scale_bytes=kv_scale_bytes(dtype))
-(memory_math.kv_bytes_per_token for a config), which counts these scales; `row_bytes` here is the
+(memory_math.config_kv_bytes_per_token for a config), which counts these scales; `row_bytes` here is the
 same layout seen from one row.
 """
 

@@ -7,6 +7,7 @@ import itertools
 
 from .config import EngineConfig, SamplingParams
 from .engine import LLMEngine
+from .inputs import prompt_ids
 from .outputs import RequestOutput
 
 
@@ -36,7 +37,7 @@ class LLM:
             raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")
         # validate all before adding any
         for p in prompts:
-            self.engine._tokenize_prompt(p)
+            prompt_ids(self.engine.tokenizer, self.engine.vocab_size, p)
         ids = []
         try:
             for p, sp in zip(prompts, params):

@@ -45,15 +45,16 @@ from engine.kv_layout import (  # noqa: F401
 # ---------------------------------------------------------------- KV bytes
 
 
-def kv_bytes_per_token(cfg, dtype) -> int:
-    """KV-cache bytes one token occupies, all layers (K and V, or the MLA latent), with the
+def config_kv_bytes_per_token(cfg, dtype) -> int:
+    """kv_layout's formula for a model config (config.json dict or HF config) and a dtype name:
+    KV-cache bytes one token occupies, all layers (K and V, or the MLA latent), with the
     per-row scales of an 8-bit cache as kvscope stores it (engine/kv_quant.py)."""
     return spec_bytes_per_token(kv_spec(cfg), dtype_bytes(dtype), kv_scale_bytes(dtype))
 
 
 def kv_scale_bytes_per_token(cfg, dtype) -> int:
-    """The part of kv_bytes_per_token that is per-row float32 scales (0 for float dtypes)."""
-    return kv_bytes_per_token(cfg, dtype) - spec_bytes_per_token(kv_spec(cfg), dtype_bytes(dtype))
+    """The part of config_kv_bytes_per_token that is per-row float32 scales (0 for float dtypes)."""
+    return config_kv_bytes_per_token(cfg, dtype) - spec_bytes_per_token(kv_spec(cfg), dtype_bytes(dtype))
 
 
 def _check_tokens(name, v, minimum=0):
@@ -69,7 +70,7 @@ def kv_bytes_per_sequence(cfg, dtype, context_len, block_size: int | None = None
     if block_size is not None:
         _check_tokens("block_size", block_size, 1)
         tokens = cdiv(context_len, block_size) * block_size
-    return kv_bytes_per_token(cfg, dtype) * tokens
+    return config_kv_bytes_per_token(cfg, dtype) * tokens
 
 
 def max_concurrent_sequences(
@@ -150,14 +151,14 @@ def bytes_per_token_by_kind(cfg, dtype) -> dict[str, int]:
     spec = kv_spec(cfg)
     out: dict[str, int] = {}
     if spec.num_heads is None:
-        return {spec.kind: kv_bytes_per_token(cfg, dtype)}
+        return {spec.kind: config_kv_bytes_per_token(cfg, dtype)}
     for kind in ("MHA", "GQA", "MQA"):
         try:
-            out[kind] = kv_bytes_per_token(with_attention_kind(cfg, kind), dtype)
+            out[kind] = config_kv_bytes_per_token(with_attention_kind(cfg, kind), dtype)
         except ValueError:
             pass
     if spec.kind == "MLA":
-        out["MLA"] = kv_bytes_per_token(cfg, dtype)
+        out["MLA"] = config_kv_bytes_per_token(cfg, dtype)
     return out
 
 
@@ -186,7 +187,7 @@ def formula_factors(cfg, dtype) -> str:
 
 def formula_text(cfg, dtype) -> str:
     """The bytes-per-token sum written out with this config's numbers."""
-    text = f"{formula_factors(cfg, dtype)} = {kv_bytes_per_token(cfg, dtype):,} bytes per token"
+    text = f"{formula_factors(cfg, dtype)} = {config_kv_bytes_per_token(cfg, dtype):,} bytes per token"
     if kv_spec(cfg).kind == "MLA":
         text += "  (one shared latent per layer: no separate K and V)"
     return text

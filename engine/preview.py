@@ -122,7 +122,7 @@ def _verdict(engine, ids, params, hit_ids: list[int], worst: int) -> tuple[str, 
     if len(sched.running) >= cfg.max_num_seqs:
         return "wait", f"max_num_seqs = {cfg.max_num_seqs} requests already running"
     if cfg.allocator == "contiguous":
-        if not bm._find_run(bm.slab_blocks):
+        if not bm.has_free_run(bm.slab_blocks):
             return "wait", f"no contiguous run of {bm.slab_blocks} free blocks ({cached_note})"
         return "fits", f"a contiguous slab of {bm.slab_blocks} blocks is free"
     first = hit * bs + min(len(ids) - hit * bs, cfg.max_num_batched_tokens)

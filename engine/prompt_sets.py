@@ -29,9 +29,6 @@ _W16_OPENERS = (
 )
 
 
-_ids = as_ids
-
-
 def w16_prompts(
     tokenizer, n: int = 16, seed: int = 0, min_tokens: int = 30, max_tokens: int = 300, return_token_ids: bool = False
 ):
@@ -49,8 +46,9 @@ def w16_prompts(
 
     def template(words: list[str], tokenize: bool):
         msgs = [{"role": "user", "content": " ".join(words)}]
-        out = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=tokenize)
-        return _ids(out) if tokenize else out
+        if tokenize:
+            return chat_ids(tokenizer, msgs)
+        return tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)  # the text
 
     overhead = len(template([], True))
     if overhead > max_tokens:
@@ -365,7 +363,7 @@ def needle_prompts(
     are the code itself: ``answer_token_ids``. ``n_codes`` different codes (and haystacks) per depth."""
     _check_int("n_codes", n_codes, 1, 100)
     _check_int("context_tokens", context_tokens, 64, 1_000_000)
-    primer = _ids(tokenizer(_NEEDLE_PRIMER, add_special_tokens=False))
+    primer = as_ids(tokenizer(_NEEDLE_PRIMER, add_special_tokens=False))
     out = []
     for c in range(n_codes):
         rng = random.Random(seed * 1000 + c)
@@ -386,7 +384,7 @@ def needle_prompts(
 
 
 def _answer_ids(tokenizer, code: str, primer: list[int]) -> list[int]:
-    full = _ids(tokenizer(_NEEDLE_PRIMER + " " + code, add_special_tokens=False))
+    full = as_ids(tokenizer(_NEEDLE_PRIMER + " " + code, add_special_tokens=False))
     if full[: len(primer)] != primer or len(full) == len(primer):
         raise ValueError("this tokenizer merges the needle's answer into its primer; cannot score the answer")
     return full[len(primer) :]

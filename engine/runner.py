@@ -16,7 +16,7 @@ import torch
 from . import attention, cpu_kernels, fused_decode, kv_quant, linear, paged_flex
 from . import device as device_policy
 from .attention import AttnMetadata, PrefillItem, build_decode_mask, forward_context
-from .kv_layout import cdiv, dtype_bytes, kv_bytes_per_token, kv_geometry, kv_scale_bytes
+from .kv_layout import cdiv, kv_geometry
 
 KERNEL_MAX_QUERY_TOKENS = 32  # up to this many new tokens after earlier context go to the decode kernel
 # model types whose HF model forward is exactly embed -> rotary -> decoder layers -> norm, so the
@@ -35,11 +35,18 @@ class BatchRow:
     logits_from: int  # index within `tokens` of the first row whose logits are needed (-1: none)
 
 
-def slot_mapping(rows: list[BatchRow], block_size: int) -> list[int]:
-    """The flat pool slot (block id * block_size + offset) of every token fed, in batch order:
-    where each token's K/V is written. The one home of the rule for both forward paths."""
+def token_slots(block_table, block_size: int, start: int, end: int) -> list[int]:
+    """The flat pool slot (block id * block_size + offset) of each position in [start, end) of a
+    request holding `block_table`: the one home of the token -> pool slot rule (the forward
+    writes K/V there; rollbacks and drafters clear them there)."""
     bs = block_size
-    return [r.block_table[p // bs] * bs + p % bs for r in rows for p in range(r.start, r.start + len(r.tokens))]
+    return [block_table[p // bs] * bs + p % bs for p in range(start, end)]
+
+
+def slot_mapping(rows: list[BatchRow], block_size: int) -> list[int]:
+    """token_slots of every token fed, in batch order: where each token's K/V is written, for
+    both forward paths (the C path gets this list too)."""
+    return [s for r in rows for s in token_slots(r.block_table, block_size, r.start, r.start + len(r.tokens))]
 
 
 def _weight_pack(model, weight_format: str):
@@ -194,17 +201,6 @@ class ModelRunner:
             elif w.dim() == 1:
                 rest += w.numel() * w.element_size()
         return lin + rest
-
-    @property
-    def bytes_per_token(self) -> int:
-        """K+V bytes of one token in this pool, all its layers (kv_layout's formula, scales included)."""
-        return kv_bytes_per_token(
-            self.num_layers,
-            self.num_kv_heads,
-            self.head_dim,
-            dtype_bytes(self.kv_format),
-            scale_bytes=kv_scale_bytes(self.kv_format),
-        )
 
     # ------------------------------------------------------------------ block copies
     @torch.inference_mode()

@@ -67,7 +67,3 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
         return int(torch.argmax(logits).item())
     p = probs(logits, params)
     return int(torch.multinomial(p, 1, generator=generator).item())
-
-
-def sample_from(p: torch.Tensor, generator: torch.Generator | None) -> int:
-    return int(torch.multinomial(p, 1, generator=generator).item())

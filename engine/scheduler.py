@@ -14,8 +14,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .block_manager import BlockManager, cdiv
+from .block_manager import BlockManager
 from .config import EngineConfig
+from .kv_layout import cdiv
 from .sequence import Request, Status, WaitReason
 from .trace_events import EventKind
 
@@ -42,7 +43,6 @@ class Scheduler:
         emit: Callable,
         swap_out: Callable,
         swap_in: Callable,
-        copy_blocks: Callable,
         *,
         clock: Callable[[], float],
         bytes_per_token: int,
@@ -52,7 +52,6 @@ class Scheduler:
         self.emit = emit  # emit(kind, request_id, **data)
         self.swap_out_fn = swap_out  # perform (gpu block, swap slot) copies
         self.swap_in_fn = swap_in  # perform (swap slot, gpu block) copies
-        self.copy_blocks_fn = copy_blocks  # perform (src, dst) copies (copy-on-write)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()
@@ -98,7 +97,7 @@ class Scheduler:
         if reason in self._MEMORY_WAITS and req.wait_reason != reason:
             self.emit(EventKind.WAIT, req.request_id, wait_reason=reason, reason=text)
         req.wait_reason = reason
-        req.waiting_reason = text
+        req.wait_reason_text = text
 
     def _allocate(self, req: Request, total_tokens: int, computed: list[int] = ()) -> None:
         new = self.bm.allocate(req.request_id, total_tokens, computed)
@@ -307,7 +306,7 @@ class Scheduler:
             budget -= num_new
 
         for req in self.waiting:
-            if req is not (self.waiting[0] if self.waiting else None) and not req.waiting_reason:
+            if req is not (self.waiting[0] if self.waiting else None) and not req.wait_reason_text:
                 self._wait(req, WaitReason.QUEUED, "queued behind earlier requests (FCFS)")
         out.num_batched_tokens = cfg.max_num_batched_tokens - budget
         return out

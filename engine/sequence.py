@@ -18,8 +18,9 @@ from .snapshot import HistoryPoint, RequestState, TokenMark
 
 
 class WaitReason(enum.StrEnum):
-    """Why a request did not run this step (Request.wait_reason; Request.waiting_reason is the
-    sentence shown to people)."""
+    """Why a request did not run this step, typed: Request.wait_reason (and a WAIT event's
+    `wait_reason`). The sentence shown to people is Request.wait_reason_text, which snapshots
+    carry as RequestInfo.waiting_reason (the name traces hold)."""
 
     QUEUED = "queued"  # behind earlier requests (FCFS), or not yet looked at
     TOKEN_BUDGET = "token_budget"  # max_num_batched_tokens used up this step
@@ -55,8 +56,8 @@ class Request:
     finish_time: float | None = None
     finish_reason: str | None = None
     error: str | None = None
-    waiting_reason: str | None = None  # the sentence shown to people
-    wait_reason: WaitReason | None = None  # the same, typed
+    wait_reason: WaitReason | None = None  # why it is not running, typed (None: it runs)
+    wait_reason_text: str | None = None  # the same as the sentence shown (RequestInfo.waiting_reason)
     num_preemptions: int = 0
     output_text: str = ""
     stop_reason: str | int | None = None

@@ -104,7 +104,7 @@ def measure(
     run_salt = uuid.uuid4().hex[:8]  # keeps repeated measurements apart
     n = 0
 
-    def submit(ids, salt, who):
+    def run_one(ids, salt, who):  # submit and wait for its one token
         nonlocal n
         n += 1
         h = th.submit(
@@ -121,7 +121,7 @@ def measure(
         return [rng.randrange(lo, hi) for _ in range(3)]
 
     probes: list[Probe] = []
-    submit([rng.randrange(lo, hi) for _ in range(prefix_tokens + 3)], run_salt, "warmup")
+    run_one([rng.randrange(lo, hi) for _ in range(prefix_tokens + 3)], run_salt, "warmup")
     total = rounds * 4
     for r in range(rounds):
         for mode, cached in cell_order(r):
@@ -130,9 +130,9 @@ def measure(
             v_salt = shared_salt if mode == "shared" else f"{run_salt}-tenant-victim"
             a_salt = shared_salt if mode == "shared" else f"{run_salt}-tenant-attacker"
             if cached:
-                submit(prefix + suffix(), v_salt, "victim")
+                run_one(prefix + suffix(), v_salt, "victim")
             busy_before = others_busy("")
-            rid, out = submit(prefix + suffix(), a_salt, "probe")
+            rid, out = run_one(prefix + suffix(), a_salt, "probe")
             busy = busy_before or others_busy(rid)
             p = Probe(mode, cached, float(out.metrics.ttft), int(out.metrics.num_cached_tokens), busy, r)
             probes.append(p)

@@ -45,7 +45,6 @@ class RequestState(enum.StrEnum):
 
 
 _TERMINAL = frozenset({RequestState.FINISHED, RequestState.REJECTED, RequestState.ABORTED})
-REQUEST_STATES = tuple(RequestState)
 
 # Token marks for the token strip.
 PLAIN, ACCEPTED, REJECTED, BONUS, REPLACED = "plain", "accepted", "rejected", "bonus", "replaced"
@@ -113,7 +112,7 @@ class RequestInfo:
     first_token_time: float | None = None
     finish_time: float | None = None
     finish_reason: str | None = None
-    waiting_reason: str | None = None
+    waiting_reason: str | None = None  # the sentence shown (Request.wait_reason_text; typed only in WAIT events)
     error: str | None = None
     num_preemptions: int = 0
     prompt_preview: str = ""  # first ~200 chars of the prompt text (raw; escape when rendering)

@@ -178,7 +178,7 @@ def evict_button(rid: str) -> None:
 h = None
 if submitted:
     try:
-        h = prompt_preview.submit(th, "pg", SamplingParams(max_tokens=int(max_tokens), temperature=0.0, seed=0))
+        h = prompt_preview.submit_typed(th, "pg", SamplingParams(max_tokens=int(max_tokens), temperature=0.0, seed=0))
     except ValueError as e:
         with answer:
             st.error(f"Not submitted: {e}")

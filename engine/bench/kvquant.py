@@ -42,7 +42,8 @@ ASSET = os.path.join(
 
 def teacher_forced_logprobs(eng, tokens: list[int], first: int):
     """log-softmax rows predicting tokens[first:], one forward pass over tokens[:-1] on the pool
-    of an idle engine (blocks 0.. are scratch: no request holds them and nothing is cached)."""
+    of an idle engine, in blocks its block manager lends for the pass (no request holds them and
+    nothing is cached; handed back to the head of the free queue)."""
     import torch
 
     from engine.runner import BatchRow
@@ -53,7 +54,12 @@ def teacher_forced_logprobs(eng, tokens: list[int], first: int):
     n_blocks = -(-len(feed) // eng.bm.block_size)
     if n_blocks > eng.bm.num_blocks:
         raise RuntimeError(f"{len(feed)} tokens need {n_blocks} blocks; the pool has {eng.bm.num_blocks}")
-    logits = eng.runner.forward([BatchRow("teacher-forced", 0, feed, list(range(n_blocks)), first - 1)])
+    owner = "teacher-forced#draft"  # never a request's id (add_request refuses the suffix)
+    eng.bm.allocate(owner, len(feed))
+    try:
+        logits = eng.runner.forward([BatchRow(owner, 0, feed, eng.bm.table(owner), first - 1)])
+    finally:
+        eng.bm.free(owner, to_head=True)
     return torch.log_softmax(logits.float(), dim=-1)
 
 

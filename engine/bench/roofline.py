@@ -97,7 +97,8 @@ class ModelShape:
     def flops_per_generated_token(self, context: float = 0.0) -> float:
         return self.flops_body() + self.flops_lm_head() + self.flops_attention(context)
 
-    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+    def kv_token_bytes(self, dtype_bytes: int) -> int:
+        """K+V bytes of one token, all layers (kv_layout.kv_bytes_per_token, no scales)."""
         return kv_bytes_per_token(self.layers, self.kv_heads, self.head_dim, dtype_bytes)
 
     def weight_bytes(self, dtype_bytes: int) -> int:
@@ -136,7 +137,7 @@ def compute_roof(shape: ModelShape, peak_gflops: float, prompt_lens, new_tokens)
 
 def memory_roof_tok_s(shape: ModelShape, bandwidth_gb_s: float, dtype_bytes: int, context: float) -> float:
     """Batch-1 decode rate if each step only had to stream the weights and the KV cache once."""
-    step_bytes = shape.weight_bytes(dtype_bytes) + shape.kv_bytes_per_token(dtype_bytes) * context
+    step_bytes = shape.weight_bytes(dtype_bytes) + shape.kv_token_bytes(dtype_bytes) * context
     return bandwidth_gb_s * 1e9 / step_bytes
 
 
@@ -440,7 +441,7 @@ def suite_roofline(ctx: C.BenchContext) -> SuiteResult:
     ctxlen = len(p1) + n1 / 2
     mroof = memory_roof_tok_s(shape, bw, dbytes, ctxlen)
     read = by_fmt["auto"]["weight_bytes"]
-    mroof_read = bw * 1e9 / (read + shape.kv_bytes_per_token(dbytes) * ctxlen)
+    mroof_read = bw * 1e9 / (read + shape.kv_token_bytes(dbytes) * ctxlen)
     res.add("weight_bytes", shape.weight_bytes(dbytes), f"matmul weights per decode step in {ctx.dtype()}", row=False)
     res.add(
         "weight_format",
@@ -453,7 +454,7 @@ def suite_roofline(ctx: C.BenchContext) -> SuiteResult:
         read,
         f"weight bytes one decode step reads in that format (fp32 copies: {by_fmt['fp32']['weight_bytes']})",
     )
-    res.add("kv_bytes_per_token", shape.kv_bytes_per_token(dbytes), "K+V, all layers")
+    res.add("kv_bytes_per_token", shape.kv_token_bytes(dbytes), "K+V, all layers")
     res.add("memory_roof_tok_s", mroof_read, f"bandwidth / (weight bytes read + KV of {ctxlen:.0f} tokens) per step")
     res.add("memory_roof_fp32_tok_s", mroof, "the same with fp32 weights", row=False)
     res.add(

@@ -101,7 +101,7 @@ int kvscope_layer_forward(const kv_layer *L, float *h, int T, const float *cos, 
     }
     TICK(2)
     int at = n_threads;
-    if ((long long)max_ctx * Hkv * n_seqs < 4096) at = 1;
+    if ((long long)max_ctx * H * n_seqs < 4096) at = 1; /* a fork costs more than a short context's heads */
     if ((rc = kvscope_paged_decode_kv(q, att, L->k_pool, L->v_pool, q_rows, lens, tables, n_seqs, max_blocks, bs, H,
                                       Hkv, D, scale, max_ctx, at, 0)))
         return rc;

@@ -14,7 +14,8 @@
  * (row = D + 4 bytes). Non-fp32 rows are widened to fp32 once per token as they are read (one
  * token's Hkv rows into a small buffer), then the arithmetic is the fp32 kernel's, unchanged.
  * tables [n_seqs, max_blocks] int32. Grouped-query heads share a KV head (H % Hkv == 0).
- * Work is split over sequences on n_threads OpenMP threads. Built by
+ * Work is split over sequences on n_threads OpenMP threads (fp32 path: over sequences and ranges of
+ * query heads when there are fewer sequences than threads). Built by
  * engine/cpu_kernels.py with the host compiler; portable C with GCC vector extensions (8 x fp32),
  * no intrinsics.
  */
@@ -224,23 +225,18 @@ static inline __attribute__((always_inline)) void attend_head_fp32(int NV, const
         const v8 vm = sel((v8i){0, 1, 2, 3, 4, 5, 6, 7} < n, v, splat(-INFINITY));
         top = sel(vm > top, vm, top);
     }
-    const float m = fmaxf(fmaxf(fmaxf(top[0], top[1]), fmaxf(top[2], top[3])),
-                          fmaxf(fmaxf(top[4], top[5]), fmaxf(top[6], top[7])));
+    float m = top[0];
+    for (int j = 1; j < 8; j++) m = top[j] > m ? top[j] : m;
     v8 tot = splat(0.f);
-    int l = 0;
-    for (; l + 8 <= L; l += 8) {
+    for (int l = 0; l < L; l += 8) {                    /* the last group's dead lanes count 0 */
         const v8 e = exp_nonpos(ld(sc + l) - m);
-        st(sc + l, e);
-        tot += e;
+        const v8 ev = L - l >= 8 ? e : sel((v8i){0, 1, 2, 3, 4, 5, 6, 7} < L - l, e, splat(0.f));
+        st(sc + l, ev);
+        tot += ev;
     }
-    float total = hsum(tot);
-    for (; l < L; l++) {
-        const float e = exp_nonpos(splat(sc[l] - m))[0];
-        sc[l] = e;
-        total += e;
-    }
+    const float total = hsum(tot);
     for (int i = 0; i < NV; i++) acc[i] = splat(0.f);
-    for (l = 0; l < L; l++) {
+    for (int l = 0; l < L; l++) {
         const float *v = vp + (size_t)rows[l] * Hkv * D;
         const v8 p = splat(sc[l]);
         for (int i = 0; i < NV; i++) acc[i] += p * ld(v + 8 * i);
@@ -249,12 +245,12 @@ static inline __attribute__((always_inline)) void attend_head_fp32(int NV, const
     for (int i = 0; i < NV; i++) st(o + 8 * i, acc[i] * inv);
 }
 
-/* An fp32-pool sequence head by head (each head's query and accumulators in registers; its KV
-   head's keys and values re-read per query head from cache). D = 64 or 128. rows: L ints, the
-   pool row (block * bs + offset) of each position, looked up once for all heads. */
+/* Query heads h0..h1-1 of an fp32-pool sequence, head by head (each head's query and accumulators
+   in registers; its KV head's keys and values re-read per query head from cache). D = 64 or 128.
+   rows: L ints, the pool row (block * bs + offset) of each position, looked up once for the heads. */
 static void attend_seq_fp32(const float *q, float *out, const float *k_pool, const float *v_pool, const int32_t *q_rows,
                             const int32_t *ctx_lens, const int32_t *tables, int max_blocks, int bs, int H, int Hkv,
-                            int D, float scale, int s, float *sc, int32_t *rows) {
+                            int D, float scale, int s, int h0, int h1, float *sc, int32_t *rows) {
     const int G = H / Hkv, L = ctx_lens[s];
     const int32_t *tb = tables + (size_t)s * max_blocks;
     for (int l = 0, b = 0, off = 0; l < L; l++) {
@@ -263,7 +259,7 @@ static void attend_seq_fp32(const float *q, float *out, const float *k_pool, con
     }
     const float *qp = q + (size_t)q_rows[s] * H * D;
     float *op = out + (size_t)q_rows[s] * H * D;
-    for (int hq = 0; hq < H; hq++) {
+    for (int hq = h0; hq < h1; hq++) {
         const size_t hoff = (size_t)(hq / G) * D;
         if (D == 64)
             attend_head_fp32(8, qp + hq * D, op + hq * D, k_pool + hoff, v_pool + hoff, Hkv, rows, L, scale, sc);
@@ -284,8 +280,11 @@ int kvscope_paged_decode_kv(const float *q, float *out, const void *k_pool, cons
         || kv_format < KV_FP32 || kv_format > KV_FP16)
         return -1;
     if (n_seqs == 0) return 0;
-    if (n_threads > n_seqs) n_threads = n_seqs;
     if (n_threads < 1) n_threads = 1;
+    /* work items: sequences, or (fp32 path, fewer sequences than threads) sequences x head ranges */
+    const int fast = kv_format == KV_FP32 && (D == 64 || D == 128);
+    const int parts = fast && n_seqs < n_threads ? (n_threads < H ? n_threads : H) : 1;
+    if (n_threads > n_seqs * parts) n_threads = n_seqs * parts;
     const size_t sc_floats = ((size_t)max_ctx + 8) * H, acc_vecs = (size_t)H * (D / 8);
     float *scores = (float *)malloc(sizeof(float) * sc_floats * n_threads);
     v8 *accs = (v8 *)aligned_alloc(32, sizeof(v8) * acc_vecs * n_threads);
@@ -295,14 +294,16 @@ int kvscope_paged_decode_kv(const float *q, float *out, const void *k_pool, cons
     /* OpenMP from the same libgomp that torch loaded (resolved by soname in-process): one pool of
        threads for torch's ops and this kernel, never two pools competing for the cores */
     #pragma omp parallel for num_threads(n_threads) schedule(dynamic, 1) if (n_threads > 1)
-    for (int s = 0; s < n_seqs; s++) {
+    for (int i = 0; i < n_seqs * parts; i++) {
+        const int s = i / parts, part = i % parts;
         int t = 0;
 #ifdef _OPENMP
         t = omp_get_thread_num();
 #endif
-        if (kv_format == KV_FP32 && (D == 64 || D == 128))
+        if (fast)
             attend_seq_fp32(q, out, (const float *)k_pool, (const float *)v_pool, q_rows, ctx_lens, tables, max_blocks,
-                            bs, H, Hkv, D, scale, s, scores + sc_floats * t, rowbufs + (size_t)(max_ctx + 8) * t);
+                            bs, H, Hkv, D, scale, s, H * part / parts, H * (part + 1) / parts, scores + sc_floats * t,
+                            rowbufs + (size_t)(max_ctx + 8) * t);
         else
             attend_seq(q, out, (const unsigned char *)k_pool, (const unsigned char *)v_pool, q_rows, ctx_lens, tables,
                        max_blocks, bs, H, Hkv, D, scale, s, scores + sc_floats * t, accs + acc_vecs * t, kv_format,

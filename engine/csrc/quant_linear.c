@@ -318,7 +318,10 @@ static void widen_block(int type, const uint8_t *blk, float *w) { widen_block_sc
 #endif
 
 #ifdef QL_AVX512
-#define QL_PREFETCH 4   /* blocks ahead, per panel (the next rows of a stream the hardware may not see) */
+#ifndef QL_PREFETCH
+#define QL_PREFETCH 4
+#endif
+/* QL_PREFETCH: blocks ahead, per panel (the next rows of a stream the hardware may not see) */
 #define FMR 4           /* rows per tile with the codes converted in registers */
 #define SMR 4           /* rows per tile reading converted codes from the scratch (x 2 panels: 16
                          * accumulators + 8 broadcasts stay in registers) */

@@ -48,8 +48,9 @@ class Submitter:
         self._queue: list = []
         self._draining = False
 
-    async def submit(self, prompt, params, **kw):
-        """EngineThread.submit(prompt, params, **kw), batched; raises what it raises."""
+    async def submit_batched(self, prompt, params, **kw):
+        """EngineThread.submit(prompt, params, **kw) from the event loop, together with the
+        requests that arrive with it (one engine-lock acquisition); raises what it raises."""
         fut = self.loop.create_future()
         self._queue.append((prompt, params, kw, fut))
         if not self._draining:

@@ -17,15 +17,12 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..config import MAX_LOGPROBS, SamplingParams
+from ..inputs import MAX_PROMPT_CHARS
 from . import tools as tools_mod
 
 MAX_N = 16  # choices per request (each one is a request in the engine)
 MAX_STOP = 16  # stop strings (SamplingParams' limit)
 MAX_PROMPTS = 64  # prompts in one /v1/completions batch
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class _Lenient(BaseModel):
@@ -292,7 +289,7 @@ class TokenizeRequest(_Lenient):
     """vLLM's /tokenize body: either prompt (completions form) or messages (chat form)."""
 
     model: str | None = Field(None, max_length=256)
-    prompt: str | None = Field(None, max_length=1_000_000)
+    prompt: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
     messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=1024)
     add_special_tokens: bool = True
     add_generation_prompt: bool = True

@@ -15,8 +15,7 @@ import uuid
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from ..engine import _check_unicode
-from ..inputs import chat_ids
+from ..inputs import MAX_PROMPT_CHARS, chat_ids, check_unicode, text_prompt_ids
 from ..thread import EngineCrashed
 from . import render
 from .bridge import Submitter, Waker
@@ -110,7 +109,7 @@ async def tokenize(request: Request, body: TokenizeRequest):
             with _TOK_LOCK:
                 ids = chat_ids(th.tokenizer, body.chat_messages(), add_generation_prompt=body.add_generation_prompt)
         else:
-            _check_unicode(body.prompt)
+            check_unicode(body.prompt)
             with _TOK_LOCK:
                 ids = list(th.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens))
     except ValueError as e:
@@ -209,9 +208,11 @@ class _Run:
     def notify(self) -> None:
         self.waker.notify(self)
 
-    async def submit(self, prompt, params):
-        """Returns the handle; ValueError -> 400, EngineCrashed -> 503 (raised by the caller's handler)."""
-        return await self.submitter.submit(
+    async def submit_choice(self, prompt, params):
+        """Submits one engine request of this HTTP run (id http-…, origin "http", woken through
+        the Waker), batched with its companions by the Submitter. Returns the handle;
+        ValueError -> 400, EngineCrashed -> 503 (raised by the caller's handler)."""
+        return await self.submitter.submit_batched(
             prompt, params, request_id=f"http-{uuid.uuid4().hex[:12]}", origin="http", listener=self.notify
         )
 
@@ -246,24 +247,16 @@ def _tokenize(th, prompt) -> list[int]:
     """Text -> ids with the engine's tokenizer; token ids pass through (the engine checks them
     against the vocabulary)."""
     if isinstance(prompt, str):
-        if not prompt:
-            raise ValueError("prompt must not be empty")
-        if len(prompt) > 1_000_000:
-            raise ValueError(f"prompt is {len(prompt)} characters; the limit is 1000000")
-        _check_unicode(prompt)
         with _TOK_LOCK:
-            ids = list(th.tokenizer.encode(prompt, add_special_tokens=False))
-        if not ids:
-            raise ValueError("prompt must not be empty (it tokenizes to no tokens)")
-        return ids
+            return text_prompt_ids(th.tokenizer, prompt)
     return list(prompt)
 
 
 def _chat_ids(th, req: ChatCompletionRequest) -> list[int]:
     msgs = req.chat_messages()
     total = sum(len(m["content"]) for m in msgs)
-    if total > 1_000_000:
-        raise ValueError(f"messages hold {total} characters; the limit is 1000000")
+    if total > MAX_PROMPT_CHARS:
+        raise ValueError(f"messages hold {total} characters; the limit is {MAX_PROMPT_CHARS}")
     for m in msgs:
         try:
             m["content"].encode("utf-8")
@@ -277,15 +270,9 @@ def _chat_ids(th, req: ChatCompletionRequest) -> list[int]:
 
 
 def _max_tokens(th, requested: int | None, prompt_len: int, tier: str | None = None) -> int:
-    cfg = th.config
     if requested is not None:
         return requested
-    # vLLM's default: the rest of the context; also bounded by what the pool and the tier allow
-    room = min(cfg.max_model_len, th.engine.bm.num_blocks * cfg.block_size) - prompt_len
-    t = cfg.tiers.get(tier or cfg.default_tier or "")
-    if t is not None:
-        room = min(room, t.max_context - prompt_len)
-    return max(1, room)
+    return th.engine.max_completion_tokens(prompt_len, tier)  # the rest of the context, pool and tier
 
 
 def _choice_params(params, j: int):
@@ -307,7 +294,7 @@ async def _start(st, prompts_ids: list[list[int]], body, logprobs: int | None, l
             run.prompt_lens.append(len(ids))
             limit = getattr(body, "max_completion_tokens", None) or body.max_tokens
             params = body.sampling_params(_max_tokens(th, limit, len(ids), body.tier), logprobs)
-            first = await run.submit(ids, params)
+            first = await run.submit_choice(ids, params)
             run.handles.append(first)
             if n > 1:
                 # n > 1 forks the prompt's blocks: the rest start once the first has prefilled and
@@ -319,7 +306,7 @@ async def _start(st, prompts_ids: list[list[int]], body, logprobs: int | None, l
                     except TimeoutError:
                         pass
                 for j in range(1, n):
-                    run.handles.append(await run.submit(ids, _choice_params(params, j)))
+                    run.handles.append(await run.submit_choice(ids, _choice_params(params, j)))
     except ValueError as e:
         run.abort_unfinished()
         st.in_flight -= run.counted

@@ -21,14 +21,17 @@ import torch
 
 from .. import rates
 from .. import trace_events as ev
-from ..block_manager import cdiv
-from ..runner import BatchRow
+from ..kv_layout import cdiv
+from ..runner import BatchRow, token_slots
 from ..sampler import probs as sampler_probs
 from ..snapshot import SpecMetrics
-from .drafters import ModelDrafter, SpecContext, _check_same_tokenizer, draft_id, ngram_propose
+from .drafters import DRAFT_SUFFIX, ModelDrafter, SpecContext, _check_same_tokenizer, draft_id, ngram_propose
 from .math import break_even_alpha, expected_tokens_per_pass
 from .monitor import ClassState, CostModel
 from .verify import verify_greedy, verify_sampling
+
+# owner of the blocks the calibration borrows (ids ending in DRAFT_SUFFIX are never a request's)
+CALIBRATION_ID = "spec-calibration" + DRAFT_SUFFIX
 
 
 class SpecDecoder:
@@ -112,7 +115,7 @@ class SpecDecoder:
     @torch.inference_mode()
     def _calibrate(self) -> None:
         """Time a 1-token and a (k+1)-token target pass at a short context, before any request
-        exists, on blocks that are free and hold nothing (zeroed again afterwards)."""
+        exists, on free blocks the block manager lends for it (zeroed and handed back afterwards)."""
         bm = self.bm
         if not bm.is_empty:
             return
@@ -122,20 +125,27 @@ class SpecDecoder:
             ctx //= 2
         if cdiv(ctx + self.k + 1, bs) > bm.num_free_blocks:
             return
-        table = bm.free_block_ids()[: cdiv(ctx + self.k + 1, bs)]
+        n = cdiv(ctx + self.k + 1, bs)
+        # blocks lent by the block manager for the calibration only (no event), handed back to
+        # the head of the free queue in their order: the pool ends as it began
+        bm.allocate(CALIBRATION_ID, n * bs)
+        table = bm.table(CALIBRATION_ID)[:n]
         vocab_size = self.ctx.model.config.vocab_size
         toks = [(i * 7919) % min(vocab_size, 30000) + 10 for i in range(ctx + self.k + 1)]
         r = self.ctx.runner
-        r.forward([BatchRow("calib", 0, toks[:ctx], table, ctx - 1)])
         t1, tk = [], []
-        for _ in range(4):
-            a = time.perf_counter()
-            r.forward([BatchRow("calib", ctx, toks[ctx : ctx + 1], table, 0)])
-            t1.append(time.perf_counter() - a)
-            a = time.perf_counter()
-            r.forward([BatchRow("calib", ctx, toks[ctx : ctx + self.k + 1], table, 0)])
-            tk.append(time.perf_counter() - a)
-        r.clear_slots([b * bs + o for b in table for o in range(bs)])
+        try:
+            r.forward([BatchRow("calib", 0, toks[:ctx], table, ctx - 1)])
+            for _ in range(4):
+                a = time.perf_counter()
+                r.forward([BatchRow("calib", ctx, toks[ctx : ctx + 1], table, 0)])
+                t1.append(time.perf_counter() - a)
+                a = time.perf_counter()
+                r.forward([BatchRow("calib", ctx, toks[ctx : ctx + self.k + 1], table, 0)])
+                tk.append(time.perf_counter() - a)
+        finally:
+            r.clear_slots(token_slots(table, bs, 0, len(table) * bs))  # every slot of the lent blocks
+            bm.free(CALIBRATION_ID, to_head=True)
         self.costs.add(1, float(np.median(t1[1:])))
         self.costs.add(self.k + 1, float(np.median(tk[1:])))
         self.calibration = {"context": ctx, "plain_s": float(np.median(t1[1:])), "verify_s": float(np.median(tk[1:]))}

@@ -29,9 +29,10 @@ import numpy as np
 import torch
 
 from .. import trace_events as ev
-from ..block_manager import BlockManager, cdiv
+from ..block_manager import BlockManager
 from ..config import EngineConfig
-from ..runner import BatchRow, ModelRunner
+from ..kv_layout import cdiv
+from ..runner import BatchRow, ModelRunner, token_slots
 from ..sampler import probs as sampler_probs
 from ..scheduler import Scheduler
 
@@ -131,7 +132,7 @@ class ModelDrafter:
             return
         bs = bm.block_size
         table = bm.table(did)
-        self.runner.clear_slots([table[p // bs] * bs + p % bs for p in range(keep, old) if p // bs < len(table)])
+        self.runner.clear_slots(token_slots(table, bs, keep, min(old, len(table) * bs)))  # past the table: no block
         released = bm.commit(did, keep)
         self.dtoks[rid] = self.dtoks[rid][:keep]
         if released:
@@ -238,7 +239,7 @@ class ModelDrafter:
             if self.shared:
                 first, end = borrowed[rid]
                 table = bm.table(rid) + bm.table(draft_id(rid))
-                self.runner.clear_slots([table[p // bs] * bs + p % bs for p in range(first, end)])
+                self.runner.clear_slots(token_slots(table, bs, first, end))
                 # back to the head of the free queue, in their order: the verify pass allocates
                 # these same (now hash-less) blocks instead of evicting more cached prefixes
                 bm.free(draft_id(rid), to_head=True)

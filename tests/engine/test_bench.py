@@ -214,7 +214,7 @@ def test_model_shape_params_and_flops():
     assert s.linear_params() == 30 * per_layer + 576 * 49152 == 134_479_872
     assert s.flops_per_generated_token(0) == 2 * 134_479_872  # ~0.27 GFLOP
     assert s.flops_attention(100) == 4 * 30 * 9 * 64 * 100
-    assert s.kv_bytes_per_token(4) == 2 * 30 * 3 * 64 * 4 == 46_080
+    assert s.kv_token_bytes(4) == 2 * 30 * 3 * 64 * 4 == 46_080
     assert s.weight_bytes(4) == 537_919_488
 
 

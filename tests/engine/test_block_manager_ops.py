@@ -135,3 +135,25 @@ def test_check_invariants_catches_a_leaked_block():
     bm.block_tables["a"].append(3)  # a table holding a block whose ref count says free
     with pytest.raises(AssertionError):
         bm.check_invariants()
+
+
+def test_table_is_a_copy_so_only_the_block_manager_writes_block_tables():
+    bm = BlockManager(6, BS)
+    bm.allocate("a", 8)
+    bm.commit("a", 8)
+    t = bm.table("a")
+    t.append(5)
+    t[0] = 4
+    assert bm.table("a") == [0, 1] and bm.table("nobody") == []
+    bm.check_invariants()
+
+
+def test_has_free_run_sees_consecutive_free_ids_only():
+    bm = BlockManager(6, BS)
+    bm.allocate("a", 4)  # block 0
+    bm.allocate("b", 4)  # block 1
+    bm.allocate("c", 4)  # block 2
+    bm.free("b")  # free: 1, 3, 4, 5
+    assert bm.has_free_run(3) and not bm.has_free_run(4)
+    bm.allocate("d", 4)  # takes block 1 or one of 3..5 (LRU order)
+    assert bm.has_free_run(2)

@@ -145,10 +145,14 @@ def reference_decode(q, k_pool, v_pool, rows, lens, tables, scale):
     [(9, 3, 64, 16), (4, 4, 8, 1), (8, 1, 32, 5), (6, 2, 16, 32), (12, 4, 128, 16), (9, 3, 64, 5), (4, 2, 128, 1)],
 )
 @pytest.mark.parametrize("threads", [1, 2])
-def test_decode_kernel_matches_sdpa_over_gathered_blocks(heads, kv_heads, head_dim, block_size, threads):
+@pytest.mark.parametrize("one_seq", [False, True])
+def test_decode_kernel_matches_sdpa_over_gathered_blocks(heads, kv_heads, head_dim, block_size, threads, one_seq):
+    """one_seq with 2 threads: fewer sequences than threads, so the fp32 path splits the heads."""
     rng = random.Random(heads * 100 + head_dim + block_size)
     g = torch.Generator().manual_seed(rng.randrange(1 << 30))
     lens = [1, 2, block_size, block_size + 1, rng.randint(1, 300), rng.randint(1, 300), 700]
+    if one_seq:
+        lens = [700]
     need = sum(-(-n // block_size) for n in lens)
     nb = need + 7
     k_pool = torch.randn(nb, block_size, kv_heads, head_dim, generator=g) * 3

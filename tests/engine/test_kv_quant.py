@@ -191,9 +191,11 @@ def test_byte_budget_holds_the_formulas_tokens():
     from ui.figures.presets import PRESETS
 
     s = PRESETS["SmolLM2-135M"]
-    assert mm.kv_bytes_per_token(s, "int8") == 2 * 30 * 3 * (64 + 4) == 12_240
-    assert mm.kv_bytes_per_token(s, "fp32") / mm.kv_bytes_per_token(s, "int8") == pytest.approx(3.765, abs=1e-3)
-    blocks = {dt: (64 << 20) // (16 * mm.kv_bytes_per_token(s, dt)) for dt in ("fp32", "bf16", "int8")}
+    assert mm.config_kv_bytes_per_token(s, "int8") == 2 * 30 * 3 * (64 + 4) == 12_240
+    assert mm.config_kv_bytes_per_token(s, "fp32") / mm.config_kv_bytes_per_token(s, "int8") == pytest.approx(
+        3.765, abs=1e-3
+    )
+    blocks = {dt: (64 << 20) // (16 * mm.config_kv_bytes_per_token(s, dt)) for dt in ("fp32", "bf16", "int8")}
     assert blocks == {"fp32": 91, "bf16": 182, "int8": 342}  # blocks of 16 tokens in 64 MiB
 
 
@@ -233,3 +235,18 @@ def test_int8_speculation_keeps_the_plain_int8_tokens(int8_plain, spec):
     assert run(eng) == int8_plain
     assert eng.spec.metrics().num_drafts > 0
     assert eng.bm.num_free_blocks == eng.bm.num_blocks
+
+
+def test_teacher_forcing_runs_in_blocks_the_block_manager_lends():
+    from engine.bench.kvquant import teacher_forced_logprobs
+
+    eng = tiny(num_kv_blocks=16, block_size=4, enable_prefix_caching=False)
+    order = eng.bm.free_block_ids()
+    toks = [(7 * i) % 500 + 3 for i in range(21)]
+    lp = teacher_forced_logprobs(eng, toks, 5)
+    with torch.inference_mode():
+        ref = F.log_softmax(eng.model(torch.tensor([toks[:-1]])).logits[0, 4:].float(), dim=-1)
+    assert lp.shape == ref.shape == (16, eng.vocab_size)
+    torch.testing.assert_close(lp, ref, atol=1e-4, rtol=1e-4)
+    assert eng.bm.is_empty and eng.bm.free_block_ids() == order
+    eng.check_invariants()

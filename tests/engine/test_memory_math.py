@@ -27,9 +27,9 @@ def test_module_does_not_import_torch():
 
 
 def test_llama3_8b_bf16_bytes_per_token():
-    assert mm.kv_bytes_per_token(LLAMA3_8B, "bf16") == 131_072 == 128 * KiB
+    assert mm.config_kv_bytes_per_token(LLAMA3_8B, "bf16") == 131_072 == 128 * KiB
     # per layer: 2 x 8 x 128 x 2 = 4 KiB
-    assert mm.kv_bytes_per_token(LLAMA3_8B, "bf16") // 32 == 4096
+    assert mm.config_kv_bytes_per_token(LLAMA3_8B, "bf16") // 32 == 4096
 
 
 @pytest.mark.parametrize(
@@ -63,14 +63,14 @@ def test_mha_gqa_mqa_at_32k(kind, kv_heads, gib):
 
 def test_deepseek_v3_mla_latent():
     assert mm.attention_kind(DSV3) == "MLA"  # despite num_key_value_heads = 128
-    assert mm.kv_bytes_per_token(DSV3, "bf16") == 61 * 576 * 2 == 70_272
+    assert mm.config_kv_bytes_per_token(DSV3, "bf16") == 61 * 576 * 2 == 70_272
     assert "512 latent + 64 rotary" in mm.formula_text(DSV3, "bf16")
 
 
 def test_mla_expanded_to_mha_uses_decompressed_head_dims():
     mha = mm.with_attention_kind(DSV3, "MHA")
     # K = 128 + 64, V = 128 per head, 128 heads, 61 layers, 2 bytes
-    assert mm.kv_bytes_per_token(mha, "bf16") == 61 * 128 * (192 + 128) * 2
+    assert mm.config_kv_bytes_per_token(mha, "bf16") == 61 * 128 * (192 + 128) * 2
     by_kind = mm.bytes_per_token_by_kind(DSV3, "bf16")
     assert by_kind["MLA"] == 70_272 and by_kind["MHA"] > 70 * by_kind["MLA"]
 
@@ -90,15 +90,15 @@ def test_presets_kinds():
 def test_falcon_mqa_from_multi_query_flag():
     f = PRESETS["Falcon-7B (MQA)"]
     assert mm.kv_spec(f).head_dim == 64  # 4544 / 71
-    assert mm.kv_bytes_per_token(f, "bf16") == 2 * 32 * 1 * 64 * 2
+    assert mm.config_kv_bytes_per_token(f, "bf16") == 2 * 32 * 1 * 64 * 2
     # the new decoder architecture ignores multi_query and reads num_kv_heads
     assert mm.attention_kind(dict(f, new_decoder_architecture=True, num_kv_heads=71)) == "MHA"
 
 
 def test_smollm2_matches_default_model_shape():
     s = PRESETS["SmolLM2-135M"]
-    assert mm.kv_bytes_per_token(s, "bf16") == 2 * 30 * 3 * 64 * 2 == 23_040
-    assert mm.kv_bytes_per_token(s, "fp32") == 46_080
+    assert mm.config_kv_bytes_per_token(s, "bf16") == 2 * 30 * 3 * 64 * 2 == 23_040
+    assert mm.config_kv_bytes_per_token(s, "fp32") == 46_080
 
 
 @pytest.mark.parametrize(
@@ -110,18 +110,18 @@ def test_dtypes(dtype, b):
     # 8-bit caches keep a float32 scale per (token, KV head) row: 2 x 32 layers x 8 KV heads x 4 B
     scales = 2 * 32 * 8 * 4 if b == 1 else 0
     assert mm.kv_scale_bytes_per_token(LLAMA3_8B, dtype) == scales
-    assert mm.kv_bytes_per_token(LLAMA3_8B, dtype) == 65_536 * b + scales
+    assert mm.config_kv_bytes_per_token(LLAMA3_8B, dtype) == 65_536 * b + scales
 
 
 def test_bad_dtype_names_choices():
     with pytest.raises(ValueError, match="dtype must be one of"):
-        mm.kv_bytes_per_token(LLAMA3_8B, "int4")
+        mm.config_kv_bytes_per_token(LLAMA3_8B, "int4")
 
 
 def test_head_dim_derived_from_hidden_size():
     cfg = {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 256}
     assert mm.kv_spec(cfg).head_dim == 64
-    assert mm.kv_bytes_per_token(cfg, "fp32") == 2 * 2 * 2 * 64 * 4
+    assert mm.config_kv_bytes_per_token(cfg, "fp32") == 2 * 2 * 2 * 64 * 4
 
 
 def test_explicit_head_dim_wins_over_hidden_size():
@@ -132,13 +132,13 @@ def test_explicit_head_dim_wins_over_hidden_size():
         "hidden_size": 2048,
         "head_dim": 256,
     }  # Gemma-style
-    assert mm.kv_bytes_per_token(cfg, "bf16") == 2 * 4 * 256 * 2
+    assert mm.config_kv_bytes_per_token(cfg, "bf16") == 2 * 4 * 256 * 2
 
 
 def test_object_config_and_gpt2_aliases():
     obj = SimpleNamespace(n_layer=12, n_head=12, n_embd=768, vocab_size=50257, model_type="gpt2")
     assert mm.attention_kind(obj) == "MHA"
-    assert mm.kv_bytes_per_token(obj, "fp16") == 2 * 12 * 12 * 64 * 2
+    assert mm.config_kv_bytes_per_token(obj, "fp16") == 2 * 12 * 12 * 64 * 2
 
 
 def test_transformers_config_object():
@@ -152,13 +152,13 @@ def test_transformers_config_object():
         intermediate_size=14336,
         vocab_size=128256,
     )
-    assert mm.kv_bytes_per_token(c, "bf16") == 131_072
+    assert mm.config_kv_bytes_per_token(c, "bf16") == 131_072
     assert mm.estimate_params(c).total == mm.estimate_params(LLAMA3_8B).total
 
 
 def test_text_config_of_multimodal_config():
     cfg = {"model_type": "llava", "text_config": dict(LLAMA3_8B)}
-    assert mm.kv_bytes_per_token(cfg, "bf16") == 131_072
+    assert mm.config_kv_bytes_per_token(cfg, "bf16") == 131_072
 
 
 # ---- capacity
@@ -252,7 +252,7 @@ def test_parse_config_json_errors_name_the_problem(text, msg):
 
 def test_attention_kind_needs_heads_to_tell_mha_from_gqa():
     cfg = {"num_hidden_layers": 2, "num_key_value_heads": 4, "head_dim": 64}
-    assert mm.kv_bytes_per_token(cfg, "bf16") == 2 * 2 * 4 * 64 * 2
+    assert mm.config_kv_bytes_per_token(cfg, "bf16") == 2 * 2 * 4 * 64 * 2
     with pytest.raises(ValueError, match="num_attention_heads"):
         mm.attention_kind(cfg)
 
@@ -269,7 +269,7 @@ def test_with_attention_kind_errors():
 def test_config_from_engine_info_object_and_dict():
     info = SimpleNamespace(model="default", num_layers=30, num_kv_heads=3, head_dim=64, dtype="float32")
     cfg = mc.config_from_engine_info(info)
-    assert mm.kv_bytes_per_token(cfg, "fp32") == 46_080
+    assert mm.config_kv_bytes_per_token(cfg, "fp32") == 46_080
     assert mc.config_from_engine_info({"hf_config": LLAMA3_8B})["vocab_size"] == 128256
 
 

@@ -61,7 +61,7 @@ def compute(
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
         raise ValueError(f"concurrency must be an integer >= 1, got {concurrency!r}")
     kind = mm.kv_spec(cfg).kind
-    bpt = mm.kv_bytes_per_token(cfg, dtype)
+    bpt = mm.config_kv_bytes_per_token(cfg, dtype)
     per_seq = mm.kv_bytes_per_sequence(cfg, dtype, context_len)
     kv_total = per_seq * concurrency
     total = kv_total + weights_bytes

@@ -61,7 +61,7 @@ def prompt_with_preview(th, prefix: str, params, *, default: str = "", system_de
     _fields()
 
 
-def submit(th, prefix: str, params):
+def submit_typed(th, prefix: str, params):
     """Submit what was typed, exactly as previewed (same token ids), as this session's request
     (ui/widgets/room.py). Raises ValueError if rejected."""
     system, user = typed(prefix)

@@ -216,10 +216,7 @@ def room() -> Room:
 
 def submit(th, prompt, params=None, request_id: str | None = None, **kw):
     """th.submit, recording this session as the request's owner."""
-    h = th.submit(prompt, params, request_id=request_id, **kw)
-    room().own(h.request_id, session_id())
-    room().keep(h)
-    return h
+    return submitter(th)(prompt, params, request_id=request_id, **kw)
 
 
 def submitter(th) -> Callable:
