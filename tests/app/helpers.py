@@ -52,7 +52,7 @@ def button(at, label: str):
     raise AssertionError(f"no button {label!r}: {[b.label for b in at.button]}")
 
 
-def submit(at, form: str, label: str):
+def submit_form(at, form: str, label: str):
     """Click form `form`'s submit button `label` and run; checks the run raised nothing."""
     at.button(key=f"FormSubmitter:{form}-{label}").click()
     return run_ok(at)

@@ -28,7 +28,7 @@ def test_load_page_runs_a_workload_on_the_shared_engine(run_page):
     assert "No load launched" in at.info[0].value
     at.button_group(key="load_scenario").set_value("mixed").run()
     at.number_input(key="load_n").set_value(6)
-    H.submit(at, "load_form", "Launch load")
+    H.submit_form(at, "load_form", "Launch load")
     m = H.metrics(at)
     assert m["Submitted"] == ["6 / 6"]
     assert m["Rejected at submit"] == ["0"]
@@ -47,11 +47,11 @@ def test_load_page_budget_control_changes_the_engine(run_page):
     at = run_page("load.py")
     before = th.snapshot().info.num_blocks
     at.slider(key="load_budget").set_value(before - 8)
-    H.submit(at, "budget_form", "Apply budget")
+    H.submit_form(at, "budget_form", "Apply budget")
     assert th.snapshot_now().info.num_blocks == before - 8
     assert any(e.kind == "config" and e.data.get("num_blocks") == before - 8 for e in th.events.since(0))
     at.slider(key="load_budget").set_value(before)
-    H.submit(at, "budget_form", "Apply budget")
+    H.submit_form(at, "budget_form", "Apply budget")
     assert th.snapshot_now().info.num_blocks == before
 
 
@@ -62,7 +62,7 @@ def test_load_page_shows_engine_rejections(run_page):
     at.multiselect(key="load_tiers").set_value(["free"])
     at.number_input(key="load_omax").set_value(4000)  # prompt + max_tokens over the free tier's cap
     at.number_input(key="load_omed").set_value(4000)
-    H.submit(at, "load_form", "Launch load")
+    H.submit_form(at, "load_form", "Launch load")
     m = H.metrics(at)
     assert m["Rejected at submit"] == ["3"]
     assert any("refused or skipped at submission" in e.label for e in at.expander)
@@ -78,7 +78,7 @@ def test_prefix_cache_page_measures_hits_on_the_engine(run_page):
         "first <script>alert(1)</script>\nsecond <img src=x onerror=alert(2)>\nthird"
     )
     at.slider(key="pc_max_tokens").set_value(32)  # the later turns share blocks for 32+ steps
-    H.submit(at, "pc_form", "Measure with and without sharing")
+    H.submit_form(at, "pc_form", "Measure with and without sharing")
     assert not at.error, [e.value for e in at.error]
     m = H.metrics(at)
     assert m["Hit rate with forced misses"] == ["0%"]
@@ -114,7 +114,7 @@ def test_prefix_cache_page_side_channel_and_salts(run_page):
     assert any("Measure the side channel" in i.value for i in at.info)
     at.number_input(key="sc_prefix").set_value(16)
     at.number_input(key="sc_rounds").set_value(2)
-    H.submit(at, "sc_form", "Measure the side channel")
+    H.submit_form(at, "sc_form", "Measure the side channel")
     assert not at.error, [e.value for e in at.error]
     res = at.session_state["sc_result"]
     probes = res["probes"]
@@ -133,7 +133,7 @@ def test_prefix_cache_page_side_channel_and_salts(run_page):
 def test_paged_vs_contiguous_page_reads_waste_from_snapshots(run_page):
     at = run_page("paged_vs_contiguous.py")
     at.number_input(key="pvc_n").set_value(10)
-    H.submit(at, "pvc_form", "Run both allocators")
+    H.submit_form(at, "pvc_form", "Run both allocators")
     res = at.session_state["pvc_result"]
     from ui.figures import allocators as AL
 
@@ -153,7 +153,7 @@ def test_cache_vs_nocache_counts_tokens_fed(run_page):
     at = run_page("cache_vs_nocache.py")
     at.number_input(key="cvn_n").set_value(16)
     at.number_input(key="cvn_p").set_value(10)
-    H.submit(at, "cvn_cost_form", "Measure with and without the cache")
+    H.submit_form(at, "cvn_cost_form", "Measure with and without the cache")
     m = H.metrics(at)
     # with the cache: one token per decode step; without: the whole context every step
     assert m["Tokens through the model, with cache"] == ["15"]
@@ -166,7 +166,7 @@ def test_cache_vs_nocache_exercise_three_runs(run_page):
     at.number_input(key="cvn_plen").set_value(8)
     at.number_input(key="cvn_growth").set_value(16)
     at.number_input(key="cvn_budget").set_value(8)
-    H.submit(at, "cvn_ex_form", "Run the three engines")
+    H.submit_form(at, "cvn_ex_form", "Run the three engines")
     m = H.metrics(at)
     assert m["Finished"] == ["10 / 10"] * 3
     pre = [int(x) for x in m["Preemptions"]]
