@@ -323,8 +323,8 @@ static void widen_block(int type, const uint8_t *blk, float *w) { widen_block_sc
 #endif
 /* QL_PREFETCH: blocks ahead, per panel (the next rows of a stream the hardware may not see) */
 #define FMR 4           /* rows per tile with the codes converted in registers */
-#define SMR 4           /* rows per tile reading converted codes from the scratch (x 2 panels: 16
-                         * accumulators + 8 broadcasts stay in registers) */
+#define SMR 3           /* rows per tile reading converted codes from the scratch (x 4 panels: 24
+                         * accumulators + 6 broadcasts stay in registers, the codes are memory operands) */
 #define SCRATCH_ROWS 8  /* from this many rows a block's codes are converted once, for every row */
 #ifndef RC
 #define RC 48
@@ -413,7 +413,7 @@ static AI void rtile(int type, int MR, int P, const float *x, const float *sx, i
 static AI void stile(int type, int MR, int P, const float *x, const float *sx, int K, int b, const float *wsc,
                      const __m512 *d, const __m512 *m, float *tb) {
     const int nb = K / QK;
-    __m512 ae[SMR][2], ao[SMR][2];
+    __m512 ae[SMR][4], ao[SMR][4];
     for (int r = 0; r < MR; r++)
         for (int q = 0; q < P; q++) { ae[r][q] = _mm512_setzero_ps(); ao[r][q] = _mm512_setzero_ps(); }
     for (int kk = 0; kk < QK; kk += 2) {
@@ -446,7 +446,7 @@ static void st_##TY##_##MR##_##P(const float *x, const float *sx, int K, int b, 
 }
 #define TILES(TY)                                                                                                \
     RT(TY, 1, 4) RT(TY, 1, 1) RT(TY, 2, 2) RT(TY, 2, 1) RT(TY, 3, 2) RT(TY, 3, 1) RT(TY, 4, 1)        \
-    ST(TY, 1, 1) ST(TY, 2, 1) ST(TY, 3, 1) ST(TY, 4, 1) ST(TY, 1, 2) ST(TY, 2, 2) ST(TY, 3, 2) ST(TY, 4, 2)
+    ST(TY, 1, 1) ST(TY, 2, 1) ST(TY, 3, 1) ST(TY, 1, 2) ST(TY, 2, 2) ST(TY, 3, 2) ST(TY, 1, 4) ST(TY, 2, 4) ST(TY, 3, 4)
 TILES(3) TILES(8)
 typedef void (*rt_fn)(const float *, const float *, int, const uint8_t *, size_t, const float *, float *, int, int);
 typedef void (*st_fn)(const float *, const float *, int, int, const float *, const __m512 *, const __m512 *, float *);
@@ -456,11 +456,11 @@ static const rt_fn RTILES[2][2][FMR + 1] = {
     {{0, rt_3_1_1, rt_3_2_1, rt_3_3_1, rt_3_4_1}, {0, rt_3_1_4, rt_3_2_2, rt_3_3_2, 0}},
     {{0, rt_8_1_1, rt_8_2_1, rt_8_3_1, rt_8_4_1}, {0, rt_8_1_4, rt_8_2_2, rt_8_3_2, 0}}};
 /* [type is Q8_0][panels - 1][rows] */
-static const st_fn STILES[2][2][SMR + 1] = {
-    {{0, st_3_1_1, st_3_2_1, st_3_3_1, st_3_4_1}, {0, st_3_1_2, st_3_2_2, st_3_3_2, st_3_4_2}},
-    {{0, st_8_1_1, st_8_2_1, st_8_3_1, st_8_4_1}, {0, st_8_1_2, st_8_2_2, st_8_3_2, st_8_4_2}}};
+static const st_fn STILES[2][4][SMR + 1] = {
+    {{0, st_3_1_1, st_3_2_1, st_3_3_1}, {0, st_3_1_2, st_3_2_2, st_3_3_2}, {0}, {0, st_3_1_4, st_3_2_4, st_3_3_4}},
+    {{0, st_8_1_1, st_8_2_1, st_8_3_1}, {0, st_8_1_2, st_8_2_2, st_8_3_2}, {0}, {0, st_8_1_4, st_8_2_4, st_8_3_4}}};
 
-/* P (1 or 2) panels for rows 0..M-1: per chunk of RC rows and block, the panels' codes converted
+/* P (1, 2 or 4) panels for rows 0..M-1: per chunk of RC rows and block, the panels' codes converted
  * once into wsc, then every row tile of the chunk reads them (tb: RC x P x 16 running totals) */
 static void scratch_panels(int type, int P, const float *x, const float *sx, int M, int K, const uint8_t *pan,
                            size_t pstride, const float *bias, float *y, int N, int nvalid_last, float *wsc, float *tb) {
@@ -469,7 +469,7 @@ static void scratch_panels(int type, int P, const float *x, const float *sx, int
         const int rc = M - r0 < RC ? M - r0 : RC;
         memset(tb, 0, sizeof(float) * (size_t)rc * P * NR);
         for (int b = 0; b < nb; b++) {
-            __m512 d[2], m[2];
+            __m512 d[4], m[4];
             for (int q = 0; q < P; q++) {
                 const uint8_t *blk = pan + q * pstride + (size_t)b * pb;
                 prefetch_block(blk, pb);
@@ -517,11 +517,14 @@ static int qlinear_factorized(int type, const float *x, int M, int K, const uint
         const int p0 = (int)((long long)np * t / nt), p1 = (int)((long long)np * (t + 1) / nt);
         int p = p0;
         if (M >= SCRATCH_ROWS) {
-            float *wsc = malloc(sizeof(float) * 2 * QK * NR), *tb = malloc(sizeof(float) * RC * 2 * NR);
+            float *wsc = malloc(sizeof(float) * 4 * QK * NR), *tb = malloc(sizeof(float) * RC * 4 * NR);
             if (!wsc || !tb) {
                 #pragma omp atomic write
                 rc = -3;
             } else {
+                for (; p + 4 <= p1 && (p + 4) * NR <= N; p += 4)
+                    scratch_panels(type, 4, x, sx, M, K, panels + p * pstride, pstride, bias ? bias + p * NR : NULL,
+                                   y + p * NR, N, NR, wsc, tb);
                 for (; p + 2 <= p1 && (p + 2) * NR <= N; p += 2)
                     scratch_panels(type, 2, x, sx, M, K, panels + p * pstride, pstride, bias ? bias + p * NR : NULL,
                                    y + p * NR, N, NR, wsc, tb);

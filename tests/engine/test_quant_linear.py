@@ -161,8 +161,9 @@ def test_a_rows_result_does_not_depend_on_its_batch(qtype, n, kblocks, rows, see
 @pytest.mark.parametrize("threads", [1, 2])
 def test_rows_past_the_scratch_chunk_keep_their_single_row_bits(qtype, threads):
     """From 8 rows the AVX-512 kernel converts a block's codes once for all rows, in chunks of 48
-    rows: 100 rows over 70 outputs cross two chunk edges, a partial chunk and a partial panel."""
-    t, n, k = TYPES[qtype], 70, 96
+    rows, 1, 2 or 4 panels at a time: 100 rows over 200 outputs (13 panels, the last one half
+    full) cross two chunk edges, a partial chunk and every panel grouping."""
+    t, n, k = TYPES[qtype], 200, 96
     b = random_blocks(t, n, k, seed=3)
     panels = cpu_kernels.qpack(LIB, t, b, n, k)
     x = torch.randn(100, k, generator=torch.Generator().manual_seed(3))
