@@ -305,11 +305,14 @@ def _spread(items: list, k: int) -> list[int]:
 # ---------------------------------------------------------------------------- kvscope on a workload
 
 
-def kvscope_workload(ctx: BenchContext, prompts: list[list[int]], new_tokens: int, tag: str):
+def kvscope_workload(ctx: BenchContext, prompts: list[list[int]], new_tokens: int, tag: str, profile: bool = False):
     """kvscope on a batch workload (all requests submitted at once via LLM.generate).
-    Returns (token lists, wall seconds, engine info dict). Cached per (tag, size) in the context."""
+    Returns (token lists, wall seconds, engine info dict). Cached per (tag, size) in the context.
+    profile: where the C decode path runs (engine/fused_decode.py), its per-op seconds over the
+    timed generate are in info["ops_s"] (engine/csrc/layer.c's timer, one pair of clock reads per
+    op and layer)."""
     cache = ctx.__dict__.setdefault("_kv_runs", {})
-    key = (tag, len(prompts), new_tokens)
+    key = (tag, len(prompts), new_tokens, profile)
     if key in cache:
         return cache[key]
     LLM, SamplingParams, _ = require_engine()
@@ -321,12 +324,21 @@ def kvscope_workload(ctx: BenchContext, prompts: list[list[int]], new_tokens: in
     )
     try:
         warm_up(llm, SamplingParams, prompts[0])
+        fused = getattr(getattr(llm.engine, "runner", None), "fused", None) if profile else None
+        if fused is not None:
+            fused.profile = True
+            fused.prof.zero_()
         outs, wall = timed_generate(llm, prompts, greedy(SamplingParams, new_tokens))
         toks = [token_ids_of(o) for o in outs]
         info = {}
+        if fused is not None:
+            from engine import fused_decode
+
+            fused.profile = False
+            info["ops_s"] = dict(zip(fused_decode.PROF_OPS, fused.prof.tolist()))
         try:
             snap = llm.engine.snapshot()
-            info = {
+            info |= {
                 "dtype": snap.info.dtype,
                 "block_size": snap.info.block_size,
                 "max_num_batched_tokens": snap.info.max_num_batched_tokens,

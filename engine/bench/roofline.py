@@ -361,6 +361,8 @@ def suite_roofline(ctx: C.BenchContext) -> SuiteResult:
     k_toks, k_wall, _ = min(runs, key=lambda r: r[1])
     n_gen = sum(len(t) for t in k_toks)
     kv_tok_s = n_gen / k_wall
+    # one more run with the C stack's per-op timer on (not one of the timed runs above)
+    _, p_wall, p_info = C.kvscope_workload(ctx, prompts, new, "W16-roofline-ops", profile=True)
     ctx.done("kvscope W16")
 
     peak_m = max(mm, key=lambda m: mm[m]["all_gflops"])
@@ -416,6 +418,16 @@ def suite_roofline(ctx: C.BenchContext) -> SuiteResult:
         "peak / FLOPs of one generated token (prompt tokens counted as free)",
     )
     res.add("compute_roof_naive_fraction", fraction(kv_tok_s, cr["compute_roof_naive_tok_s"]), "")
+    w16_ops = p_info.get("ops_s")
+    for op, sec in (w16_ops or {}).items():
+        res.add(f"w16_op_{op}_s", sec, "W16 seconds in this op of engine/csrc/layer.c (all layers, all steps)")
+    if w16_ops:
+        res.add("w16_profiled_wall_s", p_wall, "that profiled W16 run's wall time")
+        res.add(
+            "w16_outside_layers_s",
+            p_wall - sum(w16_ops.values()),
+            "the rest of it: embedding, final norm and lm_head, sampling, scheduling, Python",
+        )
 
     # batch-1 decode: one request alone, prefill excluded, with bandwidth measured around it
     LLM, SamplingParams, _ = C.require_engine()
@@ -432,6 +444,11 @@ def suite_roofline(ctx: C.BenchContext) -> SuiteResult:
 
     bw = max(bw, measure_read_bandwidth(bw_mb, dtype=torch.float32))
     res.add("mem_bw_gb_s", bw, "torch.sum over a large fp32 tensor, best pass before/after bs1 decode (GB = 1e9 B)")
+    # the K/V W16's decode steps read: each sequence's context at each of its new_tokens - 1 decode
+    # steps (its first token comes from prefill), at the pool's bytes per token
+    kv_gb = sum(sum(p + j for j in range(1, new)) for p in lens) * shape.kv_token_bytes(dbytes) / 1e9
+    res.add("w16_decode_kv_read_gb", kv_gb, "K/V bytes W16's decode steps read from the pool (GB = 1e9 B)")
+    res.add("w16_decode_kv_floor_s", kv_gb / bw if bw else None, "that read at mem_bw_gb_s: attention's floor in W16")
     ctx.start("transformers batch-1 decode")
     _, t1 = peers.hf_sequential(model, tok, [p1], 1)
     _, tn = peers.hf_sequential(model, tok, [p1], n1)
