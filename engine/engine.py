@@ -83,8 +83,9 @@ class LLMEngine:
             config = config.replace(**kwargs)
         self.config = config
         self.device = resolve_device(config.device)
-        if self.device.type == "cpu":
-            torch.set_num_threads(config.num_threads or 1)
+        self.cpu_threads = (config.num_threads or 1) if self.device.type == "cpu" else None
+        if self.cpu_threads:
+            torch.set_num_threads(self.cpu_threads)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.model, self.tokenizer = load_model(config.model, config.device, config.dtype)
         self.incremental_detok = detokenizer.concatenative(self.tokenizer)  # engine/detokenizer.py
@@ -362,6 +363,10 @@ class LLMEngine:
             self.bm.apply_target()
             self._finish_step(t_step)
             return []
+        if self.cpu_threads and torch.get_num_threads() != self.cpu_threads:
+            # torch's thread count is one per process (and per OpenMP thread): another engine built
+            # since, or a bench pass, may have changed it; this engine's steps run at its own
+            torch.set_num_threads(self.cpu_threads)
         out = self._execute(sched)
         return output_processor.update_from_output(self, sched, out, t_step)
 

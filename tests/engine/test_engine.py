@@ -219,3 +219,28 @@ def test_speculative_calibration_borrows_blocks_from_the_block_manager_and_gives
     assert all(not k.any() and not v.any() for k, v in eng.runner.kv_caches)  # zeroed again
     assert [e.kind for e in eng.events] == [EventKind.CONFIG]  # lent, not allocated: no event
     eng.check_invariants()
+
+
+def test_each_engine_steps_at_its_own_thread_count(monkeypatch):
+    """torch's thread count is one per process: building a 2-thread engine after a 1-thread one
+    set it to 2; the 1-thread engine's forward still runs at 1 (the bench builds both side by side)."""
+    import torch
+
+    old = torch.get_num_threads()
+    try:
+        one, two = tiny(num_threads=1), tiny(num_threads=2)
+        seen = {}
+        for name, eng in (("one", one), ("two", two), ("one again", one)):
+            forward = eng.runner.forward
+
+            def spy(*a, _forward=forward, _name=name, **kw):
+                seen[_name] = torch.get_num_threads()
+                return _forward(*a, **kw)
+
+            monkeypatch.setattr(eng.runner, "forward", spy)
+            eng.add_request(f"r-{name}", [1, 2, 3], greedy(1))
+            while eng.has_unfinished_requests():
+                eng.step()
+        assert seen == {"one": 1, "two": 2, "one again": 1}
+    finally:
+        torch.set_num_threads(old)
