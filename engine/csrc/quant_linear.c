@@ -495,6 +495,13 @@ static void scratch_panels(int type, int P, const float *x, const float *sx, int
     }
 }
 
+/* outputs of the last of panels p..p+w-1 that exist (only the matrix's last panel is partial,
+ * so a group may end on it: each output's sum does not depend on its tile) */
+static int last_valid(int N, int p, int w) {
+    const int n = N - (p + w - 1) * NR;
+    return n < NR ? n : NR;
+}
+
 static int qlinear_factorized(int type, const float *x, int M, int K, const uint8_t *panels, int N, const float *bias,
                               float *y, int n_threads) {
     const int np = (N + NR - 1) / NR, nb = K / QK, q8 = type == T_Q8_0;
@@ -522,15 +529,10 @@ static int qlinear_factorized(int type, const float *x, int M, int K, const uint
                 #pragma omp atomic write
                 rc = -3;
             } else {
-                for (; p + 4 <= p1 && (p + 4) * NR <= N; p += 4)
-                    scratch_panels(type, 4, x, sx, M, K, panels + p * pstride, pstride, bias ? bias + p * NR : NULL,
-                                   y + p * NR, N, NR, wsc, tb);
-                for (; p + 2 <= p1 && (p + 2) * NR <= N; p += 2)
-                    scratch_panels(type, 2, x, sx, M, K, panels + p * pstride, pstride, bias ? bias + p * NR : NULL,
-                                   y + p * NR, N, NR, wsc, tb);
-                for (; p < p1; p++)
-                    scratch_panels(type, 1, x, sx, M, K, panels + p * pstride, pstride, bias ? bias + p * NR : NULL,
-                                   y + p * NR, N, N - p * NR < NR ? N - p * NR : NR, wsc, tb);
+                for (int w = 4; w >= 1; w /= 2)
+                    for (; p + w <= p1; p += w)
+                        scratch_panels(type, w, x, sx, M, K, panels + p * pstride, pstride,
+                                       bias ? bias + p * NR : NULL, y + p * NR, N, last_valid(N, p, w), wsc, tb);
             }
             free(wsc);
             free(tb);
@@ -539,12 +541,12 @@ static int qlinear_factorized(int type, const float *x, int M, int K, const uint
                 const int mr = M - r0 < FMR ? M - r0 : FMR, wide = mr == 1 ? 4 : mr < 4 ? 2 : 1;
                 const float *xr = x + (size_t)r0 * K, *sxr = sx + (size_t)r0 * nb;
                 float *yr = y + (size_t)r0 * N;
-                for (p = p0; wide > 1 && p + wide <= p1 && (p + wide) * NR <= N; p += wide)
+                for (p = p0; wide > 1 && p + wide <= p1; p += wide)
                     RTILES[q8][1][mr](xr, sxr, K, panels + p * pstride, pstride, bias ? bias + p * NR : NULL,
-                                      yr + p * NR, N, NR);
+                                      yr + p * NR, N, last_valid(N, p, wide));
                 for (; p < p1; p++)
                     RTILES[q8][0][mr](xr, sxr, K, panels + p * pstride, pstride, bias ? bias + p * NR : NULL,
-                                      yr + p * NR, N, N - p * NR < NR ? N - p * NR : NR);
+                                      yr + p * NR, N, last_valid(N, p, 1));
             }
     }
     free(sx);
