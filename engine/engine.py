@@ -84,8 +84,7 @@ class LLMEngine:
         self.config = config
         self.device = resolve_device(config.device)
         self.cpu_threads = (config.num_threads or 1) if self.device.type == "cpu" else None
-        if self.cpu_threads:
-            torch.set_num_threads(self.cpu_threads)
+        self._own_threads()
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.model, self.tokenizer = load_model(config.model, config.device, config.dtype)
         self.incremental_detok = detokenizer.concatenative(self.tokenizer)  # engine/detokenizer.py
@@ -354,6 +353,12 @@ class LLMEngine:
         self.bm.set_num_blocks(n)
         self._emit(ev.CONFIG, None, num_blocks=n, previous=old, reason=f"KV budget changed from {old} to {n} blocks")
 
+    def _own_threads(self) -> None:
+        """torch's thread count set to this engine's (CPU): the count is one per process (and per
+        OpenMP thread), so another engine built since, or a bench pass, may have changed it."""
+        if self.cpu_threads and torch.get_num_threads() != self.cpu_threads:
+            torch.set_num_threads(self.cpu_threads)
+
     # ------------------------------------------------------------------ step
     def step(self) -> list[RequestOutput]:
         self.step_num += 1
@@ -363,10 +368,7 @@ class LLMEngine:
             self.bm.apply_target()
             self._finish_step(t_step)
             return []
-        if self.cpu_threads and torch.get_num_threads() != self.cpu_threads:
-            # torch's thread count is one per process (and per OpenMP thread): another engine built
-            # since, or a bench pass, may have changed it; this engine's steps run at its own
-            torch.set_num_threads(self.cpu_threads)
+        self._own_threads()
         out = self._execute(sched)
         return output_processor.update_from_output(self, sched, out, t_step)
 

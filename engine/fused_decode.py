@@ -140,6 +140,17 @@ class FusedStack:
         self.prof = torch.zeros(len(PROF_OPS), dtype=torch.float64)
         self.profile = os.environ.get("KVSCOPE_LAYER_PROFILE", "0") == "1"
 
+    def profile_start(self) -> None:
+        """The per-op timer on, from zero (seconds accumulate in `prof`, one pair of clock reads per
+        op and layer)."""
+        self.profile = True
+        self.prof.zero_()
+
+    def profile_stop(self) -> dict[str, float]:
+        """The timer off; seconds per op (PROF_OPS) since profile_start."""
+        self.profile = False
+        return dict(zip(PROF_OPS, self.prof.tolist()))
+
     def run(self, rows, slots: list[int], num_layers: int | None = None) -> torch.Tensor:
         """One forward of the flattened batch `rows`; `slots` is the runner's slot mapping of its
         tokens (engine.runner.slot_mapping), where each token's K/V is written."""

@@ -326,16 +326,12 @@ def kvscope_workload(ctx: BenchContext, prompts: list[list[int]], new_tokens: in
         warm_up(llm, SamplingParams, prompts[0])
         fused = getattr(getattr(llm.engine, "runner", None), "fused", None) if profile else None
         if fused is not None:
-            fused.profile = True
-            fused.prof.zero_()
+            fused.profile_start()
         outs, wall = timed_generate(llm, prompts, greedy(SamplingParams, new_tokens))
         toks = [token_ids_of(o) for o in outs]
         info = {}
         if fused is not None:
-            from engine import fused_decode
-
-            fused.profile = False
-            info["ops_s"] = dict(zip(fused_decode.PROF_OPS, fused.prof.tolist()))
+            info["ops_s"] = fused.profile_stop()
         try:
             snap = llm.engine.snapshot()
             info |= {

@@ -41,8 +41,7 @@ class KernelTimer:
 
         fused = getattr(self.runner, "fused", None)
         if fused is not None:  # the C stack: its own per-op timer (engine/fused_decode.py)
-            fused.profile = True
-            fused.prof.zero_()
+            fused.profile_start()
         pack = self.runner.linear_pack
         self._groups = {id(g): g for g, _ in pack.members.values()}.values() if pack is not None else ()
         self._saved = [(g, g.matmul) for g in self._groups]
@@ -53,13 +52,11 @@ class KernelTimer:
         return self
 
     def __exit__(self, *exc):
-        from engine import cpu_kernels, fused_decode
+        from engine import cpu_kernels
 
         fused = getattr(self.runner, "fused", None)
         if fused is not None:
-            fused.profile = False
-            p = dict(zip(fused_decode.PROF_OPS, fused.prof.tolist()))
-            self.ops_s = p
+            p = self.ops_s = fused.profile_stop()
             self.attention_s = self.attention_cpu_s = p["attention"]
             lin = ("qkv", "o_proj+res", "gate_up+silu", "down+res")
             self.weights_s = self.weights_cpu_s = self.weights_s + sum(p[k] for k in lin)
