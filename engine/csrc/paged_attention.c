@@ -208,6 +208,7 @@ static inline __attribute__((always_inline)) void attend_head_fp32(int NV, const
                                                                    const float *vp, int Hkv, const int32_t *rows,
                                                                    int L, float scale, float *sc) {
     const int D = NV * 8;
+    const v8i lane = {0, 1, 2, 3, 4, 5, 6, 7};
     v8 q[16], acc[16];
     for (int i = 0; i < NV; i++) q[i] = ld(qp + 8 * i) * scale;
     v8 top = splat(-INFINITY);
@@ -222,7 +223,7 @@ static inline __attribute__((always_inline)) void attend_head_fp32(int NV, const
         }
         const v8 v = sum_lanes8(a);
         st(sc + l0, v);                                 /* sc holds L + 8 floats */
-        const v8 vm = sel((v8i){0, 1, 2, 3, 4, 5, 6, 7} < n, v, splat(-INFINITY));
+        const v8 vm = sel(lane < n, v, splat(-INFINITY));
         top = sel(vm > top, vm, top);
     }
     float m = top[0];
@@ -230,7 +231,7 @@ static inline __attribute__((always_inline)) void attend_head_fp32(int NV, const
     v8 tot = splat(0.f);
     for (int l = 0; l < L; l += 8) {                    /* the last group's dead lanes count 0 */
         const v8 e = exp_nonpos(ld(sc + l) - m);
-        const v8 ev = L - l >= 8 ? e : sel((v8i){0, 1, 2, 3, 4, 5, 6, 7} < L - l, e, splat(0.f));
+        const v8 ev = L - l >= 8 ? e : sel(lane < L - l, e, splat(0.f));
         st(sc + l, ev);
         tot += ev;
     }
