@@ -33,6 +33,26 @@ def _colorscale():
     return scale
 
 
+def _block_heatmap(z, text, hover, textfont: dict, **kw) -> go.Heatmap:
+    """A grid of blocks: z the category (0 free, 1 cached, 2.. a request's palette colour), text
+    drawn in each cell, hover its tooltip (HTML)."""
+    return go.Heatmap(
+        z=z,
+        text=text,
+        texttemplate="%{text}",
+        textfont=textfont,
+        customdata=hover,
+        hovertemplate="%{customdata}<extra></extra>",
+        colorscale=_colorscale(),
+        zmin=-0.5,
+        zmax=_N_CAT - 0.5,
+        showscale=False,
+        xgap=2,
+        ygap=2,
+        **kw,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class PoolCell:
     """One drawn cell: `blocks` physical blocks starting at `first_block`."""
@@ -163,24 +183,7 @@ def pool_map_figure(
             mine_y.append(r)
 
     fig = go.Figure()
-    fig.add_trace(
-        go.Heatmap(
-            z=z,
-            text=text,
-            texttemplate="%{text}",
-            textfont=dict(size=9, color="#444444"),
-            customdata=hover,
-            hovertemplate="%{customdata}<extra></extra>",
-            colorscale=_colorscale(),
-            zmin=-0.5,
-            zmax=_N_CAT - 0.5,
-            showscale=False,
-            xgap=2,
-            ygap=2,
-            name="blocks",
-            showlegend=False,
-        )
-    )
+    fig.add_trace(_block_heatmap(z, text, hover, dict(size=9, color="#444444"), name="blocks", showlegend=False))
     if highlight is not None and hl_x:
         fig.add_trace(
             go.Scatter(
@@ -336,22 +339,8 @@ def block_table_figure(
             f"<b>logical {i} → physical {phys}</b><br>tokens {tok0}–{tok0 + bs - 1}"
             f"<br>fill: {fill}/{bs}<br>ref count: {ref}"
         )
-    fig = go.Figure(
-        go.Heatmap(
-            z=z,
-            text=text,
-            texttemplate="%{text}",
-            textfont=dict(size=11, color=theme.text_color_on(theme.REQUEST_COLORS[color_idx])),
-            customdata=hover,
-            hovertemplate="%{customdata}<extra></extra>",
-            colorscale=_colorscale(),
-            zmin=-0.5,
-            zmax=_N_CAT - 0.5,
-            showscale=False,
-            xgap=2,
-            ygap=2,
-        )
-    )
+    font = dict(size=11, color=theme.text_color_on(theme.REQUEST_COLORS[color_idx]))
+    fig = go.Figure(_block_heatmap(z, text, hover, font))
     rid = html.escape(theme.short_id(request_id, 24))
     if req is None:
         title = f"block table of {rid}: request not in the engine"
