@@ -143,8 +143,12 @@ def load():
                     step = [P, I, P, I, P, P, P, P, P, P, I, I, I, ctypes.c_float, I, I, P, P]
                     lib.kvscope_stack_forward.argtypes = step
                     lib.kvscope_stack_forward.restype = I
+                    lib.kvscope_qlinear_scratch_rows.argtypes = [I]
+                    lib.kvscope_qlinear_scratch_rows.restype = I
                     _self_test(lib)
                     _self_test_linear(lib)
+                    # the faster of two bitwise-equal row paths on this CPU (or the one named)
+                    lib.kvscope_qlinear_scratch_rows(int(os.environ.get("KVSCOPE_QL_SCRATCH_ROWS", "0") or 0))
                 except Exception as e:  # build or self-test failed: the torch path stays
                     lib, why = None, f"{type(e).__name__}: {str(e)[:400]}"
         _state["lib"] = lib
@@ -344,6 +348,14 @@ def qlinear(
 ) -> torch.Tensor:
     """x [..., K] fp32 -> x W^T (+ bias) with W the quantized panels made by qpack."""
     return _run_linear(lib.kvscope_qlinear, "kvscope_qlinear", (qtype,), x, panels, n_out, bias, n_threads)
+
+
+def ql_scratch_rows(lib, rows: int = -1) -> int:
+    """From how many rows the factorized Q4_1 / Q8_0 kernel converts a block's codes once into a
+    scratch buffer for every row tile (both paths give the same bits; the library picks the
+    faster one when it loads, KVSCOPE_QL_SCRATCH_ROWS=N names one): rows > 0 sets it, 0 measures
+    again, -1 reads it. Returns the setting (2**31 - 1: never; 0: no such choice in this build)."""
+    return lib.kvscope_qlinear_scratch_rows(rows)
 
 
 def qlinear_bitwise(lib, qtype: int) -> bool:

@@ -31,9 +31,12 @@
  * multiply-add chain from zero, their sum s, then (Q4_1) t = fma(m, sum x, d * s) or (Q8_0)
  * fma(d, s, total), t added to the running total block after block; so a row's result does not
  * depend on its batch either. Below SCRATCH_ROWS rows the codes are converted in registers, per
- * column pair, for the tile's rows; from SCRATCH_ROWS rows a block's codes are converted once
- * into a small buffer that every row tile reads (the same fp32 values, the same chains).
+ * column pair, for the tile's rows; from SCRATCH_ROWS rows a block's codes may instead be
+ * converted once into a small buffer that every row tile reads (the same fp32 values, the same
+ * chains). Which of the two is faster depends on the CPU (about 2x either way): the library
+ * measures both when it loads (kvscope_qlinear_scratch_rows) and keeps the faster.
  */
+#include <limits.h>
 #include <omp.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -325,7 +328,13 @@ static void widen_block(int type, const uint8_t *blk, float *w) { widen_block_sc
 #define FMR 4           /* rows per tile with the codes converted in registers */
 #define SMR 3           /* rows per tile reading converted codes from the scratch (x 4 panels: 24
                          * accumulators + 6 broadcasts stay in registers, the codes are memory operands) */
-#define SCRATCH_ROWS 8  /* from this many rows a block's codes are converted once, for every row */
+#define SCRATCH_ROWS 8  /* from this many rows a block's codes may be converted once, for every row */
+/* Which of the two row paths runs from SCRATCH_ROWS rows is the CPU's to decide: both give the
+ * same bits (the same fp32 codes, the same chains), only their speed differs. Where the vector
+ * unit converts codes on ports the FMAs do not use and loads one zmm per cycle (AMD Zen 4), the
+ * register path is about 2x the scratch path; where conversions take FMA ports and two zmm loads
+ * issue per cycle (Intel), the scratch path was faster. kvscope_qlinear_tune measures both. */
+static int scratch_rows = SCRATCH_ROWS;
 #ifndef RC
 #define RC 48
 #endif
@@ -523,7 +532,7 @@ static int qlinear_factorized(int type, const float *x, int M, int K, const uint
         const int t = omp_get_thread_num(), nt = omp_get_num_threads();
         const int p0 = (int)((long long)np * t / nt), p1 = (int)((long long)np * (t + 1) / nt);
         int p = p0;
-        if (M >= SCRATCH_ROWS) {
+        if (M >= scratch_rows) {
             float *wsc = malloc(sizeof(float) * 4 * QK * NR), *tb = malloc(sizeof(float) * RC * 4 * NR);
             if (!wsc || !tb) {
                 #pragma omp atomic write
@@ -552,7 +561,57 @@ static int qlinear_factorized(int type, const float *x, int M, int K, const uint
     free(sx);
     return rc;
 }
+
+/* Times the two paths on a synthetic Q4_1 weight (256 x 576, 32 rows, 1 thread; alternating, best
+ * of 5 each) and keeps the faster one for every later call; returns the rows from which the
+ * scratch path runs (INT_MAX: never). */
+static int tune_scratch_rows(void) {
+    enum { N = 256, K = 576, M = 32, NB = K / QK };
+    const size_t bytes = (size_t)(N / NR) * NB * 320;
+    uint8_t *pan = aligned_alloc(64, bytes);
+    float *x = aligned_alloc(64, sizeof(float) * M * K), *y = aligned_alloc(64, sizeof(float) * M * N);
+    int pick = SCRATCH_ROWS;
+    if (pan && x && y) {
+        uint32_t r = 12345;
+        for (size_t i = 0; i < bytes; i++) { r = r * 1664525u + 1013904223u; pan[i] = (uint8_t)(r >> 24); }
+        for (size_t b = 0; b < bytes; b += 320)        /* finite scales: fp16 1/64 and -1/8 */
+            for (int j = 0; j < 16; j++) { pan[b + 2 * j] = 0x00; pan[b + 2 * j + 1] = 0x24;
+                                           pan[b + 32 + 2 * j] = 0x00; pan[b + 33 + 2 * j] = 0xB0; }
+        for (int i = 0; i < M * K; i++) { r = r * 1664525u + 1013904223u; x[i] = (float)(r >> 8) / 16777216.f - .5f; }
+        const int modes[2] = {SCRATCH_ROWS, INT_MAX};
+        double best[2] = {1e30, 1e30};
+        for (int round = 0; round < 5; round++)
+            for (int i = 0; i < 2; i++) {
+                scratch_rows = modes[i];
+                qlinear_factorized(T_Q4_1, x, M, K, pan, N, NULL, y, 1);
+                const double t0 = omp_get_wtime();
+                for (int rep = 0; rep < 4; rep++) qlinear_factorized(T_Q4_1, x, M, K, pan, N, NULL, y, 1);
+                const double dt = omp_get_wtime() - t0;
+                if (dt < best[i]) best[i] = dt;
+            }
+        pick = best[1] < best[0] ? INT_MAX : SCRATCH_ROWS;
+    }
+    free(pan);
+    free(x);
+    free(y);
+    return pick;
+}
 #endif
+
+/* From how many rows the factorized Q4_1 / Q8_0 kernel converts codes once into the scratch
+ * buffer: rows > 0 sets it, 0 measures both paths here and keeps the faster, -1 only reads it.
+ * Returns the setting (INT_MAX: the register path at every row count; 0: no such choice in this
+ * build). */
+int kvscope_qlinear_scratch_rows(int rows) {
+#ifdef QL_AVX512
+    if (rows > 0) scratch_rows = rows;
+    else if (rows == 0) scratch_rows = tune_scratch_rows();
+    return scratch_rows;
+#else
+    (void)rows;
+    return 0;
+#endif
+}
 
 /* 1: this build's kernel for `type` sums the widened weights in linear.c's order (bitwise the fp32
  * kernel's outputs); 0: it factorizes by block (the same value up to fp32 rounding); -1: no kernel */

@@ -156,13 +156,66 @@ def test_a_rows_result_does_not_depend_on_its_batch(qtype, n, kblocks, rows, see
         assert torch.equal(cpu_kernels.qlinear(LIB, t, x[r : r + 1], panels, n)[0], batch[r])
 
 
+NEVER = 2**31 - 1
+
+
+@pytest.fixture(params=[8, NEVER], ids=["scratch-from-8-rows", "registers-always"])
+def row_path(request):
+    """Each of the factorized kernel's two row paths (whichever this CPU was tuned to), restored
+    after the test."""
+    before = cpu_kernels.ql_scratch_rows(LIB)
+    if before == 0:
+        pytest.skip("this build has one row path (no AVX-512)")
+    cpu_kernels.ql_scratch_rows(LIB, request.param)
+    yield request.param
+    cpu_kernels.ql_scratch_rows(LIB, before)
+
+
+@needs_kernel
+def test_the_tuned_row_path_is_one_of_the_two_and_named_rows_are_kept():
+    before = cpu_kernels.ql_scratch_rows(LIB)
+    try:
+        if before == 0:
+            assert cpu_kernels.ql_scratch_rows(LIB, 0) == 0
+            return
+        assert cpu_kernels.ql_scratch_rows(LIB, 0) in (8, NEVER)
+        assert cpu_kernels.ql_scratch_rows(LIB, 24) == 24
+        assert cpu_kernels.ql_scratch_rows(LIB) == 24
+    finally:
+        cpu_kernels.ql_scratch_rows(LIB, before if before > 0 else 8)
+
+
+@needs_kernel
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_both_row_paths_give_the_same_bits(qtype, threads):
+    """The register path (codes converted per tile) and the scratch path (converted once per
+    chunk) are the same chains: which one the CPU was tuned to never changes an output."""
+    if cpu_kernels.ql_scratch_rows(LIB) == 0:
+        pytest.skip("this build has one row path (no AVX-512)")
+    t, n, k = TYPES[qtype], 328, 192
+    b = random_blocks(t, n, k, seed=5)
+    panels = cpu_kernels.qpack(LIB, t, b, n, k)
+    x = torch.randn(133, k, generator=torch.Generator().manual_seed(5))
+    before = cpu_kernels.ql_scratch_rows(LIB)
+    try:
+        outs = []
+        for rows in (8, NEVER):
+            cpu_kernels.ql_scratch_rows(LIB, rows)
+            outs.append(cpu_kernels.qlinear(LIB, t, x, panels, n, None, threads))
+    finally:
+        cpu_kernels.ql_scratch_rows(LIB, before)
+    assert torch.equal(outs[0], outs[1])
+
+
 @needs_kernel
 @pytest.mark.parametrize("qtype", sorted(TYPES))
 @pytest.mark.parametrize("threads", [1, 2])
-def test_rows_past_the_scratch_chunk_keep_their_single_row_bits(qtype, threads):
-    """From 8 rows the AVX-512 kernel converts a block's codes once for all rows, in chunks of 48
-    rows, 1, 2 or 4 panels at a time: 100 rows over 200 outputs (13 panels, the last one half
-    full) cross two chunk edges, a partial chunk and every panel grouping."""
+def test_rows_past_the_scratch_chunk_keep_their_single_row_bits(qtype, threads, row_path):
+    """From 8 rows the AVX-512 kernel may convert a block's codes once for all rows, in chunks of
+    48 rows, 1, 2 or 4 panels at a time: 100 rows over 200 outputs (13 panels, the last one half
+    full) cross two chunk edges, a partial chunk and every panel grouping; on the register path
+    the same rows cross its 4-row tiles and every panel width."""
     t, n, k = TYPES[qtype], 200, 96
     b = random_blocks(t, n, k, seed=3)
     panels = cpu_kernels.qpack(LIB, t, b, n, k)
