@@ -19,6 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define GU_ROWS 64 /* rows per gate_up + SiLU chunk */
+
 int kvscope_linear(const float *x, int M, int K, const float *panels, int N, const float *bias, float *y,
                    int n_threads);
 int kvscope_qlinear(int type, const float *x, int M, int K, const uint8_t *panels, int N, const float *bias,
@@ -65,11 +67,64 @@ static void rope(float *v, const float *cos, const float *sin, int D) {
     }
 }
 
+/* SiLU(g) * u, 16 lanes at a time (GCC vector extensions: AVX-512, or two AVX2 halves).
+ * e^x as x = n ln2 + r (|r| <= ln2 / 2, n rounded by the 1.5 * 2^23 trick, ln2 split in two
+ * parts), e^r by Cephes' expf polynomial, 2^n written into the exponent bits; x clamped to
+ * [-87.3, 88.3], where e^x stays a normal float. Within 1.4 ulp of e^x (checked against double
+ * exp), the class of torch's own vectorized exp; glibc's scalar expf was 0.55 s of W16's 9 s. */
+typedef float v16f __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+static inline v16f splatf(float v) { return (v16f){v, v, v, v, v, v, v, v, v, v, v, v, v, v, v, v}; }
+static inline v16f vmin(v16f a, v16f b) { const v16i m = a < b; return (v16f)(((v16i)a & m) | ((v16i)b & ~m)); }
+static inline v16f vmax(v16f a, v16f b) { const v16i m = a > b; return (v16f)(((v16i)a & m) | ((v16i)b & ~m)); }
+static inline v16f vexp(v16f x) {
+    x = vmax(vmin(x, splatf(88.3f)), splatf(-87.3f));
+    const v16f big = splatf(12582912.0f);
+    const v16f t = x * splatf(1.44269504088896341f) + big;
+    const v16f n = t - big;
+    v16f r = x - n * splatf(0.693359375f);
+    r = r - n * splatf(-2.12194440e-4f);
+    v16f p = splatf(1.9875691500e-4f);
+    p = p * r + splatf(1.3981999507e-3f);
+    p = p * r + splatf(8.3334519073e-3f);
+    p = p * r + splatf(4.1665795894e-2f);
+    p = p * r + splatf(1.6666665459e-1f);
+    p = p * r + splatf(5.0000001201e-1f);
+    p = p * (r * r) + r + splatf(1.0f);
+    return p * (v16f)((((v16i)t - (v16i)big) + 127) << 23);
+}
+static inline v16f silu_mul16(v16f g, v16f u) { return g / (splatf(1.0f) + vexp(-g)) * u; }
+
+/* o[i] = silu(g[i]) * u[i]; the tail goes through the same 16-lane code (padded), so an
+ * element's value does not depend on where it falls in the row */
+static void silu_mul_row(const float *g, const float *u, float *o, int n) {
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        v16f gv, uv;
+        memcpy(&gv, g + i, sizeof gv);
+        memcpy(&uv, u + i, sizeof uv);
+        const v16f r = silu_mul16(gv, uv);
+        memcpy(o + i, &r, sizeof r);
+    }
+    if (i < n) {
+        float gb[16] = {0}, ub[16] = {0}, ob[16];
+        memcpy(gb, g + i, sizeof(float) * (n - i));
+        memcpy(ub, u + i, sizeof(float) * (n - i));
+        v16f gv, uv;
+        memcpy(&gv, gb, sizeof gv);
+        memcpy(&uv, ub, sizeof uv);
+        const v16f r = silu_mul16(gv, uv);
+        memcpy(ob, &r, sizeof r);
+        memcpy(o + i, ob, sizeof(float) * (n - i));
+    }
+}
+
 static double now(void) { return omp_get_wtime(); }
 
 long long kvscope_layer_scratch_floats(int T, int hidden, int H, int Hkv, int D, int inter) {
     const long long qkv = (long long)(H + 2 * Hkv) * D;
-    return (long long)T * (hidden + qkv + (long long)H * D * 2 + 3LL * inter + hidden);
+    const long long gu_rows = T < GU_ROWS ? T : GU_ROWS;
+    return (long long)T * (hidden + qkv + (long long)H * D * 2 + inter + hidden) + gu_rows * 2LL * inter;
 }
 
 /* h [T, hidden] updated in place. slots [T] int64 flat pool slots; q_rows/lens/tables as
@@ -82,7 +137,8 @@ int kvscope_layer_forward(const kv_layer *L, float *h, int T, const float *cos, 
     const int nq = H * D, nkv = Hkv * D, nqkv = nq + 2 * nkv;
     if (D % 2 || L->qkv.n != nqkv || L->o.n != Hd || L->gate_up.n != 2 * I || L->down.n != Hd) return -10;
     float *x = scratch, *qkv = x + (size_t)T * Hd, *q = qkv + (size_t)T * nqkv, *att = q + (size_t)T * nq;
-    float *gu = att + (size_t)T * nq, *act = gu + (size_t)T * 2 * I, *tmp = act + (size_t)T * I;
+    float *gu = att + (size_t)T * nq, *act = gu + (size_t)(T < GU_ROWS ? T : GU_ROWS) * 2 * I;
+    float *tmp = act + (size_t)T * I;
     double t0 = prof ? now() : 0, t1;
     int rc;
 #define TICK(i) if (prof) { t1 = now(); prof[i] += t1 - t0; t0 = t1; }
@@ -111,10 +167,14 @@ int kvscope_layer_forward(const kv_layer *L, float *h, int T, const float *cos, 
     TICK(4)
     for (int t = 0; t < T; t++) rmsnorm(h + (size_t)t * Hd, L->norm2, L->eps, Hd, x + (size_t)t * Hd);
     TICK(5)
-    if ((rc = lin(&L->gate_up, x, T, gu, n_threads))) return rc;
-    for (int t = 0; t < T; t++) {
-        float *g = gu + (size_t)t * 2 * I, *u = g + I, *o = act + (size_t)t * I;
-        for (int i = 0; i < I; i++) o[i] = (g[i] / (1.0f + expf(-g[i]))) * u[i];
+    /* gate_up then SiLU-mul per chunk of GU_ROWS rows: the chunk's gate/up outputs are still in
+     * L2 when SiLU reads them (all T rows' were 25 MB at a 2078-token prefill) */
+    for (int r0 = 0; r0 < T; r0 += GU_ROWS) {
+        const int rows = T - r0 < GU_ROWS ? T - r0 : GU_ROWS;
+        if ((rc = lin(&L->gate_up, x + (size_t)r0 * Hd, rows, gu, n_threads))) return rc;
+        #pragma omp parallel for num_threads(n_threads) schedule(static) if (n_threads > 1 && rows >= 8)
+        for (int t = 0; t < rows; t++)
+            silu_mul_row(gu + (size_t)t * 2 * I, gu + (size_t)t * 2 * I + I, act + (size_t)(r0 + t) * I, I);
     }
     TICK(6)
     if ((rc = lin(&L->down, act, T, tmp, n_threads))) return rc;
