@@ -142,10 +142,13 @@ int kvscope_layer_forward(const kv_layer *L, float *h, int T, const float *cos, 
     double t0 = prof ? now() : 0, t1;
     int rc;
 #define TICK(i) if (prof) { t1 = now(); prof[i] += t1 - t0; t0 = t1; }
+    const int par = n_threads > 1 && T >= 8; /* the per-row ops below are split over threads by rows */
+    #pragma omp parallel for num_threads(n_threads) schedule(static) if (par)
     for (int t = 0; t < T; t++) rmsnorm(h + (size_t)t * Hd, L->norm1, L->eps, Hd, x + (size_t)t * Hd);
     TICK(0)
     if ((rc = lin(&L->qkv, x, T, qkv, n_threads))) return rc;
     TICK(1)
+    #pragma omp parallel for num_threads(n_threads) schedule(static) if (par)
     for (int t = 0; t < T; t++) {
         float *r = qkv + (size_t)t * nqkv;
         const float *c = cos + (size_t)t * D, *s = sin + (size_t)t * D;
@@ -165,6 +168,7 @@ int kvscope_layer_forward(const kv_layer *L, float *h, int T, const float *cos, 
     if ((rc = lin(&L->o, att, T, tmp, n_threads))) return rc;
     for (size_t i = 0; i < (size_t)T * Hd; i++) h[i] = h[i] + tmp[i];
     TICK(4)
+    #pragma omp parallel for num_threads(n_threads) schedule(static) if (par)
     for (int t = 0; t < T; t++) rmsnorm(h + (size_t)t * Hd, L->norm2, L->eps, Hd, x + (size_t)t * Hd);
     TICK(5)
     /* gate_up then SiLU-mul per chunk of GU_ROWS rows: the chunk's gate/up outputs are still in
@@ -172,7 +176,7 @@ int kvscope_layer_forward(const kv_layer *L, float *h, int T, const float *cos, 
     for (int r0 = 0; r0 < T; r0 += GU_ROWS) {
         const int rows = T - r0 < GU_ROWS ? T - r0 : GU_ROWS;
         if ((rc = lin(&L->gate_up, x + (size_t)r0 * Hd, rows, gu, n_threads))) return rc;
-        #pragma omp parallel for num_threads(n_threads) schedule(static) if (n_threads > 1 && rows >= 8)
+        #pragma omp parallel for num_threads(n_threads) schedule(static) if (par)
         for (int t = 0; t < rows; t++)
             silu_mul_row(gu + (size_t)t * 2 * I, gu + (size_t)t * 2 * I + I, act + (size_t)(r0 + t) * I, I);
     }

@@ -201,6 +201,18 @@ static void attend_seq(const float *q, float *out, const unsigned char *k_pool, 
     }
 }
 
+/* Software prefetch into L2, KV_PF positions ahead, of the head's K (scores) and V (sum) rows: a
+   head's rows are D floats out of every Hkv * D, block after scattered block, which the hardware
+   prefetchers follow badly, and a decode step reads them from DRAM (a W16 step's K/V is ~4 MB a
+   layer, 147 MB for the stack). Measured on 16 sequences x 162 positions x 30 layers' pools:
+   1.18x at 1 thread, 1.12x at 2 (48 ahead; 16 gave 1.07x, 96 was slower than 48). */
+#ifndef KV_PF
+#define KV_PF 48
+#endif
+static inline void prefetch_row(const float *p, int D) {
+    for (int i = 0; i < D; i += 16) __builtin_prefetch(p + i, 0, 1);
+}
+
 /* One head of an fp32-pool sequence, NV = D / 8 known at compile time so that the query and the
    accumulators stay in registers: scores 8 keys at a time (sum_lanes8), then p = exp(score - max)
    and their total, then out = sum p v / total, the keys and values read in place, block by block. */
@@ -214,6 +226,7 @@ static inline __attribute__((always_inline)) void attend_head_fp32(int NV, const
     v8 top = splat(-INFINITY);
     for (int l0 = 0; l0 < L; l0 += 8) {
         const int n = L - l0 < 8 ? L - l0 : 8;
+        for (int j = l0 + KV_PF; j < l0 + KV_PF + 8 && j < L; j++) prefetch_row(kp + (size_t)rows[j] * Hkv * D, D);
         v8 a[8];
         for (int j = 0; j < 8; j++) {                   /* past the end: key l0 again, its lane unused */
             const int l = l0 + (j < n ? j : 0);
@@ -239,6 +252,7 @@ static inline __attribute__((always_inline)) void attend_head_fp32(int NV, const
     for (int i = 0; i < NV; i++) acc[i] = splat(0.f);
     for (int l = 0; l < L; l++) {
         const float *v = vp + (size_t)rows[l] * Hkv * D;
+        if (l + KV_PF < L) prefetch_row(vp + (size_t)rows[l + KV_PF] * Hkv * D, D);
         const v8 p = splat(sc[l]);
         for (int i = 0; i < NV; i++) acc[i] += p * ld(v + 8 * i);
     }
