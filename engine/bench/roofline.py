@@ -327,6 +327,17 @@ def probe_threads(shape: ModelShape, candidates=None, rounds: int = 3, layers: i
 # ---------------------------------------------------------------------------- roofline
 
 
+def quant_row_path() -> str:
+    """Which of quant_linear.c's two bitwise-equal row paths this CPU was tuned to."""
+    from .. import cpu_kernels
+
+    lib = cpu_kernels.load()
+    rows = cpu_kernels.ql_scratch_rows(lib) if lib is not None else 0
+    if rows <= 0:
+        return "n/a (no AVX-512 factorized kernel)"
+    return "codes in registers" if rows >= 2**31 - 1 else f"scratch buffer from {rows} rows"
+
+
 def shape_of(model) -> ModelShape:
     return ModelShape.from_config(model.config)
 
@@ -466,6 +477,7 @@ def suite_roofline(ctx: C.BenchContext) -> SuiteResult:
         "what the default engine's Linears read: 'gguf' = the "
         "file's quantized blocks (engine/csrc/quant_linear.c), 'fp32' = de-quantized copies",
     )
+    res.add("quant_row_path", quant_row_path(), "the factorized Q4_1 / Q8_0 kernel's path from 8 rows, tuned at load")
     res.add(
         "weight_bytes_read_per_step",
         read,
