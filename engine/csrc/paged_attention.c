@@ -218,15 +218,20 @@ static inline void prefetch_row(const float *p, int D) {
    and their total, then out = sum p v / total, the keys and values read in place, block by block. */
 static inline __attribute__((always_inline)) void attend_head_fp32(int NV, const float *qp, float *o, const float *kp,
                                                                    const float *vp, int Hkv, const int32_t *rows,
-                                                                   int L, float scale, float *sc) {
-    const int D = NV * 8;
+                                                                   int L, float scale, float *sc, int own_pf,
+                                                                   const float *nk, const float *nv, int pl0, int pl1) {
+    const int D = NV * 8, cnt = pl1 - pl0;
     const v8i lane = {0, 1, 2, 3, 4, 5, 6, 7};
     v8 q[16], acc[16];
     for (int i = 0; i < NV; i++) q[i] = ld(qp + 8 * i) * scale;
     v8 top = splat(-INFINITY);
     for (int l0 = 0; l0 < L; l0 += 8) {
         const int n = L - l0 < 8 ? L - l0 : 8;
-        for (int j = l0 + KV_PF; j < l0 + KV_PF + 8 && j < L; j++) prefetch_row(kp + (size_t)rows[j] * Hkv * D, D);
+        for (int j = l0 + KV_PF; own_pf && j < l0 + KV_PF + 8 && j < L; j++)
+            prefetch_row(kp + (size_t)rows[j] * Hkv * D, D);
+        if (nk)
+            for (int t = pl0 + (int)((long long)l0 * cnt / L), te = pl0 + (int)((long long)(l0 + n) * cnt / L); t < te; t++)
+                prefetch_row(nk + (size_t)rows[t] * Hkv * D, D);
         v8 a[8];
         for (int j = 0; j < 8; j++) {                   /* past the end: key l0 again, its lane unused */
             const int l = l0 + (j < n ? j : 0);
@@ -252,7 +257,10 @@ static inline __attribute__((always_inline)) void attend_head_fp32(int NV, const
     for (int i = 0; i < NV; i++) acc[i] = splat(0.f);
     for (int l = 0; l < L; l++) {
         const float *v = vp + (size_t)rows[l] * Hkv * D;
-        if (l + KV_PF < L) prefetch_row(vp + (size_t)rows[l + KV_PF] * Hkv * D, D);
+        if (own_pf && l + KV_PF < L) prefetch_row(vp + (size_t)rows[l + KV_PF] * Hkv * D, D);
+        if (nv && (l & 7) == 0)
+            for (int t = pl0 + (int)((long long)l * cnt / L), te = pl0 + (int)((long long)(l + 8 < L ? l + 8 : L) * cnt / L); t < te; t++)
+                prefetch_row(nv + (size_t)rows[t] * Hkv * D, D);
         const v8 p = splat(sc[l]);
         for (int i = 0; i < NV; i++) acc[i] += p * ld(v + 8 * i);
     }
@@ -275,11 +283,20 @@ static void attend_seq_fp32(const float *q, float *out, const float *k_pool, con
     const float *qp = q + (size_t)q_rows[s] * H * D;
     float *op = out + (size_t)q_rows[s] * H * D;
     for (int hq = h0; hq < h1; hq++) {
-        const size_t hoff = (size_t)(hq / G) * D;
+        const int g = hq / G, gi = hq % G;
+        const size_t hoff = (size_t)g * D;
+        /* the group's first head prefetches its own rows ahead; every head of the group also
+           prefetches its share (1 / G) of the next KV head's rows, so that group starts warm */
+        const int nxt = g + 1 < Hkv && (g + 1) * G < h1;
+        const float *nk = nxt ? k_pool + hoff + D : NULL, *nvp = nxt ? v_pool + hoff + D : NULL;
+        const int pl0 = (int)((long long)L * gi / G), pl1 = (int)((long long)L * (gi + 1) / G);
+        const int own = hq == h0; /* later groups were prefetched by the one before */
         if (D == 64)
-            attend_head_fp32(8, qp + hq * D, op + hq * D, k_pool + hoff, v_pool + hoff, Hkv, rows, L, scale, sc);
+            attend_head_fp32(8, qp + hq * D, op + hq * D, k_pool + hoff, v_pool + hoff, Hkv, rows, L, scale, sc, own,
+                             nk, nvp, pl0, pl1);
         else
-            attend_head_fp32(16, qp + hq * D, op + hq * D, k_pool + hoff, v_pool + hoff, Hkv, rows, L, scale, sc);
+            attend_head_fp32(16, qp + hq * D, op + hq * D, k_pool + hoff, v_pool + hoff, Hkv, rows, L, scale, sc, own,
+                             nk, nvp, pl0, pl1);
     }
 }
 
