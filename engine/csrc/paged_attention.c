@@ -6,7 +6,9 @@
  * Softmax is exact up to fp32 rounding (max-subtracted, one exp per score, divided by the sum).
  * fp32 pools with head dim 64 or 128 go head by head (attend_seq_fp32: the head's query and
  * accumulators in registers, 8 keys' scores summed together, each position's pool row looked up
- * once per sequence); other pools token by token (attend_seq: each row read once and widened).
+ * once per sequence), at head dim 64 a KV group's query heads together (attend_group64: the same
+ * per-head arithmetic, each row loaded once for the group); other pools token by token
+ * (attend_seq: each row read once and widened).
  *
  * Layouts (contiguous): q, out [T, H, D] fp32; k_pool, v_pool [num_blocks, block_size, Hkv, row]
  * where a row is one (token, KV head) in the pool's format (engine/kv_quant.py): fp32 / bf16 /
@@ -268,6 +270,80 @@ static inline __attribute__((always_inline)) void attend_head_fp32(int NV, const
     for (int i = 0; i < NV; i++) st(o + 8 * i, acc[i] * inv);
 }
 
+/* The GQ query heads of one KV group (head dim 64) at once: each key and value row is loaded once
+   for the group (from DRAM once, where head by head read it again from cache per head), with
+   exactly attend_head_fp32's arithmetic per head (the same chains, sum_lanes8, max, exp, sums),
+   so the same bits. sc holds GQ x (L + 8) scores. nk / nv: the next KV head's rows (or NULL),
+   prefetched at the same positions, so that its group starts warm; own_pf: prefetch this
+   group's own rows KV_PF ahead (the first group of a call). */
+static inline __attribute__((always_inline)) void attend_group64(int GQ, const float *qp, float *o, const float *kp,
+                                                                 const float *vp, int Hkv, const int32_t *rows, int L,
+                                                                 float scale, float *sc, int own_pf, const float *nk,
+                                                                 const float *nv) {
+    enum { NV = 8, D = 64 };
+    const v8i lane = {0, 1, 2, 3, 4, 5, 6, 7};
+    const int Lp = L + 8;
+    v8 q[4][NV];
+    for (int g = 0; g < GQ; g++)
+        for (int i = 0; i < NV; i++) q[g][i] = ld(qp + g * D + 8 * i) * scale;
+    v8 top[4];
+    for (int g = 0; g < GQ; g++) top[g] = splat(-INFINITY);
+    for (int l0 = 0; l0 < L; l0 += 8) {
+        const int n = L - l0 < 8 ? L - l0 : 8;
+        for (int j = l0 + KV_PF; own_pf && j < l0 + KV_PF + 8 && j < L; j++)
+            prefetch_row(kp + (size_t)rows[j] * Hkv * D, D);
+        for (int j = l0; nk && j < l0 + n; j++) prefetch_row(nk + (size_t)rows[j] * Hkv * D, D);
+        v8 a[4][8];
+        for (int j = 0; j < 8; j++) {                   /* past the end: key l0 again, its lane unused */
+            const int l = l0 + (j < n ? j : 0);
+            const float *k = kp + (size_t)rows[l] * Hkv * D;
+            v8 kv[NV];
+            for (int i = 0; i < NV; i++) kv[i] = ld(k + 8 * i);
+            for (int g = 0; g < GQ; g++) {
+                v8 t = q[g][0] * kv[0];
+                for (int i = 1; i < NV; i++) t += q[g][i] * kv[i];
+                a[g][j] = t;
+            }
+        }
+        for (int g = 0; g < GQ; g++) {
+            const v8 v = sum_lanes8(a[g]);
+            st(sc + g * Lp + l0, v);
+            const v8 vm = sel(lane < n, v, splat(-INFINITY));
+            top[g] = sel(vm > top[g], vm, top[g]);
+        }
+    }
+    float total[4];
+    for (int g = 0; g < GQ; g++) {
+        float m = top[g][0];
+        for (int j = 1; j < 8; j++) m = top[g][j] > m ? top[g][j] : m;
+        float *sg = sc + g * Lp;
+        v8 tot = splat(0.f);
+        for (int l = 0; l < L; l += 8) {
+            const v8 e = exp_nonpos(ld(sg + l) - m);
+            const v8 ev = L - l >= 8 ? e : sel(lane < L - l, e, splat(0.f));
+            st(sg + l, ev);
+            tot += ev;
+        }
+        total[g] = hsum(tot);
+    }
+    v8 acc[4][NV];
+    for (int g = 0; g < GQ; g++)
+        for (int i = 0; i < NV; i++) acc[g][i] = splat(0.f);
+    for (int l = 0; l < L; l++) {
+        const float *v = vp + (size_t)rows[l] * Hkv * D;
+        if (own_pf && l + KV_PF < L) prefetch_row(vp + (size_t)rows[l + KV_PF] * Hkv * D, D);
+        if (nv) prefetch_row(nv + (size_t)rows[l] * Hkv * D, D);
+        for (int g = 0; g < GQ; g++) {
+            const v8 p = splat(sc[g * Lp + l]);
+            for (int i = 0; i < NV; i++) acc[g][i] += p * ld(v + 8 * i);
+        }
+    }
+    for (int g = 0; g < GQ; g++) {
+        const v8 inv = splat(1.0f / total[g]);
+        for (int i = 0; i < NV; i++) st(o + g * D + 8 * i, acc[g][i] * inv);
+    }
+}
+
 /* Query heads h0..h1-1 of an fp32-pool sequence, head by head (each head's query and accumulators
    in registers; its KV head's keys and values re-read per query head from cache). D = 64 or 128.
    rows: L ints, the pool row (block * bs + offset) of each position, looked up once for the heads. */
@@ -282,7 +358,23 @@ static void attend_seq_fp32(const float *q, float *out, const float *k_pool, con
     }
     const float *qp = q + (size_t)q_rows[s] * H * D;
     float *op = out + (size_t)q_rows[s] * H * D;
-    for (int hq = h0; hq < h1; hq++) {
+    int hq = h0;
+    if (D == 64 && G >= 2 && G <= 4)                    /* whole groups at once, then any remainder */
+        for (; hq % G == 0 && hq + G <= h1; hq += G) {
+            const int g = hq / G, nxt = g + 1 < Hkv && hq + G < h1;
+            const size_t hoff = (size_t)g * D;
+            const float *nk = nxt ? k_pool + hoff + D : NULL, *nvp = nxt ? v_pool + hoff + D : NULL;
+            if (G == 3)
+                attend_group64(3, qp + hq * D, op + hq * D, k_pool + hoff, v_pool + hoff, Hkv, rows, L, scale, sc,
+                               hq == h0, nk, nvp);
+            else if (G == 2)
+                attend_group64(2, qp + hq * D, op + hq * D, k_pool + hoff, v_pool + hoff, Hkv, rows, L, scale, sc,
+                               hq == h0, nk, nvp);
+            else
+                attend_group64(4, qp + hq * D, op + hq * D, k_pool + hoff, v_pool + hoff, Hkv, rows, L, scale, sc,
+                               hq == h0, nk, nvp);
+        }
+    for (; hq < h1; hq++) {
         const int g = hq / G, gi = hq % G;
         const size_t hoff = (size_t)g * D;
         /* the group's first head prefetches its own rows ahead; every head of the group also

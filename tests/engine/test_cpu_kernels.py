@@ -142,7 +142,17 @@ def reference_decode(q, k_pool, v_pool, rows, lens, tables, scale):
 @needs_kernel
 @pytest.mark.parametrize(
     "heads,kv_heads,head_dim,block_size",
-    [(9, 3, 64, 16), (4, 4, 8, 1), (8, 1, 32, 5), (6, 2, 16, 32), (12, 4, 128, 16), (9, 3, 64, 5), (4, 2, 128, 1)],
+    [
+        (9, 3, 64, 16),
+        (4, 4, 8, 1),
+        (8, 1, 32, 5),
+        (6, 2, 16, 32),
+        (12, 4, 128, 16),
+        (9, 3, 64, 5),
+        (4, 2, 128, 1),
+        (8, 4, 64, 16),
+        (8, 2, 64, 3),
+    ],
 )
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("one_seq", [False, True])
@@ -188,6 +198,33 @@ def test_decode_kernel_matches_sdpa_over_gathered_blocks(heads, kv_heads, head_d
         torch.testing.assert_close(out[r], want, rtol=2e-5, atol=2e-6)
     untouched = [r for r in range(T) if r not in ref]
     assert torch.equal(out[untouched], torch.full_like(out[untouched], 7.0))
+
+
+@needs_kernel
+@pytest.mark.parametrize("heads,kv_heads", [(9, 3), (8, 4), (8, 2)])
+def test_a_kv_groups_heads_at_once_give_the_bits_of_head_by_head(heads, kv_heads):
+    """D = 64: a KV group's query heads run together (each row loaded once for the group); split
+    over 2 threads, one sequence's head ranges cut groups, whose heads then run one by one: every
+    output is the same bits either way."""
+    g = torch.Generator().manual_seed(heads * 10 + kv_heads)
+    bs, n = 16, 2100  # past MIN_PARALLEL_KEYS, so the wrapper keeps the 2 threads
+    nb = -(-n // bs)
+    k_pool = torch.randn(nb, bs, kv_heads, 64, generator=g)
+    v_pool = torch.randn(nb, bs, kv_heads, 64, generator=g)
+    q = torch.randn(1, heads, 64, generator=g)
+    args = (
+        torch.tensor([0], dtype=torch.int32),
+        torch.tensor([n], dtype=torch.int32),
+        torch.randperm(nb, generator=g).to(torch.int32)[None].contiguous(),
+        0.125,
+        n,
+    )
+    outs = []
+    for threads in (1, 2):
+        out = torch.empty_like(q)
+        cpu_kernels.paged_decode_attention(lib, out, q, k_pool, v_pool, *args, threads)
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
 
 
 @needs_kernel
