@@ -164,8 +164,11 @@ def row_path(request):
     """Each of the factorized kernel's two row paths (whichever this CPU was tuned to), restored
     after the test."""
     before = cpu_kernels.ql_scratch_rows(LIB)
-    if before == 0:
-        pytest.skip("this build has one row path (no AVX-512)")
+    if before == 0:  # one row path (no AVX-512): the test runs once, on it
+        if request.param == NEVER:
+            pytest.skip("this build has one row path (no AVX-512)")
+        yield request.param
+        return
     cpu_kernels.ql_scratch_rows(LIB, request.param)
     yield request.param
     cpu_kernels.ql_scratch_rows(LIB, before)
