@@ -344,8 +344,9 @@ static inline __attribute__((always_inline)) void attend_group64(int GQ, const f
     }
 }
 
-/* Query heads h0..h1-1 of an fp32-pool sequence, head by head (each head's query and accumulators
-   in registers; its KV head's keys and values re-read per query head from cache). D = 64 or 128.
+/* Query heads h0..h1-1 of an fp32-pool sequence: whole KV groups at once where D = 64
+   (attend_group64), the other heads one by one (each head's query and accumulators in registers;
+   its KV head's keys and values re-read per query head from cache). D = 64 or 128.
    rows: L ints, the pool row (block * bs + offset) of each position, looked up once for the heads. */
 static void attend_seq_fp32(const float *q, float *out, const float *k_pool, const float *v_pool, const int32_t *q_rows,
                             const int32_t *ctx_lens, const int32_t *tables, int max_blocks, int bs, int H, int Hkv,
@@ -377,7 +378,7 @@ static void attend_seq_fp32(const float *q, float *out, const float *k_pool, con
     for (; hq < h1; hq++) {
         const int g = hq / G, gi = hq % G;
         const size_t hoff = (size_t)g * D;
-        /* the group's first head prefetches its own rows ahead; every head of the group also
+        /* the call's first head prefetches its own rows ahead; every head of a group also
            prefetches its share (1 / G) of the next KV head's rows, so that group starts warm */
         const int nxt = g + 1 < Hkv && (g + 1) * G < h1;
         const float *nk = nxt ? k_pool + hoff + D : NULL, *nvp = nxt ? v_pool + hoff + D : NULL;
