@@ -20,6 +20,7 @@
 #include <string.h>
 
 #define GU_ROWS 64 /* rows per gate_up + SiLU chunk */
+static long long gu_rows(int T) { return T < GU_ROWS ? T : GU_ROWS; } /* rows of gate/up held */
 
 int kvscope_linear(const float *x, int M, int K, const float *panels, int N, const float *bias, float *y,
                    int n_threads);
@@ -88,58 +89,49 @@ static inline v16f vexp(v16f x) {
 }
 static inline v16f silu_mul16(v16f g, v16f u) { return g / (splatf(1.0f) + vexp(-g)) * u; }
 
+/* n <= 16 floats from p as 16 lanes, the lanes past n zero; and back (the first n lanes) */
+static inline v16f ld16(const float *p, int n) {
+    v16f v;
+    if (n >= 16) {
+        memcpy(&v, p, sizeof v);
+        return v;
+    }
+    float b[16] = {0};
+    memcpy(b, p, sizeof(float) * n);
+    memcpy(&v, b, sizeof v);
+    return v;
+}
+static inline void st16(float *p, v16f v, int n) {
+    if (n >= 16) memcpy(p, &v, sizeof v);
+    else memcpy(p, &v, sizeof(float) * n);
+}
+
 /* o[i] = silu(g[i]) * u[i]; the tail goes through the same 16-lane code (padded), so an
  * element's value does not depend on where it falls in the row */
 static void silu_mul_row(const float *g, const float *u, float *o, int n) {
-    int i = 0;
-    for (; i + 16 <= n; i += 16) {
-        v16f gv, uv;
-        memcpy(&gv, g + i, sizeof gv);
-        memcpy(&uv, u + i, sizeof uv);
-        const v16f r = silu_mul16(gv, uv);
-        memcpy(o + i, &r, sizeof r);
-    }
-    if (i < n) {
-        float gb[16] = {0}, ub[16] = {0}, ob[16];
-        memcpy(gb, g + i, sizeof(float) * (n - i));
-        memcpy(ub, u + i, sizeof(float) * (n - i));
-        v16f gv, uv;
-        memcpy(&gv, gb, sizeof gv);
-        memcpy(&uv, ub, sizeof uv);
-        const v16f r = silu_mul16(gv, uv);
-        memcpy(ob, &r, sizeof r);
-        memcpy(o + i, ob, sizeof(float) * (n - i));
-    }
+    for (int i = 0; i < n; i += 16) st16(o + i, silu_mul16(ld16(g + i, n - i), ld16(u + i, n - i)), n - i);
 }
 
 /* transformers' LlamaRMSNorm in fp32: w * (x * rsqrt(mean(x^2) + eps)); the sum of squares in
  * 16 lanes (a padded last group), the lanes then added in order: one fixed order per row, like
  * torch's own vectorized reduction not left to right (a 576-term serial chain was 0.7 us a row) */
 static void rmsnorm(const float *x, const float *w, float eps, int n, float *y) {
-    v16f acc = splatf(0.f), v;
-    int i = 0;
-    for (; i + 16 <= n; i += 16) {
-        memcpy(&v, x + i, sizeof v);
-        acc += v * v;
-    }
-    if (i < n) {
-        float b[16] = {0};
-        memcpy(b, x + i, sizeof(float) * (n - i));
-        memcpy(&v, b, sizeof v);
+    v16f acc = splatf(0.f);
+    for (int i = 0; i < n; i += 16) {
+        const v16f v = ld16(x + i, n - i);
         acc += v * v;
     }
     float ss = 0.f;
     for (int j = 0; j < 16; j++) ss += acc[j];
     const float r = 1.0f / sqrtf(ss / (float)n + eps);
-    for (i = 0; i < n; i++) y[i] = w[i] * (x[i] * r);
+    for (int i = 0; i < n; i++) y[i] = w[i] * (x[i] * r);
 }
 
 static double now(void) { return omp_get_wtime(); }
 
 long long kvscope_layer_scratch_floats(int T, int hidden, int H, int Hkv, int D, int inter) {
     const long long qkv = (long long)(H + 2 * Hkv) * D;
-    const long long gu_rows = T < GU_ROWS ? T : GU_ROWS;
-    return (long long)T * (hidden + qkv + (long long)H * D * 2 + inter + hidden) + gu_rows * 2LL * inter;
+    return (long long)T * (hidden + qkv + (long long)H * D * 2 + inter + hidden) + gu_rows(T) * 2LL * inter;
 }
 
 /* h [T, hidden] updated in place. slots [T] int64 flat pool slots; q_rows/lens/tables as
@@ -152,7 +144,7 @@ int kvscope_layer_forward(const kv_layer *L, float *h, int T, const float *cos, 
     const int nq = H * D, nkv = Hkv * D, nqkv = nq + 2 * nkv;
     if (D % 2 || L->qkv.n != nqkv || L->o.n != Hd || L->gate_up.n != 2 * I || L->down.n != Hd) return -10;
     float *x = scratch, *qkv = x + (size_t)T * Hd, *q = qkv + (size_t)T * nqkv, *att = q + (size_t)T * nq;
-    float *gu = att + (size_t)T * nq, *act = gu + (size_t)(T < GU_ROWS ? T : GU_ROWS) * 2 * I;
+    float *gu = att + (size_t)T * nq, *act = gu + (size_t)gu_rows(T) * 2 * I;
     float *tmp = act + (size_t)T * I;
     double t0 = prof ? now() : 0, t1;
     int rc;

@@ -214,6 +214,10 @@ static void attend_seq(const float *q, float *out, const unsigned char *k_pool, 
 static inline void prefetch_row(const float *p, int D) {
     for (int i = 0; i < D; i += 16) __builtin_prefetch(p + i, 0, 1);
 }
+/* the rows of positions j0 .. min(j1, L) - 1 of the head whose rows start at base */
+static inline void prefetch_positions(const float *base, const int32_t *rows, int j0, int j1, int L, int Hkv, int D) {
+    for (int j = j0; j < j1 && j < L; j++) prefetch_row(base + (size_t)rows[j] * Hkv * D, D);
+}
 
 /* One head of an fp32-pool sequence, NV = D / 8 known at compile time so that the query and the
    accumulators stay in registers: scores 8 keys at a time (sum_lanes8), then p = exp(score - max)
@@ -229,11 +233,10 @@ static inline __attribute__((always_inline)) void attend_head_fp32(int NV, const
     v8 top = splat(-INFINITY);
     for (int l0 = 0; l0 < L; l0 += 8) {
         const int n = L - l0 < 8 ? L - l0 : 8;
-        for (int j = l0 + KV_PF; own_pf && j < l0 + KV_PF + 8 && j < L; j++)
-            prefetch_row(kp + (size_t)rows[j] * Hkv * D, D);
+        if (own_pf) prefetch_positions(kp, rows, l0 + KV_PF, l0 + KV_PF + 8, L, Hkv, D);
         if (nk)
-            for (int t = pl0 + (int)((long long)l0 * cnt / L), te = pl0 + (int)((long long)(l0 + n) * cnt / L); t < te; t++)
-                prefetch_row(nk + (size_t)rows[t] * Hkv * D, D);
+            prefetch_positions(nk, rows, pl0 + (int)((long long)l0 * cnt / L), pl0 + (int)((long long)(l0 + n) * cnt / L),
+                               L, Hkv, D);
         v8 a[8];
         for (int j = 0; j < 8; j++) {                   /* past the end: key l0 again, its lane unused */
             const int l = l0 + (j < n ? j : 0);
@@ -259,10 +262,10 @@ static inline __attribute__((always_inline)) void attend_head_fp32(int NV, const
     for (int i = 0; i < NV; i++) acc[i] = splat(0.f);
     for (int l = 0; l < L; l++) {
         const float *v = vp + (size_t)rows[l] * Hkv * D;
-        if (own_pf && l + KV_PF < L) prefetch_row(vp + (size_t)rows[l + KV_PF] * Hkv * D, D);
+        if (own_pf) prefetch_positions(vp, rows, l + KV_PF, l + KV_PF + 1, L, Hkv, D);
         if (nv && (l & 7) == 0)
-            for (int t = pl0 + (int)((long long)l * cnt / L), te = pl0 + (int)((long long)(l + 8 < L ? l + 8 : L) * cnt / L); t < te; t++)
-                prefetch_row(nv + (size_t)rows[t] * Hkv * D, D);
+            prefetch_positions(nv, rows, pl0 + (int)((long long)l * cnt / L),
+                               pl0 + (int)((long long)(l + 8 < L ? l + 8 : L) * cnt / L), L, Hkv, D);
         const v8 p = splat(sc[l]);
         for (int i = 0; i < NV; i++) acc[i] += p * ld(v + 8 * i);
     }
@@ -290,9 +293,8 @@ static inline __attribute__((always_inline)) void attend_group64(int GQ, const f
     for (int g = 0; g < GQ; g++) top[g] = splat(-INFINITY);
     for (int l0 = 0; l0 < L; l0 += 8) {
         const int n = L - l0 < 8 ? L - l0 : 8;
-        for (int j = l0 + KV_PF; own_pf && j < l0 + KV_PF + 8 && j < L; j++)
-            prefetch_row(kp + (size_t)rows[j] * Hkv * D, D);
-        for (int j = l0; nk && j < l0 + n; j++) prefetch_row(nk + (size_t)rows[j] * Hkv * D, D);
+        if (own_pf) prefetch_positions(kp, rows, l0 + KV_PF, l0 + KV_PF + 8, L, Hkv, D);
+        if (nk) prefetch_positions(nk, rows, l0, l0 + n, L, Hkv, D);
         v8 a[4][8];
         for (int j = 0; j < 8; j++) {                   /* past the end: key l0 again, its lane unused */
             const int l = l0 + (j < n ? j : 0);
@@ -331,7 +333,7 @@ static inline __attribute__((always_inline)) void attend_group64(int GQ, const f
         for (int i = 0; i < NV; i++) acc[g][i] = splat(0.f);
     for (int l = 0; l < L; l++) {
         const float *v = vp + (size_t)rows[l] * Hkv * D;
-        if (own_pf && l + KV_PF < L) prefetch_row(vp + (size_t)rows[l + KV_PF] * Hkv * D, D);
+        if (own_pf) prefetch_positions(vp, rows, l + KV_PF, l + KV_PF + 1, L, Hkv, D);
         if (nv) prefetch_row(nv + (size_t)rows[l] * Hkv * D, D);
         for (int g = 0; g < GQ; g++) {
             const v8 p = splat(sc[g * Lp + l]);

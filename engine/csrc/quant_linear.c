@@ -333,7 +333,8 @@ static void widen_block(int type, const uint8_t *blk, float *w) { widen_block_sc
  * same bits (the same fp32 codes, the same chains), only their speed differs. Where the vector
  * unit converts codes on ports the FMAs do not use and loads one zmm per cycle (AMD Zen 4), the
  * register path is about 2x the scratch path; where conversions take FMA ports and two zmm loads
- * issue per cycle (Intel), the scratch path was faster. kvscope_qlinear_tune measures both. */
+ * issue per cycle (Intel), the scratch path was faster. kvscope_qlinear_scratch_rows(0) (called
+ * when the library loads) measures both. */
 static int scratch_rows = SCRATCH_ROWS;
 #ifndef RC
 #define RC 48
