@@ -12,7 +12,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from engine import memory_math as mm
+from engine.lab import memory_math as mm
 from ui.figures import memory_calc as mc
 from ui.figures import theme
 from ui.widgets import engine_access as ea

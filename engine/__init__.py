@@ -1,7 +1,7 @@
 """kvscope's inference engine: paged KV cache, continuous batching, prefix caching, preemption,
 speculative decoding, over Hugging Face transformers models. Imports neither streamlit nor plotly."""
 
-from .config import EngineConfig, SamplingParams, SpeculativeConfig, TierConfig
+from engine.config import EngineConfig, SamplingParams, SpeculativeConfig, TierConfig
 
 __all__ = [
     "EngineConfig",
@@ -17,19 +17,19 @@ __all__ = [
 
 def __getattr__(name):  # lazy: importing engine.config must not import torch
     if name in ("RequestOutput", "CompletionOutput", "RequestMetrics"):
-        from . import outputs
+        from engine.core import outputs
 
         return getattr(outputs, name)
     if name == "LLM":
-        from .llm import LLM
+        from engine.core.llm import LLM
 
         return LLM
     if name == "LLMEngine":
-        from .engine import LLMEngine
+        from engine.core.engine import LLMEngine
 
         return LLMEngine
     if name == "EngineThread":
-        from .thread import EngineThread
+        from engine.core.thread import EngineThread
 
         return EngineThread
     raise AttributeError(name)

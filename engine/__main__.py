@@ -30,7 +30,7 @@ def _generate(argv: list[str]) -> int:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     a = ap.parse_args(argv)
-    from .config import EngineConfig, SamplingParams
+    from engine.config import EngineConfig, SamplingParams
 
     try:
         params = SamplingParams(
@@ -43,7 +43,7 @@ def _generate(argv: list[str]) -> int:
     if not a.prompt.strip():
         print("error: prompt must not be empty", file=sys.stderr)
         return 2
-    from .engine import LLMEngine
+    from engine.core.engine import LLMEngine
 
     t_load = time.perf_counter()
     try:
@@ -112,14 +112,14 @@ def main(argv: list[str] | None = None) -> int:
     if cmd == "generate":
         return _generate(rest)
     if cmd == "bench":
-        from .bench import main as bench_main
+        from engine.bench import main as bench_main
 
         return bench_main(rest)
     if cmd == "serve":
-        from .serve.cli import main as serve_main
+        from engine.serve.cli import main as serve_main
 
         return serve_main(rest)
-    from .soak_cli import main as soak_main
+    from engine.lab.soak_cli import main as soak_main
 
     return soak_main(rest)
 

@@ -14,7 +14,7 @@ PREEMPTION_MODES = ("recompute", "swap")
 VICTIM_POLICIES = ("last_admitted", "lru")
 SPEC_METHODS = ("ngram", "draft_model", "self_draft")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16", "fp8_e4m3", "int8")  # engine/kv_quant.py
+KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16", "fp8_e4m3", "int8")  # engine/model/kv_quant.py
 LINEAR_BACKENDS = ("auto", "torch")
 ATTENTION_BACKENDS = ("auto", "torch", "flex")
 DECODE_BACKENDS = ("auto", "c", "transformers")
@@ -154,7 +154,7 @@ class EngineConfig:
     device: str = "auto"
     dtype: str = "auto"
     # what the K/V pool stores (vLLM's field name): "auto" = the model dtype; "int8" / "fp8_e4m3"
-    # one byte per number plus a float32 scale per (token, KV head) row (engine/kv_quant.py)
+    # one byte per number plus a float32 scale per (token, KV head) row (engine/model/kv_quant.py)
     kv_cache_dtype: str = "auto"
     block_size: int = 16
     num_kv_blocks: int | None = None  # explicit pool size, or
@@ -180,27 +180,27 @@ class EngineConfig:
     # 234 s with 2 threads vs 23 s with 1 beside other work). Set 2+ on a dedicated machine.
     num_threads: int | None = None
     # "auto": on CPU, Linear weights packed once for the engine's C kernel (or oneDNN where it
-    # cannot be built) and q/k/v, gate/up merged into one matmul each (engine/linear.py);
+    # cannot be built) and q/k/v, gate/up merged into one matmul each (engine/model/linear.py);
     # "torch": transformers' own F.linear everywhere
     linear_backend: str = "auto"
     # "auto": on CPU in fp32, decode attention reads K/V in place from the blocks with the C
-    # kernel of engine/csrc (built on first use; torch fallback); on CUDA the torch path until the
-    # GPU check has verified "flex" there (engine/device.py); "torch": gather + SDPA always;
-    # "flex": every row in one FlexAttention call reading K/V in place (engine/paged_flex.py)
+    # kernel of engine/model/csrc (built on first use; torch fallback); on CUDA the torch path until the
+    # GPU check has verified "flex" there (engine/core/device.py); "torch": gather + SDPA always;
+    # "flex": every row in one FlexAttention call reading K/V in place (engine/model/paged_flex.py)
     attention_backend: str = "auto"
     # CUDA, when neither num_kv_blocks nor kv_cache_bytes is given: the fraction of the device's
     # total memory this engine may use (weights and activations included); the KV pool gets the
-    # rest (vLLM's gpu_memory_utilization; engine/device.py)
+    # rest (vLLM's gpu_memory_utilization; engine/core/device.py)
     gpu_memory_utilization: float = 0.9
     # "gguf": on CPU in fp32, Linears whose GGUF tensor (the model's source file) is Q4_1 / Q8_0
     # compute from those blocks, as on the de-quantized weights (bitwise, or within fp32 rounding
-    # where AVX-512 sums each block factorized; engine/linear.py);
+    # where AVX-512 sums each block factorized; engine/model/linear.py);
     # "fp32": the de-quantized fp32 weights; "bf16" / "fp16": fp32 weights that are exactly such
     # values (a 16-bit checkpoint loaded in fp32) held and read at 16 bits, widened exactly;
     # "auto": "gguf" where the model came from a GGUF, else bf16 / fp16 where every weight is
     # exactly one, else "fp32" (always "fp32" where the C kernel cannot be built)
     weight_format: str = "auto"
-    # "c": every decoder layer in kvscope's C (engine/fused_decode.py: CPU fp32, Llama-family, fp32
+    # "c": every decoder layer in kvscope's C (engine/model/fused_decode.py: CPU fp32, Llama-family, fp32
     # pool), an error where it cannot run; "transformers": the HF layer code; "auto": "c" where it runs
     decode_backend: str = "auto"
     event_ring_size: int = 20000
@@ -329,7 +329,9 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit (ids checked against the vocab)
     min_p: float = 0.0  # drop tokens with p < min_p * p_max (after temperature)
     include_stop_str_in_output: bool = False  # vLLM: keep the matched stop string in the text
-    response_format: dict | None = None  # OpenAI's json_object / json_schema: a grammar mask (engine/structured.py)
+    response_format: dict | None = (
+        None  # OpenAI's json_object / json_schema: a grammar mask (engine/core/structured.py)
+    )
     skip_special_tokens: bool = True  # vLLM's default: special tokens (EOS, <|im_end|>, ...) left out of the text
 
     def __post_init__(self):
@@ -400,7 +402,7 @@ class SamplingParams:
                 _check(_is_num(b) and -100 <= b <= 100, f"logit_bias[{t}] must be a number in [-100, 100], got {b!r}")
         _check(isinstance(self.skip_special_tokens, bool), "skip_special_tokens must be true or false")
         if self.response_format is not None:
-            from .structured import check_response_format
+            from engine.core.structured import check_response_format
 
             check_response_format(self.response_format)
         if self.tier is not None:

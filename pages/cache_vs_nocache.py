@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from engine import experiments
+from engine.lab import experiments
 from ui.figures import cache_cost as CC
 from ui.figures import events_table as et
 from ui.figures import exercise as EX

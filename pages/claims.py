@@ -6,8 +6,8 @@ import html
 
 import streamlit as st
 
-from engine import claims as C
-from engine.claims_live import measure_live
+from engine.lab import claims as C
+from engine.lab.claims_live import measure_live
 from ui.figures import claims as CL
 from ui.widgets import engine_access as ea
 from ui.widgets import shell

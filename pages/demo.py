@@ -9,9 +9,9 @@ from pathlib import Path
 
 import streamlit as st
 
-from engine import recording
 from engine.config import SamplingParams
-from engine.trace_events import Trace
+from engine.observe import recording
+from engine.observe.trace_events import Trace
 from ui.figures import demo as D
 from ui.figures import load as L
 from ui.figures import pool, theme

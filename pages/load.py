@@ -6,9 +6,9 @@ import uuid
 
 import streamlit as st
 
-from engine import recording
 from engine.config import SamplingParams
-from engine.workloads import SCENARIOS, conversation_chain, make_workload, summarize
+from engine.lab.workloads import SCENARIOS, conversation_chain, make_workload, summarize
+from engine.observe import recording
 from ui.figures import events_table as et
 from ui.figures import load as L
 from ui.widgets import engine_access as ea

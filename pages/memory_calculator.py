@@ -14,7 +14,7 @@ import json  # noqa: E402
 
 import streamlit as st  # noqa: E402
 
-from engine import memory_math as mm  # noqa: E402
+from engine.lab import memory_math as mm  # noqa: E402
 from ui.figures import memory_calc as mc  # noqa: E402
 from ui.figures import presets  # noqa: E402
 from ui.widgets import engine_access as ea  # noqa: E402

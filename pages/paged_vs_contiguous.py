@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import streamlit as st
 
-from engine import experiments, recording
-from engine.workloads import make_workload, summarize
+from engine.lab import experiments
+from engine.lab.workloads import make_workload, summarize
+from engine.observe import recording
 from ui.figures import allocators as AL
 from ui.figures import pool, theme
 from ui.widgets import engine_access as ea

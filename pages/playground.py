@@ -7,7 +7,7 @@ import time
 import streamlit as st
 
 from engine.config import SamplingParams
-from engine.thread import EngineCrashed
+from engine.core.thread import EngineCrashed
 from ui.figures import growth, pool, theme, tokens
 from ui.figures import load as L
 from ui.widgets import engine_access as ea

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from engine import experiments, side_channel
-from engine.workloads import make_workload
+from engine.lab import experiments, side_channel
+from engine.lab.workloads import make_workload
 from ui.figures import events_table as et
 from ui.figures import pool, theme
 from ui.figures import prefix_sharing as PS

@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from engine.config import SamplingParams
-from engine.preview import template_ids
+from engine.lab.preview import template_ids
 from ui.figures import drafters, pool, spec, theme, tokens
 from ui.widgets import engine_access as ea
 from ui.widgets import mode, prompt_preview, room, shell, spec_watch
@@ -121,7 +121,7 @@ def _wanted():
     )
 
 
-# The comparison runs on a private engine that shares the loaded weights (engine/experiments.py):
+# The comparison runs on a private engine that shares the loaded weights (engine/lab/experiments.py):
 # the shared engine is never rebuilt and nobody's requests are aborted. It runs in the background
 # (ui/widgets/room.py), so this tab can be reloaded and other tabs are never blocked.
 if run:
@@ -136,7 +136,7 @@ if run:
     text = template_ids(th.tokenizer, prompt, system)[0] if system else prompt
 
     def _experiment(progress):
-        from engine.experiments import compare_speculative
+        from engine.lab.experiments import compare_speculative
 
         progress("building a private engine on the loaded weights, then warm-up runs")
 
@@ -158,7 +158,7 @@ if run:
     if spec_mode == MEASURE:
         room.start_run("speculative", _experiment)
     else:
-        from engine.watch import WatchControl, watch_speculative
+        from engine.lab.watch import WatchControl, watch_speculative
 
         ctl = WatchControl(pace_s=float(pace), evict_after_tokens=int(evict_after) or None)
         temp = float(temperature)

@@ -13,7 +13,7 @@ import torch
 sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0])
 from engine.bench import common as C  # noqa: E402
 from engine.bench import roofline as R  # noqa: E402
-from engine.models import load_tokenizer  # noqa: E402
+from engine.model.models import load_tokenizer  # noqa: E402
 
 if __name__ == "__main__":
     torch.set_num_threads(1)

@@ -4,7 +4,7 @@
 # (no streamlit, plotly, gguf, model weights or tokenizer files: the models are random-weight
 # models of real shapes built in code, fed token ids). Runs under 8 minutes; writes
 # OUT_DIR/gpu_check.log and OUT_DIR/gpu_check.json and prints one line `GPU_CHECK_JSON {...}`.
-# See engine/gpu_check.py for what it measures. Extra arguments go to the module
+# See engine/lab/gpu_check.py for what it measures. Extra arguments go to the module
 # (e.g. --cpu-smoke to exercise it on a machine without a GPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +25,6 @@ PYEOF
 # a hang guard for the GPU machine's short lease; KVSCOPE_GPU_CHECK_TIMEOUT=0 turns it off (tests)
 LIMIT="${KVSCOPE_GPU_CHECK_TIMEOUT:-470}"
 if [ "$LIMIT" = 0 ]; then
-  exec "$PY" -m engine.gpu_check "$OUT" "$@"
+  exec "$PY" -m engine.lab.gpu_check "$OUT" "$@"
 fi
-exec timeout "$LIMIT" "$PY" -m engine.gpu_check "$OUT" "$@"
+exec timeout "$LIMIT" "$PY" -m engine.lab.gpu_check "$OUT" "$@"

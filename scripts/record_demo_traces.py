@@ -21,9 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
-from engine.recording import RECORDED_EXCLUDE, append_snapshot, slim_snapshot  # noqa: E402
-from engine.trace_events import trace_to_string  # noqa: E402
-from engine.workloads import make_workload  # noqa: E402
+from engine.lab.workloads import make_workload  # noqa: E402
+from engine.observe.recording import RECORDED_EXCLUDE, append_snapshot, slim_snapshot  # noqa: E402
+from engine.observe.trace_events import trace_to_string  # noqa: E402
 from ui.figures.demo import RECORDINGS, speculation_requests  # noqa: E402
 
 STEP_S = 0.05

@@ -11,8 +11,8 @@ import time
 import torch
 
 sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0])
-from engine import linear  # noqa: E402
-from engine.models import gguf_source, load_model  # noqa: E402
+from engine.model import linear  # noqa: E402
+from engine.model.models import gguf_source, load_model  # noqa: E402
 
 
 def main(threads: int = 1) -> None:

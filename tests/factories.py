@@ -4,7 +4,7 @@ figure tests (test data only; the app shows engine data)."""
 
 from __future__ import annotations
 
-from engine.snapshot import (
+from engine.observe.snapshot import (
     BlockInfo,
     EngineInfo,
     EngineMetrics,

@@ -4,6 +4,6 @@ the same process run, with the machine's measured physical limits beside them.
 Importing this package does not import torch; the suites import what they need when they run.
 """
 
-from .cli import SUITES, main
+from engine.bench.cli import SUITES, main
 
 __all__ = ["SUITES", "main"]

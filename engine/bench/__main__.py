@@ -1,5 +1,5 @@
 import sys
 
-from . import main
+from engine.bench import main
 
 sys.exit(main(sys.argv[1:]))

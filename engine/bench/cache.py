@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from . import common as C
-from .common import SuiteResult
-from .report import BenchUnavailable, line_figure
+from engine.bench import common as C
+from engine.bench.common import SuiteResult
+from engine.bench.report import BenchUnavailable, line_figure
 
 
 def suite_cache(ctx: C.BenchContext) -> SuiteResult:

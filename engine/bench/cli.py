@@ -183,8 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         parser.error(str(e))  # exits 2 with usage
 
-    from . import report as rep
-    from .common import BenchContext, machine_info
+    from engine.bench import report as rep
+    from engine.bench.common import BenchContext, machine_info
 
     out = sys.stdout
     import torch  # (after argument errors, which should be fast)
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     elif threads == "auto":
         progress.start("thread probe (1 vs all cores)")
         try:
-            from .roofline import ModelShape, probe_threads
+            from engine.bench.roofline import ModelShape, probe_threads
 
             with contextlib.redirect_stdout(sys.stderr):
                 shape = ModelShape.from_config(ctx.hf()[0].config)

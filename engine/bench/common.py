@@ -11,9 +11,9 @@ import platform
 import time
 from dataclasses import dataclass, field
 
-from .. import recording
-from ..prompt_sets import chat_prompts, filler_ids  # noqa: F401  (the suites call C.*)
-from .report import BenchUnavailable, Progress
+from engine.bench.report import BenchUnavailable, Progress
+from engine.lab.prompt_sets import chat_prompts, filler_ids  # noqa: F401  (the suites call C.*)
+from engine.observe import recording
 
 # ---------------------------------------------------------------------------- run context
 
@@ -59,7 +59,7 @@ class BenchContext:
             d = self.engine_args.get("dtype", "auto")
             if d == "auto":
                 try:
-                    from engine.models import resolve_device, resolve_dtype
+                    from engine.model.models import resolve_device, resolve_dtype
 
                     dev = resolve_device(self.engine_args.get("device", "auto"))
                     d = str(resolve_dtype("auto", dev)).replace("torch.", "")
@@ -100,13 +100,15 @@ class BenchContext:
 def load_hf_model(name: str, dtype: str = "float32"):
     """(model, tokenizer) via engine.models.load_model when it exists, else the GGUF directly."""
     try:
-        from engine.models import load_model
+        from engine.model.models import load_model
     except ImportError:
         load_model = None
     if load_model is not None:
         return load_model(name, device="cpu", dtype=dtype)
     if name != "default":
-        raise BenchUnavailable(f"engine.models is missing, and the fallback loader only knows 'default', not {name!r}")
+        raise BenchUnavailable(
+            f"engine.model.models is missing, and the fallback loader only knows 'default', not {name!r}"
+        )
     import importlib.util
 
     import torch
@@ -308,8 +310,8 @@ def _spread(items: list, k: int) -> list[int]:
 def kvscope_workload(ctx: BenchContext, prompts: list[list[int]], new_tokens: int, tag: str, profile: bool = False):
     """kvscope on a batch workload (all requests submitted at once via LLM.generate).
     Returns (token lists, wall seconds, engine info dict). Cached per (tag, size) in the context.
-    profile: where the C decode path runs (engine/fused_decode.py), its per-op seconds over the
-    timed generate are in info["ops_s"] (engine/csrc/layer.c's timer, one pair of clock reads per
+    profile: where the C decode path runs (engine/model/fused_decode.py), its per-op seconds over the
+    timed generate are in info["ops_s"] (engine/model/csrc/layer.c's timer, one pair of clock reads per
     op and layer)."""
     cache = ctx.__dict__.setdefault("_kv_runs", {})
     key = (tag, len(prompts), new_tokens, profile)

@@ -19,7 +19,7 @@ class KernelTimer:
     def __init__(self, runner):
         self.runner = runner
         self.weights_s = self.attention_s = self.weights_cpu_s = self.attention_cpu_s = 0.0
-        self.ops_s: dict = {}  # the C stack's per-op seconds (engine/csrc/layer.c), where it runs
+        self.ops_s: dict = {}  # the C stack's per-op seconds (engine/model/csrc/layer.c), where it runs
 
     def _wrap(self, fn, slot):
         def timed(*a, **kw):
@@ -37,10 +37,10 @@ class KernelTimer:
         return timed
 
     def __enter__(self):
-        from engine import cpu_kernels
+        from engine.model import cpu_kernels
 
         fused = getattr(self.runner, "fused", None)
-        if fused is not None:  # the C stack: its own per-op timer (engine/fused_decode.py)
+        if fused is not None:  # the C stack: its own per-op timer (engine/model/fused_decode.py)
             fused.profile_start()
         pack = self.runner.linear_pack
         self._groups = {id(g): g for g, _ in pack.members.values()}.values() if pack is not None else ()
@@ -52,7 +52,7 @@ class KernelTimer:
         return self
 
     def __exit__(self, *exc):
-        from engine import cpu_kernels
+        from engine.model import cpu_kernels
 
         fused = getattr(self.runner, "fused", None)
         if fused is not None:
@@ -94,7 +94,7 @@ def decode_bs1_by_format(ctx, prompt: list[int], n_new: int, formats=("auto", "f
     ratio honest). Per format: best tok/s over the rounds, the format the engine resolved, the
     weight bytes it reads per step, and the step split (ms per decode step in the Linears, the
     attention kernel and the rest) from one extra timed run."""
-    from . import common as C
+    from engine.bench import common as C
 
     _, SamplingParams, _ = C.require_engine()
 

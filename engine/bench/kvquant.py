@@ -1,7 +1,7 @@
 """`python -m engine bench kvquant`: what a quantized K/V cache costs in quality, and what it buys.
 
 For each pool format (EngineConfig.kv_cache_dtype: fp32 as the reference, bf16, fp16, fp8_e4m3,
-int8) on one fixed prompt set (engine/prompt_sets.py: chat prompts, long-context prompts of 1-2k
+int8) on one fixed prompt set (engine/lab/prompt_sets.py: chat prompts, long-context prompts of 1-2k
 tokens, needle-in-a-haystack prompts), greedy decoding through the engine, then:
 
 - agreement with the fp32-KV run: `token_agreement` (identical tokens at the same position / all
@@ -29,7 +29,7 @@ import json
 import os
 import statistics
 
-from . import common as C
+from engine.bench import common as C
 
 DTYPES = ("fp32", "bf16", "fp16", "fp8_e4m3", "int8")
 ASSET = os.path.join(
@@ -46,7 +46,7 @@ def teacher_forced_logprobs(eng, tokens: list[int], first: int):
     nothing is cached; handed back to the head of the free queue)."""
     import torch
 
-    from engine.runner import BatchRow
+    from engine.model.runner import BatchRow
 
     if eng.has_unfinished_requests() or eng.bm.enable_prefix_caching:
         raise RuntimeError("teacher forcing needs an idle engine without prefix caching")
@@ -88,7 +88,7 @@ def agreement(ref: list[list[int]], got: list[list[int]]) -> dict:
 
 
 def _prompt_set(ctx, tok):
-    from engine import prompt_sets as PS
+    from engine.lab import prompt_sets as PS
 
     chat = PS.w16_prompts(
         tok,

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import time
 
-from .. import prompt_sets as PS
-from .. import recording
-from . import common as C
-from .common import SuiteResult
-from .report import BenchUnavailable, line_figure
+from engine.bench import common as C
+from engine.bench.common import SuiteResult
+from engine.bench.report import BenchUnavailable, line_figure
+from engine.lab import prompt_sets as PS
+from engine.observe import recording
 
 
 def _drive(eng, arrivals, on_step):

@@ -175,7 +175,7 @@ def peers_dir() -> str:
     """Where scripts/peers.sh keeps the peers' venvs: <kvscope cache>/peers."""
     import os
 
-    from engine.models import cache_dir
+    from engine.model.models import cache_dir
 
     return os.path.join(cache_dir(), "peers")
 
@@ -185,7 +185,7 @@ def llamacpp_python() -> str | None:
     else <kvscope cache>/peers/llamacpp, else the older <kvscope cache>/peers-venv), where it exists."""
     import os
 
-    from engine.models import cache_dir
+    from engine.model.models import cache_dir
 
     env = os.environ.get("KVSCOPE_PEERS_VENV")
     venvs = [env] if env else [os.path.join(peers_dir(), "llamacpp"), os.path.join(cache_dir(), "peers-venv")]

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from .. import prompt_sets as PS
-from . import common as C
-from .common import SuiteResult
-from .report import BenchUnavailable, bar_figure
+from engine.bench import common as C
+from engine.bench.common import SuiteResult
+from engine.bench.report import BenchUnavailable, bar_figure
+from engine.lab import prompt_sets as PS
 
 
 def suite_prefix(ctx: C.BenchContext) -> SuiteResult:

@@ -21,7 +21,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from ..kv_layout import (
+from engine.bench import common as C
+from engine.bench import peers
+from engine.bench.common import SuiteResult, _spread
+from engine.bench.decode_bs1 import KernelTimer, decode_bs1_by_format, decode_steps  # noqa: F401 (re-exported)
+from engine.bench.report import bar_figure, line_figure
+from engine.model.kv_layout import (
     HEADS_FIELDS,
     HIDDEN_FIELDS,
     INTER_FIELDS,
@@ -30,11 +35,6 @@ from ..kv_layout import (
     kv_bytes_per_token,
     kv_geometry,
 )
-from . import common as C
-from . import peers
-from .common import SuiteResult, _spread
-from .decode_bs1 import KernelTimer, decode_bs1_by_format, decode_steps  # noqa: F401 (re-exported)
-from .report import bar_figure, line_figure
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,9 +175,9 @@ def measure_linear(M: int, K: int, N: int, dtype=None, min_time: float = 0.15) -
 
 
 def _packed_linear():
-    """engine/linear.py where its packed-Linear kernel runs here, else None."""
+    """engine/model/linear.py where its packed-Linear kernel runs here, else None."""
     try:
-        from engine import linear as L
+        from engine.model import linear as L
     except ImportError:
         return None
     return L if L.best_kernel() is not None else None
@@ -192,7 +192,7 @@ def measure_model_matmuls(
     of the whole token-slab, and the slab time in ms (best of several passes).
 
     kernel="torch": one F.linear per projection (what transformers runs); kernel="packed": the
-    engine's CPU path (engine/linear.py: packed weights, q/k/v and gate/up each one matmul; same
+    engine's CPU path (engine/model/linear.py: packed weights, q/k/v and gate/up each one matmul; same
     FLOPs). Raises ValueError when "packed" is not available here."""
     import torch
     import torch.nn.functional as F
@@ -206,7 +206,7 @@ def measure_model_matmuls(
             raise ValueError("the packed-Linear kernel needs float32 and the C kernel or oneDNN")
         pack, apply = (lambda w: L.matmul_for([w])), (lambda x, mm: mm(x))
         names = [n for n, _, _ in lin]
-        # the projections the engine merges (engine/linear.py's rule), the rest one matmul each
+        # the projections the engine merges (engine/model/linear.py's rule), the rest one matmul each
         groups = [list(m) for _, m in L.MERGED_GROUPS if set(m) <= set(names)]
         groups += [[n] for n in names if not any(n in g for g in groups)]
         groups.sort(key=lambda g: names.index(g[0]))  # in the layer's order
@@ -329,7 +329,7 @@ def probe_threads(shape: ModelShape, candidates=None, rounds: int = 3, layers: i
 
 def quant_row_path() -> str:
     """Which of quant_linear.c's two bitwise-equal row paths this CPU was tuned to."""
-    from .. import cpu_kernels
+    from engine.model import cpu_kernels
 
     lib = cpu_kernels.load()
     rows = cpu_kernels.ql_scratch_rows(lib) if lib is not None else 0
@@ -400,7 +400,7 @@ def suite_roofline(ctx: C.BenchContext) -> SuiteResult:
     res.add(
         "peak_matmul_kernel",
         mm[peak_m]["kernel"],
-        "torch: F.linear per projection; packed: the engine's packed, merged Linears (engine/linear.py)",
+        "torch: F.linear per projection; packed: the engine's packed, merged Linears (engine/model/linear.py)",
         row=False,
     )
     ctx.done("matmul again")
@@ -431,7 +431,7 @@ def suite_roofline(ctx: C.BenchContext) -> SuiteResult:
     res.add("compute_roof_naive_fraction", fraction(kv_tok_s, cr["compute_roof_naive_tok_s"]), "")
     w16_ops = p_info.get("ops_s")
     for op, sec in (w16_ops or {}).items():
-        res.add(f"w16_op_{op}_s", sec, "W16 seconds in this op of engine/csrc/layer.c (all layers, all steps)")
+        res.add(f"w16_op_{op}_s", sec, "W16 seconds in this op of engine/model/csrc/layer.c (all layers, all steps)")
     if w16_ops:
         res.add("w16_profiled_wall_s", p_wall, "that profiled W16 run's wall time")
         res.add(
@@ -475,7 +475,7 @@ def suite_roofline(ctx: C.BenchContext) -> SuiteResult:
         "weight_format",
         by_fmt["auto"]["format"],
         "what the default engine's Linears read: 'gguf' = the "
-        "file's quantized blocks (engine/csrc/quant_linear.c), 'fp32' = de-quantized copies",
+        "file's quantized blocks (engine/model/csrc/quant_linear.c), 'fp32' = de-quantized copies",
     )
     res.add("quant_row_path", quant_row_path(), "the factorized Q4_1 / Q8_0 kernel's path from 8 rows, tuned at load")
     res.add(
@@ -506,7 +506,7 @@ def suite_roofline(ctx: C.BenchContext) -> SuiteResult:
     )
     res.add("decode_bs1_c_vs_transformers", fraction(dec, by_fmt["transformers"]["tok_s"]), "")
     for op, ms in (by_fmt["auto"].get("ops_ms") or {}).items():
-        res.add(f"bs1_op_{op}_ms", ms, "ms per decode step in this op of engine/csrc/layer.c (all layers)")
+        res.add(f"bs1_op_{op}_ms", ms, "ms per decode step in this op of engine/model/csrc/layer.c (all layers)")
     res.add("memory_roof_fraction", fraction(dec, mroof_read), "against the bytes actually read; target >= 0.8")
     for f, name in (("auto", ""), ("fp32", "_fp32")):
         for key, unit in (("split_ms", "ms"), ("split_cpu_ms", "cpu_ms")):
@@ -524,7 +524,7 @@ def suite_roofline(ctx: C.BenchContext) -> SuiteResult:
     res.add("hf_decode_bs1_tok_s", hf_dec, "transformers generate, same request, prefill excluded")
     gguf_path = None
     try:
-        from engine.models import gguf_source
+        from engine.model.models import gguf_source
 
         gguf_path = gguf_source(C.load_hf_model(ctx.model, ctx.dtype())[0])
     except Exception:

@@ -14,8 +14,8 @@ import subprocess
 import sys
 import time
 
-from . import common as C
-from .common import SuiteResult, kvscope_workload
+from engine.bench import common as C
+from engine.bench.common import SuiteResult, kvscope_workload
 
 
 def _free_port() -> int:
@@ -100,14 +100,14 @@ def run_client(spec: dict) -> dict:
 
 def suite_serve(ctx: C.BenchContext) -> SuiteResult:
     C.require_engine()
+    from engine.core.thread import EngineThread
     from engine.serve import create_app, run_in_background
-    from engine.thread import EngineThread
 
     res = SuiteResult()
     new = ctx.pick(64, 32, smoke=8)
     nreq = ctx.pick(16, 16, smoke=4)
     ctx.start("load model + W16 prompts")
-    from engine.models import load_model
+    from engine.model.models import load_model
 
     tok = load_model(ctx.model, "cpu")[1]  # the engine's own tokenizer (cached with its model)
     prompts, source = C.chat_prompts(tok, nreq, seed=0, min_tokens=30, max_tokens=300)

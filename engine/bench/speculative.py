@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from .. import ab_timing, rates
-from .. import prompt_sets as PS
-from . import common as C
-from . import peers
-from .common import SuiteResult
-from .report import BenchUnavailable, bar_figure
+from engine.bench import common as C
+from engine.bench import peers
+from engine.bench.common import SuiteResult
+from engine.bench.report import BenchUnavailable, bar_figure
+from engine.lab import ab_timing
+from engine.lab import prompt_sets as PS
+from engine.observe import rates
 
 
 def theory_tokens_per_pass(alpha, k: int):

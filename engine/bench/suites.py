@@ -4,15 +4,15 @@ a suite that needs a missing engine feature raises BenchUnavailable."""
 
 from __future__ import annotations
 
-from .cache import suite_cache
-from .common import SuiteResult, _spread  # noqa: F401  (tests and callers use S.*)
-from .kvquant import suite_kvquant
-from .memory import suite_memory
-from .prefix import suite_prefix
-from .roofline import suite_roofline
-from .speculative import suite_speculative, theory_tokens_per_pass  # noqa: F401
-from .threads import suite_threads
-from .throughput import suite_throughput
+from engine.bench.cache import suite_cache
+from engine.bench.common import SuiteResult, _spread  # noqa: F401  (tests and callers use S.*)
+from engine.bench.kvquant import suite_kvquant
+from engine.bench.memory import suite_memory
+from engine.bench.prefix import suite_prefix
+from engine.bench.roofline import suite_roofline
+from engine.bench.speculative import suite_speculative, theory_tokens_per_pass  # noqa: F401
+from engine.bench.threads import suite_threads
+from engine.bench.throughput import suite_throughput
 
 __all__ = [  # what engine.bench.cli looks up by name (Suite.func_name)
     "suite_throughput",

@@ -6,9 +6,9 @@ import os
 import subprocess
 import sys
 
-from . import common as C
-from . import roofline as R
-from .common import SuiteResult
+from engine.bench import common as C
+from engine.bench import roofline as R
+from engine.bench.common import SuiteResult
 
 _SPIN = "import time\nend = time.time() + {secs}\nwhile time.time() < end:\n    pass\n"
 

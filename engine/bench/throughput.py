@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from . import common as C
-from . import peers
-from . import roofline as R
-from .common import SuiteResult, _ratio, _spread
-from .report import bar_figure
+from engine.bench import common as C
+from engine.bench import peers
+from engine.bench import roofline as R
+from engine.bench.common import SuiteResult, _ratio, _spread
+from engine.bench.report import bar_figure
 
 
 def suite_throughput(ctx: C.BenchContext) -> SuiteResult:

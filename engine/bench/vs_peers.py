@@ -19,11 +19,11 @@ import os
 import statistics
 import subprocess
 
-from . import common as C
-from . import peers
-from .common import SuiteResult
-from .roofline import decode_steps
-from .serve import _free_port, _pct, run_client
+from engine.bench import common as C
+from engine.bench import peers
+from engine.bench.common import SuiteResult
+from engine.bench.roofline import decode_steps
+from engine.bench.serve import _free_port, _pct, run_client
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -85,9 +85,9 @@ def _agreement(a: list[str], b: list[str]) -> list[dict]:
 
 def suite_peers(ctx: C.BenchContext) -> SuiteResult:
     _, SamplingParams, _ = C.require_engine()
-    from engine.models import default_gguf_path, load_model
+    from engine.core.thread import EngineThread
+    from engine.model.models import default_gguf_path, load_model
     from engine.serve import create_app, run_in_background
-    from engine.thread import EngineThread
 
     res = SuiteResult()
     rounds = ctx.pick(3, 2, smoke=1)

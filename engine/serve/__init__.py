@@ -6,6 +6,6 @@ errors (OpenAI-shaped error bodies, auth, body limit), metrics (/metrics with vL
 routes (the endpoints), app (create_app / run_in_background), cli (argument parsing).
 Imported on demand only: `import engine` does not pull in FastAPI."""
 
-from .app import ServerState, create_app, run_in_background
+from engine.serve.app import ServerState, create_app, run_in_background
 
 __all__ = ["ServerState", "create_app", "run_in_background"]

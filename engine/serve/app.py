@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 from fastapi import FastAPI
 
-from . import errors
-from .metrics import MetricsExporter
+from engine.serve import errors
+from engine.serve.metrics import MetricsExporter
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 DEFAULT_MAX_WAITING = 1024
@@ -43,7 +43,7 @@ def create_app(
     max_waiting: int = DEFAULT_MAX_WAITING,
     stream_interval_s: float = 0.25,
 ) -> FastAPI:
-    from . import routes
+    from engine.serve import routes
 
     if max_body_bytes < 1024:
         raise ValueError(f"max_body_bytes must be >= 1024, got {max_body_bytes}")

@@ -12,7 +12,7 @@ import json
 import os
 import sys
 
-from ..config import EngineConfig
+from engine.config import EngineConfig
 
 SKIP_FIELDS = ("model", "tiers", "speculative")  # model has its own option; the others via --set / JSON
 
@@ -108,9 +108,9 @@ def build_config(a) -> EngineConfig:
 
 
 def attach_kv_events(thread, endpoint: str, replay_endpoint: str | None, wire: str):
-    """engine.kv_events (the events helper's module) publishes the engine's prefix-cache events."""
+    """engine.observe.kv_events (the events helper's module) publishes the engine's prefix-cache events."""
     try:
-        from .. import kv_events
+        from engine.observe import kv_events
     except ImportError as e:
         raise ValueError(f"--kv-events-endpoint: this build has no engine.kv_events module ({e})") from None
     try:
@@ -135,8 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import uvicorn
 
-    from ..thread import EngineThread
-    from .app import create_app
+    from engine.core.thread import EngineThread
+    from engine.serve.app import create_app
 
     try:
         th = EngineThread(config=cfg)

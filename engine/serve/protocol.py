@@ -16,9 +16,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..config import MAX_LOGPROBS, SamplingParams
-from ..inputs import MAX_PROMPT_CHARS
-from . import tools as tools_mod
+from engine.config import MAX_LOGPROBS, SamplingParams
+from engine.core.inputs import MAX_PROMPT_CHARS
+from engine.serve import tools as tools_mod
 
 MAX_N = 16  # choices per request (each one is a request in the engine)
 MAX_STOP = 16  # stop strings (SamplingParams' limit)
@@ -62,14 +62,14 @@ class _Common(_Lenient):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = Field(None, max_length=256)
-    presence_penalty: float = Field(0.0, ge=-2, le=2)  # engine/sampler.py process()
+    presence_penalty: float = Field(0.0, ge=-2, le=2)  # engine/core/sampler.py process()
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     repetition_penalty: float = Field(1.0, gt=0, le=2)
     logit_bias: dict[str, float] | None = None  # token id (as a string, OpenAI's form) -> bias in [-100, 100]
     min_p: float = Field(0.0, ge=0, le=1)
     skip_special_tokens: bool = True  # vLLM's default; False keeps EOS / <|im_end|> / ... in the text
     include_stop_str_in_output: bool = False  # vLLM: the matched stop string kept in the text
-    response_format: dict[str, Any] | None = None  # text, json_object, json_schema (engine/structured.py)
+    response_format: dict[str, Any] | None = None  # text, json_object, json_schema (engine/core/structured.py)
     # kvscope extras
     tier: str | None = Field(None, max_length=64)
     request_class: str | None = Field(None, max_length=64)
@@ -97,7 +97,7 @@ class _Common(_Lenient):
             if not -100 <= v <= 100:
                 raise ValueError(f"logit_bias: the bias of token {k} must be in [-100, 100], got {v!r}")
         if self.response_format is not None and self.response_format.get("type", "text") != "text":
-            from ..structured import check_response_format
+            from engine.core.structured import check_response_format
 
             if self.response_format.get("type") not in ("json_object", "json_schema"):
                 raise ValueError("response_format: type must be 'text', 'json_object' or 'json_schema'")

@@ -15,14 +15,20 @@ import uuid
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from ..inputs import MAX_PROMPT_CHARS, chat_ids, check_unicode, text_prompt_ids
-from ..thread import EngineCrashed
-from . import render
-from .bridge import Submitter, Waker
-from .errors import APIError, param_of
-from .metrics import CONTENT_TYPE
-from .protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
-from .tools import ToolCallStream, finish_reason_with_calls, parse_tool_calls, template_supports_tools, tool_call_delta
+from engine.core.inputs import MAX_PROMPT_CHARS, chat_ids, check_unicode, text_prompt_ids
+from engine.core.thread import EngineCrashed
+from engine.serve import render
+from engine.serve.bridge import Submitter, Waker
+from engine.serve.errors import APIError, param_of
+from engine.serve.metrics import CONTENT_TYPE
+from engine.serve.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from engine.serve.tools import (
+    ToolCallStream,
+    finish_reason_with_calls,
+    parse_tool_calls,
+    template_supports_tools,
+    tool_call_delta,
+)
 
 router = APIRouter()
 DISCONNECT_POLL_S = 0.5

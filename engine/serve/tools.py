@@ -9,7 +9,7 @@ tools, Hermes-style calls in the output, OpenAI's `message.tool_calls` out.
   Qwen 2.5 / 3); `parse_tool_calls` takes every such block that holds a JSON object with a string
   name out of the text; a block that does not parse stays in the content.
 - tool_choice "required" and a named tool force a call: `forced_format` is a Lark grammar for
-  engine/structured.py: `<tool_call>`, newline, a JSON object whose name is one of the tools (or the
+  engine/core/structured.py: `<tool_call>`, newline, a JSON object whose name is one of the tools (or the
   named one) and whose arguments follow that tool's parameters schema, newline, `</tool_call>`; the
   matcher then allows only EOS. "auto" leaves the output free and parses what comes.
 - Streaming (`ToolCallStream`): content is sent as it comes up to where a `<tool_call>` may begin;

@@ -8,15 +8,15 @@ monitor that falls back to plain decoding when speculation does not pay, and E(a
     monitor.py   CostModel, ClassState
     decoder.py   SpecDecoder (the hooks LLMEngine.step calls)
 
-The plain-vs-speculative speedup lives in engine/experiments.py (compare_speculative): nothing
+The plain-vs-speculative speedup lives in engine/lab/experiments.py (compare_speculative): nothing
 here imports engine.engine or engine.experiments.
 """
 
-from .decoder import SpecDecoder
-from .drafters import DRAFT_SUFFIX, ModelDrafter, SpecContext, draft_id, ngram_propose
-from .math import break_even_alpha, expected_tokens_per_pass
-from .monitor import ClassState, CostModel
-from .verify import Verdict, verify_greedy, verify_sampling
+from engine.speculative.decoder import SpecDecoder
+from engine.speculative.drafters import DRAFT_SUFFIX, ModelDrafter, SpecContext, draft_id, ngram_propose
+from engine.speculative.math import break_even_alpha, expected_tokens_per_pass
+from engine.speculative.monitor import ClassState, CostModel
+from engine.speculative.verify import Verdict, verify_greedy, verify_sampling
 
 __all__ = [
     "DRAFT_SUFFIX",

@@ -19,16 +19,23 @@ import time
 import numpy as np
 import torch
 
-from .. import rates
-from .. import trace_events as ev
-from ..kv_layout import cdiv
-from ..runner import BatchRow, token_slots
-from ..sampler import probs as sampler_probs
-from ..snapshot import SpecMetrics
-from .drafters import DRAFT_SUFFIX, ModelDrafter, SpecContext, _check_same_tokenizer, draft_id, ngram_propose
-from .math import break_even_alpha, expected_tokens_per_pass
-from .monitor import ClassState, CostModel
-from .verify import verify_greedy, verify_sampling
+from engine.core.sampler import probs as sampler_probs
+from engine.model.kv_layout import cdiv
+from engine.model.runner import BatchRow, token_slots
+from engine.observe import rates
+from engine.observe import trace_events as ev
+from engine.observe.snapshot import SpecMetrics
+from engine.speculative.drafters import (
+    DRAFT_SUFFIX,
+    ModelDrafter,
+    SpecContext,
+    _check_same_tokenizer,
+    draft_id,
+    ngram_propose,
+)
+from engine.speculative.math import break_even_alpha, expected_tokens_per_pass
+from engine.speculative.monitor import ClassState, CostModel
+from engine.speculative.verify import verify_greedy, verify_sampling
 
 # owner of the blocks the calibration borrows (ids ending in DRAFT_SUFFIX are never a request's)
 CALIBRATION_ID = "spec-calibration" + DRAFT_SUFFIX
@@ -86,7 +93,7 @@ class SpecDecoder:
 
     # ------------------------------------------------------------------ setup
     def _load_draft_model(self, name: str, num_layers: int | None) -> ModelDrafter:
-        from ..models import load_model
+        from engine.model.models import load_model
 
         ctx = self.ctx
         model, tok = load_model(name, ctx.engine_config.device, ctx.engine_config.dtype)

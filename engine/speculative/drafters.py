@@ -28,13 +28,13 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .. import trace_events as ev
-from ..block_manager import BlockManager
-from ..config import EngineConfig
-from ..kv_layout import cdiv
-from ..runner import BatchRow, ModelRunner, token_slots
-from ..sampler import probs as sampler_probs
-from ..scheduler import Scheduler
+from engine.config import EngineConfig
+from engine.core.block_manager import BlockManager
+from engine.core.sampler import probs as sampler_probs
+from engine.core.scheduler import Scheduler
+from engine.model.kv_layout import cdiv
+from engine.model.runner import BatchRow, ModelRunner, token_slots
+from engine.observe import trace_events as ev
 
 DRAFT_SUFFIX = "#draft"
 

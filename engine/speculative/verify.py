@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..snapshot import ACCEPTED, BONUS, REPLACED
+from engine.observe.snapshot import ACCEPTED, BONUS, REPLACED
 
 
 class Verdict(NamedTuple):

@@ -91,8 +91,8 @@ def test_attach_to_a_vllm_stub_without_events_or_spec_notes_what_is_missing(atta
 
 
 def test_attach_to_a_kvscope_stub(attach_page):
-    from engine.kv_event_wire import external_hash
-    from engine.kv_events import KVEventPublisher
+    from engine.observe.kv_event_wire import external_hash
+    from engine.observe.kv_events import KVEventPublisher
 
     eng = stub_engine()
     pub = KVEventPublisher("tcp://127.0.0.1:0", replay_endpoint="tcp://127.0.0.1:0")  # the engine's real events

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.trace_events import read_trace
+from engine.observe.trace_events import read_trace
 from tests.app import helpers as H
 from tests.conftest import REPO_ROOT
 from ui.figures import demo as D

@@ -108,7 +108,7 @@ def test_prefix_cache_page_measures_hits_on_the_engine(run_page):
 def test_prefix_cache_page_side_channel_and_salts(run_page):
     """The side-channel section: every cell measured each round, the shared-cache probes of a cached
     prefix hit it fully, the salted ones never do; the numbers shown are the probes'."""
-    from engine import side_channel as sc
+    from engine.lab import side_channel as sc
 
     at = run_page("prefix_cache.py")
     assert any("Measure the side channel" in i.value for i in at.info)

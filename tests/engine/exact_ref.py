@@ -28,7 +28,7 @@ def reference():
     """(prompt token ids, transformers greedy continuation ids) for every prompt."""
     from transformers import AutoTokenizer  # noqa: F401
 
-    from engine.models import load_model
+    from engine.model.models import load_model
 
     model, tok = load_model("default")
     torch.set_num_threads(1)  # the engine's thread policy too (see EngineConfig.num_threads)

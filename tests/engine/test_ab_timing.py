@@ -1,4 +1,4 @@
-"""engine/ab_timing.py: alternation order, spread, contention flag, suspect rule, round budget."""
+"""engine/lab/ab_timing.py: alternation order, spread, contention flag, suspect rule, round budget."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine import ab_timing as M
+from engine.lab import ab_timing as M
 
 
 class FakeClock:

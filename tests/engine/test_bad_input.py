@@ -32,9 +32,9 @@ import pytest
 import torch
 
 from engine import LLM, EngineConfig, LLMEngine, SamplingParams, SpeculativeConfig, TierConfig
-from engine.thread import EngineThread
-from engine.trace_events import read_trace
-from engine.watch import WatchControl
+from engine.core.thread import EngineThread
+from engine.lab.watch import WatchControl
+from engine.observe.trace_events import read_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "BAD_INPUT.md"
@@ -831,7 +831,7 @@ def _cases() -> list[Case]:
         ValueError,
         r"^trace is not valid UTF-8",
     )
-    from engine.memory_math import parse_config_json
+    from engine.lab.memory_math import parse_config_json
 
     MC = A + "Memory calculator config.json"
     add(
@@ -887,7 +887,7 @@ def _cases() -> list[Case]:
     )
 
     # ---------------------------------------------------------------- trace loader
-    R = "engine.trace_events.read_trace"
+    R = "engine.observe.trace_events.read_trace"
     for bad, src, msg in (
         ("empty file", "", r"^trace is empty$"),
         ("header only", H, r"^trace holds no snapshot$"),

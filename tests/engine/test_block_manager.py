@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.block_manager import BlockManager, NoFreeBlocks
+from engine.core.block_manager import BlockManager, NoFreeBlocks
 
 
 def test_allocate_commit_free_basics():

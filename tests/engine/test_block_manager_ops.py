@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.block_manager import BlockManager, NoFreeBlocks
-from engine.snapshot import BlockState
-from engine.trace_events import EventKind
+from engine.core.block_manager import BlockManager, NoFreeBlocks
+from engine.observe.snapshot import BlockState
+from engine.observe.trace_events import EventKind
 
 BS = 4
 OPS = (

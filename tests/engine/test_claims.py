@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from engine import claims as C
+from engine.lab import claims as C
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "bench"
 

@@ -1,4 +1,4 @@
-"""engine/claims_live.py: which passes count as a batch of B (the SCHEDULE-event filter) and the
+"""engine/lab/claims_live.py: which passes count as a batch of B (the SCHEDULE-event filter) and the
 contended flag, on a stand-in EngineThread that replays chosen SCHEDULE events."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from types import SimpleNamespace
 
-from engine import claims_live as CL
+from engine.lab import claims_live as CL
 
 
 class _Events:

@@ -1,5 +1,5 @@
-"""The engine's CPU fast paths against their references: packed/merged Linears (engine/linear.py)
-against F.linear, the in-place paged decode attention kernel (engine/csrc, engine/cpu_kernels.py)
+"""The engine's CPU fast paths against their references: packed/merged Linears (engine/model/linear.py)
+against F.linear, the in-place paged decode attention kernel (engine/model/csrc, engine/model/cpu_kernels.py)
 against SDPA over gathered blocks, and whole engine runs with the fast paths on and off."""
 
 import copy
@@ -9,8 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine import LLM, SamplingParams, cpu_kernels, linear
-from engine.models import tiny_config
+from engine import LLM, SamplingParams
+from engine.model import cpu_kernels, linear
+from engine.model.models import tiny_config
 
 
 def tiny_model(seed=0):
@@ -327,7 +328,7 @@ def test_few_tokens_after_context_go_through_the_kernel_and_match_sdpa():
     """A verification-sized feed (5 tokens after 13 of context, next to a plain decode row) is
     attended by the decode kernel, one row per token; its logits equal the SDPA path's and those
     of one prefill over all 18 tokens (up to fp32 rounding)."""
-    from engine.runner import BatchRow, ModelRunner
+    from engine.model.runner import BatchRow, ModelRunner
 
     m = tiny_model(3)
     g = torch.Generator().manual_seed(5)

@@ -1,4 +1,4 @@
-"""Incremental detokenization (engine/detokenizer.py): the text after every appended token equals
+"""Incremental detokenization (engine/core/detokenizer.py): the text after every appended token equals
 the tokenizer's decode of all tokens so far, for random token sequences of the default model's
 byte-level tokenizer (multi-byte characters split across tokens, special tokens skipped or kept)."""
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine import detokenizer
-from engine.models import load_tokenizer
+from engine.core import detokenizer
+from engine.model.models import load_tokenizer
 
 TOK = load_tokenizer("default")
 

@@ -1,4 +1,4 @@
-"""engine/device.py and the CUDA-only decisions, driven on the CPU: the devices the UI offers, the
+"""engine/core/device.py and the CUDA-only decisions, driven on the CPU: the devices the UI offers, the
 KV budget from free device memory (gpu_memory_utilization) with mocked memory figures, what
 attention "auto" means per device, CPU-only speed paths kept off other devices; and reduced
 precision measured as agreement with transformers in the same dtype (fp32 stays exact elsewhere)."""
@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from engine import LLM, EngineConfig, SamplingParams
-from engine import device as dp
-from engine.agreement import agreement, hf_greedy
-from engine.models import load_model, resolve_dtype
-from engine.runner import ModelRunner
+from engine.core import device as dp
+from engine.lab.agreement import agreement, hf_greedy
+from engine.model.models import load_model, resolve_dtype
+from engine.model.runner import ModelRunner
 
 GiB = 2**30
 
@@ -61,7 +61,7 @@ def test_gpu_memory_utilization_validated():
 def test_engine_gpu_budget_from_mocked_memory(monkeypatch):
     """The engine's CUDA sizing path with the device's memory figures mocked: the pool gets
     utilization * total - in use - the activation reserve."""
-    import engine.engine as E
+    import engine.core.engine as E
 
     llm = LLM(model="tiny", device="cpu", num_kv_blocks=8, gpu_memory_utilization=0.5)
     eng = llm.engine

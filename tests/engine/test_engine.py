@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from engine import pool_sizing
 from engine.config import EngineConfig, SamplingParams
-from engine.engine import LLMEngine
-from engine.kv_layout import kv_bytes_per_token
-from engine.sequence import Status, WaitReason
-from engine.trace_events import EventKind
+from engine.core import pool_sizing
+from engine.core.engine import LLMEngine
+from engine.core.sequence import Status, WaitReason
+from engine.model.kv_layout import kv_bytes_per_token
+from engine.observe.trace_events import EventKind
 
 PROMPT = [5, 6, 7, 8, 9]
 

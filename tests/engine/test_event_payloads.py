@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine import EngineConfig, LLMEngine, SamplingParams, SpeculativeConfig
-from engine.trace_events import EVENT_PAYLOADS, EventKind, check_payload
+from engine.observe.trace_events import EVENT_PAYLOADS, EventKind, check_payload
 
 SHARED = "a shared system prompt that every request starts with, long enough for full blocks: "
 

@@ -85,7 +85,7 @@ def test_long_generations_in_one_batch():
     and in-place attention kernels on every step) equal transformers' greedy continuation."""
     import torch
 
-    from engine.models import load_model
+    from engine.model.models import load_model
     from tests.engine.exact_ref import PROMPTS
 
     model, tok = load_model("default")
@@ -114,6 +114,6 @@ def test_long_generations_in_one_batch():
     for o, ref, i in zip(outs, refs, idx):
         assert o.outputs[0].token_ids == ref, f"prompt {i}: engine {o.outputs[0].token_ids} != transformers {ref}"
     assert llm.engine.info().attention_backend in ("cpu_kernel", "torch")
-    # where the C kernels build, the default (Llama-family) model runs every layer in engine/csrc/layer.c
+    # where the C kernels build, the default (Llama-family) model runs every layer in engine/model/csrc/layer.c
     info = llm.engine.info()
     assert info.decode_backend == ("c" if info.attention_backend == "cpu_kernel" else "transformers")

@@ -1,6 +1,6 @@
 """Page experiments on private engines: they share the loaded weights with the shared engine
 (no second copy) and never touch the shared engine's pool; the speculative comparison is
-controlled (engine/ab_timing.py)."""
+controlled (engine/lab/ab_timing.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from engine import EngineThread, LLMEngine
 from engine.config import EngineConfig, SamplingParams, SpeculativeConfig
-from engine.experiments import compare_speculative, private_engine
+from engine.lab.experiments import compare_speculative, private_engine
 
 BASE = EngineConfig(
     model="tiny",
@@ -68,7 +68,7 @@ def test_compare_speculative_leaves_shared_engine_alone(method):
 
 
 def test_compare_cache_vs_nocache_alternates_and_returns_median_round():
-    from engine.experiments import compare_cache_vs_nocache
+    from engine.lab.experiments import compare_cache_vs_nocache
 
     res = compare_cache_vs_nocache(BASE, 6, 8)
     c = res["comparison"]

@@ -1,4 +1,4 @@
-"""engine/families.py and the runner on model families other than Llama: small random-weight
+"""engine/model/families.py and the runner on model families other than Llama: small random-weight
 configs of families transformers ships that change what the K/V pool holds, each greedy
 token-exact to transformers' generate in fp32 on every attention path; what the engine lacks
 (sliding window, softcapping, MLA, sinks, ALiBi) is refused with the feature named."""
@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.agreement import agreement, hf_greedy
-from engine.attention import _refuse_unsupported
-from engine.families import check_supported
-from engine.models import build_random, register_model, unregister_model
+from engine.lab.agreement import agreement, hf_greedy
+from engine.model.attention import _refuse_unsupported
+from engine.model.families import check_supported
+from engine.model.models import build_random, register_model, unregister_model
 
 COMMON = dict(
     vocab_size=512,

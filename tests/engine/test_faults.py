@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.thread import EngineCrashed, EngineThread
+from engine.core.thread import EngineCrashed, EngineThread
 
 PROMPTS = [
     "The release freeze starts tonight",

@@ -1,4 +1,4 @@
-"""The C whole-stack path (engine/fused_decode.py) against the transformers layer code on the
+"""The C whole-stack path (engine/model/fused_decode.py) against the transformers layer code on the
 same runner inputs: logits per case within a tight bound (the max abs difference is printed),
 greedy tokens identical, and the config choice validated."""
 
@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import fused_decode
-from engine.runner import BatchRow, ModelRunner
+from engine.model import fused_decode
+from engine.model.runner import BatchRow, ModelRunner
 
 
 @pytest.fixture(scope="module")
 def default_model():
-    from engine.models import load_model
+    from engine.model.models import load_model
 
     model, tok = load_model("default")
     return model, tok

@@ -1,4 +1,4 @@
-"""scripts/gpu_check.sh / engine/gpu_check.py in --cpu-smoke mode: the same code the GPU run
+"""scripts/gpu_check.sh / engine/lab/gpu_check.py in --cpu-smoke mode: the same code the GPU run
 executes, on a tiny config, in a Python where streamlit, plotly and gguf cannot be imported (the
 GPU machines have none of them), so the script cannot rot between GPU runs."""
 
@@ -71,7 +71,7 @@ def test_cpu_smoke_end_to_end(tmp_path, repo_root):
 
 
 def test_model_configs_are_the_real_shapes():
-    from engine.gpu_check import model_configs
+    from engine.lab.gpu_check import model_configs
 
     cfgs = model_configs(smoke=False)
     s = cfgs["smollm2-135m"]
@@ -89,7 +89,7 @@ def test_model_configs_are_the_real_shapes():
 
 
 def test_token_prompts_share_a_prefix_and_avoid_special_ids():
-    from engine.gpu_check import token_prompts
+    from engine.lab.gpu_check import token_prompts
 
     ps = token_prompts(5, 20, 40, 512, seed=0, shared_prefix=10)
     assert len(ps) == 5 and all(20 <= len(p) <= 40 for p in ps)
@@ -98,7 +98,7 @@ def test_token_prompts_share_a_prefix_and_avoid_special_ids():
 
 
 def test_out_of_budget_phases_are_skipped_and_the_json_still_written(tmp_path):
-    from engine.gpu_check import run
+    from engine.lab.gpu_check import run
 
     res = run(str(tmp_path), smoke=True, budget_s=0)
     assert len(res["skipped"]) == 6 and all("budget" in s for s in res["skipped"])
@@ -107,7 +107,7 @@ def test_out_of_budget_phases_are_skipped_and_the_json_still_written(tmp_path):
 
 
 def test_a_failing_backend_is_recorded_and_the_others_go_on(tmp_path):
-    from engine.gpu_check import Check
+    from engine.lab.gpu_check import Check
 
     ck = Check(str(tmp_path), smoke=True, budget_s=60)
     done = []

@@ -1,10 +1,10 @@
-"""engine.inputs: the one home of the chat-template rule, the prompt checks, the admission limits
+"""engine.core.inputs: the one home of the chat-template rule, the prompt checks, the admission limits
 and the default completion length (the messages of every rejection: tests/engine/test_bad_input.py)."""
 
 import pytest
 
 from engine.config import EngineConfig, SamplingParams, TierConfig
-from engine.inputs import (
+from engine.core.inputs import (
     MAX_PROMPT_CHARS,
     admission_check,
     as_ids,

@@ -1,4 +1,4 @@
-"""KV events in vLLM's wire format (engine/kv_events.py): exact bytes of both wire forms, decoding
+"""KV events in vLLM's wire format (engine/observe/kv_events.py): exact bytes of both wire forms, decoding
 with msgspec structs declared as vLLM declares them (and with vLLM's own classes when the vllm
 package imports), and the stream applied in order rebuilding the engine's cached block hashes,
 live and across replay after a dropped subscriber."""
@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.kv_event_wire import (
+from engine.observe.kv_event_wire import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -19,7 +19,7 @@ from engine.kv_event_wire import (
     encode_batch,
     external_hash,
 )
-from engine.kv_events import KVEventPublisher, KVEventSubscriber
+from engine.observe.kv_events import KVEventPublisher, KVEventSubscriber
 
 BATCH = KVEventBatch(
     12.5,
@@ -462,7 +462,7 @@ def test_attached_to_an_engine_thread_it_follows_reconfigure():
 
 
 def test_endpoints_bind_like_vllm_plus_loopback():
-    from engine.kv_events import _bind_endpoint
+    from engine.observe.kv_events import _bind_endpoint
 
     assert _bind_endpoint("tcp://*:5557", None) and _bind_endpoint("ipc:///tmp/kv", None)
     assert _bind_endpoint("tcp://127.0.0.1:5557", None) and _bind_endpoint("tcp://localhost:5557", None)

@@ -1,4 +1,4 @@
-"""engine/kv_quant.py and the quantized K/V pool: write -> read error within the scale formula
+"""engine/model/kv_quant.py and the quantized K/V pool: write -> read error within the scale formula
 (hypothesis), the C decode kernel equal to the torch path on every pool format, the byte budget's
 capacity from memory_math's formula, and int8 runs through preemption (recompute, swap), prefix
 caching and speculation that keep the invariants and give the same tokens as a plain int8 run
@@ -14,8 +14,9 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine import EngineConfig, LLMEngine, SamplingParams, cpu_kernels, kv_quant
-from engine import memory_math as mm
+from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.lab import memory_math as mm
+from engine.model import cpu_kernels, kv_quant
 
 FP32_EPS = 2.0**-23
 finite = st.floats(min_value=-1e4, max_value=1e4, allow_nan=False, allow_subnormal=False, width=32)

@@ -1,4 +1,4 @@
-"""engine/memory_math.py: the seeds' worked examples, every attention kind, dtypes, parsing errors."""
+"""engine/lab/memory_math.py: the seeds' worked examples, every attention kind, dtypes, parsing errors."""
 
 import json
 import sys
@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine import memory_math as mm
-from engine.memory_math import GiB, KiB, MiB
+from engine.lab import memory_math as mm
+from engine.lab.memory_math import GiB, KiB, MiB
 from ui.figures import memory_calc as mc
 from ui.figures.presets import PRESET_PARAM_COUNTS, PRESETS
 

@@ -76,7 +76,7 @@ def test_manual_eviction_recomputes_same_output():
 
 
 def test_prefix_cache_hits_share_blocks_and_keep_output():
-    from engine.models import load_model
+    from engine.model.models import load_model
 
     model, tok = load_model("default")
     system = (

@@ -1,4 +1,4 @@
-"""engine/models.py additions: random-weight models of any config built in place, registered by a
+"""engine/model/models.py additions: random-weight models of any config built in place, registered by a
 "mem:" name for the engine, with an id-only tokenizer that refuses text."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.models import IdTokenizer, build_random, load_model, register_model, unregister_model
+from engine.model.models import IdTokenizer, build_random, load_model, register_model, unregister_model
 
 
 def _cfg():
@@ -69,7 +69,7 @@ def test_default_model_cache_is_a_standard_hf_folder():
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from engine.models import default_hf_folder
+    from engine.model.models import default_hf_folder
 
     d = default_hf_folder()
     with open(os.path.join(d, "config.json")) as f:

@@ -1,4 +1,4 @@
-"""engine/output_processor.py: the one definition of a row's phase, and the finish rules."""
+"""engine/core/output_processor.py: the one definition of a row's phase, and the finish rules."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from engine.output_processor import row_phase
+from engine.core.output_processor import row_phase
 
 
 def _row(start, n):

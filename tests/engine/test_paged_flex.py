@@ -1,4 +1,4 @@
-"""engine/paged_flex.py: the FlexAttention path (attention_backend="flex") runs eagerly on CPU, so
+"""engine/model/paged_flex.py: the FlexAttention path (attention_backend="flex") runs eagerly on CPU, so
 the suite checks the same code the GPU runs compiled: attention vs a dense reference on random
 ragged batches, logits vs the torch path and the C kernel, greedy tokens vs transformers for
 ragged batches, chunked prefill, prefix hits and speculative verification rows."""
@@ -11,10 +11,11 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import LLM, EngineConfig, SamplingParams, SpeculativeConfig, paged_flex
-from engine.agreement import agreement, hf_greedy
-from engine.models import load_model
-from engine.runner import BatchRow, ModelRunner
+from engine import LLM, EngineConfig, SamplingParams, SpeculativeConfig
+from engine.lab.agreement import agreement, hf_greedy
+from engine.model import paged_flex
+from engine.model.models import load_model
+from engine.model.runner import BatchRow, ModelRunner
 
 CPU = torch.device("cpu")
 

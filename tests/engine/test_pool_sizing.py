@@ -1,13 +1,13 @@
-"""engine/pool_sizing.py: the KV pool's block count from the config and memory figures, plain
+"""engine/core/pool_sizing.py: the KV pool's block count from the config and memory figures, plain
 numbers in, exact block counts or a ValueError naming the field out."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine import pool_sizing as ps
 from engine.config import EngineConfig
-from engine.device import activation_reserve_bytes
+from engine.core import pool_sizing as ps
+from engine.core.device import activation_reserve_bytes
 
 GiB = 2**30
 BPB = 4096  # bytes per block

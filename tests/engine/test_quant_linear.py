@@ -1,4 +1,4 @@
-"""The quantized-weight Linear (engine/csrc/quant_linear.c via engine/linear.py): the fp32 packed
+"""The quantized-weight Linear (engine/model/csrc/quant_linear.c via engine/model/linear.py): the fp32 packed
 kernel's outputs on gguf-py's de-quantized weights (bitwise where the kernel sums in that order,
 within fp32 rounding of the exact product where it factorizes each block), batch-invariant, and
 greedy output through weight_format="gguf" equal to transformers' generate on the de-quantized
@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine import cpu_kernels
+from engine.model import cpu_kernels
 
 gguf = pytest.importorskip("gguf")
 LIB = cpu_kernels.load()
@@ -245,7 +245,7 @@ def test_row_map_reorders_rows_and_bad_sizes_are_rejected():
 
 
 def test_q_and_k_row_order_inverts_llama_cpps_permutation():
-    from engine.gguf_weights import _row_order
+    from engine.model.gguf_weights import _row_order
 
     n, heads = 24, 3
     hf = np.arange(n * 4).reshape(n, 4)
@@ -299,7 +299,7 @@ def _bf16_exact_tiny():
     checkpoint loaded in fp32 is)."""
     from transformers import LlamaForCausalLM
 
-    from engine.models import tiny_config
+    from engine.model.models import tiny_config
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(tiny_config(vocab_size=512)).eval()
@@ -311,8 +311,8 @@ def _bf16_exact_tiny():
 
 @needs_kernel
 def test_weights_that_are_exactly_bf16_are_read_at_16_bits_with_the_same_logits():
-    from engine import linear
-    from engine.runner import _weight_pack
+    from engine.model import linear
+    from engine.model.runner import _weight_pack
 
     model = _bf16_exact_tiny()
     assert linear.half_exact(model, "bf16") and not linear.half_exact(model, "fp16")
@@ -333,7 +333,7 @@ def test_weights_that_are_exactly_bf16_are_read_at_16_bits_with_the_same_logits(
         assert torch.equal(model(ids).logits, b)
     from transformers import LlamaForCausalLM
 
-    from engine.models import tiny_config
+    from engine.model.models import tiny_config
 
     plain = LlamaForCausalLM(tiny_config(vocab_size=512)).eval()  # random fp32: not 16-bit values
     assert _weight_pack(plain, "auto").weight_format == "fp32"

@@ -1,4 +1,4 @@
-"""engine/rates.py, the one home of the rates the pages, metrics and benchmarks show: vLLM's
+"""engine/observe/rates.py, the one home of the rates the pages, metrics and benchmarks show: vLLM's
 definitions, their empty cases, and the rejection-sampling acceptance probability against
 speculative/verify.py's rule."""
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine import rates
+from engine.observe import rates
 
 
 def test_acceptance_rate_is_accepted_over_draft_tokens():

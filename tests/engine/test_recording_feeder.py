@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from engine import recording
+from engine.observe import recording
 
 
 @dataclass
@@ -68,8 +68,8 @@ def test_unrebuilt_feeder_submits_everything():
 
 def _chained_run(n=6, turns=3, **engine_kw):
     from engine import EngineConfig, LLMEngine, SamplingParams
-    from engine.thread import EngineThread
-    from engine.workloads import conversation_chain, release_freeze
+    from engine.core.thread import EngineThread
+    from engine.lab.workloads import conversation_chain, release_freeze
 
     th = EngineThread(LLMEngine(EngineConfig(model="tiny", num_threads=1, **engine_kw)))
     reqs = release_freeze(

@@ -9,9 +9,9 @@ import torch
 from transformers import MinPLogitsWarper, RepetitionPenaltyLogitsProcessor
 
 from engine import EngineConfig, LLMEngine, SamplingParams, SpeculativeConfig
-from engine import trace_events as ev
-from engine.sampler import probs, process
-from engine.stops import find_stop_string
+from engine.core.sampler import probs, process
+from engine.core.stops import find_stop_string
+from engine.observe import trace_events as ev
 
 V = 50
 

@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.block_manager import BlockManager
 from engine.config import EngineConfig, SamplingParams
-from engine.scheduler import Scheduler
-from engine.sequence import Request, Status, WaitReason
-from engine.trace_events import EventKind
+from engine.core.block_manager import BlockManager
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import Request, Status, WaitReason
+from engine.observe.trace_events import EventKind
 
 BS = 4
 

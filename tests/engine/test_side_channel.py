@@ -1,4 +1,4 @@
-"""engine/side_channel.py: the probe design (which probes can hit, exactly), the alternation,
+"""engine/lab/side_channel.py: the probe design (which probes can hit, exactly), the alternation,
 and the attacker's threshold rule. Timings themselves are not asserted (wall clock)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engine import EngineConfig, EngineThread, LLMEngine
-from engine import side_channel as sc
+from engine.lab import side_channel as sc
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,8 @@ import math
 import pytest
 import torch
 
-from engine.soak import PROFILES, build_requests, rss_kib
-from engine.soak_cli import soak
+from engine.lab.soak import PROFILES, build_requests, rss_kib
+from engine.lab.soak_cli import soak
 
 N_REQUESTS = 1000
 
@@ -125,7 +125,7 @@ def test_build_requests_rejects_bad_arguments():
 
 
 def test_soak_cli_rejects_bad_mode_and_fraction(capsys):
-    from engine.soak_cli import main
+    from engine.lab.soak_cli import main
 
     with pytest.raises(SystemExit) as e:
         main(["--mode", "sometimes"])

@@ -10,8 +10,8 @@ and real acceptance on a few prompts, including a passage-editing one.
 import pytest
 
 from engine import EngineConfig, LLMEngine, SamplingParams, SpeculativeConfig
-from engine import trace_events as ev
-from engine.snapshot import ACCEPTED, BONUS, PLAIN, REPLACED
+from engine.observe import trace_events as ev
+from engine.observe.snapshot import ACCEPTED, BONUS, PLAIN, REPLACED
 from engine.speculative import DRAFT_SUFFIX
 
 TINY_PROMPTS = [
@@ -424,7 +424,7 @@ def test_configure_class_switches_speculation_off():
 def test_draft_model_vocab_mismatch_is_a_clear_error(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from engine.models import load_tokenizer
+    from engine.model.models import load_tokenizer
 
     cfg = LlamaConfig(
         vocab_size=1000,
@@ -448,7 +448,7 @@ def test_early_exit_layers_must_be_below_target_depth():
 
 
 def test_compare_speculative_reports_both_runs_for_self_draft():
-    from engine.experiments import compare_speculative
+    from engine.lab.experiments import compare_speculative
 
     base = EngineConfig(model="tiny", num_threads=1)
     spec = SpeculativeConfig(method="self_draft", draft_layers=1, num_speculative_tokens=2, enable_fallback=False)

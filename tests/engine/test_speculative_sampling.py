@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from engine.snapshot import ACCEPTED, BONUS, REPLACED
+from engine.observe.snapshot import ACCEPTED, BONUS, REPLACED
 from engine.speculative import (
     Verdict,
     break_even_alpha,

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from engine import EngineConfig, LLMEngine, SamplingParams, SpeculativeConfig
-from engine import trace_events as ev
-from engine.structured import mask_logits
+from engine.core.structured import mask_logits
+from engine.observe import trace_events as ev
 
 SCHEMAS = {
     "nested_enum_array": {

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.thread import EngineCrashed, EngineThread
+from engine.core.thread import EngineCrashed, EngineThread
 
 TINY = dict(
     model="tiny",
@@ -363,7 +363,7 @@ def test_recent_snapshots_are_bounded_by_size_not_only_count():
     """EngineThread.recent kept 600 whole snapshots whatever the pool size: ~350 MiB at the
     default 4096-block pool, tens of GiB for a pool of a million blocks. Its total number of
     block and token entries is now capped (RECENT_MAX_ITEMS)."""
-    from engine import thread as T
+    from engine.core import thread as T
 
     eng = LLMEngine(EngineConfig(**dict(TINY, num_kv_blocks=20_000)))
     th = EngineThread(eng, snapshot_interval=0.0)

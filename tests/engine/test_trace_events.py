@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.trace_events import MAX_LINE_BYTES, MAX_TRACE_LINES, read_trace, trace_to_string, write_trace
+from engine.observe.trace_events import MAX_LINE_BYTES, MAX_TRACE_LINES, read_trace, trace_to_string, write_trace
 
 HOSTILE = [
     '<script>alert("x")</script>',

@@ -1,4 +1,4 @@
-"""The Speculative page's watch mode (engine/watch.py): an eviction in the middle of a speculative
+"""The Speculative page's watch mode (engine/lab/watch.py): an eviction in the middle of a speculative
 run frees the request's blocks, the engine recomputes prompt + generated tokens, and greedy output
 stays token-for-token that of plain decoding; the button and the scheduled trigger both work."""
 
@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from engine import EngineConfig, SpeculativeConfig
-from engine.watch import WatchControl, token_ids, watch_speculative
+from engine.lab.watch import WatchControl, token_ids, watch_speculative
 
 BASE = EngineConfig(model="tiny", num_threads=1)
 SPEC = SpeculativeConfig(method="self_draft", draft_quantize="int8", num_speculative_tokens=4)

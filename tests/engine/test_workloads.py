@@ -1,5 +1,5 @@
-"""engine/workloads.py: seeded scenarios (determinism, ranges, growth, shared prefixes, errors);
-engine/prompt_sets.py: the W16 prompts."""
+"""engine/lab/workloads.py: seeded scenarios (determinism, ranges, growth, shared prefixes, errors);
+engine/lab/prompt_sets.py: the W16 prompts."""
 
 import os
 import subprocess
@@ -8,8 +8,8 @@ from dataclasses import asdict
 
 import pytest
 
-from engine import prompt_sets as PS
-from engine import workloads as W
+from engine.lab import prompt_sets as PS
+from engine.lab import workloads as W
 
 
 def _dump(reqs):
@@ -255,7 +255,7 @@ def test_w16_prompts_real_tokenizer():
 
 
 def test_release_freeze_turns_know_their_followup_and_chain_onto_real_answers():
-    from engine.workloads import REPLY_CUE, chained_prompt, release_freeze
+    from engine.lab.workloads import REPLY_CUE, chained_prompt, release_freeze
 
     reqs = {r.request_id: r for r in release_freeze(n=8, seed=5, turns=4)}
     later = [r for r in reqs.values() if r.parent_id is not None]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.trace_events import FINISH, PREEMPT, SCHEDULE, Event
+from engine.observe.trace_events import FINISH, PREEMPT, SCHEDULE, Event
 from ui.figures import batching as B
 
 

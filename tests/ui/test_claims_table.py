@@ -1,6 +1,6 @@
 """The Claims page's table (ui/figures/claims.py): one escaped row per claim, its verdict word."""
 
-from engine.claims import ClaimRow
+from engine.lab.claims import ClaimRow
 from ui.figures import claims as CL
 
 

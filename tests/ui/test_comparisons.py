@@ -6,9 +6,10 @@ from dataclasses import replace
 
 import pytest
 
-from engine import experiments, recording
-from engine.snapshot import EngineMetrics, RequestInfo, Snapshot
-from engine.trace_events import Event
+from engine.lab import experiments
+from engine.observe import recording
+from engine.observe.snapshot import EngineMetrics, RequestInfo, Snapshot
+from engine.observe.trace_events import Event
 from tests.factories import make_engine_info
 from ui.figures import allocators as AL
 from ui.figures import cache_cost as CC
@@ -204,7 +205,7 @@ def test_run_engine_records_every_step_and_rejections():
 
 
 def test_prefix_helpers():
-    from engine.snapshot import BlockInfo
+    from engine.observe.snapshot import BlockInfo
 
     blocks = (
         BlockInfo(0, "used", 3, ("a", "b", "c"), 16),

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.trace_events import ADMIT, PREEMPT, PREFIX_HIT, SPEC_FALLBACK, read_trace
+from engine.observe.trace_events import ADMIT, PREEMPT, PREFIX_HIT, SPEC_FALLBACK, read_trace
 from ui.figures import demo as D
 
 TRACES = Path(__file__).resolve().parents[2] / "assets" / "traces"
@@ -89,7 +89,7 @@ def test_current_chapter_and_advance(rf):
 
 
 def test_missing_moments_say_why(rf):
-    from engine.trace_events import Trace
+    from engine.observe.trace_events import Trace
 
     t = Trace(rf.snapshots[:1], [])
     chs = D.chapters(t, "release-freeze")

@@ -34,7 +34,7 @@ def test_bad_choices_name_the_field():
 
 
 def test_kv_bar_reads_the_snapshot():
-    from engine.snapshot import EngineMetrics, Snapshot
+    from engine.observe.snapshot import EngineMetrics, Snapshot
 
     info = make_engine_info(num_blocks=64)
     snap = Snapshot(

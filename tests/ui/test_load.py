@@ -5,9 +5,9 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from engine import recording
-from engine.snapshot import EngineMetrics, HistoryPoint, RequestInfo, Snapshot
-from engine.trace_events import Event
+from engine.observe import recording
+from engine.observe.snapshot import EngineMetrics, HistoryPoint, RequestInfo, Snapshot
+from engine.observe.trace_events import Event
 from tests.factories import make_engine_info
 from ui.figures import events_table as et
 from ui.figures import load as L
@@ -223,7 +223,7 @@ def test_growth_lines_start_at_admission_and_end_at_finish():
 
 
 def test_slim_snapshot_drops_growing_fields_keeps_counts():
-    from engine.snapshot import BlockInfo, TokenMark
+    from engine.observe.snapshot import BlockInfo, TokenMark
 
     r = replace(
         req("a", 30),
@@ -243,7 +243,7 @@ class FakeThread:
     """The two EngineThread reads the recorder uses (test-only)."""
 
     def __init__(self):
-        from engine.trace_events import EventRing
+        from engine.observe.trace_events import EventRing
 
         self.events = EventRing(100)
         self.snap = snap(0, 0.0)
@@ -267,7 +267,7 @@ def test_recorder_collects_new_steps_and_events_bounded():
     assert [s.step for s in rec.series] == [1, 2, 3, 4]
     assert [e.kind for e in rec.events] == ["admit", "preempt", "preempt", "preempt"]  # no decode chatter
     text = rec.trace_text()
-    from engine.trace_events import read_trace
+    from engine.observe.trace_events import read_trace
 
     tr = read_trace(text)
     assert [s.step for s in tr.snapshots] == [1, 2, 3, 4] and len(tr.events) == 4
@@ -283,7 +283,7 @@ def test_percentile_table_html_formats_numbers():
 
 
 def test_recorder_starts_over_when_the_engine_is_rebuilt():
-    from engine.trace_events import EventRing
+    from engine.observe.trace_events import EventRing
 
     th = FakeThread()
     rec = recording.SnapshotRecorder("R2")

@@ -3,8 +3,8 @@
 import plotly.graph_objects as go
 import pytest
 
-from engine import memory_math as mm
-from engine.memory_math import GiB, MiB
+from engine.lab import memory_math as mm
+from engine.lab.memory_math import GiB, MiB
 from ui.figures import memory_calc as mc
 from ui.figures.presets import PRESETS
 

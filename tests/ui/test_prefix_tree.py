@@ -3,7 +3,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.kv_event_wire import AllBlocksCleared, BlockRemoved, BlockStored, apply_events, decode_batch
+from engine.observe.kv_event_wire import AllBlocksCleared, BlockRemoved, BlockStored, apply_events, decode_batch
 from tests.attach_stubs import demo_batches
 from ui.figures import prefix_tree as P
 

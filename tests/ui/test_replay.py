@@ -2,8 +2,8 @@
 
 import pytest
 
-from engine.snapshot import EngineMetrics, Snapshot
-from engine.trace_events import Event, trace_to_string
+from engine.observe.snapshot import EngineMetrics, Snapshot
+from engine.observe.trace_events import Event, trace_to_string
 from tests.factories import make_engine_info
 from ui.figures import replay as R
 
@@ -87,7 +87,7 @@ def test_demo_traces_listing(tmp_path):
 def test_interesting_tick_prefers_busy_keyframes():
     from dataclasses import replace
 
-    from engine.snapshot import BlockInfo
+    from engine.observe.snapshot import BlockInfo
 
     ss = snaps(4)
     ss[1] = replace(ss[1], metrics=EngineMetrics(num_running=9))  # busiest, no pool

@@ -112,7 +112,7 @@ def test_costs_and_speedup():
 
 
 def test_measured_costs_from_the_runs_and_their_verify_events():
-    from engine.trace_events import Event
+    from engine.observe.trace_events import Event
 
     plain = request("p", state="finished", output_len=11, arrival_time=0.0, first_token_time=0.5, finish_time=1.5)
     sped = request("s", state="finished", output_len=11, arrival_time=0.0, first_token_time=0.5, finish_time=1.0)

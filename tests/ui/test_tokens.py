@@ -129,7 +129,7 @@ def test_recomputed_positions_include_the_eviction_step():
 
 
 def test_chip_tooltips_carry_rejection_sampling_numbers():
-    from engine.snapshot import TokenMark
+    from engine.observe.snapshot import TokenMark
 
     acc = TokenMark(1, "a", "accepted", 5, p=0.4, q=0.8, u=0.3)
     rep = TokenMark(2, "b", "replaced", 5, rejected_id=9, rejected_text="<x>", p=0.1, q=0.9, u=0.7)

@@ -9,9 +9,9 @@ from typing import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from engine.recording import RunRecord
-from engine.snapshot import Snapshot
-from engine.trace_events import ADMIT, PREEMPT, REJECT, WAIT
+from engine.observe.recording import RunRecord
+from engine.observe.snapshot import Snapshot
+from engine.observe.trace_events import ADMIT, PREEMPT, REJECT, WAIT
 from ui.figures import theme
 
 FILLED_COLOR, ALLOC_COLOR = theme.OKABE_ITO["blue"], theme.OKABE_ITO["orange"]

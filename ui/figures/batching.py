@@ -13,7 +13,7 @@ from typing import Sequence
 
 import plotly.graph_objects as go
 
-from engine.trace_events import ABORT, EVICT, FINISH, PREEMPT, SCHEDULE, SWAP_OUT, Event
+from engine.observe.trace_events import ABORT, EVICT, FINISH, PREEMPT, SCHEDULE, SWAP_OUT, Event
 from ui.figures import theme
 
 ROW_KINDS = ("prefill", "decode", "verify")

@@ -8,7 +8,7 @@ from typing import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from engine.recording import CostPoint
+from engine.observe.recording import CostPoint
 from ui.figures import theme
 
 

@@ -1,7 +1,7 @@
 """The guided demo: chapters of a recorded trace, each anchored on a moment found in the trace's
 own events and snapshots (never a hard-coded step), with a caption written from that moment's data.
 
-Pure functions over `engine.trace_events.Trace`; no Streamlit. A tick is an index into the trace's
+Pure functions over `engine.observe.trace_events.Trace`; no Streamlit. A tick is an index into the trace's
 snapshots (as on the Replay page). Captions are plain text: escape them when rendering (request
 ids and engine reasons come from the file).
 """
@@ -12,9 +12,9 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from engine import rates
-from engine.snapshot import Snapshot
-from engine.trace_events import ADMIT, FINISH, PREEMPT, PREFIX_HIT, SCHEDULE, SPEC_FALLBACK, Event, Trace
+from engine.observe import rates
+from engine.observe.snapshot import Snapshot
+from engine.observe.trace_events import ADMIT, FINISH, PREEMPT, PREFIX_HIT, SCHEDULE, SPEC_FALLBACK, Event, Trace
 
 LIVE_STATES = ("running", "waiting", "preempted", "swapped")
 SPEEDS = (0.5, 1.0, 2.0, 4.0)  # ticks advanced per second of auto-play
@@ -410,7 +410,7 @@ class LiveRequest:
 def speculation_requests(tokenizer, spec: dict | None = None) -> list[LiveRequest]:
     """The speculation scenario's requests: the bench's passage-edit and open-ended prompts,
     chat-templated, greedy, each kind in its own request class (CLASSES)."""
-    from engine.prompt_sets import speculative_sets
+    from engine.lab.prompt_sets import speculative_sets
 
     spec = spec or RECORDINGS["speculation"]
     sets = speculative_sets(tokenizer)
@@ -427,7 +427,7 @@ def speculation_requests(tokenizer, spec: dict | None = None) -> list[LiveReques
 
 
 def release_freeze_requests(spec: dict | None = None) -> list:
-    from engine.workloads import make_workload
+    from engine.lab.workloads import make_workload
 
     spec = spec or RECORDINGS["release-freeze"]
     return make_workload(spec["scenario"], spec["n"], 0, **spec["params"])

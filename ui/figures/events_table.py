@@ -1,6 +1,6 @@
 """The event log as an HTML table: filtered by kind, newest first, capped, every text escaped.
 
-Pure functions of `engine.trace_events.Event`s; no Streamlit here. Event reasons, request ids and
+Pure functions of `engine.observe.trace_events.Event`s; no Streamlit here. Event reasons, request ids and
 detail values come from the engine (and from prompts, indirectly), so every cell goes through
 `html.escape` — a request id like `<img onerror=…>` renders as text.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 from typing import Iterable, Sequence
 
-from engine.trace_events import (
+from engine.observe.trace_events import (
     ABORT,
     ADMIT,
     BLOCK_ALLOC,

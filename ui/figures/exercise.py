@@ -10,9 +10,9 @@ from typing import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from engine.recording import RunRecord
-from engine.snapshot import Snapshot
-from engine.trace_events import PREEMPT, REJECT, SWAP_OUT, WAIT
+from engine.observe.recording import RunRecord
+from engine.observe.snapshot import Snapshot
+from engine.observe.trace_events import PREEMPT, REJECT, SWAP_OUT, WAIT
 from ui.figures import theme
 
 LIVE_STATES = ("waiting", "running", "preempted", "swapped")

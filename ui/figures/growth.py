@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from engine.snapshot import HistoryPoint
+from engine.observe.snapshot import HistoryPoint
 
 from . import theme
 

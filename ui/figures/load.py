@@ -1,5 +1,5 @@
 """Concurrent-load views: pure figure builders over a bounded series of Snapshots (the feeder
-that submits a workload and the recorder live in engine/recording.py).
+that submits a workload and the recorder live in engine/observe/recording.py).
 
 Figures here take `Snapshot`s (and `Event`s) and return Plotly figures; no Streamlit. The same
 functions draw the live page and the replay page, so everything shown can be rebuilt from a trace.
@@ -13,7 +13,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from engine.snapshot import RequestState, Snapshot
+from engine.observe.snapshot import RequestState, Snapshot
 from ui.figures import theme
 
 MAX_GROWTH_LINES = 24  # per-request cache-growth lines drawn at most

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
-from engine import memory_math as mm
+from engine.lab import memory_math as mm
 from ui.figures import theme
 
 KIND_COLORS = {"MHA": "#D55E00", "GQA": "#0072B2", "MQA": "#009E73", "MLA": "#CC79A7"}

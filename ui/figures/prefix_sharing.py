@@ -8,8 +8,8 @@ from typing import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from engine.experiments import PrefixRow
-from engine.rates import prefix_hit_rate
+from engine.lab.experiments import PrefixRow
+from engine.observe.rates import prefix_hit_rate
 from ui.figures import theme
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import plotly.graph_objects as go
 
-from engine.kv_event_wire import AllBlocksCleared, BlockRemoved, BlockStored
+from engine.observe.kv_event_wire import AllBlocksCleared, BlockRemoved, BlockStored
 
 ROOT = "cache"
 ORPHANS = "orphans"

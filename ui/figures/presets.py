@@ -1,5 +1,5 @@
 """Published config values of well-known models, offered by the memory calculator (and used as
-fixtures by the tests of engine/memory_math.py)."""
+fixtures by the tests of engine/lab/memory_math.py)."""
 
 from __future__ import annotations
 

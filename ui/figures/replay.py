@@ -1,6 +1,6 @@
 """Replay: load a recorded trace (JSONL) and look at it one tick at a time.
 
-Pure helpers over `engine.trace_events.Trace`; no Streamlit. A tick is an index into the trace's
+Pure helpers over `engine.observe.trace_events.Trace`; no Streamlit. A tick is an index into the trace's
 snapshots; the view at tick i is built only from snapshots[0..i] and the events up to that
 snapshot's step, with the same figure builders the live pages use.
 """
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from engine.snapshot import Snapshot
-from engine.trace_events import Event, Trace, read_trace
+from engine.observe.snapshot import Snapshot
+from engine.observe.trace_events import Event, Trace, read_trace
 
 # Uploaded traces are bounded well below the reader's own limit: replay keeps the whole trace in
 # the session, and a demo trace is a few MiB at most.

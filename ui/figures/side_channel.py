@@ -6,7 +6,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from engine import side_channel as sc
+from engine.lab import side_channel as sc
 from ui.figures import theme
 
 _O = theme.OKABE_ITO

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
-from engine import rates
+from engine.observe import rates
 from engine.speculative.math import expected_tokens_per_pass as _engine_expected_tokens_per_pass
 
 from . import theme

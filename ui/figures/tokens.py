@@ -13,7 +13,7 @@ import html
 import unicodedata
 from collections import Counter
 
-from engine.rates import accept_probability
+from engine.observe.rates import accept_probability
 
 from . import theme
 from .theme import ACCEPTED, BONUS, EVICTED, PLAIN, REJECTED, REPLACED, TOKEN_STYLES

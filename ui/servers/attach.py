@@ -19,9 +19,9 @@ import urllib.parse
 import urllib.request
 from collections import deque
 
-from engine.kv_events import KVEventSubscriber, vllm_publisher_binds
-from engine.recording import append_snapshot, slim_snapshot
-from engine.trace_events import Event, event_from_dict, snapshot_from_dict
+from engine.observe.kv_events import KVEventSubscriber, vllm_publisher_binds
+from engine.observe.recording import append_snapshot, slim_snapshot
+from engine.observe.trace_events import Event, event_from_dict, snapshot_from_dict
 from ui.figures import vllm_metrics as vm
 from ui.figures.prefix_tree import PrefixTree
 

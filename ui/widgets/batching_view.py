@@ -7,7 +7,7 @@ from typing import Iterable
 
 import streamlit as st
 
-from engine.trace_events import Event
+from engine.observe.trace_events import Event
 from ui.figures import batching as B
 from ui.widgets import engine_access as ea
 

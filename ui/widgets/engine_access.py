@@ -19,7 +19,7 @@ import threading
 import streamlit as st
 
 from engine.config import SPEC_METHODS, EngineConfig, SpeculativeConfig
-from engine.device import detect_devices
+from engine.core.device import detect_devices
 from ui.widgets import mode, sidebar_limits
 
 BLOCK_SIZES = (4, 8, 16, 32)

@@ -273,7 +273,7 @@ def start_run(
     """Start a background experiment owned by this session and put its id in the URL (?run=...),
     so a reload finds it. `private`: queue behind other private-engine experiments. `live`: an
     object the page and the experiment share while it runs (kept on the Run)."""
-    from engine.experiments import RUN_LOCK
+    from engine.lab.experiments import RUN_LOCK
 
     run = room().start(kind, session_id(), fn, lock=RUN_LOCK if private else None, live=live)
     st.query_params["run"] = run.run_id

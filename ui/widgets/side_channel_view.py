@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from engine import side_channel as sc
+from engine.lab import side_channel as sc
 from ui.figures import side_channel as F
 from ui.widgets import engine_access as ea
 

@@ -1,4 +1,4 @@
-"""The Speculative page's watch mode (engine/watch.py): the live view while the run steps (KV bar,
+"""The Speculative page's watch mode (engine/lab/watch.py): the live view while the run steps (KV bar,
 the tokens so far, Evict and Stop buttons) and the result after it (evictions, recomputed
 positions, the growth chart with its drop, greedy match against plain decoding), plus the
 rejection-sampling table both modes show for temperature > 0 runs."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from engine.watch import REQUEST_ID
+from engine.lab.watch import REQUEST_ID
 from ui.figures import growth, pool, spec, tokens
 
 from . import engine_access as ea

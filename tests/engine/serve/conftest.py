@@ -61,7 +61,7 @@ def serving(th, **app_kw):
 @pytest.fixture(scope="session")
 def server():
     from engine.config import EngineConfig
-    from engine.thread import EngineThread
+    from engine.core.thread import EngineThread
 
     th = EngineThread(config=EngineConfig(**TINY_SERVE))
     with serving(th, model_name="kvscope-tiny", max_body_bytes=64 * 1024, max_waiting=512) as srv:
@@ -121,8 +121,8 @@ def tools_server():
     from transformers import AutoTokenizer
 
     from engine.config import EngineConfig
-    from engine.models import default_hf_folder, load_model, register_model, unregister_model
-    from engine.thread import EngineThread
+    from engine.core.thread import EngineThread
+    from engine.model.models import default_hf_folder, load_model, register_model, unregister_model
 
     model, _ = load_model("tiny", "cpu", "float32")
     tok = AutoTokenizer.from_pretrained(default_hf_folder())

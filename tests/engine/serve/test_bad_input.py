@@ -281,8 +281,8 @@ def test_fuzzed_bodies_never_500(server, path, body):
 
 def test_engine_down_is_503():
     from engine.config import EngineConfig
+    from engine.core.thread import EngineThread
     from engine.serve import create_app, run_in_background
-    from engine.thread import EngineThread
     from tests.ports import free_port
 
     from .conftest import TINY_SERVE

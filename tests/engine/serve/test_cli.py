@@ -66,11 +66,11 @@ def test_main_exits_2_on_bad_input(capsys):
 
 
 @pytest.mark.skipif(
-    importlib.util.find_spec("engine.kv_events") is not None,
-    reason="engine.kv_events is present: its own tests cover publishing",
+    importlib.util.find_spec("engine.observe.kv_events") is not None,
+    reason="engine.observe.kv_events is present: its own tests cover publishing",
 )
 def test_kv_events_without_the_module_is_a_clear_error():
-    from engine.thread import EngineThread
+    from engine.core.thread import EngineThread
 
     with pytest.raises(ValueError, match="no engine.kv_events module"):
         cli.attach_kv_events(EngineThread.__new__(EngineThread), "tcp://127.0.0.1:5557", None, "current")

@@ -5,7 +5,7 @@ import json
 
 import httpx
 
-from engine.trace_events import event_from_dict, snapshot_from_dict
+from engine.observe.trace_events import event_from_dict, snapshot_from_dict
 
 
 def test_snapshot_round_trips(server):

@@ -106,8 +106,8 @@ def test_metrics_names_types_labels_and_snapshot_agree(server):
 
 
 def test_spec_decode_metrics_agree_with_the_engine():
+    from engine.core.thread import EngineThread
     from engine.serve.metrics import MetricsExporter
-    from engine.thread import EngineThread
 
     th = EngineThread(
         config=EngineConfig(

@@ -1,0 +1,391 @@
+"""The seeds' claims about inference, each checked against a measurement on this machine.
+
+Two sources, never mixed within a row: the benchmark's JSON results (`python -m engine bench ...`
+writes results/<suite>-<UTC stamp>.json; the newest stamp per suite is read, with its date), and
+measurements made now on a loaded engine (`engine.lab.claims_live.measure_live`, which builds its rows
+with the same row functions). This module owns the claims, the rule behind each verdict and the
+reading of bench results; every verdict comes from a rule on the numbers, stated in the row; a
+claim with no number says why instead (never a made-up value). Formulas live where the bench keeps
+them (engine.bench.roofline, engine.bench.suites).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.speculative.math import expected_tokens_per_pass
+
+VERIFY_KS = tuple(range(1, 9))
+BATCH_SIZES = (1, 2, 4, 8)
+# thresholds, shown on the page with each verdict
+VERIFY_ABOUT_ONE = 1.5  # a (k+1)-token pass "costs about one pass" if within 1.5x of a 1-token pass
+BATCH_TOTAL_GAIN = 2.0  # total tok/s at the largest batch must be >= 2x batch 1
+PAGED_WASTE_MAX, CONTIG_WASTE_MIN = 0.04, 0.6  # seed 004: under 4 % vs 60-80 %
+PREFIX_TTFT_MAX_RATIO = 0.5  # a prefix hit must at least halve TTFT
+SPEC_PASSAGE_MIN, SPEC_OPEN_MIN = 2.0, 0.95  # seed 004: 2-3x; never much below plain
+SPEC_THEORY_TOL = 0.25  # measured tokens per pass within 25 % of (1 - a^(k+1)) / (1 - a)
+
+_STAMP = re.compile(r"^(?P<suite>[a-z_]+)-(?P<stamp>\d{8}T\d{6}Z)\.json$")
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRow:
+    key: str
+    claim: str  # the claim, in kvscope's words
+    seeds: str  # which reference texts make it
+    measured: str  # the numbers, formatted
+    holds: bool | None  # None: not measured
+    why: str  # the rule applied to the numbers, or why there is no number
+    source: str  # bench file and date, or "measured on this page at ..."
+
+
+@dataclass(frozen=True, slots=True)
+class BenchResult:
+    suite: str
+    path: str
+    when: _dt.datetime
+    model: str
+    quick: bool
+    fields: dict
+
+    @property
+    def label(self) -> str:
+        return (
+            f"bench '{self.suite}' ({'quick, ' if self.quick else ''}model {self.model}), "
+            f"{Path(self.path).name}, {self.when:%Y-%m-%d %H:%M} UTC"
+        )
+
+
+def results_dir() -> Path:
+    return Path(os.environ.get("KVSCOPE_RESULTS_DIR") or Path(__file__).resolve().parents[1] / "results")
+
+
+def latest_results(folder: str | os.PathLike | None = None) -> dict[str, BenchResult]:
+    """The newest stamped result file per suite in `folder` (results/ by default); {} if none.
+    Files that are not valid bench JSON are skipped."""
+    d = Path(folder) if folder is not None else results_dir()
+    if not d.is_dir():
+        return {}
+    best: dict[str, tuple[str, Path]] = {}
+    for f in d.iterdir():
+        m = _STAMP.match(f.name)
+        if m and (m["suite"] not in best or m["stamp"] > best[m["suite"]][0]):
+            best[m["suite"]] = (m["stamp"], f)
+    out = {}
+    for suite, (stamp, f) in best.items():
+        try:
+            data = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(data, dict) or not isinstance(data.get("fields"), dict):
+            continue
+        when = _dt.datetime.strptime(stamp, "%Y%m%dT%H%M%SZ")
+        out[suite] = BenchResult(suite, str(f), when, str(data.get("model")), bool(data.get("quick")), data["fields"])
+    return out
+
+
+def _num(d: dict, k: str) -> float | None:
+    v = d.get(k)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _shown_dir() -> str:
+    """results_dir() relative to the repository when inside it (the page never shows where this
+    checkout happens to live)."""
+    d, root = results_dir().resolve(), Path(__file__).resolve().parents[1]
+    return str(d.relative_to(root)) if d.is_relative_to(root) else str(d)
+
+
+def _missing(suite: str) -> str:
+    return (
+        f"not measured yet: no '{suite}' bench result in {_shown_dir()} (run: python -m engine bench {suite} --quick)"
+    )
+
+
+# ------------------------------------------------------------------ one function per claim
+
+CLAIMS = {
+    "memory_bound": (
+        "A decode step is bound by memory: it must read every weight (and the KV cache) once, "
+        "and the arithmetic on them is small.",
+        "001, 002, 004",
+    ),
+    "verify_cost": ("Verifying k+1 tokens in one target pass costs about the same as generating one.", "000, 001"),
+    "batching": (
+        "Batching amortises the weight reads: total tokens/s rises with batch size while each "
+        "request's own speed falls.",
+        "002, 004",
+    ),
+    "cache": (
+        "Without a KV cache each new token recomputes the whole prefix, so its cost grows with the "
+        "context; with the cache it stays nearly flat.",
+        "000, 001",
+    ),
+    "paged": (
+        "Paged blocks waste little memory (under ~4 %); reserving a contiguous slab per request at its "
+        "maximum length wastes most of it (60-80 %).",
+        "000, 002, 003, 004",
+    ),
+    "prefix": ("Sharing a cached prompt prefix cuts time to first token for requests that repeat it.", "002, 004"),
+    "speculation": (
+        "Speculative decoding speeds up decoding 2-3x when drafts are predictable, and tokens "
+        "per pass follow (1 - a^(k+1)) / (1 - a); with unpredictable text it gains nothing.",
+        "000, 001, 004",
+    ),
+    "kv_quant": ("Quantizing the KV cache hurts recall over long contexts before it shows on short prompts.", "003"),
+    "peers": ("On the same weights, kvscope keeps up with vLLM CPU at W16 and with llama.cpp at batch 1.", "—"),
+}
+
+
+def _row(key, measured, holds, why, source) -> ClaimRow:
+    claim, seeds = CLAIMS[key]
+    return ClaimRow(key, claim, seeds, measured, holds, why, source)
+
+
+def memory_bound_row(
+    step_s: float | None, floor_s: float | None, compute_s: float | None, bw_gb_s: float | None, source: str
+) -> ClaimRow:
+    if step_s is None or floor_s is None or compute_s is None:
+        return _row("memory_bound", "—", None, "missing: batch-1 decode step time, bandwidth or matmul rate", source)
+    holds = floor_s >= compute_s
+    return _row(
+        "memory_bound",
+        f"batch-1 decode step {step_s * 1e3:.1f} ms; reading weights + KV at {bw_gb_s:.1f} GB/s takes at "
+        f"least {floor_s * 1e3:.1f} ms; its arithmetic at the best matmul rate {compute_s * 1e3:.1f} ms",
+        holds,
+        f"holds if the memory floor ≥ the compute floor: {floor_s * 1e3:.1f} ms "
+        f"{'≥' if holds else '<'} {compute_s * 1e3:.1f} ms ({floor_s / compute_s:.1f}×). The floor "
+        f"explains {100 * floor_s / step_s:.0f} % of the measured step; the rest is layer code around "
+        "the matmuls.",
+        source,
+    )
+
+
+def verify_cost_row(ratios: dict[int, float], source: str, missing: str = "") -> ClaimRow:
+    if not ratios:
+        return _row("verify_cost", "—", None, missing or "no verification timings", source)
+    ks = sorted(ratios)
+    k4 = ratios.get(4, ratios[ks[len(ks) // 2]])
+    kref = 4 if 4 in ratios else ks[len(ks) // 2]
+    holds = k4 <= VERIFY_ABOUT_ONE
+    return _row(
+        "verify_cost",
+        ", ".join(f"k={k}: {ratios[k]:.2f}×" for k in ks),
+        holds,
+        f"cost of one pass over k+1 tokens / one 1-token pass. Holds if ≤ {VERIFY_ABOUT_ONE}× at k={kref}: {k4:.2f}×.",
+        source,
+    )
+
+
+def batching_row(step_s: dict[int, float], source: str, missing: str = "") -> ClaimRow:
+    if len(step_s) < 2 or 1 not in step_s:
+        return _row("batching", "—", None, missing or "needs decode step times at batch 1 and larger", source)
+    bmax = max(step_s)
+    total = {b: b / s for b, s in step_s.items()}
+    per = {b: 1 / s for b, s in step_s.items()}
+    holds = total[bmax] >= BATCH_TOTAL_GAIN * total[1] and per[bmax] < per[1]
+    return _row(
+        "batching",
+        "; ".join(
+            f"B={b}: {step_s[b] * 1e3:.1f} ms/step, {total[b]:.1f} tok/s total, {per[b]:.1f} per request"
+            for b in sorted(step_s)
+        ),
+        holds,
+        f"holds if total tok/s at B={bmax} ≥ {BATCH_TOTAL_GAIN}× batch 1 ({total[bmax] / total[1]:.2f}×) "
+        f"and each request is slower ({per[bmax]:.1f} vs {per[1]:.1f} tok/s).",
+        source,
+    )
+
+
+def rows_from_bench(res: dict[str, BenchResult]) -> list[ClaimRow]:
+    """Every claim from the bench's latest JSON; live-only claims say so."""
+    rows = []
+    r = res.get("roofline")
+    if r is None:
+        rows.append(_row("memory_bound", "—", None, _missing("roofline"), "bench"))
+    else:
+        f = r.fields
+        dec, roof, bw = _num(f, "decode_bs1_tok_s"), _num(f, "memory_roof_tok_s"), _num(f, "mem_bw_gb_s")
+        gf, peak = _num(f, "gflop_per_generated_token"), _num(f, "peak_matmul_gflops")
+        rows.append(
+            memory_bound_row(
+                1 / dec if dec else None, 1 / roof if roof else None, gf / peak if gf and peak else None, bw, r.label
+            )
+        )
+    s = res.get("speculative")
+    if s is None:
+        rows.append(_row("verify_cost", "—", None, _missing("speculative"), "bench"))
+    else:
+        ratios = {k: v for k in VERIFY_KS if (v := _num(s.fields, f"verify_cost_ratio_k{k}")) is not None}
+        rows.append(verify_cost_row(ratios, s.label))
+    rows.append(
+        _row(
+            "batching",
+            "—",
+            None,
+            "not in the bench JSON: press Measure to time decode steps at batch "
+            f"sizes {', '.join(map(str, BATCH_SIZES))} on the loaded engine",
+            "this page",
+        )
+    )
+    c = res.get("cache")
+    if c is None:
+        rows.append(_row("cache", "—", None, _missing("cache"), "bench"))
+    else:
+        pts = sorted(
+            (int(m[1]), v)
+            for k in c.fields
+            if (m := re.match(r"nocache_over_cache_at_(\d+)$", k)) and (v := _num(c.fields, k)) is not None
+        )
+        if len(pts) < 2:
+            rows.append(_row("cache", "—", None, "the cache result has fewer than two context lengths", c.label))
+        else:
+            grows = all(b[1] > a[1] for a, b in zip(pts, pts[1:])) and pts[0][1] > 1
+            rows.append(
+                _row(
+                    "cache",
+                    ", ".join(f"at {n} tokens: no-cache {v:.1f}× the cached cost per token" for n, v in pts),
+                    grows,
+                    "holds if no-cache / cache > 1 and grows with the context: "
+                    + " < ".join(f"{v:.1f}" for _, v in pts)
+                    if grows
+                    else "does not grow with the context here: " + ", ".join(f"{v:.1f}" for _, v in pts),
+                    c.label,
+                )
+            )
+    m = res.get("memory")
+    pw, cw = (_num(m.fields, "paged_waste"), _num(m.fields, "contiguous_waste")) if m else (None, None)
+    if m is None or pw is None or cw is None:
+        rows.append(_row("paged", "—", None, _missing("memory"), m.label if m else "bench"))
+    else:
+        holds = pw < PAGED_WASTE_MAX and cw >= CONTIG_WASTE_MIN
+        rows.append(
+            _row(
+                "paged",
+                f"paged waste {100 * pw:.1f} %, contiguous {100 * cw:.1f} % "
+                f"(max concurrency {m.fields.get('paged_max_concurrency')} vs "
+                f"{m.fields.get('contiguous_max_concurrency')})",
+                holds,
+                f"holds if paged < {100 * PAGED_WASTE_MAX:.0f} % and contiguous ≥ "
+                f"{100 * CONTIG_WASTE_MIN:.0f} % "
+                "(1 − filled / allocated slots, time-averaged over the release-freeze run).",
+                m.label,
+            )
+        )
+    p = res.get("prefix")
+    cold, hit = (_num(p.fields, "ttft_cold_s"), _num(p.fields, "ttft_hit_s")) if p else (None, None)
+    if p is None or not cold or hit is None:
+        rows.append(_row("prefix", "—", None, _missing("prefix"), p.label if p else "bench"))
+    else:
+        holds = hit / cold <= PREFIX_TTFT_MAX_RATIO
+        rows.append(
+            _row(
+                "prefix",
+                f"TTFT cold {cold * 1e3:.0f} ms, with the prefix cached {hit * 1e3:.0f} ms",
+                holds,
+                f"holds if hit / cold ≤ {PREFIX_TTFT_MAX_RATIO}: {hit / cold:.2f}.",
+                p.label,
+            )
+        )
+    if s is None:
+        rows.append(_row("speculation", "—", None, _missing("speculative"), "bench"))
+    else:
+        rows.append(speculation_row(s.fields, s.label))
+    q = res.get("kvquant")
+    if q is not None and isinstance(q.fields.get("by_dtype"), dict):
+        rows.append(kv_quant_row(q.fields["by_dtype"], q.label))
+    else:
+        kq = committed_kvquant()
+        if kq is None:
+            rows.append(_row("kv_quant", "—", None, _missing("kvquant"), "bench"))
+        else:
+            src = (
+                f"{kq.get('command', 'bench kvquant')} (model {kq.get('model')}), {KVQUANT_JSON.name}, {kq.get('date')}"
+            )
+            rows.append(kv_quant_row(kq.get("dtypes", {}), src))
+    pe = res.get("peers")  # the peers are optional tools: scripts/peers.sh install, then bench peers
+    if pe is None:
+        rows.append(_row("peers", "—", None, _missing("peers") + " after scripts/peers.sh install", "bench"))
+    else:
+        rows.append(peers_row(pe.fields, pe.label))
+    return rows
+
+
+def peers_row(f: dict, source: str) -> ClaimRow:
+    w16, bs1 = _num(f, "w16_kvscope_vs_vllm"), _num(f, "decode_bs1_vs_llamacpp_t1")
+    parts = [f"W16 kvscope / vLLM {w16:.2f}" if w16 else "W16 vs vLLM not measured"]
+    parts.append(f"batch-1 kvscope / llama.cpp {bs1:.2f} (1 thread)" if bs1 else "llama.cpp not measured")
+    if f.get("greedy_identical"):
+        parts.append(f"greedy text identical {f['greedy_identical']}")
+    known = [x for x in (w16, bs1) if x is not None]
+    holds = all(x >= 1.0 for x in known) if len(known) == 2 else None
+    return _row("peers", "; ".join(parts), holds, "holds if both ratios ≥ 1 (best vs best, alternating).", source)
+
+
+KVQUANT_JSON = Path(__file__).resolve().parents[1] / "assets" / "measurements" / "kvquant.json"
+QUANTIZED_KV = ("int8", "fp8_e4m3")
+
+
+def committed_kvquant(path: str | os.PathLike | None = None) -> dict | None:
+    """The committed `bench kvquant` measurement (what the Memory calculator shows), or None."""
+    p = Path(path) if path is not None else KVQUANT_JSON
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("dtypes"), dict) else None
+
+
+def kv_quant_row(by_dtype: dict, source: str) -> ClaimRow:
+    """Holds if a quantized pool (int8 / fp8) recalls the planted fact less often than the fp32
+    pool does; the short-prompt token agreement is shown beside it."""
+    base = by_dtype.get("fp32", {}).get("needle_recall")
+    got = {d: by_dtype[d] for d in QUANTIZED_KV if isinstance(by_dtype.get(d), dict)}
+    rec = {d: v.get("needle_recall") for d, v in got.items()}
+    if not isinstance(base, (int, float)) or not rec or not all(isinstance(v, (int, float)) for v in rec.values()):
+        return _row("kv_quant", "—", None, "the kvquant result lacks needle_recall for fp32 and int8 / fp8", source)
+    agree = ", ".join(f"{d} {v.get('token_agreement', float('nan')):.2f}" for d, v in got.items())
+    measured = (
+        f"needle recall fp32 {base:.2f}, "
+        + ", ".join(f"{d} {v:.2f}" for d, v in rec.items())
+        + f"; greedy token agreement with fp32: {agree}"
+    )
+    holds = min(rec.values()) < base
+    why = f"holds if an 8-bit pool's recall is below fp32's ({min(rec.values()):.2f} vs {base:.2f}); " + (
+        "here recall is lower" if holds else "here recall is unchanged while the greedy tokens already differ"
+    )
+    return _row("kv_quant", measured, holds, why, source)
+
+
+def speculation_row(f: dict, source: str) -> ClaimRow:
+    sp, so = _num(f, "passage_edit_speedup"), _num(f, "open_ended_speedup")
+    a = _num(f, "passage_edit_acceptance_rate")
+    tpp = _num(f, "passage_edit_tokens_per_target_pass")
+    k = 4
+    theory = expected_tokens_per_pass(a, k) if a is not None else None
+    if sp is None or so is None or tpp is None or theory is None:
+        return _row("speculation", "—", None, "the speculative result lacks speedup / acceptance fields", source)
+    near = abs(tpp - theory) <= SPEC_THEORY_TOL * theory
+    holds = sp >= SPEC_PASSAGE_MIN and so >= SPEC_OPEN_MIN and near
+    return _row(
+        "speculation",
+        f"passage edit: α {a:.2f}, {tpp:.2f} tokens per target pass (theory at k={k}: {theory:.2f}), "
+        f"speedup {sp:.2f}×; open-ended: speedup {so:.2f}× "
+        f"(α {_num(f, 'open_ended_acceptance_rate') or 0:.2f})",
+        holds,
+        f"holds if passage-edit speedup ≥ {SPEC_PASSAGE_MIN}× ({sp:.2f}), open-ended ≥ {SPEC_OPEN_MIN}× "
+        f"({so:.2f}) and tokens per pass within {100 * SPEC_THEORY_TOL:.0f} % of theory "
+        f"({tpp:.2f} vs {theory:.2f}).",
+        source,
+    )
+
+
+def merge(bench_rows: list[ClaimRow], live_rows: list[ClaimRow]) -> list[ClaimRow]:
+    """Bench rows with any live row of the same claim in its place (live is newer)."""
+    live = {r.key: r for r in live_rows if r.holds is not None}
+    return [live.get(r.key, r) for r in bench_rows]

@@ -1,0 +1,452 @@
+/* kvscope CPU kernel: decode attention read straight from the paged K/V pool.
+ *
+ * For each decode sequence s (one query token at row q_rows[s] of the flattened batch) and each
+ * query head, attends over positions 0..ctx_lens[s]-1, whose keys/values live in the blocks
+ * tables[s][0..]. Nothing is gathered: keys and values are read in place from their blocks.
+ * Softmax is exact up to fp32 rounding (max-subtracted, one exp per score, divided by the sum).
+ * fp32 pools with head dim 64 or 128 go head by head (attend_seq_fp32: the head's query and
+ * accumulators in registers, 8 keys' scores summed together, each position's pool row looked up
+ * once per sequence), at head dim 64 a KV group's query heads together (attend_group64: the same
+ * per-head arithmetic, each row loaded once for the group); other pools token by token
+ * (attend_seq: each row read once and widened).
+ *
+ * Layouts (contiguous): q, out [T, H, D] fp32; k_pool, v_pool [num_blocks, block_size, Hkv, row]
+ * where a row is one (token, KV head) in the pool's format (engine/model/kv_quant.py): fp32 / bf16 /
+ * fp16 numbers (row = D of them), or int8 / fp8 e4m3 codes followed by their float32 scale
+ * (row = D + 4 bytes). Non-fp32 rows are widened to fp32 once per token as they are read (one
+ * token's Hkv rows into a small buffer), then the arithmetic is the fp32 kernel's, unchanged.
+ * tables [n_seqs, max_blocks] int32. Grouped-query heads share a KV head (H % Hkv == 0).
+ * Work is split over sequences on n_threads OpenMP threads (fp32 path: over sequences and ranges of
+ * query heads when there are fewer sequences than threads). Built by
+ * engine/model/cpu_kernels.py with the host compiler; portable C with GCC vector extensions (8 x fp32),
+ * no intrinsics.
+ */
+#include <math.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KV_MAX_HEAD_DIM 256
+#define KV_MAX_HEADS 256
+
+typedef float v8 __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+static inline v8 ld(const float *p) { v8 v; memcpy(&v, p, sizeof v); return v; }
+static inline void st(float *p, v8 v) { memcpy(p, &v, sizeof v); }
+static inline float hsum(v8 a) { return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7])); }
+#ifdef __clang__
+#define SHUF(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+#define SHUF(a, b, ...) __builtin_shuffle(a, b, (v8i){__VA_ARGS__})
+#endif
+/* lane j = the sum of a[j]'s 8 lanes, for 8 vectors at once (three rounds of pairing halves; the
+ * arguments go in as 0 4 2 6 1 5 3 7 so that the sums come out in order) */
+static inline v8 sum_lanes8(const v8 *a) {
+#define PAIR1(x, y) (SHUF(x, y, 0, 1, 2, 3, 8, 9, 10, 11) + SHUF(x, y, 4, 5, 6, 7, 12, 13, 14, 15))
+#define PAIR2(x, y) (SHUF(x, y, 0, 1, 8, 9, 4, 5, 12, 13) + SHUF(x, y, 2, 3, 10, 11, 6, 7, 14, 15))
+#define PAIR3(x, y) (SHUF(x, y, 0, 8, 2, 10, 4, 12, 6, 14) + SHUF(x, y, 1, 9, 3, 11, 5, 13, 7, 15))
+    const v8 s0 = PAIR1(a[0], a[4]), s1 = PAIR1(a[2], a[6]), s2 = PAIR1(a[1], a[5]), s3 = PAIR1(a[3], a[7]);
+    return PAIR3(PAIR2(s0, s1), PAIR2(s2, s3));
+#undef PAIR1
+#undef PAIR2
+#undef PAIR3
+}
+static inline v8 sel(v8i m, v8 a, v8 b) { return (v8)(((v8i)a & m) | ((v8i)b & ~m)); }
+static inline v8 splat(float x) { return (v8){x, x, x, x, x, x, x, x}; }
+
+enum { KV_FP32 = 0, KV_INT8 = 1, KV_FP8_E4M3 = 2, KV_BF16 = 3, KV_FP16 = 4 };
+
+static float fp8_e4m3_table[256];          /* code -> value (float8_e4m3fn: bias 7, no inf, 0x7f/0xff NaN) */
+
+__attribute__((constructor)) static void fp8_table_init(void) {
+    for (int c = 0; c < 256; c++) {
+        int e = (c >> 3) & 15, m = c & 7;
+        float v = e == 0 ? ldexpf((float)m, -9) : ldexpf(1.0f + m / 8.0f, e - 7);
+        if (e == 15 && m == 7) v = NAN;
+        fp8_e4m3_table[c] = (c & 0x80) ? -v : v;
+    }
+}
+
+static inline float fp16_to_f32(uint16_t h) {
+    uint32_t s = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, f;
+    if (e == 0) {                                   /* zero or subnormal: m * 2^-24 */
+        float v = ldexpf((float)m, -24);
+        return s ? -v : v;
+    }
+    f = e == 31 ? (s | 0x7f800000u | (m << 13)) : (s | ((e + 112) << 23) | (m << 13));
+    float r;
+    memcpy(&r, &f, sizeof r);
+    return r;
+}
+
+/* The Hkv rows of token l of a sequence, as fp32 [Hkv, D]: in place for fp32 pools, otherwise
+   widened into buf. int8: code * scale; fp8: table[code] * scale; bf16/fp16: exact widening. */
+static inline const float *kv_token(const unsigned char *pool, int fmt, size_t row, size_t blk, int bs,
+                                    const int32_t *tb, int l, int Hkv, int D, float *buf) {
+    const unsigned char *t = pool + (size_t)tb[l / bs] * blk + (size_t)(l % bs) * row * Hkv;
+    if (fmt == KV_FP32) return (const float *)t;
+    for (int h = 0; h < Hkv; h++) {
+        const unsigned char *r = t + (size_t)h * row;
+        float *o = buf + (size_t)h * D;
+        if (fmt == KV_INT8 || fmt == KV_FP8_E4M3) {
+            float sc;
+            memcpy(&sc, r + D, sizeof sc);
+            if (fmt == KV_INT8)
+                for (int i = 0; i < D; i++) o[i] = (float)(int8_t)r[i] * sc;
+            else
+                for (int i = 0; i < D; i++) o[i] = fp8_e4m3_table[r[i]] * sc;
+        } else if (fmt == KV_BF16) {
+            for (int i = 0; i < D; i++) {
+                uint16_t b;
+                memcpy(&b, r + 2 * i, 2);
+                uint32_t f = (uint32_t)b << 16;
+                memcpy(o + i, &f, 4);
+            }
+        } else {
+            for (int i = 0; i < D; i++) {
+                uint16_t b;
+                memcpy(&b, r + 2 * i, 2);
+                o[i] = fp16_to_f32(b);
+            }
+        }
+    }
+    return buf;
+}
+
+static size_t kv_row_bytes(int fmt, int D) {
+    return fmt == KV_FP32 ? (size_t)D * 4 : (fmt == KV_INT8 || fmt == KV_FP8_E4M3) ? (size_t)D + 4 : (size_t)D * 2;
+}
+
+/* e^x for x <= 0 (scores minus their max): Cephes expf range reduction + degree-6 polynomial. */
+static inline v8 exp_nonpos(v8 x) {
+    x = sel(x < splat(-87.f), splat(-87.f), x);
+    v8 t = x * 1.44269504088896341f + 0.5f;
+    v8 n = __builtin_convertvector(__builtin_convertvector(t, v8i), v8);
+    n = sel(n > t, n - 1.0f, n);                                   /* floor(t) */
+    v8 r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    v8 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    v8i e = (__builtin_convertvector(n, v8i) + 127) << 23;
+    v8 s;
+    memcpy(&s, &e, sizeof s);
+    return p * s;
+}
+
+/* One decode sequence: all H query heads attend over its context. Keys and values are read token
+   row by token row ([Hkv, D] contiguous in the pool), each row once, so a block is read front to
+   back. sc holds H * (L + 8) scores; acc holds H * D accumulators; buf Hkv * D floats (one
+   widened token when the pool is not fp32). */
+static void attend_seq(const float *q, float *out, const unsigned char *k_pool, const unsigned char *v_pool,
+                       const int32_t *q_rows, const int32_t *ctx_lens, const int32_t *tables,
+                       int max_blocks, int bs, int H, int Hkv, int D, float scale, int s, float *sc, v8 *acc,
+                       int fmt, float *buf) {
+    const int G = H / Hkv, nv = D / 8, L = ctx_lens[s], Lp = L + 8;
+    const size_t row = kv_row_bytes(fmt, D), blk = (size_t)bs * Hkv * row;
+    const int32_t *tb = tables + (size_t)s * max_blocks;
+    const float *qp = q + (size_t)q_rows[s] * H * D;
+    float m[KV_MAX_HEADS], total[KV_MAX_HEADS];
+    v8 *qv = acc;                                       /* the scaled queries, then the accumulators */
+    for (int i = 0; i < H * nv; i++) qv[i] = ld(qp + 8 * i) * scale;
+    for (int hq = 0; hq < H; hq++) m[hq] = -INFINITY;
+    for (int l = 0; l < L; l++) {                       /* scores = q . k, one pass over the keys */
+        const float *krow = kv_token(k_pool, fmt, row, blk, bs, tb, l, Hkv, D, buf);
+        for (int hq = 0; hq < H; hq++) {
+            const float *k = krow + (size_t)(hq / G) * D;
+            const v8 *qh = qv + hq * nv;
+            v8 a = qh[0] * ld(k);
+            for (int i = 1; i < nv; i++) a += qh[i] * ld(k + 8 * i);
+            float v = hsum(a);
+            sc[hq * Lp + l] = v;
+            m[hq] = v > m[hq] ? v : m[hq];
+        }
+    }
+    for (int hq = 0; hq < H; hq++) {                    /* p = exp(score - max), total = sum p */
+        float *row = sc + hq * Lp;
+        v8 tot = splat(0.f);
+        int l = 0;
+        for (; l + 8 <= L; l += 8) {
+            v8 e = exp_nonpos(ld(row + l) - m[hq]);
+            st(row + l, e);
+            tot += e;
+        }
+        float t = hsum(tot);
+        for (; l < L; l++) {
+            float e = exp_nonpos(splat(row[l] - m[hq]))[0];
+            row[l] = e;
+            t += e;
+        }
+        total[hq] = t;
+    }
+    for (int i = 0; i < H * nv; i++) acc[i] = splat(0.f);
+    for (int l = 0; l < L; l++) {                       /* out = sum p v, one pass over the values */
+        const float *vrow = kv_token(v_pool, fmt, row, blk, bs, tb, l, Hkv, D, buf);
+        for (int hq = 0; hq < H; hq++) {
+            const float *v = vrow + (size_t)(hq / G) * D;
+            const float p = sc[hq * Lp + l];
+            v8 *a = acc + hq * nv;
+            for (int i = 0; i < nv; i++) a[i] += p * ld(v + 8 * i);
+        }
+    }
+    float *o = out + (size_t)q_rows[s] * H * D;
+    for (int hq = 0; hq < H; hq++) {
+        const float inv = 1.0f / total[hq];
+        for (int i = 0; i < nv; i++) st(o + hq * D + 8 * i, acc[hq * nv + i] * inv);
+    }
+}
+
+/* Software prefetch into L2, KV_PF positions ahead, of the head's K (scores) and V (sum) rows: a
+   head's rows are D floats out of every Hkv * D, block after scattered block, which the hardware
+   prefetchers follow badly, and a decode step reads them from DRAM (a W16 step's K/V is ~4 MB a
+   layer, 147 MB for the stack). Measured on 16 sequences x 162 positions x 30 layers' pools:
+   1.18x at 1 thread, 1.12x at 2 (48 ahead; 16 gave 1.07x, 96 was slower than 48). */
+#ifndef KV_PF
+#define KV_PF 48
+#endif
+static inline void prefetch_row(const float *p, int D) {
+    for (int i = 0; i < D; i += 16) __builtin_prefetch(p + i, 0, 1);
+}
+/* the rows of positions j0 .. min(j1, L) - 1 of the head whose rows start at base */
+static inline void prefetch_positions(const float *base, const int32_t *rows, int j0, int j1, int L, int Hkv, int D) {
+    for (int j = j0; j < j1 && j < L; j++) prefetch_row(base + (size_t)rows[j] * Hkv * D, D);
+}
+
+/* One head of an fp32-pool sequence, NV = D / 8 known at compile time so that the query and the
+   accumulators stay in registers: scores 8 keys at a time (sum_lanes8), then p = exp(score - max)
+   and their total, then out = sum p v / total, the keys and values read in place, block by block. */
+static inline __attribute__((always_inline)) void attend_head_fp32(int NV, const float *qp, float *o, const float *kp,
+                                                                   const float *vp, int Hkv, const int32_t *rows,
+                                                                   int L, float scale, float *sc, int own_pf,
+                                                                   const float *nk, const float *nv, int pl0, int pl1) {
+    const int D = NV * 8, cnt = pl1 - pl0;
+    const v8i lane = {0, 1, 2, 3, 4, 5, 6, 7};
+    v8 q[16], acc[16];
+    for (int i = 0; i < NV; i++) q[i] = ld(qp + 8 * i) * scale;
+    v8 top = splat(-INFINITY);
+    for (int l0 = 0; l0 < L; l0 += 8) {
+        const int n = L - l0 < 8 ? L - l0 : 8;
+        if (own_pf) prefetch_positions(kp, rows, l0 + KV_PF, l0 + KV_PF + 8, L, Hkv, D);
+        if (nk)
+            prefetch_positions(nk, rows, pl0 + (int)((long long)l0 * cnt / L), pl0 + (int)((long long)(l0 + n) * cnt / L),
+                               L, Hkv, D);
+        v8 a[8];
+        for (int j = 0; j < 8; j++) {                   /* past the end: key l0 again, its lane unused */
+            const int l = l0 + (j < n ? j : 0);
+            const float *k = kp + (size_t)rows[l] * Hkv * D;
+            a[j] = q[0] * ld(k);
+            for (int i = 1; i < NV; i++) a[j] += q[i] * ld(k + 8 * i);
+        }
+        const v8 v = sum_lanes8(a);
+        st(sc + l0, v);                                 /* sc holds L + 8 floats */
+        const v8 vm = sel(lane < n, v, splat(-INFINITY));
+        top = sel(vm > top, vm, top);
+    }
+    float m = top[0];
+    for (int j = 1; j < 8; j++) m = top[j] > m ? top[j] : m;
+    v8 tot = splat(0.f);
+    for (int l = 0; l < L; l += 8) {                    /* the last group's dead lanes count 0 */
+        const v8 e = exp_nonpos(ld(sc + l) - m);
+        const v8 ev = L - l >= 8 ? e : sel(lane < L - l, e, splat(0.f));
+        st(sc + l, ev);
+        tot += ev;
+    }
+    const float total = hsum(tot);
+    for (int i = 0; i < NV; i++) acc[i] = splat(0.f);
+    for (int l = 0; l < L; l++) {
+        const float *v = vp + (size_t)rows[l] * Hkv * D;
+        if (own_pf) prefetch_positions(vp, rows, l + KV_PF, l + KV_PF + 1, L, Hkv, D);
+        if (nv && (l & 7) == 0)
+            prefetch_positions(nv, rows, pl0 + (int)((long long)l * cnt / L),
+                               pl0 + (int)((long long)(l + 8 < L ? l + 8 : L) * cnt / L), L, Hkv, D);
+        const v8 p = splat(sc[l]);
+        for (int i = 0; i < NV; i++) acc[i] += p * ld(v + 8 * i);
+    }
+    const v8 inv = splat(1.0f / total);
+    for (int i = 0; i < NV; i++) st(o + 8 * i, acc[i] * inv);
+}
+
+/* The GQ query heads of one KV group (head dim 64) at once: each key and value row is loaded once
+   for the group (from DRAM once, where head by head read it again from cache per head), with
+   exactly attend_head_fp32's arithmetic per head (the same chains, sum_lanes8, max, exp, sums),
+   so the same bits. sc holds GQ x (L + 8) scores. nk / nv: the next KV head's rows (or NULL),
+   prefetched at the same positions, so that its group starts warm; own_pf: prefetch this
+   group's own rows KV_PF ahead (the first group of a call). */
+static inline __attribute__((always_inline)) void attend_group64(int GQ, const float *qp, float *o, const float *kp,
+                                                                 const float *vp, int Hkv, const int32_t *rows, int L,
+                                                                 float scale, float *sc, int own_pf, const float *nk,
+                                                                 const float *nv) {
+    enum { NV = 8, D = 64 };
+    const v8i lane = {0, 1, 2, 3, 4, 5, 6, 7};
+    const int Lp = L + 8;
+    v8 q[4][NV];
+    for (int g = 0; g < GQ; g++)
+        for (int i = 0; i < NV; i++) q[g][i] = ld(qp + g * D + 8 * i) * scale;
+    v8 top[4];
+    for (int g = 0; g < GQ; g++) top[g] = splat(-INFINITY);
+    for (int l0 = 0; l0 < L; l0 += 8) {
+        const int n = L - l0 < 8 ? L - l0 : 8;
+        if (own_pf) prefetch_positions(kp, rows, l0 + KV_PF, l0 + KV_PF + 8, L, Hkv, D);
+        if (nk) prefetch_positions(nk, rows, l0, l0 + n, L, Hkv, D);
+        v8 a[4][8];
+        for (int j = 0; j < 8; j++) {                   /* past the end: key l0 again, its lane unused */
+            const int l = l0 + (j < n ? j : 0);
+            const float *k = kp + (size_t)rows[l] * Hkv * D;
+            v8 kv[NV];
+            for (int i = 0; i < NV; i++) kv[i] = ld(k + 8 * i);
+            for (int g = 0; g < GQ; g++) {
+                v8 t = q[g][0] * kv[0];
+                for (int i = 1; i < NV; i++) t += q[g][i] * kv[i];
+                a[g][j] = t;
+            }
+        }
+        for (int g = 0; g < GQ; g++) {
+            const v8 v = sum_lanes8(a[g]);
+            st(sc + g * Lp + l0, v);
+            const v8 vm = sel(lane < n, v, splat(-INFINITY));
+            top[g] = sel(vm > top[g], vm, top[g]);
+        }
+    }
+    float total[4];
+    for (int g = 0; g < GQ; g++) {
+        float m = top[g][0];
+        for (int j = 1; j < 8; j++) m = top[g][j] > m ? top[g][j] : m;
+        float *sg = sc + g * Lp;
+        v8 tot = splat(0.f);
+        for (int l = 0; l < L; l += 8) {
+            const v8 e = exp_nonpos(ld(sg + l) - m);
+            const v8 ev = L - l >= 8 ? e : sel(lane < L - l, e, splat(0.f));
+            st(sg + l, ev);
+            tot += ev;
+        }
+        total[g] = hsum(tot);
+    }
+    v8 acc[4][NV];
+    for (int g = 0; g < GQ; g++)
+        for (int i = 0; i < NV; i++) acc[g][i] = splat(0.f);
+    for (int l = 0; l < L; l++) {
+        const float *v = vp + (size_t)rows[l] * Hkv * D;
+        if (own_pf) prefetch_positions(vp, rows, l + KV_PF, l + KV_PF + 1, L, Hkv, D);
+        if (nv) prefetch_row(nv + (size_t)rows[l] * Hkv * D, D);
+        for (int g = 0; g < GQ; g++) {
+            const v8 p = splat(sc[g * Lp + l]);
+            for (int i = 0; i < NV; i++) acc[g][i] += p * ld(v + 8 * i);
+        }
+    }
+    for (int g = 0; g < GQ; g++) {
+        const v8 inv = splat(1.0f / total[g]);
+        for (int i = 0; i < NV; i++) st(o + g * D + 8 * i, acc[g][i] * inv);
+    }
+}
+
+/* Query heads h0..h1-1 of an fp32-pool sequence: whole KV groups at once where D = 64
+   (attend_group64), the other heads one by one (each head's query and accumulators in registers;
+   its KV head's keys and values re-read per query head from cache). D = 64 or 128.
+   rows: L ints, the pool row (block * bs + offset) of each position, looked up once for the heads. */
+static void attend_seq_fp32(const float *q, float *out, const float *k_pool, const float *v_pool, const int32_t *q_rows,
+                            const int32_t *ctx_lens, const int32_t *tables, int max_blocks, int bs, int H, int Hkv,
+                            int D, float scale, int s, int h0, int h1, float *sc, int32_t *rows) {
+    const int G = H / Hkv, L = ctx_lens[s];
+    const int32_t *tb = tables + (size_t)s * max_blocks;
+    for (int l = 0, b = 0, off = 0; l < L; l++) {
+        rows[l] = tb[b] * bs + off;
+        if (++off == bs) { off = 0; b++; }
+    }
+    const float *qp = q + (size_t)q_rows[s] * H * D;
+    float *op = out + (size_t)q_rows[s] * H * D;
+    int hq = h0;
+    if (D == 64 && G >= 2 && G <= 4)                    /* whole groups at once, then any remainder */
+        for (; hq % G == 0 && hq + G <= h1; hq += G) {
+            const int g = hq / G, nxt = g + 1 < Hkv && hq + G < h1;
+            const size_t hoff = (size_t)g * D;
+            const float *nk = nxt ? k_pool + hoff + D : NULL, *nvp = nxt ? v_pool + hoff + D : NULL;
+            if (G == 3)
+                attend_group64(3, qp + hq * D, op + hq * D, k_pool + hoff, v_pool + hoff, Hkv, rows, L, scale, sc,
+                               hq == h0, nk, nvp);
+            else if (G == 2)
+                attend_group64(2, qp + hq * D, op + hq * D, k_pool + hoff, v_pool + hoff, Hkv, rows, L, scale, sc,
+                               hq == h0, nk, nvp);
+            else
+                attend_group64(4, qp + hq * D, op + hq * D, k_pool + hoff, v_pool + hoff, Hkv, rows, L, scale, sc,
+                               hq == h0, nk, nvp);
+        }
+    for (; hq < h1; hq++) {
+        const int g = hq / G, gi = hq % G;
+        const size_t hoff = (size_t)g * D;
+        /* the call's first head prefetches its own rows ahead; every head of a group also
+           prefetches its share (1 / G) of the next KV head's rows, so that group starts warm */
+        const int nxt = g + 1 < Hkv && (g + 1) * G < h1;
+        const float *nk = nxt ? k_pool + hoff + D : NULL, *nvp = nxt ? v_pool + hoff + D : NULL;
+        const int pl0 = (int)((long long)L * gi / G), pl1 = (int)((long long)L * (gi + 1) / G);
+        const int own = hq == h0; /* later groups were prefetched by the one before */
+        if (D == 64)
+            attend_head_fp32(8, qp + hq * D, op + hq * D, k_pool + hoff, v_pool + hoff, Hkv, rows, L, scale, sc, own,
+                             nk, nvp, pl0, pl1);
+        else
+            attend_head_fp32(16, qp + hq * D, op + hq * D, k_pool + hoff, v_pool + hoff, Hkv, rows, L, scale, sc, own,
+                             nk, nvp, pl0, pl1);
+    }
+}
+
+int kvscope_abi_version(void) { return 5; }
+
+/* Returns 0 on success, a negative code for unsupported shapes or a failed allocation.
+   kv_format: KV_FP32 / KV_INT8 / KV_FP8_E4M3 / KV_BF16 / KV_FP16 (engine/kv_quant.KERNEL_CODES). */
+int kvscope_paged_decode_kv(const float *q, float *out, const void *k_pool, const void *v_pool,
+                            const int32_t *q_rows, const int32_t *ctx_lens, const int32_t *tables,
+                            int n_seqs, int max_blocks, int bs, int H, int Hkv, int D, float scale,
+                            int max_ctx, int n_threads, int kv_format) {
+    if (D % 8 || D > KV_MAX_HEAD_DIM || Hkv < 1 || H % Hkv || H > KV_MAX_HEADS || bs < 1
+        || kv_format < KV_FP32 || kv_format > KV_FP16)
+        return -1;
+    if (n_seqs == 0) return 0;
+    if (n_threads < 1) n_threads = 1;
+    /* work items: sequences, or (fp32 path, fewer sequences than threads) sequences x head ranges */
+    const int fast = kv_format == KV_FP32 && (D == 64 || D == 128);
+    const int parts = fast && n_seqs < n_threads ? (n_threads < H ? n_threads : H) : 1;
+    if (n_threads > n_seqs * parts) n_threads = n_seqs * parts;
+    const size_t sc_floats = ((size_t)max_ctx + 8) * H, acc_vecs = (size_t)H * (D / 8);
+    float *scores = (float *)malloc(sizeof(float) * sc_floats * n_threads);
+    v8 *accs = (v8 *)aligned_alloc(32, sizeof(v8) * acc_vecs * n_threads);
+    float *bufs = (float *)malloc(sizeof(float) * (size_t)Hkv * D * n_threads);
+    int32_t *rowbufs = (int32_t *)malloc(sizeof(int32_t) * ((size_t)max_ctx + 8) * n_threads);
+    if (!scores || !accs || !bufs || !rowbufs) { free(scores); free(accs); free(bufs); free(rowbufs); return -2; }
+    /* OpenMP from the same libgomp that torch loaded (resolved by soname in-process): one pool of
+       threads for torch's ops and this kernel, never two pools competing for the cores */
+    #pragma omp parallel for num_threads(n_threads) schedule(dynamic, 1) if (n_threads > 1)
+    for (int i = 0; i < n_seqs * parts; i++) {
+        const int s = i / parts, part = i % parts;
+        int t = 0;
+#ifdef _OPENMP
+        t = omp_get_thread_num();
+#endif
+        if (fast)
+            attend_seq_fp32(q, out, (const float *)k_pool, (const float *)v_pool, q_rows, ctx_lens, tables, max_blocks,
+                            bs, H, Hkv, D, scale, s, H * part / parts, H * (part + 1) / parts, scores + sc_floats * t,
+                            rowbufs + (size_t)(max_ctx + 8) * t);
+        else
+            attend_seq(q, out, (const unsigned char *)k_pool, (const unsigned char *)v_pool, q_rows, ctx_lens, tables,
+                       max_blocks, bs, H, Hkv, D, scale, s, scores + sc_floats * t, accs + acc_vecs * t, kv_format,
+                       bufs + (size_t)Hkv * D * t);
+    }
+    free(scores);
+    free(accs);
+    free(bufs);
+    free(rowbufs);
+    return 0;
+}
+
+int kvscope_paged_decode(const float *q, float *out, const float *k_pool, const float *v_pool,
+                         const int32_t *q_rows, const int32_t *ctx_lens, const int32_t *tables,
+                         int n_seqs, int max_blocks, int bs, int H, int Hkv, int D, float scale,
+                         int max_ctx, int n_threads) {
+    return kvscope_paged_decode_kv(q, out, k_pool, v_pool, q_rows, ctx_lens, tables, n_seqs, max_blocks, bs, H, Hkv,
+                                   D, scale, max_ctx, n_threads, KV_FP32);
+}

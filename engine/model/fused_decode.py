@@ -1,0 +1,213 @@
+"""The C decode/verify path: every decoder layer of a Llama-family model in kvscope's own C
+(engine/model/csrc/layer.c), one call per step for the whole stack, no transformers module between
+the embedding and the final norm.
+
+Per step Python does only: the embedding lookup, the model's own rotary module once (cos / sin
+for these positions, so its inv_freq and rope scaling are the model's), the per-row block tables,
+one `kvscope_stack_forward` call, then the final norm and lm_head on the rows whose logits are
+needed. Each layer in C: RMSNorm, the merged q/k/v Linear (engine/model/linear.py's packed panels:
+fp32, or the GGUF's Q4_1 / Q8_0 blocks read in place), rotary, K/V written to the fp32 pool at
+the slot mapping, paged attention read in place (every token is a query row over its sequence up
+to itself: decode, speculative verification and prefill chunks alike), o_proj + residual,
+RMSNorm, gate/up, SiLU-mul, down + residual.
+
+`EngineConfig.decode_backend`: "c" requires this path (a clear error says why it cannot run),
+"transformers" never uses it, "auto" uses it where `unsupported_reason` is None. The transformers
+layer code stays the reference (tests/engine/test_fused_decode.py compares logits).
+Set KVSCOPE_LAYER_PROFILE=1 to accumulate per-op seconds in `FusedStack.prof`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+import torch
+
+from engine.model import cpu_kernels
+
+DECODE_BACKENDS = ("auto", "c", "transformers")
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
+PROF_OPS = ("norm1", "qkv", "rope+kv_write", "attention", "o_proj+res", "norm2", "gate_up+silu", "down+res")
+
+
+def _c_struct(name: str, fields: list[tuple[str, type]]) -> type[ctypes.Structure]:
+    """A ctypes Structure laid out as engine/model/csrc/layer.c's struct of the same role: `fields` are
+    (names, ctype) in the C order, names sharing one ctype written space-separated."""
+    return type(name, (ctypes.Structure,), {"_fields_": [(n, ct) for names, ct in fields for n in names.split()]})
+
+
+_P, _I = ctypes.c_void_p, ctypes.c_int
+_Lin = _c_struct("_Lin", [("type n k", _I), ("panels bias", _P)])  # one packed Linear group
+_Layer = _c_struct(
+    "_Layer",
+    [
+        ("norm1 norm2", _P),
+        ("eps", ctypes.c_float),
+        ("hidden H Hkv D inter", _I),
+        ("qkv o gate_up down", _Lin),
+        ("k_pool v_pool", _P),
+    ],
+)
+
+
+def _linear_groups(layer) -> tuple[tuple[str, str, list], ...]:
+    """(descriptor field, name in messages, modules) of the four packed Linear groups of a layer."""
+    att, mlp = layer.self_attn, layer.mlp
+    return (
+        ("qkv", "qkv", [att.q_proj, att.k_proj, att.v_proj]),
+        ("o", "o_proj", [att.o_proj]),
+        ("gate_up", "gate_up", [mlp.gate_proj, mlp.up_proj]),
+        ("down", "down_proj", [mlp.down_proj]),
+    )
+
+
+def _raw(pack, mods: list):
+    """(type, panels, n, k, bias) of the one packed group computing exactly `mods`, or None."""
+    entries = [pack.members.get(m) for m in mods]
+    if any(e is None for e in entries) or len({id(e[0]) for e in entries}) != 1:
+        return None
+    group = entries[0][0]
+    if [e[1] for e in entries] != list(range(len(mods))) or len(group.splits) != len(mods):
+        return None
+    return getattr(group.matmul, "raw", None)
+
+
+def _lin(raw) -> _Lin:
+    qtype, panels, n, k, bias = raw
+    return _Lin(qtype, n, k, panels.data_ptr(), bias.data_ptr() if bias is not None else None)
+
+
+def unsupported_reason(runner) -> str | None:
+    """Why this runner's model / pool cannot take the C path (None: it can)."""
+    model = runner.model
+    cfg = model.config
+    if runner.device.type != "cpu" or runner.dtype != torch.float32:
+        return "the C decode path runs on CPU in float32 only"
+    if getattr(cfg, "model_type", None) not in SUPPORTED_TYPES or not runner.fast:
+        return f"model type {getattr(cfg, 'model_type', None)!r} is not one of {SUPPORTED_TYPES}"
+    if runner.kv_format != "fp32":
+        return f"kv_cache_dtype {runner.kv_format!r}: the C decode path reads an fp32 pool only"
+    if runner.linear_pack is None or runner.linear_pack.kernel != "cpu_kernel":
+        return f"the packed C Linears are not in use ({cpu_kernels.status()})"
+    if runner.attention_backend != "cpu_kernel":
+        return f"attention_backend is {runner.attention_backend!r}, not the CPU paged kernel"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"hidden_act {cfg.hidden_act!r} is not silu"
+    window = getattr(cfg, "sliding_window", None)
+    if window is not None and (cfg.model_type != "qwen2" or getattr(cfg, "use_sliding_window", False)):
+        return "sliding-window attention is not in the C decode path"
+    if not cpu_kernels.supports(cfg.num_attention_heads, runner.num_kv_heads, runner.head_dim):
+        return "head shapes outside the paged-attention kernel's"
+    for layer in model.model.layers[: runner.num_layers]:
+        if any(hasattr(layer.self_attn, a) for a in ("q_norm", "k_norm")):
+            return "per-head q/k norms are not in the C decode path"
+        for _, name, mods in _linear_groups(layer):
+            if _raw(runner.linear_pack, mods) is None:
+                return f"{name} is not one packed C group"
+        for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+            if not hasattr(norm, "variance_epsilon") or norm.weight.dtype != torch.float32:
+                return "a layer norm is not an fp32 RMSNorm"
+    return None
+
+
+class FusedStack:
+    """The C descriptors of one runner's layers (pointers into its packs and pools)."""
+
+    def __init__(self, runner):
+        self.runner = runner
+        self.lib = cpu_kernels.load()
+        cfg = runner.model.config
+        layers = runner.model.model.layers[: runner.num_layers]
+        pack = runner.linear_pack
+        self.descs = (_Layer * len(layers))()
+        self.keep = []
+        for i, layer in enumerate(layers):
+            n1 = layer.input_layernorm.weight.detach().contiguous()
+            n2 = layer.post_attention_layernorm.weight.detach().contiguous()
+            k_pool, v_pool = runner.kv_caches[i]
+            self.keep += [n1, n2]
+            d = self.descs[i]
+            d.norm1, d.norm2 = n1.data_ptr(), n2.data_ptr()
+            d.eps = float(layer.input_layernorm.variance_epsilon)
+            d.hidden = cfg.hidden_size
+            d.H, d.Hkv, d.D = cfg.num_attention_heads, runner.num_kv_heads, runner.head_dim
+            d.inter = layer.mlp.gate_proj.out_features
+            for field, _, mods in _linear_groups(layer):
+                setattr(d, field, _lin(_raw(pack, mods)))
+            d.k_pool, d.v_pool = k_pool.data_ptr(), v_pool.data_ptr()
+        self.scale = float(layers[0].self_attn.scaling)
+        self.prof = torch.zeros(len(PROF_OPS), dtype=torch.float64)
+        self.profile = os.environ.get("KVSCOPE_LAYER_PROFILE", "0") == "1"
+
+    def profile_start(self) -> None:
+        """The per-op timer on, from zero (seconds accumulate in `prof`, one pair of clock reads per
+        op and layer)."""
+        self.profile = True
+        self.prof.zero_()
+
+    def profile_stop(self) -> dict[str, float]:
+        """The timer off; seconds per op (PROF_OPS) since profile_start."""
+        self.profile = False
+        return dict(zip(PROF_OPS, self.prof.tolist()))
+
+    def run(self, rows, slots: list[int], num_layers: int | None = None) -> torch.Tensor:
+        """One forward of the flattened batch `rows`; `slots` is the runner's slot mapping of its
+        tokens (engine.runner.slot_mapping), where each token's K/V is written."""
+        r = self.runner
+        bs = r.block_size
+        ids, pos, tables = [], [], []
+        logit_rows = []
+        t = 0
+        for row in rows:
+            n = len(row.tokens)
+            tab = row.block_table
+            for j in range(n):
+                tables.append(tab[: (row.start + j) // bs + 1])
+            ids.extend(row.tokens)
+            pos.extend(range(row.start, row.start + n))
+            if row.logits_from >= 0:
+                logit_rows.extend(range(t + row.logits_from, t + n))
+            t += n
+        nb = r.kv_caches[0][0].shape[0]
+        mb = max(len(x) for x in tables)
+        if max(max(x) for x in tables) >= nb or min(min(x) for x in tables) < 0:
+            raise RuntimeError(f"a block table holds a block id outside the pool of {nb}")
+        tab32 = torch.tensor([x + [x[-1]] * (mb - len(x)) for x in tables], dtype=torch.int32)
+        lens32 = torch.tensor([p + 1 for p in pos], dtype=torch.int32)
+        rows32 = torch.arange(t, dtype=torch.int32)
+        slots64 = torch.tensor(slots, dtype=torch.int64)
+        inner = r.model.model
+        input_ids = torch.tensor(ids)
+        h = inner.embed_tokens(input_ids).contiguous()  # [T, hidden], a fresh tensor
+        cos, sin = inner.rotary_emb(h.unsqueeze(0), position_ids=torch.tensor(pos).unsqueeze(0))
+        cos, sin = cos[0].float().contiguous(), sin[0].float().contiguous()
+        d0 = self.descs[0]
+        scratch = torch.empty(
+            self.lib.kvscope_layer_scratch_floats(t, d0.hidden, d0.H, d0.Hkv, d0.D, d0.inter), dtype=torch.float32
+        )
+        n_layers = min(num_layers or len(self.descs), len(self.descs))
+        rc = self.lib.kvscope_stack_forward(
+            self.descs,
+            n_layers,
+            h.data_ptr(),
+            t,
+            cos.data_ptr(),
+            sin.data_ptr(),
+            slots64.data_ptr(),
+            rows32.data_ptr(),
+            lens32.data_ptr(),
+            tab32.data_ptr(),
+            t,
+            mb,
+            bs,
+            self.scale,
+            max(pos) + 1,
+            torch.get_num_threads(),
+            scratch.data_ptr(),
+            self.prof.data_ptr() if self.profile else None,
+        )
+        if rc != 0:
+            raise RuntimeError(f"kvscope_stack_forward failed with code {rc}")
+        hn = inner.norm(h.index_select(0, torch.tensor(logit_rows, dtype=torch.long)))
+        return r.model.lm_head(hn).float()

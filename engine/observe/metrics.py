@@ -1,0 +1,125 @@
+"""Serving metrics with vLLM's definitions.
+
+TTFT = first token time - arrival; TPOT = (e2e - TTFT) / (output tokens - 1); ITL = gaps between
+consecutive token emissions; e2e = finish - arrival; kv_cache_usage_perc = blocks owned by
+requests / usable blocks (cached-free blocks count as free); prefix-cache queries/hits count tokens."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from engine.core.outputs import RequestMetrics
+from engine.observe.rates import prefix_hit_rate
+from engine.observe.snapshot import EngineMetrics, RequestState, SpecMetrics
+
+WINDOW = 1000
+
+
+class MetricsTracker:
+    def __init__(self):
+        self.ttft = deque(maxlen=WINDOW)
+        self.tpot = deque(maxlen=WINDOW)
+        self.e2e = deque(maxlen=WINDOW)
+        self.num_finished = 0
+        self.num_aborted = 0
+        self.num_rejected = 0
+        self.num_errors = 0
+        self.num_evictions = 0
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.busy_s = 0.0
+        self.last_step_s = 0.0
+        self.listeners: list = []  # callables(req) told of every finished/aborted request (the /metrics exporter)
+
+    def on_first_token(self, req) -> None:
+        self.ttft.append(req.first_token_time - req.arrival_time)
+        self.prompt_tokens += req.num_prompt_tokens
+
+    def on_step(self, new_tokens: int, dt: float) -> None:
+        self.generation_tokens += new_tokens
+        self.busy_s += dt
+        self.last_step_s = dt
+
+    def on_finish(self, req) -> None:
+        if req.status == RequestState.FINISHED:
+            self.num_finished += 1
+        elif req.status == RequestState.ABORTED:
+            self.num_aborted += 1
+        if req.first_token_time is not None and req.finish_time is not None:
+            self.e2e.append(req.finish_time - req.arrival_time)
+            if req.num_output_tokens > 1:
+                self.tpot.append((req.finish_time - req.first_token_time) / (req.num_output_tokens - 1))
+        for fn in self.listeners:
+            try:
+                fn(req)
+            except Exception:  # an observer never takes the engine down
+                pass
+
+    @staticmethod
+    def request_metrics(req):
+        ttft = req.first_token_time - req.arrival_time if req.first_token_time is not None else None
+        e2e = (
+            req.finish_time - req.arrival_time
+            if req.finish_time is not None and req.first_token_time is not None
+            else None
+        )
+        tpot = None
+        if e2e is not None and req.num_output_tokens > 1:
+            tpot = (req.finish_time - req.first_token_time) / (req.num_output_tokens - 1)
+        tt = req.token_times
+        itl = [b - a for a, b in zip(tt, tt[1:])]
+        return RequestMetrics(
+            req.arrival_time,
+            req.first_scheduled_time,
+            req.first_token_time,
+            req.finish_time,
+            ttft,
+            tpot,
+            e2e,
+            itl,
+            req.num_cached_tokens,
+            req.num_preemptions,
+            req.spec_num_drafts,
+            req.spec_num_draft_tokens,
+            req.spec_num_accepted_tokens,
+        )
+
+    def snapshot(self, bm, s, spec: SpecMetrics | None) -> EngineMetrics:
+        """bm: the BlockManager; s: the Scheduler; spec: the speculative decoder's metrics."""
+        slots_alloc, slots_filled = bm.slot_usage()
+        n_cached = bm.num_cached_free_blocks
+        preempted_waiting = sum(1 for r in s.waiting if r.status == RequestState.PREEMPTED)
+        spec = spec if spec is not None else SpecMetrics()
+        q, h = bm.prefix_queries, bm.prefix_hits
+        return EngineMetrics(
+            num_running=len(s.running),
+            num_waiting=len(s.waiting),
+            num_swapped=len(s.swapped),
+            num_preempted=preempted_waiting,
+            num_finished=self.num_finished,
+            num_rejected=self.num_rejected,
+            num_aborted=self.num_aborted,
+            num_preemptions_total=s.num_preemptions,
+            num_swaps_total=s.num_swaps,
+            num_evictions_total=self.num_evictions,
+            kv_cache_usage_perc=bm.usage(),
+            num_blocks_used=bm.num_used_blocks,
+            num_blocks_cached=n_cached,
+            num_blocks_free=bm.num_free_blocks - n_cached,
+            slots_allocated=slots_alloc,
+            slots_filled=slots_filled,
+            waste_fraction=(1 - slots_filled / slots_alloc) if slots_alloc else 0.0,
+            prefix_cache_queries=q,
+            prefix_cache_hits=h,
+            prefix_cache_hit_rate=prefix_hit_rate(h, q),
+            swap_blocks_used=bm.num_swap_used,
+            swap_blocks_total=bm.num_swap_blocks,
+            prompt_tokens_total=self.prompt_tokens,
+            generation_tokens_total=self.generation_tokens,
+            throughput_tok_s=(self.generation_tokens / self.busy_s) if self.busy_s else 0.0,
+            ttft_s=tuple(self.ttft),
+            tpot_s=tuple(self.tpot),
+            e2e_latency_s=tuple(self.e2e),
+            step_time_s=self.last_step_s,
+            spec=spec,
+        )
