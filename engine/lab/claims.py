@@ -62,7 +62,7 @@ class BenchResult:
 
 
 def results_dir() -> Path:
-    return Path(os.environ.get("KVSCOPE_RESULTS_DIR") or Path(__file__).resolve().parents[1] / "results")
+    return Path(os.environ.get("KVSCOPE_RESULTS_DIR") or Path(__file__).resolve().parents[2] / "results")
 
 
 def latest_results(folder: str | os.PathLike | None = None) -> dict[str, BenchResult]:
@@ -97,7 +97,7 @@ def _num(d: dict, k: str) -> float | None:
 def _shown_dir() -> str:
     """results_dir() relative to the repository when inside it (the page never shows where this
     checkout happens to live)."""
-    d, root = results_dir().resolve(), Path(__file__).resolve().parents[1]
+    d, root = results_dir().resolve(), Path(__file__).resolve().parents[2]
     return str(d.relative_to(root)) if d.is_relative_to(root) else str(d)
 
 
@@ -327,7 +327,7 @@ def peers_row(f: dict, source: str) -> ClaimRow:
     return _row("peers", "; ".join(parts), holds, "holds if both ratios ≥ 1 (best vs best, alternating).", source)
 
 
-KVQUANT_JSON = Path(__file__).resolve().parents[1] / "assets" / "measurements" / "kvquant.json"
+KVQUANT_JSON = Path(__file__).resolve().parents[2] / "assets" / "measurements" / "kvquant.json"
 QUANTIZED_KV = ("int8", "fp8_e4m3")
 
 

@@ -16,7 +16,7 @@ DSV3 = PRESETS["DeepSeek-V3 (MLA)"]
 
 
 def test_module_does_not_import_torch():
-    code = "import sys, engine.memory_math; print('torch' in sys.modules)"
+    code = "import sys, engine.lab.memory_math; print('torch' in sys.modules)"
     import subprocess
 
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
