@@ -88,6 +88,7 @@ class KVEventPublisher:
         if not isinstance(buffer_steps, int) or buffer_steps < 1:
             raise ValueError("buffer_steps must be a positive integer")
         self.wire = wire
+        self.buffer_steps, self.hwm = buffer_steps, hwm  # reported by /kv_event_sources
         self.topic = topic.encode("utf-8")
         self.medium = medium
         self.data_parallel_rank = data_parallel_rank
