@@ -14,7 +14,9 @@ front vLLM use kvscope unchanged:
   prefix-cache hashing (prefix_caching_hash_algo, and the NONE_HASH seed).
 - GET /kv_event_sources: vLLM's discovery map, keyed by data-parallel rank (as a string), each
   entry the KV-events config of that rank's publisher (enable_kv_cache_events, publisher "zmq",
-  endpoint, replay_endpoint, topic, buffer_steps, hwm); {} when the server publishes no events.
+  endpoint, replay_endpoint, topic, buffer_steps, hwm, and encoding "msgpack" / schema_version 1,
+  without which vllm-router 0.1.17 ignores the entry: measured); {} when the server publishes no
+  events.
 """
 
 from __future__ import annotations
@@ -168,6 +170,9 @@ def kv_event_sources(pub) -> dict:
             "topic": pub.topic.decode("utf-8"),
             "buffer_steps": pub.buffer_steps,
             "hwm": pub.hwm,
+            # vllm-router 0.1.17's discovery skips (silently) an entry without these two
+            "encoding": "msgpack",
+            "schema_version": 1,
         }
     }
 

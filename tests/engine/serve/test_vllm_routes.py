@@ -139,6 +139,7 @@ def test_discovered_publisher_replays_cached_blocks_with_their_token_ids():
             assert list(src) == ["0"]
             e = src["0"]
             assert (e["publisher"], e["enable_kv_cache_events"], e["topic"]) == ("zmq", True, "")
+            assert (e["encoding"], e["schema_version"]) == ("msgpack", 1)  # vllm-router 0.1.17 needs both
             assert e["endpoint"] == pub.endpoint and e["replay_endpoint"] == pub.replay_endpoint
             assert c.get("/get_server_info").json()["kv_events"] is True
             pub.flush()
