@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from engine.core.prefix_hash import DEFAULT_ALGO, PrefixHasher, block_extra_keys
+from engine.core.prefix_hash import DEFAULT_ALGO, PrefixHasher, block_extra_keys, event_extra_keys
 from engine.model.kv_layout import cdiv
 from engine.observe.snapshot import BlockInfo, BlockState
 from engine.observe.trace_events import EventKind
@@ -60,7 +60,7 @@ class BlockManager:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.hash_to_block: dict[bytes, int] = {}
-        # per cached hash: (parent hash or None, the block's token ids, its extra keys), what a KV
+        # per cached hash: (parent hash or None, the block's token ids, its event extra keys), what a KV
         # event subscriber that attaches later is sent for blocks cached before it came
         self.hash_content: dict[bytes, tuple[bytes | None, tuple[int, ...], tuple | None]] = {}
         self.block_tables: dict[str, list[int]] = {}
@@ -260,7 +260,7 @@ class BlockManager:
             content = (
                 hashes[i - 1] if i else None,
                 tuple(token_ids[i * self.block_size : (i + 1) * self.block_size]),
-                block_extra_keys(i, salt),  # vLLM's extra keys: the salt on the first block
+                event_extra_keys(i, salt),  # as vLLM's events carry them: the salt on the first block
             )
             self.hash_content[h] = content
             if self.hash_listener is not None:

@@ -1,22 +1,25 @@
 """Prefix-cache block hashes, computed as vLLM computes them, so a kvscope engine and a vLLM engine
 give the same hash to the same tokens (and a fleet mixing both has one hash space).
 
-vLLM's rule (vllm/v1/core/kv_cache_utils.py `hash_block_tokens`, `init_none_hash`,
-`maybe_convert_block_hash`; the hash functions in vllm/utils/hashing.py):
+vLLM's rule (vLLM 0.32 / 0.33: vllm/v1/core/kv_cache_utils.py `hash_block_tokens`,
+`init_none_hash` / `resolve_none_hash_seed`, `generate_block_hash_extra_keys`,
+`to_event_extra_keys`, `maybe_convert_block_hash`; the hash functions in vllm/utils/hashing.py):
 
 - a full block's hash is `hash_fn((parent_hash, tuple(token_ids), extra_keys))`, where
   parent_hash is the previous block's hash, or NONE_HASH for a prompt's first block;
-- NONE_HASH = `hash_fn(PYTHONHASHSEED)` (the environment variable's string) when that variable is
-  set. vLLM draws 32 random bytes when it is not; kvscope then uses the fixed seed "0" instead
-  (FALLBACK_SEED), so its hashes are reproducible run to run and equal those of a vLLM started
-  with PYTHONHASHSEED=0. Engines that must agree need the same PYTHONHASHSEED;
-- extra_keys is None, or a tuple of the keys that also identify the block: kvscope has one, the
-  request's cache_salt, on the first block only (later blocks inherit it through the chain);
+- NONE_HASH = `hash_fn(seed)`: the seed is PYTHONHASHSEED's string when that variable is set,
+  else the fixed "vllm-none-hash" (vLLM's DEFAULT_NONE_HASH_SEED for its cryptographic choices;
+  earlier vLLM drew 32 random bytes instead). Engines that must agree need the same
+  PYTHONHASHSEED, or none;
+- extra_keys is None, or a tuple of tagged keys that also identify the block: kvscope has one, the
+  request's cache_salt, as ("cache_salt", salt) on the first block only (later blocks inherit it
+  through the chain). KV events carry the untagged form, (salt,), as vLLM's do
+  (`event_extra_keys`);
 - `prefix_caching_hash_algo` picks hash_fn: "sha256" (vLLM's default) is SHA-256 over
   `pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)`; "sha256_cbor" is SHA-256 over canonical
   CBOR (`cbor2.dumps(obj, canonical=True)`), written out here for the few types a block key holds
   (bytes, ints, strings, None, tuples) so no CBOR package is needed. vLLM's xxhash choices need
-  the xxhash package and are not offered;
+  the xxhash package (and a random seed) and are not offered;
 - KV events publish a hash as its low 64 bits read big-endian, an unsigned int (vLLM's default,
   VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1): `published_hash`.
 """
@@ -30,7 +33,7 @@ import struct
 
 ALGOS = ("sha256", "sha256_cbor")
 DEFAULT_ALGO = "sha256"
-FALLBACK_SEED = "0"  # NONE_HASH's seed when PYTHONHASHSEED is not set (vLLM: 32 random bytes)
+FALLBACK_SEED = "vllm-none-hash"  # NONE_HASH's seed without PYTHONHASHSEED (vLLM's DEFAULT_NONE_HASH_SEED)
 
 
 def sha256_pickle(obj) -> bytes:
@@ -95,8 +98,14 @@ def none_hash(algo: str = DEFAULT_ALGO, seed: str | None = None) -> bytes:
 
 
 def block_extra_keys(block_index: int, cache_salt: str | None) -> tuple | None:
-    """The extra keys of block `block_index`: (cache_salt,) on the first block of a salted
-    request, else None (vLLM's generate_block_hash_extra_keys without LoRA / multimodal)."""
+    """The extra keys hashed with block `block_index`: (("cache_salt", salt),) on the first block
+    of a salted request, else None (vLLM's generate_block_hash_extra_keys without LoRA /
+    multimodal)."""
+    return (("cache_salt", cache_salt),) if block_index == 0 and cache_salt else None
+
+
+def event_extra_keys(block_index: int, cache_salt: str | None) -> tuple | None:
+    """The same keys as KV events carry them, untagged (vLLM's to_event_extra_keys): (salt,)."""
     return (cache_salt,) if block_index == 0 and cache_salt else None
 
 

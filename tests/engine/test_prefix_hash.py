@@ -27,6 +27,7 @@ from engine.core.prefix_hash import (
     PrefixHasher,
     block_extra_keys,
     cbor_canonical,
+    event_extra_keys,
     none_hash,
     published_hash,
 )
@@ -79,7 +80,7 @@ def _sha256_vllm(o) -> bytes:
 def _chain(tokens, bs, salt=None, seed="0"):
     parent, out = _sha256_vllm(seed), []  # NONE_HASH = sha256(PYTHONHASHSEED)
     for i in range(len(tokens) // bs):
-        extra = (salt,) if i == 0 and salt else None
+        extra = (("cache_salt", salt),) if i == 0 and salt else None  # tagged, first block only
         parent = _sha256_vllm((parent, tuple(tokens[i * bs : (i + 1) * bs]), extra))
         out.append(parent)
     return out
@@ -96,6 +97,10 @@ def test_hand_checked_vectors():
     assert _pickle5(key) == bytes.fromhex("8005952f000000000000004320" + root.hex() + "944b014b024b0387944e87942e")
     h = PrefixHasher("sha256", "0")
     assert h.block(None, [1, 2, 3]) == hashlib.sha256(_pickle5(key)).digest()
+    # a salted first block: extra keys (("cache_salt", "a"),) = two SHORT_BINUNICODE, TUPLE2, TUPLE1
+    salted = (root, (1,), (("cache_salt", "a"),))
+    assert _pickle5(salted)[-28:] == bytes.fromhex("4b0185948c0a" + b"cache_salt".hex() + "948c0161948694859487942e")
+    assert h.block(None, [1], (("cache_salt", "a"),)) == hashlib.sha256(_pickle5(salted)).digest()
     # the first 16-token block of range(32), and its published form (low 64 bits, big-endian)
     first = h.chain(list(range(32)), 16)[0]
     assert first.hex() == "6358e31578a64b75ebe28cdb99d3beae65de82a2087321dc6ec84ae048faaaa6"
@@ -121,7 +126,8 @@ def test_salt_only_keys_the_first_block_and_an_empty_salt_is_no_salt():
     plain, salted, other = h.chain(toks, 16), h.chain(toks, 16, "team-a"), h.chain(toks, 16, "team-b")
     assert h.chain(toks, 16, "") == plain
     assert all(a != b for a, b in zip(plain, salted)) and all(a != b for a, b in zip(salted, other))
-    assert [block_extra_keys(i, "team-a") for i in range(3)] == [("team-a",), None, None]
+    assert [block_extra_keys(i, "team-a") for i in range(3)] == [(("cache_salt", "team-a"),), None, None]
+    assert [event_extra_keys(i, "team-a") for i in range(3)] == [("team-a",), None, None]
     # block 2 of the salted chain is the plain rule applied to salted block 1: no key past block 0
     assert salted[2] == h.block(salted[1], toks[32:48], None)
 
@@ -130,7 +136,8 @@ def test_root_follows_pythonhashseed_and_falls_back_to_a_fixed_seed(monkeypatch)
     monkeypatch.setenv("PYTHONHASHSEED", "123")
     assert PrefixHasher().root == _sha256_vllm("123")
     monkeypatch.delenv("PYTHONHASHSEED")
-    assert PrefixHasher().root == _sha256_vllm(FALLBACK_SEED) == PrefixHasher(seed="0").root
+    assert FALLBACK_SEED == "vllm-none-hash"  # vLLM 0.32 / 0.33's DEFAULT_NONE_HASH_SEED
+    assert PrefixHasher().root == _sha256_vllm("vllm-none-hash") != PrefixHasher(seed="0").root
 
 
 def test_cbor_choice_hand_vector_and_cbor2_when_installed():
@@ -144,7 +151,7 @@ def test_cbor_choice_hand_vector_and_cbor2_when_installed():
         import cbor2
     except ImportError:
         pytest.skip("cbor2 is not installed here (kvscope writes canonical CBOR itself); byte checks above ran")
-    for o in [obj, (h.root, tuple(range(300)), ("s" * 300,)), (b"", (), None)]:
+    for o in [obj, (h.root, tuple(range(300)), (("cache_salt", "s" * 300),)), (b"", (), None)]:
         assert cbor2.dumps(o, canonical=True) == cbor_canonical(o)
 
 
@@ -166,7 +173,7 @@ def test_block_manager_indexes_vllms_hashes_and_keeps_each_blocks_content(algo):
     bm.cache_full_blocks("r", toks, "salt")
     want = PrefixHasher(algo).chain(toks, 4, "salt")
     assert list(bm.hash_to_block) == want
-    assert bm.hash_content[want[0]] == (None, (3, 1, 4, 1), ("salt",))
+    assert bm.hash_content[want[0]] == (None, (3, 1, 4, 1), ("salt",))  # the events' untagged form
     assert bm.hash_content[want[1]] == (want[0], (5, 9, 2, 6), None)
     # hits, evictions and the invariants are those of any hash: a second request hits both blocks
     assert bm.get_computed_blocks("q", toks, "salt") == (bm.table("r")[:2], 8)
@@ -190,7 +197,7 @@ for prompt in req["prompts"]:
     parent, hs = None, []
     toks, bs, salt = prompt["tokens"], prompt["block_size"], prompt["salt"]
     for i in range(len(toks) // bs):
-        extra = (salt,) if i == 0 and salt else None
+        extra = (("cache_salt", salt),) if i == 0 and salt else None  # generate_block_hash_extra_keys
         parent = k.hash_block_tokens(fn, parent, toks[i * bs:(i + 1) * bs], extra)
         hs.append([parent.hex(), k.maybe_convert_block_hash(parent)])
     out.append(hs)
