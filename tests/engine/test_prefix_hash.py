@@ -186,7 +186,7 @@ def test_block_manager_indexes_vllms_hashes_and_keeps_each_blocks_content(algo):
 PEER_PY = Path(os.environ.get("KVSCOPE_CACHE_DIR", str(Path.home() / ".cache/kvscope"))) / "peers/vllm/bin/python"
 
 PEER_SCRIPT = r"""
-import json, sys
+import json, sys, types
 from vllm.utils.hashing import get_hash_fn_by_name
 from vllm.v1.core import kv_cache_utils as k
 req = json.loads(sys.stdin.read())
@@ -196,17 +196,20 @@ out = []
 for prompt in req["prompts"]:
     parent, hs = None, []
     toks, bs, salt = prompt["tokens"], prompt["block_size"], prompt["salt"]
+    # vLLM's own extra keys for a text request carrying only a cache_salt
+    r = types.SimpleNamespace(mm_features=[], lora_request=None, cache_salt=salt, prompt_embeds=None)
     for i in range(len(toks) // bs):
-        extra = (("cache_salt", salt),) if i == 0 and salt else None  # generate_block_hash_extra_keys
+        extra, _ = k.generate_block_hash_extra_keys(r, i * bs, (i + 1) * bs, 0)
         parent = k.hash_block_tokens(fn, parent, toks[i * bs:(i + 1) * bs], extra)
-        hs.append([parent.hex(), k.maybe_convert_block_hash(parent)])
+        hs.append([parent.hex(), k.maybe_convert_block_hash(parent), k.to_event_extra_keys([extra])])
     out.append(hs)
 print(json.dumps({"none_hash": k.NONE_HASH.hex(), "chains": out}))
 """
 
 
+@pytest.mark.parametrize("seed", [None, "0"])
 @pytest.mark.parametrize("algo", ["sha256", "sha256_cbor"])
-def test_hashes_equal_vllms_own_functions_in_the_peer_venv(algo):
+def test_hashes_equal_vllms_own_functions_in_the_peer_venv(algo, seed):
     if not PEER_PY.exists():
         pytest.skip(f"no vLLM peer venv at {PEER_PY} (scripts/peers.sh makes it); the rule is checked above")
     prompts = [
@@ -214,7 +217,10 @@ def test_hashes_equal_vllms_own_functions_in_the_peer_venv(algo):
         {"tokens": [7] * 40 + list(range(40)), "block_size": 16, "salt": "tenant-a"},
         {"tokens": list(range(151_000, 151_033)), "block_size": 8, "salt": None},
     ]
-    env = {**os.environ, "PYTHONHASHSEED": "0", "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES": "1"}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
+    env["VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES"] = "1"
+    if seed is not None:
+        env["PYTHONHASHSEED"] = seed
     r = subprocess.run(
         [str(PEER_PY), "-c", PEER_SCRIPT],
         input=json.dumps({"algo": algo, "prompts": prompts}),
@@ -227,8 +233,10 @@ def test_hashes_equal_vllms_own_functions_in_the_peer_venv(algo):
         pytest.skip(f"the peer venv does not import vLLM's hashing: {r.stderr.strip().splitlines()[-1]}")
     assert r.returncode == 0, r.stderr[-2000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
-    h = PrefixHasher(algo, "0")
+    h = PrefixHasher(algo, seed if seed is not None else FALLBACK_SEED)
     assert got["none_hash"] == h.root.hex()
     for p, chain in zip(prompts, got["chains"]):
         mine = h.chain(p["tokens"], p["block_size"], p["salt"])
-        assert [[x.hex(), published_hash(x)] for x in mine] == chain
+        events = [event_extra_keys(i, p["salt"]) for i in range(len(mine))]
+        want = [[x.hex(), published_hash(x), [list(e) if e else None]] for x, e in zip(mine, events)]
+        assert want == chain
