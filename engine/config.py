@@ -163,6 +163,9 @@ class EngineConfig:
     max_num_batched_tokens: int = 512
     max_model_len: int = 2048
     enable_prefix_caching: bool = True
+    # how full blocks are hashed for prefix caching, as vLLM's option of that name: "sha256" (its
+    # default, pickle + SHA-256) or "sha256_cbor" (engine/core/prefix_hash.py)
+    prefix_caching_hash_algo: str = "sha256"
     preemption_mode: str = "recompute"
     victim_policy: str = "last_admitted"
     swap_space_bytes: int = 64 * 1024 * 1024
@@ -244,6 +247,9 @@ class EngineConfig:
             _is_int(self.max_model_len) and 2 <= self.max_model_len <= 1_048_576,
             f"max_model_len must be an integer in [2, 1048576], got {self.max_model_len!r}",
         )
+        from engine.core.prefix_hash import check_algo
+
+        check_algo(self.prefix_caching_hash_algo)  # ValueError naming prefix_caching_hash_algo
         _check(
             self.preemption_mode in PREEMPTION_MODES,
             f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}",

@@ -5,7 +5,8 @@ Block ids index the first dimension of the K/V pool tensors. This module decides
 request uses; the runner does the tensor work (writes, copies, swaps) on exactly those ids.
 
 Prefix caching (vLLM v1 style): a full block is identified by a hash chained from its parent
-block's hash, its token ids, and the request's cache_salt. Freed blocks keep their hash and sit
+block's hash, its token ids, and (first block only) the request's cache_salt, computed exactly as
+vLLM computes it (engine/core/prefix_hash.py). Freed blocks keep their hash and sit
 in the free queue (LRU order, oldest first); a lookup hit takes them back (ref count +1). A
 cached block loses its hash only when it is popped from the free queue for new content.
 Only full blocks are ever shared, and a request's hit is capped so that at least its last prompt
@@ -15,23 +16,13 @@ rule anyway (copy-on-write) so no shared block is ever written in place.
 
 from __future__ import annotations
 
-import hashlib
-import struct
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from engine.core.prefix_hash import DEFAULT_ALGO, PrefixHasher, block_extra_keys, event_extra_keys
 from engine.model.kv_layout import cdiv
 from engine.observe.snapshot import BlockInfo, BlockState
 from engine.observe.trace_events import EventKind
-
-
-def hash_block(parent: bytes | None, token_ids, salt: str | None) -> bytes:
-    h = hashlib.sha256()
-    h.update(parent or b"root")
-    h.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
-    if salt:
-        h.update(b"salt:" + salt.encode("utf-8", "surrogatepass"))
-    return h.digest()[:16]
 
 
 @dataclass(slots=True)
@@ -55,7 +46,9 @@ class BlockManager:
         allocator: str = "paged",
         slab_tokens: int = 0,
         num_swap_blocks: int = 0,
+        hash_algo: str = DEFAULT_ALGO,
     ):
+        self.hasher = PrefixHasher(hash_algo)
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching and allocator == "paged"
@@ -67,6 +60,9 @@ class BlockManager:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.hash_to_block: dict[bytes, int] = {}
+        # per cached hash: (parent hash or None, the block's token ids, its event extra keys), what a KV
+        # event subscriber that attaches later is sent for blocks cached before it came
+        self.hash_content: dict[bytes, tuple[bytes | None, tuple[int, ...], tuple | None]] = {}
         self.block_tables: dict[str, list[int]] = {}
         self._num_tokens: dict[str, int] = {}  # tokens whose K/V are written, per request
         self.req_hashes: dict[str, list[bytes]] = {}
@@ -207,7 +203,8 @@ class BlockManager:
         n_full = len(token_ids) // bs
         while len(hs) < n_full:
             i = len(hs)
-            hs.append(hash_block(hs[-1] if hs else None, token_ids[i * bs : (i + 1) * bs], salt))
+            toks = token_ids[i * bs : (i + 1) * bs]
+            hs.append(self.hasher.block(hs[-1] if hs else None, toks, block_extra_keys(i, salt)))
         return hs[:n_full]
 
     def get_computed_blocks(self, rid: str, token_ids: list[int], salt: str | None) -> tuple[list[int], int]:
@@ -234,7 +231,7 @@ class BlockManager:
         bs = self.block_size
         parent, hit = None, []
         for i in range((len(token_ids) - 1) // bs):
-            parent = hash_block(parent, token_ids[i * bs : (i + 1) * bs], salt)
+            parent = self.hasher.block(parent, token_ids[i * bs : (i + 1) * bs], block_extra_keys(i, salt))
             bid = self.hash_to_block.get(parent)
             if bid is None:
                 break
@@ -260,14 +257,14 @@ class BlockManager:
                 continue  # same content already cached in another block
             b.block_hash = h
             self.hash_to_block[h] = b.block_id
+            content = (
+                hashes[i - 1] if i else None,
+                tuple(token_ids[i * self.block_size : (i + 1) * self.block_size]),
+                event_extra_keys(i, salt),  # as vLLM's events carry them: the salt on the first block
+            )
+            self.hash_content[h] = content
             if self.hash_listener is not None:
-                self.hash_listener(
-                    "stored",
-                    h,
-                    hashes[i - 1] if i else None,
-                    token_ids[i * self.block_size : (i + 1) * self.block_size],
-                    (salt,) if salt and i == 0 else None,  # vLLM's extra keys: the salt on the first block
-                )
+                self.hash_listener("stored", h, *content)
 
     def uncache(self, bid: int) -> bytes | None:
         """Drop block bid's prefix-cache hash (its content is about to change or was discarded).
@@ -278,6 +275,7 @@ class BlockManager:
             return None
         if self.hash_to_block.get(h) == bid:
             del self.hash_to_block[h]
+            self.hash_content.pop(h, None)
             if self.hash_listener is not None:
                 self.hash_listener("removed", h, None, None)
         b.block_hash = None
@@ -519,6 +517,7 @@ class BlockManager:
         assert len(self.free_queue) + sum(1 for r in refs if r) == self.num_blocks, "a block is neither free nor owned"
         for h, bid in self.hash_to_block.items():
             assert self.blocks[bid].block_hash == h, f"hash index points at block {bid} with another hash"
+        assert self.hash_content.keys() == self.hash_to_block.keys(), "a cached hash without its content (or back)"
         for rid, table in self.block_tables.items():
             n = self._num_tokens.get(rid, 0)
             if self.allocator == "contiguous":

@@ -126,6 +126,7 @@ class LLMEngine:
             allocator=config.allocator,
             slab_tokens=slab_tokens,
             num_swap_blocks=num_swap,
+            hash_algo=config.prefix_caching_hash_algo,
         )
         self.runner = ModelRunner(
             self.model,

@@ -88,6 +88,7 @@ class KVEventPublisher:
         if not isinstance(buffer_steps, int) or buffer_steps < 1:
             raise ValueError("buffer_steps must be a positive integer")
         self.wire = wire
+        self.buffer_steps, self.hwm = buffer_steps, hwm  # reported by /kv_event_sources
         self.topic = topic.encode("utf-8")
         self.medium = medium
         self.data_parallel_rank = data_parallel_rank
@@ -141,9 +142,12 @@ class KVEventPublisher:
         self.block_size = bm.block_size
         if old is not None or bm.hash_to_block:
             # a new engine, or one that cached blocks before we listened: subscribers start over
+            # then every block cached now, with its parent, tokens and extra keys (as when it was
+            # stored: a consumer that checks batches strictly gets whole BlockStored events)
             self._append(engine, "cleared", b"", None, None)
             for h in list(bm.hash_to_block):
-                self._append(engine, "stored", h, None, None)
+                parent, tokens, extra = bm.hash_content[h]
+                self._append(engine, "stored", h, parent, tokens, extra)
         self._engine = engine
 
         def listener(kind, h, parent, tokens, extra=None, _engine=engine):

@@ -43,7 +43,7 @@ def create_app(
     max_waiting: int = DEFAULT_MAX_WAITING,
     stream_interval_s: float = 0.25,
 ) -> FastAPI:
-    from engine.serve import routes
+    from engine.serve import routes, vllm_routes
 
     if max_body_bytes < 1024:
         raise ValueError(f"max_body_bytes must be >= 1024, got {max_body_bytes}")
@@ -59,6 +59,7 @@ def create_app(
     app.state.kvscope = state
     errors.install(app)
     app.include_router(routes.router)
+    app.include_router(vllm_routes.router)  # render, get_server_info, kv_event_sources
     app.add_middleware(errors.GuardMiddleware, api_key=state.api_key, max_body_bytes=max_body_bytes)
     return app
 

@@ -328,6 +328,12 @@ async def _start(st, prompts_ids: list[list[int]], body, logprobs: int | None, l
     return run
 
 
+# the same prompt handling for vLLM's render routes (engine/serve/vllm_routes.py)
+chat_prompt_ids = _chat_ids
+completion_prompt_ids = _tokenize
+check_model = _check_model
+
+
 def _finish_run(st, run: _Run) -> None:
     run.abort_unfinished()
     st.in_flight -= run.counted
