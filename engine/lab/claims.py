@@ -29,6 +29,8 @@ PAGED_WASTE_MAX, CONTIG_WASTE_MIN = 0.04, 0.6  # seed 004: under 4 % vs 60-80 %
 PREFIX_TTFT_MAX_RATIO = 0.5  # a prefix hit must at least halve TTFT
 SPEC_PASSAGE_MIN, SPEC_OPEN_MIN = 2.0, 0.95  # seed 004: 2-3x; never much below plain
 SPEC_THEORY_TOL = 0.25  # measured tokens per pass within 25 % of (1 - a^(k+1)) / (1 - a)
+PACKETS_LEAK_MIN, PACKETS_OVER_CHANCE = 0.5, 3.0  # undefended: answer picked >= 50 % and >= 3x chance
+PACKETS_DEFENDED_MAX = 2.0  # a defence "hides the answer" at <= 2x chance
 
 _STAMP = re.compile(r"^(?P<suite>[a-z_]+)-(?P<stamp>\d{8}T\d{6}Z)\.json$")
 
@@ -139,6 +141,11 @@ CLAIMS = {
     ),
     "kv_quant": ("Quantizing the KV cache hurts recall over long contexts before it shows on short prompts.", "003"),
     "peers": ("On the same weights, kvscope keeps up with vLLM CPU at W16 and with llama.cpp at batch 1.", "—"),
+    "packets": (
+        "The sizes of streamed packets leak token lengths through encryption, and with them, with some "
+        "accuracy, the content of the answer.",
+        "002",
+    ),
 }
 
 
@@ -313,7 +320,45 @@ def rows_from_bench(res: dict[str, BenchResult]) -> list[ClaimRow]:
         rows.append(_row("peers", "—", None, _missing("peers") + " after scripts/peers.sh install", "bench"))
     else:
         rows.append(peers_row(pe.fields, pe.label))
+    pk = res.get("packets")
+    rows.append(packets_row(pk.fields, pk.label) if pk else _row("packets", "—", None, _missing("packets"), "bench"))
     return rows
+
+
+PACKET_DEFENCES = {"obfuscation": "obfuscation field", "coalesce": "tokens coalesced", "fixed": "fixed-size chunks"}
+
+
+def packets_row(f: dict, source: str) -> ClaimRow:
+    """Holds if, without a defence, an observer of TLS record lengths picks the streamed answer
+    among the candidates at least PACKETS_LEAK_MIN and PACKETS_OVER_CHANCE x chance, and reads
+    token lengths at >= 2x chance. Each defence's accuracy and byte cost are shown beside it."""
+    acc, chance = _num(f, "packets_none_accuracy"), _num(f, "packets_chance")
+    la, lc = _num(f, "packets_none_length_accuracy"), _num(f, "packets_none_length_chance")
+    if acc is None or not chance or la is None or lc is None:
+        return _row("packets", "—", None, "the packets result lacks the undefended accuracies", source)
+    parts = [
+        f"no defence: answer picked {100 * acc:.0f} % (chance {100 * chance:.0f} %), token lengths read "
+        f"{100 * la:.0f} % (chance {100 * lc:.0f} %), {_num(f, 'packets_none_bits_per_token') or 0:.1f} bits per token"
+    ]
+    hidden, leaky = [], []
+    for d, name in PACKET_DEFENCES.items():
+        a, b = _num(f, f"packets_{d}_accuracy"), _num(f, f"packets_{d}_bytes_ratio")
+        if a is None:
+            continue
+        parts.append(f"{name}: {100 * a:.0f} %" + (f" at {b:.2f}× the bytes" if b else ""))
+        (hidden if a <= PACKETS_DEFENDED_MAX * chance else leaky).append(name)
+    need = max(PACKETS_LEAK_MIN, PACKETS_OVER_CHANCE * chance)
+    holds = acc >= need and la >= 2 * lc
+    why = (
+        f"holds if without a defence the answer is picked ≥ {100 * need:.0f} % (max of "
+        f"{100 * PACKETS_LEAK_MIN:.0f} % and {PACKETS_OVER_CHANCE:.0f}× chance): {100 * acc:.0f} %, and token "
+        f"lengths are read at ≥ 2× chance: {100 * la:.0f} % vs {100 * lc:.0f} %."
+    )
+    if hidden:
+        why += f" At ≤ {PACKETS_DEFENDED_MAX:.0f}× chance with {', '.join(hidden)}"
+    if leaky:
+        why += f"; still above it with {', '.join(leaky)} (the groups' and the whole answer's lengths remain)"
+    return _row("packets", "; ".join(parts), holds, why + ".", source)
 
 
 def peers_row(f: dict, source: str) -> ClaimRow:

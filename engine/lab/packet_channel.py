@@ -185,6 +185,7 @@ class Trial:
     first_s: float  # request sent -> first content record
     total_s: float  # request sent -> last record
     answer_matches: bool  # the streamed text is the candidate's (sampling reproduced)
+    record_lengths: tuple[int, ...] = ()  # the content records the observer saw
 
     @property
     def correct(self) -> bool:
@@ -216,6 +217,7 @@ class PacketResult:
     cipher: str
     model: str
     questions: tuple[str, ...]
+    candidate_sizes: tuple[tuple[int, ...], ...] = ()  # each candidate's token text sizes
 
     def summaries(self) -> list[DefenceSummary]:
         return summarize(self.trials, self.candidates)
@@ -405,6 +407,7 @@ def measure(
                             (recs[LEAD_RECORDS].t - t_req) if len(recs) > LEAD_RECORDS else float("nan"),
                             (recs[-1].t - t_req) if recs else float("nan"),
                             text == cand_text[q],
+                            tuple(lengths),
                         )
                         run.append(t)
                         if on_trial is not None:
@@ -412,4 +415,14 @@ def measure(
         finally:
             srv.should_exit = True
             srv.thread.join(10)
-    return PacketResult(tuple(run), candidates, new_tokens, k, k_last, cipher, th.config.model, questions)
+    return PacketResult(
+        tuple(run),
+        candidates,
+        new_tokens,
+        k,
+        k_last,
+        cipher,
+        th.config.model,
+        questions,
+        tuple(tuple(c) for c in cand_sizes),
+    )

@@ -84,3 +84,34 @@ def test_kv_quant_row_holds_only_when_recall_falls():
     assert C.kv_quant_row(lower, "x").holds is True
     assert C.kv_quant_row({"fp32": fp32}, "x").holds is None
     assert C.committed_kvquant("/nonexistent.json") is None
+
+
+def test_packets_row_rule():
+    f = {
+        "packets_chance": 0.125,
+        "packets_none_accuracy": 1.0,
+        "packets_none_length_accuracy": 0.8,
+        "packets_none_length_chance": 0.18,
+        "packets_none_bits_per_token": 2.9,
+        "packets_obfuscation_accuracy": 0.08,
+        "packets_obfuscation_bytes_ratio": 1.11,
+        "packets_coalesce_accuracy": 1.0,
+        "packets_coalesce_bytes_ratio": 0.34,
+        "packets_fixed_accuracy": 0.1,
+        "packets_fixed_bytes_ratio": 1.9,
+    }
+    r = C.packets_row(f, "x")
+    assert r.holds is True
+    assert "obfuscation field: 8 % at 1.11× the bytes" in r.measured
+    assert "obfuscation field, fixed-size chunks" in r.why and "still above it with tokens coalesced" in r.why
+    assert C.packets_row(dict(f, packets_none_accuracy=0.3), "x").holds is False  # below 50 %
+    assert C.packets_row(dict(f, packets_none_length_accuracy=0.3), "x").holds is False  # < 2x chance
+    assert C.packets_row({}, "x").holds is None
+
+
+def test_packets_fixture_row():
+    res = C.latest_results(FIXTURE)
+    row = {r.key: r for r in C.rows_from_bench(res)}["packets"]
+    f = res["packets"].fields
+    assert row.holds is not None and "bench 'packets'" in row.source
+    assert f"answer picked {100 * f['packets_none_accuracy']:.0f} %" in row.measured
