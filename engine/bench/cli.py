@@ -87,6 +87,14 @@ SUITES: dict[str, Suite] = {
             "defence and with obfuscation / coalescing / fixed-size chunks, their bytes and time",
             module="packets",
         ),
+        Suite(
+            "weights",
+            "suite_weights",
+            3,
+            "batch-1 decode tok/s per weight format (fp32 copies, Q8_0 and Q4_1 read in place) beside the "
+            "bytes each reads per step and the per-op split",
+            module="weight_formats",
+        ),
     )
 }
 DEFAULT_ALL = ("throughput", "roofline", "memory", "prefix", "speculative", "cache")

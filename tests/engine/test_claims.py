@@ -115,3 +115,37 @@ def test_packets_fixture_row():
     f = res["packets"].fields
     assert row.holds is not None and "bench 'packets'" in row.source
     assert f"answer picked {100 * f['packets_none_accuracy']:.0f} %" in row.measured
+
+
+def _weights_fields(q8_tok: float, q4_tok: float, q4_lin: float) -> dict:
+    f = {"cpu": "AMD EPYC", "cpu_simd": "AVX2", "weights_mem_bw_gb_s": 10.0}
+    for k, tok, byt, lin in (
+        ("fp32", 10.0, 540e6, 50.0),
+        ("q8_0", q8_tok, 150e6, 18.0),
+        ("q4_1", q4_tok, 96e6, q4_lin),
+    ):
+        f.update(
+            {
+                f"weights_{k}_tok_s": tok,
+                f"weights_{k}_bytes_per_step": byt,
+                f"weights_{k}_weights_ms": lin,
+                f"weights_{k}_read_floor_ms": byt / 1e10 * 1e3,
+                f"weights_{k}_step_ms": 1e3 / tok,
+                f"weights_{k}_rest_ms": 5.0,
+            }
+        )
+    return f
+
+
+def test_weights_row_rule():
+    # bytes 540 / 150 / 96 MB: 3.6x and 5.6x fewer than fp32, Q4_1 1.56x fewer than Q8_0
+    r = C.weights_row(_weights_fields(q8_tok=33.0, q4_tok=52.0, q4_lin=9.0), "x")
+    assert r.holds is True and "3.60× fewer bytes, 3.30× the speed (follows)" in r.why
+    assert "What bounds it" not in r.why
+    slow = C.weights_row(_weights_fields(q8_tok=30.0, q4_tok=31.0, q4_lin=24.0), "x")
+    assert slow.holds is False and "Q4_1 vs Q8_0: 1.56× fewer bytes, 1.03× the speed (does not follow)" in slow.why
+    # Q4_1's Linears take 24 ms where its 96 MB read at 10 GB/s takes 9.6 ms: the codes bound it
+    assert "Q4_1: the Linears take 24.0 of 32.3 ms a step" in slow.why
+    assert "converting the codes to floats, not the bytes, bounds them" in slow.why
+    assert "AVX2" in slow.measured and "shared" in slow.measured
+    assert C.weights_row({}, "x").holds is None
