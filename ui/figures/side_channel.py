@@ -90,6 +90,7 @@ def summary_rows(probes: list[sc.Probe], prefix_tokens: int) -> list[dict]:
 
 
 # ------------------------------------------------------------------ the packet-size channel
+SHORT = {"none": "no defence", "obfuscation": "obfuscation", "coalesce": "coalesced", "fixed": "fixed size"}
 DEFENCE_COLORS = {
     "none": _O["vermillion"],
     "obfuscation": _O["blue"],
@@ -105,8 +106,7 @@ def packet_trace_figure(res: pc.PacketResult) -> go.Figure:
     fig = make_subplots(
         rows=1,
         cols=max(1, len(shown)),
-        shared_yaxes=True,
-        horizontal_spacing=0.04,
+        horizontal_spacing=0.05,
         subplot_titles=tuple(pc.DEFENCES[d][1] for d in shown),
     )
     for col, d in enumerate(shown, start=1):
@@ -160,7 +160,7 @@ def packet_accuracy_figure(summaries: list[pc.DefenceSummary]) -> go.Figure:
         subplot_titles=("answer picked among the candidates", "token lengths read right"),
     )
     for col, (val, chance) in enumerate((("accuracy", "chance"), ("length_accuracy", "length_chance")), start=1):
-        xs = [s.label for s in summaries]
+        xs = [SHORT.get(s.defence, s.label) for s in summaries]
         fig.add_trace(
             go.Bar(
                 x=xs,
@@ -187,8 +187,9 @@ def packet_accuracy_figure(summaries: list[pc.DefenceSummary]) -> go.Figure:
         )
         fig.update_yaxes(range=[0, 105], title_text="%" if col == 1 else None, row=1, col=col, gridcolor=theme.GRID)
     fig.update_layout(
-        **theme.base_layout(320, "The same attack under each defence", margin=dict(l=60, r=15, t=64, b=60))
+        **theme.base_layout(340, "The same attack under each defence", margin=dict(l=60, r=15, t=64, b=80))
     )
+    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.15, xanchor="left", x=0))
     return fig
 
 
