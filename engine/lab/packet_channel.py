@@ -324,7 +324,8 @@ def measure(
             raise ValueError(f"questions must be non-empty strings of at most {MAX_QUESTION_CHARS} characters")
         candidates = len(questions)
     check_args(trials, candidates, new_tokens, defences)
-    rng = random.Random(seed)
+    rng = random.Random(seed)  # the questions and the victim's draws
+    tie_rng = random.Random(seed + 1)  # the attacker's tie-breaks: never shift the victim's draws
     if questions is None:
         questions = tuple(rng.sample(QUESTIONS, candidates))
     tok = th.tokenizer
@@ -397,7 +398,7 @@ def measure(
                             dname,
                             r,
                             q,
-                            best_match(lengths, cand_sizes, k, k_last, rng),
+                            best_match(lengths, cand_sizes, k, k_last, tie_rng),
                             len(lengths),
                             len(truth),
                             length_hits(guess, truth),
@@ -426,3 +427,53 @@ def measure(
         questions,
         tuple(tuple(c) for c in cand_sizes),
     )
+
+
+def main(argv=None) -> int:
+    """`python -m engine.lab.packet_channel`: one measurement on a fresh engine, a line per defence
+    and the whole result as one JSON line. --questions FILE: the victim's possible questions, one a
+    line (a held-out set the attack has not seen)."""
+    import argparse
+    import dataclasses
+
+    p = argparse.ArgumentParser(prog="python -m engine.lab.packet_channel", description=main.__doc__)
+    p.add_argument("--model", default="default")
+    p.add_argument("--questions", help="a text file, one question a line (default: the built-in set)")
+    p.add_argument("--candidates", type=int, default=8, help="drawn from the built-in set without --questions")
+    p.add_argument("--trials", type=int, default=16)
+    p.add_argument("--new-tokens", type=int, default=24)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    from engine.config import EngineConfig
+    from engine.core.thread import EngineThread
+
+    qs = None
+    if a.questions:
+        with open(a.questions, encoding="utf-8") as f:
+            qs = tuple(ln.strip() for ln in f if ln.strip())
+    th = EngineThread(config=EngineConfig(model=a.model, max_num_seqs=4, max_model_len=1024))
+    try:
+        res = measure(
+            th,
+            trials=a.trials,
+            candidates=len(qs) if qs else a.candidates,
+            new_tokens=a.new_tokens,
+            temperature=a.temperature,
+            seed=a.seed,
+            questions=qs,
+        )
+    finally:
+        th.shutdown()
+    for s in res.summaries():
+        print(
+            f"{s.label:40s} answer {100 * s.accuracy:5.1f} % (chance {100 * s.chance:.1f} %)  token lengths "
+            f"{100 * s.length_accuracy:5.1f} % (chance {100 * s.length_chance:.1f} %)  "
+            f"{s.bytes_per_answer:,.0f} B per answer"
+        )
+    print(json.dumps({"summaries": [dataclasses.asdict(s) for s in res.summaries()], "cipher": res.cipher}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
