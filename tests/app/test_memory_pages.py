@@ -146,8 +146,10 @@ def test_prefix_cache_page_packet_sizes(run_page):
     res = at.session_state["pk_result"]
     assert len(res.trials) == 2 * len(pc.DEFENCES) and res.candidates == 3 and res.new_tokens == 6
     m = H.metrics(at)
+    from ui.figures.side_channel import SHORT
+
     for s in res.summaries():
-        assert m[f"Answer guessed, {s.label}"] == [f"{100 * s.accuracy:.0f}%"]
+        assert m[f"Answer guessed: {SHORT[s.defence]}"] == [f"{100 * s.accuracy:.0f}%"]
     assert len(at.get("plotly_chart")) == 2
     assert len(at.dataframe) == 1
 

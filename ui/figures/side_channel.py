@@ -107,7 +107,7 @@ def packet_trace_figure(res: pc.PacketResult) -> go.Figure:
         rows=1,
         cols=max(1, len(shown)),
         horizontal_spacing=0.05,
-        subplot_titles=tuple(pc.DEFENCES[d][1] for d in shown),
+        subplot_titles=tuple(SHORT.get(d, d) for d in shown),
     )
     for col, d in enumerate(shown, start=1):
         t = next(t for t in res.trials if t.defence == d)
@@ -144,10 +144,10 @@ def packet_trace_figure(res: pc.PacketResult) -> go.Figure:
     fig.update_yaxes(title_text="bytes", row=1, col=1, gridcolor=theme.GRID)
     fig.update_layout(
         **theme.base_layout(
-            340, "What an on-path observer reads from encrypted records", margin=dict(l=60, r=15, t=64, b=90)
+            370, "What an on-path observer reads from encrypted records", margin=dict(l=60, r=15, t=64, b=120)
         )
     )
-    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.2, xanchor="left", x=0), barmode="overlay")
+    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.32, xanchor="left", x=0), barmode="overlay")
     return fig
 
 

@@ -144,9 +144,9 @@ def packet_result(res) -> None:
         c = st.columns(len(sums))
         for col, s in zip(c, sums):
             col.metric(
-                f"Answer guessed, {s.label}",
+                f"Answer guessed: {F.SHORT.get(s.defence, s.label)}",
                 f"{100 * s.accuracy:.0f}%",
-                help=f"chance: {100 * s.chance:.0f}% (one of {res.candidates} possible answers)",
+                help=f"{s.label}; chance: {100 * s.chance:.0f}% (one of {res.candidates} possible answers)",
             )
     ea.chart(F.packet_accuracy_figure(sums), key="pk_acc_fig")
     ea.chart(F.packet_trace_figure(res), key="pk_trace_fig")
