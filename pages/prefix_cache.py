@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from engine.lab import experiments, side_channel
+from engine.lab import experiments, packet_channel, side_channel
 from engine.lab.workloads import make_workload
 from ui.figures import events_table as et
 from ui.figures import pool, theme
@@ -214,3 +214,18 @@ if asked is not None:
         st.error(f"Measurement failed: {type(e).__name__}: {e}")
     bar.empty()
 side_channel_view.result(SS.get("sc_result"))
+
+# ------------------------------------------------------------------ the packet-size side channel (TLS on loopback)
+asked = side_channel_view.packet_controls(small=small)
+if asked is not None:
+    bar = st.progress(0.0, text="streaming…")
+    try:
+        SS["pk_result"] = packet_channel.measure(
+            th, **asked, on_trial=lambda t, i, n: bar.progress(i / n, text=f"stream {i} of {n}")
+        )
+    except ValueError as e:
+        st.error(f"Not measured: {e}")
+    except Exception as e:  # noqa: BLE001 - engine down, no openssl, timed out: a message, not a traceback
+        st.error(f"Measurement failed: {type(e).__name__}: {e}")
+    bar.empty()
+side_channel_view.packet_result(SS.get("pk_result"))

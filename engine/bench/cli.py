@@ -79,6 +79,22 @@ SUITES: dict[str, Suite] = {
             "W16 over HTTP, greedy agreement, TTFT with a cached 1k prefix",
             module="vs_peers",
         ),
+        Suite(
+            "packets",
+            "suite_packets",
+            2,
+            "the packet-size side channel over TLS on 127.0.0.1: the attack on record lengths without a "
+            "defence and with obfuscation / coalescing / fixed-size chunks, their bytes and time",
+            module="packets",
+        ),
+        Suite(
+            "weights",
+            "suite_weights",
+            3,
+            "batch-1 decode tok/s per weight format (fp32 copies, Q8_0 and Q4_1 read in place) beside the "
+            "bytes each reads per step and the per-op split",
+            module="weight_formats",
+        ),
     )
 }
 DEFAULT_ALL = ("throughput", "roofline", "memory", "prefix", "speculative", "cache")

@@ -51,6 +51,12 @@ class KernelTimer:
         cpu_kernels.paged_decode_attention = self._wrap(self._attn, "attention_s")
         return self
 
+    def restart_ops(self) -> None:
+        """The C stack's per-op seconds from zero again (decode_steps: after the prefill step)."""
+        fused = getattr(self.runner, "fused", None)
+        if fused is not None:
+            fused.profile_start()
+
     def __exit__(self, *exc):
         from engine.model import cpu_kernels
 
@@ -81,6 +87,7 @@ def decode_steps(llm, prompt, params, request_id: str, timer=None) -> tuple[int,
             first = False
             if timer is not None:
                 timer.weights_s, timer.attention_s, timer.weights_cpu_s, timer.attention_cpu_s = saved
+                timer.restart_ops()  # the per-op split counts decode steps only, as the step time does
             continue
         steps += 1
         total += dt
@@ -88,17 +95,23 @@ def decode_steps(llm, prompt, params, request_id: str, timer=None) -> tuple[int,
     return steps, total, cpu
 
 
-def decode_bs1_by_format(ctx, prompt: list[int], n_new: int, formats=("auto", "fp32"), rounds: int = 2) -> dict:
+def decode_bs1_by_format(
+    ctx, prompt: list[int], n_new: int, formats=("auto", "fp32"), rounds: int = 2, configs: dict | None = None
+) -> dict:
     """Batch-1 decode of one request with each weight format, in one process, the formats
     alternating round by round (on a shared machine the CPU share drifts; alternation keeps the
     ratio honest). Per format: best tok/s over the rounds, the format the engine resolved, the
     weight bytes it reads per step, and the step split (ms per decode step in the Linears, the
-    attention kernel and the rest) from one extra timed run."""
+    attention kernel and the rest) from one extra timed run. `configs`: label -> EngineConfig
+    fields for labels that are not a weight_format name (another model, e.g. bench weights'
+    Q8_0 copy of the default model)."""
     from engine.bench import common as C
 
     _, SamplingParams, _ = C.require_engine()
 
     def cfg(f):  # "transformers": the default weights through the HF layer code
+        if configs and f in configs:
+            return dict(configs[f])
         if f == "transformers":
             return {"weight_format": "auto", "decode_backend": "transformers"}
         return {"weight_format": f}

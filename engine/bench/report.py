@@ -220,6 +220,36 @@ def bar_figure(title: str, labels, values, yaxis: str, note: str | None = None):
     return fig
 
 
+def side_by_side_bars(title: str, labels, left: tuple, right: tuple, note: str | None = None):
+    """Two bar panels over the same labels: left and right are (panel title, values, y-axis title)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=(left[0], right[0]), horizontal_spacing=0.12)
+    for col, (_, values, axis) in enumerate((left, right), start=1):
+        fig.add_trace(
+            go.Bar(
+                x=list(labels),
+                y=list(values),
+                text=[fmt_value(v) for v in values],
+                textposition="outside",
+                marker_color="#0072B2" if col == 1 else "#E69F00",
+                showlegend=False,
+            ),
+            row=1,
+            col=col,
+        )
+        fig.update_yaxes(title_text=axis, row=1, col=col)
+    fig.update_layout(
+        title=title + (f"<br><sup>{note}</sup>" if note else ""),
+        template="plotly_white",
+        width=900,
+        height=500,
+        margin=dict(t=110),
+    )
+    return fig
+
+
 def line_figure(title: str, series: dict, xaxis: str, yaxis: str, log_y: bool = False):
     """series: name -> (xs, ys)."""
     import plotly.graph_objects as go

@@ -29,6 +29,10 @@ PAGED_WASTE_MAX, CONTIG_WASTE_MIN = 0.04, 0.6  # seed 004: under 4 % vs 60-80 %
 PREFIX_TTFT_MAX_RATIO = 0.5  # a prefix hit must at least halve TTFT
 SPEC_PASSAGE_MIN, SPEC_OPEN_MIN = 2.0, 0.95  # seed 004: 2-3x; never much below plain
 SPEC_THEORY_TOL = 0.25  # measured tokens per pass within 25 % of (1 - a^(k+1)) / (1 - a)
+PACKETS_LEAK_MIN, PACKETS_OVER_CHANCE = 0.5, 3.0  # undefended: answer picked >= 50 % and >= 3x chance
+PACKETS_DEFENDED_MAX = 2.0  # a defence "hides the answer" at <= 2x chance
+WEIGHTS_FOLLOW = 0.8  # speed "follows bytes" if the tok/s gain is >= 80 % of the byte cut
+WEIGHTS_READ_BOUND = 2.0  # Linears slower than 2x their bytes' read time: not bound by the bytes
 
 _STAMP = re.compile(r"^(?P<suite>[a-z_]+)-(?P<stamp>\d{8}T\d{6}Z)\.json$")
 
@@ -139,6 +143,16 @@ CLAIMS = {
     ),
     "kv_quant": ("Quantizing the KV cache hurts recall over long contexts before it shows on short prompts.", "003"),
     "peers": ("On the same weights, kvscope keeps up with vLLM CPU at W16 and with llama.cpp at batch 1.", "—"),
+    "weight_bytes": (
+        "Quantizing weights to fewer bits cuts the bytes each decode step streams, and so raises "
+        "batch-1 decode speed almost in proportion.",
+        "002",
+    ),
+    "packets": (
+        "The sizes of streamed packets leak token lengths through encryption, and with them, with some "
+        "accuracy, the content of the answer.",
+        "002",
+    ),
 }
 
 
@@ -313,7 +327,109 @@ def rows_from_bench(res: dict[str, BenchResult]) -> list[ClaimRow]:
         rows.append(_row("peers", "—", None, _missing("peers") + " after scripts/peers.sh install", "bench"))
     else:
         rows.append(peers_row(pe.fields, pe.label))
+    wb = res.get("weights")
+    missing_wb = _row("weight_bytes", "—", None, _missing("weights"), "bench")
+    rows.append(weights_row(wb.fields, wb.label) if wb else missing_wb)
+    pk = res.get("packets")
+    rows.append(packets_row(pk.fields, pk.label) if pk else _row("packets", "—", None, _missing("packets"), "bench"))
     return rows
+
+
+WEIGHT_FORMATS_SHOWN = {"fp32": "fp32 copies", "q8_0": "Q8_0", "q4_1": "Q4_1"}
+
+
+def weights_row(f: dict, source: str) -> ClaimRow:
+    """Holds if each quantized format's batch-1 tok/s gain over the fp32 copies is at least
+    WEIGHTS_FOLLOW of its byte cut, and Q4_1's over Q8_0 likewise. Where it is not, the row names
+    what bounds the step: the Linears' time against reading their bytes at the measured bandwidth
+    (slower than WEIGHTS_READ_BOUND x: converting codes, not bytes), and the time outside them."""
+    tok = {k: _num(f, f"weights_{k}_tok_s") for k in WEIGHT_FORMATS_SHOWN}
+    byt = {k: _num(f, f"weights_{k}_bytes_per_step") for k in WEIGHT_FORMATS_SHOWN}
+    if not all(tok.values()) or not all(byt.values()):
+        return _row("weight_bytes", "—", None, "the weights result lacks tok/s or bytes of fp32, Q8_0, Q4_1", source)
+    bw = _num(f, "weights_mem_bw_gb_s")
+    measured = (
+        "; ".join(
+            f"{name} {tok[k]:.1f} tok/s reading {byt[k] / 1e6:.0f} MB a step"
+            for k, name in WEIGHT_FORMATS_SHOWN.items()
+        )
+        + f" ({f.get('cpu', '?')}, {f.get('cpu_simd', '?')}, CPU shared with other work)"
+    )
+    pairs = (("q8_0", "fp32"), ("q4_1", "fp32"), ("q4_1", "q8_0"))
+    verdicts, holds = [], True
+    for a, b in pairs:
+        gain, cut = tok[a] / tok[b], byt[b] / byt[a]
+        ok = gain >= WEIGHTS_FOLLOW * cut
+        holds = holds and ok
+        verdicts.append(
+            f"{WEIGHT_FORMATS_SHOWN[a]} vs {WEIGHT_FORMATS_SHOWN[b]}: {cut:.2f}× fewer bytes, {gain:.2f}× the speed "
+            f"({'follows' if ok else 'does not follow'})"
+        )
+    why = (
+        f"speed follows bytes if the tok/s gain is ≥ {100 * WEIGHTS_FOLLOW:.0f} % of the byte cut: "
+        + "; ".join(verdicts)
+        + "."
+    )
+    if not holds:
+        bounds = []
+        for k in WEIGHT_FORMATS_SHOWN:
+            lin, floor = _num(f, f"weights_{k}_weights_ms"), _num(f, f"weights_{k}_read_floor_ms")
+            step, rest = _num(f, f"weights_{k}_step_ms"), _num(f, f"weights_{k}_rest_ms")
+            if lin is None or floor is None or not step:
+                continue
+            what = (
+                "converting the codes to floats, not the bytes, bounds them"
+                if lin > WEIGHTS_READ_BOUND * floor
+                else "they run near the read time of their bytes"
+            )
+            bounds.append(
+                f"{WEIGHT_FORMATS_SHOWN[k]}: the Linears take {lin:.1f} of {step:.1f} ms a step where reading their "
+                f"bytes at {bw or 0:.1f} GB/s takes {floor:.1f} ms — {what}"
+                + (f"; {rest:.1f} ms is outside the Linears and attention" if rest is not None else "")
+            )
+        if bounds:
+            why += " What bounds it (one timed run, per-op split): " + "; ".join(bounds) + "."
+    return _row("weight_bytes", measured, holds, why, source)
+
+
+PACKET_DEFENCES = {"obfuscation": "obfuscation field", "coalesce": "tokens coalesced", "fixed": "fixed-size chunks"}
+
+
+def packets_row(f: dict, source: str) -> ClaimRow:
+    """Holds if, without a defence, an observer of TLS record lengths picks the streamed answer
+    among the candidates at least PACKETS_LEAK_MIN and PACKETS_OVER_CHANCE x chance, and reads
+    token lengths at >= 2x chance. Each defence's accuracy and byte cost are shown beside it."""
+    acc, chance = _num(f, "packets_none_accuracy"), _num(f, "packets_chance")
+    la, lc = _num(f, "packets_none_length_accuracy"), _num(f, "packets_none_length_chance")
+    if acc is None or not chance or la is None or lc is None:
+        return _row("packets", "—", None, "the packets result lacks the undefended accuracies", source)
+    parts = [
+        f"no defence: answer picked {100 * acc:.0f} % (chance {100 * chance:.0f} %), token lengths read "
+        f"{100 * la:.0f} % (chance {100 * lc:.0f} %), {_num(f, 'packets_none_bits_per_token') or 0:.1f} bits per token"
+    ]
+    hidden, leaky = [], []
+    for d, name in PACKET_DEFENCES.items():
+        a, b = _num(f, f"packets_{d}_accuracy"), _num(f, f"packets_{d}_bytes_ratio")
+        if a is None:
+            continue
+        parts.append(f"{name}: {100 * a:.0f} %" + (f" at {b:.2f}× the bytes" if b else ""))
+        (hidden if a <= PACKETS_DEFENDED_MAX * chance else leaky).append(name)
+    need = max(PACKETS_LEAK_MIN, PACKETS_OVER_CHANCE * chance)
+    holds = acc >= need and la >= 2 * lc
+    why = (
+        f"holds if without a defence the answer is picked ≥ {100 * need:.0f} % (max of "
+        f"{100 * PACKETS_LEAK_MIN:.0f} % and {PACKETS_OVER_CHANCE:.0f}× chance): {100 * acc:.0f} %, and token "
+        f"lengths are read at ≥ 2× chance: {100 * la:.0f} % vs {100 * lc:.0f} %."
+    )
+    if hidden:
+        why += f" At ≤ {PACKETS_DEFENDED_MAX:.0f}× chance with {', '.join(hidden)}"
+    if leaky:
+        why += f"; still above it with {', '.join(leaky)} (the groups' and the whole answer's lengths remain)"
+    why += (
+        ". The answers are streamed over TLS on 127.0.0.1 through a relay that sees only record lengths and "
+        "times (the Prefix cache page runs the same measurement)."
+    )
+    return _row("packets", "; ".join(parts), holds, why, source)
 
 
 def peers_row(f: dict, source: str) -> ClaimRow:

@@ -298,11 +298,15 @@ class IdTokenizer:
         raise ValueError("this model has no tokenizer or chat template: send the prompt as a list of token ids")
 
 
-def register_model(name: str, model, tokenizer=None) -> None:
+def register_model(name: str, model, tokenizer=None, gguf_path: str | None = None) -> None:
     """Makes an in-memory model (e.g. from build_random) loadable as EngineConfig(model=name,
-    device=<its device>, dtype=<its dtype>). Names start with "mem:"."""
+    device=<its device>, dtype=<its dtype>). Names start with "mem:". `gguf_path`: the GGUF file
+    whose blocks de-quantize to the model's weights (weight_format "gguf" reads them in place;
+    linear.py checks each tensor bitwise and keeps fp32 where one differs)."""
     if not isinstance(name, str) or not name.startswith("mem:"):
         raise ValueError(f"a registered model's name must start with 'mem:', got {name!r}")
+    if gguf_path is not None:
+        _gguf_sources[model] = gguf_path
     p = next(model.parameters())
     if tokenizer is None:
         eos = getattr(model.config, "eos_token_id", None)

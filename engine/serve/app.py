@@ -64,9 +64,10 @@ def create_app(
     return app
 
 
-def run_in_background(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "warning"):
+def run_in_background(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "warning", ssl_context=None):
     """Serves `app` with uvicorn from a daemon thread; returns the uvicorn.Server (stop it with
-    server.should_exit = True). Raises OSError when the port cannot be bound."""
+    server.should_exit = True). Raises OSError when the port cannot be bound. `ssl_context` (an
+    ssl.SSLContext for the server side): HTTPS (the packet-size lab, engine/lab/tls_relay.py)."""
     import socket
 
     import uvicorn
@@ -74,7 +75,8 @@ def run_in_background(app, host: str = "127.0.0.1", port: int = 8000, log_level:
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))  # bind here so a busy port fails loudly in the caller
-    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=3, lifespan="off")
+    tls = {} if ssl_context is None else {"ssl_context_factory": lambda _cfg, _default: ssl_context}
+    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=3, lifespan="off", **tls)
     server = uvicorn.Server(config)
     server.install_signal_handlers = lambda: None  # not the main thread
     t = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=f"kvscope-api-{port}", daemon=True)

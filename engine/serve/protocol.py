@@ -6,7 +6,9 @@ server log. `null` means "the default" for every field (vLLM accepts null for n,
 penalties, ...). Fields kvscope implements keep strict checks: types are strict (a string is not a number),
 ranges follow vLLM's: max_tokens >= 1, temperature in [0, 100] (engine limit), top_p in (0, 1],
 top_k -1/0 (off) or >= 1, n in [1, MAX_N], logprobs / top_logprobs in [0, 20]. kvscope extras:
-tier, request_class, cache_salt, speculative (per-request on/off)."""
+tier, request_class, cache_salt, speculative (per-request on/off); stream_options.include_obfuscation
+(OpenAI's, on by default as there) and kvscope's coalesce_tokens / pad_chunks_to, the defences
+against the packet-size side channel (render.obfuscation, engine/lab/packet_channel.py)."""
 
 from __future__ import annotations
 
@@ -42,9 +44,28 @@ class _Lenient(BaseModel):
         return [prefix + k for k in sorted(self.model_extra or {})]
 
 
+MAX_COALESCE_TOKENS = 64  # stream_options.coalesce_tokens
+MIN_PAD_CHUNKS_TO, MAX_PAD_CHUNKS_TO = 32, 4096  # stream_options.pad_chunks_to (bytes), 0 = off
+
+
 class StreamOptions(_Lenient):
     include_usage: bool = False
     continuous_usage_stats: bool = False
+    # OpenAI's: an `obfuscation` string of random length in every chunk, on unless false
+    include_obfuscation: bool = True
+    # kvscope extras: hold tokens back until this many are ready for one chunk (the last may
+    # hold fewer); pad every chunk's event to a multiple of this many bytes (0: off)
+    coalesce_tokens: int = Field(1, ge=1, le=MAX_COALESCE_TOKENS)
+    pad_chunks_to: int = Field(0, ge=0, le=MAX_PAD_CHUNKS_TO)
+
+    @model_validator(mode="after")
+    def _check_pad(self):
+        if 0 < self.pad_chunks_to < MIN_PAD_CHUNKS_TO:
+            raise ValueError(
+                f"pad_chunks_to must be 0 (off) or {MIN_PAD_CHUNKS_TO}..{MAX_PAD_CHUNKS_TO} bytes, "
+                f"got {self.pad_chunks_to}"
+            )
+        return self
 
 
 class _Common(_Lenient):
@@ -145,6 +166,11 @@ class _Common(_Lenient):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def stream_opts(self) -> StreamOptions:
+        """The stream options with their defaults where the request gave none."""
+        return self.stream_options if self.stream_options is not None else StreamOptions()
 
 
 class CompletionRequest(_Common):

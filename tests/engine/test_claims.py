@@ -84,3 +84,68 @@ def test_kv_quant_row_holds_only_when_recall_falls():
     assert C.kv_quant_row(lower, "x").holds is True
     assert C.kv_quant_row({"fp32": fp32}, "x").holds is None
     assert C.committed_kvquant("/nonexistent.json") is None
+
+
+def test_packets_row_rule():
+    f = {
+        "packets_chance": 0.125,
+        "packets_none_accuracy": 1.0,
+        "packets_none_length_accuracy": 0.8,
+        "packets_none_length_chance": 0.18,
+        "packets_none_bits_per_token": 2.9,
+        "packets_obfuscation_accuracy": 0.08,
+        "packets_obfuscation_bytes_ratio": 1.11,
+        "packets_coalesce_accuracy": 1.0,
+        "packets_coalesce_bytes_ratio": 0.34,
+        "packets_fixed_accuracy": 0.1,
+        "packets_fixed_bytes_ratio": 1.9,
+    }
+    r = C.packets_row(f, "x")
+    assert r.holds is True
+    assert "obfuscation field: 8 % at 1.11× the bytes" in r.measured
+    assert "obfuscation field, fixed-size chunks" in r.why and "still above it with tokens coalesced" in r.why
+    assert C.packets_row(dict(f, packets_none_accuracy=0.3), "x").holds is False  # below 50 %
+    assert C.packets_row(dict(f, packets_none_length_accuracy=0.3), "x").holds is False  # < 2x chance
+    assert C.packets_row({}, "x").holds is None
+
+
+def test_packets_fixture_row():
+    res = C.latest_results(FIXTURE)
+    row = {r.key: r for r in C.rows_from_bench(res)}["packets"]
+    f = res["packets"].fields
+    assert row.holds is not None and "bench 'packets'" in row.source
+    assert f"answer picked {100 * f['packets_none_accuracy']:.0f} %" in row.measured
+
+
+def _weights_fields(q8_tok: float, q4_tok: float, q4_lin: float) -> dict:
+    f = {"cpu": "AMD EPYC", "cpu_simd": "AVX2", "weights_mem_bw_gb_s": 10.0}
+    for k, tok, byt, lin in (
+        ("fp32", 10.0, 540e6, 50.0),
+        ("q8_0", q8_tok, 150e6, 18.0),
+        ("q4_1", q4_tok, 96e6, q4_lin),
+    ):
+        f.update(
+            {
+                f"weights_{k}_tok_s": tok,
+                f"weights_{k}_bytes_per_step": byt,
+                f"weights_{k}_weights_ms": lin,
+                f"weights_{k}_read_floor_ms": byt / 1e10 * 1e3,
+                f"weights_{k}_step_ms": 1e3 / tok,
+                f"weights_{k}_rest_ms": 5.0,
+            }
+        )
+    return f
+
+
+def test_weights_row_rule():
+    # bytes 540 / 150 / 96 MB: 3.6x and 5.6x fewer than fp32, Q4_1 1.56x fewer than Q8_0
+    r = C.weights_row(_weights_fields(q8_tok=33.0, q4_tok=52.0, q4_lin=9.0), "x")
+    assert r.holds is True and "3.60× fewer bytes, 3.30× the speed (follows)" in r.why
+    assert "What bounds it" not in r.why
+    slow = C.weights_row(_weights_fields(q8_tok=30.0, q4_tok=31.0, q4_lin=24.0), "x")
+    assert slow.holds is False and "Q4_1 vs Q8_0: 1.56× fewer bytes, 1.03× the speed (does not follow)" in slow.why
+    # Q4_1's Linears take 24 ms where its 96 MB read at 10 GB/s takes 9.6 ms: the codes bound it
+    assert "Q4_1: the Linears take 24.0 of 32.3 ms a step" in slow.why
+    assert "converting the codes to floats, not the bytes, bounds them" in slow.why
+    assert "AVX2" in slow.measured and "shared" in slow.measured
+    assert C.weights_row({}, "x").holds is None
