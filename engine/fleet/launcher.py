@@ -49,6 +49,7 @@ class InstanceSpec:
     kind: str = "kvscope"  # kvscope / vllm
     pid: int | None = None
     log: str = ""
+    proc_start: int | None = None  # the process's start time (/proc/PID/stat): never stop a reused pid
 
     @property
     def url(self) -> str:
@@ -70,6 +71,7 @@ class RouterSpec:
     policy: str = "kv_aware"
     pid: int | None = None
     log: str = ""
+    proc_start: int | None = None
 
     @property
     def url(self) -> str:
@@ -208,11 +210,19 @@ def pid_alive(pid: int | None) -> bool:
         return True
 
 
-def _cmdline(pid: int) -> str:
+def proc_start(pid: int | None) -> int | None:
+    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat)."""
+    if not pid:
+        return None
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _same_process(pid: int | None, start: int | None) -> bool:
+    return pid_alive(pid) and (start is None or proc_start(pid) == start)
 
 
 def _spawn(cmd: list[str], log: Path, env: dict | None = None) -> int:
@@ -224,12 +234,10 @@ def _spawn(cmd: list[str], log: Path, env: dict | None = None) -> int:
     return p.pid
 
 
-def _stop_pid(pid: int | None, marker: str, timeout: float = 15.0) -> bool:
-    """SIGTERM then SIGKILL the process group of pid, only if its command line still holds
-    `marker` (a port: never a pid the OS reused for something else). True if it was running."""
-    if not pid_alive(pid):
-        return False
-    if marker and marker not in _cmdline(pid):
+def _stop_pid(pid: int | None, start: int | None, timeout: float = 15.0) -> bool:
+    """SIGTERM then SIGKILL the process group of pid, only if it is still the process we started
+    (same start time: never a pid the OS reused for something else). True if it was running."""
+    if not _same_process(pid, start):
         return False
     for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
         try:
@@ -383,19 +391,21 @@ def start_router(fleet: Fleet, policy: str, timeout_s: float = 60.0) -> Fleet:
             time.sleep(0.2)
     log = Path(fleet.state_dir) / f"router-{policy}.log"
     pid = _spawn(cmd, log)
-    fleet = replace(fleet, router=replace(fleet.router, pid=pid, policy=policy, log=str(log)))
+    fleet = replace(
+        fleet, router=replace(fleet.router, pid=pid, policy=policy, log=str(log), proc_start=proc_start(pid))
+    )
     _write_state(fleet)
     try:
         _wait_router(fleet, timeout_s)
     except FleetError:
-        _stop_pid(pid, str(fleet.router.port))
+        _stop_pid(pid, fleet.router.proc_start)
         raise
     return fleet
 
 
 def stop_router(fleet: Fleet) -> Fleet:
-    _stop_pid(fleet.router.pid, str(fleet.router.port))
-    fleet = replace(fleet, router=replace(fleet.router, pid=None))
+    _stop_pid(fleet.router.pid, fleet.router.proc_start)
+    fleet = replace(fleet, router=replace(fleet.router, pid=None, proc_start=None))
     _write_state(fleet)
     return fleet
 
@@ -420,14 +430,18 @@ def _start_vllm(fleet: Fleet, inst: InstanceSpec) -> InstanceSpec:
     r = subprocess.run(["bash", str(peers), "vllm-start"], env=env, capture_output=True, text=True, timeout=660)
     if r.returncode != 0:
         raise FleetError(f"the vLLM peer did not come up: {(r.stderr or r.stdout).strip()[-2000:]}")
-    return replace(inst, pid=int(pidfile.read_text().strip()), log=str(log))
+    pid = int(pidfile.read_text().strip())
+    return replace(inst, pid=pid, log=str(log), proc_start=proc_start(pid))
 
 
 def up(fleet: Fleet, timeout_s: float = 300.0, router_timeout_s: float = 60.0) -> Fleet:
     """Start every instance, wait (bounded) until each answers /health, then the router.
     On any failure stops what it started and raises FleetError naming the cause."""
     old = read_state(fleet.state_dir)
-    if old is not None and (any(pid_alive(i.pid) for i in old.instances) or pid_alive(old.router.pid)):
+    if old is not None and (
+        any(_same_process(i.pid, i.proc_start) for i in old.instances)
+        or _same_process(old.router.pid, old.router.proc_start)
+    ):
         raise FleetError(f"a fleet is already running from {fleet.state_dir}: `python -m engine fleet down` first")
     router_binary()  # fail before starting anything
     _check_ports(fleet)
@@ -438,7 +452,7 @@ def up(fleet: Fleet, timeout_s: float = 300.0, router_timeout_s: float = 60.0) -
                 continue
             log = Path(fleet.state_dir) / f"{inst.engine_id}.log"
             pid = _spawn(serve_command(fleet, inst), log, _serve_env())
-            started.append(replace(inst, pid=pid, log=str(log)))
+            started.append(replace(inst, pid=pid, log=str(log), proc_start=proc_start(pid)))
             _write_state(replace(fleet, instances=tuple(started)))
         fleet = replace(
             fleet,
@@ -464,7 +478,7 @@ def down(state_dir: str | Path | None = None) -> list[str]:
     if fleet is None:
         return []
     stopped = []
-    if _stop_pid(fleet.router.pid, str(fleet.router.port)):
+    if _stop_pid(fleet.router.pid, fleet.router.proc_start):
         stopped.append(f"router (pid {fleet.router.pid}, port {fleet.router.port})")
     for i in fleet.instances:
         if i.kind == "vllm" and i.pid:
@@ -473,7 +487,7 @@ def down(state_dir: str | Path | None = None) -> list[str]:
                 ["bash", str(ROOT / "scripts" / "peers.sh"), "vllm-stop"], env=env, capture_output=True, timeout=60
             )
             stopped.append(f"{i.engine_id} (pid {i.pid}, port {i.port})")
-        elif _stop_pid(i.pid, str(i.port)):
+        elif _stop_pid(i.pid, i.proc_start):
             stopped.append(f"{i.engine_id} (pid {i.pid}, port {i.port})")
     (Path(fleet.state_dir) / STATE_FILE).unlink(missing_ok=True)
     return stopped
@@ -484,7 +498,7 @@ def kill_instance(fleet: Fleet, engine_id: str) -> None:
     inst = next((i for i in fleet.instances if i.engine_id == engine_id), None)
     if inst is None or not inst.pid:
         raise FleetError(f"no running instance {engine_id!r} in this fleet")
-    if str(inst.port) in _cmdline(inst.pid):
+    if _same_process(inst.pid, inst.proc_start):
         os.killpg(inst.pid, signal.SIGKILL)
         end = time.monotonic() + 10
         while pid_alive(inst.pid) and time.monotonic() < end:

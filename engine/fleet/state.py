@@ -33,6 +33,7 @@ class StreamHealth:
     replays: int = 0  # replay requests that returned batches
     replayed_batches: int = 0
     clears: int = 0  # AllBlocksCleared events
+    missed: int = 0  # seq numbers neither received nor replayed (fell out of the replay buffer)
     error: str = ""
 
     def to_dict(self) -> dict:
