@@ -399,6 +399,14 @@ class FleetCollector:
             out[eid] = n * bs
         return out
 
+    def forget_history(self) -> None:
+        """Start the "ever stored" record afresh (a new measured run)."""
+        for w in self.watches.values():
+            with w.lock:
+                w.st.ever_first_blocks = {
+                    w.st.nodes[h][1] for h in w.st.cached if h in w.st.nodes and w.st.nodes[h][0] == ""
+                } - {None}
+
     def ever_stored(self, token_ids: list[int]) -> bool:
         """Whether any instance ever stored this prompt's first block (since the collector started)."""
         first = tuple(token_ids[: self.block_size])

@@ -1,0 +1,143 @@
+"""The same workload under several routing policies, one after the other, on cleared caches:
+restart vllm-router with the policy, empty every instance's prefix cache (POST
+/reset_prefix_cache), send the workload through the gateway, summarize. Collects a FleetTrace
+(snapshots during the runs, the ledger, the summaries, the what-if replays)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.fleet import launcher, whatif
+from engine.fleet.collector import FleetCollector, http_json, members_of
+from engine.fleet.state import FleetSnapshot, FleetTrace, PolicyRun, RequestRow, WhatIfRow
+from engine.fleet.workload import attach_router_credits, router_credits, run_workload, summarize
+
+
+def clear_caches(fleet) -> dict[str, int | str]:
+    """POST /reset_prefix_cache on every instance; {engine_id: blocks dropped, or the error}."""
+    out: dict[str, int | str] = {}
+    for i in fleet.instances:
+        try:
+            out[i.engine_id] = int(http_json(i.url + "/reset_prefix_cache", "POST", {}).get("dropped_blocks", 0))
+        except Exception as e:  # noqa: BLE001 - vLLM answers 200 with no body; a dead instance an error
+            out[i.engine_id] = f"{type(e).__name__}: {str(e)[:120]}"
+    return out
+
+
+def _preemptions(snap: FleetSnapshot) -> int:
+    return sum(i.preemptions or 0 for i in snap.instances)
+
+
+@dataclass
+class Session:
+    """What compare_policies() gathered."""
+
+    fleet: object
+    runs: list[PolicyRun] = field(default_factory=list)
+    rows: list[RequestRow] = field(default_factory=list)
+    snapshots: list[FleetSnapshot] = field(default_factory=list)
+    whatif: list[WhatIfRow] = field(default_factory=list)
+    streams: dict[str, list] = field(default_factory=dict)
+
+    def trace(self, meta: dict | None = None) -> FleetTrace:
+        return FleetTrace(
+            snapshots=tuple(self.snapshots),
+            requests=tuple(self.rows),
+            runs=tuple(self.runs),
+            whatif=tuple(self.whatif),
+            meta=dict(meta or {}),
+        )
+
+
+def compare_policies(
+    fleet,
+    policies,
+    requests,
+    *,
+    concurrency: int = 4,
+    sample_every_s: float = 1.0,
+    workload: str = "release-freeze",
+    on_row=None,
+    after_start=None,
+) -> Session:
+    """Run `requests` under each policy in turn (router restarted, caches cleared). `after_start(
+    fleet, collector, policy)` is called once the load is running (fault injection in tests)."""
+    sess = Session(fleet)
+    urls = [i.url for i in fleet.instances]
+    collector = FleetCollector(members_of(fleet), router_url=fleet.router.url, block_size=fleet.block_size).start()
+    try:
+        for policy in policies:
+            if fleet.router.policy != policy or not launcher.pid_alive(fleet.router.pid):
+                fleet = launcher.restart_router(fleet, policy)
+            clear_caches(fleet)
+            collector.wait_quiet(timeout_s=5.0)
+            collector.policy = policy
+            collector.forget_history()
+            before = collector.snapshot()
+            stop = threading.Event()
+
+            def sampler(stop=stop):
+                while not stop.wait(sample_every_s):
+                    sess.snapshots.append(collector.snapshot())
+
+            th = threading.Thread(target=sampler, name="fleet-sampler", daemon=True)
+            th.start()
+            stream: list = []
+            t0 = time.perf_counter()
+            if after_start is not None:
+                threading.Thread(target=after_start, args=(fleet, collector, policy), daemon=True).start()
+            rows = run_workload(
+                fleet.router.url,
+                fleet.model_name,
+                requests,
+                instance_urls=urls,
+                collector=collector,
+                policy=policy,
+                concurrency=concurrency,
+                block_size=fleet.block_size,
+                on_row=on_row,
+                stream_out=stream,
+            )
+            wall = time.perf_counter() - t0
+            stop.set()
+            th.join(timeout=5)
+            collector.wait_quiet(timeout_s=5.0)
+            after = collector.snapshot()
+            sess.snapshots.append(after)
+            if policy == "kv_aware" and fleet.router.log:
+                try:
+                    text = Path(fleet.router.log).read_text(errors="replace")
+                    url_of = {i.engine_id: i.url for i in fleet.instances}
+                    rows = attach_router_credits(rows, router_credits(text), url_of)
+                except OSError:
+                    pass
+            sess.rows.extend(rows)
+            sess.streams[policy] = stream
+            sess.runs.append(
+                summarize(
+                    policy,
+                    rows,
+                    wall,
+                    duplicated_blocks=after.tree.duplicated_blocks,
+                    preemptions=_preemptions(after) - _preemptions(before),
+                    workload=workload,
+                    model=fleet.model,
+                )
+            )
+        ids = [i.engine_id for i in fleet.instances]
+        first = next(iter(sess.streams), None)
+        if first is not None:
+            cap = fleet.num_blocks or 256
+            sess.whatif = whatif.replay_all(
+                sess.streams[first], ids, capacity_blocks=cap, block_size=fleet.block_size, source=first
+            )
+    finally:
+        collector.stop()
+    sess.fleet = fleet
+    return sess
+
+
+__all__ = ["Session", "clear_caches", "compare_policies"]
