@@ -8,8 +8,6 @@ FleetTrace (fleet-trace-<stamp>.json) with the offline what-if replays, labelled
 from __future__ import annotations
 
 import os
-import random
-import tempfile
 import time
 
 from engine.bench import common as C
@@ -17,61 +15,6 @@ from engine.bench.common import SuiteResult
 from engine.bench.report import BenchUnavailable, bar_figure
 
 POLICIES = ("round_robin", "kv_aware", "cache_aware")
-
-
-def free_base_port(span: int = 302, tries: int = 50) -> int:
-    """A base port whose fleet ports (base+0..2, +100.., +200.., +300, +301) are all free."""
-    from engine.fleet import launcher
-
-    rng = random.Random(os.getpid() ^ time.time_ns())
-    for _ in range(tries):
-        base = rng.randrange(20000, 60000 - span)
-        ports = [base + k for k in (0, 1, 2, 3, 100, 101, 102, 103, 200, 201, 202, 203, 300, 301)]
-        if not any(launcher.port_in_use(p) for p in ports):
-            return base
-    raise BenchUnavailable("no free range of ports for the fleet on 127.0.0.1")
-
-
-def run_fleet_bench(
-    *,
-    model: str,
-    n_instances: int,
-    n_requests: int,
-    num_blocks: int,
-    concurrency: int,
-    output_median: int,
-    seed: int = 0,
-    policies=POLICIES,
-):
-    """Start a fleet, run the policies, stop the fleet; returns the engine.fleet.runs.Session."""
-    from engine.fleet import launcher, runs, workload
-
-    try:
-        launcher.router_binary()
-    except launcher.FleetError as e:
-        raise BenchUnavailable(str(e)) from None
-    state = tempfile.mkdtemp(prefix="kvscope-fleet-bench-")
-    fleet = launcher.plan(
-        n_instances,
-        policy=policies[0],
-        model=model,
-        base_port=free_base_port(),
-        num_blocks=num_blocks,
-        state_dir=state,
-    )
-    reqs = workload.release_freeze(
-        n_requests,
-        seed,
-        turns=4,
-        output_median=output_median,
-        output_min=max(1, output_median // 4),
-        output_max=output_median * 3,
-    )
-    fleet = launcher.up(fleet, timeout_s=600)
-    try:
-        return runs.compare_policies(fleet, list(policies), reqs, concurrency=concurrency)
-    finally:
-        launcher.down(state)
 
 
 def suite_fleet(ctx: C.BenchContext) -> SuiteResult:
@@ -82,13 +25,25 @@ def suite_fleet(ctx: C.BenchContext) -> SuiteResult:
     n_inst = 3
     n_req = ctx.pick(48, 24, smoke=8)
     ctx.start("fleet up + policies")
-    sess = run_fleet_bench(
+    from engine.fleet import launcher, runs
+
+    try:
+        launcher.router_binary()
+    except launcher.FleetError as e:
+        raise BenchUnavailable(str(e)) from None
+    try:
+        base = runs.free_base_port(n_inst)
+    except launcher.FleetError as e:
+        raise BenchUnavailable(str(e)) from None
+    sess = runs.run_session(
+        base_port=base,
         model=model,
         n_instances=n_inst,
         n_requests=n_req,
         num_blocks=ctx.pick(256, 128, smoke=128),
         concurrency=ctx.pick(4, 4, smoke=2),
         output_median=ctx.pick(32, 16, smoke=4),
+        policies=POLICIES,
     )
     ctx.done("fleet up + policies")
     ctx.start("summaries")

@@ -1,5 +1,7 @@
 """python -m engine fleet up --instances N --policy P [--model tiny|default] [--num-blocks N]
-[--base-port 18000] [--with-vllm] [--state-dir DIR] | fleet down [--state-dir DIR] | fleet status"""
+[--base-port 18000] [--with-vllm] [--state-dir DIR] | fleet down [--state-dir DIR] | fleet status
+| fleet record --out trace.json [--instances 3] [--requests 24] [--policies round_robin,kv_aware]
+  (starts a fleet on free ports, runs the release-freeze workload per policy, saves a FleetTrace, stops)"""
 
 from __future__ import annotations
 
@@ -24,8 +26,44 @@ def main(argv: list[str] | None = None) -> int:
     u.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the instances")
     for p in (u, sub.add_parser("down", help="stop what `up` started"), sub.add_parser("status")):
         p.add_argument("--state-dir", default=None)
+    r = sub.add_parser("record", help="a fleet session saved as a FleetTrace JSON")
+    r.add_argument("--out", required=True)
+    r.add_argument("--instances", type=int, default=3)
+    r.add_argument("--requests", type=int, default=24)
+    r.add_argument("--model", default="tiny")
+    r.add_argument("--num-blocks", type=int, default=128)
+    r.add_argument("--policies", default="round_robin,kv_aware")
+    r.add_argument("--output-tokens", type=int, default=16, help="median max_tokens of the workload")
+    r.add_argument("--sample-every", type=float, default=1.0, help="seconds between snapshots")
     a = ap.parse_args(argv)
     try:
+        if a.cmd == "record":
+            from engine.fleet.runs import run_session
+
+            pols = tuple(p.strip() for p in a.policies.split(",") if p.strip())
+            bad = [p for p in pols if p not in launcher.POLICIES]
+            if not pols or bad:
+                print(f"error: --policies: each must be one of {launcher.POLICIES}, got {bad or pols}", file=sys.stderr)
+                return 2
+            sess = run_session(
+                model=a.model,
+                n_instances=a.instances,
+                n_requests=a.requests,
+                num_blocks=a.num_blocks,
+                output_median=a.output_tokens,
+                policies=pols,
+                sample_every_s=a.sample_every,
+            )
+            cmd = "python -m engine fleet record " + " ".join(argv or sys.argv[2:])
+            meta = {"command": cmd.strip(), "model": a.model, "instances": a.instances, "policies": list(pols)}
+            sess.trace(meta).save(a.out)
+            for run in sess.runs:
+                print(
+                    f"{run.policy}: hit rate {run.fleet_hit_rate}, TTFT p50 {run.ttft_p50_s} s, "
+                    f"p99 {run.ttft_p99_s} s, {run.output_tok_s} tok/s, dup blocks {run.duplicated_blocks}"
+                )
+            print(f"wrote {a.out}")
+            return 0
         if a.cmd == "up":
             nb = 64 if a.num_blocks == "small" else int(a.num_blocks)
             fleet = launcher.plan(

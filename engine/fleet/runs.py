@@ -5,6 +5,9 @@ restart vllm-router with the policy, empty every instance's prefix cache (POST
 
 from __future__ import annotations
 
+import os
+import random
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -140,4 +143,56 @@ def compare_policies(
     return sess
 
 
-__all__ = ["Session", "clear_caches", "compare_policies"]
+def free_base_port(n_instances: int = 3, tries: int = 50) -> int:
+    """A base port whose fleet ports (see launcher.plan) are all free on 127.0.0.1."""
+    rng = random.Random(os.getpid() ^ time.time_ns())
+    for _ in range(tries):
+        base = rng.randrange(20000, 60000 - 400)
+        ports = [base + off + k for off in (0, 100, 200) for k in range(n_instances + 1)] + [base + 300, base + 301]
+        if not any(launcher.port_in_use(p) for p in ports):
+            return base
+    raise launcher.FleetError("no free range of ports for the fleet on 127.0.0.1")
+
+
+def run_session(
+    *,
+    model: str = "tiny",
+    n_instances: int = 3,
+    n_requests: int = 24,
+    num_blocks: int = 128,
+    concurrency: int = 4,
+    output_median: int = 16,
+    seed: int = 0,
+    policies=("round_robin", "kv_aware"),
+    base_port: int | None = None,
+    sample_every_s: float = 1.0,
+) -> Session:
+    """Start a fleet on free ports, run the release-freeze workload under each policy, stop the
+    fleet (always); returns the Session."""
+    from engine.fleet import workload
+
+    state = tempfile.mkdtemp(prefix="kvscope-fleet-")
+    fleet = launcher.plan(
+        n_instances,
+        policy=policies[0],
+        model=model,
+        base_port=base_port or free_base_port(n_instances),
+        num_blocks=num_blocks,
+        state_dir=state,
+    )
+    reqs = workload.release_freeze(
+        n_requests,
+        seed,
+        turns=4,
+        output_median=output_median,
+        output_min=max(1, output_median // 4),
+        output_max=output_median * 3,
+    )
+    fleet = launcher.up(fleet, timeout_s=600)
+    try:
+        return compare_policies(fleet, list(policies), reqs, concurrency=concurrency, sample_every_s=sample_every_s)
+    finally:
+        launcher.down(state)
+
+
+__all__ = ["Session", "clear_caches", "compare_policies", "free_base_port", "run_session"]
