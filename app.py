@@ -93,6 +93,13 @@ PAGES = [
         ":material/link:",
         "a running kvscope or vLLM server: its metrics, queues and the prefix cache rebuilt from its KV events",
     ),
+    (
+        "fleet.py",
+        "Fleet",
+        "fleet",
+        ":material/hub:",
+        "several engines behind vLLM's router: every cache rebuilt from its events, merged, each routing checked",
+    ),
 ]
 
 

@@ -46,7 +46,18 @@ def _snapshot() -> FleetSnapshot:
         block_size=16,
         num_blocks=64,
         cached_blocks=3,
-        stream=StreamHealth(True, "msgpack", 10, 25, 9, 1, 1, 2, 0, ""),
+        stream=StreamHealth(
+            connected=True,
+            encoding="msgpack",
+            batches=10,
+            events=25,
+            last_seq=9,
+            seq_gaps=1,
+            replays=1,
+            replayed_batches=2,
+            clears=0,
+            missed=3,
+        ),
     )
     down = InstanceStatus(
         "http://127.0.0.1:9002",
@@ -54,7 +65,7 @@ def _snapshot() -> FleetSnapshot:
         up=False,
         reason=f"connection refused {EVIL}",
         cached_blocks=4,
-        stream=StreamHealth(False, "", 0, 0, -1, 0, 0, 0, 0, f"timeout {EVIL}"),
+        stream=StreamHealth(connected=False, error=f"timeout {EVIL}"),
     )
     return FleetSnapshot(5.0, (up, down), tree, "http://127.0.0.1:9000", "kv_aware")
 
@@ -94,10 +105,16 @@ def test_instances_table_shows_state_numbers_and_stream_health_escaped():
     h = F.instances_html(_snapshot())
     assert "▲ up" in h and "▼ down" in h
     assert EVIL not in h and "&lt;img src=x onerror=alert(1)&gt;" in h
-    assert "25.0 %" in h and "2 · 1" in h and "50.0 %" in h and "100 of 200 tokens" in h
-    assert "16 tokens" in h and "3 of 64" in h
-    assert "10 batches · 25 events" in h and "1 gaps" in h and "1 replays (2 batches)" in h and "msgpack" in h
-    assert "not connected: timeout" in h
+    assert "25.0 %" in h and "2 · 1" in h and "50.0 %" in h and "100 / 200 tok" in h
+    assert "<td class='n'>16</td>" in h and "of 64" in h
+    assert "10<br><span class='sub'>seq 9 · msgpack" in h  # batches, last seq, encoding
+    assert (
+        "<td class='n'>1<br><span class='sub'>3 missed</span></td><td class='n'>1<br><span class='sub'>2 batches" in h
+    )
+    assert "events: not connected: timeout" in h
+    assert "last seq 9 · 1 gaps (3 seq numbers missed) · 1 replays (2 batches) · 0 clears · msgpack" in (
+        F.stream_text(_snapshot().instances[0])
+    )
 
 
 def test_tree_counts_and_duplication_text():
@@ -144,14 +161,13 @@ def test_ledger_marks_server_best_holder_outcomes_and_escapes():
     h = F.ledger_html(_rows(), F.instance_ids(s))
     assert EVIL not in h and "&lt;img" in h
     assert h.index("r-4") < h.index("r-1")  # newest first
-    assert "384 ★" in h
-    assert "outline:2px solid" in h
+    assert "font-weight:700'>384 ★" in h  # r-1: served by e0, the best holder
     assert "384 =" in h  # router credit equals the reported cached tokens
     assert "16 ≠" in h
-    assert F.NO_HIT_TEXT[NO_HIT_NEVER_STORED] in h
-    assert F.NO_HIT_TEXT[NO_HIT_EVICTED] in h
-    assert F.NO_HIT_TEXT[NO_HIT_ELSEWHERE] + " (e0, 384 tokens)" in h
-    assert "hit: 384 of 400 prompt tokens from cache" in h
+    assert F.NO_HIT_SHORT[NO_HIT_NEVER_STORED] in h
+    assert F.NO_HIT_SHORT[NO_HIT_EVICTED] in h
+    assert "held on e0 (384), sent elsewhere" in h
+    assert "hit 384 / 400" in h
     assert "newest 2 of 4" in F.ledger_html(_rows(), ["e0", "e1"], limit=2)
     c = F.ledger_counts(_rows())
     assert c["requests"] == 4 and c["hits"] == 1
@@ -182,6 +198,10 @@ def test_whatif_is_labelled_a_replay_on_every_row():
     h = F.whatif_html(rows)
     assert F.REPLAY_LABEL in h
     assert h.count("<span class='kv-replay'>replay</span>") == 2
+    fig = F.policy_figure(_runs(), ["e0", "e1"], rows)
+    replayed = fig.data[1]
+    assert replayed.name == F.REPLAY_LABEL and list(replayed.x) == ["replay:<br>round robin", "replay:<br>llm-d prefix"]
+    assert list(replayed.y) == [25.0, 75.0] and replayed.marker.pattern.shape == "/"
     assert EVIL not in h and "25.0 %" in h and "300 of 400" in h
     assert F.whatif_html([]) == ""
 

@@ -18,7 +18,9 @@ rows are replays of recorded events and every view of them says so.
 from __future__ import annotations
 
 import html
+import json
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -28,6 +30,7 @@ from engine.fleet.state import (
     NO_HIT_EVICTED,
     NO_HIT_NEVER_STORED,
     FleetSnapshot,
+    FleetTrace,
     InstanceStatus,
     PolicyRun,
     PrefixTree,
@@ -46,12 +49,23 @@ DOWN_COLOR = theme.OKABE_ITO["vermillion"]
 UP_COLOR = theme.OKABE_ITO["bluish_green"]
 REPLAY_LABEL = "replay of recorded events, not a measurement"
 
+NO_HIT_SHORT = {
+    NO_HIT_NEVER_STORED: "no hit: never stored",
+    NO_HIT_EVICTED: "no hit: evicted first",
+    NO_HIT_ELSEWHERE: "no hit: held elsewhere",
+}
 NO_HIT_TEXT = {
     NO_HIT_NEVER_STORED: "no hit: no instance had ever stored its first block",
     NO_HIT_EVICTED: "no hit: stored before, evicted before it arrived",
     NO_HIT_ELSEWHERE: "no hit here: another instance held its prefix",
 }
 
+RULE_SHORT = {
+    "round_robin": "round robin",
+    "dynamo_overlap_cost": "Dynamo cost",
+    "llmd_longest_prefix": "llm-d prefix",
+    "kv_aware": "kv_aware",
+}
 RULE_TEXT = {
     "round_robin": "round robin: the next instance in turn, caches ignored",
     "dynamo_overlap_cost": "Dynamo's cost: prefill blocks left after the overlap, plus the instance's load",
@@ -96,10 +110,10 @@ def fmt_bytes(n: int | None) -> str:
 
 
 _TABLE_CSS = (
-    "<style>.kv-fleet{width:100%;border-collapse:collapse;font-size:0.86rem}"
+    "<style>.kv-fleet{width:100%;border-collapse:collapse;font-size:0.84rem}"
     ".kv-fleet td,.kv-fleet th{border-top:1px solid #ddd;padding:4px 6px;text-align:left;vertical-align:top}"
     ".kv-fleet th{font-weight:600;background:#FAFAFA}.kv-fleet .n{text-align:right;white-space:nowrap}"
-    ".kv-fleet .sub{color:#666;font-size:0.78rem}"
+    ".kv-fleet .sub{color:#666;font-size:0.76rem}.kv-fleet th .kv-chip{font-size:0.8rem}"
     ".kv-chip{display:inline-block;padding:0 6px;border-radius:3px;color:#fff;font-weight:600}"
     ".kv-replay{display:inline-block;padding:0 6px;border:1px dashed #7A3300;color:#7A3300;border-radius:3px;"
     "font-size:0.78rem;font-weight:600}</style>"
@@ -121,28 +135,51 @@ def stream_text(i: InstanceStatus) -> str:
     if not s.connected and not s.batches:
         return "not connected" + (f": {s.error}" if s.error else "")
     parts = [
-        f"{s.batches:,} batches · {s.events:,} events",
-        f"last seq {s.last_seq}",
-        f"{s.seq_gaps} gaps",
+        "connected" if s.connected else "disconnected",
+        f"{s.batches:,} batches, {s.events:,} events, last seq {s.last_seq}",
+        f"{s.seq_gaps} gaps" + (f" ({s.missed} seq numbers missed)" if s.missed else ""),
         f"{s.replays} replays ({s.replayed_batches} batches)",
         f"{s.clears} clears",
         s.encoding or "encoding not seen",
     ]
-    if not s.connected:
-        parts.insert(0, "disconnected")
     if s.error:
         parts.append(f"error: {s.error}")
     return " · ".join(parts)
 
 
+def _stream_cells(i: InstanceStatus) -> str:
+    s = i.stream
+    if not s.connected and not s.batches:
+        return "<td colspan='4' class='sub'>not connected</td>"
+    missed = f"<br><span class='sub'>{s.missed} missed</span>" if s.missed else ""
+    return (
+        f"<td class='n'>{s.batches:,}<br><span class='sub'>seq {s.last_seq} · {E(s.encoding or '—')}</span></td>"
+        f"<td class='n'>{s.seq_gaps}{missed}</td><td class='n'>{s.replays}<br><span class='sub'>"
+        f"{s.replayed_batches} batches</span></td><td class='n'>{s.clears}</td>"
+    )
+
+
+def _stream_note(i: InstanceStatus) -> str:
+    """Under the state: an event stream that is down or in error (escaped HTML)."""
+    s = i.stream
+    if s.connected and not s.error:
+        return ""
+    what = "events: " + ("connected" if s.connected else "not connected")
+    return f"<br><span class='sub'>{E(what + (': ' + s.error if s.error else ''))}</span>"
+
+
 def instances_html(snap: FleetSnapshot) -> str:
     """One row per instance: up or down (with the reason), KV usage, queues, prefix hit rate,
-    preemptions, block size, blocks rebuilt from its events, and its event stream's health."""
+    preemptions, block size, blocks rebuilt from its events, and its event stream's health
+    (encoding, batches and last sequence number, gaps, replays, clears)."""
     colors = instance_colors(instance_ids(snap))
     head = (
-        "<tr><th>instance</th><th>state</th><th class='n'>KV usage</th><th class='n'>running · waiting</th>"
-        "<th class='n'>prefix hit rate</th><th class='n'>preemptions</th><th class='n'>block size</th>"
-        "<th class='n'>cached blocks</th><th>KV-event stream</th></tr>"
+        "<tr><th rowspan='2'>instance</th><th rowspan='2'>state</th><th class='n' rowspan='2'>KV usage</th>"
+        "<th class='n' rowspan='2'>running<br>waiting</th><th class='n' rowspan='2'>prefix<br>hit rate</th>"
+        "<th class='n' rowspan='2'>preempt&shy;ions</th><th class='n' rowspan='2'>block<br>size</th>"
+        "<th class='n' rowspan='2'>cached<br>blocks</th>"
+        "<th colspan='4' style='text-align:center'>KV-event stream</th></tr>"
+        "<tr><th class='n'>batches</th><th class='n'>gaps</th><th class='n'>replays</th><th class='n'>clears</th></tr>"
     )
     body = []
     for i in snap.instances:
@@ -153,18 +190,19 @@ def instances_html(snap: FleetSnapshot) -> str:
             else f"<b style='color:{DOWN_COLOR}'>▼ down</b><br><span class='sub'>{E(i.reason or 'no reason')}</span>"
         )
         hits = (
-            f"<br><span class='sub'>{i.prefix_hits:,.0f} of {i.prefix_queries:,.0f} tokens</span>"
+            f"<br><span class='sub'>{i.prefix_hits:,.0f} / {i.prefix_queries:,.0f} tok</span>"
             if i.prefix_hits is not None and i.prefix_queries
             else ""
         )
         rw = "—" if i.running is None and i.waiting is None else f"{_num(i.running)} · {_num(i.waiting)}"
-        pool = f" of {i.num_blocks:,}" if i.num_blocks else ""
+        pool = f"<br><span class='sub'>of {i.num_blocks:,}</span>" if i.num_blocks else ""
         body.append(
-            f"<tr><td>{chip(eid, colors)}<br><span class='sub'>{E(i.kind)} · {E(i.url)}</span></td>"
-            f"<td>{state}</td><td class='n'>{_pct(i.kv_usage)}</td><td class='n'>{rw}</td>"
+            f"<tr><td style='white-space:nowrap'>{chip(eid, colors)} <span class='sub'>{E(i.kind)}</span><br>"
+            f"<span class='sub'>{E(i.url)}</span></td><td style='max-width:10rem'>{state}{_stream_note(i)}</td>"
+            f"<td class='n'>{_pct(i.kv_usage)}</td><td class='n'>{rw}</td>"
             f"<td class='n'>{_pct(i.prefix_hit_rate)}{hits}</td><td class='n'>{_num(i.preemptions)}</td>"
-            f"<td class='n'>{_num(i.block_size, '{} tokens')}</td><td class='n'>{i.cached_blocks:,}{pool}</td>"
-            f"<td class='sub'>{E(stream_text(i))}</td></tr>"
+            f"<td class='n'>{_num(i.block_size)}</td><td class='n'>{i.cached_blocks:,}{pool}</td>"
+            f"{_stream_cells(i)}</tr>"
         )
     return _TABLE_CSS + f"<table class='kv-fleet'><thead>{head}</thead><tbody>{''.join(body)}</tbody></table>"
 
@@ -287,19 +325,20 @@ def holdings_figure(snap: FleetSnapshot, height: int = 260) -> go.Figure:
             x=[shared.get(e, 0) for e in names],
             name="also held on another instance",
             orientation="h",
-            marker=dict(color=SHARED_COLOR, pattern=dict(shape="/")),
+            marker=dict(color=SHARED_COLOR, pattern=dict(shape="/", fgcolor=SHARED_COLOR, bgcolor="#FBE3D0")),
             text=[shared.get(e, 0) for e in names],
             textposition="inside",
+            insidetextfont=dict(color=theme.INK),
         )
     )
     fig.update_layout(
         barmode="stack",
         title=dict(text="Cached blocks per instance: unique vs duplicated", x=0, font=dict(size=14)),
         height=height,
-        margin=dict(l=10, r=10, t=40, b=40),
+        margin=dict(l=60, r=10, t=40, b=40),
         paper_bgcolor="white",
         plot_bgcolor="white",
-        legend=dict(orientation="h", y=-0.2),
+        legend=dict(orientation="h", y=-0.25, traceorder="normal"),
         xaxis_title="blocks",
     )
     fig.update_yaxes(autorange="reversed")
@@ -311,56 +350,60 @@ def holdings_figure(snap: FleetSnapshot, height: int = 260) -> go.Figure:
 
 
 def outcome_text(r: RequestRow) -> str:
-    """A request's prefix outcome (plain text): the hit, or why there was none."""
+    """A request's prefix outcome in a few words (plain text): the hit, or why there was none."""
     if r.error:
         return f"error: {r.error}"
     if r.cached_tokens:
-        return f"hit: {r.cached_tokens:,} of {r.prompt_tokens:,} prompt tokens from cache"
-    if r.no_hit_reason in NO_HIT_TEXT:
-        text = NO_HIT_TEXT[r.no_hit_reason]
-        if r.no_hit_reason == NO_HIT_ELSEWHERE and r.best_holder:
-            text += f" ({r.best_holder}, {r.best_tokens:,} tokens)"
-        return text
+        return f"hit {r.cached_tokens:,} / {r.prompt_tokens:,}"
+    if r.no_hit_reason == NO_HIT_ELSEWHERE and r.best_holder:
+        return f"held on {r.best_holder} ({r.best_tokens:,}), sent elsewhere"
+    if r.no_hit_reason in NO_HIT_SHORT:
+        return NO_HIT_SHORT[r.no_hit_reason]
     if r.cached_tokens is None:
         return "cached tokens not reported"
     return "no hit"
 
 
-def ledger_html(rows: Sequence[RequestRow], ids: Sequence[str], limit: int = 60) -> str:
+def ledger_html(rows: Sequence[RequestRow], ids: Sequence[str], limit: int = 25) -> str:
     """The request ledger, newest first: per request the instance that served it, the prefix tokens
-    each instance held when it arrived (★ the best holder, the server's cell boxed), the cached
-    tokens the server reported, the router's credited tokens where known, and the outcome."""
+    each instance held when it arrived (★ the best holder, the server's cell shaded and bold), the
+    cached tokens the server reported, the router's credited tokens where known (= or ≠ the
+    reported ones), TTFT, and the outcome."""
     colors = instance_colors(ids)
     shown = sorted(rows, key=lambda r: r.t_sent, reverse=True)[:limit]
     cols = list(ids) or sorted({k for r in shown for k in r.held_at_arrival})
     head = (
-        "<tr><th>request</th><th>policy</th><th>served by</th><th class='n'>prompt</th>"
-        + "".join(f"<th class='n'>held on {chip(e, colors)}</th>" for e in cols)
-        + "<th class='n'>cached (reported)</th><th class='n'>router credited</th><th class='n'>TTFT</th>"
-        "<th>outcome</th></tr>"
+        "<tr><th rowspan='2'>request</th><th rowspan='2'>policy</th><th rowspan='2'>served<br>by</th>"
+        "<th class='n' rowspan='2'>prompt<br>tokens</th>"
+        f"<th colspan='{len(cols)}' style='text-align:center'>prefix tokens held at arrival</th>"
+        "<th class='n' rowspan='2'>cached<br>(reported)</th><th class='n' rowspan='2'>router<br>credited</th>"
+        "<th class='n' rowspan='2'>TTFT</th><th rowspan='2'>outcome</th></tr><tr>"
+        + "".join(f"<th class='n'>{chip(e, colors)}</th>" for e in cols)
+        + "</tr>"
     )
     body = []
     for r in shown:
-        who = f"{E(r.conversation)} turn {r.turn}" if r.conversation else E(r.request_id)
+        who = f"{E(r.conversation)} · turn {r.turn}" if r.conversation else E(r.request_id)
         cells = []
         for e in cols:
             v = r.held_at_arrival.get(e)
             star = " ★" if e == r.best_holder and r.best_tokens else ""
-            box = "outline:2px solid #222;outline-offset:-2px;" if e == r.served_by else ""
-            cells.append(f"<td class='n' style='{box}'>{_num(v)}{star}</td>")
+            served = e == r.served_by
+            style = " style='background:#EDEDED;font-weight:700'" if served else ""
+            cells.append(f"<td class='n'{style}>{_num(v)}{star}</td>")
         credited = _num(r.router_credited)
         if r.router_credited is not None and r.cached_tokens is not None:
             credited += " =" if r.router_credited == r.cached_tokens else " ≠"
         served = chip(r.served_by, colors) if r.served_by else "—"
-        colour = "" if r.cached_tokens else f" style='color:{theme.OKABE_ITO['vermillion']}'"
+        colour = "" if r.cached_tokens else f";color:{theme.OKABE_ITO['vermillion']}"
         body.append(
-            f"<tr><td>{who}<br><span class='sub'>{E(r.request_id)} · t={r.t_sent:.1f} s</span></td>"
+            f"<tr title='{E(r.request_id)} sent at t={r.t_sent:.1f} s'><td style='white-space:nowrap'>{who}</td>"
             f"<td>{E(r.policy)}</td><td>{served}</td><td class='n'>{r.prompt_tokens:,}</td>{''.join(cells)}"
             f"<td class='n'>{_num(r.cached_tokens)}</td><td class='n'>{credited}</td><td class='n'>{_ms(r.ttft_s)}</td>"
-            f"<td{colour}>{E(outcome_text(r))}</td></tr>"
+            f"<td style='white-space:nowrap{colour}'>{E(outcome_text(r))}</td></tr>"
         )
     more = (
-        f"<p class='sub' style='font-size:0.8rem;color:#666'>newest {len(shown)} of {len(rows)} requests shown</p>"
+        f"<p style='font-size:0.8rem;color:#666;margin:2px 0'>newest {len(shown)} of {len(rows)} requests shown</p>"
         if len(rows) > len(shown)
         else ""
     )
@@ -420,17 +463,21 @@ def policy_table_html(runs: Sequence[PolicyRun]) -> str:
     return _TABLE_CSS + f"<table class='kv-fleet'><thead>{head}</thead><tbody>{body}</tbody></table>" + foot
 
 
-def policy_figure(runs: Sequence[PolicyRun], ids: Sequence[str] = (), height: int = 320) -> go.Figure:
-    """Four panels, one bar per policy: fleet hit rate, TTFT p50 / p99, requests per instance
-    (stacked), duplicated blocks and preemptions."""
+def policy_figure(
+    runs: Sequence[PolicyRun], ids: Sequence[str] = (), whatif: Sequence[WhatIfRow] = (), height: int = 380
+) -> go.Figure:
+    """Four panels, one bar per policy: fleet hit rate (the what-if replays beside the measured
+    runs, hatched and named "replay: ..."), TTFT p50 / p99, requests per instance (stacked),
+    duplicated blocks and preemptions."""
     fig = make_subplots(
         rows=1,
         cols=4,
+        column_widths=[0.34, 0.22, 0.22, 0.22],
         subplot_titles=(
-            "fleet prefix hit rate (%)",
+            "prefix hit rate (%): measured · replayed",
             "TTFT (ms)",
             "requests per instance",
-            "duplicated blocks · preemptions",
+            "duplicated · preempted",
         ),
         horizontal_spacing=0.07,
     )
@@ -444,13 +491,27 @@ def policy_figure(runs: Sequence[PolicyRun], ids: Sequence[str] = (), height: in
             marker_color=o["bluish_green"],
             text=[_pct(r.fleet_hit_rate) for r in runs],
             textposition="outside",
-            showlegend=False,
+            name="measured fleet hit rate",
             cliponaxis=False,
         ),
         1,
         1,
     )
-    for q, name, col in (("ttft_p50_s", "p50", o["blue"]), ("ttft_p99_s", "p99", o["vermillion"])):
+    if whatif:
+        fig.add_trace(
+            go.Bar(
+                x=[f"replay:<br>{RULE_SHORT.get(w.rule, w.rule)}" for w in whatif],
+                y=[None if w.hit_rate is None else 100 * w.hit_rate for w in whatif],
+                marker=dict(color="#FFFFFF", line=dict(color=o["bluish_green"], width=1.5), pattern=dict(shape="/")),
+                text=[_pct(w.hit_rate) for w in whatif],
+                textposition="outside",
+                name=REPLAY_LABEL,
+                cliponaxis=False,
+            ),
+            1,
+            1,
+        )
+    for q, name, col in (("ttft_p50_s", "p50", "#9E9E9E"), ("ttft_p99_s", "p99", theme.INK)):
         ys = [None if getattr(r, q) is None else 1000 * getattr(r, q) for r in runs]
         fig.add_trace(go.Bar(x=pol, y=ys, name=f"TTFT {name}", marker_color=col, legendgroup="ttft"), 1, 2)
     inst = list(dict.fromkeys(list(ids) + sorted({k for r in runs for k in r.per_instance_requests})))
@@ -479,7 +540,7 @@ def policy_figure(runs: Sequence[PolicyRun], ids: Sequence[str] = (), height: in
             x=pol,
             y=[r.preemptions for r in runs],
             name="preemptions",
-            marker=dict(color=theme.PHASE_COLORS["preempted"], pattern=dict(shape="x")),
+            marker=dict(color=o["reddish_purple"], pattern=dict(shape="x")),
         ),
         1,
         4,
@@ -490,12 +551,13 @@ def policy_figure(runs: Sequence[PolicyRun], ids: Sequence[str] = (), height: in
         margin=dict(l=40, r=10, t=50, b=40),
         paper_bgcolor="white",
         plot_bgcolor="white",
-        legend=dict(orientation="h", y=-0.18),
+        legend=dict(orientation="h", y=-0.22),
         font=dict(size=11),
     )
     _stack(fig, runs)
     fig.update_yaxes(gridcolor="#EEE", rangemode="tozero")
     fig.update_yaxes(range=[0, 110], row=1, col=1)
+    fig.update_xaxes(tickangle=0, tickfont=dict(size=10))
     for a in fig.layout.annotations:
         a.font = dict(size=12)
     return fig
@@ -521,7 +583,7 @@ def whatif_html(rows: Sequence[WhatIfRow]) -> str:
     if not rows:
         return ""
     head = (
-        f"<tr><th>rule <span class='kv-replay'>{E(REPLAY_LABEL)}</span></th><th class='n'>requests</th>"
+        "<tr><th>rule</th><th class='n'>requests</th>"
         "<th class='n'>prefix tokens the chosen instance held</th><th class='n'>hit rate (replayed)</th>"
         "<th>requests per instance</th><th>replays</th></tr>"
     )
@@ -537,7 +599,11 @@ def whatif_html(rows: Sequence[WhatIfRow]) -> str:
             + f"</td><td class='n'>{w.requests:,}</td><td class='n'>{w.hit_tokens:,} of {w.prompt_tokens:,}</td>"
             f"<td class='n'>{_pct(w.hit_rate)}</td><td class='sub'>{per}</td><td class='sub'>{E(w.source)}</td></tr>"
         )
-    return _TABLE_CSS + f"<table class='kv-fleet'><thead>{head}</thead><tbody>{''.join(body)}</tbody></table>"
+    cap = (
+        "<caption style='caption-side:top;text-align:left;padding:2px 0'>"
+        f"<span class='kv-replay'>{E(REPLAY_LABEL)}</span></caption>"
+    )
+    return _TABLE_CSS + f"<table class='kv-fleet'>{cap}<thead>{head}</thead><tbody>{''.join(body)}</tbody></table>"
 
 
 # ----------------------------------------------------------------------------- timeline
@@ -571,13 +637,57 @@ def timeline_figure(snapshots: Sequence[FleetSnapshot], height: int = 280) -> go
     fig.update_layout(
         title=dict(text="KV usage per instance and duplicated blocks over the session", x=0, font=dict(size=14)),
         height=height,
-        margin=dict(l=50, r=50, t=40, b=40),
+        margin=dict(l=50, r=50, t=40, b=70),
         paper_bgcolor="white",
         plot_bgcolor="white",
-        legend=dict(orientation="h", y=-0.3),
+        legend=dict(orientation="h", y=-0.4),
         xaxis_title="time since the session began (s)",
     )
     fig.update_yaxes(title="KV usage (%)", range=[0, 100], gridcolor="#EEE", secondary_y=False)
-    fig.update_yaxes(title="duplicated blocks", rangemode="tozero", showgrid=False, secondary_y=True)
+    fig.update_yaxes(title="duplicated blocks", rangemode="tozero", showgrid=False, tickformat=",d", secondary_y=True)
     fig.update_xaxes(gridcolor="#EEE")
     return fig
+
+
+# ----------------------------------------------------------------------------- recorded traces
+
+MAX_TRACE_BYTES = 64 * 1024 * 1024
+
+
+def fleet_traces(folder) -> dict[str, Path]:
+    """The recorded fleet traces in a folder (fleet_*.json), by name without the prefix."""
+    p = Path(folder)
+    return {f.stem.removeprefix("fleet_"): f for f in sorted(p.glob("fleet_*.json"))} if p.is_dir() else {}
+
+
+def load_fleet_trace_bytes(data: bytes, *, max_bytes: int = MAX_TRACE_BYTES) -> FleetTrace:
+    """A FleetTrace from JSON bytes; ValueError naming what is wrong (size, JSON, fields)."""
+    if len(data) > max_bytes:
+        raise ValueError(f"fleet trace: larger than {max_bytes // 2**20} MiB")
+    try:
+        trace = FleetTrace.from_json(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError("fleet trace: not UTF-8 text") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"fleet trace: not JSON ({e.msg} at line {e.lineno})") from None
+    except (KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"fleet trace: a field is missing or has the wrong type ({type(e).__name__}: {e})") from None
+    if not trace.snapshots:
+        raise ValueError("fleet trace: it holds no snapshot")
+    return trace
+
+
+def trace_caption(trace: FleetTrace) -> str:
+    """What a recorded trace holds, in one line (plain text)."""
+    m = trace.meta
+    span = trace.snapshots[-1].t - trace.snapshots[0].t if trace.snapshots else 0.0
+    bits = [
+        f"{len(trace.snapshots)} snapshots over {span:,.1f} s",
+        f"{len(trace.requests)} requests",
+        f"{len(trace.runs)} measured runs",
+        f"{len(trace.whatif)} what-if replays",
+    ]
+    for k in ("model", "cpu", "router", "recorded"):
+        if m.get(k):
+            bits.append(f"{k} {m[k]}")
+    return " · ".join(bits)
