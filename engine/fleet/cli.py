@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
                 policies=pols,
                 sample_every_s=a.sample_every,
             )
-            cmd = "python -m engine fleet record " + " ".join(argv or sys.argv[2:])
+            cmd = "python -m engine fleet " + " ".join(argv if argv is not None else sys.argv[2:])
             meta = {"command": cmd.strip(), "model": a.model, "instances": a.instances, "policies": list(pols)}
             sess.trace(meta).save(a.out)
             for run in sess.runs:
