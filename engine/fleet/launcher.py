@@ -225,18 +225,30 @@ def _same_process(pid: int | None, start: int | None) -> bool:
     return pid_alive(pid) and (start is None or proc_start(pid) == start)
 
 
+_CHILDREN: dict[int, subprocess.Popen] = {}  # what this process started (reaped on stop)
+
+
 def _spawn(cmd: list[str], log: Path, env: dict | None = None) -> int:
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as f:
         p = subprocess.Popen(
             cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env
         )
+    _CHILDREN[p.pid] = p
     return p.pid
+
+
+def _reap(pid: int) -> None:
+    p = _CHILDREN.get(pid)
+    if p is not None and p.poll() is not None:
+        _CHILDREN.pop(pid, None)
 
 
 def _stop_pid(pid: int | None, start: int | None, timeout: float = 15.0) -> bool:
     """SIGTERM then SIGKILL the process group of pid, only if it is still the process we started
     (same start time: never a pid the OS reused for something else). True if it was running."""
+    if pid:
+        _reap(pid)
     if not _same_process(pid, start):
         return False
     for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
@@ -249,11 +261,9 @@ def _stop_pid(pid: int | None, start: int | None, timeout: float = 15.0) -> bool
                 return True
         end = time.monotonic() + wait
         while time.monotonic() < end:
-            try:  # reap our own child
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
+            _reap(pid)
             if not pid_alive(pid):
+                _reap(pid)
                 return True
             time.sleep(0.1)
     return True
@@ -502,11 +512,9 @@ def kill_instance(fleet: Fleet, engine_id: str) -> None:
         os.killpg(inst.pid, signal.SIGKILL)
         end = time.monotonic() + 10
         while pid_alive(inst.pid) and time.monotonic() < end:
-            try:
-                os.waitpid(inst.pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
+            _reap(inst.pid)
             time.sleep(0.05)
+        _reap(inst.pid)
 
 
 __all__ = [
