@@ -198,6 +198,6 @@ def _build_navigation():
 
 st.set_page_config(page_title="kvscope", page_icon=":material/memory:", layout="wide")
 _pages, _page_objects = _build_navigation()
-_nav = st.navigation(_pages)
+_nav = st.navigation(_pages, expanded=True)  # every page listed (past 10 Streamlit folds them)
 ea.settings_sidebar()
 _nav.run()

@@ -182,8 +182,7 @@ def test_policy_views_put_runs_side_by_side():
     assert h.index("round_robin") < h.index("kv_aware")
     assert "31.0 %" in h and "72.0 %" in h and "900 ms" in h and "e0 9 · e1 3" in h and "12 (1)" in h
     fig = F.policy_figure(runs, ["e0", "e1"])
-    hit = fig.data[0]
-    assert list(hit.y) == [31.0, 72.0]
+    assert [t.name for t in fig.data[:2]] == ["TTFT p50", "TTFT p99"] and list(fig.data[1].y) == [900.0, 400.0]
     inst = [t for t in fig.data if t.legendgroup == "inst"]
     assert [t.name for t in inst] == ["e0", "e1"]
     assert list(inst[0].base) == [0, 0] and list(inst[1].base) == [6, 9]  # stacked
@@ -198,10 +197,11 @@ def test_whatif_is_labelled_a_replay_on_every_row():
     h = F.whatif_html(rows)
     assert F.REPLAY_LABEL in h
     assert h.count("<span class='kv-replay'>replay</span>") == 2
-    fig = F.policy_figure(_runs(), ["e0", "e1"], rows)
-    replayed = fig.data[1]
-    assert replayed.name == F.REPLAY_LABEL and list(replayed.x) == ["replay:<br>round robin", "replay:<br>llm-d prefix"]
-    assert list(replayed.y) == [25.0, 75.0] and replayed.marker.pattern.shape == "/"
+    fig = F.hit_rate_figure(_runs(), rows)
+    measured, replayed = fig.data
+    assert list(measured.y) == ["measured: round_robin", "measured: kv_aware"] and list(measured.x) == [31.0, 72.0]
+    assert replayed.name == F.REPLAY_LABEL and list(replayed.y) == ["replay: round robin", "replay: llm-d prefix"]
+    assert list(replayed.x) == [25.0, 75.0] and replayed.marker.pattern.shape == "/"
     assert EVIL not in h and "25.0 %" in h and "300 of 400" in h
     assert F.whatif_html([]) == ""
 

@@ -65,6 +65,7 @@ RULE_SHORT = {
     "dynamo_overlap_cost": "Dynamo cost",
     "llmd_longest_prefix": "llm-d prefix",
     "kv_aware": "kv_aware",
+    "recorded": "the gateway's own choices",
 }
 RULE_TEXT = {
     "round_robin": "round robin: the next instance in turn, caches ignored",
@@ -365,12 +366,13 @@ def outcome_text(r: RequestRow) -> str:
 
 
 def ledger_html(rows: Sequence[RequestRow], ids: Sequence[str], limit: int = 25) -> str:
-    """The request ledger, newest first: per request the instance that served it, the prefix tokens
+    """The request ledger, newest first (rows in send order, run after run, read backwards): per request
+    the instance that served it, the prefix tokens
     each instance held when it arrived (★ the best holder, the server's cell shaded and bold), the
     cached tokens the server reported, the router's credited tokens where known (= or ≠ the
     reported ones), TTFT, and the outcome."""
     colors = instance_colors(ids)
-    shown = sorted(rows, key=lambda r: r.t_sent, reverse=True)[:limit]
+    shown = list(rows)[::-1][:limit]  # rows come in send order, run after run (t_sent restarts per run)
     cols = list(ids) or sorted({k for r in shown for k in r.held_at_arrival})
     head = (
         "<tr><th rowspan='2'>request</th><th rowspan='2'>policy</th><th rowspan='2'>served<br>by</th>"
@@ -463,57 +465,74 @@ def policy_table_html(runs: Sequence[PolicyRun]) -> str:
     return _TABLE_CSS + f"<table class='kv-fleet'><thead>{head}</thead><tbody>{body}</tbody></table>" + foot
 
 
-def policy_figure(
-    runs: Sequence[PolicyRun], ids: Sequence[str] = (), whatif: Sequence[WhatIfRow] = (), height: int = 380
+def hit_rate_figure(
+    runs: Sequence[PolicyRun], whatif: Sequence[WhatIfRow] = (), height: int | None = None
 ) -> go.Figure:
-    """Four panels, one bar per policy: fleet hit rate (the what-if replays beside the measured
-    runs, hatched and named "replay: ..."), TTFT p50 / p99, requests per instance (stacked),
-    duplicated blocks and preemptions."""
-    fig = make_subplots(
-        rows=1,
-        cols=4,
-        column_widths=[0.34, 0.22, 0.22, 0.22],
-        subplot_titles=(
-            "prefix hit rate (%): measured · replayed",
-            "TTFT (ms)",
-            "requests per instance",
-            "duplicated · preempted",
-        ),
-        horizontal_spacing=0.07,
-    )
-    pol = [r.policy for r in runs]
+    """Fleet prefix hit rate: one bar per measured run (solid, "measured: policy") and, below them,
+    one per what-if rule (hatched, "replay: rule"), so the replays sit beside the measurements
+    without passing for them."""
     o = theme.OKABE_ITO
-    hit = [None if r.fleet_hit_rate is None else 100 * r.fleet_hit_rate for r in runs]
+    fig = go.Figure()
     fig.add_trace(
         go.Bar(
-            x=pol,
-            y=hit,
+            y=[f"measured: {r.policy}" for r in runs],
+            x=[None if r.fleet_hit_rate is None else 100 * r.fleet_hit_rate for r in runs],
+            orientation="h",
             marker_color=o["bluish_green"],
             text=[_pct(r.fleet_hit_rate) for r in runs],
             textposition="outside",
-            name="measured fleet hit rate",
+            name="measured: cached tokens the servers reported / prompt tokens",
             cliponaxis=False,
-        ),
-        1,
-        1,
+        )
     )
     if whatif:
         fig.add_trace(
             go.Bar(
-                x=[f"replay:<br>{RULE_SHORT.get(w.rule, w.rule)}" for w in whatif],
-                y=[None if w.hit_rate is None else 100 * w.hit_rate for w in whatif],
-                marker=dict(color="#FFFFFF", line=dict(color=o["bluish_green"], width=1.5), pattern=dict(shape="/")),
+                y=[f"replay: {RULE_SHORT.get(w.rule, w.rule)}" for w in whatif],
+                x=[None if w.hit_rate is None else 100 * w.hit_rate for w in whatif],
+                orientation="h",
+                marker=dict(
+                    color="#FFFFFF",
+                    line=dict(color=o["bluish_green"], width=1.5),
+                    pattern=dict(shape="/", fgcolor=o["bluish_green"], bgcolor="#FFFFFF"),
+                ),
                 text=[_pct(w.hit_rate) for w in whatif],
                 textposition="outside",
                 name=REPLAY_LABEL,
                 cliponaxis=False,
-            ),
-            1,
-            1,
+            )
         )
+    n = len(runs) + len(whatif)
+    fig.update_layout(
+        title=dict(
+            text="Fleet prefix hit rate (% of prompt tokens): measured runs, then replays", x=0, font=dict(size=14)
+        ),
+        height=height or 120 + 30 * n,
+        margin=dict(l=10, r=40, t=40, b=60),
+        paper_bgcolor="white",
+        plot_bgcolor="white",
+        legend=dict(orientation="h", y=-0.1, yanchor="top"),
+        xaxis=dict(range=[0, 100], gridcolor="#EEE"),
+        yaxis=dict(autorange="reversed", automargin=True),
+        bargap=0.25,
+    )
+    return fig
+
+
+def policy_figure(runs: Sequence[PolicyRun], ids: Sequence[str] = (), height: int = 320) -> go.Figure:
+    """Three panels, one bar group per measured policy: TTFT p50 / p99, requests per instance
+    (stacked), duplicated blocks at the end and preemptions."""
+    fig = make_subplots(
+        rows=1,
+        cols=3,
+        subplot_titles=("TTFT (ms)", "requests per instance", "duplicated blocks · preemptions"),
+        horizontal_spacing=0.08,
+    )
+    pol = [r.policy for r in runs]
+    o = theme.OKABE_ITO
     for q, name, col in (("ttft_p50_s", "p50", "#9E9E9E"), ("ttft_p99_s", "p99", theme.INK)):
         ys = [None if getattr(r, q) is None else 1000 * getattr(r, q) for r in runs]
-        fig.add_trace(go.Bar(x=pol, y=ys, name=f"TTFT {name}", marker_color=col, legendgroup="ttft"), 1, 2)
+        fig.add_trace(go.Bar(x=pol, y=ys, name=f"TTFT {name}", marker_color=col, legendgroup="ttft"), 1, 1)
     inst = list(dict.fromkeys(list(ids) + sorted({k for r in runs for k in r.per_instance_requests})))
     colors = instance_colors(inst)
     for e in inst:
@@ -528,12 +547,12 @@ def policy_figure(
                 textposition="inside",
             ),
             1,
-            3,
+            2,
         )
     fig.add_trace(
         go.Bar(x=pol, y=[r.duplicated_blocks for r in runs], name="duplicated blocks", marker_color=SHARED_COLOR),
         1,
-        4,
+        3,
     )
     fig.add_trace(
         go.Bar(
@@ -543,7 +562,7 @@ def policy_figure(
             marker=dict(color=o["reddish_purple"], pattern=dict(shape="x")),
         ),
         1,
-        4,
+        3,
     )
     fig.update_layout(
         barmode="group",
@@ -556,15 +575,13 @@ def policy_figure(
     )
     _stack(fig, runs)
     fig.update_yaxes(gridcolor="#EEE", rangemode="tozero")
-    fig.update_yaxes(range=[0, 110], row=1, col=1)
-    fig.update_xaxes(tickangle=0, tickfont=dict(size=10))
     for a in fig.layout.annotations:
         a.font = dict(size=12)
     return fig
 
 
 def _stack(fig: go.Figure, runs: Sequence[PolicyRun]) -> None:
-    """Stack the per-instance bars of panel 3 (barmode is one per figure, "group" for the others):
+    """Stack the per-instance bars of panel 2 (barmode is one per figure, "group" for the others):
     one offset group, each trace starting where the previous ended."""
     base = [0] * len(runs)
     for tr in fig.data:
@@ -590,7 +607,7 @@ def whatif_html(rows: Sequence[WhatIfRow]) -> str:
     body = []
     for w in rows:
         per = " · ".join(f"{E(k)} {v}" for k, v in w.per_instance_requests.items()) or "—"
-        desc = RULE_TEXT.get(w.rule, "")
+        desc = "" if w.note else RULE_TEXT.get(w.rule, "")
         note = f"<br><span class='sub'>{E(w.note)}</span>" if w.note else ""
         body.append(
             f"<tr><td><span class='kv-replay'>replay</span> <b>{E(w.rule)}</b>"

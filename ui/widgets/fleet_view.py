@@ -164,7 +164,9 @@ def runs_section(runs: tuple[PolicyRun, ...], whatif: tuple[WhatIfRow, ...], ids
     st.subheader("Policies compared")
     if runs:
         st.caption(RUNS_HELP)
-        ea.chart(F.policy_figure(runs, ids, whatif), key="fl_runs_fig")
+    ea.chart(F.hit_rate_figure(runs, whatif), key="fl_hit_fig")
+    if runs:
+        ea.chart(F.policy_figure(runs, ids), key="fl_runs_fig")
         st.markdown("**Measured runs**")
         st.html(F.policy_table_html(runs))
     if whatif:
