@@ -29,6 +29,8 @@ PAGED_WASTE_MAX, CONTIG_WASTE_MIN = 0.04, 0.6  # seed 004: under 4 % vs 60-80 %
 PREFIX_TTFT_MAX_RATIO = 0.5  # a prefix hit must at least halve TTFT
 SPEC_PASSAGE_MIN, SPEC_OPEN_MIN = 2.0, 0.95  # seed 004: 2-3x; never much below plain
 SPEC_THEORY_TOL = 0.25  # measured tokens per pass within 25 % of (1 - a^(k+1)) / (1 - a)
+FLEET_PREFILL_SAVED_MIN = 0.5  # seed 004: prefix caching removes 50-90 % of prefill for cacheable content
+FLEET_POLICIES = ("round_robin", "kv_aware", "cache_aware")  # bench fleet's policies, in its order
 
 _STAMP = re.compile(r"^(?P<suite>[a-z_]+)-(?P<stamp>\d{8}T\d{6}Z)\.json$")
 
@@ -139,6 +141,11 @@ CLAIMS = {
     ),
     "kv_quant": ("Quantizing the KV cache hurts recall over long contexts before it shows on short prompts.", "003"),
     "peers": ("On the same weights, kvscope keeps up with vLLM CPU at W16 and with llama.cpp at batch 1.", "—"),
+    "fleet_prefix": (
+        "Prefix caching removes 50-90 % of prefill work for cacheable prompts; across a fleet behind a "
+        "gateway that holds only where each request reaches an instance that holds its prefix.",
+        "004",
+    ),
 }
 
 
@@ -313,7 +320,31 @@ def rows_from_bench(res: dict[str, BenchResult]) -> list[ClaimRow]:
         rows.append(_row("peers", "—", None, _missing("peers") + " after scripts/peers.sh install", "bench"))
     else:
         rows.append(peers_row(pe.fields, pe.label))
+    fl = res.get("fleet")
+    if fl is None or not any(_num(fl.fields, f"{p}_hit_rate") is not None for p in FLEET_POLICIES):
+        rows.append(_row("fleet_prefix", "—", None, _missing("fleet"), fl.label if fl else "bench"))
+    else:
+        rows.append(fleet_row(fl.fields, fl.label))
     return rows
+
+
+def fleet_row(f: dict, source: str) -> ClaimRow:
+    """bench fleet: the share of prompt tokens served from the serving instance's prefix cache
+    (sum of cached_tokens / sum of prompt tokens) is the prefill removed, per routing policy."""
+    rates = {p: _num(f, f"{p}_hit_rate") for p in FLEET_POLICIES}
+    rates = {p: v for p, v in rates.items() if v is not None}
+    held = [p for p, v in rates.items() if v >= FLEET_PREFILL_SAVED_MIN]
+    best = max(rates, key=rates.get)
+    measured = ", ".join(f"{p} {100 * v:.0f} %" for p, v in rates.items()) + " of prompt tokens served from cache"
+    if f.get("fleet_model"):
+        measured += f" ({f['fleet_model']}, 3 servers behind vllm-router, release-freeze)"
+    why = (
+        f"holds if a policy's fleet hit rate (prefill removed) ≥ {100 * FLEET_PREFILL_SAVED_MIN:.0f} %: "
+        + (f"held under {', '.join(held)}" if held else "held under no policy")
+        + (f"; not under {', '.join(p for p in rates if p not in held)}" if len(held) < len(rates) else "")
+        + f"; best {best}."
+    )
+    return _row("fleet_prefix", measured, bool(held), why, source)
 
 
 def peers_row(f: dict, source: str) -> ClaimRow:
