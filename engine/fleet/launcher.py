@@ -50,6 +50,9 @@ class InstanceSpec:
     pid: int | None = None
     log: str = ""
     proc_start: int | None = None  # the process's start time (/proc/PID/stat): never stop a reused pid
+    # vLLM's publisher connects (does not bind) to a concrete tcp endpoint but binds an ipc:// one,
+    # so the vLLM peer publishes on ipc sockets in this folder ("" = tcp on the ports above)
+    ipc_dir: str = ""
 
     @property
     def url(self) -> str:
@@ -57,10 +60,14 @@ class InstanceSpec:
 
     @property
     def events(self) -> str:
+        if self.ipc_dir:
+            return f"ipc://{self.ipc_dir}/{self.engine_id}-events.sock"
         return f"tcp://127.0.0.1:{self.events_port}"
 
     @property
     def replay(self) -> str:
+        if self.ipc_dir:
+            return f"ipc://{self.ipc_dir}/{self.engine_id}-replay.sock"
         return f"tcp://127.0.0.1:{self.replay_port}"
 
 
@@ -135,16 +142,23 @@ def plan(
         raise FleetError(f"base_port must be in [1024, {65535 - 400}], got {base_port}")
     if num_blocks is not None and not 8 <= num_blocks <= 1_000_000:
         raise FleetError(f"num_blocks must be in [8, 1000000], got {num_blocks}")
+    if with_vllm and model != "default":
+        raise FleetError(f"--with-vllm needs --model default (the vLLM peer serves the default model), got {model!r}")
+    state_dir = str(state_dir or default_state_dir())
     insts = [InstanceSpec(f"e{i}", base_port + i, base_port + 100 + i, base_port + 200 + i) for i in range(n)]
     if with_vllm:
-        insts.append(InstanceSpec("vllm", base_port + n, base_port + 100 + n, base_port + 200 + n, kind="vllm"))
+        insts.append(
+            InstanceSpec(
+                "vllm", base_port + n, base_port + 100 + n, base_port + 200 + n, kind="vllm", ipc_dir=state_dir
+            )
+        )
     return Fleet(
         tuple(insts),
         RouterSpec(base_port + 300, base_port + 301, policy),
         model,
         block_size,
         num_blocks,
-        str(state_dir or default_state_dir()),
+        state_dir,
         tuple(extra_serve_args),
     )
 
@@ -381,7 +395,8 @@ def read_state(state_dir: str | Path | None = None) -> Fleet | None:
 
 def _check_ports(fleet: Fleet) -> None:
     for i in fleet.instances:
-        for what, port in (("API", i.port), ("KV-event", i.events_port), ("replay", i.replay_port)):
+        ports = [("API", i.port)] + ([] if i.ipc_dir else [("KV-event", i.events_port), ("replay", i.replay_port)])
+        for what, port in ports:
             if port_in_use(port):
                 raise FleetError(f"port {port} ({i.engine_id}'s {what} port) is taken on 127.0.0.1")
     for what, port in (("router", fleet.router.port), ("router metrics", fleet.router.prometheus_port)):
@@ -424,6 +439,11 @@ def restart_router(fleet: Fleet, policy: str, timeout_s: float = 60.0) -> Fleet:
     return start_router(stop_router(fleet), policy, timeout_s)
 
 
+def vllm_peer_installed() -> bool:
+    base = Path(os.environ.get("KVSCOPE_CACHE_DIR") or Path.home() / ".cache" / "kvscope")
+    return (base / "peers" / "vllm" / "bin" / "vllm").exists()
+
+
 def _start_vllm(fleet: Fleet, inst: InstanceSpec) -> InstanceSpec:
     peers = ROOT / "scripts" / "peers.sh"
     log = Path(fleet.state_dir) / f"{inst.engine_id}.log"
@@ -454,6 +474,8 @@ def up(fleet: Fleet, timeout_s: float = 300.0, router_timeout_s: float = 60.0) -
     ):
         raise FleetError(f"a fleet is already running from {fleet.state_dir}: `python -m engine fleet down` first")
     router_binary()  # fail before starting anything
+    if any(i.kind == "vllm" for i in fleet.instances) and not vllm_peer_installed():
+        raise FleetError("the vLLM peer is not installed: scripts/peers.sh install-vllm")
     _check_ports(fleet)
     started: list[InstanceSpec] = []
     try:

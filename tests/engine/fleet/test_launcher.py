@@ -78,3 +78,19 @@ def test_down_with_nothing_running(tmp_path, capsys):
     assert "nothing" in capsys.readouterr().out
     assert fleet_main(["up", "--instances", "0", "--state-dir", str(tmp_path)]) == 1
     assert "instances must be" in capsys.readouterr().err
+
+
+def test_with_vllm_needs_the_default_model_and_the_peer(tmp_path, monkeypatch):
+    with pytest.raises(launcher.FleetError, match="--model default"):
+        launcher.plan(1, with_vllm=True, state_dir=tmp_path)
+    f = launcher.plan(1, model="default", with_vllm=True, base_port=runs.free_base_port(2), state_dir=tmp_path)
+    v = f.instances[-1]
+    assert v.kind == "vllm" and v.events.startswith("ipc://") and v.replay.startswith("ipc://")
+    monkeypatch.setenv("KVSCOPE_CACHE_DIR", str(tmp_path / "empty"))
+    try:
+        launcher.router_binary()
+    except launcher.FleetError as e:
+        pytest.skip(str(e))
+    with pytest.raises(launcher.FleetError, match="peers.sh install-vllm"):
+        launcher.up(f)
+    assert launcher.read_state(tmp_path) is None
