@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import tempfile
 import threading
 import time
@@ -190,9 +191,11 @@ def run_session(
     )
     fleet = launcher.up(fleet, timeout_s=600)
     try:
-        return compare_policies(fleet, list(policies), reqs, concurrency=concurrency, sample_every_s=sample_every_s)
+        sess = compare_policies(fleet, list(policies), reqs, concurrency=concurrency, sample_every_s=sample_every_s)
     finally:
         launcher.down(state)
+    shutil.rmtree(state, ignore_errors=True)  # logs are kept when a run fails
+    return sess
 
 
 __all__ = ["Session", "clear_caches", "compare_policies", "free_base_port", "run_session"]
