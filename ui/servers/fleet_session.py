@@ -8,6 +8,7 @@ A LocalFleet's jobs (start, stop, a load run, a policy comparison) run one at a 
 
 from __future__ import annotations
 
+import atexit
 import threading
 import time
 import urllib.parse
@@ -27,6 +28,13 @@ def fleet_api():
     except ImportError as e:  # a checkout without the fleet runtime, or a missing dependency
         return None, f"the fleet runtime (engine.fleet) cannot be imported: {e}"
     return (launcher, collector, runs, workload), ""
+
+
+def _down_if_ours(launcher, fleet) -> None:
+    """Stop the fleet in fleet.state_dir if it is still the one this process started (same pids)."""
+    cur = launcher.read_state(fleet.state_dir)
+    if cur is not None and {i.pid for i in cur.instances} & {i.pid for i in fleet.instances if i.pid}:
+        launcher.down(fleet.state_dir)
 
 
 class LocalFleet:
@@ -83,6 +91,8 @@ class LocalFleet:
                 fleet = launcher.up(
                     launcher.plan(n, policy=policy, model=model, num_blocks=num_blocks, block_size=block_size)
                 )
+                # the servers are processes of their own: stop them when this app server exits
+                atexit.register(_down_if_ours, launcher, fleet)
             c = collector.FleetCollector(
                 collector.members_of(fleet),
                 router_url=fleet.router.url,

@@ -238,6 +238,7 @@ def local_panel() -> None:
         st.error(why)
         return
     up = lf.fleet is not None
+    SS["fl_local_state"] = (up, lf.busy)  # the live fragment reruns the page when this changes
     st.caption(
         "kvscope servers on 127.0.0.1, each with its own API, KV-event and replay ports and a small pool "
         "so pressure shows, behind vLLM's router (`vllm-router`). The same fleet starts from a shell with "
@@ -297,6 +298,8 @@ def load_launcher(lf: fs.LocalFleet, policies: tuple[str, ...]) -> None:
 @st.fragment(run_every=mode.run_every(REFRESH_S))
 def _local_live() -> None:
     lf = local_fleet()
+    if SS.get("fl_local_state") != (lf.fleet is not None, lf.busy):
+        st.rerun(scope="app")  # a job started or ended: the buttons and the load launcher change
     st.caption(f"Fleet: **{lf.status}**" + (f" · {lf.progress}" if lf.busy and lf.progress else ""))
     if lf.error:
         st.error(lf.error)
