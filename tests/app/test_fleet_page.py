@@ -56,6 +56,7 @@ def test_attach_discovers_events_and_rebuilds_the_tree(fleet_page):
 
         assert wait(rebuilt)
         snap = af.snapshot()
+        assert snap.instances[0].kind == "vllm"  # its /metrics has vLLM's names
         assert {n.block_hash for n in snap.tree.nodes} == {f"{1:016x}", f"{3:016x}"}  # 2 was removed
         at.run()
         assert not at.exception, [e.value for e in at.exception]

@@ -14,7 +14,7 @@ import time
 import urllib.parse
 
 from engine.fleet.state import FleetSnapshot, FleetTrace, PolicyRun, RequestRow, WhatIfRow
-from ui.servers.attach import kv_event_sources, normalise_base_url, reachable_endpoint
+from ui.servers.attach import detect_kind, kv_event_sources, normalise_base_url, reachable_endpoint
 
 MAX_ATTACH = 16
 IDLE_STOP_S = 300.0  # an attached fleet nobody looks at stops its threads
@@ -301,7 +301,12 @@ class AttachedFleet:
                     notes.append(f"{url}: events {ev} from its /kv_event_sources")
                 else:
                     notes.append(f"{url}: no events endpoint given and no /kv_event_sources: no prefix tree for it")
-            members.append(collector.Member(instance_name(url, urls), url, ev, rp, "unknown"))
+            try:
+                kind = detect_kind(url, timeout=3.0)[0]
+            except ValueError as e:  # unreachable now: the collector marks it down with its reason
+                kind = "unknown"
+                notes.append(f"{url}: {e}")
+            members.append(collector.Member(instance_name(url, urls), url, ev, rp, kind))
         try:
             c = collector.FleetCollector(members, router_url=self.router_url).start()
         except Exception as e:  # noqa: BLE001 - a bad endpoint: shown on the page
