@@ -272,6 +272,7 @@ def _stop_pid(pid: int | None, start: int | None, timeout: float = 15.0) -> bool
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
+                _reap(pid)  # exited meanwhile (a zombie group leader answers ESRCH)
                 return True
         end = time.monotonic() + wait
         while time.monotonic() < end:
@@ -280,6 +281,7 @@ def _stop_pid(pid: int | None, start: int | None, timeout: float = 15.0) -> bool
                 _reap(pid)
                 return True
             time.sleep(0.1)
+    _reap(pid)
     return True
 
 
