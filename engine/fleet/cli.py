@@ -35,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--policies", default="round_robin,kv_aware")
     r.add_argument("--output-tokens", type=int, default=16, help="median max_tokens of the workload")
     r.add_argument("--sample-every", type=float, default=1.0, help="seconds between snapshots")
+    r.add_argument("--kill", default="", help="engine id to SIGKILL during the last policy's run (a fault)")
+    r.add_argument("--kill-after", type=float, default=2.0, help="seconds into that run")
     a = ap.parse_args(argv)
     try:
         if a.cmd == "record":
@@ -53,14 +55,19 @@ def main(argv: list[str] | None = None) -> int:
                 output_median=a.output_tokens,
                 policies=pols,
                 sample_every_s=a.sample_every,
+                kill=a.kill,
+                kill_after_s=a.kill_after,
             )
             cmd = "python -m engine fleet " + " ".join(argv if argv is not None else sys.argv[2:])
             meta = {"command": cmd.strip(), "model": a.model, "instances": a.instances, "policies": list(pols)}
+            if a.kill:
+                meta["fault"] = f"{a.kill} killed (SIGKILL) {a.kill_after:g} s into the {pols[-1]} run"
             sess.trace(meta).save(a.out)
             for run in sess.runs:
                 print(
                     f"{run.policy}: hit rate {run.fleet_hit_rate}, TTFT p50 {run.ttft_p50_s} s, "
-                    f"p99 {run.ttft_p99_s} s, {run.output_tok_s} tok/s, dup blocks {run.duplicated_blocks}"
+                    f"p99 {run.ttft_p99_s} s, {run.output_tok_s} tok/s, dup blocks {run.duplicated_blocks}, "
+                    f"errors {run.errors}/{run.requests}, per instance {run.per_instance_requests}"
                 )
             print(f"wrote {a.out}")
             return 0

@@ -252,9 +252,17 @@ def _spawn(cmd: list[str], log: Path, env: dict | None = None) -> int:
     return p.pid
 
 
-def _reap(pid: int) -> None:
+def _reap(pid: int, wait_s: float = 0.0) -> None:
+    """Collect our child's exit status. A multi-threaded process shows as a zombie before its
+    other threads are gone and cannot be reaped until then: wait_s bounds that wait."""
     p = _CHILDREN.get(pid)
-    if p is not None and p.poll() is not None:
+    if p is None:
+        return
+    try:
+        done = p.wait(timeout=wait_s) is not None if wait_s > 0 else p.poll() is not None
+    except subprocess.TimeoutExpired:
+        done = False
+    if done:
         _CHILDREN.pop(pid, None)
 
 
@@ -272,16 +280,16 @@ def _stop_pid(pid: int | None, start: int | None, timeout: float = 15.0) -> bool
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
-                _reap(pid)  # exited meanwhile (a zombie group leader answers ESRCH)
+                _reap(pid, 5.0)  # exited meanwhile (a zombie group leader answers ESRCH)
                 return True
         end = time.monotonic() + wait
         while time.monotonic() < end:
             _reap(pid)
             if not pid_alive(pid):
-                _reap(pid)
+                _reap(pid, 5.0)
                 return True
             time.sleep(0.1)
-    _reap(pid)
+    _reap(pid, 5.0)
     return True
 
 
@@ -538,7 +546,7 @@ def kill_instance(fleet: Fleet, engine_id: str) -> None:
         while pid_alive(inst.pid) and time.monotonic() < end:
             _reap(inst.pid)
             time.sleep(0.05)
-        _reap(inst.pid)
+        _reap(inst.pid, 5.0)
 
 
 __all__ = [

@@ -68,7 +68,8 @@ def compare_policies(
     after_start=None,
 ) -> Session:
     """Run `requests` under each policy in turn (router restarted, caches cleared). `after_start(
-    fleet, collector, policy)` is called once the load is running (fault injection in tests)."""
+    fleet, collector, policy)` is called (in a thread) when the run's first request has finished,
+    so the load is flowing (fault injection)."""
     sess = Session(fleet)
     urls = [i.url for i in fleet.instances]
     collector = FleetCollector(members_of(fleet), router_url=fleet.router.url, block_size=fleet.block_size).start()
@@ -91,8 +92,15 @@ def compare_policies(
             th.start()
             stream: list = []
             t0 = time.perf_counter()
-            if after_start is not None:
-                threading.Thread(target=after_start, args=(fleet, collector, policy), daemon=True).start()
+            first_row = threading.Event()
+
+            def row_done(row, policy=policy, first_row=first_row, fleet=fleet):
+                if after_start is not None and not first_row.is_set():
+                    first_row.set()  # the load is flowing: start the fault clock now
+                    threading.Thread(target=after_start, args=(fleet, collector, policy), daemon=True).start()
+                if on_row is not None:
+                    on_row(row)
+
             rows = run_workload(
                 fleet.router.url,
                 fleet.model_name,
@@ -102,7 +110,7 @@ def compare_policies(
                 policy=policy,
                 concurrency=concurrency,
                 block_size=fleet.block_size,
-                on_row=on_row,
+                on_row=row_done,
                 stream_out=stream,
             )
             wall = time.perf_counter() - t0
@@ -167,9 +175,12 @@ def run_session(
     policies=("round_robin", "kv_aware"),
     base_port: int | None = None,
     sample_every_s: float = 1.0,
+    kill: str = "",
+    kill_after_s: float = 2.0,
 ) -> Session:
     """Start a fleet on free ports, run the release-freeze workload under each policy, stop the
-    fleet (always); returns the Session."""
+    fleet (always); returns the Session. `kill` (an engine id): SIGKILL that instance
+    `kill_after_s` seconds into the last policy's run (a fault)."""
     from engine.fleet import workload
 
     state = tempfile.mkdtemp(prefix="kvscope-fleet-")
@@ -189,9 +200,26 @@ def run_session(
         output_min=max(1, output_median // 4),
         output_max=output_median * 3,
     )
+    if kill and kill not in {i.engine_id for i in fleet.instances}:
+        ids = [i.engine_id for i in fleet.instances]
+        raise launcher.FleetError(f"kill: no instance {kill!r} in this fleet ({ids})")
+    last = list(policies)[-1]
+
+    def fault(fl, _collector, policy):
+        if kill and policy == last:
+            time.sleep(kill_after_s)
+            launcher.kill_instance(fl, kill)
+
     fleet = launcher.up(fleet, timeout_s=600)
     try:
-        sess = compare_policies(fleet, list(policies), reqs, concurrency=concurrency, sample_every_s=sample_every_s)
+        sess = compare_policies(
+            fleet,
+            list(policies),
+            reqs,
+            concurrency=concurrency,
+            sample_every_s=sample_every_s,
+            after_start=fault if kill else None,
+        )
     finally:
         launcher.down(state)
     shutil.rmtree(state, ignore_errors=True)  # logs are kept when a run fails
