@@ -199,7 +199,8 @@ def instances_html(snap: FleetSnapshot) -> str:
         pool = f"<br><span class='sub'>of {i.num_blocks:,}</span>" if i.num_blocks else ""
         body.append(
             f"<tr><td style='white-space:nowrap'>{chip(eid, colors)} <span class='sub'>{E(i.kind)}</span><br>"
-            f"<span class='sub'>{E(i.url)}</span></td><td style='max-width:10rem'>{state}{_stream_note(i)}</td>"
+            f"<span class='sub'>{E(i.url)}</span></td>"
+            f"<td style='min-width:8rem;max-width:13rem'>{state}{_stream_note(i)}</td>"
             f"<td class='n'>{_pct(i.kv_usage)}</td><td class='n'>{rw}</td>"
             f"<td class='n'>{_pct(i.prefix_hit_rate)}{hits}</td><td class='n'>{_num(i.preemptions)}</td>"
             f"<td class='n'>{_num(i.block_size)}</td><td class='n'>{i.cached_blocks:,}{pool}</td>"
@@ -460,7 +461,7 @@ def policy_table_html(runs: Sequence[PolicyRun]) -> str:
     models = sorted({r.model for r in runs if r.model})
     foot = (
         f"<p style='font-size:0.8rem;color:#666;margin:2px 0'>workload {e(', '.join(wl) or '—')} · model "
-        f"{e(', '.join(models) or '—')} · each run on cleared caches, one after the other</p>"
+        f"{e(', '.join(models) or '—')}</p>"
     )
     return _TABLE_CSS + f"<table class='kv-fleet'><thead>{head}</thead><tbody>{body}</tbody></table>" + foot
 

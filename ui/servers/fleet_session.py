@@ -12,6 +12,7 @@ import atexit
 import threading
 import time
 import urllib.parse
+from pathlib import Path
 
 from engine.fleet.state import FleetSnapshot, FleetTrace, PolicyRun, RequestRow, WhatIfRow
 from ui.servers.attach import detect_kind, kv_event_sources, normalise_base_url, reachable_endpoint
@@ -159,6 +160,13 @@ class LocalFleet:
                 on_row=self._on_row,
             )
             wall = time.perf_counter() - t0
+            if policy == "kv_aware" and fleet.router.log:  # the router logs the prefix tokens it credited
+                try:
+                    text = Path(fleet.router.log).read_text(errors="replace")
+                    url_of = {i.engine_id: i.url for i in fleet.instances}
+                    rows = workload.attach_router_credits(rows, workload.router_credits(text), url_of)
+                except OSError:
+                    pass
             c.wait_quiet(timeout_s=5.0)
             after = c.snapshot()
             pre = sum(i.preemptions or 0 for i in after.instances) - sum(i.preemptions or 0 for i in before.instances)

@@ -46,6 +46,10 @@ RUNS_HELP = (
     "The same workload run once per policy, one after the other, each on cleared caches. The fleet hit "
     "rate is the cached tokens the servers reported over all prompt tokens."
 )
+SINGLE_RUN_HELP = (
+    "One run of the workload through the gateway under this policy, on the caches as they were. The fleet "
+    "hit rate is the cached tokens the servers reported over all prompt tokens."
+)
 WHATIF_HELP = (
     "The recorded requests and event log fed offline to other published routing rules: which instance "
     "each rule would have picked, and how many prefix tokens that instance held at the time by the "
@@ -162,8 +166,10 @@ def runs_section(runs: tuple[PolicyRun, ...], whatif: tuple[WhatIfRow, ...], ids
     if not runs and not whatif:
         return
     st.subheader("Policies compared")
-    if runs:
+    if len(runs) > 1:
         st.caption(RUNS_HELP)
+    elif runs:
+        st.caption(SINGLE_RUN_HELP)
     ea.chart(F.hit_rate_figure(runs, whatif), key="fl_hit_fig")
     if runs:
         ea.chart(F.policy_figure(runs, ids), key="fl_runs_fig")
