@@ -94,3 +94,34 @@ def test_with_vllm_needs_the_default_model_and_the_peer(tmp_path, monkeypatch):
     with pytest.raises(launcher.FleetError, match="peers.sh install-vllm"):
         launcher.up(f)
     assert launcher.read_state(tmp_path) is None
+
+
+def test_cli_up_then_down_stops_exactly_what_it_started(tmp_path):
+    import subprocess
+    import sys
+
+    try:
+        launcher.router_binary()
+    except launcher.FleetError as e:
+        pytest.skip(str(e))
+    base = runs.free_base_port(1)
+    up_cmd = [sys.executable, "-m", "engine", "fleet", "up", "--instances", "1", "--policy", "round_robin"]
+    up_cmd += ["--base-port", str(base), "--num-blocks", "small", "--state-dir", str(tmp_path)]
+    r = subprocess.run(up_cmd, capture_output=True, text=True, timeout=900)
+    try:
+        assert r.returncode == 0, r.stderr
+        assert f"router (round_robin): http://127.0.0.1:{base + 300}/v1" in r.stdout
+        f = launcher.read_state(tmp_path)
+        pids = [f.instances[0].pid, f.router.pid]
+        assert all(launcher.pid_alive(p) for p in pids)
+        assert launcher.port_in_use(base) and launcher.port_in_use(base + 300)
+    finally:
+        d = subprocess.run(
+            [sys.executable, "-m", "engine", "fleet", "down", "--state-dir", str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert d.returncode == 0 and "e0 (pid" in d.stdout and "router (pid" in d.stdout
+    assert not any(launcher.pid_alive(p) for p in pids)
+    assert not launcher.port_in_use(base) and launcher.read_state(tmp_path) is None
