@@ -363,7 +363,8 @@ def _attached_live() -> None:
     if af is None:
         return
     af.touch()
-    st.caption(f"Attached fleet: **{af.status}**")
+    why = " (reading stops when the page is left unwatched; press Attach to start again)"
+    st.caption(f"Attached fleet: **{af.status}**" + (why if af.status == "stopped" else ""))
     if af.error:
         st.error(af.error)
     for note in af.notes:
