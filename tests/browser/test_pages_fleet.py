@@ -15,6 +15,7 @@ from tests.browser.shot import (
     REPO_ROOT,
     assert_no_exception,
     assert_screenshot,
+    choose_option,
     click_and_wait,
     main_text,
     open_page,
@@ -25,6 +26,7 @@ from ui.figures import fleet as F
 pytestmark = pytest.mark.browser
 FLEET_ENV = {"KVSCOPE_TEST_SERVER": "fleet"}
 DEMO = REPO_ROOT / "assets" / "traces" / "fleet_demo.json"
+FAULT = REPO_ROOT / "assets" / "traces" / "fleet_fault_demo.json"
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +62,28 @@ def test_recorded_fleet_trace(fleet_server, page):
     # tree, holdings, timeline, hit rate (measured + replayed), policy panels
     assert page.locator(".js-plotly-plot").count() == 5
     assert_screenshot(page, "fleet_recorded_trace")
+
+
+def test_recorded_fault_trace_marks_the_killed_instance_down(fleet_server, page):
+    """A run with an instance SIGKILLed mid-load: the last snapshot marks it down with the reason,
+    and the ledger's only errors are the requests it was serving when it died."""
+    trace = FleetTrace.load(FAULT)
+    last = trace.snapshots[-1]
+    down = [i for i in last.instances if not i.up]
+    assert down
+    open_page(page, fleet_server.url, "fleet")
+    click_and_wait(page, page.get_by_text("Recorded trace", exact=True))
+    choose_option(page, "Recorded fleet trace", "fault_demo")
+    page.evaluate("() => document.activeElement && document.activeElement.blur()")  # no focus ring in the shot
+    assert_no_exception(page)
+    assert _metric(page, "Instances up") == f"{len(last.instances) - len(down)} / {len(last.instances)}"
+    text = main_text(page)
+    for i in down:
+        assert i.reason in text.replace("\n", " ")
+    c = F.ledger_counts(trace.requests)
+    assert c["errors"] == sum(1 for r in trace.requests if r.error) and f"· {c['errors']} failed" in text
+    assert trace.meta["fault"] in text
+    assert_screenshot(page, "fleet_fault_trace")
 
 
 def test_ledger_filter_by_policy(fleet_server, page):

@@ -197,6 +197,8 @@ def instances_html(snap: FleetSnapshot) -> str:
         )
         rw = "—" if i.running is None and i.waiting is None else f"{_num(i.running)} · {_num(i.waiting)}"
         pool = f"<br><span class='sub'>of {i.num_blocks:,}</span>" if i.num_blocks else ""
+        if not i.up and i.cached_blocks:
+            pool += "<br><span class='sub'>as last seen</span>"
         body.append(
             f"<tr><td style='white-space:nowrap'>{chip(eid, colors)} <span class='sub'>{E(i.kind)}</span><br>"
             f"<span class='sub'>{E(i.url)}</span></td>"
@@ -375,10 +377,13 @@ def ledger_html(rows: Sequence[RequestRow], ids: Sequence[str], limit: int = 25)
     colors = instance_colors(ids)
     shown = list(rows)[::-1][:limit]  # rows come in send order, run after run (t_sent restarts per run)
     cols = list(ids) or sorted({k for r in shown for k in r.held_at_arrival})
+    mixed = len({r.policy for r in rows}) > 1  # the policy column only when rows of several runs mix
     head = (
-        "<tr><th rowspan='2'>request</th><th rowspan='2'>policy</th><th rowspan='2'>served<br>by</th>"
+        "<tr><th rowspan='2'>request</th>"
+        + ("<th rowspan='2'>policy</th>" if mixed else "")
+        + "<th rowspan='2'>served<br>by</th>"
         "<th class='n' rowspan='2'>prompt<br>tokens</th>"
-        f"<th colspan='{len(cols)}' style='text-align:center'>prefix tokens held at arrival</th>"
+        f"<th colspan='{len(cols)}' style='text-align:center'>prefix tokens held<br>at arrival</th>"
         "<th class='n' rowspan='2'>cached<br>(reported)</th><th class='n' rowspan='2'>router<br>credited</th>"
         "<th class='n' rowspan='2'>TTFT</th><th rowspan='2'>outcome</th></tr><tr>"
         + "".join(f"<th class='n'>{chip(e, colors)}</th>" for e in cols)
@@ -399,11 +404,13 @@ def ledger_html(rows: Sequence[RequestRow], ids: Sequence[str], limit: int = 25)
             credited += " =" if r.router_credited == r.cached_tokens else " ≠"
         served = chip(r.served_by, colors) if r.served_by else "—"
         colour = "" if r.cached_tokens else f";color:{theme.OKABE_ITO['vermillion']}"
+        wrap = "min-width:12rem;max-width:16rem;font-size:0.76rem" if r.error else "white-space:nowrap"
         body.append(
             f"<tr title='{E(r.request_id)} sent at t={r.t_sent:.1f} s'><td style='white-space:nowrap'>{who}</td>"
-            f"<td>{E(r.policy)}</td><td>{served}</td><td class='n'>{r.prompt_tokens:,}</td>{''.join(cells)}"
+            + (f"<td>{E(r.policy)}</td>" if mixed else "")
+            + f"<td>{served}</td><td class='n'>{r.prompt_tokens:,}</td>{''.join(cells)}"
             f"<td class='n'>{_num(r.cached_tokens)}</td><td class='n'>{credited}</td><td class='n'>{_ms(r.ttft_s)}</td>"
-            f"<td style='white-space:nowrap{colour}'>{E(outcome_text(r))}</td></tr>"
+            f"<td style='{wrap}{colour}'>{E(outcome_text(r))}</td></tr>"
         )
     more = (
         f"<p style='font-size:0.8rem;color:#666;margin:2px 0'>newest {len(shown)} of {len(rows)} requests shown</p>"
@@ -705,7 +712,7 @@ def trace_caption(trace: FleetTrace) -> str:
         f"{len(trace.runs)} measured runs",
         f"{len(trace.whatif)} what-if replays",
     ]
-    for k in ("model", "cpu", "router", "recorded"):
+    for k in ("model", "cpu", "router", "recorded", "fault"):
         if m.get(k):
             bits.append(f"{k} {m[k]}")
     return " · ".join(bits)

@@ -130,7 +130,7 @@ def draw_recorded(trace: FleetTrace) -> None:
 def summary_row(snap: FleetSnapshot, t0: float | None = None) -> None:
     up = sum(1 for i in snap.instances if i.up)
     c = F.tree_counts(snap.tree)
-    cols = st.columns(5)
+    cols = st.columns(4)
     cols[0].metric("Instances up", f"{up} / {len(snap.instances)}")
     cols[1].metric("Distinct cached blocks", f"{c['blocks']:,}")
     cols[2].metric(
@@ -139,8 +139,7 @@ def summary_row(snap: FleetSnapshot, t0: float | None = None) -> None:
         help="copies beyond the first of blocks held on more than one instance",
     )
     cols[3].metric("Duplicated KV bytes", F.fmt_bytes(c["duplicated_bytes"]))
-    cols[4].metric("Gateway policy", snap.policy or "—")
-    where = f"gateway {snap.router}" if snap.router else "no gateway"
+    where = f"gateway {snap.router}, policy **{snap.policy or '—'}**" if snap.router else "no gateway"
     when = f"t = {snap.t - t0:,.1f} s" if t0 is not None else ""
     st.caption(" · ".join(x for x in (when, where) if x))
 
@@ -204,7 +203,7 @@ def ledger_section(rows: tuple[RequestRow, ...], ids: list[str], *, key: str) ->
             if c["credit_known"]
             else " · the router reported no credited tokens"
         )
-        + (f" · {c['errors']} errors" if c["errors"] else "")
+        + (f" · {c['errors']} failed" if c["errors"] else "")
     )
     st.html(F.ledger_html(shown, ids))
 
