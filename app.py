@@ -93,6 +93,13 @@ PAGES = [
         ":material/link:",
         "a running kvscope or vLLM server: its metrics, queues and the prefix cache rebuilt from its KV events",
     ),
+    (
+        "fleet.py",
+        "Fleet",
+        "fleet",
+        ":material/hub:",
+        "several engines behind vLLM's router: every cache rebuilt from its events, merged, each routing checked",
+    ),
 ]
 
 
@@ -191,6 +198,6 @@ def _build_navigation():
 
 st.set_page_config(page_title="kvscope", page_icon=":material/memory:", layout="wide")
 _pages, _page_objects = _build_navigation()
-_nav = st.navigation(_pages)
+_nav = st.navigation(_pages, expanded=True)  # every page listed (past 10 Streamlit folds them)
 ea.settings_sidebar()
 _nav.run()

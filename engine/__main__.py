@@ -1,7 +1,8 @@
 """Command line: python -m engine generate "prompt" [--max-tokens N] [--temperature T] [--json]
 python -m engine bench SUITE [--quick] [--json]
 python -m engine soak [...]
-python -m engine serve [--model M] [--port 8000] [...]   (OpenAI-compatible API)"""
+python -m engine serve [--model M] [--port 8000] [...]   (OpenAI-compatible API)
+python -m engine fleet up|down [...]   (N servers behind vllm-router)"""
 
 from __future__ import annotations
 
@@ -104,7 +105,7 @@ def _generate(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    cmds = ("generate", "bench", "soak", "serve")
+    cmds = ("generate", "bench", "soak", "serve", "fleet")
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in cmds:
         print(__doc__.strip())
         return 0 if argv and argv[0] in ("-h", "--help") else 2
@@ -119,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
         from engine.serve.cli import main as serve_main
 
         return serve_main(rest)
+    if cmd == "fleet":
+        from engine.fleet.cli import main as fleet_main
+
+        return fleet_main(rest)
     from engine.lab.soak_cli import main as soak_main
 
     return soak_main(rest)

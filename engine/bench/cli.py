@@ -95,6 +95,14 @@ SUITES: dict[str, Suite] = {
             "bytes each reads per step and the per-op split",
             module="weight_formats",
         ),
+        Suite(
+            "fleet",
+            "suite_fleet",
+            2,
+            "3 kvscope servers behind vllm-router, release-freeze under round_robin / kv_aware / cache_aware: "
+            "fleet hit rate, TTFT p50/p99, output tok/s, duplicated blocks (engine/bench/fleet.py)",
+            module="fleet",
+        ),
     )
 }
 DEFAULT_ALL = ("throughput", "roofline", "memory", "prefix", "speculative", "cache")

@@ -33,6 +33,8 @@ PACKETS_LEAK_MIN, PACKETS_OVER_CHANCE = 0.5, 3.0  # undefended: answer picked >=
 PACKETS_DEFENDED_MAX = 2.0  # a defence "hides the answer" at <= 2x chance
 WEIGHTS_FOLLOW = 0.8  # speed "follows bytes" if the tok/s gain is >= 80 % of the byte cut
 WEIGHTS_READ_BOUND = 2.0  # Linears slower than 2x their bytes' read time: not bound by the bytes
+FLEET_PREFILL_SAVED_MIN = 0.5  # seed 004: prefix caching removes 50-90 % of prefill for cacheable content
+FLEET_POLICIES = ("round_robin", "kv_aware", "cache_aware")  # bench fleet's policies, in its order
 
 _STAMP = re.compile(r"^(?P<suite>[a-z_]+)-(?P<stamp>\d{8}T\d{6}Z)\.json$")
 
@@ -152,6 +154,11 @@ CLAIMS = {
         "The sizes of streamed packets leak token lengths through encryption, and with them, with some "
         "accuracy, the content of the answer.",
         "002",
+    ),
+    "fleet_prefix": (
+        "Prefix caching removes 50-90 % of prefill work for cacheable prompts; across a fleet behind a "
+        "gateway that holds only where each request reaches an instance that holds its prefix.",
+        "004",
     ),
 }
 
@@ -332,6 +339,11 @@ def rows_from_bench(res: dict[str, BenchResult]) -> list[ClaimRow]:
     rows.append(weights_row(wb.fields, wb.label) if wb else missing_wb)
     pk = res.get("packets")
     rows.append(packets_row(pk.fields, pk.label) if pk else _row("packets", "—", None, _missing("packets"), "bench"))
+    fl = res.get("fleet")
+    if fl is None or not any(_num(fl.fields, f"{p}_hit_rate") is not None for p in FLEET_POLICIES):
+        rows.append(_row("fleet_prefix", "—", None, _missing("fleet"), fl.label if fl else "bench"))
+    else:
+        rows.append(fleet_row(fl.fields, fl.label))
     return rows
 
 
@@ -430,6 +442,25 @@ def packets_row(f: dict, source: str) -> ClaimRow:
         "times (the Prefix cache page runs the same measurement)."
     )
     return _row("packets", "; ".join(parts), holds, why, source)
+
+
+def fleet_row(f: dict, source: str) -> ClaimRow:
+    """bench fleet: the share of prompt tokens served from the serving instance's prefix cache
+    (sum of cached_tokens / sum of prompt tokens) is the prefill removed, per routing policy."""
+    rates = {p: _num(f, f"{p}_hit_rate") for p in FLEET_POLICIES}
+    rates = {p: v for p, v in rates.items() if v is not None}
+    held = [p for p, v in rates.items() if v >= FLEET_PREFILL_SAVED_MIN]
+    best = max(rates, key=rates.get)
+    measured = ", ".join(f"{p} {100 * v:.0f} %" for p, v in rates.items()) + " of prompt tokens served from cache"
+    if f.get("fleet_model"):
+        measured += f" ({f['fleet_model']}, 3 servers behind vllm-router, release-freeze)"
+    why = (
+        f"holds if a policy's fleet hit rate (prefill removed) ≥ {100 * FLEET_PREFILL_SAVED_MIN:.0f} %: "
+        + (f"held under {', '.join(held)}" if held else "held under no policy")
+        + (f"; not under {', '.join(p for p in rates if p not in held)}" if len(held) < len(rates) else "")
+        + f"; best {best}."
+    )
+    return _row("fleet_prefix", measured, bool(held), why, source)
 
 
 def peers_row(f: dict, source: str) -> ClaimRow:

@@ -42,8 +42,9 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_waiting: int = DEFAULT_MAX_WAITING,
     stream_interval_s: float = 0.25,
+    instance_id: str | None = None,
 ) -> FastAPI:
-    from engine.serve import routes, vllm_routes
+    from engine.serve import fleet_routes, routes, vllm_routes
 
     if max_body_bytes < 1024:
         raise ValueError(f"max_body_bytes must be >= 1024, got {max_body_bytes}")
@@ -60,7 +61,11 @@ def create_app(
     errors.install(app)
     app.include_router(routes.router)
     app.include_router(vllm_routes.router)  # render, get_server_info, kv_event_sources
+    app.include_router(fleet_routes.router)  # cached_blocks, reset_prefix_cache (engine/fleet/ uses them)
     app.add_middleware(errors.GuardMiddleware, api_key=state.api_key, max_body_bytes=max_body_bytes)
+    if instance_id:  # which fleet member answered, through a gateway; also /get_server_info's id
+        app.state.kvscope_instance_id = instance_id
+        app.add_middleware(fleet_routes.InstanceHeaderMiddleware, instance_id=instance_id)
     return app
 
 

@@ -69,6 +69,11 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="write the model's tokenizer to DIR (for guidellm / vllm bench serve) and keep serving",
     )
+    ap.add_argument(
+        "--instance-id",
+        default=None,
+        help="name sent in the x-kvscope-instance response header (a fleet's engine id; default HOST:PORT)",
+    )
     ap.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))
     for f in dataclasses.fields(EngineConfig):
         if f.name in SKIP_FIELDS:
@@ -147,7 +152,14 @@ def main(argv: list[str] | None = None) -> int:
         th.tokenizer.save_pretrained(a.save_tokenizer)
         print(f"kvscope serve: tokenizer written to {a.save_tokenizer}", file=sys.stderr)
     try:
-        app = create_app(th, a.served_model_name, a.api_key, a.max_body_bytes, a.max_waiting)
+        app = create_app(
+            th,
+            a.served_model_name,
+            a.api_key,
+            a.max_body_bytes,
+            a.max_waiting,
+            instance_id=a.instance_id or f"{a.host}:{a.port}",
+        )
         if a.kv_events_endpoint:
             app.state.kvscope.kv_events = attach_kv_events(
                 th, a.kv_events_endpoint, a.kv_events_replay_endpoint, a.kv_events_format

@@ -44,7 +44,7 @@ def imported_names(path: Path) -> set[str]:
 def test_there_are_figures_widgets_and_servers():
     figures, widgets = modules_under("ui/figures"), modules_under("ui/widgets")
     assert "ui.figures.pool" in figures and "ui.widgets.engine_access" in widgets
-    assert modules_under("ui/servers") == ["ui.servers.api_door", "ui.servers.attach"]
+    assert modules_under("ui/servers") == ["ui.servers.api_door", "ui.servers.attach", "ui.servers.fleet_session"]
     assert not list((ROOT / "ui").glob("[!_]*.py")), "every ui module is in figures/, widgets/ or servers/"
 
 

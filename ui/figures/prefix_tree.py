@@ -168,6 +168,27 @@ def tree_figure(
         hover.append("blocks whose parent block was evicted before them")
         colors.append(0.0)
     scale = "Viridis_r" if color_by == "age" else "YlOrRd"
+    shown = f"{len(keep)} of {len(tree)} cached blocks" if len(keep) < len(tree) else f"{len(tree)} cached blocks"
+    return icicle_figure(
+        ids,
+        parents,
+        labels,
+        hover,
+        dict(
+            colors=colors,
+            colorscale=scale,
+            showscale=True,
+            colorbar=dict(title="age (s)" if color_by == "age" else "reuse"),
+        ),
+        f"Prefix cache rebuilt from KV events: {shown}, {tree.chains()} chains",
+        height,
+    )
+
+
+def icicle_figure(ids, parents, labels, hover, marker: dict, title: str, height: int = 520) -> go.Figure:
+    """The icicle every prefix tree is drawn as (one server's here, the fleet's merged one in
+    ui/figures/fleet.py): one cell per block, the root at the top, each chain going down. Labels
+    and hover texts must already be escaped."""
     fig = go.Figure(
         go.Icicle(
             ids=ids,
@@ -175,21 +196,13 @@ def tree_figure(
             labels=labels,
             hovertext=hover,
             hoverinfo="text",
-            marker=dict(
-                colors=colors,
-                colorscale=scale,
-                showscale=True,
-                colorbar=dict(title="age (s)" if color_by == "age" else "reuse"),
-            ),
+            marker=marker,
             tiling=dict(orientation="v"),
             maxdepth=12,
         )
     )
-    shown = f"{len(keep)} of {len(tree)} cached blocks" if len(keep) < len(tree) else f"{len(tree)} cached blocks"
     fig.update_layout(
-        title=dict(
-            text=f"Prefix cache rebuilt from KV events: {shown}, {tree.chains()} chains", x=0, font=dict(size=14)
-        ),
+        title=dict(text=title, x=0, font=dict(size=14)),
         height=height,
         margin=dict(l=10, r=10, t=40, b=10),
         paper_bgcolor="white",

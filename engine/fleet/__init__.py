@@ -1,0 +1,1 @@
+"""A fleet of kvscope (or vLLM) servers behind vLLM's router: launcher, collector, workload, what-if."""
