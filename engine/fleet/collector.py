@@ -81,6 +81,8 @@ def down_reason(e: BaseException) -> str:
         e = e.reason if isinstance(e.reason, BaseException) else e
     if isinstance(e, ConnectionRefusedError):
         return "connection refused (the process is gone or not listening)"
+    if isinstance(e, ConnectionResetError):
+        return "connection reset mid-answer (the process was killed or crashed)"
     if isinstance(e, TimeoutError) or "timed out" in str(e):
         return f"no answer within {HTTP_TIMEOUT_S:.0f} s"
     return f"{type(e).__name__}: {str(e)[:200]}"
