@@ -30,8 +30,9 @@ import os
 import statistics
 
 from engine.bench import common as C
+from engine.config import KV_CACHE_DTYPES
 
-DTYPES = ("fp32", "bf16", "fp16", "fp8_e4m3", "int8")
+DTYPES = tuple(d for d in KV_CACHE_DTYPES if d != "auto")  # fp32 first: the reference
 ASSET = os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
     "assets",

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
+from engine.config import KV_CACHE_DTYPES
 from engine.lab import memory_math as mm
 from ui.figures import theme
 
@@ -301,7 +302,10 @@ def config_from_engine_info(info) -> dict:
 
 # ---------------------------------------------------------------- measured cost of a quantized KV cache
 
-KVQUANT_NAMES = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8_e4m3", "int8": "int8"}
+# the calculator's KV dtype names -> EngineConfig.kv_cache_dtype (the one list, engine/config.py);
+# the calculator says "fp8" for the pool's fp8_e4m3
+KVQUANT_NAMES = {("fp8" if d == "fp8_e4m3" else d): d for d in KV_CACHE_DTYPES if d != "auto"}
+KV_DTYPES = tuple(KVQUANT_NAMES)  # the calculator's KV cache dtype choices
 
 
 def kvquant_caption(data: dict | None, dtype: str) -> str | None:
