@@ -138,8 +138,8 @@ CLAIMS = {
         "000, 001, 004",
     ),
     "kv_quant": (
-        "Dropping the KV cache to very low precision hurts recall over long contexts well before it shows "
-        "on short prompts.",
+        "Store keys and values in very few bits (4 and below) and the model starts missing facts far "
+        "back in a long context while its answers to short prompts still barely change.",
         "003",
     ),
     "peers": ("On the same weights, kvscope keeps up with vLLM CPU at W16 and with llama.cpp at batch 1.", "—"),

@@ -245,8 +245,9 @@ def settings_sidebar() -> None:
             "KV cache dtype",
             KV_CACHE_DTYPES,
             index=KV_CACHE_DTYPES.index(cfg.kv_cache_dtype),
-            help="What the pool stores per number: auto = the model's dtype; fp8_e4m3, "
-            "int8, int4 and int2 add a float32 scale per (token, KV head). Quantized caches are not "
+            help="What the pool stores per number: auto = the model's dtype; fp8_e4m3 and "
+            "int8 add a float32 scale per (token, KV head); int4 and int2 pack 2 and 4 numbers per "
+            "byte with a float32 scale per 32 numbers. Quantized caches are not "
             "token-exact: the Memory calculator shows their measured agreement.",
         )
         seqs = st.number_input("Max concurrent sequences", min_value=1, max_value=4096, value=int(cfg.max_num_seqs))
