@@ -409,6 +409,16 @@ def kv_quant_row(by_dtype: dict, source: str) -> ClaimRow:
         )
     else:
         why = "here no format down to " + list(got)[-1] + " loses a needle fp32 recalls"
+    short_first = [d for d in got if breaks[d] is None and got[d]["short_top1_agreement"] < SHORT_TOP1_MIN]
+    if short_first and not first:
+        why += (
+            "; "
+            + ", ".join(
+                f"{d} keeps every needle with short prompts at {got[d]['short_top1_agreement']:.0%}"
+                for d in short_first
+            )
+            + ": short prompts degrade first"
+        )
     return _row("kv_quant", measured, bool(first), rule + why, source)
 
 

@@ -105,6 +105,11 @@ def test_kv_quant_row_rule_on_fixed_inputs():
     together = _kvq({"int4": 0.93, "int2": 0.40}, {"int4": (1, 1, 1, 0), "int2": (1, 0, 0, 0)})
     r = C.kv_quant_row(together, "x")
     assert r.holds is False and "int2 40%" in r.why and "break together" in r.why
+    # ... and a format that keeps every needle while its short prompts fall: said so
+    short_first = _kvq({"int4": 0.79, "int2": 0.12}, {"int4": (1, 1, 1, 0), "int2": (0, 0, 0, 0)})
+    r = C.kv_quant_row(short_first, "x")
+    assert r.holds is False
+    assert "int4 keeps every needle with short prompts at 79%: short prompts degrade first" in r.why
     # the threshold is inclusive: exactly 90 % counts as intact
     edge = _kvq({"int4": 0.9}, {"int4": (1, 0, 1, 0)})
     assert (
