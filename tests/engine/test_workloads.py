@@ -17,7 +17,7 @@ def _dump(reqs):
 
 
 def test_module_does_not_import_torch():
-    code = "import sys, engine.workloads, engine.prompt_sets; print('torch' in sys.modules)"
+    code = "import sys, engine.lab.workloads, engine.lab.prompt_sets; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
