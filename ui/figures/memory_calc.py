@@ -343,7 +343,7 @@ def kvquant_caption(data: dict | None, dtype: str) -> str | None:
             f"{row['token_agreement']:.0%} of greedy tokens identical, "
             f"{row['sequences_identical']:.0%} of outputs identical, mean KL {row['mean_kl']:.2g} nats, "
             f"needle recall {row['needle_recall']:.0%} (fp32: "
-            f"{data['dtypes']['fp32']['needle_recall']:.0%}){_recall_sweep_text(data, row)}, "
+            f"{data['dtypes']['fp32']['needle_recall']:.0%}){_recall_sweep_text(data, row)}; "
             f"{row['tokens_per_mib']:,.0f} tokens per MiB "
             f"({row['tokens_vs_fp32']:.2f}x fp32), {row['decode_tok_s']:.1f} tok/s decode. "
             f"Command: `{data.get('command', 'python -m engine bench kvquant')}`."
