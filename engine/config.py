@@ -14,7 +14,8 @@ PREEMPTION_MODES = ("recompute", "swap")
 VICTIM_POLICIES = ("last_admitted", "lru")
 SPEC_METHODS = ("ngram", "draft_model", "self_draft")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16", "fp8_e4m3", "int8")  # engine/model/kv_quant.py
+# the one list of K/V pool formats (engine/model/kv_quant.py stores them; the UI imports this)
+KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16", "fp8_e4m3", "int8", "int4", "int2")
 LINEAR_BACKENDS = ("auto", "torch")
 ATTENTION_BACKENDS = ("auto", "torch", "flex")
 DECODE_BACKENDS = ("auto", "c", "transformers")
@@ -154,7 +155,8 @@ class EngineConfig:
     device: str = "auto"
     dtype: str = "auto"
     # what the K/V pool stores (vLLM's field name): "auto" = the model dtype; "int8" / "fp8_e4m3"
-    # one byte per number plus a float32 scale per (token, KV head) row (engine/model/kv_quant.py)
+    # one byte per number plus a float32 scale per (token, KV head) row (engine/model/kv_quant.py);
+    # "int4" / "int2" the same with 4 / 2 bits per number, packed
     kv_cache_dtype: str = "auto"
     block_size: int = 16
     num_kv_blocks: int | None = None  # explicit pool size, or

@@ -23,7 +23,8 @@ from ui.widgets import shell  # noqa: E402
 shell.enter_app()
 
 PLOT_CONFIG = {"displayModeBar": False}
-DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
+DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")  # weights
+KV_DTYPES = mc.KV_DTYPES  # every pool format the engine offers (engine/config.py KV_CACHE_DTYPES)
 SRC_PRESET, SRC_LOADED, SRC_JSON = "Preset", "The loaded model", "Paste config.json"
 KVQUANT_JSON = Path(_ROOT) / "assets" / "measurements" / "kvquant.json"  # written by `bench kvquant`
 AS_CONFIGURED = "as configured"
@@ -96,10 +97,11 @@ with c1:
             )
     dtype = st.selectbox(
         "KV cache dtype",
-        DTYPES,
-        index=DTYPES.index("bf16"),
+        KV_DTYPES,
+        index=KV_DTYPES.index("bf16"),
         key="mc_dtype",
-        help="fp8 and int8 count one float32 scale per (token, KV head) row, as kvscope stores them.",
+        help="fp8 and int8 count one float32 scale per (token, KV head) row, int4 and int2 (2 and 4 "
+        "numbers per byte) one per 32 numbers of the row, as kvscope stores them.",
     )
     try:
         measured = mc.kvquant_caption(json.loads(KVQUANT_JSON.read_text()), dtype)

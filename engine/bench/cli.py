@@ -60,9 +60,9 @@ SUITES: dict[str, Suite] = {
         Suite(
             "kvquant",
             "suite_kvquant",
-            5,
-            "each kv_cache_dtype vs the fp32 pool: greedy agreement, KL, needle recall, "
-            "tokens per MiB, decode tok/s (engine/bench/kvquant.py)",
+            7,
+            "each kv_cache_dtype vs the fp32 pool: greedy agreement, KL, short-prompt top-1 agreement, needle "
+            "recall, recall at growing context, tokens per MiB, decode tok/s (engine/bench/kvquant.py)",
         ),
         Suite(
             "serve",

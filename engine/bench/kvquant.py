@@ -1,7 +1,7 @@
 """`python -m engine bench kvquant`: what a quantized K/V cache costs in quality, and what it buys.
 
 For each pool format (EngineConfig.kv_cache_dtype: fp32 as the reference, bf16, fp16, fp8_e4m3,
-int8) on one fixed prompt set (engine/lab/prompt_sets.py: chat prompts, long-context prompts of 1-2k
+int8, int4, int2) on one fixed prompt set (engine/lab/prompt_sets.py: chat prompts, long-context prompts of 1-2k
 tokens, needle-in-a-haystack prompts), greedy decoding through the engine, then:
 
 - agreement with the fp32-KV run: `token_agreement` (identical tokens at the same position / all
@@ -13,6 +13,14 @@ tokens, needle-in-a-haystack prompts), greedy decoding through the engine, then:
   access code ... is") is exactly the planted code, scored teacher-forced (argmax at every code
   token: the same as greedy generation of those tokens), and `needle_logprob`, the mean log
   probability of the code's tokens; fp32's own recall says what the test can measure on the model;
+- short prompts alone (the chat prompts, 30-300 tokens), teacher-forced on fp32's tokens:
+  `short_top1_agreement` (the format's most likely next token is fp32's, per position: no
+  cascade after a first difference, unlike token_agreement) and `short_mean_kl`;
+- long-range recall at growing distance (`recall_by_context`, `logprob_by_context`): needles
+  near the start (depth 0.1) of contexts of RECALL_CONTEXTS tokens (quick: RECALL_CONTEXTS_QUICK;
+  prompt_sets.needle_sweep), scored
+  as needle_recall is, for the formats of RECALL_DTYPES (bf16 / fp16 match fp32 to 1e-4 nats and
+  are skipped to keep the run short);
 - `bytes_per_token` (memory_math's formula, scales included), `tokens_per_mib`, and batch-1
   `decode_tok_s` after a chat prompt.
 Teacher-forced passes run the engine's own ModelRunner on an idle engine's pool (prefix caching
@@ -30,8 +38,15 @@ import os
 import statistics
 
 from engine.bench import common as C
+from engine.config import KV_CACHE_DTYPES
 
-DTYPES = ("fp32", "bf16", "fp16", "fp8_e4m3", "int8")
+DTYPES = tuple(d for d in KV_CACHE_DTYPES if d != "auto")  # fp32 first: the reference
+RECALL_DTYPES = ("fp32", "fp8_e4m3", "int8", "int4", "int2")
+# contexts of the recall sweep: the full run goes to 4096 tokens (the default model's own limit is
+# 8192; on the shared 2-core machine one 4096-token teacher-forced pass per format took minutes),
+# quick stops at 2048 with one needle per length, smoke is a token sweep the tiny model can run
+RECALL_CONTEXTS = (512, 1024, 2048, 4096)
+RECALL_CONTEXTS_QUICK = (512, 1024, 2048)
 ASSET = os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
     "assets",
@@ -106,7 +121,24 @@ def _prompt_set(ctx, tok):
         n_codes=ctx.pick(2, 1, smoke=1),
         context_tokens=ctx.pick(1536, 1024, smoke=128),
     )
-    return chat, long, needles
+    sweep = PS.needle_sweep(
+        tok, contexts=ctx.pick(RECALL_CONTEXTS, RECALL_CONTEXTS_QUICK, smoke=(96, 192)), n_codes=ctx.pick(2, 1, smoke=1)
+    )
+    return chat, long, needles, sweep
+
+
+def needle_scores(eng, needles) -> tuple[list[bool], list[float]]:
+    """Per needle prompt: whether greedy decoding continues the primer with exactly the code
+    (argmax at every code token, teacher-forced), and the code's total log probability."""
+    import torch
+
+    hits, lps = [], []
+    for n in needles:
+        lp = teacher_forced_logprobs(eng, n.prompt_token_ids + n.answer_token_ids, len(n.prompt_token_ids))
+        ans = torch.tensor(n.answer_token_ids)
+        hits.append(bool((lp.argmax(-1).cpu() == ans).all()))
+        lps.append(float(lp.gather(1, ans[:, None].to(lp.device)).sum()))
+    return hits, lps
 
 
 def suite_kvquant(ctx: C.BenchContext):
@@ -118,16 +150,23 @@ def suite_kvquant(ctx: C.BenchContext):
     decode_tokens = ctx.pick(48, 16, smoke=4)
     by_dtype: dict[str, dict] = {}
     ref_tokens = ref_logp = None
-    chat = long = needles = None
+    chat = long = needles = sweep = None
+    longest = max(ctx.pick(RECALL_CONTEXTS, RECALL_CONTEXTS_QUICK, smoke=(192,)))
+    max_len = max(2304, longest + 256)
     for dt in DTYPES:
         ctx.start(f"kv_cache_dtype={dt}")
         llm = C.make_llm(
-            ctx, kv_cache_dtype=dt, enable_prefix_caching=False, max_model_len=2304, max_num_seqs=8, num_kv_blocks=320
+            ctx,
+            kv_cache_dtype=dt,
+            enable_prefix_caching=False,
+            max_model_len=max_len,
+            max_num_seqs=8,
+            num_kv_blocks=max(320, max_len // 16 + 16),
         )
         eng = llm.engine
         try:
             if chat is None:
-                chat, long, needles = _prompt_set(ctx, eng.tokenizer)
+                chat, long, needles, sweep = _prompt_set(ctx, eng.tokenizer)
             prompts = chat + long
             C.warm_up(llm, SamplingParams, chat[0])
             outs = llm.generate(prompts, C.greedy(SamplingParams, new_tokens))
@@ -136,12 +175,8 @@ def suite_kvquant(ctx: C.BenchContext):
                 teacher_forced_logprobs(eng, p + t, len(p))
                 for p, t in zip(prompts, tokens if ref_tokens is None else ref_tokens)
             ]
-            hits, lps = [], []
-            for n in needles:
-                lp = teacher_forced_logprobs(eng, n.prompt_token_ids + n.answer_token_ids, len(n.prompt_token_ids))
-                ans = torch.tensor(n.answer_token_ids)
-                hits.append(bool((lp.argmax(-1) == ans).all()))
-                lps.append(float(lp.gather(1, ans[:, None]).sum()))
+            hits, lps = needle_scores(eng, needles)
+            swept = {c: needle_scores(eng, ns) for c, ns in sweep.items()} if dt in RECALL_DTYPES else {}
             rate = C.decode_rate(
                 C.token_times(llm, chat[0], C.greedy(SamplingParams, decode_tokens), request_id=f"decode-{dt}")
             )
@@ -151,6 +186,11 @@ def suite_kvquant(ctx: C.BenchContext):
         if ref_tokens is None:
             ref_tokens, ref_logp = tokens, logp
         kl = torch.cat([kl_rows(r, q) for r, q in zip(ref_logp, logp)])
+        n_chat = len(chat)
+        short_kl = torch.cat([kl_rows(r, q) for r, q in zip(ref_logp[:n_chat], logp[:n_chat])])
+        short_top1 = torch.cat(
+            [(r.argmax(-1) == q.argmax(-1)).float() for r, q in zip(ref_logp[:n_chat], logp[:n_chat])]
+        )
         row = {
             "bytes_per_token": info.bytes_per_token,
             "tokens_per_mib": 2**20 / info.bytes_per_token,
@@ -158,12 +198,17 @@ def suite_kvquant(ctx: C.BenchContext):
             **agreement(ref_tokens, tokens),
             "mean_kl": float(kl.mean()),
             "max_kl": float(kl.max()),
+            "short_top1_agreement": float(short_top1.mean()),
+            "short_mean_kl": float(short_kl.mean()),
             "needle_recall": sum(hits) / len(hits),
             "needle_hits": hits,
             "needle_logprob": sum(lps) / len(lps),
             "decode_tok_s": rate,
             "attention_backend": info.attention_backend,
         }
+        if swept:
+            row["recall_by_context"] = {str(c): sum(h) / len(h) for c, (h, _) in swept.items()}
+            row["logprob_by_context"] = {str(c): sum(lp) / len(lp) for c, (_, lp) in swept.items()}
         by_dtype[dt] = row
         ctx.done(f"kv_cache_dtype={dt}")
     fp32_bpt = by_dtype["fp32"]["bytes_per_token"]
@@ -181,6 +226,19 @@ def suite_kvquant(ctx: C.BenchContext):
         )
         res.add(f"{dt}_mean_kl", r["mean_kl"], f"nats, teacher-forced on fp32's tokens (max {r['max_kl']:.3g})")
         res.add(f"{dt}_needle_recall", r["needle_recall"], f"mean log p(code) {r['needle_logprob']:.2f}")
+        res.add(
+            f"{dt}_short_top1_agreement",
+            r["short_top1_agreement"],
+            f"chat prompts, teacher-forced on fp32's tokens; KL {r['short_mean_kl']:.3g} nats",
+        )
+        if "recall_by_context" in r:
+            curve = ", ".join(f"{c}: {v:.2f}" for c, v in r["recall_by_context"].items())
+            res.add(
+                f"{dt}_recall_by_context",
+                r["recall_by_context"],
+                f"needle recall by context tokens: {curve}",
+                row=False,
+            )
         res.add(f"{dt}_decode_tok_s", r["decode_tok_s"], f"batch 1, {r['attention_backend']} attention")
     prompt_set = {
         "chat_prompts": len(chat),
@@ -190,6 +248,11 @@ def suite_kvquant(ctx: C.BenchContext):
         "needle_prompts": len(needles),
         "needle_depths": sorted({n.depth for n in needles}),
         "needle_context_tokens": [n.context_tokens for n in needles],
+        "recall_contexts": list(sweep),
+        "recall_depth": sorted({n.depth for ns in sweep.values() for n in ns}),
+        "recall_needles_per_context": len(next(iter(sweep.values()))),
+        "recall_prompt_tokens": {str(c): [n.context_tokens for n in ns] for c, ns in sweep.items()},
+        "recall_dtypes": [d for d in DTYPES if d in RECALL_DTYPES],
         "new_tokens": new_tokens,
         "decode_tokens": decode_tokens,
     }

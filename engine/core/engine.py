@@ -29,7 +29,7 @@ from engine.core.sequence import Request, Status, WaitReason
 from engine.core.structured import Grammars
 from engine.model import kv_quant
 from engine.model.families import check_supported
-from engine.model.kv_layout import dtype_bytes, kv_bytes_per_token, kv_geometry, kv_scale_bytes
+from engine.model.kv_layout import dtype_bytes, kv_bytes_per_token, kv_geometry, kv_scale_bytes, kv_scale_group
 from engine.model.models import load_model, resolve_device, resolve_dtype
 from engine.model.runner import BatchRow, ModelRunner
 from engine.observe import trace_events as ev
@@ -102,7 +102,12 @@ class LLMEngine:
         n_layers, n_kv, head_dim = kv_geometry(hf)
         kv_quant.check_head_dim(self.kv_cache_dtype, head_dim)
         self.bytes_per_token = kv_bytes_per_token(
-            n_layers, n_kv, head_dim, dtype_bytes(self.kv_cache_dtype), scale_bytes=kv_scale_bytes(self.kv_cache_dtype)
+            n_layers,
+            n_kv,
+            head_dim,
+            dtype_bytes(self.kv_cache_dtype),
+            scale_bytes=kv_scale_bytes(self.kv_cache_dtype),
+            scale_group=kv_scale_group(self.kv_cache_dtype),
         )
         self.bytes_per_block = self.bytes_per_token * config.block_size
         num_blocks, field_name = pool_sizing.pool_blocks(

@@ -143,7 +143,11 @@ CLAIMS = {
         "per pass follow (1 - a^(k+1)) / (1 - a); with unpredictable text it gains nothing.",
         "000, 001, 004",
     ),
-    "kv_quant": ("Quantizing the KV cache hurts recall over long contexts before it shows on short prompts.", "003"),
+    "kv_quant": (
+        "Store keys and values in very few bits (4 and below) and the model starts missing facts far "
+        "back in a long context while its answers to short prompts still barely change.",
+        "003",
+    ),
     "peers": ("On the same weights, kvscope keeps up with vLLM CPU at W16 and with llama.cpp at batch 1.", "—"),
     "weight_bytes": (
         "Quantizing weights to fewer bits cuts the bytes each decode step streams, and so raises "
@@ -475,7 +479,8 @@ def peers_row(f: dict, source: str) -> ClaimRow:
 
 
 KVQUANT_JSON = Path(__file__).resolve().parents[2] / "assets" / "measurements" / "kvquant.json"
-QUANTIZED_KV = ("int8", "fp8_e4m3")
+QUANTIZED_KV = ("fp8_e4m3", "int8", "int4", "int2")  # highest precision first
+SHORT_TOP1_MIN = 0.9  # short prompts "intact": >= 90 % of a format's next-token picks are fp32's
 
 
 def committed_kvquant(path: str | os.PathLike | None = None) -> dict | None:
@@ -488,25 +493,80 @@ def committed_kvquant(path: str | os.PathLike | None = None) -> dict | None:
     return data if isinstance(data, dict) and isinstance(data.get("dtypes"), dict) else None
 
 
+def recall_breaks_at(recall: dict, base: dict) -> int | None:
+    """The shortest context (tokens) at which a format recalls fewer needles than fp32 does, among
+    the contexts where fp32 recalls any; None when it keeps up at every one."""
+    lost = [int(c) for c, b in base.items() if b > 0 and isinstance(recall.get(c), (int, float)) and recall[c] < b]
+    return min(lost) if lost else None
+
+
 def kv_quant_row(by_dtype: dict, source: str) -> ClaimRow:
-    """Holds if a quantized pool (int8 / fp8) recalls the planted fact less often than the fp32
-    pool does; the short-prompt token agreement is shown beside it."""
-    base = by_dtype.get("fp32", {}).get("needle_recall")
-    got = {d: by_dtype[d] for d in QUANTIZED_KV if isinstance(by_dtype.get(d), dict)}
-    rec = {d: v.get("needle_recall") for d, v in got.items()}
-    if not isinstance(base, (int, float)) or not rec or not all(isinstance(v, (int, float)) for v in rec.values()):
-        return _row("kv_quant", "—", None, "the kvquant result lacks needle_recall for fp32 and int8 / fp8", source)
-    agree = ", ".join(f"{d} {v.get('token_agreement', float('nan')):.2f}" for d, v in got.items())
-    measured = (
-        f"needle recall fp32 {base:.2f}, "
-        + ", ".join(f"{d} {v:.2f}" for d, v in rec.items())
-        + f"; greedy token agreement with fp32: {agree}"
+    """Holds if some quantized format loses long-range recall (a needle fp32 finds, at some
+    context of the sweep) while its short prompts are still intact (teacher-forced top-1 agreement
+    with fp32 >= SHORT_TOP1_MIN): recall breaks first as precision drops. Fails when every format
+    that loses recall has lost short prompts too, or none loses recall."""
+    base = by_dtype.get("fp32", {}).get("recall_by_context")
+    got = {
+        d: by_dtype[d]
+        for d in QUANTIZED_KV
+        if isinstance(by_dtype.get(d), dict)
+        and isinstance(by_dtype[d].get("recall_by_context"), dict)
+        and isinstance(by_dtype[d].get("short_top1_agreement"), (int, float))
+    }
+    if not isinstance(base, dict) or not base or not got:
+        return _row(
+            "kv_quant",
+            "—",
+            None,
+            "the kvquant result lacks the recall sweep (recall_by_context) or short-prompt agreement; "
+            "run python -m engine bench kvquant",
+            source,
+        )
+    ctxs = sorted(base, key=int)
+    ctx_names = "/".join(f"{int(c) // 1024}k" if int(c) % 1024 == 0 else c for c in ctxs)
+
+    def curve(rec):
+        return "/".join(f"{rec[c]:.1f}" if isinstance(rec.get(c), (int, float)) else "—" for c in ctxs)
+
+    parts = [f"fp32 recall {curve(base)}"]
+    breaks = {}
+    for d, r in got.items():
+        breaks[d] = recall_breaks_at(r["recall_by_context"], base)
+        parts.append(f"{d} recall {curve(r['recall_by_context'])}, short top-1 {r['short_top1_agreement']:.2f}")
+    measured = f"needle recall at {ctx_names} tokens; " + "; ".join(parts)
+    first = [d for d in got if breaks[d] is not None and got[d]["short_top1_agreement"] >= SHORT_TOP1_MIN]
+    lost = [d for d in got if breaks[d] is not None]
+    if not any(v > 0 for v in base.values()):
+        return _row("kv_quant", measured, None, "fp32 itself recalls no needle: the sweep cannot show a loss", source)
+    rule = (
+        f"holds if a format loses a needle fp32 recalls while ≥ {SHORT_TOP1_MIN:.0%} of its short-prompt "
+        "next tokens (teacher-forced) are still fp32's; "
     )
-    holds = min(rec.values()) < base
-    why = f"holds if an 8-bit pool's recall is below fp32's ({min(rec.values()):.2f} vs {base:.2f}); " + (
-        "here recall is lower" if holds else "here recall is unchanged while the greedy tokens already differ"
-    )
-    return _row("kv_quant", measured, holds, why, source)
+    if first:
+        d = first[0]
+        why = (
+            f"here {d} loses recall from {breaks[d]} tokens with short prompts intact "
+            f"({got[d]['short_top1_agreement']:.0%}): recall breaks first"
+        )
+    elif lost:
+        why = (
+            "here every format that loses recall has lost short prompts too ("
+            + ", ".join(f"{d} {got[d]['short_top1_agreement']:.0%}" for d in lost)
+            + "): they break together"
+        )
+    else:
+        why = "here no format down to " + list(got)[-1] + " loses a needle fp32 recalls"
+    short_first = [d for d in got if breaks[d] is None and got[d]["short_top1_agreement"] < SHORT_TOP1_MIN]
+    if short_first and not first:
+        why += (
+            "; "
+            + ", ".join(
+                f"{d} keeps every needle with short prompts at {got[d]['short_top1_agreement']:.0%}"
+                for d in short_first
+            )
+            + ": short prompts degrade first"
+        )
+    return _row("kv_quant", measured, bool(first), rule + why, source)
 
 
 def speculation_row(f: dict, source: str) -> ClaimRow:

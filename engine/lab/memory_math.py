@@ -38,6 +38,7 @@ from engine.model.kv_layout import (  # noqa: F401
     config_field,
     dtype_bytes,
     kv_scale_bytes,
+    kv_scale_group,
     kv_spec,
     spec_bytes_per_token,
 )
@@ -48,12 +49,12 @@ from engine.model.kv_layout import (  # noqa: F401
 def config_kv_bytes_per_token(cfg, dtype) -> int:
     """kv_layout's formula for a model config (config.json dict or HF config) and a dtype name:
     KV-cache bytes one token occupies, all layers (K and V, or the MLA latent), with the
-    per-row scales of an 8-bit cache as kvscope stores it (engine/model/kv_quant.py)."""
-    return spec_bytes_per_token(kv_spec(cfg), dtype_bytes(dtype), kv_scale_bytes(dtype))
+    scales of a quantized cache as kvscope stores it (engine/model/kv_quant.py)."""
+    return spec_bytes_per_token(kv_spec(cfg), dtype_bytes(dtype), kv_scale_bytes(dtype), kv_scale_group(dtype))
 
 
 def kv_scale_bytes_per_token(cfg, dtype) -> int:
-    """The part of config_kv_bytes_per_token that is per-row float32 scales (0 for float dtypes)."""
+    """The part of config_kv_bytes_per_token that is float32 scales (0 for float dtypes)."""
     return config_kv_bytes_per_token(cfg, dtype) - spec_bytes_per_token(kv_spec(cfg), dtype_bytes(dtype))
 
 

@@ -383,6 +383,23 @@ def needle_prompts(
     return out
 
 
+NEEDLE_SWEEP_CONTEXTS = (512, 1024, 2048, 4096)  # the default model's own limit is 8192 tokens
+NEEDLE_SWEEP_DEPTH = 0.1  # near the start: the fact lies ~0.9 x the context before the question
+
+
+def needle_sweep(
+    tokenizer, contexts=NEEDLE_SWEEP_CONTEXTS, n_codes: int = 2, depth: float = NEEDLE_SWEEP_DEPTH, seed: int = 0
+) -> dict[int, list[NeedlePrompt]]:
+    """Long-range recall at growing distance: for each context length, ``n_codes`` needle prompts
+    (needle_prompts) with the fact at ``depth``, so the distance from the fact to the question
+    grows with the context; {context length: prompts}."""
+    out = {}
+    for c in contexts:
+        _check_int("context", c, 64, 1_000_000)
+        out[c] = needle_prompts(tokenizer, depths=(depth,), n_codes=n_codes, context_tokens=c, seed=seed)
+    return out
+
+
 def _answer_ids(tokenizer, code: str, primer: list[int]) -> list[int]:
     full = as_ids(tokenizer(_NEEDLE_PRIMER + " " + code, add_special_tokens=False))
     if full[: len(primer)] != primer or len(full) == len(primer):

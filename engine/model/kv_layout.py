@@ -17,6 +17,10 @@ Bytes per token, all layers:
 * 8-bit caches (fp8, int8) as kvscope stores them (engine/model/kv_quant.py): each cached row (one
   token's K or V for one KV head, or one MLA latent) also keeps its own float32 scale:
   ``+ rows x 4`` bytes, i.e. ``2 x layers x kv_heads x (head_dim + 4)`` for int8 head rows.
+* 4-bit and 2-bit caches (int4, int2) pack 2 or 4 codes per byte, each row's codes rounded up to
+  whole bytes, and keep a float32 scale per group of 32 numbers of the row (the last group
+  shorter): ``2 x layers x kv_heads x (head_dim / 2 + 4 x ceil(head_dim / 32))`` for int4. Their
+  bytes per number (``dtype_bytes``) are 0.5 and 0.25.
 """
 
 from __future__ import annotations
@@ -30,34 +34,65 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def row_code_bytes(numbers: int, itemsize: float) -> int:
+    """Bytes of one cached row of ``numbers`` values at ``itemsize`` bytes each; a packed row
+    (itemsize 0.5 or 0.25) rounds up to whole bytes."""
+    return cdiv(numbers * round(itemsize * 8), 8)
+
+
+def row_scale_count(numbers: int, scale_group: int | None) -> int:
+    """Scales one cached row of ``numbers`` values keeps: one per row (``scale_group`` None), or
+    one per group of ``scale_group`` numbers, the last group shorter (kv_scale_group)."""
+    return 1 if scale_group is None else cdiv(numbers, scale_group)
+
+
+def row_bytes(numbers: int, itemsize: float, scale_bytes: int = 0, scale_group: int | None = None) -> int:
+    """Bytes one cached row (one token's K or V for one KV head, or one MLA latent) occupies:
+    its codes, then its scales."""
+    scales = row_scale_count(numbers, scale_group) if scale_bytes else 0
+    return row_code_bytes(numbers, itemsize) + scale_bytes * scales
+
+
 def kv_bytes_per_token(
     num_layers: int,
     num_kv_heads: int,
     head_dim: int,
-    itemsize: int,
+    itemsize: float,
     v_head_dim: int | None = None,
     scale_bytes: int = 0,
+    scale_group: int | None = None,
 ) -> int:
     """Bytes one token occupies in a K/V cache: one K and one V vector per KV head, every layer,
-    each row with `scale_bytes` of scale (kv_scale_bytes(dtype): 4 for kvscope's int8 / fp8)."""
-    numbers = num_kv_heads * (head_dim + (head_dim if v_head_dim is None else v_head_dim))
-    return num_layers * (numbers * itemsize + 2 * num_kv_heads * scale_bytes)
+    each row with its scales of `scale_bytes` each (kv_scale_bytes(dtype): 4 for kvscope's quantized
+    formats), one per row or per `scale_group` numbers (kv_scale_group(dtype): 32 for int4 / int2)."""
+    v_dim = head_dim if v_head_dim is None else v_head_dim
+    k_row = row_bytes(head_dim, itemsize, scale_bytes, scale_group)
+    return num_layers * num_kv_heads * (k_row + row_bytes(v_dim, itemsize, scale_bytes, scale_group))
 
 
 def latent_bytes_per_token(
-    num_layers: int, kv_lora_rank: int, qk_rope_head_dim: int, itemsize: int, scale_bytes: int = 0
+    num_layers: int,
+    kv_lora_rank: int,
+    qk_rope_head_dim: int,
+    itemsize: float,
+    scale_bytes: int = 0,
+    scale_group: int | None = None,
 ) -> int:
     """MLA: one latent plus the shared rotary key per layer (no separate K and V)."""
-    return num_layers * ((kv_lora_rank + qk_rope_head_dim) * itemsize + scale_bytes)
+    return num_layers * row_bytes(kv_lora_rank + qk_rope_head_dim, itemsize, scale_bytes, scale_group)
 
 
 KiB = 1024
 MiB = 1024**2
 GiB = 1024**3
 
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
-SCALED_DTYPES = ("fp8", "int8")  # one float32 scale per cached row (engine/model/kv_quant.py)
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "int4": 0.5, "int2": 0.25}
+SCALED_DTYPES = ("fp8", "int8", "int4", "int2")  # float32 scales in each cached row (engine/model/kv_quant.py)
 KV_SCALE_BYTES = 4
+# int4 / int2 keep one scale per 32 numbers of a row, not one per row: on the default model one
+# scale per 64-number row loses the needle at 1k tokens where one per 32 keeps it (kv_quant.py)
+KV_SCALE_GROUP = 32
+GROUP_SCALED_DTYPES = ("int4", "int2")
 _DTYPE_ALIASES = {
     "float32": "fp32",
     "float": "fp32",
@@ -143,8 +178,9 @@ def _opt(cfg, names):
     return None if v is None else _pos_int(n, v)
 
 
-def dtype_bytes(dtype) -> int:
-    """Bytes per number for fp32/bf16/fp16/fp8/int8 (also accepts 'bfloat16', torch dtypes ...)."""
+def dtype_bytes(dtype) -> float:
+    """Bytes per number for fp32/bf16/fp16/fp8/int8 (an int) or the packed int4/int2 (0.5, 0.25);
+    also accepts 'bfloat16', torch dtypes ..."""
     key = str(dtype).strip().lower().removeprefix("torch.")
     key = _DTYPE_ALIASES.get(key, key)
     if key not in DTYPE_BYTES:
@@ -152,10 +188,24 @@ def dtype_bytes(dtype) -> int:
     return DTYPE_BYTES[key]
 
 
-def kv_scale_bytes(dtype) -> int:
-    """Scale bytes per cached row: KV_SCALE_BYTES for fp8 / int8 (kvscope's layout), 0 otherwise."""
+def _dtype_key(dtype) -> str:
     key = str(dtype).strip().lower().removeprefix("torch.")
-    return KV_SCALE_BYTES if _DTYPE_ALIASES.get(key, key) in SCALED_DTYPES else 0
+    return _DTYPE_ALIASES.get(key, key)
+
+
+def kv_scale_bytes(dtype) -> int:
+    """Bytes of one scale: KV_SCALE_BYTES for fp8 / int8 / int4 / int2 (kvscope's layout), 0 otherwise."""
+    return KV_SCALE_BYTES if _dtype_key(dtype) in SCALED_DTYPES else 0
+
+
+def kv_scale_group(dtype) -> int | None:
+    """Numbers per scale: KV_SCALE_GROUP for int4 / int2; None (one scale per row) otherwise."""
+    return KV_SCALE_GROUP if _dtype_key(dtype) in GROUP_SCALED_DTYPES else None
+
+
+def dtype_row_bytes(dtype, numbers: int) -> int:
+    """Bytes of one cached row of ``numbers`` values in ``dtype``, scales included."""
+    return row_bytes(numbers, dtype_bytes(dtype), kv_scale_bytes(dtype), kv_scale_group(dtype))
 
 
 # ---------------------------------------------------------------- the resolved attention shape
@@ -262,12 +312,14 @@ def attention_kind(cfg) -> str:
     return spec.kind
 
 
-def spec_bytes_per_token(spec: KVSpec, itemsize: int, scale_bytes: int = 0) -> int:
+def spec_bytes_per_token(spec: KVSpec, itemsize: float, scale_bytes: int = 0, scale_group: int | None = None) -> int:
     """Bytes per token for a resolved KVSpec (any attention kind)."""
     if spec.kind == "MLA":
-        return latent_bytes_per_token(spec.num_layers, spec.kv_lora_rank, spec.qk_rope_head_dim, itemsize, scale_bytes)
+        return latent_bytes_per_token(
+            spec.num_layers, spec.kv_lora_rank, spec.qk_rope_head_dim, itemsize, scale_bytes, scale_group
+        )
     return kv_bytes_per_token(
-        spec.num_layers, spec.num_kv_heads, spec.k_head_dim, itemsize, spec.v_head_dim, scale_bytes
+        spec.num_layers, spec.num_kv_heads, spec.k_head_dim, itemsize, spec.v_head_dim, scale_bytes, scale_group
     )
 
 

@@ -155,7 +155,12 @@ class ModelRunner:
             if why and attention_backend == "flex":
                 raise ValueError(why)
             self.attention_backend = "torch" if why else "flex"
-        elif want == "cpu_kernel" and device.type == "cpu" and dtype == torch.float32:
+        elif (
+            want == "cpu_kernel"
+            and device.type == "cpu"
+            and dtype == torch.float32
+            and self.kv_format in kv_quant.KERNEL_CODES  # int4 / int2 pools: the torch path widens them
+        ):
             if cpu_kernels.supports(model.config.num_attention_heads, self.num_kv_heads, self.head_dim):
                 self.decode_kernel = cpu_kernels.load()
                 if self.decode_kernel is not None:

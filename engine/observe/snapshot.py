@@ -224,7 +224,7 @@ class EngineInfo:
     )
     attention_backend: str = "torch"  # "cpu_kernel": decode attention read in place from the blocks (engine/model/csrc)
     kv_cache_dtype: str = (
-        "fp32"  # what the pool stores: fp32 / bf16 / fp16 / fp8_e4m3 / int8 (engine/model/kv_quant.py)
+        "fp32"  # what the pool stores: fp32 / bf16 / fp16 / fp8_e4m3 / int8 / int4 / int2 (engine/model/kv_quant.py)
     )
     weight_format: str = "torch"  # "gguf": Linears read the GGUF's quantized blocks; "fp32": fp32 copies
     weight_bytes_per_step: int = 0  # weight bytes one forward pass reads in that format (Linears + norms)

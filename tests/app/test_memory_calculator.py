@@ -200,3 +200,18 @@ def test_measured_kv_quantization_cost_beside_the_dtype(calc):
     assert len(caps) == 1 and f"Measured {data['date']}" in caps[0]
     r = data["dtypes"]["int8"]
     assert f"{r['token_agreement']:.0%} of greedy tokens identical" in caps[0]
+
+
+def test_int4_and_int2_kv_dtypes(calc):
+    """The calculator offers every pool format the engine has; int4 on Llama-3-8B: 32 layers x 8 KV
+    heads x 2 rows of 128 numbers, each 64 code bytes + 4 scales of 4 bytes."""
+    at = calc()
+    assert {"int4", "int2"} <= set(at.selectbox(key="mc_dtype").options)
+    at.selectbox(key="mc_dtype").set_value("int4")
+    at.run()
+    assert not at.exception and not at.error
+    assert H.metrics(at)["KV bytes per token"] == [f"{2 * 32 * 8 * (64 + 16):,} B"]
+    assert "x 0.5 bytes + 8,192 scale bytes" in at.code[0].value
+    at.selectbox(key="mc_dtype").set_value("int2")
+    at.run()
+    assert H.metrics(at)["KV bytes per token"] == [f"{2 * 32 * 8 * (32 + 16):,} B"]

@@ -349,7 +349,7 @@ def test_kvquant_smoke_tiny(capsys, tmp_path):
     obj = _last_json(capsys.readouterr().out)
     assert rc == 0, obj["suites"]
     by = obj["by_dtype"]
-    assert list(by) == ["fp32", "bf16", "fp16", "fp8_e4m3", "int8"]
+    assert list(by) == ["fp32", "bf16", "fp16", "fp8_e4m3", "int8", "int4", "int2"]
     for dt, r in by.items():
         for k in ("token_agreement", "sequences_identical", "needle_recall"):
             assert 0 <= r[k] <= 1, (dt, k)
@@ -357,7 +357,8 @@ def test_kvquant_smoke_tiny(capsys, tmp_path):
         assert r["decode_tok_s"] > 0 and r["kv_cache_dtype"] == dt
         assert len(r["first_divergence"]) == obj["prompt_set"]["chat_prompts"] + obj["prompt_set"]["long_prompts"]
     assert by["fp32"]["token_agreement"] == 1 and by["fp32"]["mean_kl"] == 0
-    assert [by[d]["bytes_per_token"] for d in by] == [512, 256, 256, 160, 160]
+    # int4 / int2: 8 / 4 code bytes + one 4-byte scale per row of 16
+    assert [by[d]["bytes_per_token"] for d in by] == [512, 256, 256, 160, 160, 96, 64]
     assert by["int8"]["tokens_vs_fp32"] == pytest.approx(3.2)
     # only a default-model run replaces the committed measurement
     assert (os.path.getmtime(kvquant.ASSET) if os.path.exists(kvquant.ASSET) else None) == before

@@ -64,7 +64,9 @@ def test_fixture_rows():
     # no kvquant bench file in the fixture: the row reads the committed measurement (assets/)
     kq = C.committed_kvquant()
     assert kq is not None and "kvquant.json" in rows["kv_quant"].source
-    assert f"fp32 {kq['dtypes']['fp32']['needle_recall']:.2f}" in rows["kv_quant"].measured
+    base = kq["dtypes"]["fp32"]["recall_by_context"]
+    assert "fp32 recall " + "/".join(f"{base[c]:.1f}" for c in sorted(base, key=int)) in rows["kv_quant"].measured
+    assert rows["kv_quant"].holds is not None
     m = res["memory"].fields
     assert f"{100 * m['paged_waste']:.1f} %" in rows["paged"].measured
 
@@ -76,13 +78,49 @@ def test_merge_prefers_live():
     assert out[0].source == "live" and out[1].source == "b"
 
 
-def test_kv_quant_row_holds_only_when_recall_falls():
-    fp32 = {"needle_recall": 1.0, "token_agreement": 1.0}
-    same = {"fp32": fp32, "int8": {"needle_recall": 1.0, "token_agreement": 0.73}}
-    lower = {"fp32": fp32, "int8": {"needle_recall": 2 / 3, "token_agreement": 0.73}}
-    assert C.kv_quant_row(same, "x").holds is False and "int8 0.73" in C.kv_quant_row(same, "x").measured
-    assert C.kv_quant_row(lower, "x").holds is True
-    assert C.kv_quant_row({"fp32": fp32}, "x").holds is None
+def _kvq(short: dict, recall: dict, base=(1.0, 1.0, 1.0, 0.0)) -> dict:
+    ctx = ("512", "1024", "2048", "4096")
+    out = {"fp32": {"recall_by_context": dict(zip(ctx, base)), "short_top1_agreement": 1.0}}
+    for d in short:
+        out[d] = {"recall_by_context": dict(zip(ctx, recall[d])), "short_top1_agreement": short[d]}
+    return out
+
+
+def test_kv_quant_row_rule_on_fixed_inputs():
+    # int4 loses the 2k needle with 95 % of its short-prompt picks still fp32's: recall breaks first
+    first = _kvq(
+        {"int8": 0.99, "int4": 0.95, "int2": 0.40},
+        {"int8": (1, 1, 1, 0), "int4": (1, 1, 0, 0), "int2": (0, 0, 0, 0)},
+    )
+    r = C.kv_quant_row(first, "x")
+    assert r.holds is True
+    assert "needle recall at 512/1k/2k/4k tokens; fp32 recall 1.0/1.0/1.0/0.0" in r.measured
+    assert "int4 recall 1.0/1.0/0.0/0.0, short top-1 0.95" in r.measured
+    assert "here int4 loses recall from 2048 tokens with short prompts intact (95%)" in r.why
+    # 4096: fp32 recalls nothing there, so a format's 0 at 4096 is no loss
+    keep = _kvq({"int8": 0.99, "int4": 0.93}, {"int8": (1, 1, 1, 0), "int4": (1, 1, 1, 0)})
+    r = C.kv_quant_row(keep, "x")
+    assert r.holds is False and "no format down to int4 loses a needle" in r.why
+    # the only format that loses recall has lost short prompts too: they break together
+    together = _kvq({"int4": 0.93, "int2": 0.40}, {"int4": (1, 1, 1, 0), "int2": (1, 0, 0, 0)})
+    r = C.kv_quant_row(together, "x")
+    assert r.holds is False and "int2 40%" in r.why and "break together" in r.why
+    # ... and a format that keeps every needle while its short prompts fall: said so
+    short_first = _kvq({"int4": 0.79, "int2": 0.12}, {"int4": (1, 1, 1, 0), "int2": (0, 0, 0, 0)})
+    r = C.kv_quant_row(short_first, "x")
+    assert r.holds is False
+    assert "int4 keeps every needle with short prompts at 79%: short prompts degrade first" in r.why
+    # the threshold is inclusive: exactly 90 % counts as intact
+    edge = _kvq({"int4": 0.9}, {"int4": (1, 0, 1, 0)})
+    assert (
+        C.kv_quant_row(edge, "x").holds is True
+        and C.recall_breaks_at(edge["int4"]["recall_by_context"], edge["fp32"]["recall_by_context"]) == 1024
+    )
+    # no sweep in the result (an older kvquant file): not measured, never a verdict
+    old = {"fp32": {"needle_recall": 1.0}, "int8": {"needle_recall": 1.0, "token_agreement": 0.73}}
+    assert C.kv_quant_row(old, "x").holds is None and "recall_by_context" in C.kv_quant_row(old, "x").why
+    blind = _kvq({"int4": 0.95}, {"int4": (0, 0, 0, 0)}, base=(0, 0, 0, 0))
+    assert C.kv_quant_row(blind, "x").holds is None
     assert C.committed_kvquant("/nonexistent.json") is None
 
 

@@ -75,9 +75,9 @@ def test_bad_kv_cache_dtype_names_the_field():
     with pytest.raises(
         ValueError,
         match=r"^kv_cache_dtype must be one of \('auto', 'fp32', 'bf16', 'fp16', "
-        r"'fp8_e4m3', 'int8'\), got 'int4'$",
+        r"'fp8_e4m3', 'int8', 'int4', 'int2'\), got 'int3'$",
     ):
-        EngineConfig(kv_cache_dtype="int4")
+        EngineConfig(kv_cache_dtype="int3")
 
 
 # ---------------------------------------------------------------- the C decode kernel on every format

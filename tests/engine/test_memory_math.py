@@ -115,7 +115,7 @@ def test_dtypes(dtype, b):
 
 def test_bad_dtype_names_choices():
     with pytest.raises(ValueError, match="dtype must be one of"):
-        mm.config_kv_bytes_per_token(LLAMA3_8B, "int4")
+        mm.config_kv_bytes_per_token(LLAMA3_8B, "int3")
 
 
 def test_head_dim_derived_from_hidden_size():

@@ -161,3 +161,19 @@ def test_kvquant_caption_none_without_a_measurement():
     assert mc.kvquant_caption(None, "int8") is None
     assert mc.kvquant_caption(KVQ, "bf16") is None  # not in this file
     assert mc.kvquant_caption({"dtypes": {"int8": {"token_agreement": 1.0}}}, "int8") is None  # incomplete
+
+
+def test_kvquant_caption_shows_short_prompt_agreement_and_recall_by_context():
+    import copy
+
+    data = copy.deepcopy(KVQ)
+    data["dtypes"]["fp32"]["recall_by_context"] = {"512": 1.0, "4096": 1.0}
+    data["dtypes"]["int4"] = dict(
+        data["dtypes"]["int8"], short_top1_agreement=0.94, recall_by_context={"512": 1.0, "4096": 0.0}
+    )
+    text = mc.kvquant_caption(data, "int4")
+    assert "on short prompts 94% of next-token picks are fp32's" in text
+    assert "needle recall by context tokens 512: 100% (fp32 100%), 4,096: 0% (fp32 100%)" in text
+    assert "int4" in mc.KV_DTYPES and "int2" in mc.KV_DTYPES and mc.KVQUANT_NAMES["fp8"] == "fp8_e4m3"
+    # a file without the sweep reads as before
+    assert "by context" not in mc.kvquant_caption(KVQ, "int8")

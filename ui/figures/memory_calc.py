@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
+from engine.config import KV_CACHE_DTYPES
 from engine.lab import memory_math as mm
 from ui.figures import theme
 
@@ -301,7 +302,24 @@ def config_from_engine_info(info) -> dict:
 
 # ---------------------------------------------------------------- measured cost of a quantized KV cache
 
-KVQUANT_NAMES = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8_e4m3", "int8": "int8"}
+# the calculator's KV dtype names -> EngineConfig.kv_cache_dtype (the one list, engine/config.py);
+# the calculator says "fp8" for the pool's fp8_e4m3
+KVQUANT_NAMES = {("fp8" if d == "fp8_e4m3" else d): d for d in KV_CACHE_DTYPES if d != "auto"}
+KV_DTYPES = tuple(KVQUANT_NAMES)  # the calculator's KV cache dtype choices
+
+
+def _recall_sweep_text(data: dict, row: dict) -> str:
+    """The short-prompt agreement and the recall-by-distance figures, where the file has them."""
+    out = ""
+    if isinstance(row.get("short_top1_agreement"), (int, float)):
+        out += f"; on short prompts {row['short_top1_agreement']:.0%} of next-token picks are fp32's"
+    rec, base = row.get("recall_by_context"), (data.get("dtypes") or {}).get("fp32", {}).get("recall_by_context")
+    if isinstance(rec, dict) and isinstance(base, dict) and rec:
+        pairs = ", ".join(
+            f"{int(c):,}: {rec[c]:.0%} (fp32 {base.get(c, float('nan')):.0%})" for c in sorted(rec, key=int)
+        )
+        out += f"; needle recall by context tokens {pairs}"
+    return out
 
 
 def kvquant_caption(data: dict | None, dtype: str) -> str | None:
@@ -325,7 +343,8 @@ def kvquant_caption(data: dict | None, dtype: str) -> str | None:
             f"{row['token_agreement']:.0%} of greedy tokens identical, "
             f"{row['sequences_identical']:.0%} of outputs identical, mean KL {row['mean_kl']:.2g} nats, "
             f"needle recall {row['needle_recall']:.0%} (fp32: "
-            f"{data['dtypes']['fp32']['needle_recall']:.0%}), {row['tokens_per_mib']:,.0f} tokens per MiB "
+            f"{data['dtypes']['fp32']['needle_recall']:.0%}){_recall_sweep_text(data, row)}; "
+            f"{row['tokens_per_mib']:,.0f} tokens per MiB "
             f"({row['tokens_vs_fp32']:.2f}x fp32), {row['decode_tok_s']:.1f} tok/s decode. "
             f"Command: `{data.get('command', 'python -m engine bench kvquant')}`."
         )

@@ -18,12 +18,11 @@ import threading
 
 import streamlit as st
 
-from engine.config import SPEC_METHODS, EngineConfig, SpeculativeConfig
+from engine.config import KV_CACHE_DTYPES, SPEC_METHODS, EngineConfig, SpeculativeConfig
 from engine.core.device import detect_devices
 from ui.widgets import mode, sidebar_limits
 
 BLOCK_SIZES = (4, 8, 16, 32)
-KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16", "fp8_e4m3", "int8")  # EngineConfig.kv_cache_dtype
 SPEC_CHOICES = ("off",) + SPEC_METHODS
 
 
@@ -247,7 +246,8 @@ def settings_sidebar() -> None:
             KV_CACHE_DTYPES,
             index=KV_CACHE_DTYPES.index(cfg.kv_cache_dtype),
             help="What the pool stores per number: auto = the model's dtype; fp8_e4m3 and "
-            "int8 add a float32 scale per (token, KV head). Quantized caches are not "
+            "int8 add a float32 scale per (token, KV head); int4 and int2 pack 2 and 4 numbers per "
+            "byte with a float32 scale per 32 numbers. Quantized caches are not "
             "token-exact: the Memory calculator shows their measured agreement.",
         )
         seqs = st.number_input("Max concurrent sequences", min_value=1, max_value=4096, value=int(cfg.max_num_seqs))
