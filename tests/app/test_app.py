@@ -190,6 +190,22 @@ def test_playground_generates_and_draws_the_engine_state(app_test):
     assert st_static_config(at)
 
 
+def test_playground_redraw_builds_nothing_when_the_engine_is_unchanged(app_test):
+    """A rerun on an unchanged engine state reuses the figures it built (ui/widgets/redraw.py):
+    the same Plotly specs, no new builds; a step of the engine builds them again."""
+    at = _playground(app_test)
+    _type(at, "pg", "Name two colours.")
+    at.slider(key="pg_max_tokens").set_value(4)
+    H.button(at, "Generate").click().run()
+    H.no_exception(at)
+    specs = H.plotly_specs(at)
+    builds = at.session_state["redraw_memo_stats"]["builds"]
+    at.run()
+    H.no_exception(at)
+    assert at.session_state["redraw_memo_stats"]["builds"] == builds
+    assert H.plotly_specs(at) == specs
+
+
 def st_static_config(at) -> bool:
     """Test mode: every chart is static (no hover, no mode bar, no resize)."""
     for el in at.main.get("plotly_chart"):
