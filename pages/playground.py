@@ -17,6 +17,7 @@ shell.enter_app()
 
 EXAMPLE = "Explain in two sentences why a KV cache makes text generation faster."
 SS = st.session_state
+IDLE_REFRESH_S = 2.0  # how often an idle engine's views look for new work
 
 st.title("Playground")
 st.caption(
@@ -221,8 +222,20 @@ elif SS.get("pg_rid"):
                 st.markdown((req.output_text if req is not None else SS.get("pg_answer", "")) or "…")
 
 
-@st.fragment(run_every=mode.run_every())
+def _engine_busy(snap) -> bool:
+    return bool(snap is not None and (snap.running_ids or snap.waiting_ids or snap.swapped_ids))
+
+
+# While the engine has work the views follow it at 4 Hz; idle, the page only looks every 2 s
+# whether work arrived (e.g. an API request) and then reruns to follow it: an idle page costs the
+# browser and the server next to nothing.
+_busy = _engine_busy(th.snapshot())
+
+
+@st.fragment(run_every=mode.run_every(mode.LIVE_INTERVAL_S if _busy else IDLE_REFRESH_S))
 def live():
+    if mode.current().refresh and _engine_busy(th.snapshot()) != _busy:
+        st.rerun()  # the whole page, so the fragment's refresh interval follows the new state
     render_views(SS.get("pg_rid"), "live")
 
 
