@@ -194,7 +194,7 @@ class _CoreProcess:
         ctx = multiprocessing.get_context("spawn")
         self.proc = ctx.Process(
             target=wire.core_main,
-            args=(pickle.dumps(config), addrs, os.getpid(), client.snapshot_interval, cpus),
+            args=(pickle.dumps(config), addrs, os.getpid(), client.snapshot_interval, cpus, client.push_snapshots),
             name="kvscope-engine-core",
             daemon=True,
         )
@@ -279,13 +279,31 @@ class _CoreProcess:
         """The core is gone (crashed, killed, or shut down): fail every waiting call and request."""
         if reason:
             self.error = reason
-            self.client._on_core_died(self, reason)
+        self.closed.set()  # from here on calls fail at once
         for cid in list(self.pending):
             slot = self.pending.pop(cid, None)
             if slot is not None:
                 slot[1], slot[2] = False, ("EngineCrashed", reason or "the engine core was shut down")
                 slot[0].set()
-        self.closed.set()
+        if reason:
+            self.client._on_core_died(self, reason)
+
+    def _send(self, frame: bytes, deadline: float) -> None:
+        """Send a command without ever blocking on a core that is gone (a PUSH socket without a
+        peer would wait forever)."""
+        import zmq
+
+        with self.send_lock:
+            while True:
+                try:
+                    self.cmd.send(frame, zmq.NOBLOCK)
+                    return
+                except zmq.Again:
+                    if self.closed.is_set() or not self.proc.is_alive():
+                        raise EngineCrashed(self.error or "the engine core is not running") from None
+                    if time.monotonic() > deadline:
+                        raise TimeoutError("the engine core did not take a command in time") from None
+                    time.sleep(0.01)
 
     # -------------------------------------------------------------- calling
     def call(self, op: str, timeout: float = CALL_TIMEOUT_S, **args):
@@ -294,8 +312,11 @@ class _CoreProcess:
         cid = next(self.ids)
         slot = [threading.Event(), False, None]
         self.pending[cid] = slot
-        with self.send_lock:
-            self.cmd.send(pickle.dumps((cid, op, args)))
+        try:
+            self._send(pickle.dumps((cid, op, args)), time.monotonic() + timeout)
+        except BaseException:
+            self.pending.pop(cid, None)
+            raise
         if self.closed.is_set() and cid in self.pending:  # died between the check and the send
             self.pending.pop(cid, None)
             raise EngineCrashed(self.error or "the engine core was shut down")
@@ -314,6 +335,19 @@ class _CoreProcess:
         if typ == "EngineCrashed":
             raise EngineCrashed(msg)
         raise ERRORS.get(typ, RuntimeError)(msg if typ in ERRORS else f"{typ}: {msg}")
+
+    def notify(self, op: str, **args) -> None:
+        """A command without a reply (nothing waits for it); dropped when the core is gone."""
+        import zmq
+
+        if self.closed.is_set() or not self.send_lock.acquire(timeout=0.1):
+            return
+        try:
+            self.cmd.send(pickle.dumps((None, op, args)), zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # the core is gone or not reading: nothing waits for this
+        finally:
+            self.send_lock.release()
 
     def stop(self, timeout: float = 30.0) -> int:
         """Abort every request (invariants checked in the core), end the process. Returns the
@@ -351,8 +385,12 @@ class EngineClient:
         snapshot_interval: float = wire.SNAPSHOT_INTERVAL_S,
         keep_snapshots: int = 600,
         cpus=None,
+        push_snapshots: bool = False,
     ):
+        """push_snapshots: the core publishes a frame every snapshot_interval while it works,
+        read or not (default: as fast as they are read, at least one a second)."""
         self.snapshot_interval = snapshot_interval
+        self.push_snapshots = push_snapshots
         self.cpus = cpus
         self.lock = threading.RLock()  # callers that batch calls (the API bridge) take it
         self.handles: dict[str, RequestHandle] = {}
@@ -368,6 +406,7 @@ class EngineClient:
         self._snap_raw: dict | None = None
         self._step = 0
         self._counter = 0
+        self._asked = False  # a want_snapshot is outstanding
         self._ready = threading.Event()
         self._reconf_lock = threading.Lock()
         self._core = _CoreProcess(self, self._config, cpus)
@@ -533,13 +572,19 @@ class EngineClient:
             pass
 
     def snapshot(self) -> Snapshot:
-        """The core's latest published snapshot (decoded once per frame, on first read)."""
+        """The core's latest published snapshot (decoded once per frame, on first read). Reading
+        a new frame asks the core for the next one: frames follow the pace of their readers."""
         with self._state_lock:
-            if self._snap is None and self._snap_raw is not None:
+            fresh = self._snap_raw is not None
+            if self._snap is None and fresh:
                 self._snap = snapshot_from_dict(self._snap_raw)
                 self._snap_raw = None
                 self.recent.append(self._snap)
-            return self._snap
+            ask, self._asked = not self._asked or fresh, True
+            snap = self._snap
+        if ask:
+            self._core.notify("want_snapshot")
+        return snap
 
     def snapshot_now(self) -> Snapshot:
         """A snapshot taken by the core now (between two steps)."""

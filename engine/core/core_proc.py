@@ -31,7 +31,8 @@ import traceback
 
 import msgpack
 
-SNAPSHOT_INTERVAL_S = 0.05
+SNAPSHOT_INTERVAL_S = 0.05  # the fastest a reader gets frames
+SNAPSHOT_HEARTBEAT_S = 1.0  # a frame at least this often while the engine works, read or not
 IDLE_POLL_MS = 200
 PARENT_CHECK_S = 0.5
 SNAPSHOT_SOCKET_BUFFER = 8192  # kernel buffer of the snapshot sockets: frames beyond it are dropped
@@ -107,6 +108,8 @@ class _Core:
         self.pace_s = 0.0  # a pause after every step (tests: keep requests in flight)
         self.dropped = 0
         self.dropped_told = 0  # the count the last frame that got out carried
+        self.wanted = True  # the client read the last frame: a new one may be published
+        self.push = False  # publish every snapshot_interval whether read or not
         self.last_snap_t = 0.0
         self.last_snap_step = -1
         self.last_parent_check = time.monotonic()
@@ -206,6 +209,11 @@ class _Core:
         self.crash_next = message
         return True
 
+    def op_want_snapshot(self):
+        """The client read the last frame: the next step's state may be published. Frames are
+        built only for a client that reads them, so an unwatched core spends nothing on them."""
+        self.wanted = True
+
     def op_pace(self, seconds):
         self.pace_s = max(0.0, min(float(seconds), 1.0))
         return True
@@ -228,7 +236,10 @@ class _Core:
 
         now = time.perf_counter()
         step = self.engine.step_num
-        if force or (now - self.last_snap_t >= self.snapshot_interval and step != self.last_snap_step):
+        wait = self.snapshot_interval if self.wanted or self.push else SNAPSHOT_HEARTBEAT_S
+        due = now - self.last_snap_t >= wait and step != self.last_snap_step
+        if force or due:
+            self.wanted = False
             frame = pack({"snap": self.engine.snapshot().to_dict(), "dropped": self.dropped})
             try:
                 self.pub.send(frame, zmq.NOBLOCK)
@@ -298,7 +309,14 @@ def _place(cpus) -> None:
             pass  # not allowed here (container limits): the thread count still applies
 
 
-def core_main(config_blob: bytes, addrs: tuple[str, str, str], parent_pid: int, snapshot_interval: float, cpus) -> None:
+def core_main(
+    config_blob: bytes,
+    addrs: tuple[str, str, str],
+    parent_pid: int,
+    snapshot_interval: float,
+    cpus,
+    push_snapshots: bool = False,
+) -> None:
     """The child process's entry point: build the engine, say ready (or why not), run the loop.
     A crash is sent to the client with its reason before the process exits."""
     import zmq
@@ -333,6 +351,7 @@ def core_main(config_blob: bytes, addrs: tuple[str, str, str], parent_pid: int, 
     }
     out.send_multipart([b"ready", pickle.dumps(placement)])
     core = _Core(engine, (cmd, out, pub), parent_pid, snapshot_interval)
+    core.push = push_snapshots
     core.publish(force=True)
     code = 0
     try:
