@@ -179,6 +179,7 @@ def _engine_panel(th) -> None:
         f"{_KERNEL_NAMES.get(info.attention_backend, info.attention_backend)}, layers "
         f"{'kvscope C (one call a step)' if getattr(info, 'decode_backend', '') == 'c' else 'transformers'}"
     )
+    st.caption(ea.placement_text(th))
     if ea.weight_format_text(info):
         st.caption(
             f"Weights: {ea.weight_format_text(info)}. Each decode step streams every weight once: "

@@ -11,12 +11,13 @@ from engine.core.thread import EngineCrashed
 from ui.figures import growth, pool, theme, tokens
 from ui.figures import load as L
 from ui.widgets import engine_access as ea
-from ui.widgets import mode, prompt_preview, room, shell
+from ui.widgets import mode, prompt_preview, redraw, room, shell
 
 shell.enter_app()
 
 EXAMPLE = "Explain in two sentences why a KV cache makes text generation faster."
 SS = st.session_state
+IDLE_REFRESH_S = 2.0  # how often an idle engine's views look for new work
 
 st.title("Playground")
 st.caption(
@@ -38,8 +39,14 @@ def _evict_steps(rid: str) -> list[int]:
 
 def render_views(rid: str | None, tag: str) -> None:
     snap = ea.current_snapshot(th)
+    # Figures are built again only when the engine's state changed (an idle page builds nothing).
+    skey = (redraw.snapshot_key(snap), rid)
     colors = theme.request_colors_for(snap)
-    ea.chart(pool.pool_map_figure(snap, colors, highlight=rid, mine=room.mine(snap)), key=f"pool_{tag}")
+    mine = room.mine(snap)
+    ea.chart(
+        redraw.memo("pg_pool", (skey, mine), lambda: pool.pool_map_figure(snap, colors, highlight=rid, mine=mine)),
+        key=f"pool_{tag}",
+    )
     st.html(theme.block_legend_html())
     if L.origin_html(snap):
         st.html(L.origin_html(snap))  # HTTP API requests on the same engine (their blocks are above)
@@ -69,7 +76,7 @@ def render_views(rid: str | None, tag: str) -> None:
         + (f" · preempted {req.num_preemptions}×" if req.num_preemptions else "")
     )
     if req.block_table:
-        ea.chart(pool.block_table_figure(snap, rid, colors), key=f"bt_{tag}")
+        ea.chart(redraw.memo("pg_bt", skey, lambda: pool.block_table_figure(snap, rid, colors)), key=f"bt_{tag}")
     elif req.is_terminal:
         held = max((p.num_blocks for p in req.history), default=0)
         st.markdown("**Block table**")
@@ -82,9 +89,10 @@ def render_views(rid: str | None, tag: str) -> None:
         st.caption(
             f"No blocks held right now ({req.state}" + (f": {req.waiting_reason}" if req.waiting_reason else "") + ")."
         )
-    ev = _evict_steps(rid)
-    ea.chart(growth.growth_figure(req, snap.info.block_size, evict_steps=ev), key=f"growth_{tag}")
-    ea.chart(growth.phase_figure(req), key=f"phase_{tag}")
+    ev = redraw.memo("pg_ev", skey, lambda: _evict_steps(rid))
+    fig_growth = redraw.memo("pg_growth", skey, lambda: growth.growth_figure(req, snap.info.block_size, evict_steps=ev))
+    ea.chart(fig_growth, key=f"growth_{tag}")
+    ea.chart(redraw.memo("pg_phase", skey, lambda: growth.phase_figure(req)), key=f"phase_{tag}")
     st.caption(
         f"{stats.prefill_steps} prefill step(s) for {stats.prompt_tokens} prompt tokens, "
         f"{stats.decode_steps} decode step(s) for {stats.output_tokens} generated tokens. "
@@ -95,10 +103,14 @@ def render_views(rid: str | None, tag: str) -> None:
     if snap.info.speculative is None:
         st.caption("Speculative decoding is off (sidebar): every token comes from one target pass.")
     st.html(
-        tokens.strip_with_legend(
-            req.tokens,
-            evicted_before_step=tokens.recomputed_before_step(ev),
-            prompt_evicted_tokens=req.prompt_len if ev else 0,
+        redraw.memo(
+            "pg_tokens",
+            skey,
+            lambda: tokens.strip_with_legend(
+                req.tokens,
+                evicted_before_step=tokens.recomputed_before_step(ev),
+                prompt_evicted_tokens=req.prompt_len if ev else 0,
+            ),
         )
     )
 
@@ -210,8 +222,20 @@ elif SS.get("pg_rid"):
                 st.markdown((req.output_text if req is not None else SS.get("pg_answer", "")) or "…")
 
 
-@st.fragment(run_every=mode.run_every())
+def _engine_busy(snap) -> bool:
+    return bool(snap is not None and (snap.running_ids or snap.waiting_ids or snap.swapped_ids))
+
+
+# While the engine has work the views follow it at 4 Hz; idle, the page only looks every 2 s
+# whether work arrived (e.g. an API request) and then reruns to follow it: an idle page costs the
+# browser and the server next to nothing.
+_busy = _engine_busy(th.snapshot())
+
+
+@st.fragment(run_every=mode.run_every(mode.LIVE_INTERVAL_S if _busy else IDLE_REFRESH_S))
 def live():
+    if mode.current().refresh and _engine_busy(th.snapshot()) != _busy:
+        st.rerun()  # the whole page, so the fragment's refresh interval follows the new state
     render_views(SS.get("pg_rid"), "live")
 
 

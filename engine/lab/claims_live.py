@@ -102,6 +102,11 @@ def _measure_live(th, progress) -> dict:
 
     say = progress or (lambda f, s: None)
     eng = th.engine
+    if not hasattr(eng, "runner"):
+        raise RuntimeError(
+            "the live measurement times the model in this process, and the engine core runs in a "
+            "process of its own (KVSCOPE_ENGINE_PROCESS=1); the bench rows are shown"
+        )
     model = eng.runner.model
     shape = RF.ModelShape.from_config(model.config)
     dtype = next(model.parameters()).dtype

@@ -63,3 +63,15 @@ def engine():
     from ui.widgets import engine_access as ea
 
     return ea.get_engine()
+
+
+def crash_next_step(th, message: str) -> None:
+    """Make the shared engine's next step raise `message`, in-thread or in a core process."""
+    if hasattr(th, "call"):  # EngineClient: the core process's own test hook
+        th.call("crash_next_step", message=message)
+        return
+
+    def boom():
+        raise RuntimeError(message)
+
+    th.engine.step = boom

@@ -33,7 +33,9 @@ def test_home_shows_the_real_engine(app_test):
     at = app_test().run()
     H.no_exception(at)
     th = H.engine()
-    hf = th.engine.model.config
+    from engine.model.models import load_model
+
+    hf = load_model("tiny")[0].config  # the model's own shape (the engine may run in another process)
     head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
     expected = 2 * hf.num_hidden_layers * hf.num_key_value_heads * head_dim * 4  # float32
     assert H.metric(at, "KV bytes per token") == f"{expected:,}"
@@ -68,11 +70,7 @@ def test_home_and_sidebar_show_the_weight_format_and_bytes_read(app_test):
 
 def test_home_offers_restart_after_a_crash(app_test):
     th = H.engine()
-
-    def boom():
-        raise RuntimeError("injected loop failure")
-
-    th.engine.step = boom  # the next step kills the loop
+    H.crash_next_step(th, "injected loop failure")  # the next step kills the loop
     th.submit("hello", chat=True)
     deadline = time.monotonic() + TIMEOUT
     while th.healthy and time.monotonic() < deadline:
@@ -190,6 +188,22 @@ def test_playground_generates_and_draws_the_engine_state(app_test):
     assert st_static_config(at)
 
 
+def test_playground_redraw_builds_nothing_when_the_engine_is_unchanged(app_test):
+    """A rerun on an unchanged engine state reuses the figures it built (ui/widgets/redraw.py):
+    the same Plotly specs, no new builds; a step of the engine builds them again."""
+    at = _playground(app_test)
+    _type(at, "pg", "Name two colours.")
+    at.slider(key="pg_max_tokens").set_value(4)
+    H.button(at, "Generate").click().run()
+    H.no_exception(at)
+    specs = H.plotly_specs(at)
+    builds = at.session_state["redraw_memo_stats"]["builds"]
+    at.run()
+    H.no_exception(at)
+    assert at.session_state["redraw_memo_stats"]["builds"] == builds
+    assert H.plotly_specs(at) == specs
+
+
 def st_static_config(at) -> bool:
     """Test mode: every chart is static (no hover, no mode bar, no resize)."""
     for el in at.main.get("plotly_chart"):
@@ -286,11 +300,10 @@ def test_evicted_request_shows_the_recompute(app_test):
     h = th.submit("Count slowly to one hundred.", SamplingParams(max_tokens=200, ignore_eos=True), chat=True)
     deadline = time.monotonic() + TIMEOUT
     while time.monotonic() < deadline:
-        with th.lock:  # between steps: the request is not moving
-            r = th.engine.get_request(h.request_id)
-            if r is not None and r.num_output_tokens >= 5 and not r.is_finished:
-                th.evict(h.request_id)
-                break
+        out = h.output  # the handle's latest output (the engine may run in another process)
+        if out is not None and len(out.outputs[0].token_ids) >= 5:
+            th.evict(h.request_id)  # 5 of 200 tokens: still running
+            break
         time.sleep(0.005)
     h.result(TIMEOUT)
     at = app_test()

@@ -6,6 +6,9 @@ rebuild it through `EngineThread.reconfigure`, which deals with in-flight reques
 
 Environment
 - KVSCOPE_MODEL: model name for the engine ("default" = embedded SmolLM2-135M; tests use "tiny").
+- KVSCOPE_ENGINE_PROCESS=1: the engine core runs in a process of its own (engine/core/client.py's
+  EngineClient, same API as EngineThread): drawing never competes with a step for the GIL.
+  KVSCOPE_CORE_CPUS="1" (or "2,3") pins that process to those CPUs where the OS allows.
 - KVSCOPE_TEST_MODE=1: deterministic settings (CPU, float32, one torch thread, seed 0, a small
   pool) and static Plotly charts with fixed heights, no live polling, so screenshots are exact;
   every difference is a field of ui/widgets/mode.py's Mode.
@@ -72,9 +75,13 @@ class SharedEngine:
 
     def _build(self, config: EngineConfig) -> None:
         from engine import EngineThread, LLMEngine
+        from engine.core.client import EngineClient, core_cpus_from_env, process_enabled
 
         try:
-            self.thread = EngineThread(LLMEngine(config))
+            if process_enabled():
+                self.thread = EngineClient(config, cpus=core_cpus_from_env())
+            else:
+                self.thread = EngineThread(LLMEngine(config))
             self.build_error = None
             self.generation += 1
         except Exception as e:  # noqa: BLE001 - shown in the app; the server keeps running
@@ -312,3 +319,31 @@ def settings_sidebar() -> None:
     msg = st.session_state.pop("engine_message", None)
     if msg:
         (sb.success if msg[0] == "success" else sb.error)(msg[1])
+
+
+def _cpus_text(cpus) -> str:
+    if not cpus:
+        return "any CPU"
+    cpus = sorted(cpus)
+    if cpus == list(range(cpus[0], cpus[-1] + 1)) and len(cpus) > 1:
+        return f"CPUs {cpus[0]}–{cpus[-1]}"
+    return ("CPU " if len(cpus) == 1 else "CPUs ") + ", ".join(map(str, cpus))
+
+
+def placement_text(th) -> str:
+    """Where the engine's step loop and the front end (pages, charts, the API) run, for Home."""
+    front = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    placement = getattr(th, "placement", None)
+    if placement:
+        n = placement.get("torch_threads")
+        return (
+            f"Engine core: a process of its own, {n or 'GPU'} torch thread(s), {_cpus_text(placement.get('cpus'))}. "
+            f"Front end (pages, charts, the API): this Streamlit process, {_cpus_text(front)}; "
+            "drawing never holds the core's interpreter lock."
+        )
+    n = getattr(getattr(th, "engine", None), "cpu_threads", None)
+    return (
+        f"Engine: a thread of this Streamlit process, {n or 'GPU'} torch thread(s), {_cpus_text(front)}, "
+        "sharing its interpreter with the pages, charts and the API (KVSCOPE_ENGINE_PROCESS=1 moves "
+        "the step loop to a process of its own)."
+    )

@@ -1,0 +1,658 @@
+"""EngineClient: EngineThread's public behaviour with the engine core in its own process
+(engine/core/core_proc.py). The app, the API and the pages hold one of these instead of an
+EngineThread when KVSCOPE_ENGINE_PROCESS=1 (or `process=True` where the shared engine is built).
+
+What stays the same: submit() returns a RequestHandle that streams text deltas; abort, evict,
+set_kv_budget, preview, snapshot / snapshot_now / recent_snapshots, events.since, reconfigure,
+restart, shutdown; a crashed core is surfaced (healthy False, `error` the reason) and wakes every
+waiting request with it; nothing waits forever (every call is bounded and fails when the core
+process is gone).
+
+What is different: the step loop runs in another interpreter, so drawing and HTTP work never
+hold its GIL; snapshots arrive as published frames (the latest kept; frames a busy client did
+not read in time are dropped by the core and counted in `dropped_snapshot_frames`; outputs never
+are); `engine` is an EngineView, the few read-only engine calls the API needs, forwarded.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import os
+import pickle
+import shutil
+import tempfile
+import threading
+import time
+from collections import deque
+
+from engine.config import EngineConfig, SamplingParams
+from engine.core import core_proc as wire
+from engine.core.inputs import MAX_PROMPT_CHARS
+from engine.core.thread import RECONFIGURE_WAIT_S, EngineCrashed, RequestHandle
+from engine.observe.snapshot import Snapshot
+from engine.observe.trace_events import event_from_dict, snapshot_from_dict
+
+START_TIMEOUT_S = 900.0  # loading a model on a busy machine; a hang guard, not a speed limit
+CALL_TIMEOUT_S = 300.0
+POLL_MS = 100
+ERRORS = {"ValueError": ValueError, "KeyError": KeyError, "TypeError": TypeError}
+
+
+def process_enabled() -> bool:
+    """KVSCOPE_ENGINE_PROCESS: "1" runs the shared engine's core in its own process."""
+    return os.environ.get("KVSCOPE_ENGINE_PROCESS", "") not in ("", "0", "false", "no")
+
+
+def core_cpus_from_env() -> list[int] | None:
+    """KVSCOPE_CORE_CPUS ("1" or "2,3"): the CPUs the core process is pinned to (where the OS
+    allows); unset: wherever the OS schedules it. ValueError naming the variable if malformed."""
+    raw = os.environ.get("KVSCOPE_CORE_CPUS", "").strip()
+    if not raw:
+        return None
+    try:
+        cpus = sorted({int(x) for x in raw.split(",") if x.strip()})
+    except ValueError:
+        raise ValueError(f"KVSCOPE_CORE_CPUS must be CPU numbers separated by commas, got {raw[:40]!r}") from None
+    if not cpus or cpus[0] < 0:
+        raise ValueError(f"KVSCOPE_CORE_CPUS must name at least one CPU >= 0, got {raw[:40]!r}")
+    return cpus
+
+
+class _Listeners(list):
+    pass
+
+
+class _Metrics:
+    """The client's side of engine.metrics: `listeners` get a FinishedRequest per finished request."""
+
+    def __init__(self):
+        self.listeners: list = _Listeners()
+
+
+class EngineView:
+    """The read-only engine calls the API makes (engine/serve), forwarded to the core."""
+
+    def __init__(self, client: "EngineClient"):
+        self._client = client
+        self.metrics = _Metrics()
+        self._vocab_size = None
+
+    def _call(self, name, *args):
+        return self._client.call("call", name=name, args=args)
+
+    def max_completion_tokens(self, prompt_len: int, tier: str | None = None) -> int:
+        return self._call("max_completion_tokens", prompt_len, tier)
+
+    def has_unfinished_requests(self) -> bool:
+        """Every request reaches this core through this client: unfinished ones have a handle
+        (no round trip, so an event loop may ask)."""
+        return bool(self._client.handles)
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return self._call("decode", list(ids), skip_special_tokens)
+
+    def apply_chat_template(self, text: str) -> list[int]:
+        return self._call("apply_chat_template", text)
+
+    def check_invariants(self) -> None:
+        self._client.call("check_invariants")
+
+    def info(self):
+        return self._client.snapshot().info
+
+    @property
+    def config(self) -> EngineConfig:
+        return self._client.config
+
+    @property
+    def tokenizer(self):
+        return self._client.tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        if self._vocab_size is None:
+            self._vocab_size = self._client.call("attr", name="vocab_size")
+        return self._vocab_size
+
+    @property
+    def cpu_threads(self):
+        return self._client.placement.get("torch_threads")
+
+    @property
+    def device(self) -> str:
+        return self._client.snapshot().info.device
+
+    @property
+    def num_blocks(self) -> int:
+        return self._client.snapshot().info.num_blocks
+
+    @property
+    def step_num(self) -> int:
+        return self._client.step_num
+
+    @property
+    def events(self):
+        return self._client.events
+
+
+class RemoteEvents:
+    """engine.events across the boundary: since(seq, kinds) and last_seq, read from the core
+    between two steps."""
+
+    def __init__(self, client: "EngineClient"):
+        self._client = client
+
+    def since(self, seq: int = 0, kinds=None):
+        evs, _ = self._client.call("events_since", seq=seq, kinds=list(kinds) if kinds is not None else None)
+        return [event_from_dict(e) for e in evs]
+
+    def __iter__(self):
+        return iter(self.since(0))
+
+    def __len__(self) -> int:
+        return self._client.call("events_info")[1]
+
+    @property
+    def last_seq(self) -> int:
+        return self._client.call("events_info")[0]
+
+    @property
+    def maxlen(self) -> int:
+        return self._client.call("events_info")[2]
+
+
+class _CoreProcess:
+    """One core process and the sockets to it. The reader thread owns the receiving sockets."""
+
+    def __init__(self, client: "EngineClient", config: EngineConfig, cpus):
+        import zmq
+
+        self.client = client
+        self.config = config
+        self.dir = tempfile.mkdtemp(prefix="kvscope-core-")
+        os.chmod(self.dir, 0o700)
+        addrs = tuple(f"ipc://{self.dir}/{n}" for n in ("cmd", "out", "pub"))
+        self.ctx = zmq.Context()
+        self.cmd = self.ctx.socket(zmq.PUSH)
+        self.cmd.setsockopt(zmq.LINGER, 0)
+        self.cmd.bind(addrs[0])
+        self.out = self.ctx.socket(zmq.PULL)
+        self.out.setsockopt(zmq.LINGER, 0)
+        self.out.bind(addrs[1])
+        self.pub = self.ctx.socket(zmq.PULL)
+        self.pub.setsockopt(zmq.RCVHWM, 1)
+        self.pub.setsockopt(zmq.RCVBUF, wire.SNAPSHOT_SOCKET_BUFFER)
+        self.pub.setsockopt(zmq.LINGER, 0)
+        self.pub.bind(addrs[2])
+        self.send_lock = threading.Lock()
+        self.pending: dict[int, list] = {}  # call id -> [Event, ok, value]
+        self.ids = itertools.count(1)
+        self.error: str | None = None
+        self.closed = threading.Event()
+        self.placement: dict = {}
+        ctx = multiprocessing.get_context("spawn")
+        self.proc = ctx.Process(
+            target=wire.core_main,
+            args=(pickle.dumps(config), addrs, os.getpid(), client.snapshot_interval, cpus, client.push_snapshots),
+            name="kvscope-engine-core",
+            daemon=True,
+        )
+        self.proc.start()
+        self._wait_ready()
+        self.reader = threading.Thread(target=self._read, name="kvscope-core-reader", daemon=True)
+        self.reader.start()
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.out.poll(POLL_MS):
+                kind, payload = self.out.recv_multipart()
+                if kind == b"ready":
+                    self.placement = pickle.loads(payload)
+                    return
+                if kind == b"build_failed":
+                    typ, msg = pickle.loads(payload)
+                    self._cleanup()
+                    raise (ERRORS.get(typ, RuntimeError))(msg if typ in ERRORS else f"{typ}: {msg}")
+            elif not self.proc.is_alive():
+                self._cleanup()
+                raise RuntimeError(f"the engine core process exited while starting (exit code {self.proc.exitcode})")
+        self.proc.kill()
+        self._cleanup()
+        raise RuntimeError(f"the engine core did not start within {START_TIMEOUT_S:.0f}s")
+
+    # -------------------------------------------------------------- reading
+    def _read(self) -> None:
+        try:
+            reason = self._read_loop()
+        except Exception as e:  # noqa: BLE001 - a reader that died must not leave callers waiting
+            reason = f"the engine client's reader failed: {type(e).__name__}: {e}"
+        self._die(reason)
+
+    def _read_loop(self) -> str:
+        import zmq
+
+        poller = zmq.Poller()
+        poller.register(self.out, zmq.POLLIN)
+        poller.register(self.pub, zmq.POLLIN)
+        client = self.client
+        reason = None
+        while reason is None:
+            events = dict(poller.poll(POLL_MS))
+            if self.out in events:
+                while reason is None:
+                    try:
+                        kind, payload = self.out.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    reason = self._on_frame(kind, payload)
+            if self.pub in events:
+                latest = None
+                while True:  # keep only the newest frame
+                    try:
+                        latest = self.pub.recv(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                if latest is not None:
+                    client._on_snapshot(self, wire.unpack(latest))
+            if reason is None and not events and not self.proc.is_alive():
+                reason = f"the engine core process exited unexpectedly (exit code {self.proc.exitcode})"
+        return reason
+
+    def _on_frame(self, kind: bytes, payload: bytes) -> str | None:
+        if kind == b"out":
+            self.client._on_outputs(self, wire.unpack(payload))
+        elif kind == b"reply":
+            cid, ok, value = pickle.loads(payload)
+            slot = self.pending.pop(cid, None)
+            if slot is not None:
+                slot[1], slot[2] = ok, value
+                slot[0].set()
+        elif kind == b"crash":
+            return pickle.loads(payload)
+        elif kind == b"bye":
+            return ""
+        return None
+
+    def _die(self, reason: str) -> None:
+        """The core is gone (crashed, killed, or shut down): fail every waiting call and request."""
+        if reason:
+            self.error = reason
+        self.closed.set()  # from here on calls fail at once
+        for cid in list(self.pending):
+            slot = self.pending.pop(cid, None)
+            if slot is not None:
+                slot[1], slot[2] = False, ("EngineCrashed", reason or "the engine core was shut down")
+                slot[0].set()
+        if reason:
+            self.client._on_core_died(self, reason)
+
+    def _send(self, frame: bytes, deadline: float) -> None:
+        """Send a command without ever blocking on a core that is gone (a PUSH socket without a
+        peer would wait forever)."""
+        import zmq
+
+        with self.send_lock:
+            while True:
+                try:
+                    self.cmd.send(frame, zmq.NOBLOCK)
+                    return
+                except zmq.Again:
+                    if self.closed.is_set() or not self.proc.is_alive():
+                        raise EngineCrashed(self.error or "the engine core is not running") from None
+                    if time.monotonic() > deadline:
+                        raise TimeoutError("the engine core did not take a command in time") from None
+                    time.sleep(0.01)
+
+    # -------------------------------------------------------------- calling
+    def call(self, op: str, timeout: float = CALL_TIMEOUT_S, **args):
+        if self.closed.is_set():
+            raise EngineCrashed(self.error or "the engine core was shut down")
+        cid = next(self.ids)
+        slot = [threading.Event(), False, None]
+        self.pending[cid] = slot
+        try:
+            self._send(pickle.dumps((cid, op, args)), time.monotonic() + timeout)
+        except BaseException:
+            self.pending.pop(cid, None)
+            raise
+        if self.closed.is_set() and cid in self.pending:  # died between the check and the send
+            self.pending.pop(cid, None)
+            raise EngineCrashed(self.error or "the engine core was shut down")
+        deadline = time.monotonic() + timeout
+        while not slot[0].wait(0.5):
+            if self.closed.is_set() and not slot[0].is_set():  # the reader is gone
+                self.pending.pop(cid, None)
+                raise EngineCrashed(self.error or "the engine core was shut down")
+            if time.monotonic() > deadline:
+                self.pending.pop(cid, None)
+                raise TimeoutError(f"the engine core did not answer {op!r} within {timeout:.0f}s")
+        ok, value = slot[1], slot[2]
+        if ok:
+            return value
+        typ, msg = value
+        if typ == "EngineCrashed":
+            raise EngineCrashed(msg)
+        raise ERRORS.get(typ, RuntimeError)(msg if typ in ERRORS else f"{typ}: {msg}")
+
+    def notify(self, op: str, **args) -> None:
+        """A command without a reply (nothing waits for it); dropped when the core is gone."""
+        import zmq
+
+        if self.closed.is_set() or not self.send_lock.acquire(timeout=0.1):
+            return
+        try:
+            self.cmd.send(pickle.dumps((None, op, args)), zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # the core is gone or not reading: nothing waits for this
+        finally:
+            self.send_lock.release()
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """Abort every request (invariants checked in the core), end the process. Returns the
+        number aborted (0 when the core was already gone)."""
+        n = 0
+        if self.ctx.closed:
+            return 0
+        try:
+            n = self.call("shutdown", timeout=timeout)
+        except (EngineCrashed, TimeoutError, RuntimeError):
+            pass
+        self.proc.join(timeout)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(5)
+        self.closed.wait(timeout)
+        self._cleanup()
+        return n
+
+    def _cleanup(self) -> None:
+        if self.ctx.closed:
+            return
+        for s in (self.cmd, self.out, self.pub):
+            s.close(linger=0)
+        self.ctx.term()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class EngineClient:
+    """The engine through its core process, with EngineThread's API (see the module doc)."""
+
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        snapshot_interval: float = wire.SNAPSHOT_INTERVAL_S,
+        keep_snapshots: int = 600,
+        cpus=None,
+        push_snapshots: bool = False,
+    ):
+        """push_snapshots: the core publishes a frame every snapshot_interval while it works,
+        read or not (default: as fast as they are read, at least one a second)."""
+        self.snapshot_interval = snapshot_interval
+        self.push_snapshots = push_snapshots
+        self.cpus = cpus
+        self.lock = threading.RLock()  # callers that batch calls (the API bridge) take it
+        self.handles: dict[str, RequestHandle] = {}
+        self.recent: deque[Snapshot] = deque(maxlen=keep_snapshots)
+        self.error: str | None = None
+        self.dropped_snapshot_frames = 0
+        self.engine = EngineView(self)
+        self.events = RemoteEvents(self)
+        self._config = config or EngineConfig()
+        self._tokenizer = None
+        self._state_lock = threading.Lock()
+        self._snap: Snapshot | None = None
+        self._snap_raw: dict | None = None
+        self._step = 0
+        self._counter = 0
+        self._asked = False  # a want_snapshot is outstanding
+        self._ready = threading.Event()
+        self._reconf_lock = threading.Lock()
+        self._core = _CoreProcess(self, self._config, cpus)
+        self._ready.set()
+        self._snap = snapshot_from_dict(self._core.call("snapshot"))
+
+    # -------------------------------------------------------------- from the reader thread
+    def _on_outputs(self, core: _CoreProcess, frame: dict) -> None:
+        if core is not getattr(self, "_core", None):
+            return  # a core being replaced: its requests were failed already
+        self._step = frame["step"]
+        for d in frame["outs"]:
+            out = wire.output_from_wire(d)
+            with self._state_lock:
+                h = self.handles.get(out.request_id)
+                if h is not None and out.finished:
+                    self.handles.pop(out.request_id, None)
+            if h is not None:
+                h._push(out)
+        for rec in frame["fin"]:
+            fr = wire.FinishedRequest(rec)
+            for fn in list(self.engine.metrics.listeners):
+                try:
+                    fn(fr)
+                except Exception:  # noqa: BLE001 - a listener must not stop the outputs
+                    pass
+
+    def _on_snapshot(self, core: _CoreProcess, frame: dict) -> None:
+        if core is not getattr(self, "_core", None):  # a core still starting, or being replaced
+            return
+        self.dropped_snapshot_frames = frame["dropped"]
+        with self._state_lock:
+            self._snap_raw = frame["snap"]
+            self._snap = None
+
+    def _on_core_died(self, core: _CoreProcess, reason: str) -> None:
+        if core is not getattr(self, "_core", None):
+            return
+        self.error = reason
+        with self._state_lock:
+            handles, self.handles = list(self.handles.values()), {}
+        for h in handles:
+            h._fail(reason)
+        snap = self.snapshot()
+        import dataclasses
+
+        with self._state_lock:
+            self._snap = dataclasses.replace(snap, healthy=False, error=reason)
+            self._snap_raw = None
+
+    # -------------------------------------------------------------- API
+    def call(self, op: str, **args):
+        return self._core.call(op, **args)
+
+    @property
+    def healthy(self) -> bool:
+        return self.error is None and self._core.error is None and self._core.proc.is_alive()
+
+    @property
+    def config(self) -> EngineConfig:
+        return self._config
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            from engine.model.models import load_tokenizer
+
+            self._tokenizer = load_tokenizer(self._config.model)
+        return self._tokenizer
+
+    @property
+    def step_num(self) -> int:
+        snap = self.snapshot()
+        return max(self._step, snap.step if snap is not None else 0)
+
+    @property
+    def placement(self) -> dict:
+        """Where the core runs: its pid, torch threads and the CPUs it may use."""
+        return dict(self._core.placement)
+
+    def _check_alive(self) -> None:
+        if not self.healthy:
+            raise EngineCrashed(self.error or "engine is not running")
+
+    def submit(
+        self,
+        prompt,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        chat: bool = False,
+        origin: str = "app",
+        listener=None,
+    ) -> RequestHandle:
+        """As EngineThread.submit: ValueError (field + limit) for bad input, EngineCrashed if the
+        core is down. `listener()` runs on the client's reader thread after each update."""
+        if not self._ready.wait(RECONFIGURE_WAIT_S):
+            raise EngineCrashed("the engine is being reconfigured; try again")
+        self._check_alive()
+        with self._state_lock:
+            if request_id is not None and request_id in self.handles:
+                raise ValueError(f"request_id {request_id!r} is already in use")
+        # The handle exists before the core can produce an output for it: the id is chosen here
+        # (r1, r2, ... as EngineThread does), the next one if the engine already has it.
+        auto = request_id is None
+        for _ in range(10_000):
+            with self._state_lock:
+                if auto:
+                    self._counter += 1
+                    request_id = f"r{self._counter}"
+                    if request_id in self.handles:
+                        continue
+                elif request_id in self.handles:
+                    raise ValueError(f"request_id {request_id!r} is already in use")
+                h = RequestHandle(self, request_id)
+                h.listener = listener
+                self.handles[request_id] = h
+            try:
+                self.call("submit", prompt=prompt, params=params, request_id=request_id, chat=chat, origin=origin)
+                return h
+            except KeyError:  # the engine holds that id already (submitted by another caller)
+                with self._state_lock:
+                    self.handles.pop(request_id, None)
+                if not auto:
+                    raise ValueError(f"request_id {request_id!r} is already in use") from None
+            except BaseException:
+                with self._state_lock:
+                    self.handles.pop(request_id, None)
+                raise
+        raise EngineCrashed("no free request id")
+
+    def preview(self, user: str, params: SamplingParams | None = None, system: str | None = None):
+        params = params if params is not None else SamplingParams()
+        for field, text in (("prompt", user), ("system prompt", system or "")):
+            if not isinstance(text, str) or len(text) > MAX_PROMPT_CHARS:
+                raise ValueError(f"{field} must be a string of at most {MAX_PROMPT_CHARS} characters")
+        self._check_alive()
+        return self.call("preview", user=user, params=params, system=system)
+
+    def abort(self, request_id: str) -> bool:
+        done, out = self.call("abort", request_id=request_id)
+        with self._state_lock:
+            h = self.handles.pop(request_id, None)
+        if h is not None:
+            if out is not None:
+                h._push(wire.output_from_wire(out))
+            h._finish()
+        self._refresh()
+        return done
+
+    def evict(self, request_id: str) -> dict:
+        r = self.call("evict", request_id=request_id)
+        self._refresh()
+        return r
+
+    def set_kv_budget(self, num_blocks: int) -> None:
+        self.call("set_kv_budget", num_blocks=num_blocks)
+        self._refresh()
+
+    def _refresh(self) -> None:
+        try:
+            self.snapshot_now()
+        except (EngineCrashed, TimeoutError):
+            pass
+
+    def snapshot(self) -> Snapshot:
+        """The core's latest published snapshot (decoded once per frame, on first read). Reading
+        a new frame asks the core for the next one: frames follow the pace of their readers."""
+        with self._state_lock:
+            fresh = self._snap_raw is not None
+            if self._snap is None and fresh:
+                self._snap = snapshot_from_dict(self._snap_raw)
+                self._snap_raw = None
+                self.recent.append(self._snap)
+            ask, self._asked = not self._asked or fresh, True
+            snap = self._snap
+        if ask:
+            self._core.notify("want_snapshot")
+        return snap
+
+    def snapshot_now(self) -> Snapshot:
+        """A snapshot taken by the core now (between two steps)."""
+        snap = snapshot_from_dict(self.call("snapshot"))
+        with self._state_lock:
+            self._snap, self._snap_raw = snap, None
+            self.recent.append(snap)
+        return snap
+
+    def recent_snapshots(self) -> list[Snapshot]:
+        self.snapshot()
+        with self._state_lock:
+            return list(self.recent)
+
+    def check_invariants(self) -> None:
+        self.call("check_invariants")
+
+    def shutdown(self, timeout: float = 30.0, reason: str = "engine shut down") -> int:
+        """Abort every in-flight request (their blocks freed, invariants checked in the core),
+        stop the core process, fail waiting clients with `reason`. Returns the number aborted."""
+        with self._state_lock:
+            handles, self.handles = list(self.handles.values()), {}
+        for h in handles:
+            h._fail(reason)
+        n = self._core.stop(timeout)
+        if self.error is None:
+            self.error = reason
+        return n
+
+    def restart(self, config: EngineConfig | None = None) -> str:
+        return self.reconfigure(config or self._config)
+
+    def reconfigure(self, config: EngineConfig) -> str:
+        """A new core with `config` (built first: a bad config leaves the old one serving), then
+        the old one stopped, its in-flight requests aborted with a reason."""
+        if not isinstance(config, EngineConfig):
+            raise ValueError("config must be an EngineConfig")
+        with self._reconf_lock:
+            new_core = _CoreProcess(self, config, self.cpus)
+            self._ready.clear()
+            try:
+                old = self._core
+                with self._state_lock:
+                    handles, self.handles = list(self.handles.values()), {}
+                reason = "aborted: the engine was reconfigured"
+                for h in handles:
+                    h._fail(reason)
+                self._core = new_core
+                n = old.stop()  # also closes the sockets of a core that crashed
+                n = max(n, len(handles))
+                new_core.client = self
+                self._config = config
+                self._tokenizer = None
+                self.engine._vocab_size = None
+                self.error = None
+                with self._state_lock:
+                    self.recent.clear()
+                    self._snap_raw = None
+                    self._step = 0
+                self._snap = snapshot_from_dict(new_core.call("snapshot"))
+            finally:
+                self._ready.set()
+        return f"engine rebuilt; {n} in-flight request(s) aborted" if n else "engine rebuilt"
+
+    def close(self) -> None:
+        """Stop the core (idempotent; a crashed core's sockets are closed too)."""
+        self.shutdown(reason="engine client closed")
+
+    @property
+    def core_pid(self) -> int | None:
+        return self._core.proc.pid

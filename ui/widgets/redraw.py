@@ -1,0 +1,55 @@
+"""Skip the Python work of a redraw when the engine's state has not changed.
+
+A live page's fragment reruns every 0.25 s. Streamlit clears what a fragment run does not draw,
+so each run must draw its views again; but building Plotly figures is the expensive part (far
+more than sending them), and it competes with the engine for the cores. `memo` keeps, per browser
+session, the last value built for a slot and rebuilds only when the key changes; `snapshot_key`
+is the key of an engine state: the engine's id, its step counter and what can change between
+steps (a submit, an abort, an eviction, a new budget), not the snapshot's time, so an idle page
+builds nothing."""
+
+from __future__ import annotations
+
+from typing import Callable, TypeVar
+
+import streamlit as st
+
+T = TypeVar("T")
+STATE_KEY = "redraw_memo"
+
+
+def snapshot_key(snap) -> tuple:
+    """What identifies an engine state for drawing: two snapshots with the same key draw the same
+    figures (the step counter, health, pool counts, and each request's state and progress)."""
+    m = snap.metrics
+    return (
+        snap.engine_id,
+        snap.step,
+        snap.healthy,
+        snap.error,
+        snap.info.num_blocks,
+        (m.num_blocks_used, m.num_blocks_cached, m.num_evictions_total, m.num_aborted),
+        tuple(
+            (r.request_id, r.state, r.output_len, r.num_computed_tokens, r.block_table, r.num_preemptions)
+            for r in snap.requests
+        ),
+    )
+
+
+def memo(slot: str, key, build: Callable[[], T]) -> T:
+    """`build()`'s value, rebuilt only when `key` differs from the last call for `slot` in this
+    browser session."""
+    store = st.session_state.setdefault(STATE_KEY, {})
+    hit = store.get(slot)
+    if hit is not None and hit[0] == key:
+        stats()["hits"] += 1
+        return hit[1]
+    stats()["builds"] += 1
+    value = build()
+    store[slot] = (key, value)
+    return value
+
+
+def stats() -> dict:
+    """{"hits", "builds"} counts for this browser session (tests read them)."""
+    return st.session_state.setdefault(STATE_KEY + "_stats", {"hits": 0, "builds": 0})
