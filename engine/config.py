@@ -1,11 +1,15 @@
 """Validated configuration dataclasses: EngineConfig, SamplingParams, SpeculativeConfig, TierConfig.
 
 Every check raises ValueError naming the field and the limit, before anything is allocated.
+The choice lists (KV cache dtypes, backends, weight formats, hash algorithms) are defined here once.
+
+May import: nothing from engine (every package reads it: tests/engine/test_import_graph.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass, field
 
@@ -20,6 +24,7 @@ LINEAR_BACKENDS = ("auto", "torch")
 ATTENTION_BACKENDS = ("auto", "torch", "flex")
 DECODE_BACKENDS = ("auto", "c", "transformers")
 WEIGHT_FORMATS = ("auto", "gguf", "fp32", "bf16", "fp16")
+PREFIX_HASH_ALGOS = ("sha256", "sha256_cbor")  # vLLM's names (engine/core/prefix_hash.py computes them)
 MIN_TEMPERATURE = 1e-5
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs
 MAX_LOGIT_BIAS = 1024  # entries in one request's logit_bias
@@ -36,6 +41,27 @@ def _is_int(x) -> bool:
 
 def _is_num(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+MAX_SCHEMA_CHARS = 64_000
+
+
+def check_response_format(rf) -> None:
+    """ValueError naming the field unless rf is {"type": "json_object"} or {"type": "json_schema",
+    "json_schema": {"schema": {...}, ...}} (OpenAI's shapes)."""
+    if isinstance(rf, dict) and rf.get("type") == "lark":
+        if not isinstance(rf.get("lark"), str) or not rf["lark"]:
+            raise ValueError("response_format: a lark grammar must be a non-empty string")
+        return
+    if not isinstance(rf, dict) or rf.get("type") not in ("json_object", "json_schema"):
+        raise ValueError("response_format: type must be 'text', 'json_object' or 'json_schema'")
+    if rf["type"] == "json_schema":
+        js = rf.get("json_schema")
+        schema = js.get("schema", js.get("json_schema")) if isinstance(js, dict) else None
+        if not isinstance(schema, dict):
+            raise ValueError("response_format: json_schema.schema must be a JSON object (the schema)")
+        if len(json.dumps(schema)) > MAX_SCHEMA_CHARS:
+            raise ValueError(f"response_format: the schema must be at most {MAX_SCHEMA_CHARS} characters")
 
 
 @dataclass(slots=True)
@@ -190,12 +216,12 @@ class EngineConfig:
     linear_backend: str = "auto"
     # "auto": on CPU in fp32, decode attention reads K/V in place from the blocks with the C
     # kernel of engine/model/csrc (built on first use; torch fallback); on CUDA the torch path until the
-    # GPU check has verified "flex" there (engine/core/device.py); "torch": gather + SDPA always;
+    # GPU check has verified "flex" there (engine/model/device.py); "torch": gather + SDPA always;
     # "flex": every row in one FlexAttention call reading K/V in place (engine/model/paged_flex.py)
     attention_backend: str = "auto"
     # CUDA, when neither num_kv_blocks nor kv_cache_bytes is given: the fraction of the device's
     # total memory this engine may use (weights and activations included); the KV pool gets the
-    # rest (vLLM's gpu_memory_utilization; engine/core/device.py)
+    # rest (vLLM's gpu_memory_utilization; engine/model/device.py)
     gpu_memory_utilization: float = 0.9
     # "gguf": on CPU in fp32, Linears whose GGUF tensor (the model's source file) is Q4_1 / Q8_0
     # compute from those blocks, as on the de-quantized weights (bitwise, or within fp32 rounding
@@ -249,9 +275,10 @@ class EngineConfig:
             _is_int(self.max_model_len) and 2 <= self.max_model_len <= 1_048_576,
             f"max_model_len must be an integer in [2, 1048576], got {self.max_model_len!r}",
         )
-        from engine.core.prefix_hash import check_algo
-
-        check_algo(self.prefix_caching_hash_algo)  # ValueError naming prefix_caching_hash_algo
+        _check(
+            isinstance(self.prefix_caching_hash_algo, str) and self.prefix_caching_hash_algo in PREFIX_HASH_ALGOS,
+            f"prefix_caching_hash_algo must be one of {PREFIX_HASH_ALGOS}, got {self.prefix_caching_hash_algo!r}",
+        )
         _check(
             self.preemption_mode in PREEMPTION_MODES,
             f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}",
@@ -410,8 +437,6 @@ class SamplingParams:
                 _check(_is_num(b) and -100 <= b <= 100, f"logit_bias[{t}] must be a number in [-100, 100], got {b!r}")
         _check(isinstance(self.skip_special_tokens, bool), "skip_special_tokens must be true or false")
         if self.response_format is not None:
-            from engine.core.structured import check_response_format
-
             check_response_format(self.response_format)
         if self.tier is not None:
             _check(isinstance(self.tier, str), "tier must be a string")

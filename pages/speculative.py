@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from engine.config import SamplingParams
-from engine.lab.preview import template_ids
+from engine.core.preview import template_ids
 from ui.figures import drafters, pool, spec, theme, tokens
 from ui.widgets import engine_access as ea
 from ui.widgets import mode, prompt_preview, room, shell, spec_watch

@@ -292,11 +292,11 @@ class SuiteResult:
             self.rows.append((name, value, note))
 
 
-def _ratio(a, b):
+def ratio(a, b):
     return a / b if (a is not None and b) else None
 
 
-def _spread(items: list, k: int) -> list[int]:
+def spread(items: list, k: int) -> list[int]:
     """Indices of k items spread evenly over the items sorted by length (a representative subset)."""
     order = sorted(range(len(items)), key=lambda i: len(items[i]))
     if k >= len(items):

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from engine.bench import common as C
 from engine.bench import peers
-from engine.bench.common import SuiteResult, _spread
+from engine.bench.common import SuiteResult, spread
 from engine.bench.decode_bs1 import KernelTimer, decode_bs1_by_format, decode_steps  # noqa: F401 (re-exported)
 from engine.bench.report import bar_figure, line_figure
 from engine.model.kv_layout import (
@@ -447,7 +447,7 @@ def suite_roofline(ctx: C.BenchContext) -> SuiteResult:
     bw = measure_read_bandwidth(bw_mb, dtype=torch.float32)
     ctx.done("bandwidth")
     ctx.start("kvscope batch-1 decode")
-    p1 = prompts[_spread(prompts, 1)[0]]
+    p1 = prompts[spread(prompts, 1)[0]]
     n1 = ctx.pick(64, 32, smoke=6)
     by_fmt = decode_bs1_by_format(ctx, p1, n1, formats=("auto", "fp32", "transformers"), rounds=ctx.pick(3, 2, smoke=1))
     dec, dec32 = by_fmt["auto"]["tok_s"], by_fmt["fp32"]["tok_s"]

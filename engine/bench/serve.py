@@ -18,13 +18,13 @@ from engine.bench import common as C
 from engine.bench.common import SuiteResult, kvscope_workload
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _pct(xs: list[float], q: float) -> float | None:
+def pct(xs: list[float], q: float) -> float | None:
     if not xs:
         return None
     xs = sorted(xs)
@@ -135,7 +135,7 @@ def suite_serve(ctx: C.BenchContext) -> SuiteResult:
     }
     llm = C.make_llm(ctx, **cfg)
     th = EngineThread(engine=llm.engine)
-    port = _free_port()
+    port = free_port()
     server = run_in_background(create_app(th, model_name="bench", max_waiting=4096), "127.0.0.1", port)
     try:
         spec = {"base": f"http://127.0.0.1:{port}", "model": "bench", "prompts": prompts, "new": new}
@@ -166,9 +166,9 @@ def suite_serve(ctx: C.BenchContext) -> SuiteResult:
     )
     res.add("http_vs_inprocess", http / inproc if inproc else None, "goal >= 0.9")
     for q in (0.5, 0.9, 0.99):
-        res.add(f"http_ttft_p{int(q * 100)}_s", _pct(ttft, q), "first content chunk - request sent (client clock)")
+        res.add(f"http_ttft_p{int(q * 100)}_s", pct(ttft, q), "first content chunk - request sent (client clock)")
     for q in (0.5, 0.9, 0.99):
-        res.add(f"http_itl_p{int(q * 100)}_s", _pct(itl, q), "gap between content chunks (client clock)")
+        res.add(f"http_itl_p{int(q * 100)}_s", pct(itl, q), "gap between content chunks (client clock)")
     res.add("outputs_match", f"{match}/{nreq}", "HTTP text equals the in-process greedy text")
     ctx.done("summary")
     return res

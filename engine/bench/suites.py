@@ -5,7 +5,7 @@ a suite that needs a missing engine feature raises BenchUnavailable."""
 from __future__ import annotations
 
 from engine.bench.cache import suite_cache
-from engine.bench.common import SuiteResult, _spread  # noqa: F401  (tests and callers use S.*)
+from engine.bench.common import SuiteResult, spread  # noqa: F401  (tests and callers use S.*)
 from engine.bench.kvquant import suite_kvquant
 from engine.bench.memory import suite_memory
 from engine.bench.prefix import suite_prefix

@@ -5,7 +5,7 @@ from __future__ import annotations
 from engine.bench import common as C
 from engine.bench import peers
 from engine.bench import roofline as R
-from engine.bench.common import SuiteResult, _ratio, _spread
+from engine.bench.common import SuiteResult, ratio, spread
 from engine.bench.report import bar_figure
 
 
@@ -34,7 +34,7 @@ def suite_throughput(ctx: C.BenchContext) -> SuiteResult:
     res.add("kvscope_tok_s", kv_tok_s, f"W{nreq}, {sum(len(t) for t in k_toks)} tokens in {k_wall:.1f} s")
     ctx.done("kvscope W16")
 
-    seq_idx = _spread(prompts, ctx.pick(16, 4, smoke=nreq))
+    seq_idx = spread(prompts, ctx.pick(16, 4, smoke=nreq))
     ctx.start(f"transformers sequential ({len(seq_idx)} requests)")
     peers.hf_sequential(model, tok, [prompts[0][:8]], 2)  # warm-up
     s_toks, s_wall = peers.hf_sequential(model, tok, [prompts[i] for i in seq_idx], new)
@@ -88,14 +88,14 @@ def suite_throughput(ctx: C.BenchContext) -> SuiteResult:
     )
     res.add(
         "roof_over_hf_static",
-        _ratio(roof, st_tok_s),
+        ratio(roof, st_tok_s),
         "compute roof / static batch: the largest speedup over the static batch this machine allows",
     )
     ctx.done("compute roof")
 
-    res.add("speedup_vs_hf_seq", _ratio(kv_tok_s, seq_tok_s), "kvscope / sequential")
-    res.add("speedup_vs_hf_static", _ratio(kv_tok_s, st_tok_s), "kvscope / static batch (target >= 5)")
-    res.add("speedup_vs_hf_cb", _ratio(kv_tok_s, cb_tok_s), "kvscope / generate_batch")
+    res.add("speedup_vs_hf_seq", ratio(kv_tok_s, seq_tok_s), "kvscope / sequential")
+    res.add("speedup_vs_hf_static", ratio(kv_tok_s, st_tok_s), "kvscope / static batch (target >= 5)")
+    res.add("speedup_vs_hf_cb", ratio(kv_tok_s, cb_tok_s), "kvscope / generate_batch")
 
     mm = C.mismatches([k_toks[i] for i in seq_idx], s_toks)
     for m in mm:
@@ -126,7 +126,7 @@ def suite_throughput(ctx: C.BenchContext) -> SuiteResult:
         ctx.start("transformers static batch W64")
         st64, st64_wall = peers.hf_static(model, tok, p64, new)
         res.add("hf_static_w64_tok_s", 64 * new / st64_wall, "one left-padded batch of 64")
-        res.add("speedup_vs_hf_static_w64", _ratio(kv64, 64 * new / st64_wall), "")
+        res.add("speedup_vs_hf_static_w64", ratio(kv64, 64 * new / st64_wall), "")
         ctx.done("transformers static W64")
 
     res.add("kvscope_dtype", info.get("dtype", ctx.dtype()), "", row=False)

@@ -23,7 +23,7 @@ from engine.bench import common as C
 from engine.bench import peers
 from engine.bench.common import SuiteResult
 from engine.bench.roofline import decode_steps
-from engine.bench.serve import _free_port, _pct, run_client
+from engine.bench.serve import free_port, pct, run_client
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -50,13 +50,13 @@ class _Vllm:
     def __init__(self):
         if peers.vllm_command() is None:
             raise C.BenchUnavailable(f"no vLLM peer venv in {peers.peers_dir()}/vllm (scripts/peers.sh install-vllm)")
-        port = _free_port()
+        port = free_port()
         self.base = f"http://127.0.0.1:{port}"
         self.env = dict(
             os.environ,
             VLLM_PORT=str(port),
-            VLLM_EVENTS=f"tcp://127.0.0.1:{_free_port()}",
-            VLLM_REPLAY=f"tcp://127.0.0.1:{_free_port()}",
+            VLLM_EVENTS=f"tcp://127.0.0.1:{free_port()}",
+            VLLM_REPLAY=f"tcp://127.0.0.1:{free_port()}",
             VLLM_PIDFILE=os.path.join(peers.peers_dir(), f"vllm-bench-{port}.pid"),
             VLLM_LOG=os.path.join(peers.peers_dir(), f"vllm-bench-{port}.log"),
         )
@@ -134,7 +134,7 @@ def suite_peers(ctx: C.BenchContext) -> SuiteResult:
     }
     llm = C.make_llm(ctx, **cfg)
     th = EngineThread(engine=llm.engine)
-    port = _free_port()
+    port = free_port()
     server = run_in_background(create_app(th, model_name="bench", max_waiting=4096), "127.0.0.1", port)
     k = {"base": f"http://127.0.0.1:{port}", "model": "bench"}
     w16: dict[str, list[float]] = {"kvscope": [], "vllm": []}
@@ -184,6 +184,6 @@ def suite_peers(ctx: C.BenchContext) -> SuiteResult:
     res.add("greedy_identical", f"{sum(a['identical'] for a in agree)}/{len(agree)}", "W16 texts, kvscope vs vLLM fp32")
     res.add("greedy_first_divergence", [a["first_divergence_char"] for a in agree], "char index, None = identical")
     for name, xs in ttft.items():
-        res.add(f"ttft_1k_prefix_{name}_p50_s", _pct(xs, 0.5), f"{len(xs)} requests, 1k-token prefix cached")
+        res.add(f"ttft_1k_prefix_{name}_p50_s", pct(xs, 0.5), f"{len(xs)} requests, 1k-token prefix cached")
     ctx.done("summary")
     return res

@@ -177,7 +177,7 @@ class _Core:
         return snap.to_dict()
 
     def op_preview(self, user, params, system):
-        from engine.lab.preview import preview, template_ids
+        from engine.core.preview import preview, template_ids
 
         ids, content = template_ids(self.engine.tokenizer, user, system) if user.strip() else ([], 0)
         return preview(self.engine, ids, content, params)

@@ -18,7 +18,6 @@ import torch
 from engine.config import EngineConfig, SamplingParams
 from engine.core import detokenizer, inputs, output_processor, pool_sizing
 from engine.core.block_manager import BlockManager
-from engine.core.device import cuda_memory
 from engine.core.inputs import chat_ids, check_unicode, prompt_ids
 from engine.core.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from engine.core.pool_sizing import DEFAULT_KV_BYTES as DEFAULT_KV_BYTES  # re-exported (tests read them here)
@@ -28,6 +27,7 @@ from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.core.sequence import Request, Status, WaitReason
 from engine.core.structured import Grammars
 from engine.model import kv_quant
+from engine.model.device import cuda_memory
 from engine.model.families import check_supported
 from engine.model.kv_layout import dtype_bytes, kv_bytes_per_token, kv_geometry, kv_scale_bytes, kv_scale_group
 from engine.model.models import load_model, resolve_device, resolve_dtype
@@ -197,7 +197,7 @@ class LLMEngine:
         return pool_sizing.gpu_pool_blocks(budget, self.bytes_per_block, self.config.gpu_memory_utilization)
 
     def _gpu_budget(self, hf, itemsize: int) -> int:
-        """KV bytes on CUDA from free device memory (engine/core/device.py), read after the weights loaded."""
+        """KV bytes on CUDA from free device memory (engine/model/device.py), read after the weights loaded."""
         mem = cuda_memory(self.device)
         hidden = getattr(hf, "hidden_size", 0)
         return pool_sizing.gpu_budget(

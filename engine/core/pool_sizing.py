@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from engine.config import EngineConfig
-from engine.core.device import activation_reserve_bytes, gpu_kv_budget_bytes
+from engine.model.device import activation_reserve_bytes, gpu_kv_budget_bytes
 from engine.model.kv_layout import cdiv
 
 DEFAULT_KV_BYTES = 256 * 1024 * 1024

@@ -21,7 +21,7 @@ vLLM's rule (vLLM 0.32 / 0.33: vllm/v1/core/kv_cache_utils.py `hash_block_tokens
   (bytes, ints, strings, None, tuples) so no CBOR package is needed. vLLM's xxhash choices need
   the xxhash package (and a random seed) and are not offered;
 - KV events publish a hash as its low 64 bits read big-endian, an unsigned int (vLLM's default,
-  VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1): `published_hash`.
+  VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1): `engine.observe.kv_event_wire.published_hash`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ import os
 import pickle
 import struct
 
-ALGOS = ("sha256", "sha256_cbor")
+from engine.config import PREFIX_HASH_ALGOS as ALGOS
+
 DEFAULT_ALGO = "sha256"
 FALLBACK_SEED = "vllm-none-hash"  # NONE_HASH's seed without PYTHONHASHSEED (vLLM's DEFAULT_NONE_HASH_SEED)
 
@@ -107,11 +108,6 @@ def block_extra_keys(block_index: int, cache_salt: str | None) -> tuple | None:
 def event_extra_keys(block_index: int, cache_salt: str | None) -> tuple | None:
     """The same keys as KV events carry them, untagged (vLLM's to_event_extra_keys): (salt,)."""
     return (cache_salt,) if block_index == 0 and cache_salt else None
-
-
-def published_hash(h: bytes) -> int:
-    """A block hash as KV events carry it: the low 64 bits, big-endian, unsigned."""
-    return int.from_bytes(h, "big") & ((1 << 64) - 1)
 
 
 class PrefixHasher:

@@ -13,25 +13,7 @@ import json
 
 import torch
 
-MAX_SCHEMA_CHARS = 64_000
-
-
-def check_response_format(rf) -> None:
-    """ValueError naming the field unless rf is {"type": "json_object"} or {"type": "json_schema",
-    "json_schema": {"schema": {...}, ...}} (OpenAI's shapes)."""
-    if isinstance(rf, dict) and rf.get("type") == "lark":
-        if not isinstance(rf.get("lark"), str) or not rf["lark"]:
-            raise ValueError("response_format: a lark grammar must be a non-empty string")
-        return
-    if not isinstance(rf, dict) or rf.get("type") not in ("json_object", "json_schema"):
-        raise ValueError("response_format: type must be 'text', 'json_object' or 'json_schema'")
-    if rf["type"] == "json_schema":
-        js = rf.get("json_schema")
-        schema = js.get("schema", js.get("json_schema")) if isinstance(js, dict) else None
-        if not isinstance(schema, dict):
-            raise ValueError("response_format: json_schema.schema must be a JSON object (the schema)")
-        if len(json.dumps(schema)) > MAX_SCHEMA_CHARS:
-            raise ValueError(f"response_format: the schema must be at most {MAX_SCHEMA_CHARS} characters")
+from engine.config import MAX_SCHEMA_CHARS, check_response_format  # noqa: F401 (validated with the config)
 
 
 def schema_of(rf: dict) -> dict:

@@ -268,7 +268,7 @@ class EngineThread:
     def preview(self, user: str, params: SamplingParams | None = None, system: str | None = None):
         """What submitting `user` (chat template applied, optional system prompt) would do now,
         without submitting it: engine.preview.PromptPreview. Changes nothing in the engine."""
-        from engine.lab.preview import preview, template_ids
+        from engine.core.preview import preview, template_ids
 
         params = params if params is not None else SamplingParams()
         for field, text in (("prompt", user), ("system prompt", system or "")):

@@ -1,5 +1,9 @@
 """The experiments and measurements the pages run on top of the engine: comparisons on private
 engines, the Claims page's rows, A/B timing, agreement with transformers, the side channel, the
 as-you-type preview, the memory calculator's sums, workloads and prompt sets, the soak and the GPU
-check. Imports everything below it (core, model, observe, speculative); nothing imports it back
-but serve, bench and the pages."""
+check. lab, bench and fleet are the top layer: they import each other and everything below them;
+nothing below imports them (the pages and scripts do).
+
+May import: engine, engine.config, engine.observe, engine.model, engine.speculative, engine.core,
+engine.serve, engine.bench, engine.fleet.
+(tests/engine/test_import_graph.py)"""

@@ -206,8 +206,8 @@ def _run_engine(llm, prompts, max_tokens: int, check_invariants: bool = False):
 
 def _backends(device) -> list[str]:
     """Each distinct attention path once: "auto" only where it is not one of the others
-    (the C kernel on CPU; on CUDA it currently means "torch", engine/core/device.py)."""
-    from engine.core.device import auto_attention_backend
+    (the C kernel on CPU; on CUDA it currently means "torch", engine/model/device.py)."""
+    from engine.model.device import auto_attention_backend
     from engine.model.paged_flex import unavailable_reason
 
     out = ["torch"]

@@ -29,10 +29,6 @@ from engine.model.kv_layout import (  # noqa: F401
     KiB,
     KVSpec,
     MiB,
-    _need,
-    _opt,
-    _pos_int,
-    _text_part,
     attention_kind,
     cdiv,
     config_field,
@@ -40,7 +36,11 @@ from engine.model.kv_layout import (  # noqa: F401
     kv_scale_bytes,
     kv_scale_group,
     kv_spec,
+    need,
+    opt,
+    pos_int,
     spec_bytes_per_token,
+    text_part,
 )
 
 # ---------------------------------------------------------------- KV bytes
@@ -99,7 +99,7 @@ def with_attention_kind(cfg, kind: str, num_kv_heads: int | None = None) -> dict
     if kind not in ("MHA", "GQA", "MQA"):
         raise ValueError(f"attention kind override must be one of ('MHA', 'GQA', 'MQA'), got {kind!r}")
     base = dict(cfg) if isinstance(cfg, dict) else config_to_dict(cfg)
-    text = _text_part(base)
+    text = text_part(base)
     out = dict(text) if text is not base else base
     if not isinstance(out, dict):
         out = config_to_dict(out)
@@ -196,7 +196,7 @@ def formula_text(cfg, dtype) -> str:
 
 def sliding_window(cfg) -> int | None:
     """The config's sliding-window size, if it declares one (kvscope's sums assume full attention)."""
-    v = config_field(_text_part(cfg), "sliding_window")
+    v = config_field(text_part(cfg), "sliding_window")
     return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 else None
 
 
@@ -230,11 +230,11 @@ def estimate_params(cfg, param_count: int | None = None) -> ParamEstimate:
             raise ValueError(f"param_count must be a positive number, got {param_count!r}")
         return ParamEstimate(int(param_count), "given", "published / user-given parameter count")
     spec = kv_spec(cfg)
-    cfg = _text_part(cfg)
+    cfg = text_part(cfg)
     if spec.num_heads is None:
         raise ValueError("config is missing 'num_attention_heads': needed to count attention weights")
-    h = _need(cfg, HIDDEN_FIELDS, "the weight count")
-    vocab = _need(cfg, VOCAB_FIELDS, "the embedding weight count")
+    h = need(cfg, HIDDEN_FIELDS, "the weight count")
+    vocab = need(cfg, VOCAB_FIELDS, "the embedding weight count")
     heads, L = spec.num_heads, spec.num_layers
     notes = []
 
@@ -242,7 +242,7 @@ def estimate_params(cfg, param_count: int | None = None) -> ParamEstimate:
         nope, vdim = config_field(cfg, "qk_nope_head_dim"), config_field(cfg, "v_head_dim")
         if nope is None or vdim is None:
             raise ValueError("config is missing 'qk_nope_head_dim'/'v_head_dim': needed to count MLA weights")
-        nope, vdim = _pos_int("qk_nope_head_dim", nope), _pos_int("v_head_dim", vdim)
+        nope, vdim = pos_int("qk_nope_head_dim", nope), pos_int("v_head_dim", vdim)
         rope, rank = spec.qk_rope_head_dim, spec.kv_lora_rank
         qd = nope + rope
         qr = config_field(cfg, "q_lora_rank")
@@ -258,19 +258,19 @@ def estimate_params(cfg, param_count: int | None = None) -> ParamEstimate:
             attn += heads * spec.k_head_dim + spec.num_kv_heads * (spec.k_head_dim + spec.v_head_dim) + h
 
     m = _mlp_matrices(cfg)
-    inter = _opt(cfg, INTER_FIELDS)
+    inter = opt(cfg, INTER_FIELDS)
     if inter is None:
         inter = 4 * h
         notes.append("intermediate size not in config: assumed 4 x hidden")
-    n_experts = _opt(cfg, ("n_routed_experts", "num_local_experts", "num_experts"))
+    n_experts = opt(cfg, ("n_routed_experts", "num_local_experts", "num_experts"))
     moe = n_experts is not None and n_experts > 1
     if moe:
-        e_inter = _opt(cfg, ("moe_intermediate_size",)) or inter
-        shared = _opt(cfg, ("n_shared_experts",)) or 0
-        shared_inter = _opt(cfg, ("shared_expert_intermediate_size",))
+        e_inter = opt(cfg, ("moe_intermediate_size",)) or inter
+        shared = opt(cfg, ("n_shared_experts",)) or 0
+        shared_inter = opt(cfg, ("shared_expert_intermediate_size",))
         shared_p = m * h * shared_inter if shared_inter else shared * m * h * e_inter
         moe_layer = n_experts * m * h * e_inter + shared_p + h * n_experts
-        dense_layers = min(L, _opt(cfg, ("first_k_dense_replace",)) or 0)
+        dense_layers = min(L, opt(cfg, ("first_k_dense_replace",)) or 0)
         mlp_total = dense_layers * m * h * inter + (L - dense_layers) * moe_layer
         notes.append(f"MoE: all {n_experts} experts counted (weights held in memory), router included")
     else:

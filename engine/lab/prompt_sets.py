@@ -12,8 +12,8 @@ import random
 from dataclasses import dataclass
 
 from engine.core.inputs import as_ids, chat_ids
-from engine.lab.workload_text import _DIFF_TEMPLATES, _LONG_SYSTEM_SENTENCES, _REPLY_SENTENCES, _diff, _fill
-from engine.lab.workloads import MAX_REQUESTS, _check_int, release_freeze
+from engine.lab.workload_text import DIFF_TEMPLATES, LONG_SYSTEM_SENTENCES, REPLY_SENTENCES, diff, fill
+from engine.lab.workloads import MAX_REQUESTS, check_int, release_freeze
 
 # ---------------------------------------------------------------------------- throughput prompts
 
@@ -36,10 +36,10 @@ def w16_prompts(
     ``tokenizer.apply_chat_template(..., add_generation_prompt=True)`` is in ``[min_tokens,
     max_tokens]``; target lengths are drawn log-uniformly, seeded. Returns the templated strings,
     or their token ids with ``return_token_ids=True``."""
-    _check_int("n", n, 1, MAX_REQUESTS)
-    _check_int("seed", seed, 0, 2**63 - 1)
-    _check_int("min_tokens", min_tokens, 1, 1_000_000)
-    _check_int("max_tokens", max_tokens, 1, 1_000_000)
+    check_int("n", n, 1, MAX_REQUESTS)
+    check_int("seed", seed, 0, 2**63 - 1)
+    check_int("min_tokens", min_tokens, 1, 1_000_000)
+    check_int("max_tokens", max_tokens, 1, 1_000_000)
     if max_tokens < min_tokens:
         raise ValueError(f"max_tokens ({max_tokens}) must be >= min_tokens ({min_tokens})")
     rng = random.Random(seed)
@@ -57,7 +57,7 @@ def w16_prompts(
     for _ in range(n):
         target = round(math.exp(rng.uniform(math.log(max(min_tokens, overhead + 1)), math.log(max_tokens))))
         target = min(max_tokens, max(min_tokens, target))
-        words = rng.choice(_W16_OPENERS).split() + _diff(rng, max_tokens + 8).split(
+        words = rng.choice(_W16_OPENERS).split() + diff(rng, max_tokens + 8).split(
             " "
         )  # more words than tokens needed
         lo, hi = 0, len(words)  # largest k with len(k words) <= target
@@ -296,7 +296,7 @@ def speculative_sets(tok):
 # ---------------------------------------------------------------------------- KV-cache quantization set
 
 NEEDLE_DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
-_HAYSTACK = _LONG_SYSTEM_SENTENCES + _REPLY_SENTENCES
+_HAYSTACK = LONG_SYSTEM_SENTENCES + REPLY_SENTENCES
 _NEEDLE = "Note for the on-call engineer: the access code for the staging cluster is {code}."
 _NEEDLE_QUESTION = "What is the access code for the staging cluster? Answer with the number only."
 _LONG_ASK = "Summarize the open review issues above in three short bullet points."
@@ -335,14 +335,14 @@ def long_context_prompts(
 ) -> list[list[int]]:
     """``n`` chat prompts of ``min_tokens``-``max_tokens`` tokens (targets evenly spread): a long
     code-review thread (review comments and diff lines) followed by a request to summarize it."""
-    _check_int("n", n, 1, MAX_REQUESTS)
-    _check_int("min_tokens", min_tokens, 64, 1_000_000)
-    _check_int("max_tokens", max_tokens, min_tokens, 1_000_000)
+    check_int("n", n, 1, MAX_REQUESTS)
+    check_int("min_tokens", min_tokens, 64, 1_000_000)
+    check_int("max_tokens", max_tokens, min_tokens, 1_000_000)
     rng = random.Random(seed)
     out = []
     for i in range(n):
         target = min_tokens + (max_tokens - min_tokens) * i // max(1, n - 1)
-        lines = [_fill(rng, rng.choice(_REPLY_SENTENCES + _DIFF_TEMPLATES)) for _ in range(target // 4)]
+        lines = [fill(rng, rng.choice(REPLY_SENTENCES + DIFF_TEMPLATES)) for _ in range(target // 4)]
         out.append(
             _lines_to_fit(
                 tokenizer,
@@ -361,14 +361,14 @@ def needle_prompts(
     sentences with one fact (a 4-digit access code) planted at each depth, a question asking for
     it, and the start of the assistant's answer ("The access code ... is"), so the next tokens
     are the code itself: ``answer_token_ids``. ``n_codes`` different codes (and haystacks) per depth."""
-    _check_int("n_codes", n_codes, 1, 100)
-    _check_int("context_tokens", context_tokens, 64, 1_000_000)
+    check_int("n_codes", n_codes, 1, 100)
+    check_int("context_tokens", context_tokens, 64, 1_000_000)
     primer = as_ids(tokenizer(_NEEDLE_PRIMER, add_special_tokens=False))
     out = []
     for c in range(n_codes):
         rng = random.Random(seed * 1000 + c)
         code = str(rng.randint(1000, 9999))
-        hay = [_fill(rng, rng.choice(_HAYSTACK)) for _ in range(context_tokens // 6)]
+        hay = [fill(rng, rng.choice(_HAYSTACK)) for _ in range(context_tokens // 6)]
         for depth in depths:
             if not 0 <= depth <= 1:
                 raise ValueError(f"needle depth must be in [0, 1], got {depth!r}")
@@ -395,7 +395,7 @@ def needle_sweep(
     grows with the context; {context length: prompts}."""
     out = {}
     for c in contexts:
-        _check_int("context", c, 64, 1_000_000)
+        check_int("context", c, 64, 1_000_000)
         out[c] = needle_prompts(tokenizer, depths=(depth,), n_codes=n_codes, context_tokens=c, seed=seed)
     return out
 

@@ -1,6 +1,6 @@
 """The fixed code-review vocabulary the seeded workloads and the benchmark prompt sets are
 synthesized from (plain ASCII, so nothing depends on a model's real answers), and the fillers that
-turn it into text: `_fill` (one templated line), `_words_from` (exactly n words), `_diff` (a
+turn it into text: `fill` (one templated line), `words_from` (exactly n words), `diff` (a
 unified-diff fragment of exactly n words). Used by engine/lab/workloads.py and engine/lab/prompt_sets.py. No torch."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import random
 
 # ---------------------------------------------------------------------------- vocabulary
 
-_FILES = (
+FILES = (
     "src/scheduler/queue.py",
     "src/scheduler/policy.py",
     "src/cache/block_table.py",
@@ -103,7 +103,7 @@ _FUNCS = (
     "close",
     "reset",
 )
-_DIFF_TEMPLATES = (
+DIFF_TEMPLATES = (
     "+    if {a} > {b}:",
     "+        return {f}({a})",
     "-    {a} = {b} + 1",
@@ -125,13 +125,13 @@ _DIFF_TEMPLATES = (
     "-    time.sleep({n})",
     "+    await self.{f}({a})",
 )
-_INTROS = (
+INTROS = (
     "Please review this change to {file} before the release freeze.",
     "Can you look at my patch for {file}? It is blocking the release branch.",
     "Here is the diff for {file}; the freeze starts tonight and I want a second pair of eyes.",
     "Reviewing pull request {pr} which touches {file}.",
 )
-_QUESTIONS = (
+QUESTIONS = (
     "Is there a race between {f} and {g} when {a} is shared?",
     "Why does {f} hold the lock while it calls {g}?",
     "Could {a} be None here, and what happens to {b} then?",
@@ -143,14 +143,14 @@ _QUESTIONS = (
     "Which test covers the path where {b} is empty?",
     "Would you split {f} into smaller functions before merging?",
 )
-_FOLLOWUPS = (
+FOLLOWUPS = (
     "Thanks. Following up on that: what about {f} in {file}?",
     "I updated the patch as you suggested. Does {f} still need the guard on {a}?",
     "One more file changed, {file}. Same question for {g}.",
     "CI failed on {file}. Could {a} explain it?",
     "Ok, and if we keep {a} as it is, is {f} still correct?",
 )
-_REPLY_SENTENCES = (
+REPLY_SENTENCES = (
     "The change to {f} looks correct for the common path.",
     "I would keep {a} local to {f} so the lock is held for less time.",
     "There is an edge case when {b} is empty: {f} returns before {a} is set.",
@@ -162,12 +162,12 @@ _REPLY_SENTENCES = (
     "Overall this is close; fix the {b} check and it is ready to merge.",
     "Callers of {f} in {file} rely on the old behaviour, so document the change.",
 )
-_SYSTEM_PREAMBLE = (
+SYSTEM_PREAMBLE = (
     "You are the release-branch code reviewer for the platform team. Review diffs for correctness, "
     "concurrency bugs, missing tests and backwards compatibility. Answer concisely, cite the file and "
     "function you mean, and say clearly whether the change can merge before the freeze."
 )
-_LONG_SYSTEM_SENTENCES = (
+LONG_SYSTEM_SENTENCES = (
     "You are the internal engineering assistant for the platform team.",
     "Answer questions about the code base, the deployment process and the on-call runbooks.",
     "When you mention a file, give its full path, for example {file}.",
@@ -181,7 +181,7 @@ _LONG_SYSTEM_SENTENCES = (
     "If a question is ambiguous, ask which service the user means.",
     "Security issues go to the security channel, never into a public ticket.",
 )
-_USER_QUESTIONS = (
+USER_QUESTIONS = (
     "How do I add a new field to {file}?",
     "What does {f} return when {a} is missing?",
     "Where is the retry policy for {g} configured?",
@@ -195,9 +195,9 @@ _USER_QUESTIONS = (
 )
 
 
-def _fill(rng: random.Random, template: str) -> str:
+def fill(rng: random.Random, template: str) -> str:
     return template.format(
-        file=rng.choice(_FILES),
+        file=rng.choice(FILES),
         f=rng.choice(_FUNCS),
         g=rng.choice(_FUNCS),
         a=rng.choice(_IDENTS),
@@ -207,11 +207,11 @@ def _fill(rng: random.Random, template: str) -> str:
     )
 
 
-def _words_from(rng: random.Random, templates, n_words: int, sep: str = "\n") -> str:
+def words_from(rng: random.Random, templates, n_words: int, sep: str = "\n") -> str:
     """Exactly ``n_words`` whitespace-separated words, filling lines from ``templates``."""
     lines, count = [], 0
     while count < n_words:
-        line = _fill(rng, rng.choice(templates))
+        line = fill(rng, rng.choice(templates))
         words = line.split()
         if len(words) > n_words - count:  # cut the last line to fit exactly
             words = words[: n_words - count]
@@ -221,11 +221,11 @@ def _words_from(rng: random.Random, templates, n_words: int, sep: str = "\n") ->
     return sep.join(lines)
 
 
-def _diff(rng: random.Random, n_words: int) -> str:
+def diff(rng: random.Random, n_words: int) -> str:
     """A unified-diff fragment of exactly ``n_words`` words (header and hunk marker included
     when there is room for them)."""
     if n_words < 10:
-        return _words_from(rng, _DIFF_TEMPLATES, n_words)
-    header = f"--- a/{rng.choice(_FILES)}"  # 2 words
+        return words_from(rng, DIFF_TEMPLATES, n_words)
+    header = f"--- a/{rng.choice(FILES)}"  # 2 words
     hunk = f"@@ -{rng.randint(1, 400)},{rng.randint(3, 40)} +{rng.randint(1, 400)},{rng.randint(3, 40)} @@"  # 4 words
-    return "\n".join([header, hunk, _words_from(rng, _DIFF_TEMPLATES, n_words - 6)])
+    return "\n".join([header, hunk, words_from(rng, DIFF_TEMPLATES, n_words - 6)])

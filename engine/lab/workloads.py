@@ -26,17 +26,17 @@ import random
 from dataclasses import dataclass
 
 from engine.lab.workload_text import (
-    _FILES,
-    _FOLLOWUPS,
-    _INTROS,
-    _LONG_SYSTEM_SENTENCES,
-    _QUESTIONS,
-    _REPLY_SENTENCES,
-    _SYSTEM_PREAMBLE,
-    _USER_QUESTIONS,
-    _diff,
-    _fill,
-    _words_from,
+    FILES,
+    FOLLOWUPS,
+    INTROS,
+    LONG_SYSTEM_SENTENCES,
+    QUESTIONS,
+    REPLY_SENTENCES,
+    SYSTEM_PREAMBLE,
+    USER_QUESTIONS,
+    diff,
+    fill,
+    words_from,
 )
 
 MAX_REQUESTS = 10_000
@@ -70,7 +70,7 @@ class WorkloadRequest:
 # ---------------------------------------------------------------------------- validation
 
 
-def _check_int(name, v, lo, hi):
+def check_int(name, v, lo, hi):
     if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
         raise ValueError(f"{name} must be an integer in [{lo}, {hi}], got {v!r}")
     return v
@@ -98,8 +98,8 @@ def _check_rate(v):
 
 
 def _check_lengths(prefix, median, sigma, lo, hi, limit):
-    _check_int(f"{prefix}_min", lo, 1, limit)
-    _check_int(f"{prefix}_max", hi, 1, limit)
+    check_int(f"{prefix}_min", lo, 1, limit)
+    check_int(f"{prefix}_max", hi, 1, limit)
     if hi < lo:
         raise ValueError(f"{prefix}_max ({hi}) must be >= {prefix}_min ({lo})")
     _check_num(f"{prefix}_median", median, 1, limit)
@@ -216,14 +216,14 @@ def release_freeze(
     ``prompt_*`` words (lognormal, clipped); each later turn appends the placeholder reply and a
     follow-up of ``followup_*`` words. A conversation stops early (fewer turns) rather than exceed
     ``context_max`` words, so requests may number slightly fewer than ``n`` when contexts are capped."""
-    _check_int("n", n, 1, MAX_REQUESTS)
-    _check_int("seed", seed, 0, 2**63 - 1)
-    _check_int("turns", turns, 1, 64)
+    check_int("n", n, 1, MAX_REQUESTS)
+    check_int("seed", seed, 0, 2**63 - 1)
+    check_int("turns", turns, 1, 64)
     _check_num("window_s", window_s, 0, 86_400, lo_open=True)
     _check_lengths("prompt", prompt_median, prompt_sigma, prompt_min, prompt_max, 100_000)
     _check_num("followup_median", followup_median, 1, 100_000)
     _check_num("followup_sigma", followup_sigma, 0, 3)
-    _check_int("context_max", context_max, 1, 1_000_000)
+    check_int("context_max", context_max, 1, 1_000_000)
     if context_max < prompt_max:
         raise ValueError(f"context_max ({context_max}) must be >= prompt_max ({prompt_max})")
     _check_lengths("output", output_median, output_sigma, output_min, output_max, 100_000)
@@ -236,22 +236,22 @@ def release_freeze(
         conv_id = f"rf-c{c:04d}"
         tier = _pick_tier(rng, tiers)
         times = sorted(rng.uniform(0, window_s) for _ in range(conv_turns))
-        file = rng.choice(_FILES)
+        file = rng.choice(FILES)
         first_words = _lognormal_int(rng, prompt_median, prompt_sigma, prompt_min, prompt_max)
-        intro = rng.choice(_INTROS).format(file=file, pr=f"#{rng.randint(1000, 9999)}")
-        head = (f"System: {_SYSTEM_PREAMBLE}\n\n" if system_prompt else "") + f"User: {intro}\n"
-        question = _fill(rng, rng.choice(_QUESTIONS))
+        intro = rng.choice(INTROS).format(file=file, pr=f"#{rng.randint(1000, 9999)}")
+        head = (f"System: {SYSTEM_PREAMBLE}\n\n" if system_prompt else "") + f"User: {intro}\n"
+        question = fill(rng, rng.choice(QUESTIONS))
         budget = max(1, first_words - len(intro.split()) - len(question.split()))
-        prompt = head + _diff(rng, budget) + "\n" + question
+        prompt = head + diff(rng, budget) + "\n" + question
         prompt_words = len(prompt.split())
         parent, prev_tokens = None, 0
         for t in range(conv_turns):
             max_tokens = _lognormal_int(rng, output_median, output_sigma, output_min, output_max)
             if t > 0:
-                reply = _words_from(rng, _REPLY_SENTENCES, max(1, round(0.75 * prev_tokens)), sep=" ")
-                follow = _fill(rng, rng.choice(_FOLLOWUPS))
+                reply = words_from(rng, REPLY_SENTENCES, max(1, round(0.75 * prev_tokens)), sep=" ")
+                follow = fill(rng, rng.choice(FOLLOWUPS))
                 extra = _lognormal_int(rng, followup_median, followup_sigma, 1, 100_000)
-                more_diff = _diff(rng, max(1, extra - len(follow.split())))
+                more_diff = diff(rng, max(1, extra - len(follow.split())))
                 followup = f"\n\nUser: {follow}\n{more_diff}"
                 addition = f"{REPLY_CUE}{reply}{followup}"
                 if prompt_words + len(addition.split()) > context_max:
@@ -297,21 +297,21 @@ def shared_system_prompt(
     """``n`` different user questions (``prompt_*`` words) behind one ``system_words``-word system
     prompt; every prompt starts with the same prefix string. Poisson arrivals at ``arrival_rate``
     per second (None: all at once)."""
-    _check_int("n", n, 1, MAX_REQUESTS)
-    _check_int("seed", seed, 0, 2**63 - 1)
-    _check_int("system_words", system_words, 1, 100_000)
+    check_int("n", n, 1, MAX_REQUESTS)
+    check_int("seed", seed, 0, 2**63 - 1)
+    check_int("system_words", system_words, 1, 100_000)
     _check_lengths("prompt", prompt_median, prompt_sigma, prompt_min, prompt_max, 100_000)
     _check_lengths("output", output_median, output_sigma, output_min, output_max, 100_000)
     rate = _check_rate(arrival_rate)
     tiers = _check_tiers(tiers)
     rng = random.Random(seed)
-    system = _words_from(rng, _LONG_SYSTEM_SENTENCES, system_words, sep=" ")
+    system = words_from(rng, LONG_SYSTEM_SENTENCES, system_words, sep=" ")
     prefix = f"System: {system}\n\nUser: "
     arrivals = _arrivals(rng, n, rate)
     reqs = []
     for i in range(n):
         words = _lognormal_int(rng, prompt_median, prompt_sigma, prompt_min, prompt_max)
-        q = _words_from(rng, _USER_QUESTIONS, words, sep=" ")
+        q = words_from(rng, USER_QUESTIONS, words, sep=" ")
         reqs.append(
             WorkloadRequest(
                 f"ssp-{i:04d}",
@@ -343,8 +343,8 @@ def mixed(
 ) -> list[WorkloadRequest]:
     """``n`` independent requests with lognormal prompt (words) and output (tokens) lengths,
     clipped to ``[*_min, *_max]``; all at once by default, or Poisson at ``arrival_rate``/s."""
-    _check_int("n", n, 1, MAX_REQUESTS)
-    _check_int("seed", seed, 0, 2**63 - 1)
+    check_int("n", n, 1, MAX_REQUESTS)
+    check_int("seed", seed, 0, 2**63 - 1)
     _check_lengths("prompt", prompt_median, prompt_sigma, prompt_min, prompt_max, 100_000)
     _check_lengths("output", output_median, output_sigma, output_min, output_max, 100_000)
     rate = _check_rate(arrival_rate)
@@ -354,12 +354,12 @@ def mixed(
     reqs = []
     for i in range(n):
         words = _lognormal_int(rng, prompt_median, prompt_sigma, prompt_min, prompt_max)
-        question = _fill(rng, rng.choice(_QUESTIONS))
+        question = fill(rng, rng.choice(QUESTIONS))
         qw = len(question.split())
         if words > qw:
-            text = _diff(rng, words - qw) + "\n" + question
+            text = diff(rng, words - qw) + "\n" + question
         else:
-            text = _words_from(rng, _QUESTIONS, words, sep=" ")
+            text = words_from(rng, QUESTIONS, words, sep=" ")
         reqs.append(
             WorkloadRequest(
                 f"mix-{i:04d}",

@@ -97,7 +97,7 @@ def _gather(
     return x.transpose(0, 1)  # [h, tokens, d]
 
 
-def _refuse_unsupported(kwargs: dict, max_ctx: int) -> None:
+def refuse_unsupported(kwargs: dict, max_ctx: int) -> None:
     """The paged paths attend to every earlier token with plain softmax(QK^T)V: a layer asking
     for more (a sliding window shorter than the context, logit softcapping, sinks) is refused,
     never run wrong. engine/model/families.py refuses such configs before an engine starts; this is the
@@ -126,7 +126,7 @@ def paged_attention_forward(module, query, key, value, attention_mask, scaling=N
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
-    _refuse_unsupported(kwargs, meta.max_ctx)
+    refuse_unsupported(kwargs, meta.max_ctx)
     layer = module.layer_idx + meta.layer_offset
     k_pool, v_pool = meta.kv_caches[layer]
     # query: [1, H, T, D]; key/value: [1, Hkv, T, D]

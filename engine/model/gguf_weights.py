@@ -48,7 +48,7 @@ def gguf_name(module_name: str, tied: bool) -> str | None:
     return None
 
 
-def _row_order(name: str, n: int, num_heads: int, num_kv_heads: int) -> np.ndarray:
+def row_order(name: str, n: int, num_heads: int, num_kv_heads: int) -> np.ndarray:
     """HF row -> GGUF row: the inverse of llama.cpp's q/k permutation, as transformers applies it
     (reshape (heads, dim, 2) and swap the last two axes), applied to row indices."""
     idx = np.arange(n, dtype=np.int32)
@@ -87,7 +87,7 @@ def read_quant_tensors(path: str, model, supported: dict[str, int]) -> dict[str,
             t.tensor_type.name,
             supported[t.tensor_type.name],
             blocks,
-            _row_order(gname, n, heads, kv_heads),
+            row_order(gname, n, heads, kv_heads),
             (n, k),
         )
     return out

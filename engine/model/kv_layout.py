@@ -131,7 +131,7 @@ def config_field(cfg, key):
     return getattr(cfg, key, None)
 
 
-def _text_part(cfg):
+def text_part(cfg):
     """Multimodal configs (Llava, Gemma 3, ...) keep the language model under ``text_config``."""
     if not any(config_field(cfg, k) is not None for k in LAYERS_FIELDS):
         sub = config_field(cfg, "text_config")
@@ -151,7 +151,7 @@ def _first(cfg, names):
 MAX_CONFIG_INT = 2**40  # far above any real model; keeps every derived product a finite float
 
 
-def _pos_int(name, v):
+def pos_int(name, v):
     if (
         isinstance(v, bool)
         or not isinstance(v, (int, float))
@@ -165,17 +165,17 @@ def _pos_int(name, v):
     return int(v)
 
 
-def _need(cfg, names, what):
+def need(cfg, names, what):
     n, v = _first(cfg, names)
     if v is None:
         alias = f" (also accepted: {', '.join(names[1:])})" if len(names) > 1 else ""
         raise ValueError(f"config is missing {names[0]!r}{alias}: needed for {what}")
-    return _pos_int(n, v)
+    return pos_int(n, v)
 
 
-def _opt(cfg, names):
+def opt(cfg, names):
     n, v = _first(cfg, names)
-    return None if v is None else _pos_int(n, v)
+    return None if v is None else pos_int(n, v)
 
 
 def dtype_bytes(dtype) -> float:
@@ -237,22 +237,22 @@ def kv_spec(cfg) -> KVSpec:
     """Resolve a config into its KV-cache shape; ValueError naming the first missing/bad field."""
     if cfg is None or not (isinstance(cfg, dict) or hasattr(cfg, "__dict__") or hasattr(cfg, "__slots__")):
         raise ValueError(f"config must be a dict or a config object, got {type(cfg).__name__}")
-    cfg = _text_part(cfg)
-    layers = _need(cfg, LAYERS_FIELDS, "the number of layers")
-    heads = _opt(cfg, HEADS_FIELDS)
+    cfg = text_part(cfg)
+    layers = need(cfg, LAYERS_FIELDS, "the number of layers")
+    heads = opt(cfg, HEADS_FIELDS)
     if _is_mla(cfg):
-        rank = _pos_int("kv_lora_rank", config_field(cfg, "kv_lora_rank"))
+        rank = pos_int("kv_lora_rank", config_field(cfg, "kv_lora_rank"))
         rope = config_field(cfg, "qk_rope_head_dim")
         if rope is None:
             raise ValueError(
                 "config is missing 'qk_rope_head_dim': MLA (kv_lora_rank is set) caches "
                 "the latent plus the rotary key of this size"
             )
-        return KVSpec("MLA", layers, heads, None, None, None, rank, _pos_int("qk_rope_head_dim", rope))
+        return KVSpec("MLA", layers, heads, None, None, None, rank, pos_int("qk_rope_head_dim", rope))
 
     kv_name, kv = _first(cfg, KV_HEADS_FIELDS)
     if kv is not None:
-        kv = _pos_int(kv_name, kv)
+        kv = pos_int(kv_name, kv)
     elif config_field(cfg, "multi_query") and not config_field(cfg, "new_decoder_architecture"):
         kv = 1  # Falcon-7B style MQA
     elif heads is not None:
@@ -273,18 +273,18 @@ def kv_spec(cfg) -> KVSpec:
     nope, rope, vdim = (config_field(cfg, k) for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
     if nope is not None and rope is not None and vdim is not None:
         # DeepSeek-style attention without the latent compression: K and V differ in size
-        kd = _pos_int("qk_nope_head_dim", nope) + _pos_int("qk_rope_head_dim", rope)
-        vd = _pos_int("v_head_dim", vdim)
+        kd = pos_int("qk_nope_head_dim", nope) + pos_int("qk_rope_head_dim", rope)
+        vd = pos_int("v_head_dim", vdim)
     else:
         hd = config_field(cfg, "head_dim")
         if hd is not None:
-            hd = _pos_int("head_dim", hd)
+            hd = pos_int("head_dim", hd)
         else:
             if heads is None:
                 raise ValueError(
                     "config is missing 'head_dim' (and 'num_attention_heads' to derive it from hidden_size)"
                 )
-            hidden = _need(cfg, HIDDEN_FIELDS, "head_dim = hidden_size / num_attention_heads")
+            hidden = need(cfg, HIDDEN_FIELDS, "head_dim = hidden_size / num_attention_heads")
             if hidden % heads:
                 raise ValueError(
                     f"config has no 'head_dim' and hidden_size ({hidden}) is not divisible "
@@ -338,5 +338,5 @@ def kv_geometry(cfg) -> tuple[int, int, int]:
 def config_int(cfg, names: tuple[str, ...], what: str, required: bool = True) -> int | None:
     """The first of ``names`` the config (or its ``text_config``) sets, as a positive int;
     ValueError naming the field when it is missing (``required``) or bad."""
-    cfg = _text_part(cfg)
-    return _need(cfg, names, what) if required else _opt(cfg, names)
+    cfg = text_part(cfg)
+    return need(cfg, names, what) if required else opt(cfg, names)

@@ -48,7 +48,7 @@ _packs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> {w
 _pack_lock = threading.Lock()
 
 
-def _onednn_ops():
+def onednn_ops():
     try:
         ops = torch.ops.mkldnn._reorder_linear_weight, torch.ops.mkldnn._linear_pointwise
     except (AttributeError, RuntimeError):
@@ -60,7 +60,7 @@ def best_kernel() -> str | None:
     """The fastest packed-Linear kernel this process can run: "cpu_kernel", "onednn" or None."""
     if cpu_kernels.load() is not None:
         return "cpu_kernel"
-    return "onednn" if _onednn_ops() is not None else None
+    return "onednn" if onednn_ops() is not None else None
 
 
 def matmul_for(weights: list[torch.Tensor], bias: torch.Tensor | None = None, kernel: str | None = None):
@@ -85,7 +85,7 @@ def matmul_for(weights: list[torch.Tensor], bias: torch.Tensor | None = None, ke
         matmul.raw = (-1, panels, n, k, bias)  # what engine/model/fused_decode.py hands the C layer
         return matmul
     if kernel == "onednn":
-        reorder, apply = _onednn_ops()
+        reorder, apply = onednn_ops()
         packed = reorder(w.contiguous(), ONEDNN_ROWS_HINT)
         return lambda x: apply(x, packed, bias, "none", [], "")
     raise ValueError(f"no packed-Linear kernel {kernel!r} here")

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.core import device as device_policy
 from engine.model import attention, cpu_kernels, fused_decode, kv_quant, linear, paged_flex
+from engine.model import device as device_policy
 from engine.model.attention import AttnMetadata, PrefillItem, build_decode_mask, forward_context
 from engine.model.kv_layout import cdiv, kv_geometry
 
@@ -49,7 +49,7 @@ def slot_mapping(rows: list[BatchRow], block_size: int) -> list[int]:
     return [s for r in rows for s in token_slots(r.block_table, block_size, r.start, r.start + len(r.tokens))]
 
 
-def _weight_pack(model, weight_format: str):
+def weight_pack(model, weight_format: str):
     """engine/model/linear.py's pack for the requested weight format ("auto": GGUF blocks where the
     model came from a GGUF and the kernel runs, else fp32)."""
     from engine.model.models import gguf_source
@@ -142,7 +142,7 @@ class ModelRunner:
         # CPU-only speed paths (packed Linears, the C decode kernel) never run on CUDA
         self.linear_pack = None
         if linear_backend == "auto" and device.type == "cpu":
-            self.linear_pack = _weight_pack(model, weight_format)
+            self.linear_pack = weight_pack(model, weight_format)
         elif weight_format == "gguf":
             raise ValueError("weight_format='gguf' needs linear_backend='auto' on CPU")
         self.decode_kernel = None

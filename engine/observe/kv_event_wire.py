@@ -32,8 +32,6 @@ from dataclasses import dataclass
 
 import msgpack
 
-from engine.core.prefix_hash import published_hash
-
 WIRES = ("current", "legacy")
 MEDIUM_GPU = "GPU"
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
@@ -41,9 +39,10 @@ MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
 MAX_EVENTS_PER_BATCH = 1_000_000
 
 
-def external_hash(h: bytes) -> int:
-    """kvscope's block hash as vLLM publishes hashes by default: low 64 bits, big-endian."""
-    return published_hash(h)
+def published_hash(h: bytes) -> int:
+    """kvscope's block hash as vLLM publishes hashes by default (KV events, the fleet's cached
+    blocks): the low 64 bits, big-endian, unsigned."""
+    return int.from_bytes(h, "big") & ((1 << 64) - 1)
 
 
 # ---------------------------------------------------------------- events

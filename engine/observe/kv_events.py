@@ -27,7 +27,7 @@ from engine.observe.kv_event_wire import (
     KVEventBatch,
     decode_batch,
     encode_batch,
-    external_hash,
+    published_hash,
 )
 
 # ---------------------------------------------------------------- publisher
@@ -39,7 +39,7 @@ def vllm_publisher_binds(endpoint: str) -> bool:
     return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
 
 
-def _bind_endpoint(endpoint: str, bind: bool | None) -> bool:
+def bind_endpoint(endpoint: str, bind: bool | None) -> bool:
     """vLLM's rule (`vllm_publisher_binds`), except that kvscope also binds loopback tcp endpoints
     (tcp://127.0.0.1:5557), so a subscriber can connect to them."""
     if bind is not None:
@@ -97,7 +97,7 @@ class KVEventPublisher:
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.set_hwm(hwm)
         self._pub.setsockopt(zmq.LINGER, 0)
-        if _bind_endpoint(endpoint, bind):
+        if bind_endpoint(endpoint, bind):
             self._pub.bind(endpoint)
         else:
             self._pub.connect(endpoint)
@@ -173,8 +173,8 @@ class KVEventPublisher:
             evs = batches[-1].events
             last = evs[-1] if evs else None
             if kind == "stored":
-                xh = external_hash(h)
-                xp = external_hash(parent) if parent is not None else None
+                xh = published_hash(h)
+                xp = published_hash(parent) if parent is not None else None
                 toks = tokens or []
                 if (
                     isinstance(last, BlockStored)
@@ -193,9 +193,9 @@ class KVEventPublisher:
                     evs.append(ev)
             elif kind == "removed":
                 if isinstance(last, BlockRemoved):
-                    last.block_hashes.append(external_hash(h))
+                    last.block_hashes.append(published_hash(h))
                 else:
-                    evs.append(BlockRemoved([external_hash(h)], self.medium, group_idx=0))
+                    evs.append(BlockRemoved([published_hash(h)], self.medium, group_idx=0))
             else:
                 evs.append(AllBlocksCleared())
         return batches

@@ -7,12 +7,29 @@ requests / usable blocks (cached-free blocks count as free); prefix-cache querie
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass, field
 
-from engine.core.outputs import RequestMetrics
 from engine.observe.rates import prefix_hit_rate
 from engine.observe.snapshot import EngineMetrics, RequestState, SpecMetrics
 
 WINDOW = 1000
+
+
+@dataclass(slots=True)
+class RequestMetrics:
+    arrival_time: float
+    first_scheduled_time: float | None
+    first_token_time: float | None
+    finish_time: float | None
+    ttft: float | None
+    tpot: float | None
+    e2e_latency: float | None
+    itl: list[float] = field(default_factory=list)
+    num_cached_tokens: int = 0
+    num_preemptions: int = 0
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
 
 
 class MetricsTracker:

@@ -4,7 +4,10 @@ One EngineThread serves every door: this server, the Streamlit app in the same p
 (scripts/run.sh), the Python API. Modules: protocol (request bodies, extra fields forbidden),
 errors (OpenAI-shaped error bodies, auth, body limit), metrics (/metrics with vLLM's names),
 routes (the endpoints), app (create_app / run_in_background), cli (argument parsing).
-Imported on demand only: `import engine` does not pull in FastAPI."""
+Imported on demand only: `import engine` does not pull in FastAPI.
+
+May import: engine.config, engine.observe, engine.model, engine.core.
+(never engine.lab, engine.bench or engine.fleet: tests/engine/test_import_graph.py)"""
 
 from engine.serve.app import ServerState, create_app, run_in_background
 

@@ -15,7 +15,7 @@ import asyncio
 
 from fastapi import APIRouter, Request
 
-from engine.observe.kv_event_wire import external_hash
+from engine.observe.kv_event_wire import published_hash
 
 router = APIRouter()
 INSTANCE_HEADER = "x-kvscope-instance"
@@ -23,7 +23,7 @@ INSTANCE_HEADER = "x-kvscope-instance"
 
 def cached_block_hashes(engine) -> list[str]:
     """The engine's cached block hashes as the KV events publish them, 16 hex digits each, sorted."""
-    return sorted(f"{external_hash(h):016x}" for h in engine.bm.hash_to_block)
+    return sorted(f"{published_hash(h):016x}" for h in engine.bm.hash_to_block)
 
 
 def reset_prefix_cache(engine) -> tuple[int, int]:

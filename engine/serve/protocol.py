@@ -118,7 +118,7 @@ class _Common(_Lenient):
             if not -100 <= v <= 100:
                 raise ValueError(f"logit_bias: the bias of token {k} must be in [-100, 100], got {v!r}")
         if self.response_format is not None and self.response_format.get("type", "text") != "text":
-            from engine.core.structured import check_response_format
+            from engine.config import check_response_format
 
             if self.response_format.get("type") not in ("json_object", "json_schema"):
                 raise ValueError("response_format: type must be 'text', 'json_object' or 'json_schema'")

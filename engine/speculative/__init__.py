@@ -8,8 +8,13 @@ monitor that falls back to plain decoding when speculation does not pay, and E(a
     monitor.py   CostModel, ClassState
     decoder.py   SpecDecoder (the hooks LLMEngine.step calls)
 
-The plain-vs-speculative speedup lives in engine/lab/experiments.py (compare_speculative): nothing
-here imports engine.engine or engine.experiments.
+The plain-vs-speculative speedup lives in engine/lab/experiments.py (compare_speculative).
+engine.core.engine calls these hooks; a draft model runs on its own Scheduler and BlockManager, so
+this package uses those two and the sampler from the step loop, never the engine itself.
+
+May import: engine.config, engine.observe, engine.model, engine.core.sampler, engine.core.scheduler,
+engine.core.block_manager.
+(tests/engine/test_import_graph.py)
 """
 
 from engine.speculative.decoder import SpecDecoder

@@ -29,7 +29,7 @@ from engine.speculative.drafters import (
     DRAFT_SUFFIX,
     ModelDrafter,
     SpecContext,
-    _check_same_tokenizer,
+    check_same_tokenizer,
     draft_id,
     ngram_propose,
 )
@@ -97,7 +97,7 @@ class SpecDecoder:
 
         ctx = self.ctx
         model, tok = load_model(name, ctx.engine_config.device, ctx.engine_config.dtype)
-        _check_same_tokenizer(name, model, tok, ctx.model, ctx.tokenizer)
+        check_same_tokenizer(name, model, tok, ctx.model, ctx.tokenizer)
         if num_layers is not None and num_layers > model.config.num_hidden_layers:
             raise ValueError(
                 f"speculative.draft_layers={num_layers} exceeds the draft model's "

@@ -255,7 +255,7 @@ def _is_quantized(model) -> bool:
     return any("quantized" in type(m).__module__ for m in model.modules())
 
 
-def _check_same_tokenizer(name: str, draft_model, draft_tok, target_model, target_tok) -> None:
+def check_same_tokenizer(name: str, draft_model, draft_tok, target_model, target_tok) -> None:
     tv, dv = target_model.config.vocab_size, draft_model.config.vocab_size
     if tv != dv:
         raise ValueError(

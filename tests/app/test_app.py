@@ -244,7 +244,7 @@ def test_playground_preview_follows_typing_and_changes_nothing(app_test):
     """Each keystroke reruns the preview: counts from the engine's own tokenizer and pool, the
     system-prompt edit's block, and not one change in the engine's snapshot."""
     from engine.config import SamplingParams
-    from engine.lab.preview import template_ids
+    from engine.core.preview import template_ids
 
     at = _playground(app_test)
     th = H.engine()

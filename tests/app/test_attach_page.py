@@ -91,7 +91,7 @@ def test_attach_to_a_vllm_stub_without_events_or_spec_notes_what_is_missing(atta
 
 
 def test_attach_to_a_kvscope_stub(attach_page):
-    from engine.observe.kv_event_wire import external_hash
+    from engine.observe.kv_event_wire import published_hash
     from engine.observe.kv_events import KVEventPublisher
 
     eng = stub_engine()
@@ -99,7 +99,7 @@ def test_attach_to_a_kvscope_stub(attach_page):
     pub.attach(eng)
     frames = record_stub_run(eng)
     pub.flush()
-    cached = {external_hash(h) for h in eng.bm.hash_to_block}
+    cached = {published_hash(h) for h in eng.bm.hash_to_block}
     stub = KvscopeStub(frames)
     at = attach_page()
     try:

@@ -1,4 +1,4 @@
-"""The sidebar offers the device when a GPU is present (engine/core/device.py decides the list). On a
+"""The sidebar offers the device when a GPU is present (engine/model/device.py decides the list). On a
 CPU-only machine the GPU's presence is mocked: the Device choice appears, choosing the CPU
 rebuilds the engine there, choosing CUDA without CUDA is a clear message, not a traceback."""
 

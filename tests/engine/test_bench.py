@@ -281,9 +281,9 @@ def test_mismatches_and_decode_rate():
 
 def test_spread_picks_lengths_across_the_range():
     items = [[0] * n for n in (5, 50, 10, 40, 20, 30)]
-    idx = S._spread(items, 3)
+    idx = S.spread(items, 3)
     assert sorted(len(items[i]) for i in idx) == [5, 20, 50] or sorted(len(items[i]) for i in idx) == [5, 30, 50]
-    assert S._spread(items, 10) == list(range(6))
+    assert S.spread(items, 10) == list(range(6))
 
 
 def test_left_pad():

@@ -72,7 +72,10 @@ def test_fixture_rows():
 
 
 def test_merge_prefers_live():
-    bench = [C._row("batching", "—", None, "press Measure", "this page"), C._row("cache", "1", True, "r", "b")]
+    bench = [
+        C.ClaimRow("batching", *C.CLAIMS["batching"], "—", None, "press Measure", "this page"),
+        C.ClaimRow("cache", *C.CLAIMS["cache"], "1", True, "r", "b"),
+    ]
     live = [C.batching_row({1: 0.04, 2: 0.05}, "live")]
     out = C.merge(bench, live)
     assert out[0].source == "live" and out[1].source == "b"

@@ -103,7 +103,7 @@ def test_deep_copy_of_a_packed_model_uses_its_own_weights():
 
 @pytest.mark.parametrize("kernel", ["cpu_kernel", "onednn"])
 def test_both_packed_kernels_match_f_linear_with_bias(kernel):
-    if kernel == "cpu_kernel" and cpu_kernels.load() is None or kernel == "onednn" and linear._onednn_ops() is None:
+    if kernel == "cpu_kernel" and cpu_kernels.load() is None or kernel == "onednn" and linear.onednn_ops() is None:
         pytest.skip(f"{kernel} unavailable here")
     g = torch.Generator().manual_seed(3)
     w1, w2 = torch.randn(21, 33, generator=g), torch.randn(7, 33, generator=g)

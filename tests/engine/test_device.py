@@ -1,4 +1,4 @@
-"""engine/core/device.py and the CUDA-only decisions, driven on the CPU: the devices the UI offers, the
+"""engine/model/device.py and the CUDA-only decisions, driven on the CPU: the devices the UI offers, the
 KV budget from free device memory (gpu_memory_utilization) with mocked memory figures, what
 attention "auto" means per device, CPU-only speed paths kept off other devices; and reduced
 precision measured as agreement with transformers in the same dtype (fp32 stays exact elsewhere)."""
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from engine import LLM, EngineConfig, SamplingParams
-from engine.core import device as dp
 from engine.lab.agreement import agreement, hf_greedy
+from engine.model import device as dp
 from engine.model.models import load_model, resolve_dtype
 from engine.model.runner import ModelRunner
 

@@ -10,7 +10,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.lab.agreement import agreement, hf_greedy
-from engine.model.attention import _refuse_unsupported
+from engine.model.attention import refuse_unsupported
 from engine.model.families import check_supported
 from engine.model.models import build_random, register_model, unregister_model
 
@@ -133,12 +133,12 @@ def test_softcap_mla_sinks_alibi_refused():
 
 
 def test_runtime_guard_in_the_attention():
-    _refuse_unsupported({"sliding_window": 64}, 64)
-    _refuse_unsupported({"sliding_window": None, "softcap": None}, 5000)
+    refuse_unsupported({"sliding_window": 64}, 64)
+    refuse_unsupported({"sliding_window": None, "softcap": None}, 5000)
     with pytest.raises(ValueError, match=r"sliding-window attention \(window 64, context 65\)"):
-        _refuse_unsupported({"sliding_window": 64}, 65)
+        refuse_unsupported({"sliding_window": 64}, 65)
     with pytest.raises(ValueError, match="softcapping"):
-        _refuse_unsupported({"softcap": 50.0}, 10)
+        refuse_unsupported({"softcap": 50.0}, 10)
 
 
 def test_build_random_same_weights_on_any_dtype():

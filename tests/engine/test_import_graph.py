@@ -110,3 +110,130 @@ def test_speculative_never_imports_back_up_into_the_engine():
 def test_the_cycle_finder_finds_cycles():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+# ---------------------------------------------------------------- the direction of imports
+
+DOCSTRING_RULE = "May import:"
+
+
+def allowed_imports(pkg_file: Path) -> set[str]:
+    """The names after "May import:" in a package's (or config.py's) docstring, up to the first
+    full stop; "nothing from engine" is the empty set."""
+    doc = ast.get_docstring(ast.parse(pkg_file.read_text())) or ""
+    assert DOCSTRING_RULE in doc, f"{pkg_file} does not say what it may import ({DOCSTRING_RULE!r})"
+    rule = doc.split(DOCSTRING_RULE, 1)[1].split(".\n", 1)[0].split(". ", 1)[0]
+    if "nothing" in rule:
+        return set()
+    return {x.strip().rstrip(".") for x in rule.replace("\n", " ").split(",") if x.strip()}
+
+
+def layer_of(module: str) -> str | None:
+    """engine.core.scheduler -> engine.core; engine.config -> engine.config; engine, engine.__main__
+    (the entry points on top of everything) -> None."""
+    parts = module.split(".")
+    if module in ("engine", "engine.__main__"):
+        return None
+    return ".".join(parts[:2])
+
+
+def rule_files() -> dict[str, Path]:
+    out = {"engine.config": ENGINE / "config.py"}
+    for init in sorted(ENGINE.glob("*/__init__.py")):
+        out[f"engine.{init.parent.name}"] = init
+    return out
+
+
+def test_every_layer_says_what_it_may_import():
+    rules = rule_files()
+    assert set(rules) >= {
+        "engine.config",
+        "engine.core",
+        "engine.model",
+        "engine.observe",
+        "engine.speculative",
+        "engine.serve",
+        "engine.lab",
+        "engine.bench",
+        "engine.fleet",
+    }
+    for layer, f in rules.items():
+        allowed_imports(f)  # asserts the line is there
+
+
+def test_imports_follow_each_package_docstring():
+    """Every edge between two packages is one the importer's docstring allows (a package entry
+    allows its modules; a module entry allows that module only)."""
+    rules = {layer: allowed_imports(f) for layer, f in rule_files().items()}
+    bad = []
+    for m, deps in engine_graph().items():
+        src = layer_of(m)
+        if src is None:
+            continue
+        for d in deps:
+            dst = layer_of(d)
+            if dst == src or d == "engine.config" and src == "engine.config":
+                continue
+            if not any(d == a or d.startswith(a + ".") for a in rules[src]):
+                bad.append(f"{m} -> {d}")
+    assert not bad, "imports against the package docstrings:\n" + "\n".join(sorted(bad))
+
+
+def test_the_direction_check_sees_a_wrong_edge():
+    assert "engine.core" not in allowed_imports(ENGINE / "model" / "__init__.py")
+    assert allowed_imports(ENGINE / "config.py") == set()
+    assert layer_of("engine.core.scheduler") == "engine.core" and layer_of("engine") is None
+
+
+# ---------------------------------------------------------------- no private name across modules
+
+SOURCE_DIRS = ("engine", "ui", "pages", "tests", "scripts")
+
+
+def private_imports(path: Path) -> list[str]:
+    """`from x import _name` (x one of the project's modules, or relative) and `mod._name` where mod
+    was bound by `import x as mod` / `from pkg import mod` of a project module."""
+    tree = ast.parse(path.read_text(), str(path))
+    ours = ("engine", "ui", "pages", "tests", "scripts", "app")
+    module_aliases: set[str] = set()
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            mod = node.module or ""
+            if not (node.level or mod.split(".")[0] in ours):
+                continue
+            for a in node.names:
+                if a.name.startswith("_") and not a.name.startswith("__"):
+                    out.append(f"{path}:{node.lineno} from {mod} import {a.name}")
+                elif (ROOT / Path(*mod.split("."), a.name + ".py")).exists():
+                    module_aliases.add(a.asname or a.name)
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] in ours and a.asname:
+                    module_aliases.add(a.asname)
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in module_aliases
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+        ):
+            out.append(f"{path}:{node.lineno} {node.value.id}.{node.attr}")
+    return out
+
+
+def test_no_private_name_is_imported_across_modules():
+    bad = []
+    for d in SOURCE_DIRS:
+        for p in sorted((ROOT / d).rglob("*.py")):
+            if "csrc" not in p.parts:
+                bad += private_imports(p)
+    assert not bad, "private names used across modules:\n" + "\n".join(bad)
+
+
+def test_the_private_name_check_sees_one(tmp_path):
+    f = tmp_path / "x.py"
+    f.write_text("from engine.model import kv_layout as kl\nfrom engine.config import _check\nkl._secret\n")
+    found = private_imports(f)
+    assert len(found) == 2 and "import _check" in found[0] and "kl._secret" in found[1]

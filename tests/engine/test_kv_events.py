@@ -17,7 +17,7 @@ from engine.observe.kv_event_wire import (
     apply_events,
     decode_batch,
     encode_batch,
-    external_hash,
+    published_hash,
 )
 from engine.observe.kv_events import KVEventPublisher, KVEventSubscriber
 
@@ -295,7 +295,7 @@ def _engine():
 
 
 def _cached(engine) -> set:
-    return {external_hash(h) for h in engine.bm.hash_to_block}
+    return {published_hash(h) for h in engine.bm.hash_to_block}
 
 
 def _drain(sub, pub, rebuilt, rounds=400):
@@ -462,12 +462,12 @@ def test_attached_to_an_engine_thread_it_follows_reconfigure():
 
 
 def test_endpoints_bind_like_vllm_plus_loopback():
-    from engine.observe.kv_events import _bind_endpoint
+    from engine.observe.kv_events import bind_endpoint
 
-    assert _bind_endpoint("tcp://*:5557", None) and _bind_endpoint("ipc:///tmp/kv", None)
-    assert _bind_endpoint("tcp://127.0.0.1:5557", None) and _bind_endpoint("tcp://localhost:5557", None)
-    assert not _bind_endpoint("tcp://router.internal:5557", None)  # vLLM connects out to a binding subscriber
-    assert not _bind_endpoint("tcp://127.0.0.1:5557", False)
+    assert bind_endpoint("tcp://*:5557", None) and bind_endpoint("ipc:///tmp/kv", None)
+    assert bind_endpoint("tcp://127.0.0.1:5557", None) and bind_endpoint("tcp://localhost:5557", None)
+    assert not bind_endpoint("tcp://router.internal:5557", None)  # vLLM connects out to a binding subscriber
+    assert not bind_endpoint("tcp://127.0.0.1:5557", False)
 
 
 @settings(max_examples=300, deadline=None)

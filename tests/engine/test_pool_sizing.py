@@ -7,7 +7,7 @@ import pytest
 
 from engine.config import EngineConfig
 from engine.core import pool_sizing as ps
-from engine.core.device import activation_reserve_bytes
+from engine.model.device import activation_reserve_bytes
 
 GiB = 2**30
 BPB = 4096  # bytes per block

@@ -29,8 +29,8 @@ from engine.core.prefix_hash import (
     cbor_canonical,
     event_extra_keys,
     none_hash,
-    published_hash,
 )
+from engine.observe.kv_event_wire import published_hash
 
 # ---------------------------------------------------------------- the rule, written again here
 

@@ -1,4 +1,4 @@
-"""The as-you-type preview (engine/lab/preview.py via EngineThread.preview): typing a prompt, one
+"""The as-you-type preview (engine/core/preview.py via EngineThread.preview): typing a prompt, one
 keystroke at a time, leaves the engine exactly as it was; the numbers it shows are the ones the
 engine then uses when the prompt is submitted."""
 
@@ -10,7 +10,7 @@ import pytest
 
 from engine import EngineConfig, EngineThread, LLMEngine
 from engine.config import SamplingParams, TierConfig
-from engine.lab.preview import template_ids
+from engine.core.preview import template_ids
 
 SYSTEM = "You are the release-freeze assistant of a small team. Answer briefly and precisely."
 

@@ -245,14 +245,14 @@ def test_row_map_reorders_rows_and_bad_sizes_are_rejected():
 
 
 def test_q_and_k_row_order_inverts_llama_cpps_permutation():
-    from engine.model.gguf_weights import _row_order
+    from engine.model.gguf_weights import row_order
 
     n, heads = 24, 3
     hf = np.arange(n * 4).reshape(n, 4)
     d = n // heads // 2  # llama.cpp's permute (convert_hf_to_gguf)
     gguf_rows = hf.reshape(heads, 2, d, 4).swapaxes(1, 2).reshape(n, 4)
-    assert np.array_equal(gguf_rows[_row_order("blk.0.attn_q.weight", n, heads, heads)], hf)
-    assert np.array_equal(_row_order("blk.0.attn_v.weight", n, heads, heads), np.arange(n))
+    assert np.array_equal(gguf_rows[row_order("blk.0.attn_q.weight", n, heads, heads)], hf)
+    assert np.array_equal(row_order("blk.0.attn_v.weight", n, heads, heads), np.arange(n))
 
 
 def test_weight_format_is_validated():
@@ -312,11 +312,11 @@ def _bf16_exact_tiny():
 @needs_kernel
 def test_weights_that_are_exactly_bf16_are_read_at_16_bits_with_the_same_logits():
     from engine.model import linear
-    from engine.model.runner import _weight_pack
+    from engine.model.runner import weight_pack
 
     model = _bf16_exact_tiny()
     assert linear.half_exact(model, "bf16") and not linear.half_exact(model, "fp16")
-    half = _weight_pack(model, "auto")
+    half = weight_pack(model, "auto")
     fp32 = linear.pack_model(model)
     assert half.weight_format == "bf16" and half.formats == {"BF16": model.config.num_hidden_layers * 7 + 1}
     assert half.bytes * 2 == fp32.bytes
@@ -327,7 +327,7 @@ def test_weights_that_are_exactly_bf16_are_read_at_16_bits_with_the_same_logits(
         with linear.packed_linears(fp32):
             b = model(ids).logits
     assert torch.equal(a, b)
-    fp16 = _weight_pack(model, "fp16")  # asked for: the Linears whose weights are exactly fp16 values
+    fp16 = weight_pack(model, "fp16")  # asked for: the Linears whose weights are exactly fp16 values
     assert fp16.weight_format == "fp16" and set(fp16.formats) <= {"F16", "fp32"}
     with torch.inference_mode(), linear.packed_linears(fp16):
         assert torch.equal(model(ids).logits, b)
@@ -336,6 +336,6 @@ def test_weights_that_are_exactly_bf16_are_read_at_16_bits_with_the_same_logits(
     from engine.model.models import tiny_config
 
     plain = LlamaForCausalLM(tiny_config(vocab_size=512)).eval()  # random fp32: not 16-bit values
-    assert _weight_pack(plain, "auto").weight_format == "fp32"
+    assert weight_pack(plain, "auto").weight_format == "fp32"
     with pytest.raises(ValueError, match="weight_format='bf16'"):
-        _weight_pack(plain, "bf16")
+        weight_pack(plain, "bf16")

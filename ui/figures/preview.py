@@ -7,7 +7,7 @@ panel are ui/widgets/prompt_preview.py.
 
 from __future__ import annotations
 
-from engine.lab.preview import PromptPreview
+from engine.core.preview import PromptPreview
 
 from .tokens import visible_text
 

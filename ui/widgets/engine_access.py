@@ -22,7 +22,7 @@ import threading
 import streamlit as st
 
 from engine.config import KV_CACHE_DTYPES, SPEC_METHODS, EngineConfig, SpeculativeConfig
-from engine.core.device import detect_devices
+from engine.model.device import detect_devices
 from ui.widgets import mode, sidebar_limits
 
 BLOCK_SIZES = (4, 8, 16, 32)

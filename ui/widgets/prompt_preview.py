@@ -7,7 +7,7 @@ from __future__ import annotations
 import streamlit as st
 from st_keyup import st_keyup
 
-from engine.lab.preview import PromptPreview
+from engine.core.preview import PromptPreview
 from ui.figures import preview as P
 from ui.widgets import room
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.observe.kv_event_wire import apply_events, external_hash
+from engine.observe.kv_event_wire import apply_events, published_hash
 from tests.engine.serve.conftest import TINY_SERVE, serving
 
 
@@ -37,7 +37,7 @@ def test_cached_blocks_lists_the_block_managers_hashes(srv):
         c.post("/v1/completions", json={"model": "tiny", "prompt": "one two three " * 10, "max_tokens": 1})
         d = c.get("/v1/kvscope/cached_blocks").json()
     with srv.thread.lock:
-        want = sorted(f"{external_hash(h):016x}" for h in srv.thread.engine.bm.hash_to_block)
+        want = sorted(f"{published_hash(h):016x}" for h in srv.thread.engine.bm.hash_to_block)
     assert d["hashes"] == want and d["count"] == len(want) > 0
     assert d["block_size"] == TINY_SERVE["block_size"] and d["num_blocks"] == TINY_SERVE["num_kv_blocks"]
 
@@ -47,10 +47,10 @@ def test_reset_prefix_cache_drops_unused_blocks_and_publishes_removals(srv):
     eng = srv.thread.engine
     with srv.thread.lock:
         old = eng.bm.hash_listener
-        before = {external_hash(h) for h in eng.bm.hash_to_block}
+        before = {published_hash(h) for h in eng.bm.hash_to_block}
 
         def listen(kind, h, parent, tokens, extra=None):
-            removed.append((kind, external_hash(h)))
+            removed.append((kind, published_hash(h)))
             if old is not None:
                 old(kind, h, parent, tokens, extra)
 

@@ -11,8 +11,8 @@ import time
 import pytest
 
 from engine.config import SamplingParams
-from engine.core.prefix_hash import PrefixHasher, published_hash
-from engine.observe.kv_event_wire import AllBlocksCleared, BlockStored
+from engine.core.prefix_hash import PrefixHasher
+from engine.observe.kv_event_wire import AllBlocksCleared, BlockStored, published_hash
 from tests.engine.serve.conftest import TINY_SERVE, serving
 
 GENERATE_REQUEST_KEYS = {
