@@ -43,11 +43,8 @@ __all__ = ["LLMEngine", "CompletionOutput", "RequestMetrics", "RequestOutput"]
 
 def _schedule_rows(items, rows) -> list[list]:
     """What one forward pass held, per request: [request_id, kind, num_tokens, start], kind the
-    row's phase (output_processor.row_phase)."""
-    return [
-        [row.request_id, output_processor.row_phase(it, row), len(row.tokens), row.start]
-        for it, row in zip(items, rows)
-    ]
+    row's phase (ScheduledItem.phase)."""
+    return [[row.request_id, it.phase, len(row.tokens), row.start] for it, row in zip(items, rows)]
 
 
 def _available_bytes(device: torch.device) -> int | None:
@@ -382,7 +379,7 @@ class LLMEngine:
     def _schedule(self) -> SchedulerOutput:
         """Drafts for the requests in decode (speculative decoding), then the Scheduler's batch."""
         if self.spec is not None:
-            decoding = [r for r in self.scheduler.running if r.num_tokens - r.num_computed_tokens == 1]
+            decoding = [r for r in self.scheduler.running if r.in_decode]
             try:
                 self.spec.propose(decoding)
             except Exception as e:  # a failed draft costs speed, never the requests

@@ -66,16 +66,6 @@ def update_from_output(eng, sched, out, t_step: float) -> list[RequestOutput]:
     return outputs
 
 
-def row_phase(it, row) -> str:
-    """What a row of the forward pass is (the one definition): "verify" (a decode row carrying
-    draft tokens), "decode" (the request's newest output token alone) or "prefill" (prompt
-    tokens, a final 1-token chunk or the one token a full prefix hit recomputes included, or a
-    recompute after preemption)."""
-    if it.num_spec_tokens:
-        return "verify"
-    return "decode" if len(row.tokens) == 1 and row.start >= it.req.num_prompt_tokens else "prefill"
-
-
 def _fail_step(eng, sched, error: str, t_step: float) -> list[RequestOutput]:
     """The forward pass failed: every request in it ends with the error."""
     outputs = []
@@ -147,7 +137,7 @@ def _apply_tokens(eng, it, row, new_ids: list[int], marks: list, now: float) -> 
     """Commits the row's K/V and appends its tokens; the request's output and how many of the
     tokens were appended (those after a stop are not)."""
     req = it.req
-    phase = row_phase(it, row)
+    phase = it.phase
     _commit_kv(eng, it, row, new_ids)
     if phase == "prefill":
         num_blocks = len(eng.bm.table(req.request_id))

@@ -26,6 +26,16 @@ class ScheduledItem:
     req: Request
     num_new_tokens: int  # tokens fed this step (includes draft tokens)
     num_spec_tokens: int = 0  # of those, speculative draft tokens (at the end)
+    decode: bool = False  # req.in_decode when scheduled: the row feeds the newest output token
+
+    @property
+    def phase(self) -> str:
+        """What this row of the forward pass is (the one definition every module reads): "verify"
+        (the newest output token and its drafts), "decode" (that token alone) or "prefill"
+        (anything else: prompt chunks, a prompt's last token alone, a recompute)."""
+        if self.num_spec_tokens:
+            return "verify"
+        return "decode" if self.decode else "prefill"
 
 
 @dataclass(slots=True)
@@ -206,7 +216,8 @@ class Scheduler:
                 i += 1
                 continue
             base = req.num_tokens - req.num_computed_tokens
-            spec = req.spec_token_ids if base == 1 else []
+            decode = req.in_decode
+            spec = req.spec_token_ids if decode else []
             num_new = min(base + len(spec), budget, cfg.max_model_len - req.num_computed_tokens)
             n_spec = max(0, num_new - base)
             if num_new <= 0:
@@ -231,7 +242,7 @@ class Scheduler:
             if not ok:
                 continue  # req was removed from running; same index now holds the next one
             self._allocate(req, req.num_computed_tokens + num_new)
-            out.items.append(ScheduledItem(req, num_new, n_spec))
+            out.items.append(ScheduledItem(req, num_new, n_spec, decode))
             scheduled.add(req.request_id)
             req.last_scheduled_step = step
             self._wait(req, None, None)

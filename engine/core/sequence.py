@@ -94,6 +94,14 @@ class Request:
         return len(self.output_token_ids)
 
     @property
+    def in_decode(self) -> bool:
+        """The one rule for "this request decodes next": every token but the newest is computed and
+        the newest is an output token. A prompt's last token alone (a final 1-token chunk, or the
+        token a full prefix hit recomputes) is prefill; so is a recompute after preemption until
+        it reaches the newest token."""
+        return self.num_computed_tokens == self.num_tokens - 1 and self.num_output_tokens > 0
+
+    @property
     def is_finished(self) -> bool:
         return self.status.is_terminal
 

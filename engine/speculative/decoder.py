@@ -248,9 +248,7 @@ class SpecDecoder:
 
     def record_forward(self, items, forward_seconds: float) -> None:
         self._last_fwd_s = forward_seconds
-        decode_items = [
-            it for it in items if it.req.num_computed_tokens > 0 and it.num_new_tokens - it.num_spec_tokens == 1
-        ]
+        decode_items = [it for it in items if it.phase != "prefill"]
         if decode_items and len(decode_items) == len(items):
             self.costs.add(sum(it.num_new_tokens for it in items), forward_seconds)
         n_plain = 0
