@@ -20,6 +20,7 @@ SPEC_METHODS = ("ngram", "draft_model", "self_draft")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 # the one list of K/V pool formats (engine/model/kv_quant.py stores them; the UI imports this)
 KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16", "fp8_e4m3", "int8", "int4", "int2")
+QUANTIZED_KV_CACHE_DTYPES = ("fp8_e4m3", "int8", "int4", "int2")  # codes + scales, highest precision first
 LINEAR_BACKENDS = ("auto", "torch")
 ATTENTION_BACKENDS = ("auto", "torch", "flex")
 DECODE_BACKENDS = ("auto", "c", "transformers")

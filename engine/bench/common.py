@@ -5,7 +5,6 @@ BenchUnavailable with the reason."""
 from __future__ import annotations
 
 import gc
-import math
 import os
 import platform
 import time
@@ -13,6 +12,7 @@ from dataclasses import dataclass, field
 
 from engine.bench.report import BenchUnavailable, Progress
 from engine.lab.prompt_sets import chat_prompts, filler_ids  # noqa: F401  (the suites call C.*)
+from engine.model.kv_layout import cdiv
 from engine.observe import recording
 
 # ---------------------------------------------------------------------------- run context
@@ -176,7 +176,7 @@ def require_engine():
 
 
 def blocks_for(prompt_lens, new_tokens: int, block_size: int = 16, margin: int = 8) -> int:
-    return sum(math.ceil((p + new_tokens) / block_size) + 1 for p in prompt_lens) + margin
+    return sum(cdiv(p + new_tokens, block_size) + 1 for p in prompt_lens) + margin
 
 
 def make_llm(ctx: BenchContext, **cfg):

@@ -38,10 +38,11 @@ import os
 import statistics
 
 from engine.bench import common as C
-from engine.config import KV_CACHE_DTYPES
+from engine.config import KV_CACHE_DTYPES, QUANTIZED_KV_CACHE_DTYPES
+from engine.speculative.drafters import DRAFT_SUFFIX
 
 DTYPES = tuple(d for d in KV_CACHE_DTYPES if d != "auto")  # fp32 first: the reference
-RECALL_DTYPES = ("fp32", "fp8_e4m3", "int8", "int4", "int2")
+RECALL_DTYPES = ("fp32", *QUANTIZED_KV_CACHE_DTYPES)
 # contexts of the recall sweep: the full run goes to 4096 tokens (the default model's own limit is
 # 8192; on the shared 2-core machine one 4096-token teacher-forced pass per format took minutes),
 # quick stops at 2048 with one needle per length, smoke is a token sweep the tiny model can run
@@ -69,7 +70,7 @@ def teacher_forced_logprobs(eng, tokens: list[int], first: int):
     n_blocks = -(-len(feed) // eng.bm.block_size)
     if n_blocks > eng.bm.num_blocks:
         raise RuntimeError(f"{len(feed)} tokens need {n_blocks} blocks; the pool has {eng.bm.num_blocks}")
-    owner = "teacher-forced#draft"  # never a request's id (add_request refuses the suffix)
+    owner = "teacher-forced" + DRAFT_SUFFIX  # never a request's id (add_request refuses the suffix)
     eng.bm.allocate(owner, len(feed))
     try:
         logits = eng.runner.forward([BatchRow(owner, 0, feed, eng.bm.table(owner), first - 1)])

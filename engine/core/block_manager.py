@@ -212,15 +212,22 @@ class BlockManager:
         No side effects except memoising the hashes and the query/hit counters' inputs."""
         if not self.enable_prefix_caching:
             return [], 0
-        max_hit_blocks = (len(token_ids) - 1) // self.block_size
-        hashes = self.block_hashes(rid, token_ids, salt)[:max_hit_blocks]
+        hit = self._cached_prefix(self.block_hashes(rid, token_ids, salt)[: self._max_hit_blocks(token_ids)])
+        return hit, len(hit) * self.block_size
+
+    def _max_hit_blocks(self, token_ids: list[int]) -> int:
+        """Full blocks a prefix hit may cover: the last token is always computed (its logits)."""
+        return (len(token_ids) - 1) // self.block_size
+
+    def _cached_prefix(self, hashes) -> list[int]:
+        """The one prefix lookup: the cached block of each leading hash, up to the first miss."""
         hit: list[int] = []
         for h in hashes:
             b = self.hash_to_block.get(h)
             if b is None:
                 break
             hit.append(b)
-        return hit, len(hit) * self.block_size
+        return hit
 
     def peek_prefix_hit(self, token_ids: list[int], salt: str | None) -> list[int]:
         """The cached blocks a request with token_ids admitted now would take for its leading full
@@ -229,14 +236,14 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return []
         bs = self.block_size
-        parent, hit = None, []
-        for i in range((len(token_ids) - 1) // bs):
-            parent = self.hasher.block(parent, token_ids[i * bs : (i + 1) * bs], block_extra_keys(i, salt))
-            bid = self.hash_to_block.get(parent)
-            if bid is None:
-                break
-            hit.append(bid)
-        return hit
+
+        def chain():  # hashed lazily: the walk stops at the first miss
+            parent = None
+            for i in range(self._max_hit_blocks(token_ids)):
+                parent = self.hasher.block(parent, token_ids[i * bs : (i + 1) * bs], block_extra_keys(i, salt))
+                yield parent
+
+        return self._cached_prefix(chain())
 
     def record_prefix_query(self, num_tokens: int, num_hit_tokens: int) -> None:
         self.prefix_queries += num_tokens

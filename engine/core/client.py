@@ -69,6 +69,13 @@ class _Metrics:
     def __init__(self):
         self.listeners: list = _Listeners()
 
+    def subscribe(self, fn) -> None:  # MetricsTracker's interface
+        self.listeners.append(fn)
+
+    def unsubscribe(self, fn) -> None:
+        if fn in self.listeners:
+            self.listeners.remove(fn)
+
 
 class EngineView:
     """The read-only engine calls the API makes (engine/serve), forwarded to the core."""

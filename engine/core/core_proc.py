@@ -114,7 +114,7 @@ class _Core:
         self.last_snap_step = -1
         self.last_parent_check = time.monotonic()
         # finished-request records for the client's metrics listeners
-        engine.metrics.listeners.append(self._on_finish)
+        engine.metrics.subscribe(self._on_finish)
         self.finished: list[dict] = []
 
     def _on_finish(self, req) -> None:

@@ -37,6 +37,7 @@ from engine.observe.metrics import MetricsTracker
 from engine.observe.snapshot import EngineInfo, RequestInfo, Snapshot
 from engine.observe.trace_events import EventRing
 from engine.speculative.decoder import SpecDecoder
+from engine.speculative.drafters import DRAFT_SUFFIX
 
 __all__ = ["LLMEngine", "CompletionOutput", "RequestMetrics", "RequestOutput"]
 
@@ -241,8 +242,8 @@ class LLMEngine:
             raise ValueError("request_id must be a non-empty string of at most 128 characters")
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        if request_id.endswith("#draft"):
-            raise ValueError("request_id must not end with '#draft' (reserved for draft-model caches)")
+        if request_id.endswith(DRAFT_SUFFIX):
+            raise ValueError(f"request_id must not end with {DRAFT_SUFFIX!r} (reserved for draft-model caches)")
         try:
             ids, text = prompt_ids(self.tokenizer, self.vocab_size, prompt)
             tier = self.admission_check(ids, params)
@@ -498,7 +499,7 @@ class LLMEngine:
         ids = [r.request_id for r in itertools.chain(s.waiting, s.running, s.swapped)]
         assert len(ids) == len(set(ids)), "a request is in two queues"
         for rid in self.bm.request_ids():
-            if rid.endswith("#draft") and rid[: -len("#draft")] in self.requests:
+            if rid.endswith(DRAFT_SUFFIX) and rid[: -len(DRAFT_SUFFIX)] in self.requests:
                 continue  # a live request's draft-model K/V (engine/speculative.py)
             assert rid in self.requests, f"blocks held by unknown request {rid}"
 
@@ -539,6 +540,7 @@ class LLMEngine:
             first_token_time=r.first_token_time,
             finish_time=r.finish_time,
             finish_reason=r.finish_reason,
+            last_token_time=r.token_times[-1] if r.token_times else None,
             waiting_reason=r.wait_reason_text,
             error=r.error,
             num_preemptions=r.num_preemptions,

@@ -354,7 +354,8 @@ class EngineThread:
             for h in list(self.handles.values()):
                 h._fail("aborted: the engine was reconfigured")
             self.handles.clear()
-            new_engine.metrics.listeners = self.engine.metrics.listeners  # e.g. the /metrics exporter
+            for fn in self.engine.metrics.subscribers():  # e.g. the /metrics exporter
+                new_engine.metrics.subscribe(fn)
             self.engine = new_engine
             self.recent.clear()
             self._recent_items = 0

@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.config import QUANTIZED_KV_CACHE_DTYPES
 from engine.speculative.math import expected_tokens_per_pass
 
 VERIFY_KS = tuple(range(1, 9))
@@ -479,7 +480,7 @@ def peers_row(f: dict, source: str) -> ClaimRow:
 
 
 KVQUANT_JSON = Path(__file__).resolve().parents[2] / "assets" / "measurements" / "kvquant.json"
-QUANTIZED_KV = ("fp8_e4m3", "int8", "int4", "int2")  # highest precision first
+QUANTIZED_KV = QUANTIZED_KV_CACHE_DTYPES  # highest precision first
 SHORT_TOP1_MIN = 0.9  # short prompts "intact": >= 90 % of a format's next-token picks are fp32's
 
 

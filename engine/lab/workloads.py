@@ -38,6 +38,7 @@ from engine.lab.workload_text import (
     fill,
     words_from,
 )
+from engine.model.kv_layout import cdiv
 
 MAX_REQUESTS = 10_000
 
@@ -229,7 +230,7 @@ def release_freeze(
     _check_lengths("output", output_median, output_sigma, output_min, output_max, 100_000)
     tiers = _check_tiers(tiers)
     rng = random.Random(seed)
-    n_conv = -(-n // turns)
+    n_conv = cdiv(n, turns)
     reqs: list[WorkloadRequest] = []
     for c in range(n_conv):
         conv_turns = min(turns, n - c * turns)

@@ -36,6 +36,8 @@ import threading
 
 import torch
 
+from engine.model import kv_layout
+
 _CSRC = ("paged_attention.c", "linear.c", "quant_linear.c", "layer.c")
 SOURCES = [os.path.join(os.path.dirname(__file__), "csrc", f) for f in _CSRC]
 ABI_VERSION = 5
@@ -425,7 +427,7 @@ def _self_test(lib) -> None:
     perm = torch.randperm(nb, generator=g).tolist()
     tables, off = [], 0
     for n in lens:
-        m = -(-n // bs)
+        m = kv_layout.cdiv(n, bs)
         tables.append(perm[off : off + m] + [perm[off]] * (5 - m))
         off += m
     q = torch.randn(len(lens) + 1, h, d, generator=g)

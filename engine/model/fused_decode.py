@@ -24,9 +24,9 @@ import os
 
 import torch
 
+from engine.config import DECODE_BACKENDS  # noqa: F401 (the one list, engine/config.py; runner.py checks it)
 from engine.model import cpu_kernels
 
-DECODE_BACKENDS = ("auto", "c", "transformers")
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
 PROF_OPS = ("norm1", "qkv", "rope+kv_write", "attention", "o_proj+res", "norm2", "gate_up+silu", "down+res")
 

@@ -52,10 +52,10 @@ import functools
 
 import torch
 
-from engine.config import KV_CACHE_DTYPES
+from engine.config import KV_CACHE_DTYPES, QUANTIZED_KV_CACHE_DTYPES
 from engine.model import kv_layout
 
-QUANTIZED = ("int8", "fp8_e4m3", "int4", "int2")
+QUANTIZED = QUANTIZED_KV_CACHE_DTYPES
 PACKED_BITS = {"int4": 4, "int2": 2}  # codes packed 8 // bits to a byte, low bits first
 SCALE_BYTES = kv_layout.KV_SCALE_BYTES  # one float32 scale per row (per 32 numbers for int4 / int2)
 _FLOAT = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

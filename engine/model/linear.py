@@ -39,6 +39,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
+from engine.config import WEIGHT_FORMATS as CONFIG_WEIGHT_FORMATS
 from engine.model import cpu_kernels
 
 MERGED_GROUPS = (("qkv", ("q_proj", "k_proj", "v_proj")), ("gate_up", ("gate_proj", "up_proj")))
@@ -115,7 +116,7 @@ class ModelPack:
         self.formats: dict[str, int] = {}  # "Q4_1" / "Q8_0" / "fp32" -> Linears computing from it
 
 
-WEIGHT_FORMATS = ("fp32", "gguf", "bf16", "fp16")
+WEIGHT_FORMATS = tuple(f for f in CONFIG_WEIGHT_FORMATS if f != "auto")  # what "auto" resolves among
 HALF_FORMATS = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 

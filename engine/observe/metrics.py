@@ -1,7 +1,7 @@
 """Serving metrics with vLLM's definitions.
 
-TTFT = first token time - arrival; TPOT = (e2e - TTFT) / (output tokens - 1); ITL = gaps between
-consecutive token emissions; e2e = finish - arrival; kv_cache_usage_perc = blocks owned by
+TTFT, TPOT, ITL, e2e and the prefix hit rate come from engine/observe/rates.py (their one home,
+vLLM's definitions); kv_cache_usage_perc = blocks owned by
 requests / usable blocks (cached-free blocks count as free); prefix-cache queries/hits count tokens."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from engine.observe import rates
 from engine.observe.rates import prefix_hit_rate
 from engine.observe.snapshot import EngineMetrics, RequestState, SpecMetrics
 
@@ -46,10 +47,22 @@ class MetricsTracker:
         self.generation_tokens = 0
         self.busy_s = 0.0
         self.last_step_s = 0.0
-        self.listeners: list = []  # callables(req) told of every finished/aborted request (the /metrics exporter)
+        self._listeners: list = []  # callables(req) told of every finished/aborted request (the /metrics exporter)
+
+    def subscribe(self, fn) -> None:
+        """fn(req) is called on the engine's thread for every finished or aborted request; an
+        exception in fn is swallowed (an observer never takes the engine down)."""
+        self._listeners.append(fn)
+
+    def subscribers(self) -> tuple:
+        return tuple(self._listeners)
+
+    def unsubscribe(self, fn) -> None:
+        if fn in self._listeners:
+            self._listeners.remove(fn)
 
     def on_first_token(self, req) -> None:
-        self.ttft.append(req.first_token_time - req.arrival_time)
+        self.ttft.append(rates.ttft(req.arrival_time, req.first_token_time))
         self.prompt_tokens += req.num_prompt_tokens
 
     def on_step(self, new_tokens: int, dt: float) -> None:
@@ -62,11 +75,12 @@ class MetricsTracker:
             self.num_finished += 1
         elif req.status == RequestState.ABORTED:
             self.num_aborted += 1
-        if req.first_token_time is not None and req.finish_time is not None:
-            self.e2e.append(req.finish_time - req.arrival_time)
-            if req.num_output_tokens > 1:
-                self.tpot.append((req.finish_time - req.first_token_time) / (req.num_output_tokens - 1))
-        for fn in self.listeners:
+        m = self.request_metrics(req)
+        if m.e2e_latency is not None:
+            self.e2e.append(m.e2e_latency)
+        if m.tpot is not None:
+            self.tpot.append(m.tpot)
+        for fn in list(self._listeners):
             try:
                 fn(req)
             except Exception:  # an observer never takes the engine down
@@ -74,26 +88,15 @@ class MetricsTracker:
 
     @staticmethod
     def request_metrics(req):
-        ttft = req.first_token_time - req.arrival_time if req.first_token_time is not None else None
-        e2e = (
-            req.finish_time - req.arrival_time
-            if req.finish_time is not None and req.first_token_time is not None
-            else None
-        )
-        tpot = None
-        if e2e is not None and req.num_output_tokens > 1:
-            tpot = (req.finish_time - req.first_token_time) / (req.num_output_tokens - 1)
-        tt = req.token_times
-        itl = [b - a for a, b in zip(tt, tt[1:])]
         return RequestMetrics(
             req.arrival_time,
             req.first_scheduled_time,
             req.first_token_time,
             req.finish_time,
-            ttft,
-            tpot,
-            e2e,
-            itl,
+            rates.ttft(req.arrival_time, req.first_token_time),
+            rates.tpot(req.first_token_time, req.token_times, req.num_output_tokens),
+            rates.e2e_latency(req.arrival_time, req.finish_time),
+            rates.itl(req.token_times),
             req.num_cached_tokens,
             req.num_preemptions,
             req.spec_num_drafts,

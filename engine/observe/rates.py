@@ -1,6 +1,13 @@
-"""The engine's rate definitions, one home each (vLLM's): every module and page computes these
-ratios through here, so a figure labelled "acceptance rate" or "prefix hit rate" means one thing.
+"""The engine's rate and latency definitions, one home each (vLLM's): the engine's metrics
+(observe/metrics.py), /metrics (serve/metrics.py), the speculative decoder and the pages compute
+them through here, so a figure labelled "TTFT" or "acceptance rate" means one thing everywhere.
 
+- TTFT = first token time - arrival
+- e2e latency = finish - arrival (any finished request, as vLLM's histogram)
+- TPOT = (last token time - first token time) / (output tokens - 1): vLLM's decode time over the
+  tokens after the first; it ends at the last token, not at the finish
+- ITL = one gap per engine step that emitted tokens for the request (tokens one speculative step
+  accepts together share a time, so there is no zero gap), as vLLM observes it per iteration
 - acceptance rate = accepted draft tokens / draft tokens proposed
 - mean acceptance length = 1 + accepted draft tokens / drafts (tokens a verify pass yields)
 - prefix hit rate = prompt tokens found in the prefix cache / prompt tokens looked up
@@ -8,6 +15,35 @@ ratios through here, so a figure labelled "acceptance rate" or "prefix hit rate"
 """
 
 from __future__ import annotations
+
+from itertools import pairwise
+
+
+def ttft(arrival_time: float, first_token_time: float | None) -> float | None:
+    """None before the first token."""
+    return None if first_token_time is None else first_token_time - arrival_time
+
+
+def e2e_latency(arrival_time: float, finish_time: float | None) -> float | None:
+    """None while the request runs."""
+    return None if finish_time is None else finish_time - arrival_time
+
+
+def tpot(first_token_time: float | None, token_times, num_output_tokens: int) -> float | None:
+    """None with fewer than two output tokens. token_times: the time each output token was
+    emitted (the last one ends the decode time)."""
+    if first_token_time is None or num_output_tokens < 2 or not token_times:
+        return None
+    return (token_times[-1] - first_token_time) / (num_output_tokens - 1)
+
+
+def itl(token_times) -> list[float]:
+    """The inter-token latencies of one request: gaps between the distinct emission times."""
+    ts: list[float] = []
+    for t in token_times:
+        if not ts or t != ts[-1]:
+            ts.append(t)
+    return [b - a for a, b in pairwise(ts)]
 
 
 def acceptance_rate(num_accepted_tokens: int, num_draft_tokens: int) -> float | None:

@@ -112,6 +112,7 @@ class RequestInfo:
     first_token_time: float | None = None
     finish_time: float | None = None
     finish_reason: str | None = None
+    last_token_time: float | None = None  # when the newest output token was emitted (ends TPOT)
     waiting_reason: str | None = None  # the sentence shown (Request.wait_reason_text; typed only in WAIT events)
     error: str | None = None
     num_preemptions: int = 0

@@ -2,18 +2,19 @@
 speculative-decoding metrics'), read from the engine's own counters, plus kvscope: figures.
 
 Gauges and counters are read from the engine at scrape time (a custom collector); histograms are
-observed by a finish listener on the engine (MetricsTracker.listeners) when each request
+observed by a finish listener on the engine (MetricsTracker.subscribe) when each request
 finishes or is aborted, cumulative since the server started. Labels: model_name and engine
 ("0"), as vLLM. No *_created series. The full mapping is in docs/SERVING.md."""
 
 from __future__ import annotations
 
-import itertools
 import threading
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from engine.observe import rates
 
 prometheus_client.disable_created_metrics()
 
@@ -100,16 +101,6 @@ def build_1_2_5_buckets(max_value: int) -> list[int]:
                 return out
             out.append(v)
         e += 1
-
-
-def itl_gaps(token_times: list[float]) -> list[float]:
-    """Inter-token latencies as vLLM observes them: one gap per engine iteration that emitted
-    tokens for the request (tokens accepted together in one speculative step share a time)."""
-    ts = []
-    for t in token_times:
-        if not ts or t != ts[-1]:
-            ts.append(t)
-    return [b - a for a, b in itertools.pairwise(ts)]
 
 
 class _EngineCollector:
@@ -259,7 +250,7 @@ class MetricsExporter:
         self.success = {r: success.labels(*lv, r) for r in FINISH_REASONS}
         self.registry.register(_EngineCollector(self))
         self.num_observed = 0
-        thread.engine.metrics.listeners.append(self.on_finish)
+        thread.engine.metrics.subscribe(self.on_finish)
 
     def on_finish(self, req) -> None:
         """Called on the engine thread for every finished / aborted request."""
@@ -267,16 +258,20 @@ class MetricsExporter:
             self.num_observed += 1
             reason = req.finish_reason if req.finish_reason in self.success else "abort"
             self.success[reason].inc()
-            end = req.finish_time
-            self.e2e.observe(max(0.0, end - req.arrival_time))
+            # TTFT, TPOT, ITL, e2e: engine/observe/rates.py (req may be the engine core's record)
+            e2e = rates.e2e_latency(req.arrival_time, req.finish_time)
+            if e2e is not None:
+                self.e2e.observe(e2e)
             if req.first_scheduled_time is not None:
                 self.queue.observe(max(0.0, req.first_scheduled_time - req.arrival_time))
-            if req.first_token_time is not None:
-                self.ttft.observe(max(0.0, req.first_token_time - req.arrival_time))
-            for gap in itl_gaps(req.token_times):
+            ttft = rates.ttft(req.arrival_time, req.first_token_time)
+            if ttft is not None:
+                self.ttft.observe(ttft)
+            for gap in rates.itl(req.token_times):
                 self.itl.observe(gap)
-            if req.num_output_tokens > 1 and req.first_token_time is not None and req.token_times:
-                self.tpot.observe(max(0.0, req.token_times[-1] - req.first_token_time) / (req.num_output_tokens - 1))
+            tpot = rates.tpot(req.first_token_time, req.token_times, req.num_output_tokens)
+            if tpot is not None:
+                self.tpot.observe(tpot)
             if req.first_token_time is not None and req.first_scheduled_time is not None:
                 # vLLM v1: prefill = first token - scheduled, decode = last token - first token
                 self.prefill.observe(max(0.0, req.first_token_time - req.first_scheduled_time))
@@ -292,7 +287,4 @@ class MetricsExporter:
         return generate_latest(self.registry)
 
     def close(self) -> None:
-        try:
-            self.thread.engine.metrics.listeners.remove(self.on_finish)
-        except ValueError:
-            pass
+        self.thread.engine.metrics.unsubscribe(self.on_finish)

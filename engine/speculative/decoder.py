@@ -348,7 +348,7 @@ class SpecDecoder:
             acc = sum(a for _, a in st.window)
             passes = len(st.window)
             k_mean = drafted / passes
-            mal = 1 + acc / passes  # tokens per verify pass in the window
+            mal = rates.mean_acceptance_length(acc, passes)  # tokens per verify pass in the window
             c = self.costs.break_even(batch, k_mean)
             if c is None or mal >= c:
                 continue
@@ -361,7 +361,7 @@ class SpecDecoder:
                 None,
                 request_class=name,
                 speculating=False,
-                acceptance_rate=acc / drafted,
+                acceptance_rate=rates.acceptance_rate(acc, drafted),
                 mean_acceptance_length=mal,
                 cost_ratio=c,
                 break_even_alpha=a_star,
@@ -372,7 +372,7 @@ class SpecDecoder:
                 verify_pass_s=self.costs.cost(batch * (1 + k_mean)),
                 reason=(
                     f"class {name!r}: {mal:.2f} tokens per verify pass < measured cost ratio {c:.2f} "
-                    f"(draft + verify vs a plain pass); acceptance {acc / drafted:.2f}"
+                    f"(draft + verify vs a plain pass); acceptance {rates.acceptance_rate(acc, drafted):.2f}"
                     + (f" < break-even {a_star:.2f}" if a_star is not None else ", no α can break even")
                     + f"; plain decoding, probing again in {cfg.probe_interval} steps"
                 ),

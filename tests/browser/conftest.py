@@ -43,16 +43,6 @@ def streamlit_server():
 
 
 # ---------------------------------------------------------------------------------------------
-# app_server (session): the real app (app.py) in test mode, shared by all browser tests. State
-# set by one test (session state lives per browser session; the engine is per server) can be
-# seen by later ones: tests that need a pristine engine use fresh_app_server.
-# ---------------------------------------------------------------------------------------------
-@pytest.fixture(scope="session")
-def app_server(streamlit_server) -> StreamlitServer:
-    return streamlit_server(APP_SCRIPT)
-
-
-# ---------------------------------------------------------------------------------------------
 # fresh_server (function): factory start(script=APP_SCRIPT, env=None) -> StreamlitServer that
 # starts a NEW server each call and stops it when the test ends. For "first request on a freshly
 # started server" checks (direct page URLs: docs/DESIGN.md, "Pages and direct URLs") and restart-determinism.

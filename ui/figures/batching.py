@@ -57,9 +57,6 @@ class BatchGrid:
     def batch_size(self, step: int) -> int:
         return sum(1 for c in self.cells if c.step == step)
 
-    def tokens_in(self, step: int) -> int:
-        return sum(c.num_tokens for c in self.cells if c.step == step)
-
 
 def batch_grid(events: Sequence[Event], max_steps: int = MAX_STEPS, max_requests: int = MAX_REQUESTS) -> BatchGrid:
     """The step x request grid from a run's events (any order; other kinds are ignored)."""

@@ -8,10 +8,10 @@ ids and engine reasons come from the file).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable
 
+from engine.model.kv_layout import cdiv
 from engine.observe import rates
 from engine.observe.snapshot import Snapshot
 from engine.observe.trace_events import ADMIT, FINISH, PREEMPT, PREFIX_HIT, SCHEDULE, SPEC_FALLBACK, Event, Trace
@@ -55,7 +55,7 @@ def kv_demand_blocks(snap: Snapshot) -> int:
     """Blocks the requests still in the engine would need to hold their whole context right now
     (prompt + output so far), whether or not they currently hold them."""
     bs = max(1, snap.info.block_size)
-    return sum(math.ceil((r.prompt_len + r.output_len) / bs) for r in snap.requests if r.state in LIVE_STATES)
+    return sum(cdiv(r.prompt_len + r.output_len, bs) for r in snap.requests if r.state in LIVE_STATES)
 
 
 # ------------------------------------------------------------------ release-freeze chapters

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from engine.observe import rates
 from engine.observe.snapshot import HistoryPoint
 
 from . import theme
@@ -32,16 +33,14 @@ class PhaseStats:
 
 
 def phase_stats(req, now: float | None = None) -> PhaseStats:
-    ttft = None
-    if req.first_token_time is not None:
-        ttft = max(0.0, req.first_token_time - req.arrival_time)
+    ttft = rates.ttft(req.arrival_time, req.first_token_time)
     end = req.finish_time if req.finish_time is not None else now
     tps = None
     if req.first_token_time is not None and end is not None and req.output_len > 1:
         dt = end - req.first_token_time
         if dt > 0:
             tps = (req.output_len - 1) / dt
-    e2e = req.finish_time - req.arrival_time if req.finish_time is not None else None
+    e2e = rates.e2e_latency(req.arrival_time, req.finish_time)
     steps = {}
     for p in req.history:
         steps.setdefault(p.phase, set()).add(p.step)

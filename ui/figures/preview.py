@@ -8,6 +8,7 @@ panel are ui/widgets/prompt_preview.py.
 from __future__ import annotations
 
 from engine.core.preview import PromptPreview
+from engine.model.kv_layout import cdiv
 
 from .tokens import visible_text
 
@@ -49,7 +50,7 @@ def preview_html(pv: PromptPreview, previous: tuple[int, ...] | None = None) -> 
     texts = pv.token_texts or tuple(str(t) for t in pv.token_ids)
     parts = []
     shown = min(len(texts), MAX_PREVIEW_TOKENS)
-    for b in range(0, (shown + bs - 1) // bs):
+    for b in range(0, cdiv(shown, bs)):
         hit = b < pv.hit_blocks
         bg = HIT_BG if hit else BLOCK_BG[b % 2]
         border = f"2px solid {HIT_BORDER}" if hit else "1px solid #B8C4D0"

@@ -302,13 +302,14 @@ def measured_costs(spec_req, plain_req, verify_events) -> Costs:
     run's verify Events: decode time per token after the first, end-to-end time, and the mean
     draft and verify time per pass from the events' timings (seconds, or *_ms)."""
 
-    def per_token(r):
-        if r is None or r.first_token_time is None or r.finish_time is None or r.output_len < 2:
+    def per_token(r):  # TPOT (engine/observe/rates.py); traces recorded before last_token_time end at the finish
+        if r is None or r.finish_time is None:
             return None
-        return (r.finish_time - r.first_token_time) / (r.output_len - 1)
+        last = r.last_token_time if r.last_token_time is not None else r.finish_time
+        return rates.tpot(r.first_token_time, (last,), r.output_len)
 
     def e2e(r):
-        return None if r is None or r.finish_time is None else r.finish_time - r.arrival_time
+        return None if r is None else rates.e2e_latency(r.arrival_time, r.finish_time)
 
     d = [t for t in (_event_time(e, "draft_time_s", "draft_s", "draft_ms") for e in verify_events) if t is not None]
     v = [t for t in (_event_time(e, "verify_time_s", "verify_s", "verify_ms") for e in verify_events) if t is not None]

@@ -233,18 +233,6 @@ def block_legend_html() -> str:
     return '<div class="kvscope-legend" style="font-size:0.85rem;line-height:2">' + "".join(items) + "</div>"
 
 
-def request_legend_html(colors: RequestColors, limit: int = 12) -> str:
-    items = colors.items()
-    parts = [
-        f'<span style="margin-right:12px;white-space:nowrap">{_chip(c, "1px solid #555", "")}'
-        f"{html.escape(short_id(rid, 24))}</span>"
-        for rid, c in items[:limit]
-    ]
-    if len(items) > limit:
-        parts.append(f"<span>… and {len(items) - limit} more (hover a cell for its request)</span>")
-    return '<div class="kvscope-legend" style="font-size:0.85rem;line-height:2">' + "".join(parts) + "</div>"
-
-
 def base_layout(height: int, title: str | None = None, **kw) -> dict:
     """Common Plotly layout: fixed height, no animation, white background, readable fonts."""
     lay = dict(

@@ -21,7 +21,7 @@ import threading
 
 import streamlit as st
 
-from engine.config import KV_CACHE_DTYPES, SPEC_METHODS, EngineConfig, SpeculativeConfig
+from engine.config import KV_CACHE_DTYPES, SPEC_METHODS, WEIGHT_FORMATS, EngineConfig, SpeculativeConfig
 from engine.model.device import detect_devices
 from ui.widgets import mode, sidebar_limits
 
@@ -196,7 +196,7 @@ def spec_config(method: str, k: int, *, mismatched: bool = False, num_layers: in
     return SpeculativeConfig(method=method, num_speculative_tokens=k, **fb)
 
 
-WEIGHT_FORMAT_CHOICES = ("auto", "gguf", "fp32", "bf16", "fp16")
+WEIGHT_FORMAT_CHOICES = WEIGHT_FORMATS  # engine/config.py
 WEIGHT_FORMAT_LABELS = {
     "auto": "auto (GGUF blocks where the model has them)",
     "gguf": "GGUF blocks (Q4_1 / Q8_0)",

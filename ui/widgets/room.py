@@ -233,11 +233,6 @@ def submitter(th) -> Callable:
     return _submit
 
 
-def is_mine(request_id: str) -> bool:
-    sid = session_id()
-    return bool(sid) and room().owner(request_id) == sid
-
-
 def mine(snapshot) -> set[str]:
     """Ids of this session's requests among the snapshot's."""
     if snapshot is None:
