@@ -16,7 +16,7 @@ rule anyway (copy-on-write) so no shared block is ever written in place.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 from engine.core.prefix_hash import DEFAULT_ALGO, PrefixHasher, block_extra_keys, event_extra_keys
@@ -75,9 +75,10 @@ class BlockManager:
         self.prefix_hits = 0
         self.evicted_hashes = 0
         self._pending_events: list[tuple[str, str | None, dict]] = []
-        # called as listener("stored", hash, parent_hash, token_ids, extra_keys) when a hash enters the prefix
-        # cache index and listener("removed", hash, None, None) when it leaves (engine/observe/kv_events.py)
-        self.hash_listener = None
+        # vLLM's KV events, queued here while someone wants them (vLLM's BlockPool.kv_event_queue):
+        # ("stored", hash, parent_hash, token_ids, extra_keys) when a hash enters the prefix cache
+        # index, ("removed", hash, None, None, None) when it leaves; the engine drains them
+        self._kv_events: deque | None = None
 
     # ------------------------------------------------------------------ queries
     @property
@@ -190,6 +191,40 @@ class BlockManager:
         out, self._pending_events = self._pending_events, []
         return out
 
+    # ------------------------------------------------------------------ KV events
+    def enable_kv_events(self) -> list[tuple]:
+        """Start queueing KV events; returns every block cached now as a "stored" event (with its
+        parent, tokens and extra keys, as when it was stored)."""
+        self._kv_events = deque()
+        return [("stored", h, *self.hash_content[h]) for h in self.hash_to_block]
+
+    def disable_kv_events(self) -> None:
+        self._kv_events = None
+
+    def take_kv_events(self) -> list[tuple]:
+        """The KV events queued since the last call, oldest first (vLLM's take_events). Pops one
+        at a time: a deque's popleft is atomic, so another thread may be appending meanwhile."""
+        q, out = self._kv_events, []
+        while q:
+            out.append(q.popleft())
+        return out
+
+    def reset_prefix_cache(self) -> tuple[int, int]:
+        """Uncache every cached block no request holds (vLLM's reset_prefix_cache); returns
+        (dropped, kept in use)."""
+        dropped = kept = 0
+        for bid in list(self.hash_to_block.values()):
+            if self.blocks[bid].ref_cnt == 0:
+                self.uncache(bid)
+                dropped += 1
+            else:
+                kept += 1
+        return dropped, kept
+
+    def cached_hashes(self) -> list[bytes]:
+        """The hashes in the prefix-cache index now (read-only)."""
+        return list(self.hash_to_block)
+
     def blocks_needed(self, rid: str, total_tokens: int) -> int:
         if self.allocator == "contiguous":
             return 0 if rid in self.block_tables else self.slab_blocks
@@ -270,8 +305,8 @@ class BlockManager:
                 event_extra_keys(i, salt),  # as vLLM's events carry them: the salt on the first block
             )
             self.hash_content[h] = content
-            if self.hash_listener is not None:
-                self.hash_listener("stored", h, *content)
+            if self._kv_events is not None:
+                self._kv_events.append(("stored", h, *content))
 
     def uncache(self, bid: int) -> bytes | None:
         """Drop block bid's prefix-cache hash (its content is about to change or was discarded).
@@ -283,8 +318,8 @@ class BlockManager:
         if self.hash_to_block.get(h) == bid:
             del self.hash_to_block[h]
             self.hash_content.pop(h, None)
-            if self.hash_listener is not None:
-                self.hash_listener("removed", h, None, None)
+            if self._kv_events is not None:
+                self._kv_events.append(("removed", h, None, None, None))
         b.block_hash = None
         return h
 

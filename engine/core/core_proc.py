@@ -159,7 +159,7 @@ class _Core:
         eng = self.engine
         done = eng.abort_request(request_id)
         req = eng.get_request(request_id)
-        out = output_to_wire(eng._output(req)) if req is not None else None  # noqa: SLF001 - its own engine
+        out = output_to_wire(eng.request_output(req)) if req is not None else None
         self.publish(force=True)
         return done, out
 

@@ -8,6 +8,7 @@ metrics; engine/core/output_processor.py). Every memory decision becomes an Even
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 import uuid
 from collections import deque
@@ -151,7 +152,7 @@ class LLMEngine:
         self.scheduler = Scheduler(
             config,
             self.bm,
-            self._emit,
+            self.emit,
             self.runner.swap_out,
             self.runner.swap_in,
             clock=self.now,
@@ -159,6 +160,8 @@ class LLMEngine:
         )
         self.requests: dict[str, Request] = {}
         self.finished: deque[Request] = deque(maxlen=64)
+        self._kv_lock = threading.Lock()  # the block manager's KV events, stamped with their step
+        self._kv_stamped: list[tuple] = []
         self.metrics = MetricsTracker()
         self._ids = itertools.count()
         self.eos_ids = self._eos_ids()
@@ -170,7 +173,7 @@ class LLMEngine:
                 bm=self.bm,
                 runner=self.runner,
                 scheduler=self.scheduler,
-                emit=self._emit,
+                emit=self.emit,
                 model=self.model,
                 tokenizer=self.tokenizer,
                 device=self.device,
@@ -178,7 +181,7 @@ class LLMEngine:
                 is_live=self.requests.__contains__,
             )
         self.fault_injector = None  # tests: callable(step_items) that may raise
-        self._emit(
+        self.emit(
             ev.CONFIG,
             None,
             model=config.model,
@@ -205,7 +208,7 @@ class LLMEngine:
     def now(self) -> float:
         return time.perf_counter() - self.t0
 
-    def _emit(self, kind: str, request_id: str | None = None, **data):
+    def emit(self, kind: str, request_id: str | None = None, **data):
         return self.events.emit(self.step_num, self.now(), kind, request_id, **data)
 
     def _eos_ids(self) -> set[int]:
@@ -248,7 +251,7 @@ class LLMEngine:
             ids, text = prompt_ids(self.tokenizer, self.vocab_size, prompt)
             tier = self.admission_check(ids, params)
         except ValueError as e:
-            self._emit(ev.REJECT, request_id, reason=str(e))
+            self.emit(ev.REJECT, request_id, reason=str(e))
             self.metrics.num_rejected += 1
             raise
         req = Request(
@@ -267,7 +270,7 @@ class LLMEngine:
             try:
                 req.matcher = self.grammars.matcher(params.response_format)
             except ValueError as e:
-                self._emit(ev.REJECT, request_id, reason=str(e))
+                self.emit(ev.REJECT, request_id, reason=str(e))
                 self.metrics.num_rejected += 1
                 raise
         req.wait_reason, req.wait_reason_text = WaitReason.QUEUED, "queued"
@@ -294,23 +297,21 @@ class LLMEngine:
         s = self.scheduler
         return len(s.waiting) + len(s.running) + len(s.swapped)
 
-    def _finish(self, req: Request, status: Status, reason: str, error: str | None = None) -> None:
+    def finish_request(self, req: Request, status: Status, reason: str, error: str | None = None) -> None:
         freed = self.scheduler.remove(req)
         req.status = status
         req.finish_reason = reason
         req.error = error
         req.finish_time = self.now()
-        req.spec_token_ids = []
         if self.spec is not None:
             self.spec.release(req)  # its draft model's K/V blocks ("<rid>#draft")
-        req.num_computed_tokens = 0  # its blocks are released (cached-free or free)
         req.add_history(self.step_num, req.finish_time, 0, self.bytes_per_token, "finished")
         if freed:
-            self._emit(ev.BLOCK_FREE, req.request_id, blocks=list(freed), reason=reason)
+            self.emit(ev.BLOCK_FREE, req.request_id, blocks=list(freed), reason=reason)
         kind = {Status.FINISHED: ev.FINISH, Status.ABORTED: ev.ABORT}.get(status, ev.FINISH)
         if error:
             kind = ev.ERROR
-        self._emit(
+        self.emit(
             kind, req.request_id, finish_reason=reason, output_tokens=req.num_output_tokens, reason=error or reason
         )
         self.requests.pop(req.request_id, None)
@@ -325,7 +326,7 @@ class LLMEngine:
             req = self.requests.get(rid) if isinstance(rid, str) else None
             if req is None or req.is_finished:
                 continue
-            self._finish(req, Status.ABORTED, "abort")
+            self.finish_request(req, Status.ABORTED, "abort")
             done = True
         return done
 
@@ -342,7 +343,7 @@ class LLMEngine:
         self.bm.drop_hashes(request_id)  # so the recompute really recomputes
         self.scheduler.preempt(req, "manual eviction", mode="recompute")
         self.metrics.num_evictions += 1
-        self._emit(
+        self.emit(
             ev.EVICT,
             request_id,
             blocks_freed=len(table),
@@ -356,7 +357,7 @@ class LLMEngine:
         """Change the KV budget live (within the allocated pool)."""
         old = self.bm.num_blocks
         self.bm.set_num_blocks(n)
-        self._emit(ev.CONFIG, None, num_blocks=n, previous=old, reason=f"KV budget changed from {old} to {n} blocks")
+        self.emit(ev.CONFIG, None, num_blocks=n, previous=old, reason=f"KV budget changed from {old} to {n} blocks")
 
     def _own_threads(self) -> None:
         """torch's thread count set to this engine's (CPU): the count is one per process (and per
@@ -366,12 +367,14 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ step
     def step(self) -> list[RequestOutput]:
-        self.step_num += 1
+        with self._kv_lock:  # KV events from before this step keep the step number they happened in
+            self._stamp_kv_events()
+            self.step_num += 1
         t_step = time.perf_counter()
         sched = self._schedule()
         if not sched.items:
             self.bm.apply_target()
-            self._finish_step(t_step)
+            self.end_step(t_step)
             return []
         self._own_threads()
         out = self._execute(sched)
@@ -382,11 +385,10 @@ class LLMEngine:
         if self.spec is not None:
             decoding = [r for r in self.scheduler.running if r.in_decode]
             try:
-                self.spec.propose(decoding)
+                self.scheduler.set_drafts(decoding, self.spec.propose(decoding))
             except Exception as e:  # a failed draft costs speed, never the requests
-                for r in decoding:
-                    r.spec_token_ids = []
-                self._emit(
+                self.scheduler.set_drafts(decoding, {})
+                self.emit(
                     ev.ERROR,
                     None,
                     reason=f"drafting failed, decoding plainly this step: {type(e).__name__}: {str(e)[:200]}",
@@ -419,21 +421,45 @@ class LLMEngine:
             t_fwd = time.perf_counter()
             logits = self.runner.forward(rows)
             fwd_s = time.perf_counter() - t_fwd
-            self._emit(ev.SCHEDULE, None, rows=_schedule_rows(sched.items, rows), forward_s=fwd_s)
+            self.emit(ev.SCHEDULE, None, rows=_schedule_rows(sched.items, rows), forward_s=fwd_s)
             return ModelOutput(rows, logits, fwd_s)
         except Exception as e:  # fail only the requests in this step
             return ModelOutput(rows, error=f"step {self.step_num} failed: {type(e).__name__}: {str(e)[:300]}")
 
-    def _finish_step(self, t_step: float) -> None:
+    def end_step(self, t_step: float) -> None:
         self._flush_bm_events()
         self.last_step_s = time.perf_counter() - t_step
 
     def _flush_bm_events(self) -> None:
         for kind, rid, data in self.bm.drain_events():
-            self._emit(kind, rid, **data)
+            self.emit(kind, rid, **data)
+
+    # ------------------------------------------------------------------ KV events
+    def enable_kv_events(self) -> list[tuple]:
+        """Start queueing vLLM's KV events (engine/observe/kv_events.py publishes them); returns
+        every block cached now as a "stored" event. Each event: (step, kind, hash, parent hash,
+        token ids, extra keys)."""
+        with self._kv_lock:
+            self._kv_stamped = []
+            return [(self.step_num, *e) for e in self.bm.enable_kv_events()]
+
+    def disable_kv_events(self) -> None:
+        with self._kv_lock:
+            self.bm.disable_kv_events()
+            self._kv_stamped = []
+
+    def take_kv_events(self) -> list[tuple]:
+        """The KV events since the last call (any thread may call it, during a step too)."""
+        with self._kv_lock:
+            self._stamp_kv_events()
+            out, self._kv_stamped = self._kv_stamped, []
+        return out
+
+    def _stamp_kv_events(self) -> None:  # with _kv_lock held
+        self._kv_stamped.extend((self.step_num, *e) for e in self.bm.take_kv_events())
 
     # ------------------------------------------------------------------ outputs
-    def _output(self, req: Request) -> RequestOutput:
+    def request_output(self, req: Request) -> RequestOutput:
         return output_processor.request_output(self, req)
 
     def get_request(self, request_id: str) -> Request | None:

@@ -1,12 +1,15 @@
 """What one step's model output does to its requests (vLLM's update_from_output): sample or verify
 each row's logits, commit or roll back its K/V, append the tokens, detokenize, check the stop
-conditions, register full blocks for prefix reuse, and emit the events. Functions of the engine
-(`eng`, an LLMEngine) and the step's SchedulerOutput / ModelOutput; the engine's step calls
+conditions, register full blocks for prefix reuse, and emit the events. Token bookkeeping
+(num_computed_tokens, spec_token_ids) goes through the Scheduler's update methods. Functions of `eng`, what
+the step needs of the engine (`StepEngine`, which LLMEngine satisfies: public attributes and
+methods only), and the step's SchedulerOutput / ModelOutput; the engine's step calls
 `update_from_output` once per step."""
 
 from __future__ import annotations
 
 import time
+from typing import Any, Protocol
 
 import torch
 
@@ -22,7 +25,33 @@ from engine.observe.snapshot import PLAIN
 from engine.speculative.verify import Verdict
 
 
-def update_from_output(eng, sched, out, t_step: float) -> list[RequestOutput]:
+class StepEngine(Protocol):
+    """What the output processor reads and calls on the engine (LLMEngine is one)."""
+
+    config: Any  # EngineConfig
+    bm: Any  # BlockManager
+    scheduler: Any  # Scheduler: owns num_computed_tokens and spec_token_ids (commit_computed)
+    runner: Any  # ModelRunner (clears rolled-back slots)
+    spec: Any  # SpecDecoder or None
+    metrics: Any  # MetricsTracker
+    tokenizer: Any
+    eos_ids: set[int]
+    step_num: int
+    bytes_per_token: int
+    incremental_detok: bool
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
+
+    def now(self) -> float: ...
+
+    def emit(self, kind: str, request_id: str | None = None, **data) -> Any: ...
+
+    def finish_request(self, req: Request, status: Status, reason: str, error: str | None = None) -> None: ...
+
+    def end_step(self, t_step: float) -> None: ...
+
+
+def update_from_output(eng: StepEngine, sched, out, t_step: float) -> list[RequestOutput]:
     """Sample (or verify drafts), commit K/V, append tokens, check stops, emit events."""
     if out.error is not None:
         return _fail_step(eng, sched, out.error, t_step)
@@ -47,7 +76,7 @@ def update_from_output(eng, sched, out, t_step: float) -> list[RequestOutput]:
         try:
             new_ids, marks = _next_tokens(eng, it, lg, greedy_ids[off - 1] if greedy_ids is not None else None)
         except Exception as e:  # e.g. non-finite logits: fail this request only, keep the loop alive
-            eng._finish(
+            eng.finish_request(
                 req,
                 Status.ABORTED,
                 "error",
@@ -62,31 +91,30 @@ def update_from_output(eng, sched, out, t_step: float) -> list[RequestOutput]:
         outputs.append(output)
     eng.metrics.on_step(new_tokens_total, time.perf_counter() - t_step)
     eng.bm.apply_target()
-    eng._finish_step(t_step)
+    eng.end_step(t_step)
     return outputs
 
 
-def _fail_step(eng, sched, error: str, t_step: float) -> list[RequestOutput]:
+def _fail_step(eng: StepEngine, sched, error: str, t_step: float) -> list[RequestOutput]:
     """The forward pass failed: every request in it ends with the error."""
     outputs = []
     for it in sched.items:
         if not it.req.is_finished:
-            eng._finish(it.req, Status.ABORTED, "error", error=error)
+            eng.finish_request(it.req, Status.ABORTED, "error", error=error)
             outputs.append(request_output(eng, it.req))
     eng.metrics.num_errors += 1
-    eng._finish_step(t_step)
+    eng.end_step(t_step)
     return outputs
 
 
-def _prefill_chunk(eng, req: Request, row, now: float) -> None:
-    req.num_computed_tokens = row.start + len(row.tokens)
-    eng.bm.commit(req.request_id, req.num_computed_tokens)
+def _prefill_chunk(eng: StepEngine, req: Request, row, now: float) -> None:
+    eng.scheduler.commit_computed(req, row.start + len(row.tokens))
     num_blocks = len(eng.bm.table(req.request_id))
-    eng._emit(ev.PREFILL, req.request_id, start=row.start, tokens=len(row.tokens), num_blocks=num_blocks, chunk=True)
+    eng.emit(ev.PREFILL, req.request_id, start=row.start, tokens=len(row.tokens), num_blocks=num_blocks, chunk=True)
     req.add_history(eng.step_num, now, num_blocks, eng.bytes_per_token, "prefill")
 
 
-def _next_tokens(eng, it, lg: torch.Tensor, greedy_id: int | None) -> tuple[list[int], list]:
+def _next_tokens(eng: StepEngine, it, lg: torch.Tensor, greedy_id: int | None) -> tuple[list[int], list]:
     """The tokens this row emits and their verdicts: the verified drafts (plus the bonus or the
     correction), or one sampled token after min_tokens, logits processors and the grammar mask."""
     req = it.req
@@ -115,25 +143,24 @@ def _next_tokens(eng, it, lg: torch.Tensor, greedy_id: int | None) -> tuple[list
     return new_ids, marks
 
 
-def _commit_kv(eng, it, row, new_ids: list[int]) -> None:
+def _commit_kv(eng: StepEngine, it, row, new_ids: list[int]) -> None:
     """K/V stay valid through the last fed token that was not rejected; the slots of rejected
     drafts are cleared and their whole blocks handed back."""
     req = it.req
     base_len = row.start + len(row.tokens) - it.num_spec_tokens  # tokens fed excluding drafts
-    req.num_computed_tokens = base_len + len(new_ids) - 1
+    n_computed = base_len + len(new_ids) - 1
     fed_end = row.start + len(row.tokens)
-    if fed_end > req.num_computed_tokens:
+    if fed_end > n_computed:
         bs = eng.bm.block_size
         table = eng.bm.table(req.request_id)
         # positions past the table have no block, so nothing to clear
-        eng.runner.clear_slots(token_slots(table, bs, req.num_computed_tokens, min(fed_end, len(table) * bs)))
-    released = eng.bm.commit(req.request_id, req.num_computed_tokens)
+        eng.runner.clear_slots(token_slots(table, bs, n_computed, min(fed_end, len(table) * bs)))
+    released = eng.scheduler.commit_computed(req, n_computed)  # the scheduler owns the counts
     if released:
-        eng._emit(ev.BLOCK_FREE, req.request_id, blocks=released, reason="rolled back rejected speculative tokens")
-    req.spec_token_ids = []
+        eng.emit(ev.BLOCK_FREE, req.request_id, blocks=released, reason="rolled back rejected speculative tokens")
 
 
-def _apply_tokens(eng, it, row, new_ids: list[int], marks: list, now: float) -> tuple[RequestOutput, int]:
+def _apply_tokens(eng: StepEngine, it, row, new_ids: list[int], marks: list, now: float) -> tuple[RequestOutput, int]:
     """Commits the row's K/V and appends its tokens; the request's output and how many of the
     tokens were appended (those after a stop are not)."""
     req = it.req
@@ -141,7 +168,7 @@ def _apply_tokens(eng, it, row, new_ids: list[int], marks: list, now: float) -> 
     _commit_kv(eng, it, row, new_ids)
     if phase == "prefill":
         num_blocks = len(eng.bm.table(req.request_id))
-        eng._emit(
+        eng.emit(
             ev.PREFILL, req.request_id, start=row.start, tokens=len(row.tokens), num_blocks=num_blocks, chunk=False
         )
     n_before = req.num_output_tokens
@@ -155,22 +182,21 @@ def _apply_tokens(eng, it, row, new_ids: list[int], marks: list, now: float) -> 
         finished_reason = check_stop_strings(req)
     if not eng.config.kv_cache and finished_reason is None:
         # no-cache baseline: throw the K/V away; the next step recomputes the whole prefix
-        freed = eng.bm.free(req.request_id)
-        req.num_computed_tokens = 0
+        freed = eng.scheduler.drop_computed(req)
         if freed:
-            eng._emit(ev.BLOCK_FREE, req.request_id, blocks=freed, reason="kv_cache=False: recompute every step")
+            eng.emit(ev.BLOCK_FREE, req.request_id, blocks=freed, reason="kv_cache=False: recompute every step")
     else:
         eng.bm.cache_full_blocks(req.request_id, req.all_token_ids, req.params.cache_salt)
     if phase == "decode":
-        eng._emit(ev.DECODE, req.request_id, token=new_ids[-1], position=req.num_tokens - 1)
+        eng.emit(ev.DECODE, req.request_id, token=new_ids[-1], position=req.num_tokens - 1)
     history_phase = "decode" if phase == "verify" else phase  # the cache-growth chart's two phases
     req.add_history(eng.step_num, now, len(eng.bm.table(req.request_id)), eng.bytes_per_token, history_phase)
     if finished_reason:
-        eng._finish(req, Status.FINISHED, finished_reason)
+        eng.finish_request(req, Status.FINISHED, finished_reason)
     return request_output(eng, req), n_appended
 
 
-def _append_tokens(eng, req: Request, new_ids: list[int], marks: list, now: float) -> str | None:
+def _append_tokens(eng: StepEngine, req: Request, new_ids: list[int], marks: list, now: float) -> str | None:
     """Appends the tokens with their verdicts until one ends the request; its finish reason."""
     for j, tok in enumerate(new_ids):
         req.output_token_ids.append(tok)
@@ -199,7 +225,7 @@ def _append_tokens(eng, req: Request, new_ids: list[int], marks: list, now: floa
     return None
 
 
-def min_tokens_mask(eng, req: Request) -> list[int]:
+def min_tokens_mask(eng: StepEngine, req: Request) -> list[int]:
     ids = set() if req.params.ignore_eos else set(eng.eos_ids)
     ids.update(req.params.stop_token_ids or ())
     return sorted(ids)
@@ -216,7 +242,7 @@ def record_logprobs(req: Request, rows: torch.Tensor, new_ids: list[int]) -> Non
         req.logprobs.append((float(lp[j, tok]), alts))
 
 
-def check_stop(eng, req: Request, tok: int) -> str | None:
+def check_stop(eng: StepEngine, req: Request, tok: int) -> str | None:
     p = req.params
     if req.num_output_tokens < p.min_tokens:  # vLLM: no stop condition but length before min_tokens
         return None
@@ -241,7 +267,7 @@ def check_stop_strings(req: Request) -> str | None:
     return "stop"
 
 
-def request_output(eng, req: Request) -> RequestOutput:
+def request_output(eng: StepEngine, req: Request) -> RequestOutput:
     m = eng.metrics.request_metrics(req)
     return RequestOutput(
         req.request_id,

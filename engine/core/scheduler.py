@@ -46,6 +46,9 @@ class SchedulerOutput:
 
 
 class Scheduler:
+    """Owns each request's token bookkeeping (vLLM's scheduler does): num_computed_tokens and
+    spec_token_ids are written here only (set_drafts, commit_computed, preempt, remove)."""
+
     def __init__(
         self,
         config: EngineConfig,
@@ -86,7 +89,27 @@ class Scheduler:
             self.swapped.remove(req)
         self.bm.drop_swapped(req.request_id)
         freed = self.bm.free(req.request_id)
+        req.spec_token_ids = []
+        req.num_computed_tokens = 0  # its blocks are released (cached-free or free)
         return freed
+
+    # ------------------------------------------------------------------ update from the step's output
+    def set_drafts(self, reqs: list[Request], drafts: dict[str, list[int]]) -> None:
+        """The drafter's proposals for the next step (absent = none): scheduled as verify rows."""
+        for r in reqs:
+            r.spec_token_ids = list(drafts.get(r.request_id) or [])
+
+    def commit_computed(self, req: Request, num_computed: int) -> list[int]:
+        """The step computed (and kept) K/V through num_computed tokens: the request's count, its
+        drafts used up, and the block manager's commit (blocks past it handed back, returned)."""
+        req.num_computed_tokens = num_computed
+        req.spec_token_ids = []
+        return self.bm.commit(req.request_id, num_computed)
+
+    def drop_computed(self, req: Request) -> list[int]:
+        """kv_cache=False: the K/V are thrown away after each step (the next recomputes all)."""
+        req.num_computed_tokens = 0
+        return self.bm.free(req.request_id)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)

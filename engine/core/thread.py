@@ -286,7 +286,7 @@ class EngineThread:
             if h is not None:
                 req = self.engine.get_request(request_id)
                 if req is not None:
-                    h._push(self.engine._output(req))
+                    h._push(self.engine.request_output(req))
                 h._finish()
             self._publish(force=True)
             return done

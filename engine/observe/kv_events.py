@@ -58,8 +58,9 @@ class KVEventPublisher:
         ...
         pub.close()
 
-    attach() installs a listener on the block manager's hash index; the publisher's own thread
-    sends what accumulated every `flush_interval` seconds, one KVEventBatch per engine step
+    attach() asks the engine to queue its KV events (the block manager queues them, as vLLM's block
+    pool does; LLMEngine.take_kv_events drains them stamped with their step); the publisher's own
+    thread takes and sends what accumulated every `flush_interval` seconds, one KVEventBatch per engine step
     (so batches and seq numbers follow the steps). Given an EngineThread it follows
     `reconfigure()` (a new engine): it publishes AllBlocksCleared and listens to the new one.
     `flush()` sends everything pending now (tests, shutdown).
@@ -111,7 +112,7 @@ class KVEventPublisher:
             self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._pending: list[tuple[int, str, bytes, bytes | None, list | None, tuple | None]] = []
-        self._lock = threading.Lock()  # guards _pending (engine thread appends)
+        self._lock = threading.Lock()  # guards _pending (flush() may run on a caller's thread)
         self._sock_lock = threading.Lock()  # sockets are used by one thread at a time
         self._seq = 0
         self._engine = None
@@ -136,29 +137,26 @@ class KVEventPublisher:
 
     def _listen(self, engine) -> None:
         old = self._engine
-        if old is not None and getattr(old.bm, "hash_listener", None) is not None:
-            old.bm.hash_listener = None
-        bm = engine.bm
-        self.block_size = bm.block_size
-        if old is not None or bm.hash_to_block:
+        if old is not None:
+            self._take(old)  # what the old engine queued before it was replaced
+            old.disable_kv_events()
+        self.block_size = engine.bm.block_size
+        cached = engine.enable_kv_events()
+        if old is not None or cached:
             # a new engine, or one that cached blocks before we listened: subscribers start over
             # then every block cached now, with its parent, tokens and extra keys (as when it was
             # stored: a consumer that checks batches strictly gets whole BlockStored events)
-            self._append(engine, "cleared", b"", None, None)
-            for h in list(bm.hash_to_block):
-                parent, tokens, extra = bm.hash_content[h]
-                self._append(engine, "stored", h, parent, tokens, extra)
+            with self._lock:
+                self._append([(engine.step_num, "cleared", b"", None, None, None), *cached])
         self._engine = engine
 
-        def listener(kind, h, parent, tokens, extra=None, _engine=engine):
-            self._append(_engine, kind, h, parent, tokens, extra)
+    def _take(self, engine) -> None:
+        with self._lock:  # taken and queued in one go: two takers keep the engine's order
+            self._append(engine.take_kv_events())
 
-        bm.hash_listener = listener
-
-    def _append(self, engine, kind, h, parent, tokens, extra=None) -> None:
-        with self._lock:
-            toks = list(tokens) if tokens is not None else None
-            self._pending.append((engine.step_num, kind, h, parent, toks, extra))
+    def _append(self, events) -> None:  # with _lock held
+        for step, kind, h, parent, tokens, extra in events:
+            self._pending.append((step, kind, h, parent, list(tokens) if tokens is not None else None, extra))
 
     # -- batches
     def _batches(self, pending) -> list[KVEventBatch]:
@@ -202,6 +200,8 @@ class KVEventPublisher:
 
     def flush(self) -> int:
         """Send every pending change now; returns the number of batches sent."""
+        if self._engine is not None:
+            self._take(self._engine)
         with self._lock:
             pending, self._pending = self._pending, []
         if not pending:
@@ -261,8 +261,8 @@ class KVEventPublisher:
             return
         self._running = False
         self._thread.join(timeout=5)
-        if self._engine is not None and getattr(self._engine.bm, "hash_listener", None) is not None:
-            self._engine.bm.hash_listener = None
+        if self._engine is not None:
+            self._engine.disable_kv_events()
         self.flush()
         with self._sock_lock:
             self._pub.close(linger=0)

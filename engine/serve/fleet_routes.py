@@ -23,20 +23,12 @@ INSTANCE_HEADER = "x-kvscope-instance"
 
 def cached_block_hashes(engine) -> list[str]:
     """The engine's cached block hashes as the KV events publish them, 16 hex digits each, sorted."""
-    return sorted(f"{published_hash(h):016x}" for h in engine.bm.hash_to_block)
+    return sorted(f"{published_hash(h):016x}" for h in engine.bm.cached_hashes())
 
 
 def reset_prefix_cache(engine) -> tuple[int, int]:
     """Uncache every cached block whose ref count is 0; returns (dropped, kept in use)."""
-    bm = engine.bm
-    dropped = kept = 0
-    for h, bid in list(bm.hash_to_block.items()):
-        if bm.ref_count(bid) == 0:
-            bm.uncache(bid)
-            dropped += 1
-        else:
-            kept += 1
-    return dropped, kept
+    return engine.bm.reset_prefix_cache()
 
 
 @router.get("/v1/kvscope/cached_blocks")

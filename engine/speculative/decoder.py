@@ -1,6 +1,7 @@
 """SpecDecoder: speculative decoding's hooks, called by LLMEngine.step:
 
-  propose(reqs)                 -> sets req.spec_token_ids for requests in decode (or [])
+  propose(reqs)                 -> {request id: draft token ids} for requests in decode (the
+                                   scheduler records them: Scheduler.set_drafts)
   record_forward(items, secs)   -> after the target pass: costs, pass counts
   verify(req, drafts, logits)   -> (emitted tokens, marks); logits fp32 [len(drafts)+1, V]
   release(req)                  -> a request finished: drop its draft state and draft KV
@@ -184,7 +185,9 @@ class SpecDecoder:
         if self.drafter is not None:
             self.drafter.drop(rid, "request finished: its draft KV is freed")
 
-    def propose(self, reqs: list) -> None:
+    def propose(self, reqs: list) -> dict[str, list[int]]:
+        """Drafts for the requests in decode, by request id (absent or [] = a plain step). Reads
+        the requests; writes nothing into them."""
         t0 = time.perf_counter()
         running = {r.request_id for r in self.ctx.scheduler.running}
         if self.drafter is not None:
@@ -199,8 +202,8 @@ class SpecDecoder:
         self._monitor(reqs)
         eligible, ks = [], {}
         max_len = self.ctx.engine_config.max_model_len
+        drafts: dict[str, list[int]] = {}
         for req in reqs:
-            req.spec_token_ids = []
             if (
                 not req.params.speculative
                 or req.params.logprobs is not None
@@ -225,26 +228,26 @@ class SpecDecoder:
                 eligible.append(req)
                 ks[req.request_id] = k
         if not eligible:
-            return
+            return drafts
         if self.drafter is None:
             cfg = self.config
             for req in eligible:
                 d = ngram_propose(req.all_token_ids, ks[req.request_id], cfg.prompt_lookup_min, cfg.prompt_lookup_max)
-                req.spec_token_ids = d
+                drafts[req.request_id] = d
                 self._q[req.request_id] = None
         else:
-            by_id = {r.request_id: r for r in eligible}
             for rid, (d, q) in self.drafter.propose(eligible, ks).items():
-                by_id[rid].spec_token_ids = d
+                drafts[rid] = d
                 self._q[rid] = q
         secs = time.perf_counter() - t0
         self.draft_time_s += secs
-        drafted = [r for r in eligible if r.spec_token_ids]
+        drafted = [r for r in eligible if drafts.get(r.request_id)]
         if drafted:
             per = secs / len(drafted)
             self.costs.add_draft(per)
             for r in drafted:
                 self._draft_s[r.request_id] = per
+        return drafts
 
     def record_forward(self, items, forward_seconds: float) -> None:
         self._last_fwd_s = forward_seconds

@@ -37,31 +37,23 @@ def test_cached_blocks_lists_the_block_managers_hashes(srv):
         c.post("/v1/completions", json={"model": "tiny", "prompt": "one two three " * 10, "max_tokens": 1})
         d = c.get("/v1/kvscope/cached_blocks").json()
     with srv.thread.lock:
-        want = sorted(f"{published_hash(h):016x}" for h in srv.thread.engine.bm.hash_to_block)
+        want = sorted(f"{published_hash(h):016x}" for h in srv.thread.engine.bm.cached_hashes())
     assert d["hashes"] == want and d["count"] == len(want) > 0
     assert d["block_size"] == TINY_SERVE["block_size"] and d["num_blocks"] == TINY_SERVE["num_kv_blocks"]
 
 
 def test_reset_prefix_cache_drops_unused_blocks_and_publishes_removals(srv):
-    removed: list = []
     eng = srv.thread.engine
     with srv.thread.lock:
-        old = eng.bm.hash_listener
-        before = {published_hash(h) for h in eng.bm.hash_to_block}
-
-        def listen(kind, h, parent, tokens, extra=None):
-            removed.append((kind, published_hash(h)))
-            if old is not None:
-                old(kind, h, parent, tokens, extra)
-
-        eng.bm.hash_listener = listen
+        before = {published_hash(h) for h in eng.bm.cached_hashes()}
+        eng.enable_kv_events()  # the engine queues its KV events; this test drains them
     try:
         with srv.http() as c:
             d = c.post("/reset_prefix_cache").json()
             after = c.get("/v1/kvscope/cached_blocks").json()
+        removed = [(kind, published_hash(h)) for _, kind, h, *_ in eng.take_kv_events()]
     finally:
-        with srv.thread.lock:
-            eng.bm.hash_listener = old
+        eng.disable_kv_events()
     assert d["reset"] is True and d["dropped_blocks"] == len(before) > 0 and d["kept_in_use"] == 0
     assert after["hashes"] == []
     assert {h for k, h in removed if k == "removed"} == before
