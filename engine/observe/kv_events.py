@@ -138,7 +138,7 @@ class KVEventPublisher:
     def _listen(self, engine) -> None:
         old = self._engine
         if old is not None:
-            self._take(old)  # what the old engine queued before it was replaced
+            self.collect(old)  # what the old engine queued before it was replaced
             old.disable_kv_events()
         self.block_size = engine.bm.block_size
         cached = engine.enable_kv_events()
@@ -150,7 +150,12 @@ class KVEventPublisher:
                 self._append([(engine.step_num, "cleared", b"", None, None, None), *cached])
         self._engine = engine
 
-    def _take(self, engine) -> None:
+    def collect(self, engine=None) -> None:
+        """Take what the engine (default: the attached one) queued into the pending batches; the
+        publisher's thread does it before every flush."""
+        engine = engine if engine is not None else self._engine
+        if engine is None:
+            return
         with self._lock:  # taken and queued in one go: two takers keep the engine's order
             self._append(engine.take_kv_events())
 
@@ -201,7 +206,7 @@ class KVEventPublisher:
     def flush(self) -> int:
         """Send every pending change now; returns the number of batches sent."""
         if self._engine is not None:
-            self._take(self._engine)
+            self.collect(self._engine)
         with self._lock:
             pending, self._pending = self._pending, []
         if not pending:
