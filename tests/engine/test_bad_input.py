@@ -1029,15 +1029,27 @@ def ctx():
     torch.set_num_threads(n)
 
 
-@pytest.mark.parametrize("case", CASES, ids=[f"{c.entry}: {c.bad}"[:80] for c in CASES])
-def test_bad_input(case, ctx):
-    err = run_case(case, ctx)
+def run_catalog(ctx: Ctx) -> list:
+    """Every case once, in catalog order, on ctx: the error each raised (None if accepted)."""
+    return [run_case(case, ctx) for case in CASES]
+
+
+@pytest.fixture(scope="module")
+def catalog(ctx) -> list:
+    """The catalog run once on the module's fresh Ctx (the generator's starting state): the case
+    tests and the document check read the same results."""
+    return run_catalog(ctx)
+
+
+@pytest.mark.parametrize("i", range(len(CASES)), ids=[f"{c.entry}: {c.bad}"[:80] for c in CASES])
+def test_bad_input(i, catalog):
+    case, err = CASES[i], catalog[i]
     assert err is not None, f"{case.entry} accepted {case.bad}"
     assert isinstance(err, case.error), f"{type(err).__name__}: {err}"
     assert re.search(case.match, str(err)), str(err)
 
 
-def test_everyone_keeps_being_served_after_the_catalog(ctx):
+def test_everyone_keeps_being_served_after_the_catalog(ctx, catalog):
     """Runs after the catalog (same module, in order): the bystander in flight during every bad
     input finishes exactly as in a clean run; the LLM and EngineThread serve new requests."""
     ref = LLMEngine(EngineConfig(**TINY))
@@ -1097,10 +1109,9 @@ def _cell(s: str) -> str:
     return s.replace("|", "\\|").replace("<", "&lt;")
 
 
-def catalog_rows(ctx: Ctx) -> list[tuple[str, str, str, bool]]:
+def catalog_rows(errors: list) -> list[tuple[str, str, str, bool]]:
     rows = []
-    for case in CASES:
-        err = run_case(case, ctx)
+    for case, err in zip(CASES, errors):
         if err is None:
             msg = "(accepted)"
         elif isinstance(err, CliExit):
@@ -1151,17 +1162,10 @@ def render_doc(rows) -> str:
     return DOC_HEAD + body
 
 
-def test_catalog_doc_is_current():
+def test_catalog_doc_is_current(catalog):
     assert DOC.exists(), "run: .venv/bin/python -m tests.engine.test_bad_input"
     have = [ln for ln in DOC.read_text().splitlines() if ln.startswith("| ") and not ln.startswith("| Entry")]
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    fresh = Ctx()  # the same starting state as the generator's
-    try:
-        want = render_doc(catalog_rows(fresh)).splitlines()
-    finally:
-        fresh.close()
-        torch.set_num_threads(n)
+    want = render_doc(catalog_rows(catalog)).splitlines()
     want = [ln for ln in want if ln.startswith("| ") and not ln.startswith("| Entry")]
     assert len(have) == len(want)
     for h, w in zip(have, want):
@@ -1176,7 +1180,7 @@ if __name__ == "__main__":
     c = Ctx()
     try:
         DOC.parent.mkdir(exist_ok=True)
-        DOC.write_text(render_doc(catalog_rows(c)))
+        DOC.write_text(render_doc(catalog_rows(run_catalog(c))))
     finally:
         c.close()
     print(f"wrote {DOC} ({len(CASES)} cases)")

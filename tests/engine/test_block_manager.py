@@ -162,12 +162,9 @@ def test_block_manager_random_ops_keep_invariants(seq, block_size, num_blocks):
 
 @pytest.fixture(scope="module")
 def tiny_engine_factory():
-    from engine import EngineConfig, LLMEngine
+    from tests.engine.engines import tiny_engine
 
-    def make(**kw):
-        return LLMEngine(EngineConfig(model="tiny", **kw))
-
-    return make
+    return tiny_engine
 
 
 engine_ops = st.lists(

@@ -7,22 +7,19 @@ from __future__ import annotations
 
 import pytest
 
-from engine.config import EngineConfig, SamplingParams
+from engine.config import SamplingParams
 from engine.core import pool_sizing
 from engine.core.engine import LLMEngine
 from engine.core.sequence import Status, WaitReason
 from engine.model.kv_layout import kv_bytes_per_token
 from engine.observe.trace_events import EventKind
+from tests.engine.engines import tiny_engine
 
 PROMPT = [5, 6, 7, 8, 9]
 
 
 def tiny(**kw) -> LLMEngine:
-    kw.setdefault("num_threads", 1)
-    kw.setdefault("block_size", 4)
-    kw.setdefault("num_kv_blocks", 32)
-    kw.setdefault("max_model_len", 128)
-    return LLMEngine(EngineConfig(model="tiny", **kw))
+    return tiny_engine(**{**dict(block_size=4, num_kv_blocks=32, max_model_len=128), **kw})
 
 
 def greedy(n: int, **kw) -> SamplingParams:

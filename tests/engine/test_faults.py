@@ -17,8 +17,9 @@ import time
 import pytest
 import torch
 
-from engine import EngineConfig, LLMEngine, SamplingParams
+from engine import LLMEngine, SamplingParams
 from engine.core.thread import EngineCrashed, EngineThread
+from tests.engine.engines import run_to_end, tiny_engine
 
 PROMPTS = [
     "The release freeze starts tonight",
@@ -40,9 +41,7 @@ def one_thread():
 
 
 def tiny(**kw) -> LLMEngine:
-    cfg = dict(model="tiny", device="cpu", num_kv_blocks=64, block_size=8, max_model_len=512)
-    cfg.update(kw)
-    return LLMEngine(EngineConfig(**cfg))
+    return tiny_engine(**{**dict(device="cpu", num_kv_blocks=64, block_size=8, max_model_len=512), **kw})
 
 
 def greedy(n: int) -> SamplingParams:
@@ -61,14 +60,7 @@ def run_alone(prompt, n: int) -> list[int]:
 
 
 def drain(eng: LLMEngine, check: bool = True) -> dict:
-    final = {}
-    while eng.has_unfinished_requests():
-        for o in eng.step():
-            if o.finished:
-                final[o.request_id] = o
-        if check:
-            eng.check_invariants()
-    return final
+    return run_to_end(eng, check=check)
 
 
 def assert_idle_and_clean(eng: LLMEngine) -> None:

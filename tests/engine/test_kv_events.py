@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine import EngineConfig, LLMEngine, SamplingParams
+from engine import SamplingParams
 from engine.observe.kv_event_wire import (
     AllBlocksCleared,
     BlockRemoved,
@@ -20,6 +20,7 @@ from engine.observe.kv_event_wire import (
     published_hash,
 )
 from engine.observe.kv_events import KVEventPublisher, KVEventSubscriber
+from tests.engine.engines import tiny_engine
 
 BATCH = KVEventBatch(
     12.5,
@@ -289,9 +290,7 @@ PROMPTS = [[1] * 24 + [i, i + 1, i + 2] * 5 for i in range(2, 12)]  # shared 3-b
 
 
 def _engine():
-    return LLMEngine(
-        EngineConfig(model="tiny", device="cpu", num_kv_blocks=20, block_size=8, max_model_len=128, max_num_seqs=3)
-    )
+    return tiny_engine(device="cpu", num_kv_blocks=20, block_size=8, max_model_len=128, max_num_seqs=3)
 
 
 def _cached(engine) -> set:
@@ -519,6 +518,7 @@ def test_published_stores_carry_group_idx_0_and_the_salt_on_the_first_block():
         eng.add_request("b", list(range(40, 68)), SamplingParams(max_tokens=1, temperature=0))
         while eng.has_unfinished_requests():
             eng.step()
+        pub.collect()  # what the engine queued, taken as the publisher's thread would
         with pub._lock:
             pending = list(pub._pending)
         stores = [e for b in pub._batches(pending) for e in b.events if isinstance(e, BlockStored)]

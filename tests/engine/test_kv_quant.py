@@ -14,9 +14,10 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine import EngineConfig, LLMEngine, SamplingParams
+from engine import EngineConfig, SamplingParams
 from engine.lab import memory_math as mm
 from engine.model import cpu_kernels, kv_quant
+from tests.engine.engines import tiny_engine, token_ids
 
 FP32_EPS = 2.0**-23
 finite = st.floats(min_value=-1e4, max_value=1e4, allow_nan=False, allow_subnormal=False, width=32)
@@ -140,21 +141,10 @@ PARAMS = SamplingParams(max_tokens=16, ignore_eos=True)
 
 
 def run(eng, prompts=PROMPTS, params=PARAMS, check=True):
-    ids = [eng.add_request(None, p, params) for p in prompts]
-    outs = {}
-    while eng.has_unfinished_requests():
-        for o in eng.step():
-            if o.finished:
-                assert o.error is None, o.error
-                outs[o.request_id] = o.outputs[0].token_ids
-        if check:
-            eng.check_invariants()
-    return [outs[i] for i in ids]
+    return token_ids(eng, prompts, params, check=check)
 
 
-def tiny(**kw):
-    kw.setdefault("num_threads", 1)
-    return LLMEngine(EngineConfig(model="tiny", **kw))
+tiny = tiny_engine
 
 
 @pytest.mark.parametrize("fmt", ["int8", "fp8_e4m3", "bf16"])

@@ -9,10 +9,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine import EngineConfig, LLMEngine, SamplingParams
+from engine import EngineConfig, SamplingParams
 from engine.config import KV_CACHE_DTYPES
 from engine.lab import memory_math as mm
 from engine.model import kv_layout, kv_quant
+from tests.engine.engines import tiny_engine, token_ids
 
 FP32_EPS = 2.0**-23
 LOW = ("int4", "int2")
@@ -151,9 +152,7 @@ def test_bytes_per_token_for_the_low_bit_formats():
     assert blocks == {"fp32": 91, "int8": 342, "int4": 582, "int2": 970}  # blocks of 16 tokens in 64 MiB
 
 
-def tiny(**kw):
-    kw.setdefault("num_threads", 1)
-    return LLMEngine(EngineConfig(model="tiny", **kw))
+tiny = tiny_engine
 
 
 @pytest.mark.parametrize("fmt", LOW)
@@ -181,16 +180,7 @@ PARAMS = SamplingParams(max_tokens=12, ignore_eos=True)
 
 
 def run(eng, prompts=PROMPTS, check=True):
-    ids = [eng.add_request(None, p, PARAMS) for p in prompts]
-    outs = {}
-    while eng.has_unfinished_requests():
-        for o in eng.step():
-            if o.finished:
-                assert o.error is None, o.error
-                outs[o.request_id] = o.outputs[0].token_ids
-        if check:
-            eng.check_invariants()
-    return [outs[i] for i in ids]
+    return token_ids(eng, prompts, PARAMS, check=check)
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ from engine import EngineConfig, LLMEngine, SamplingParams, SpeculativeConfig
 from engine.core.sampler import probs, process
 from engine.core.stops import find_stop_string
 from engine.observe import trace_events as ev
+from tests.engine.engines import one_output, run_to_end, tiny_engine
 
 V = 50
 
@@ -107,17 +108,9 @@ def test_bad_knobs_name_the_field(kw, field):
 
 
 def engine_tokens(eng: LLMEngine, prompt: str, params: SamplingParams) -> tuple[list[int], list[int]]:
-    rid = eng.add_request(None, prompt, params)
-    prompt_ids = list(eng.requests[rid].prompt_token_ids)
-    out = None
-    for _ in range(10_000):
-        if not eng.has_unfinished_requests():
-            break
-        for o in eng.step():
-            if o.finished and o.request_id == rid:
-                out = o
-    assert out is not None and out.error is None
-    return prompt_ids, out.outputs[0].token_ids
+    (out,) = run_to_end(eng, [prompt], params, check=False).values()
+    assert out.error is None
+    return list(out.prompt_token_ids), out.outputs[0].token_ids
 
 
 def reference_greedy(model, prompt_ids: list[int], params: SamplingParams, n: int) -> list[int]:
@@ -140,7 +133,7 @@ def reference_greedy(model, prompt_ids: list[int], params: SamplingParams, n: in
 
 @pytest.fixture(scope="module")
 def tiny():
-    return LLMEngine(EngineConfig(model="tiny", num_threads=1))
+    return tiny_engine()
 
 
 # the random model never repeats on its own: penalties < neutral (which reward repeats) change its output
@@ -192,12 +185,7 @@ def test_find_stop_string_cuts_before_or_after():
 
 
 def run_text(eng: LLMEngine, prompt: str, params: SamplingParams):
-    rid = eng.add_request(None, prompt, params)
-    while eng.has_unfinished_requests():
-        for o in eng.step():
-            if o.finished and o.request_id == rid:
-                return o.outputs[0]
-    raise AssertionError("not finished")
+    return one_output(eng, prompt, params)
 
 
 def test_include_stop_str_in_output_keeps_the_stop_string(tiny):

@@ -13,6 +13,7 @@ from engine import EngineConfig, LLMEngine, SamplingParams, SpeculativeConfig
 from engine.observe import trace_events as ev
 from engine.observe.snapshot import ACCEPTED, BONUS, PLAIN, REPLACED
 from engine.speculative import DRAFT_SUFFIX
+from tests.engine.engines import tiny_engine, token_ids
 
 TINY_PROMPTS = [
     "hello world",
@@ -44,18 +45,7 @@ TINY_METHODS = {
 
 
 def run(eng: LLMEngine, prompts, params, check=True) -> list[list[int]]:
-    ids = [eng.add_request(None, p, params) for p in prompts]
-    outs = {}
-    while eng.has_unfinished_requests():
-        for o in eng.step():
-            if o.finished:
-                outs[o.request_id] = o
-        if check:
-            eng.check_invariants()
-            check_rolled_back_slots_are_clear(eng)
-    for o in outs.values():
-        assert o.error is None, o.error
-    return [outs[i].outputs[0].token_ids for i in ids]
+    return token_ids(eng, prompts, params, check=check, after_step=check_rolled_back_slots_are_clear if check else None)
 
 
 def check_rolled_back_slots_are_clear(eng: LLMEngine) -> None:
@@ -82,13 +72,8 @@ def check_rolled_back_slots_are_clear(eng: LLMEngine) -> None:
 
 def spec_engine(model="tiny", k=4, fallback=False, **kw):
     spec_kw = dict(kw.pop("spec", {}))
-    kw.setdefault("num_threads", 1)
-    return LLMEngine(
-        EngineConfig(
-            model=model,
-            speculative=SpeculativeConfig(num_speculative_tokens=k, enable_fallback=fallback, **spec_kw),
-            **kw,
-        )
+    return tiny_engine(
+        model=model, speculative=SpeculativeConfig(num_speculative_tokens=k, enable_fallback=fallback, **spec_kw), **kw
     )
 
 

@@ -12,6 +12,7 @@ import torch
 from engine import EngineConfig, LLMEngine, SamplingParams, SpeculativeConfig
 from engine.core.structured import mask_logits
 from engine.observe import trace_events as ev
+from tests.engine.engines import one_output, tiny_engine
 
 SCHEMAS = {
     "nested_enum_array": {
@@ -49,18 +50,12 @@ def rf(schema):
 
 
 def run(eng, params, prompt="Answer in JSON:"):
-    rid = eng.add_request(None, prompt, params)
-    while eng.has_unfinished_requests():
-        for o in eng.step():
-            if o.finished and o.request_id == rid:
-                assert o.error is None, o.error
-                return o.outputs[0]
-    raise AssertionError("not finished")
+    return one_output(eng, prompt, params)
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    return LLMEngine(EngineConfig(model="tiny", num_threads=1))
+    return tiny_engine()
 
 
 @pytest.mark.parametrize("name", sorted(SCHEMAS))
