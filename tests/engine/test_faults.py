@@ -307,6 +307,7 @@ def test_thread_submit_racing_a_crash_never_hangs():
     """A submit that passed the health check while the loop was dying must not be left with a
     handle nobody will ever finish: it either raises EngineCrashed or its handle does."""
     th = EngineThread(tiny())
+    real_lock = th.lock
     try:
         inside, go = threading.Event(), threading.Event()
 
@@ -326,9 +327,25 @@ def test_thread_submit_racing_a_crash_never_hangs():
             except EngineCrashed as e:
                 box["err"] = e
 
-        t = threading.Thread(target=late)
+        class Watched:  # th.lock, telling when the late submitter has passed the health check
+            def __init__(self, lock):
+                self.lock, self.reached = lock, threading.Event()
+
+            def __enter__(self):
+                if threading.current_thread().name == "late":
+                    self.reached.set()
+                return self.lock.__enter__()
+
+            def __exit__(self, *exc):
+                return self.lock.__exit__(*exc)
+
+            def __getattr__(self, name):
+                return getattr(self.lock, name)
+
+        th.lock = watched = Watched(real_lock)
+        t = threading.Thread(target=late, name="late")
         t.start()
-        time.sleep(0.3)  # let it pass the health check and queue on the lock
+        assert watched.reached.wait(60)  # it passed the health check and queues on the lock
         go.set()
         t.join(60)
         assert not t.is_alive()
@@ -338,6 +355,7 @@ def test_thread_submit_racing_a_crash_never_hangs():
         else:
             assert "loop died" in str(box["err"])
     finally:
+        th.lock = real_lock
         th.shutdown()
 
 

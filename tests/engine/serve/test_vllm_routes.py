@@ -6,8 +6,6 @@ getting whole BlockStored events (token ids, vLLM's hashes)."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from engine.config import SamplingParams
@@ -124,10 +122,7 @@ def test_discovered_publisher_replays_cached_blocks_with_their_token_ids():
     th = EngineThread(config=EngineConfig(**TINY_SERVE))
     prompt = list(range(40, 80))  # 5 full blocks of 8
     h = th.submit(prompt, SamplingParams(max_tokens=1, temperature=0))
-    for _ in range(600):  # bounded wait for the request to finish
-        if h.finished:
-            break
-        time.sleep(0.05)
+    h.result(timeout=120)  # the handle says when the request finished
     assert h.finished and len(th.engine.bm.hash_to_block) >= 4
     with serving(th) as srv, srv.http() as c:
         pub = KVEventPublisher("tcp://127.0.0.1:0", replay_endpoint="tcp://127.0.0.1:0", flush_interval=0.02)
