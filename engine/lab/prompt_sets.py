@@ -57,9 +57,7 @@ def w16_prompts(
     for _ in range(n):
         target = round(math.exp(rng.uniform(math.log(max(min_tokens, overhead + 1)), math.log(max_tokens))))
         target = min(max_tokens, max(min_tokens, target))
-        words = rng.choice(_W16_OPENERS).split() + diff(rng, max_tokens + 8).split(
-            " "
-        )  # more words than tokens needed
+        words = rng.choice(_W16_OPENERS).split() + diff(rng, max_tokens + 8).split(" ")  # more words than tokens needed
         lo, hi = 0, len(words)  # largest k with len(k words) <= target
         while lo < hi:
             mid = (lo + hi + 1) // 2
