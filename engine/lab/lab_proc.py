@@ -25,6 +25,7 @@ import traceback
 
 ERRORS = {"ValueError": ValueError, "KeyError": KeyError, "TypeError": TypeError, "TimeoutError": TimeoutError}
 POLL_S = 0.1
+PLAIN = (int, float, str, bool, type(None), tuple, list, dict)
 
 
 def _child(conn, cpus) -> None:
@@ -103,7 +104,10 @@ class LabProcess:
                     msg = conn.recv()
                     if msg[0] == "cb":
                         try:
-                            reply = ("ret", cbs[msg[1]](*msg[2]))
+                            value = cbs[msg[1]](*msg[2])
+                            # a plain value goes back (busy's count); a page element (what a
+                            # progress bar's update returns) stays here
+                            reply = ("ret", value if isinstance(value, PLAIN) else None)
                         except Exception as e:  # noqa: BLE001 - the measurement sees it as its callback's error
                             reply = ("raise", f"{type(e).__name__}: {e}")
                         except BaseException:  # the caller is stopped (a page rerun): end the job

@@ -53,9 +53,14 @@ def test_run_allocator_same_record_as_in_process_and_callbacks_here(lab):
     kw = dict(model="tiny", block_size=4, budget_blocks=64, max_model_len=64)
     here = experiments.run_allocator(base, "paged", _requests(), **kw)
     seen = []
-    there = lab.run(
-        experiments.run_allocator, base, "paged", _requests(), **kw, on_step=lambda i, snap: seen.append((i, snap.step))
-    )
+
+    def on_step(i, snap):
+        import threading
+
+        seen.append((i, snap.step))
+        return threading.Lock()  # as a page's progress bar returns its element: not sent back
+
+    there = lab.run(experiments.run_allocator, base, "paged", _requests(), **kw, on_step=on_step)
     assert lab.pid not in (None, os.getpid())
     assert there.steps == here.steps and there.label == here.label
     assert {k: v.outputs[0].token_ids for k, v in there.outputs.items()} == {
