@@ -240,8 +240,7 @@ def test_client_process_dies_core_aborts_its_requests_and_leaks_nothing(tmp_path
         import time
         from engine import SamplingParams
         from engine.config import EngineConfig
-        from engine.core import placement
-from engine.core.client import EngineClient
+        from engine.core.client import EngineClient
         if __name__ == "__main__":
             c = EngineClient(EngineConfig(**{CFG!r}))
             hs = [c.submit(p, SamplingParams(max_tokens=300, ignore_eos=True)) for p in {PROMPTS!r}]
