@@ -70,7 +70,8 @@ def test_home(server, page):
     where = page.locator(".st-key-home_placement").inner_text()
     assert "Engine core: a process of its own, pid " in where and "Front end (pages, charts, the API): pid " in where
     # pids and thread counts vary run to run: hidden for the shot (their space kept)
-    assert_screenshot(page, "home", extra_css=".st-key-home_placement{visibility:hidden!important}")
+    hide = ".st-key-home_placement, .st-key-home_placement *{visibility:hidden!important}"
+    assert_screenshot(page, "home", extra_css=hide)
 
 
 def test_playground_answer(server, page):
