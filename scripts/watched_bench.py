@@ -149,11 +149,16 @@ def page_decode_tok_s(page) -> float | None:
     """The Playground's own "Decode" metric (tok/s) as drawn."""
     import re
 
-    for el in page.locator('[data-testid="stMetric"]').all():
-        txt = el.inner_text()
-        if txt.strip().startswith("Decode"):
-            m = re.search(r"([0-9.]+)\s*tok/s", txt)
-            return float(m.group(1)) if m else None
+    for _ in range(20):  # a rerun can replace the metrics while they are read: read again
+        try:
+            for el in page.locator('[data-testid="stMetric"]').all():
+                txt = el.inner_text(timeout=2000)
+                if txt.strip().startswith("Decode"):
+                    m = re.search(r"([0-9.]+)\s*tok/s", txt)
+                    return float(m.group(1)) if m else None
+        except Exception:  # noqa: BLE001 - playwright's TimeoutError: the element went away
+            pass
+        time.sleep(0.5)
     return None
 
 
