@@ -46,6 +46,7 @@ PG_TOKENS = 48  # the Playground's default "Max new tokens"
 LEAD_S = 0.5  # the companion (or the Playground's request) starts this long before the measured one
 START_TIMEOUT_S = 900
 REQUEST_TIMEOUT_S = 600
+ACTION_TIMEOUT_S = 120  # a click or a wait on the loaded page
 
 
 def free_port() -> int:
@@ -227,6 +228,7 @@ def main() -> int:
             page.set_default_timeout(START_TIMEOUT_S * 1000)
             page.goto(f"{url}/playground")
             page.get_by_role("button", name="Generate").wait_for()
+            page.set_default_timeout(ACTION_TIMEOUT_S * 1000)  # loaded: a stuck click fails, not hangs
             time.sleep(3)
             c0, t0 = proc_cpu_seconds(app.pid), time.monotonic()
             all0, br0 = tree_cpu_seconds(app.pid), chromium_cpu_seconds()
