@@ -151,7 +151,7 @@ def _engine_panel(th) -> None:
         st.success("Engine healthy: the step loop is running.", icon=":material/check_circle:")
     else:
         st.error(f"Engine crashed: {th.error}", icon=":material/error:")
-        if st.button("Restart engine", type="primary"):
+        if st.button(ea.restart_label(th), type="primary"):
             th.restart()
             st.rerun()
     c = st.columns(4)
@@ -179,7 +179,9 @@ def _engine_panel(th) -> None:
         f"{_KERNEL_NAMES.get(info.attention_backend, info.attention_backend)}, layers "
         f"{'kvscope C (one call a step)' if getattr(info, 'decode_backend', '') == 'c' else 'transformers'}"
     )
-    st.caption(ea.placement_text(th))
+    with st.container(key="home_placement"):  # pids vary run to run: the Home shot hides this
+        for line in ea.placement_lines(th):
+            st.caption(line)
     if ea.weight_format_text(info):
         st.caption(
             f"Weights: {ea.weight_format_text(info)}. Each decode step streams every weight once: "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from engine.lab import experiments
+from engine.lab import experiments, lab_proc
 from ui.figures import cache_cost as CC
 from ui.figures import events_table as et
 from ui.figures import exercise as EX
@@ -44,7 +44,8 @@ if run_cost:
     try:
         with experiments.RUN_LOCK:
             bar.progress(0.05, text="two private engines on the loaded weights, then alternating rounds…")
-            res = experiments.compare_cache_vs_nocache(
+            res = lab_proc.run(
+                experiments.compare_cache_vs_nocache,
                 base,
                 n,
                 p,
@@ -158,8 +159,13 @@ if run_ex:
                 bar.progress(min(0.999, (i + snap.metrics.num_finished / n) / 3), text=f"run {plan[i][0]}: step {s}")
 
         with experiments.RUN_LOCK:
-            runs = experiments.run_exercise(
-                plan, experiments.exercise_prompts(n, p), g, budget_tokens=budget * bs, on_step=on_step
+            runs = lab_proc.run(
+                experiments.run_exercise,
+                plan,
+                experiments.exercise_prompts(n, p),
+                g,
+                budget_tokens=budget * bs,
+                on_step=on_step,
             )
         SS["cvn_ex"] = {"runs": runs, "n": n, "p": p, "g": g, "bs": bs, "budget": budget, "model": ex_model}
     except ValueError as e:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from engine.lab import experiments
+from engine.lab import experiments, lab_proc
 from engine.lab.workloads import make_workload, summarize
 from engine.observe import recording
 from ui.figures import allocators as AL
@@ -65,7 +65,8 @@ def _run(allocator: str, reqs, progress, frac0: float) -> recording.RunRecord:
             done = snap.metrics.generation_tokens_total
             progress.progress(min(1.0, frac0 + 0.5 * done / total), text=f"{label}: step {i}")
 
-    return experiments.run_allocator(
+    return lab_proc.run(
+        experiments.run_allocator,
         base,
         allocator,
         reqs,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from engine.lab import experiments, packet_channel, side_channel
+from engine.lab import experiments, lab_proc, packet_channel, side_channel
 from engine.lab.workloads import make_workload
 from ui.figures import events_table as et
 from ui.figures import pool, theme
@@ -77,7 +77,8 @@ if go:
                 st.spinner("Cold and warm turns alternating on a private engine (same weights, its own pool)…"),
                 experiments.RUN_LOCK,
             ):
-                out = experiments.compare_prefix(
+                out = lab_proc.run(
+                    experiments.compare_prefix,
                     ea.engine_config(),
                     prompts,
                     int(max_tokens),

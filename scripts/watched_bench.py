@@ -3,15 +3,24 @@
   .venv/bin/python scripts/watched_bench.py [--process 0|1] [--tokens 96] [--model default]
 
 Starts the app as scripts/run.sh does (`streamlit run app_api.py`, live mode, the API on a free
-localhost port), then streams one greedy completion of --tokens tokens (ignore_eos) from the API:
+localhost port), then streams one greedy completion of --tokens tokens (ignore_eos) from the API,
+three ways, each with and without a page watching, so every ratio compares the same load:
   1. alone: no browser connected;
   2. watched, idle: headless Chromium has the Playground open and idle (its live views polling);
-  3. watched, drawing: the Playground generates its own 48-token answer at the same time.
-Each is the median of --repeats requests. Reports TTFT and decode tokens/s (tokens after the
-first, from the API's usage, / time from the first to the last streamed chunk) per way, the
-watched / alone decode ratios, and the CPU seconds the Streamlit process, the app with its core
-and Chromium spent while the page sat idle. KVSCOPE_ENGINE_PROCESS=--process chooses the
-in-thread engine (0) or the engine-core process (1). Numbers are of this machine at this
+     ratio 2 / 1;
+  3. a running load of two requests: the measured one plus the Playground's kind of request (the
+     Playground's example prompt, 48 tokens, greedy, chat template), started 0.5 s before it:
+     3a. unwatched: that companion request sent through the API, no browser connected;
+     3b. watched, drawing: the Playground generates that request itself (its page drawing it);
+     ratio 3b / 3a (the same batch of two, with and without a page drawing it).
+Then the Playground's own decode figure (its "Decode" metric for its 48-token answer, the engine
+idle otherwise) is read off the page and compared with the API's decode for the same request,
+sent with the page open and idle and again with no browser.
+Each way is the median of --repeats requests. Reports TTFT and decode tokens/s (tokens after the
+first, from the API's usage, / time from the first to the last streamed chunk), the ratios, the
+load average, and the CPU seconds the Streamlit process, the app with its core and Chromium
+spent while the page sat idle. --process 1 (the default, as the app): the engine core in its own
+process; 0: the in-thread engine. Numbers are of this machine at this
 moment: on a shared machine, run both settings back to back and compare ratios, not absolutes.
 """
 
@@ -32,8 +41,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+PG_PROMPT = "Explain in two sentences why a KV cache makes text generation faster."  # pages/playground.py EXAMPLE
+PG_TOKENS = 48  # the Playground's default "Max new tokens"
+LEAD_S = 0.5  # the companion (or the Playground's request) starts this long before the measured one
 START_TIMEOUT_S = 900
 REQUEST_TIMEOUT_S = 600
+ACTION_TIMEOUT_S = 120  # a click or a wait on the loaded page
 
 
 def free_port() -> int:
@@ -86,13 +99,13 @@ def chromium_cpu_seconds() -> float:
     return total
 
 
-def stream_request(api: str, tokens: int) -> dict:
+def stream_request(api: str, tokens: int, prompt: str = PROMPT, ignore_eos: bool = True) -> dict:
     body = {
         "model": model_id(api),
-        "messages": [{"role": "user", "content": PROMPT}],
+        "messages": [{"role": "user", "content": prompt}],
         "max_tokens": tokens,
         "temperature": 0.0,
-        "ignore_eos": True,
+        "ignore_eos": ignore_eos,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
@@ -120,6 +133,36 @@ def stream_request(api: str, tokens: int) -> dict:
     }
 
 
+def with_companion(api: str, tokens: int) -> dict:
+    """The measured request while the Playground's kind of request (sent through the API) runs."""
+    import threading
+
+    comp: dict = {}
+    t = threading.Thread(target=lambda: comp.update(stream_request(api, PG_TOKENS, PG_PROMPT, ignore_eos=False)))
+    t.start()
+    time.sleep(LEAD_S)
+    r = stream_request(api, tokens)
+    t.join(REQUEST_TIMEOUT_S)
+    return {**r, "companion": comp}
+
+
+def page_decode_tok_s(page) -> float | None:
+    """The Playground's own "Decode" metric (tok/s) as drawn."""
+    import re
+
+    for _ in range(20):  # a rerun can replace the metrics while they are read: read again
+        try:
+            for el in page.locator('[data-testid="stMetric"]').all():
+                txt = el.inner_text(timeout=2000)
+                if txt.strip().startswith("Decode"):
+                    m = re.search(r"([0-9.]+)\s*tok/s", txt)
+                    return float(m.group(1)) if m else None
+        except Exception:  # noqa: BLE001 - playwright's TimeoutError: the element went away
+            pass
+        time.sleep(0.5)
+    return None
+
+
 def median_of(runs: list[dict]) -> dict:
     out = {"runs": runs}
     for k in ("ttft_s", "decode_tok_s"):
@@ -143,7 +186,7 @@ def wait_http(url: str, timeout: float) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--process", choices=("0", "1"), default=os.environ.get("KVSCOPE_ENGINE_PROCESS", "0"))
+    ap.add_argument("--process", choices=("0", "1"), default=os.environ.get("KVSCOPE_ENGINE_PROCESS", "1"))
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--model", default="default")
@@ -169,10 +212,12 @@ def main() -> int:
     app = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url, api = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{api_port}"
     result: dict = {"engine_process": a.process == "1", "model": a.model, "tokens": a.tokens, "cpus": os.cpu_count()}
+    result["loadavg_start"] = os.getloadavg()
     try:
         wait_http(f"{api}/v1/models", START_TIMEOUT_S)
         stream_request(api, 8)  # warm-up
         result["alone"] = median_of([stream_request(api, a.tokens) for _ in range(a.repeats)])
+        result["load_unwatched"] = median_of([with_companion(api, a.tokens) for _ in range(a.repeats)])
 
         from playwright.sync_api import sync_playwright
 
@@ -183,6 +228,7 @@ def main() -> int:
             page.set_default_timeout(START_TIMEOUT_S * 1000)
             page.goto(f"{url}/playground")
             page.get_by_role("button", name="Generate").wait_for()
+            page.set_default_timeout(ACTION_TIMEOUT_S * 1000)  # loaded: a stuck click fails, not hangs
             time.sleep(3)
             c0, t0 = proc_cpu_seconds(app.pid), time.monotonic()
             all0, br0 = tree_cpu_seconds(app.pid), chromium_cpu_seconds()
@@ -195,16 +241,37 @@ def main() -> int:
             runs = []
             for _ in range(a.repeats):
                 page.get_by_role("button", name="Generate").click()
-                time.sleep(0.5)  # the page's own request is under way and drawing
+                time.sleep(LEAD_S)  # the page's own request is under way and drawing
                 runs.append(stream_request(api, a.tokens))
                 page.get_by_role("button", name="Generate").wait_for(state="visible")
                 time.sleep(8)  # let the page's answer finish before the next repeat
-            result["watched_drawing"] = median_of(runs)
+            result["load_watched_drawing"] = median_of(runs)
+            # the Playground's own decode figure vs the API's, same request, engine otherwise idle
+            pg = []
+            for _ in range(a.repeats):
+                page.get_by_role("button", name="Generate").click()
+                time.sleep(2)
+                page.get_by_role("button", name="Generate").wait_for(state="visible")
+                time.sleep(6)  # the answer done and its views drawn
+                pg.append(page_decode_tok_s(page))
+            result["playground_decode_tok_s"] = statistics.median([x for x in pg if x] or [0]) or None
+            result["playground_decode_runs"] = pg
+            # the same request through the API with the page open (idle), then with no browser
+            same = [stream_request(api, PG_TOKENS, PG_PROMPT, ignore_eos=False) for _ in range(a.repeats)]
+            result["api_same_request_page_open"] = median_of(same)
             browser.close()
+        same = median_of([stream_request(api, PG_TOKENS, PG_PROMPT, ignore_eos=False) for _ in range(a.repeats)])
+        result["api_same_request"] = same
+        p = result["playground_decode_tok_s"]
+        for key, q in (("", same), ("_page_open", result["api_same_request_page_open"])):
+            q = q["decode_tok_s"]
+            result[f"playground_vs_api{key}"] = p / q if p and q else None
         alone = result["alone"]["decode_tok_s"]
-        for k in ("watched_idle", "watched_drawing"):
-            d = result[k]["decode_tok_s"]
-            result[f"{k}_ratio"] = d / alone if d and alone else None
+        d = result["watched_idle"]["decode_tok_s"]
+        result["watched_idle_ratio"] = d / alone if d and alone else None
+        d, u = result["load_watched_drawing"]["decode_tok_s"], result["load_unwatched"]["decode_tok_s"]
+        result["watched_drawing_ratio"] = d / u if d and u else None
+        result["loadavg_end"] = os.getloadavg()
     finally:
         os.killpg(app.pid, signal.SIGTERM)
         try:

@@ -1,6 +1,7 @@
 """EngineClient: EngineThread's public behaviour with the engine core in its own process
 (engine/core/core_proc.py). The app, the API and the pages hold one of these instead of an
-EngineThread when KVSCOPE_ENGINE_PROCESS=1 (or `process=True` where the shared engine is built).
+EngineThread: the default of the app (`bash scripts/run.sh`); KVSCOPE_ENGINE_PROCESS=0 keeps the
+in-thread engine.
 
 What stays the same: submit() returns a RequestHandle that streams text deltas; abort, evict,
 set_kv_budget, preview, snapshot / snapshot_now / recent_snapshots, events.since, reconfigure,
@@ -40,23 +41,9 @@ ERRORS = {"ValueError": ValueError, "KeyError": KeyError, "TypeError": TypeError
 
 
 def process_enabled() -> bool:
-    """KVSCOPE_ENGINE_PROCESS: "1" runs the shared engine's core in its own process."""
-    return os.environ.get("KVSCOPE_ENGINE_PROCESS", "") not in ("", "0", "false", "no")
-
-
-def core_cpus_from_env() -> list[int] | None:
-    """KVSCOPE_CORE_CPUS ("1" or "2,3"): the CPUs the core process is pinned to (where the OS
-    allows); unset: wherever the OS schedules it. ValueError naming the variable if malformed."""
-    raw = os.environ.get("KVSCOPE_CORE_CPUS", "").strip()
-    if not raw:
-        return None
-    try:
-        cpus = sorted({int(x) for x in raw.split(",") if x.strip()})
-    except ValueError:
-        raise ValueError(f"KVSCOPE_CORE_CPUS must be CPU numbers separated by commas, got {raw[:40]!r}") from None
-    if not cpus or cpus[0] < 0:
-        raise ValueError(f"KVSCOPE_CORE_CPUS must name at least one CPU >= 0, got {raw[:40]!r}")
-    return cpus
+    """KVSCOPE_ENGINE_PROCESS: the shared engine's core runs in its own process unless it is
+    "0" (or "false" / "no"): then the old in-thread EngineThread."""
+    return os.environ.get("KVSCOPE_ENGINE_PROCESS", "1").strip().lower() not in ("0", "false", "no")
 
 
 class _Listeners(list):
@@ -491,8 +478,20 @@ class EngineClient:
 
     @property
     def placement(self) -> dict:
-        """Where the core runs: its pid, torch threads and the CPUs it may use."""
+        """Where the core runs, as it said when it started: pid, cpus, os_threads, torch_threads."""
         return dict(self._core.placement)
+
+    def placement_now(self) -> dict:
+        """Where the core runs, read by the core from the OS now (the start-time reading if the
+        core cannot answer)."""
+        try:
+            return self.call("placement", timeout=10)
+        except (EngineCrashed, TimeoutError, RuntimeError):
+            return self.placement
+
+    def hold(self, seconds: float) -> None:
+        """Ask the core to take no step for up to `seconds` (0: resume now); see core_proc.op_hold."""
+        self.call("hold", seconds=seconds)
 
     def _check_alive(self) -> None:
         if not self.healthy:

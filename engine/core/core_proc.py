@@ -106,6 +106,7 @@ class _Core:
         self.stop = False
         self.crash_next = None  # a test hook: the next step raises this message
         self.pace_s = 0.0  # a pause after every step (tests: keep requests in flight)
+        self.hold_until = 0.0  # no step before this monotonic time (op_hold)
         self.dropped = 0
         self.dropped_told = 0  # the count the last frame that got out carried
         self.wanted = True  # the client read the last frame: a new one may be published
@@ -214,6 +215,19 @@ class _Core:
         built only for a client that reads them, so an unwatched core spends nothing on them."""
         self.wanted = True
 
+    def op_placement(self):
+        """Where this core runs, read from the OS now (pid, CPUs, OS threads, torch threads)."""
+        from engine.core.placement import describe
+
+        return describe()
+
+    def op_hold(self, seconds):
+        """Take no step for up to `seconds` (0 resumes): a timing elsewhere on these CPUs (the
+        Claims page's live measurement) is not shared with this core's forward passes. Bounded,
+        so a measurer that died never stops the core for long."""
+        self.hold_until = time.monotonic() + max(0.0, min(float(seconds), 300.0))
+        return True
+
     def op_pace(self, seconds):
         self.pace_s = max(0.0, min(float(seconds), 1.0))
         return True
@@ -288,6 +302,9 @@ class _Core:
                 # sees the last state and the dropped count)
                 self.publish(force=self.last_snap_step != eng.step_num or self.dropped_told != self.dropped)
                 continue
+            if self.hold_until and time.monotonic() < self.hold_until:
+                self.drain(20)  # held: commands still answered
+                continue
             if self.crash_next is not None:
                 msg, self.crash_next = self.crash_next, None
                 raise RuntimeError(msg)
@@ -302,11 +319,9 @@ class _Core:
 
 
 def _place(cpus) -> None:
-    if cpus and hasattr(os, "sched_setaffinity"):
-        try:
-            os.sched_setaffinity(0, set(cpus))
-        except OSError:
-            pass  # not allowed here (container limits): the thread count still applies
+    from engine.core.placement import pin
+
+    pin(cpus)  # where the OS allows (a container may refuse): the thread count still applies
 
 
 def core_main(
@@ -344,11 +359,13 @@ def core_main(
         out.close()
         ctx.term()
         return
-    placement = {
-        "pid": os.getpid(),
-        "torch_threads": engine.cpu_threads,
-        "cpus": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-    }
+    if engine.cpu_threads:
+        import torch
+
+        torch.set_num_threads(engine.cpu_threads)  # as the first step would: read back below
+    from engine.core.placement import describe
+
+    placement = describe()
     out.send_multipart([b"ready", pickle.dumps(placement)])
     core = _Core(engine, (cmd, out, pub), parent_pid, snapshot_interval)
     core.push = push_snapshots

@@ -1,7 +1,10 @@
 """The claims measured now on the loaded engine (the Claims page's Measure button): memory-bound
 decode, verification cost and batching, timed on the shared EngineThread with its lock held or
-from its SCHEDULE events. The rows come from the row functions in engine.claims (one rule per
-claim); this module owns only the measuring.
+from its SCHEDULE events. With the engine core in its own process (the default) the same
+measurement runs in the lab process (engine/lab/lab_proc.py) on a private engine with the shared
+engine's settings, while the shared core takes no step (EngineClient.hold, at most HOLD_S).
+The rows come from the row functions in engine.claims (one rule per claim); this module owns
+only the measuring.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from engine.lab.claims import (
     memory_bound_row,
     verify_cost_row,
 )
+
+HOLD_S = 300.0  # the longest the shared core is held for one process-mode measurement
 
 
 def hold_engine(th, fn: Callable):
@@ -92,21 +97,44 @@ def measure_live(th, progress: Callable[[float, str], None] | None = None) -> di
     from engine.lab.experiments import RUN_LOCK
 
     with RUN_LOCK:  # one measurement at a time per server (they compete for the same cores)
+        if hasattr(th, "hold"):  # EngineClient: the core runs elsewhere; measure in the lab process
+            from engine.lab import lab_proc
+
+            th.hold(HOLD_S)
+            try:
+                return lab_proc.LAB.run(measure_private, th.config, progress=progress or (lambda f, s: None))
+            finally:
+                try:
+                    th.hold(0)
+                except Exception:  # noqa: BLE001 - a core that died meanwhile holds nothing
+                    pass
         return _measure_live(th, progress)
 
 
-def _measure_live(th, progress) -> dict:
+def measure_private(config, progress: Callable[[float, str], None] | None = None) -> dict:
+    """measure_live on a private in-thread engine built from `config` (its pool sized for the
+    largest batch), in this process: the lab process's half of a process-mode measurement."""
+    from engine.core.engine import LLMEngine
+    from engine.core.thread import EngineThread
+    from engine.model.kv_layout import cdiv
+
+    blocks = max(BATCH_SIZES) * (cdiv(48 + 12 + 8, config.block_size) + 1) + 8
+    th = EngineThread(LLMEngine(config.replace(num_kv_blocks=blocks, kv_cache_bytes=None, enable_prefix_caching=False)))
+    try:
+        return _measure_live(
+            th, progress, where="a private engine with the shared engine's settings, in a process of its own"
+        )
+    finally:
+        th.shutdown()
+
+
+def _measure_live(th, progress, where: str = "") -> dict:
     import torch
 
     from engine.bench import peers
 
     say = progress or (lambda f, s: None)
     eng = th.engine
-    if not hasattr(eng, "runner"):
-        raise RuntimeError(
-            "the live measurement times the model in this process, and the engine core runs in a "
-            "process of its own (KVSCOPE_ENGINE_PROCESS=1); the bench rows are shown"
-        )
     model = eng.runner.model
     shape = RF.ModelShape.from_config(model.config)
     dtype = next(model.parameters()).dtype
@@ -125,8 +153,10 @@ def _measure_live(th, progress) -> dict:
     floor_s = 1 / RF.memory_roof_tok_s(shape, bw, dbytes, ctx)
     compute_s = shape.flops_per_generated_token(ctx) / (gflops * 1e9)
     when = _dt.datetime.now(_dt.timezone.utc)
-    src = f"measured on this page, {when:%Y-%m-%d %H:%M:%S} UTC, model {eng.config.model}" + (
-        " (other requests shared some passes; those were left out)" if contended else ""
+    src = (
+        f"measured on this page, {when:%Y-%m-%d %H:%M:%S} UTC, model {eng.config.model}"
+        + (f" ({where})" if where else "")
+        + (" (other requests shared some passes; those were left out)" if contended else "")
     )
     ratios = {k: vc[f"verify_cost_ratio_k{k}"] for k in VERIFY_KS if f"verify_cost_ratio_k{k}" in vc}
     rows = [

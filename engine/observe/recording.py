@@ -231,6 +231,14 @@ class SnapshotRecorder:
         self.restarts = 0
         self._lock = threading.Lock()
 
+    def __getstate__(self) -> dict:
+        """Pickled without its lock (a recording comes back from the lab process, engine/lab/lab_proc.py)."""
+        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     def _add(self, snap: Snapshot) -> None:
         if snap.time < self.start_time or (self.series and snap.step <= self.series[-1].step):
             return

@@ -25,7 +25,9 @@ import pytest
 from tests.app.helpers import TIMEOUT
 from tests.conftest import REPO_ROOT
 
-TEST_MODE_ENV = {"KVSCOPE_TEST_MODE": "1", "KVSCOPE_MODEL": "tiny"}
+# AppTests run the pages in this process and read the engine's internals: the in-thread engine
+# (tests/app/test_engine_process_app.py runs the app's default, the core in its own process)
+TEST_MODE_ENV = {"KVSCOPE_TEST_MODE": "1", "KVSCOPE_MODEL": "tiny", "KVSCOPE_ENGINE_PROCESS": "0"}
 
 
 def _forget_shared_engine() -> None:

@@ -79,7 +79,9 @@ def test_home_offers_restart_after_a_crash(app_test):
     at = app_test().run()
     H.no_exception(at)
     assert any("injected loop failure" in e.value for e in at.error)
-    H.button(at, "Restart engine").click().run()
+    from ui.widgets import engine_access as ea
+
+    H.button(at, ea.restart_label(th)).click().run()  # "Start a new engine core" in process mode
     H.no_exception(at)
     assert th.healthy
     assert any("Engine healthy" in s.value for s in at.success)

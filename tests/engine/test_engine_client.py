@@ -16,6 +16,7 @@ import pytest
 
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
+from engine.core import placement
 from engine.core.client import EngineClient
 from engine.core.thread import EngineCrashed
 
@@ -38,7 +39,7 @@ WAIT_S = 300  # hang guards on a busy machine, not speed limits
 
 @pytest.fixture(scope="module")
 def client():
-    c = EngineClient(EngineConfig(**CFG))
+    c = EngineClient(EngineConfig(**CFG), cpus=placement.plan().core)  # pinned as the app pins it
     yield c
     c.close()
 
@@ -63,6 +64,39 @@ def test_greedy_ids_identical_to_the_in_thread_engine(client):
         assert out.outputs[0].token_ids == r.outputs[0].token_ids
         assert text == out.outputs[0].text == r.outputs[0].text
     client.check_invariants()
+
+
+def test_placement_read_from_the_core_process(client):
+    """The core reports where it runs, read from the OS in its own process: its pid, the CPUs
+    the app's plan gave it (where the OS allows pinning), its threads."""
+    where = client.placement_now()
+    assert where["pid"] == client.core_pid != os.getpid()
+    assert where["torch_threads"] == CFG["num_threads"]
+    assert where["os_threads"] >= 1
+    want = placement.plan().core
+    allowed = placement.allowed_cpus(client.core_pid)
+    assert where["cpus"] == allowed
+    if want and placement.pin(placement.allowed_cpus()):  # pinning allowed here
+        assert allowed == want
+
+
+def test_plan_splits_the_cpus():
+    assert placement.plan([0, 1], core=[]) == placement.Plan(core=[1], front=[0])
+    assert placement.plan([0, 1, 2, 3], core=[]) == placement.Plan(core=[1, 2, 3], front=[0])
+    assert placement.plan([0], core=[]) == placement.Plan(core=None, front=None)
+    assert placement.plan([0, 1, 2], core=[2]) == placement.Plan(core=[2], front=[0, 1])
+    assert placement.plan([0, 1], core=[0, 1]) == placement.Plan(core=[0, 1], front=None)
+
+
+def test_hold_stops_steps_and_resume(client):
+    client.hold(30)
+    try:
+        h = client.submit("Hello", SamplingParams(max_tokens=4))
+        time.sleep(0.3)
+        assert not h.finished and client.snapshot_now().step == client.snapshot_now().step
+    finally:
+        client.hold(0)
+    assert h.result(timeout=WAIT_S).finished
 
 
 def test_chat_submit_and_snapshot_events(client):

@@ -6,9 +6,11 @@ rebuild it through `EngineThread.reconfigure`, which deals with in-flight reques
 
 Environment
 - KVSCOPE_MODEL: model name for the engine ("default" = embedded SmolLM2-135M; tests use "tiny").
-- KVSCOPE_ENGINE_PROCESS=1: the engine core runs in a process of its own (engine/core/client.py's
-  EngineClient, same API as EngineThread): drawing never competes with a step for the GIL.
-  KVSCOPE_CORE_CPUS="1" (or "2,3") pins that process to those CPUs where the OS allows.
+- KVSCOPE_ENGINE_PROCESS (default on): the engine core runs in a process of its own
+  (engine/core/client.py's EngineClient, same API as EngineThread), so drawing never competes with
+  a step for the GIL; "0" keeps the engine in a thread of this process. With two or more CPUs the
+  core is pinned to all but the first and this process (pages, charts, the API) to the first
+  (engine/core/placement.py); KVSCOPE_CORE_CPUS="1" (or "2,3") names the core's CPUs instead.
 - KVSCOPE_TEST_MODE=1: deterministic settings (CPU, float32, one torch thread, seed 0, a small
   pool) and static Plotly charts with fixed heights, no live polling, so screenshots are exact;
   every difference is a field of ui/widgets/mode.py's Mode.
@@ -66,6 +68,7 @@ class SharedEngine:
         self.build_error: str | None = None
         self.last_message: str | None = None
         self.generation = 0  # bumps on every (re)build, so sessions can notice
+        self.front: dict | None = None  # where this process was placed (process mode)
 
     def get(self):
         with self.lock:
@@ -75,11 +78,14 @@ class SharedEngine:
 
     def _build(self, config: EngineConfig) -> None:
         from engine import EngineThread, LLMEngine
-        from engine.core.client import EngineClient, core_cpus_from_env, process_enabled
+        from engine.core import placement
+        from engine.core.client import EngineClient, process_enabled
 
         try:
             if process_enabled():
-                self.thread = EngineClient(config, cpus=core_cpus_from_env())
+                where = placement.plan()
+                self.thread = EngineClient(config, cpus=where.core)
+                self.front = placement.tell_front_end(where.front)
             else:
                 self.thread = EngineThread(LLMEngine(config))
             self.build_error = None
@@ -163,11 +169,16 @@ def require_engine():
         st.stop()
     if not th.healthy:
         st.error(f"The engine loop crashed: {th.error}. Restart it from the Home page or here.")
-        if st.button("Restart engine", key="restart_engine_page"):
+        if st.button(restart_label(th), key="restart_engine_page"):
             th.restart()
             st.rerun()
         st.stop()
     return th
+
+
+def restart_label(th) -> str:
+    """The restart button's words: a new core process, or a new in-thread loop."""
+    return "Start a new engine core" if hasattr(th, "placement_now") else "Restart engine"
 
 
 def current_snapshot(th):
@@ -330,20 +341,28 @@ def _cpus_text(cpus) -> str:
     return ("CPU " if len(cpus) == 1 else "CPUs ") + ", ".join(map(str, cpus))
 
 
-def placement_text(th) -> str:
-    """Where the engine's step loop and the front end (pages, charts, the API) run, for Home."""
-    front = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    placement = getattr(th, "placement", None)
-    if placement:
-        n = placement.get("torch_threads")
-        return (
-            f"Engine core: a process of its own, {n or 'GPU'} torch thread(s), {_cpus_text(placement.get('cpus'))}. "
-            f"Front end (pages, charts, the API): this Streamlit process, {_cpus_text(front)}; "
-            "drawing never holds the core's interpreter lock."
-        )
-    n = getattr(getattr(th, "engine", None), "cpu_threads", None)
-    return (
-        f"Engine: a thread of this Streamlit process, {n or 'GPU'} torch thread(s), {_cpus_text(front)}, "
-        "sharing its interpreter with the pages, charts and the API (KVSCOPE_ENGINE_PROCESS=1 moves "
-        "the step loop to a process of its own)."
+def placement_lines(th) -> list[str]:
+    """Where the engine's step loop and the front end (pages, charts, the API) run, for Home:
+    pids, CPUs and threads read from the OS now."""
+    from engine.core import placement as P
+
+    front = P.describe()
+    fe = (
+        f"Front end (pages, charts, the API): pid {front['pid']}, {_cpus_text(front['cpus'])}, "
+        f"{front['os_threads']} OS threads, {front['torch_threads'] or 'no'} torch thread(s)"
     )
+    if hasattr(th, "placement_now"):
+        core = th.placement_now()
+        return [
+            f"Engine core: a process of its own, pid {core.get('pid')}, {_cpus_text(core.get('cpus'))}, "
+            f"{core.get('os_threads')} OS threads, {core.get('torch_threads') or 'no'} torch thread(s) "
+            "(KVSCOPE_ENGINE_PROCESS=0 runs it in a thread of the front end).",
+            fe + "; drawing never holds the core's interpreter lock.",
+        ]
+    n = getattr(getattr(th, "engine", None), "cpu_threads", None)
+    return [
+        f"Engine: a thread of the front end's process, {n or 'GPU'} torch thread(s), sharing its "
+        "interpreter with the pages, charts and the API (KVSCOPE_ENGINE_PROCESS=0 is set; unset, the "
+        "step loop runs in a process of its own).",
+        fe + ".",
+    ]

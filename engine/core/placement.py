@@ -1,0 +1,124 @@
+"""Where the engine core and the front end run on this machine's CPUs (issue 32).
+
+On a machine with few cores the step loop and the drawing must not fight: `plan()` gives the core
+process every allowed CPU but the first and the front end (the Streamlit process: pages, charts,
+the API) the first one; KVSCOPE_CORE_CPUS ("1" or "2,3") names the core's CPUs instead. With a
+single allowed CPU nothing is pinned. `pin()` applies a set to every thread of this process
+(os.sched_setaffinity where the OS allows; a container may refuse: then nothing changes and the
+process still runs). `describe()` reads what a process really has from the OS: its pid, the CPUs
+it may run on, its OS threads and, for this process, torch's intra-op thread count.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    core: list[int] | None  # CPUs of the core process (None: wherever the OS puts it)
+    front: list[int] | None  # CPUs of the front end
+
+
+def allowed_cpus(pid: int = 0) -> list[int] | None:
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    try:
+        return sorted(os.sched_getaffinity(pid))
+    except OSError:
+        return None
+
+
+INITIAL_CPUS = None  # this process's CPUs before pin() changed them (set below)
+
+
+def core_cpus_from_env() -> list[int] | None:
+    """KVSCOPE_CORE_CPUS ("1" or "2,3"): the CPUs the core process is pinned to (where the OS
+    allows); unset: the default plan. ValueError naming the variable if malformed."""
+    raw = os.environ.get("KVSCOPE_CORE_CPUS", "").strip()
+    if not raw:
+        return None
+    try:
+        cpus = sorted({int(x) for x in raw.split(",") if x.strip()})
+    except ValueError:
+        raise ValueError(f"KVSCOPE_CORE_CPUS must be CPU numbers separated by commas, got {raw[:40]!r}") from None
+    if not cpus or cpus[0] < 0:
+        raise ValueError(f"KVSCOPE_CORE_CPUS must name at least one CPU >= 0, got {raw[:40]!r}")
+    return cpus
+
+
+def plan(allowed: list[int] | None = None, core: list[int] | None = None) -> Plan:
+    """The core on every allowed CPU but the first, the front end on the first (`core` given:
+    the core there, the front end on the rest, or everywhere if the core took them all)."""
+    allowed = INITIAL_CPUS if allowed is None else sorted(allowed)
+    core = core_cpus_from_env() if core is None else core
+    if core:
+        rest = [c for c in (allowed or []) if c not in core]
+        return Plan(core=sorted(core), front=rest or None)
+    if not allowed or len(allowed) < 2:
+        return Plan(core=None, front=None)
+    return Plan(core=allowed[1:], front=allowed[:1])
+
+
+def pin(cpus: list[int] | None) -> bool:
+    """Pin every thread of this process (and the threads it starts later) to `cpus`. False where
+    the OS refuses or there is nothing to pin."""
+    if not cpus or not hasattr(os, "sched_setaffinity"):
+        return False
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = [0]
+    ok = False
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, set(cpus))
+            ok = True
+        except OSError:
+            pass  # not allowed here (container limits), or the thread ended meanwhile
+    return ok
+
+
+def os_threads(pid: int) -> int | None:
+    """The number of OS threads of process `pid` (/proc/<pid>/status), None where unreadable."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Threads:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def torch_threads() -> int | None:
+    """torch's intra-op thread count in this process (None when torch is not loaded here)."""
+    torch = sys.modules.get("torch")
+    return torch.get_num_threads() if torch is not None else None
+
+
+def describe(pid: int | None = None) -> dict:
+    """What the OS says about a process now: pid, cpus (the CPUs it may run on), os_threads and,
+    for this process, torch_threads."""
+    own = pid is None or pid == os.getpid()
+    pid = os.getpid() if pid is None else pid
+    d = {"pid": pid, "cpus": allowed_cpus(0 if own else pid), "os_threads": os_threads(pid)}
+    if own:
+        d["torch_threads"] = torch_threads()
+    return d
+
+
+def tell_front_end(cpus: list[int] | None) -> dict:
+    """The front end's share: pinned to `cpus` where allowed and torch told to use as many
+    threads (the front end's torch work is small: snapshots, tokenizers). Returns describe()."""
+    if cpus:
+        pin(cpus)
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            torch.set_num_threads(len(cpus))
+    return describe()
+
+
+INITIAL_CPUS = allowed_cpus()

@@ -1,0 +1,125 @@
+"""The lab process (engine/lab/lab_proc.py): the comparison pages' private engines and the Claims
+page's live measurement run in a process of their own. Results equal the in-process ones,
+callbacks run in the caller, errors keep their type, a killed lab process is replaced, and the
+Claims measurement holds the shared core and leaves it serving. One lab process and one engine
+core for the module."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from engine import SamplingParams
+from engine.config import EngineConfig
+from engine.core.client import EngineClient
+from engine.lab import experiments, lab_proc
+
+pytestmark = pytest.mark.slow
+
+CFG = dict(
+    model="tiny",
+    device="cpu",
+    dtype="float32",
+    block_size=4,
+    num_kv_blocks=96,
+    max_num_seqs=8,
+    max_model_len=512,
+    seed=0,
+    num_threads=1,
+)
+WAIT_S = 300
+
+
+@pytest.fixture(scope="module")
+def lab():
+    yield lab_proc.LAB
+    lab_proc.LAB.stop()
+
+
+def _requests():
+    """Four requests as run_allocator reads them (request_id, prompt ids, max_tokens)."""
+    from types import SimpleNamespace
+
+    return [
+        SimpleNamespace(request_id=f"w{i}", prompt=list(range(1000 + i, 1008 + 3 * i)), max_tokens=4 + 2 * i)
+        for i in range(4)
+    ]
+
+
+def test_run_allocator_same_record_as_in_process_and_callbacks_here(lab):
+    base = EngineConfig(**CFG)
+    kw = dict(model="tiny", block_size=4, budget_blocks=64, max_model_len=64)
+    here = experiments.run_allocator(base, "paged", _requests(), **kw)
+    seen = []
+
+    def on_step(i, snap):
+        import threading
+
+        seen.append((i, snap.step))
+        return threading.Lock()  # as a page's progress bar returns its element: not sent back
+
+    there = lab.run(experiments.run_allocator, base, "paged", _requests(), **kw, on_step=on_step)
+    assert lab.pid not in (None, os.getpid())
+    assert there.steps == here.steps and there.label == here.label
+    assert {k: v.outputs[0].token_ids for k, v in there.outputs.items()} == {
+        k: v.outputs[0].token_ids for k, v in here.outputs.items()
+    }
+    assert [s.metrics.num_blocks_used for s in there.series] == [s.metrics.num_blocks_used for s in here.series]
+    assert len(seen) == there.steps  # every step's callback ran in this process
+
+
+def test_compare_prefix_busy_probe_and_errors_keep_their_type(lab):
+    calls = []
+
+    def busy():
+        calls.append(1)
+        return 0
+
+    prompts = ["System: be brief.\n\nUser: hi", "System: be brief.\n\nUser: colours?"]
+    out = lab.run(experiments.compare_prefix, EngineConfig(**CFG), prompts, 3, prompt_lens=[12, 14], busy=busy)
+    assert out["comparison"].ratio is not None and calls  # the probe ran here
+    assert len(out["hit"]) == len(out["miss"]) == 2
+    with pytest.raises(ValueError, match="prompts"):
+        lab.run(experiments.compare_prefix, EngineConfig(**CFG), [], 3, prompt_lens=[])
+
+
+def test_killed_lab_process_fails_the_run_and_the_next_starts_a_new_one(lab):
+    import threading
+
+    base = EngineConfig(**CFG)
+    kw = dict(model="tiny", block_size=4, budget_blocks=64, max_model_len=64)
+    lab.run(experiments.run_allocator, base, "paged", _requests()[:1], **kw)  # running
+    pid = lab.pid
+    killed = threading.Event()
+
+    def on_step(i, snap):
+        if not killed.is_set():
+            killed.set()
+            os.kill(pid, 9)
+
+    with pytest.raises(RuntimeError, match="measurement process exited"):
+        lab.run(experiments.run_allocator, base, "paged", _requests(), **kw, on_step=on_step)
+    rec = lab.run(experiments.run_allocator, base, "paged", _requests()[:1], **kw)
+    assert rec.steps > 0 and lab.pid != pid
+
+
+def test_claims_measurement_in_the_lab_holds_the_core_and_leaves_it_serving(lab):
+    from engine.lab.claims_live import measure_live
+
+    c = EngineClient(EngineConfig(**CFG))
+    try:
+        said = []
+        res = measure_live(c, progress=lambda f, s: said.append(s))
+        assert said and said[-1] == "done"  # progress reached this process
+        assert set(res["decode_step_s"]) and res["bandwidth_gb_s"] > 0
+        assert all("process of its own" in r.source for r in res["rows"] if getattr(r, "source", None))
+        h = c.submit("Hello", SamplingParams(max_tokens=4))  # the hold was released
+        deadline = time.monotonic() + WAIT_S
+        while not h.finished and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert h.result(timeout=5).finished
+        c.check_invariants()
+    finally:
+        c.close()
