@@ -640,11 +640,15 @@ def kv_quant_grid_row(by_dtype: dict, grid: dict, source: str) -> ClaimRow:
         f"holds if a format loses a needle fp32 recalls (prompts up to {RG.ctx_name(RG.longest(grid))} tokens) "
         f"while ≥ {SHORT_TOP1_MIN:.0%} of its short-prompt next tokens (teacher-forced) are still fp32's; here "
     )
-    per = "; ".join(f"{d} recall {RG.summary(grid, d)}, short prompts {got[d]:.0%}" for d in got)
+    per = "; ".join(f"{d} {RG.summary(grid, d)}, short prompts {got[d]:.0%}" for d in got)
     if first:
         verdict = f"{first[0]}'s recall breaks with its short prompts intact: recall breaks first"
     elif lost:
-        verdict = "every format that loses recall has lost short prompts too: they break together"
+        verdict = (
+            "every format that loses a needle has lost short prompts too ("
+            + ", ".join(f"{d} {got[d]:.0%}" for d in lost)
+            + "): recall does not break first"
+        )
     else:
         verdict = "no format loses a needle fp32 recalls"
     short_first = [d for d in got if breaks[d] is None and got[d] < SHORT_TOP1_MIN]

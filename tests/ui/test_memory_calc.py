@@ -194,7 +194,7 @@ def test_kvquant_caption_shows_the_recall_grid_where_the_file_has_it():
     text = mc.kvquant_caption(data, "int8")
     assert (
         "needles at depths 0.1/0.5/0.9 recalled by prompt length: 1k 3/3 (fp32 3/3), 8k 2/3 (fp32 3/3), "
-        "so recall breaks at 8k tokens (depth 0.5)"
+        "so it loses a needle from 8k tokens (depth 0.5)"
     ) in text
     assert "by context tokens" not in text  # the grid replaces the shorter sweep
     assert "recalled by prompt length" not in mc.kvquant_caption(data, "fp8")  # not in the grid: the sweep's text

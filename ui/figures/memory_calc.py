@@ -322,7 +322,7 @@ def _grid_text(grid, dtype: str) -> str:
         if c in rec
     )
     depths = "/".join(f"{d:g}" for d in grid["depths"])
-    return f"; needles at depths {depths} recalled by prompt length: {pairs}, so recall {RG.summary(grid, dtype)}"
+    return f"; needles at depths {depths} recalled by prompt length: {pairs}, so it {RG.summary(grid, dtype)}"
 
 
 def _recall_sweep_text(data: dict, row: dict, dtype: str = "") -> str:
