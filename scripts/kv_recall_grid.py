@@ -6,10 +6,11 @@ teacher-forced, a hit when the argmax at every code token is the code; and log p
 One engine per format is kept alive, and the grid runs length by length (shortest first), every
 format at each length, so a run cut short still compares the formats at the lengths it reached.
 After each (length, format) the grid so far is written to OUT (JSON); a rerun with the same OUT
-resumes, skipping what OUT already holds. A format that recalls none of the needles fp32 recalls
-at two lengths in a row is not run at longer ones (it has nothing left to lose; "skipped" in OUT
-says where). `--merge` puts the grid into assets/measurements/kvquant.json as "recall_grid",
-where the kv_quant Claims row and the Memory calculator read it.
+resumes, skipping what OUT already holds. A quantized format runs only the needles fp32 recalls
+at that length (null in OUT for the others: where fp32 misses, no format can show a loss). A
+format that recalls none of the needles fp32 recalls at two lengths in a row is not run at longer
+ones (it has nothing left to lose; "skipped" in OUT says where). `--merge` puts the grid into
+assets/measurements/kvquant.json as "recall_grid", where the kv_quant Claims row and the Memory calculator read it.
 
     PYTHONPATH=. HF_HUB_OFFLINE=1 nice -n 19 .venv/bin/python scripts/kv_recall_grid.py OUT
     PYTHONPATH=. .venv/bin/python scripts/kv_recall_grid.py OUT --merge
@@ -115,15 +116,21 @@ def main() -> None:
                 print(f"{c} tokens {dt}: skipped (no needle fp32 recalls at {done})", flush=True)
                 continue
             t = time.time()
-            hits, lps = needle_scores(engines[dt], needles)
+            # a format runs only the needles fp32 recalls at this length (where fp32 misses, no
+            # format can show a loss): null in OUT for the others
+            todo = [i for i in range(len(needles)) if dt == "fp32" or grid["hit"]["fp32"][key][i]]
+            got_hits, got_lps = needle_scores(engines[dt], [needles[i] for i in todo])
+            hits, lps = [None] * len(needles), [None] * len(needles)
+            for i, h, lp in zip(todo, got_hits, got_lps):
+                hits[i], lps[i] = h, lp
             s = time.time() - t
             grid["hit"][dt][key] = hits
-            grid["logprob"][dt][key] = [round(x, 4) for x in lps]
+            grid["logprob"][dt][key] = [None if x is None else round(x, 4) for x in lps]
             grid["seconds"][dt][key] = round(s, 1)
             grid["finished_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
             write(out, grid)
             print(
-                f"{time.strftime('%H:%M:%S')} {c} tokens {dt}: hits {hits} log p {[round(x, 2) for x in lps]} "
+                f"{time.strftime('%H:%M:%S')} {c} tokens {dt}: hits {hits} log p {[x and round(x, 2) for x in lps]} "
                 f"({s:.0f} s, load {os.getloadavg()[0]:.2f})",
                 flush=True,
             )

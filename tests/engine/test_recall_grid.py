@@ -34,6 +34,10 @@ def test_recall_misses_and_breaks_count_only_needles_fp32_finds():
     assert RG.summary(g, "int8") == "loses a needle from 8k tokens (depth 0.5)"
     assert RG.summary(g, "int4") == "keeps every needle to 8k tokens"
     assert not RG.is_grid({"hit": {"int8": {}}, "depths": [0.1]}) and not RG.is_grid(None)
+    # formats run only the needles fp32 recalls: null elsewhere, counted as not recalled
+    n = grid(fp32=FP32_8K_MISS, int8=((T, T, T), (T, T, T), (T, T, T), (None, T, F)))
+    assert RG.recall(n, "int8")["8192"] == RG.recall(n, "fp32")["8192"] - 1 / 3
+    assert RG.misses(n, "int8") == [(8192, 0.9)]
     # a grid cut short (the run stopped after 4k): only measured contexts count
     cut = grid(fp32=ALL[:3], int4=((T, T, T), (T, F, T), (F, F, T)))
     assert RG.longest(cut) == 4096 and RG.breaks_at(cut, "int4") == (2048, [0.5])
