@@ -12,7 +12,7 @@ format that recalls none of the needles fp32 recalls at two lengths in a row is 
 ones (it has nothing left to lose; "skipped" in OUT says where). `--merge` puts the grid into
 assets/measurements/kvquant.json as "recall_grid", where the kv_quant Claims row and the Memory calculator read it.
 
-    PYTHONPATH=. HF_HUB_OFFLINE=1 nice -n 19 .venv/bin/python scripts/kv_recall_grid.py OUT
+    PYTHONPATH=. HF_HUB_OFFLINE=1 nice -n 19 .venv/bin/python scripts/kv_recall_grid.py OUT [--no-skip]
     PYTHONPATH=. .venv/bin/python scripts/kv_recall_grid.py OUT --merge
 """
 
@@ -31,6 +31,7 @@ DTYPES = ("fp32", "int8", "int4", "int2")
 CONTEXTS = (1024, 2048, 4096, 8192)
 DEPTHS = (0.1, 0.5, 0.9)
 MODEL = "default"
+NO_SKIP = "--no-skip" in sys.argv  # run every format at every length (a resumed run completes the grid)
 
 
 def write(path: str, data: dict) -> None:
@@ -92,8 +93,9 @@ def main() -> None:
         "skipped": {dt: [] for dt in DTYPES},
     }
     if old is not None:  # resume: keep what an earlier (interrupted) run measured
-        for k in ("started_at", "contexts", "prompt_tokens", "answers", "hit", "logprob", "seconds"):
-            grid[k] = old.get(k, grid[k])
+        for k in ("started_at", "contexts", "prompt_tokens", "answers", "hit", "logprob", "seconds", "resumed_at"):
+            if k in old:
+                grid[k] = old[k]
         grid.setdefault("resumed_at", []).append(
             datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         )
@@ -108,7 +110,8 @@ def main() -> None:
             done = [k for k in sorted(grid["hit"][dt], key=int)][-2:]
             ref = grid["hit"]["fp32"]
             if (
-                dt != "fp32"
+                not NO_SKIP
+                and dt != "fp32"
                 and len(done) == 2
                 and all(any(ref[k]) and not any(h and r for h, r in zip(grid["hit"][dt][k], ref[k])) for k in done)
             ):

@@ -66,11 +66,11 @@ def ctx_name(c) -> str:
 
 
 def summary(grid: dict, dtype: str) -> str:
-    """'loses a needle from 2k tokens (depth 0.5)' or 'keeps every needle to 8k tokens', for one
+    """'loses a needle from 2k tokens (depth 0.5)' or 'keeps every needle fp32 recalls, to 8k tokens', for one
     format: where its recall breaks first."""
     b = breaks_at(grid, dtype)
     if b is None:
-        return f"keeps every needle to {ctx_name(longest(grid))} tokens"
+        return f"keeps every needle fp32 recalls, to {ctx_name(longest(grid))} tokens"
     c, depths = b
-    what = "a needle" if len(depths) == 1 else "needles"
-    return f"loses {what} from {ctx_name(c)} tokens (depth {'/'.join(f'{d:g}' for d in depths)})"
+    what, dw = ("a needle", "depth") if len(depths) == 1 else ("needles", "depths")
+    return f"loses {what} from {ctx_name(c)} tokens ({dw} {'/'.join(f'{d:g}' for d in depths)})"

@@ -32,7 +32,7 @@ def test_recall_misses_and_breaks_count_only_needles_fp32_finds():
     assert RG.breaks_at(g, "int8") == (8192, [0.5])
     assert RG.breaks_at(g, "int4") is None
     assert RG.summary(g, "int8") == "loses a needle from 8k tokens (depth 0.5)"
-    assert RG.summary(g, "int4") == "keeps every needle to 8k tokens"
+    assert RG.summary(g, "int4") == "keeps every needle fp32 recalls, to 8k tokens"
     assert not RG.is_grid({"hit": {"int8": {}}, "depths": [0.1]}) and not RG.is_grid(None)
     # formats run only the needles fp32 recalls: null elsewhere, counted as not recalled
     n = grid(fp32=FP32_8K_MISS, int8=((T, T, T), (T, T, T), (T, T, T), (None, T, F)))
@@ -64,7 +64,7 @@ def test_kv_quant_row_on_the_grid_recall_breaks_first():
     assert r.why.startswith("holds if a format loses a needle fp32 recalls (prompts up to 8k tokens) while ≥ 90%")
     assert (
         "here int8 loses a needle from 8k tokens (depth 0.5), short prompts 96%; int4 loses a needle from 2k "
-        "tokens (depth 0.5), short prompts 79%; int2 loses needles from 1k tokens (depth 0.1/0.5/0.9), short "
+        "tokens (depth 0.5), short prompts 79%; int2 loses needles from 1k tokens (depths 0.1/0.5/0.9), short "
         "prompts 12% — int8's recall breaks with its short prompts intact: recall breaks first"
     ) in r.why
 
@@ -74,7 +74,7 @@ def test_kv_quant_row_on_the_grid_other_verdicts():
     g = grid(fp32=ALL, int8=ALL, int4=((T, T, T), (T, F, T), (T, T, T), (T, T, T)), int2=((F, F, F),) * 4)
     r = C.kv_quant_row(short(int8=0.96, int4=0.79, int2=0.12), "src", g)
     assert r.holds is False
-    assert "int8 keeps every needle to 8k tokens, short prompts 96%" in r.why
+    assert "int8 keeps every needle fp32 recalls, to 8k tokens, short prompts 96%" in r.why
     assert r.why.endswith(
         "every format that loses a needle has lost short prompts too (int4 79%, int2 12%): recall does not break first"
     )
