@@ -190,7 +190,11 @@ class EngineConfig:
     kv_cache_bytes: int | None = None  # a byte budget (K and V, all layers); default 256 MiB, at most 4096 blocks
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 512
-    max_model_len: int = 2048
+    # None: the model's own limit (its HF config's max_position_embeddings), memory permitting;
+    # explicit: refused where over that limit or (default-sized pool) where one such sequence
+    # does not fit; engine/core/pool_sizing.py resolve_max_model_len. The engine's config holds the
+    # resolved number
+    max_model_len: int | None = None
     enable_prefix_caching: bool = True
     # how full blocks are hashed for prefix caching, as vLLM's option of that name: "sha256" (its
     # default, pickle + SHA-256) or "sha256_cbor" (engine/core/prefix_hash.py)
@@ -273,7 +277,7 @@ class EngineConfig:
             f"max_num_batched_tokens must be an integer >= 1, got {self.max_num_batched_tokens!r}",
         )
         _check(
-            _is_int(self.max_model_len) and 2 <= self.max_model_len <= 1_048_576,
+            self.max_model_len is None or (_is_int(self.max_model_len) and 2 <= self.max_model_len <= 1_048_576),
             f"max_model_len must be an integer in [2, 1048576], got {self.max_model_len!r}",
         )
         _check(

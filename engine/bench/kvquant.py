@@ -27,7 +27,11 @@ Teacher-forced passes run the engine's own ModelRunner on an idle engine's pool 
 off, so no cached block is overwritten): the same write -> widen -> attend path as decoding.
 
 The default model's results also go to assets/measurements/kvquant.json (with the date), which
-the Memory calculator page shows beside the dtype choice.
+the Memory calculator page shows beside the dtype choice. That file also keeps "recall_grid": a
+needle at depths 0.1 / 0.5 / 0.9 of prompts of 1k to 8k tokens (the default model's own limit) for
+fp32 / int8 / int4 / int2, measured apart by scripts/kv_recall_grid.py (too long for this suite on
+a shared 2-core machine) and kept when this suite rewrites the file; the kv_quant Claims row and
+the Memory calculator read it (engine/lab/recall_grid.py).
 """
 
 from __future__ import annotations
@@ -286,6 +290,13 @@ def write_asset(by_dtype: dict, prompt_set: dict, *, quick: bool, model: str, pa
         "prompt_set": prompt_set,
         "dtypes": by_dtype,
     }
+    try:  # the recall grid to the model's context (scripts/kv_recall_grid.py) is measured apart: kept
+        with open(path) as f:
+            grid = json.load(f).get("recall_grid")
+    except (OSError, ValueError, AttributeError):
+        grid = None
+    if grid is not None:
+        data["recall_grid"] = grid
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         json.dump(data, f, indent=1, sort_keys=True)

@@ -8,6 +8,7 @@ metrics; engine/core/output_processor.py). Every memory decision becomes an Even
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 import uuid
@@ -39,6 +40,8 @@ from engine.observe.snapshot import EngineInfo, RequestInfo, Snapshot
 from engine.observe.trace_events import EventRing
 from engine.speculative.decoder import SpecDecoder
 from engine.speculative.drafters import DRAFT_SUFFIX
+
+log = logging.getLogger(__name__)
 
 __all__ = ["LLMEngine", "CompletionOutput", "RequestMetrics", "RequestOutput"]
 
@@ -89,14 +92,14 @@ class LLMEngine:
         self.model, self.tokenizer = load_model(config.model, config.device, config.dtype)
         self.incremental_detok = detokenizer.concatenative(self.tokenizer)  # engine/core/detokenizer.py
         hf = self.model.config
-        check_supported(hf, config.max_model_len)
         self.vocab_size = hf.vocab_size
         self.grammars = Grammars(self.tokenizer, self.vocab_size)  # structured output (built on first use)
-        max_pos = getattr(hf, "max_position_embeddings", None) or config.max_model_len
-        if config.max_model_len > max_pos:
+        model_limit = getattr(hf, "max_position_embeddings", None) or pool_sizing.FALLBACK_MAX_MODEL_LEN
+        if config.max_model_len is not None and config.max_model_len > model_limit:
             raise ValueError(
-                f"max_model_len={config.max_model_len} exceeds the model's max_position_embeddings={max_pos}"
+                f"max_model_len={config.max_model_len} exceeds the model's max_position_embeddings={model_limit}"
             )
+        check_supported(hf, config.max_model_len or model_limit)
         self.kv_cache_dtype = kv_quant.resolve(config.kv_cache_dtype, self.dtype)
         n_layers, n_kv, head_dim = kv_geometry(hf)
         kv_quant.check_head_dim(self.kv_cache_dtype, head_dim)
@@ -109,11 +112,25 @@ class LLMEngine:
             scale_group=kv_scale_group(self.kv_cache_dtype),
         )
         self.bytes_per_block = self.bytes_per_token * config.block_size
+        avail = _available_bytes(self.device)
         num_blocks, field_name = pool_sizing.pool_blocks(
-            config, self.bytes_per_block, self.device.type, lambda: self._gpu_pool_blocks(hf)
+            config,
+            self.bytes_per_block,
+            self.device.type,
+            lambda: self._gpu_pool_blocks(hf),
+            want_tokens=config.max_model_len or model_limit,
+            avail=avail,
         )
+        # max_model_len unset: the model's limit, memory permitting (pool_sizing.resolve_max_model_len)
+        max_model_len, self.max_model_len_note = pool_sizing.resolve_max_model_len(
+            config, model_limit, num_blocks, field_name, self.bytes_per_block
+        )
+        if self.max_model_len_note:
+            log.warning("kvscope: %s", self.max_model_len_note)
+        config = self.config = config.replace(max_model_len=max_model_len)
         # sized from free device memory already under gpu_memory_utilization
-        avail = None if field_name.startswith("gpu_memory_utilization") else _available_bytes(self.device)
+        if field_name.startswith("gpu_memory_utilization"):
+            avail = None
         pool_sizing.check_pool(config, num_blocks, field_name, self.bytes_per_block, self.device.type, avail)
         slab_tokens = config.max_model_len
         num_swap = pool_sizing.swap_blocks(config, self.bytes_per_block)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.config import QUANTIZED_KV_CACHE_DTYPES
+from engine.lab import recall_grid as RG
 from engine.speculative.math import expected_tokens_per_pass
 
 VERIFY_KS = tuple(range(1, 9))
@@ -333,7 +334,10 @@ def rows_from_bench(res: dict[str, BenchResult]) -> list[ClaimRow]:
             src = (
                 f"{kq.get('command', 'bench kvquant')} (model {kq.get('model')}), {KVQUANT_JSON.name}, {kq.get('date')}"
             )
-            rows.append(kv_quant_row(kq.get("dtypes", {}), src))
+            grid = kq.get("recall_grid")
+            if RG.is_grid(grid):
+                src += f"; recall grid to {RG.longest(grid)} tokens: {grid.get('command', 'kv_recall_grid')}"
+            rows.append(kv_quant_row(kq.get("dtypes", {}), src, grid))
     pe = res.get("peers")  # the peers are optional tools: scripts/peers.sh install, then bench peers
     if pe is None:
         rows.append(_row("peers", "—", None, _missing("peers") + " after scripts/peers.sh install", "bench"))
@@ -501,11 +505,15 @@ def recall_breaks_at(recall: dict, base: dict) -> int | None:
     return min(lost) if lost else None
 
 
-def kv_quant_row(by_dtype: dict, source: str) -> ClaimRow:
+def kv_quant_row(by_dtype: dict, source: str, grid: dict | None = None) -> ClaimRow:
     """Holds if some quantized format loses long-range recall (a needle fp32 finds, at some
     context of the sweep) while its short prompts are still intact (teacher-forced top-1 agreement
     with fp32 >= SHORT_TOP1_MIN): recall breaks first as precision drops. Fails when every format
-    that loses recall has lost short prompts too, or none loses recall."""
+    that loses recall has lost short prompts too, or none loses recall. With `grid` (the recall
+    grid to the model's context: engine/lab/recall_grid.py) the recall comes from it, and the row
+    says for each format the shortest context where recall breaks beside its short-prompt agreement."""
+    if RG.is_grid(grid):
+        return kv_quant_grid_row(by_dtype, grid, source)
     base = by_dtype.get("fp32", {}).get("recall_by_context")
     got = {
         d: by_dtype[d]
@@ -597,3 +605,56 @@ def merge(bench_rows: list[ClaimRow], live_rows: list[ClaimRow]) -> list[ClaimRo
     """Bench rows with any live row of the same claim in its place (live is newer)."""
     live = {r.key: r for r in live_rows if r.holds is not None}
     return [live.get(r.key, r) for r in bench_rows]
+
+
+def kv_quant_grid_row(by_dtype: dict, grid: dict, source: str) -> ClaimRow:
+    """kv_quant_row's rule on the recall grid (needles at several depths of prompts up to the
+    model's context) and each format's short-prompt top-1 agreement from `by_dtype`."""
+    got = {
+        d: float(by_dtype[d]["short_top1_agreement"])
+        for d in QUANTIZED_KV
+        if d in grid["hit"]
+        and isinstance(by_dtype.get(d), dict)
+        and isinstance(by_dtype[d].get("short_top1_agreement"), (int, float))
+    }
+    ctxs = RG.contexts(grid)
+    depths = "/".join(f"{d:g}" for d in grid["depths"])
+    if not got:
+        return _row(
+            "kv_quant", "—", None, "the recall grid has no quantized format with short-prompt agreement", source
+        )
+
+    def curve(d):
+        rec = RG.recall(grid, d)
+        return "/".join(f"{rec[c]:.2f}" if c in rec else "—" for c in ctxs)
+
+    measured = (
+        f"share of needles (depths {depths}) recalled at {'/'.join(RG.ctx_name(c) for c in ctxs)} tokens: "
+        f"fp32 {curve('fp32')}; " + "; ".join(f"{d} {curve(d)}, short top-1 {got[d]:.2f}" for d in got)
+    )
+    if not any(any(h) for h in grid["hit"]["fp32"].values()):
+        return _row("kv_quant", measured, None, "fp32 itself recalls no needle: the grid cannot show a loss", source)
+    breaks = {d: RG.breaks_at(grid, d) for d in got}
+    first = [d for d in got if breaks[d] is not None and got[d] >= SHORT_TOP1_MIN]
+    lost = [d for d in got if breaks[d] is not None]
+    rule = (
+        f"holds if a format loses a needle fp32 recalls (prompts up to {RG.ctx_name(RG.longest(grid))} tokens) "
+        f"while ≥ {SHORT_TOP1_MIN:.0%} of its short-prompt next tokens (teacher-forced) are still fp32's; here "
+    )
+    per = "; ".join(f"{d} {RG.summary(grid, d)}, short prompts {got[d]:.0%}" for d in got)
+    if first:
+        verdict = f"{first[0]}'s recall breaks with its short prompts intact: recall breaks first"
+    elif lost:
+        verdict = (
+            "every format that loses a needle has lost short prompts too ("
+            + ", ".join(f"{d} {got[d]:.0%}" for d in lost)
+            + "): recall does not break first"
+        )
+    else:
+        verdict = "no format loses a needle fp32 recalls"
+    short_first = [d for d in got if breaks[d] is None and got[d] < SHORT_TOP1_MIN]
+    if short_first and not first:
+        verdict += (
+            "; " + ", ".join(short_first) + " keeps every needle with short prompts degraded: short prompts first"
+        )
+    return _row("kv_quant", measured, bool(first), rule + per + " — " + verdict, source)

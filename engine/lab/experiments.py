@@ -382,7 +382,7 @@ def spec_private_engine(base: EngineConfig, spec) -> LLMEngine:
     """The Speculative page's private engine: speculation configured by `spec`, room for two
     requests of up to 4096 tokens, prefix caching off (each run pays its full prefill),
     recompute preemption."""
-    mml = min(base.max_model_len, 4096)
+    mml = min(base.max_model_len or 4096, 4096)  # None: the model's limit, at least 4096 here
     return private_engine(
         base,
         speculative=spec,

@@ -169,9 +169,11 @@ def main(argv: list[str] | None = None) -> int:
         th.shutdown()
         return 2
     name = app.state.kvscope.model_name
+    unset = "" if cfg.max_model_len is not None else " (unset: the model's own limit, memory permitting)"
     print(
         f"kvscope serve: {name} on {th.engine.device}, {th.engine.num_blocks} KV blocks of "
-        f"{cfg.block_size} tokens; OpenAI API at http://{a.host}:{a.port}/v1 "
+        f"{cfg.block_size} tokens, max_model_len {th.config.max_model_len}{unset}"
+        f"; OpenAI API at http://{a.host}:{a.port}/v1 "
         f"(metrics: /metrics{', API key required' if a.api_key else ''})",
         file=sys.stderr,
         flush=True,

@@ -193,6 +193,14 @@ class _EngineCollector:
         yield g("kvscope:engine_healthy", "1 while the engine loop runs, 0 after it crashed.", 1 if th.healthy else 0)
 
 
+def served_max_model_len(thread) -> int:
+    """The engine's max_model_len as resolved at startup (EngineConfig.max_model_len None: the
+    model's own limit, memory permitting). An in-process engine's config holds the number; a core
+    process's client keeps the caller's config, so its core is asked."""
+    n = thread.config.max_model_len
+    return n if n is not None else thread.snapshot_now().info.max_model_len
+
+
 class MetricsExporter:
     def __init__(self, thread, model_name: str):
         self.thread = thread
@@ -200,7 +208,7 @@ class MetricsExporter:
         self.registry = CollectorRegistry(auto_describe=False)
         self._lock = threading.Lock()
         lv = (model_name, "0")
-        max_len = thread.config.max_model_len
+        max_len = served_max_model_len(thread)
 
         def h(name, doc, buckets):
             return Histogram(name, doc, labelnames=LABELS, buckets=buckets, registry=self.registry).labels(*lv)

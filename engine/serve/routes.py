@@ -20,7 +20,7 @@ from engine.core.thread import EngineCrashed
 from engine.serve import render
 from engine.serve.bridge import Submitter, Waker
 from engine.serve.errors import APIError, param_of
-from engine.serve.metrics import CONTENT_TYPE
+from engine.serve.metrics import CONTENT_TYPE, served_max_model_len
 from engine.serve.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from engine.serve.tools import (
     ToolCallStream,
@@ -75,7 +75,7 @@ def _model_card(st) -> dict:
         "owned_by": "kvscope",
         "root": cfg.model,
         "parent": None,
-        "max_model_len": cfg.max_model_len,
+        "max_model_len": served_max_model_len(st.thread),
         "permission": [],
     }
 
@@ -123,7 +123,7 @@ async def tokenize(request: Request, body: TokenizeRequest):
             400, str(e), param_of(str(e)) or ("messages" if body.messages is not None else "prompt")
         ) from None
     strs = th.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
-    return {"count": len(ids), "max_model_len": th.config.max_model_len, "tokens": ids, "token_strs": strs}
+    return {"count": len(ids), "max_model_len": served_max_model_len(th), "tokens": ids, "token_strs": strs}
 
 
 @router.post("/detokenize")

@@ -30,6 +30,7 @@ from fastapi.responses import JSONResponse
 from engine.core.inputs import prompt_ids
 from engine.core.thread import EngineCrashed
 from engine.serve.errors import APIError, param_of
+from engine.serve.metrics import served_max_model_len
 from engine.serve.protocol import ChatCompletionRequest, CompletionRequest
 from engine.serve.routes import chat_prompt_ids, check_model, completion_prompt_ids
 
@@ -148,7 +149,7 @@ async def server_info(request: Request):
         "tp_size": 1,
         "instance_id": instance_id(request.app),
         "kv_block_size": cfg.block_size,
-        "max_model_len": cfg.max_model_len,
+        "max_model_len": served_max_model_len(st.thread),
         "enable_prefix_caching": bool(bm.enable_prefix_caching),
         "prefix_caching_hash_algo": bm.hasher.algo,
         "prefix_caching_hash_seed": bm.hasher.seed,

@@ -212,6 +212,12 @@ def test_int4_and_int2_kv_dtypes(calc):
     assert not at.exception and not at.error
     assert H.metrics(at)["KV bytes per token"] == [f"{2 * 32 * 8 * (64 + 16):,} B"]
     assert "x 0.5 bytes + 8,192 scale bytes" in at.code[0].value
+    import json
+
+    data = json.loads((REPO_ROOT / "assets" / "measurements" / "kvquant.json").read_text())
+    caps = [c.value for c in at.caption if c.value.startswith("Measured ")]
+    if "int4" in data.get("recall_grid", {}).get("hit", {}):  # the recall grid to the model's context
+        assert len(caps) == 1 and "needles at depths 0.1/0.5/0.9 recalled by prompt length: 1k " in caps[0]
     at.selectbox(key="mc_dtype").set_value("int2")
     at.run()
     assert H.metrics(at)["KV bytes per token"] == [f"{2 * 32 * 8 * (32 + 16):,} B"]

@@ -771,9 +771,9 @@ def _cases() -> list[Case]:
             r"^exit 2: error: model='/no/such/model': not 'default'",
         ),
         (
-            "a prompt over max_model_len (2048) tokens",
-            ("word " * 2100, "--raw"),
-            r"^exit 2: error: prompt is \d+ tokens; max_model_len is 2048",
+            "a prompt over max_model_len (unset: the tiny model's own limit, 8192) tokens",
+            ("word " * 8300, "--raw"),
+            r"^exit 2: error: prompt is \d+ tokens; max_model_len is 8192",
         ),
         (
             "--num-kv-blocks 1 with --max-tokens 100",

@@ -64,8 +64,16 @@ def test_fixture_rows():
     # no kvquant bench file in the fixture: the row reads the committed measurement (assets/)
     kq = C.committed_kvquant()
     assert kq is not None and "kvquant.json" in rows["kv_quant"].source
-    base = kq["dtypes"]["fp32"]["recall_by_context"]
-    assert "fp32 recall " + "/".join(f"{base[c]:.1f}" for c in sorted(base, key=int)) in rows["kv_quant"].measured
+    from engine.lab import recall_grid as RG
+
+    if RG.is_grid(kq.get("recall_grid")):  # the recall grid to the model's context (scripts/kv_recall_grid.py)
+        g = kq["recall_grid"]
+        ref = RG.recall(g, "fp32")
+        assert "fp32 " + "/".join(f"{ref[c]:.2f}" for c in RG.contexts(g)) + ";" in rows["kv_quant"].measured
+        assert "recall grid to " in rows["kv_quant"].source
+    else:
+        base = kq["dtypes"]["fp32"]["recall_by_context"]
+        assert "fp32 recall " + "/".join(f"{base[c]:.1f}" for c in sorted(base, key=int)) in rows["kv_quant"].measured
     assert rows["kv_quant"].holds is not None
     m = res["memory"].fields
     assert f"{100 * m['paged_waste']:.1f} %" in rows["paged"].measured

@@ -36,7 +36,7 @@ def events(eng, kind):
 def test_the_pool_is_sized_by_pool_sizing_from_the_kv_formula(monkeypatch):
     seen = {}
 
-    def pool_blocks(config, bytes_per_block, device_type, gpu_blocks):
+    def pool_blocks(config, bytes_per_block, device_type, gpu_blocks, **kw):
         seen.update(config=config, bytes_per_block=bytes_per_block, device_type=device_type)
         return 7, "test"
 

@@ -97,3 +97,74 @@ def test_no_torch_import():
     names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert not any(n.split(".")[0] == "torch" for n in names)
+
+
+# ---------------------------------------------------------------- max_model_len: the model's limit, memory permitting
+BPT = 46_080  # the default model's fp32 K/V bytes per token (30 layers x 2 x 3 heads x 64 x 4 B)
+
+
+def test_default_pool_grows_to_one_model_length_sequence_where_memory_permits():
+    c = EngineConfig(model="tiny")  # max_model_len unset
+    bpb = BPT * 16
+    # 256 MiB hold 364 blocks = 5824 tokens, short of 8192: the default pool grows to 512 blocks
+    assert ps.pool_blocks(c, bpb, "cpu", _never, want_tokens=8192, avail=8 * GiB) == (512, "max_model_len=8192")
+    # memory does not permit (512 blocks = 360 MiB > 90 % of 390 MiB): the 256 MiB default stays
+    assert ps.pool_blocks(c, bpb, "cpu", _never, want_tokens=8192, avail=390 * 2**20) == (
+        364,
+        f"kv_cache_bytes={256 * 2**20}",
+    )
+    assert ps.pool_blocks(c, bpb, "cpu", _never, want_tokens=8192, avail=None)[0] == 364  # unknown: no growth
+    # a pool the user sized never grows
+    assert ps.pool_blocks(c.replace(num_kv_blocks=8), bpb, "cpu", _never, want_tokens=8192, avail=8 * GiB) == (
+        8,
+        "num_kv_blocks=8",
+    )
+    k = c.replace(kv_cache_bytes=100 * bpb)
+    assert ps.pool_blocks(k, bpb, "cpu", _never, want_tokens=8192, avail=8 * GiB) == (
+        100,
+        f"kv_cache_bytes={100 * bpb}",
+    )
+
+
+def test_unset_max_model_len_is_the_model_limit():
+    c = EngineConfig(model="tiny")
+    assert c.max_model_len is None
+    assert ps.resolve_max_model_len(c, 8192, 512, "max_model_len=8192", BPT * 16) == (8192, None)
+    assert ps.resolve_max_model_len(c.replace(max_model_len=2048), 8192, 512, "x", BPT * 16) == (2048, None)
+
+
+def test_unset_max_model_len_drops_to_the_pool_with_a_message():
+    c = EngineConfig(model="tiny")
+    n, note = ps.resolve_max_model_len(c, 8192, 364, f"kv_cache_bytes={256 * 2**20}", BPT * 16)
+    assert n == 364 * 16 == 5824
+    assert note == (
+        "one sequence of max_model_len=8192 tokens needs 360.0 MiB of KV cache; the pool "
+        f"(kv_cache_bytes={256 * 2**20}) holds 5824 tokens (255.9 MiB); max_model_len is 5824 (the model's "
+        "limit is 8192: give the pool more memory with kv_cache_bytes for the full length)"
+    )
+
+
+def test_explicit_max_model_len_the_pool_cannot_hold_is_refused():
+    c = EngineConfig(model="tiny", max_model_len=8192)
+    with pytest.raises(ValueError) as e:
+        ps.resolve_max_model_len(c, 8192, 364, "gpu_memory_utilization=0.9", BPT * 16)
+    assert str(e.value) == (
+        "one sequence of max_model_len=8192 tokens needs 360.0 MiB of KV cache; the pool "
+        "(gpu_memory_utilization=0.9) holds 5824 tokens (255.9 MiB). Lower max_model_len to at most 5824, "
+        "or give the pool more memory (kv_cache_bytes, num_kv_blocks or gpu_memory_utilization)"
+    )
+    with pytest.raises(ValueError, match=r"^max_model_len=8193 exceeds the model's max_position_embeddings=8192$"):
+        ps.resolve_max_model_len(c.replace(max_model_len=8193), 8192, 10**6, "x", BPT * 16)
+
+
+def test_a_pool_the_user_sized_keeps_max_model_len_with_a_message():
+    for c in (
+        EngineConfig(model="tiny", num_kv_blocks=8),
+        EngineConfig(model="tiny", num_kv_blocks=8, max_model_len=512),
+    ):
+        n, note = ps.resolve_max_model_len(c, 8192, 8, "num_kv_blocks=8", 4096)
+        assert n == (c.max_model_len or 8192)
+        assert note.startswith(f"one sequence of max_model_len={n} tokens needs ")
+        assert note.endswith(
+            "the pool (num_kv_blocks=8) holds 128 tokens (0.0 MiB); a request longer than 128 tokens is refused"
+        )

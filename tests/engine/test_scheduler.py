@@ -24,6 +24,7 @@ class Rig:
     """A Scheduler on a real BlockManager, the swap copies and the clock stubbed, events kept."""
 
     def __init__(self, num_blocks=16, num_swap_blocks=0, **cfg):
+        cfg.setdefault("max_model_len", 2048)  # no engine here to resolve None to the model's limit
         self.config = EngineConfig(block_size=BS, **cfg)
         c = self.config
         self.bm = BlockManager(

@@ -177,3 +177,24 @@ def test_kvquant_caption_shows_short_prompt_agreement_and_recall_by_context():
     assert "int4" in mc.KV_DTYPES and "int2" in mc.KV_DTYPES and mc.KVQUANT_NAMES["fp8"] == "fp8_e4m3"
     # a file without the sweep reads as before
     assert "by context" not in mc.kvquant_caption(KVQ, "int8")
+
+
+def test_kvquant_caption_shows_the_recall_grid_where_the_file_has_it():
+    import copy
+
+    data = copy.deepcopy(KVQ)
+    data["recall_grid"] = {
+        "contexts": [1024, 8192],
+        "depths": [0.1, 0.5, 0.9],
+        "hit": {
+            "fp32": {"1024": [True] * 3, "8192": [True] * 3},
+            "int8": {"1024": [True] * 3, "8192": [True, False, True]},
+        },
+    }
+    text = mc.kvquant_caption(data, "int8")
+    assert (
+        "needles at depths 0.1/0.5/0.9 recalled by prompt length: 1k 3/3 (fp32 3/3), 8k 2/3 (fp32 3/3), "
+        "so it loses a needle from 8k tokens (depth 0.5)"
+    ) in text
+    assert "by context tokens" not in text  # the grid replaces the shorter sweep
+    assert "recalled by prompt length" not in mc.kvquant_caption(data, "fp8")  # not in the grid: the sweep's text

@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 
 from engine.config import KV_CACHE_DTYPES
 from engine.lab import memory_math as mm
+from engine.lab import recall_grid as RG
 from ui.figures import theme
 
 KIND_COLORS = {"MHA": "#D55E00", "GQA": "#0072B2", "MQA": "#009E73", "MLA": "#CC79A7"}
@@ -308,11 +309,31 @@ KVQUANT_NAMES = {("fp8" if d == "fp8_e4m3" else d): d for d in KV_CACHE_DTYPES i
 KV_DTYPES = tuple(KVQUANT_NAMES)  # the calculator's KV cache dtype choices
 
 
-def _recall_sweep_text(data: dict, row: dict) -> str:
-    """The short-prompt agreement and the recall-by-distance figures, where the file has them."""
+def _grid_text(grid, dtype: str) -> str:
+    """The recall grid's line for one format: needles recalled per prompt length (of the depths),
+    beside fp32's, and where recall first breaks; "" where the grid lacks the format."""
+    if not RG.is_grid(grid) or dtype not in grid["hit"]:
+        return ""
+    n = len(grid["depths"])
+    rec, ref = RG.recall(grid, dtype), RG.recall(grid, "fp32")
+    pairs = ", ".join(
+        f"{RG.ctx_name(c)} {round(rec[c] * n)}/{n} (fp32 {round(ref[c] * n)}/{n})"
+        for c in RG.contexts(grid)
+        if c in rec
+    )
+    depths = "/".join(f"{d:g}" for d in grid["depths"])
+    return f"; needles at depths {depths} recalled by prompt length: {pairs}, so it {RG.summary(grid, dtype)}"
+
+
+def _recall_sweep_text(data: dict, row: dict, dtype: str = "") -> str:
+    """The short-prompt agreement and the recall-by-distance figures (the recall grid to the
+    model's context where the file has it for this format, else the sweep)."""
     out = ""
     if isinstance(row.get("short_top1_agreement"), (int, float)):
         out += f"; on short prompts {row['short_top1_agreement']:.0%} of next-token picks are fp32's"
+    grid_text = _grid_text(data.get("recall_grid"), dtype)
+    if grid_text:
+        return out + grid_text
     rec, base = row.get("recall_by_context"), (data.get("dtypes") or {}).get("fp32", {}).get("recall_by_context")
     if isinstance(rec, dict) and isinstance(base, dict) and rec:
         pairs = ", ".join(
@@ -338,12 +359,13 @@ def kvquant_caption(data: dict | None, dtype: str) -> str | None:
                 f"for the other formats; {row['tokens_per_mib']:,.0f} tokens per MiB, "
                 f"{row['decode_tok_s']:.1f} tok/s decode, needle recall {row['needle_recall']:.0%}."
             )
+        recall_text = _recall_sweep_text(data, row, KVQUANT_NAMES.get(dtype, dtype))
         return (
             f"Measured {date} on kvscope's engine ({data.get('model', '?')} model) vs an fp32 cache: "
             f"{row['token_agreement']:.0%} of greedy tokens identical, "
             f"{row['sequences_identical']:.0%} of outputs identical, mean KL {row['mean_kl']:.2g} nats, "
             f"needle recall {row['needle_recall']:.0%} (fp32: "
-            f"{data['dtypes']['fp32']['needle_recall']:.0%}){_recall_sweep_text(data, row)}; "
+            f"{data['dtypes']['fp32']['needle_recall']:.0%}){recall_text}; "
             f"{row['tokens_per_mib']:,.0f} tokens per MiB "
             f"({row['tokens_vs_fp32']:.2f}x fp32), {row['decode_tok_s']:.1f} tok/s decode. "
             f"Command: `{data.get('command', 'python -m engine bench kvquant')}`."
