@@ -203,7 +203,7 @@ class _CoreProcess:
             if self.out.poll(POLL_MS):
                 kind, payload = self.out.recv_multipart()
                 if kind == b"ready":
-                    self.placement = pickle.loads(payload)
+                    self.placement, self.config = pickle.loads(payload)
                     return
                 if kind == b"build_failed":
                     typ, msg = pickle.loads(payload)
@@ -461,7 +461,8 @@ class EngineClient:
 
     @property
     def config(self) -> EngineConfig:
-        return self._config
+        """The core's config as its engine resolved it (max_model_len None -> the model's limit)."""
+        return self._core.config
 
     @property
     def tokenizer(self):

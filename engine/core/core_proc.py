@@ -366,7 +366,7 @@ def core_main(
     from engine.core.placement import describe
 
     placement = describe()
-    out.send_multipart([b"ready", pickle.dumps(placement)])
+    out.send_multipart([b"ready", pickle.dumps((placement, engine.config))])  # the config as resolved (max_model_len)
     core = _Core(engine, (cmd, out, pub), parent_pid, snapshot_interval)
     core.push = push_snapshots
     core.publish(force=True)

@@ -272,3 +272,15 @@ def test_client_process_dies_core_aborts_its_requests_and_leaks_nothing(tmp_path
             p.kill()
             p.wait(WAIT_S)
         p.stdout.close()
+
+
+def test_config_is_the_cores_resolved_config():
+    """max_model_len left unset is resolved by the core's engine (the model's own limit: 8192 for
+    the tiny model); the client reports that value, not the None it was handed."""
+    cfg = {k: v for k, v in CFG.items() if k != "max_model_len"}
+    c = EngineClient(EngineConfig(**cfg))
+    try:
+        assert EngineConfig(**cfg).max_model_len is None
+        assert c.config.max_model_len == 8192
+    finally:
+        c.shutdown()
