@@ -24,6 +24,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+free_port = _free_port  # public name for the other suites
+
+
 def _pct(xs: list[float], q: float) -> float | None:
     if not xs:
         return None
