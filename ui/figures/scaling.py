@@ -75,3 +75,25 @@ def scaling_figure(fields: dict, machine: dict | None = None, height: int = 420)
         fig.update_yaxes(type="log", row=1, col=col)
     theme.comparison_layout(fig, f"Cost as work grows — {subtitle(fields, machine)}", height=height)
     return fig
+
+
+def caption(fields: dict, source: str) -> str:
+    """Plain text under the figure: where it came from, the goals measured, why a peer is missing."""
+    rows = SP.table(fields)
+    g = SP.goals(rows, fields)
+    parts = [f"From {source}; {subtitle(fields)}."]
+    n, ok = g.get("points_vs_best_peer"), g.get("points_at_or_above_best_peer")
+    if n:
+        parts.append(
+            f"kvscope at or above the best peer at {ok} of {n} points "
+            f"(goal: all; worst {g['worst_vs_best_peer']:.2f}x)."
+        )
+    for k, v in g.items():
+        if k.endswith("_of_limit") and v is not None:
+            what, x = k.split("_")[:2]
+            parts.append(f"{what} at {x} tokens: {v:.2f} of its limit (goal >= 0.6).")
+    for e, why in (fields.get("peers") or {}).items():
+        if not str(why).startswith("ok"):
+            parts.append(f"{SP.ENGINE_LABELS.get(e, e)}: {why}.")
+    parts.append("Limits are the machine's measured matmul rate (prefill) and read bandwidth (decode), dashed.")
+    return " ".join(parts)
