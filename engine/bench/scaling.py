@@ -102,9 +102,10 @@ class _Segments:
         self.log: list[dict] = []
 
     @contextlib.contextmanager
-    def __call__(self, name: str):
+    def __call__(self, name: str, lock: bool = True):
+        """lock=False: a segment nothing is timed in (a server starting) leaves the lock to others."""
         self.ctx.start(name)
-        f = open(self.path, "a") if self.path else None  # noqa: SIM115 (closed below)
+        f = open(self.path, "a") if (self.path and lock) else None  # noqa: SIM115 (closed below)
         try:
             if f is not None:
                 fcntl.flock(f, fcntl.LOCK_EX)
@@ -204,7 +205,6 @@ def suite_scaling(ctx: C.BenchContext) -> SuiteResult:
     import torch
 
     from engine.model import kernel_isa
-    from engine.model.models import gguf_source
 
     _, SamplingParams, _ = C.require_engine()
     res = SuiteResult()
@@ -233,44 +233,6 @@ def suite_scaling(ctx: C.BenchContext) -> SuiteResult:
     with seg("kvscope: TTFT and decode against length"):
         info = _kvscope_lengths(ctx, SamplingParams, prompts, g["new_tokens"], max_len, seg, points)
 
-    gguf = None
-    try:
-        gguf = gguf_source(C.load_hf_model(ctx.model, ctx.dtype())[0])
-    except Exception:
-        gguf = None
-    if peers.llamacpp_python() is None:
-        peer_state["llamacpp"] = f"not installed (scripts/peers.sh install-llamacpp: {peers.LLAMACPP_PIN})"
-    elif not gguf:
-        peer_state["llamacpp"] = f"no GGUF file for model {ctx.model!r}"
-    else:
-        with seg("llama.cpp: TTFT and decode against length, N=1"):
-            jobs = [{"prompt": p, "n_new": g["new_tokens"]} for p in prompts]
-            jobs.append({"prompt": conc[g["concurrency"][0]][0], "n_new": g["conc_new_tokens"]})
-            lc = peers.llamacpp_scaling(gguf, jobs, threads, n_ctx=max_len + 8)
-        if "results" in lc:
-            peer_state["llamacpp"] = f"ok (llama-cpp-python {lc.get('version')})"
-            load = seg.log[-1]["load_1m"]
-            for p, r in zip(prompts, lc["results"]):
-                points.append(
-                    {"axis": "prefill", "x": len(p), "engine": "llamacpp", "value": r["ttft_s"], "load_1m": load}
-                )
-                points.append(
-                    {"axis": "decode", "x": len(p), "engine": "llamacpp", "value": r["decode_tok_s"], "load_1m": load}
-                )
-            last = lc["results"][-1]
-            if g["concurrency"][0] == 1 and last.get("wall_s"):
-                points.append(
-                    {
-                        "axis": "concurrency",
-                        "x": 1,
-                        "engine": "llamacpp",
-                        "value": g["conc_new_tokens"] / last["wall_s"],
-                        "load_1m": load,
-                    }
-                )
-        else:
-            peer_state["llamacpp"] = lc.get("why", "failed")
-
     blocks = C.blocks_for([g["conc_prompt_len"]] * max(g["concurrency"]), g["conc_new_tokens"]) + 16
     with seg("kvscope: output tok/s against concurrency (HTTP)"):
         with _kvscope_server(ctx, max(g["concurrency"]), max_len, blocks) as k:
@@ -296,6 +258,8 @@ def suite_scaling(ctx: C.BenchContext) -> SuiteResult:
             peer_state["vllm"] = "ok"
         except Exception as e:  # a peer failing must not lose kvscope's and the other peer's points
             peer_state["vllm"] = f"failed: {type(e).__name__}: {str(e)[:300]}"
+
+    _llamacpp_points(ctx, g, prompts, conc, threads, max_len, seg, points, peer_state)
 
     with seg("roofs again"):
         mm1, bw1 = _measure_roofs(shape, dt, ctx.quick, ctx.smoke)
@@ -351,22 +315,56 @@ def _vllm_points(ctx, g, prompts, conc, threads, max_len, seg, points) -> None:
     extra = os.environ.get("VLLM_EXTRA_ARGS", "")
     os.environ["VLLM_EXTRA_ARGS"] = f"{extra} --max-model-len {max_len}".strip()  # the last flag wins
     try:
-        with seg("vLLM: start"):
+        with seg("vLLM: start (not timed, unlocked)", lock=False):
             v = VllmServer()
             v.__enter__()
     finally:
         os.environ["VLLM_EXTRA_ARGS"] = extra
     try:
         base = {"base": v.base, "model": "default"}
-        with seg("vLLM: TTFT and decode against length"):
-            _http_point(base, [13] * 8, 2)  # warm-up
-            for p in prompts:
+        _http_point(base, [13] * 8, 2)  # warm-up
+        for p in prompts:
+            with seg(f"vLLM: length {len(p)}"):
                 ttft, dec = _http_point(base, p, g["new_tokens"])
                 points.append({"axis": "prefill", "x": len(p), "engine": "vllm", "value": ttft, "load_1m": seg.load()})
                 points.append({"axis": "decode", "x": len(p), "engine": "vllm", "value": dec, "load_1m": seg.load()})
-        with seg("vLLM: output tok/s against concurrency"):
-            for n, ps in conc.items():
+        for n, ps in conc.items():
+            with seg(f"vLLM: concurrency {n}"):
                 val = _http_concurrency(base, ps, g["conc_new_tokens"])
                 points.append({"axis": "concurrency", "x": n, "engine": "vllm", "value": val, "load_1m": seg.load()})
     finally:
         v.__exit__(None, None, None)
+
+
+def _llamacpp_points(ctx, g, prompts, conc, threads, max_len, seg, points, peer_state) -> None:
+    """llama.cpp on the same GGUF, one subprocess and one timed segment per point (each segment
+    short on a shared machine; the model loads in about a second)."""
+    from engine.model.models import gguf_source
+
+    try:
+        gguf = gguf_source(C.load_hf_model(ctx.model, ctx.dtype())[0])
+    except Exception:
+        gguf = None
+    if peers.llamacpp_python() is None:
+        peer_state["llamacpp"] = f"not installed (scripts/peers.sh install-llamacpp: {peers.LLAMACPP_PIN})"
+        return
+    if not gguf:
+        peer_state["llamacpp"] = f"no GGUF file for model {ctx.model!r}"
+        return
+    jobs = [("length", {"prompt": p, "n_new": g["new_tokens"]}) for p in prompts]
+    if g["concurrency"][0] == 1:
+        jobs.append(("concurrency", {"prompt": conc[1][0], "n_new": g["conc_new_tokens"]}))
+    for kind, job in jobs:
+        with seg(f"llama.cpp: {kind} {len(job['prompt'])} tokens"):
+            lc = peers.llamacpp_scaling(gguf, [job], threads, n_ctx=max_len + 8)
+        if "results" not in lc:
+            peer_state["llamacpp"] = lc.get("why", "failed")
+            return
+        r, load, x = lc["results"][0], seg.log[-1]["load_1m"], len(job["prompt"])
+        if kind == "length":
+            points.append({"axis": "prefill", "x": x, "engine": "llamacpp", "value": r["ttft_s"], "load_1m": load})
+            points.append({"axis": "decode", "x": x, "engine": "llamacpp", "value": r["decode_tok_s"], "load_1m": load})
+        elif r.get("wall_s"):
+            v = g["conc_new_tokens"] / r["wall_s"]
+            points.append({"axis": "concurrency", "x": 1, "engine": "llamacpp", "value": v, "load_1m": load})
+        peer_state["llamacpp"] = f"ok (llama-cpp-python {lc.get('version')}, one sequence at a time)"
