@@ -100,6 +100,7 @@ class _Segments:
         self.ctx = ctx
         self.path = os.environ.get("KVSCOPE_BENCH_LOCK")
         self.log: list[dict] = []
+        self.on_done = None  # called after each segment (the suite saves its points so far)
 
     @contextlib.contextmanager
     def __call__(self, name: str, lock: bool = True):
@@ -115,6 +116,8 @@ class _Segments:
             self.log.append(rec)
             yield rec
             rec["wall_s"] = time.perf_counter() - t
+            if self.on_done is not None:
+                self.on_done()
         finally:
             if f is not None:
                 fcntl.flock(f, fcntl.LOCK_UN)
@@ -208,7 +211,14 @@ def suite_scaling(ctx: C.BenchContext) -> SuiteResult:
 
     _, SamplingParams, _ = C.require_engine()
     res = SuiteResult()
-    g = SP.grid(ctx.quick, ctx.smoke)
+    try:
+        g = SP.with_overrides(
+            SP.grid(ctx.quick, ctx.smoke),
+            os.environ.get("KVSCOPE_SCALING_LENGTHS"),
+            os.environ.get("KVSCOPE_SCALING_CONCURRENCY"),
+        )
+    except ValueError as e:
+        raise C.BenchUnavailable(str(e)) from None
     seg = _Segments(ctx)
     points: list[dict] = []
     peer_state: dict[str, str] = {}
@@ -227,8 +237,22 @@ def suite_scaling(ctx: C.BenchContext) -> SuiteResult:
     conc_base = C.filler_ids(tok, g["conc_prompt_len"] + sum(g["concurrency"]) + 8, seed=1)
     conc = _conc_sets(conc_base, g)
 
+    partial = os.path.join(ctx.out_dir, "scaling-partial.json")
+
+    def save_partial():  # a run cut short keeps what it measured (not read as a result: no stamp)
+        import json
+
+        with open(partial, "w") as f:
+            json.dump(
+                {"grid": g, "roofs_at_start": roofs0, "points": points, "peers": peer_state, "segments": seg.log}, f
+            )
+
+    roofs0: dict = {}
+    seg.on_done = save_partial
+
     with seg("roofs (matmul, bandwidth)"):
         mm0, bw0 = _measure_roofs(shape, dt, ctx.quick, ctx.smoke)
+    roofs0.update(peak_matmul_gflops=mm0["gflops"], mem_bw_gb_s=bw0)
 
     with seg("kvscope: TTFT and decode against length"):
         info = _kvscope_lengths(ctx, SamplingParams, prompts, g["new_tokens"], max_len, seg, points)

@@ -53,6 +53,22 @@ def grid(quick: bool = False, smoke: bool = False) -> dict:
     }
 
 
+def with_overrides(g: dict, lengths: str | None = None, concurrency: str | None = None) -> dict:
+    """The grid with its lengths / concurrency levels replaced by comma lists (the suite reads
+    $KVSCOPE_SCALING_LENGTHS and $KVSCOPE_SCALING_CONCURRENCY: a run of some points only)."""
+    out = dict(g)
+    for key, text in (("lengths", lengths), ("concurrency", concurrency)):
+        if text:
+            try:
+                vals = sorted({int(v) for v in text.split(",") if v.strip()})
+            except ValueError:
+                raise ValueError(f"{key} must be comma-separated integers, got {text!r}") from None
+            if not vals or vals[0] < 1:
+                raise ValueError(f"{key} must be integers >= 1, got {text!r}")
+            out[key] = vals
+    return out
+
+
 def max_len_needed(g: dict) -> int:
     """The longest sequence the grid asks any engine to hold (its max_model_len must cover it)."""
     return max(max(g["lengths"]) + g["new_tokens"], g["conc_prompt_len"] + g["conc_new_tokens"])
