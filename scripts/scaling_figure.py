@@ -1,8 +1,9 @@
-"""Writes docs/scaling.svg and prints docs/BENCHMARKS.md's opening table from a stored `bench
-scaling` result (default: the newest results/scaling-*.json; or a path). The figure is
-ui/figures/scaling.scaling_figure of that result's fields; kaleido renders it with Chromium.
+"""Writes docs/scaling.svg and prints docs/BENCHMARKS.md's opening table from stored `bench
+scaling` results (default: the newest results/scaling-*.json; or one or more paths, merged point by
+point: scaling_points.merge). The figure is ui/figures/scaling.scaling_figure of the fields;
+kaleido renders it with Chromium.
 
-    .venv/bin/python scripts/scaling_figure.py [RESULT.json] [--out docs/scaling.svg]
+    .venv/bin/python scripts/scaling_figure.py [RESULT.json ...] [--out docs/scaling.svg]
 """
 
 from __future__ import annotations
@@ -23,15 +24,17 @@ def main() -> int:
     from ui.figures.scaling import scaling_figure
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("result", nargs="?", help="a results/scaling-*.json (default: the newest one)")
+    p.add_argument("result", nargs="*", help="results/scaling-*.json files (default: the newest one)")
     p.add_argument("--out", default=os.path.join(ROOT, "docs", "scaling.svg"))
     args = p.parse_args()
-    path = args.result or (latest_results().get("scaling").path if latest_results().get("scaling") else None)
-    if not path:
+    latest = latest_results().get("scaling")
+    paths = args.result or ([latest.path] if latest else [])
+    if not paths:
         print("no scaling result: run `python -m engine bench scaling` (or --quick) first", file=sys.stderr)
         return 2
-    data = json.loads(open(path).read())
-    fields, machine = data["fields"], data.get("machine") or {}
+    datas = [json.loads(open(p_).read()) for p_ in paths]
+    fields, machine = SP.merge([d["fields"] for d in datas]), datas[0].get("machine") or {}
+    path = " + ".join(paths)
     fig = scaling_figure(fields, machine, height=460)
     browser = find_chromium()
     if browser:

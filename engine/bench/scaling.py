@@ -272,7 +272,10 @@ def suite_scaling(ctx: C.BenchContext) -> SuiteResult:
                     }
                 )
 
-    if peers.vllm_command() is None:
+    wanted = set((os.environ.get("KVSCOPE_SCALING_PEERS") or "llamacpp,vllm").split(","))
+    if "vllm" not in wanted:
+        peer_state["vllm"] = "not run: left out by $KVSCOPE_SCALING_PEERS"
+    elif peers.vllm_command() is None:
         peer_state["vllm"] = f"not installed ({peers.peers_dir()}/vllm: scripts/peers.sh install-vllm)"
     elif ctx.model != "default":
         peer_state["vllm"] = f"not run: scripts/peers.sh serves the default model, not {ctx.model!r}"
@@ -283,7 +286,10 @@ def suite_scaling(ctx: C.BenchContext) -> SuiteResult:
         except Exception as e:  # a peer failing must not lose kvscope's and the other peer's points
             peer_state["vllm"] = f"failed: {type(e).__name__}: {str(e)[:300]}"
 
-    _llamacpp_points(ctx, g, prompts, conc, threads, max_len, seg, points, peer_state)
+    if "llamacpp" in wanted:
+        _llamacpp_points(ctx, g, prompts, conc, threads, max_len, seg, points, peer_state)
+    else:
+        peer_state["llamacpp"] = "not run: left out by $KVSCOPE_SCALING_PEERS"
 
     with seg("roofs again"):
         mm1, bw1 = _measure_roofs(shape, dt, ctx.quick, ctx.smoke)

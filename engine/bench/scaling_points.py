@@ -69,6 +69,39 @@ def with_overrides(g: dict, lengths: str | None = None, concurrency: str | None 
     return out
 
 
+def merge(results: list[dict]) -> dict:
+    """Several stored results' fields as one (runs of different points, e.g. a --quick grid and
+    an 8k-only run): grid points united, each point and limit kept from its own run (its own
+    roofs), the peers' states and segments listed per run. Where two runs measured the same point,
+    `value` keeps the better one."""
+    if len(results) == 1:
+        return results[0]
+    g = dict(results[0].get("grid") or {})
+    for key in ("lengths", "concurrency"):
+        g[key] = sorted({x for r in results for x in (r.get("grid") or {}).get(key, [])})
+    out = {
+        "grid": g,
+        "points": [p for r in results for p in r.get("points") or []],
+        "limits": [],
+        "peers": {},
+        "isa": results[0].get("isa"),
+        "threads": results[0].get("threads"),
+        "segments": [s for r in results for s in r.get("segments") or []],
+        "runs": len(results),
+    }
+    seen = set()
+    for r in results:  # one limit per point: the first run that measured it
+        for lim in r.get("limits") or []:
+            if (lim["axis"], lim["x"]) not in seen:
+                seen.add((lim["axis"], lim["x"]))
+                out["limits"].append(lim)
+        for e, why in (r.get("peers") or {}).items():
+            out["peers"].setdefault(e, [])
+            out["peers"][e].append(why)
+    out["peers"] = {e: "; ".join(dict.fromkeys(v)) for e, v in out["peers"].items()}
+    return out
+
+
 def max_len_needed(g: dict) -> int:
     """The longest sequence the grid asks any engine to hold (its max_model_len must cover it)."""
     return max(max(g["lengths"]) + g["new_tokens"], g["conc_prompt_len"] + g["conc_new_tokens"])

@@ -176,3 +176,20 @@ def test_scaling_smoke_tiny_stores_every_point_and_limit(capsys, tmp_path, monke
     assert set(f["peers"]) == {"llamacpp", "vllm"} and all(f["peers"].values())
     assert all("load_1m" in s for s in f["segments"])
     assert f["roofs"]["weight_bytes_read_per_step"] > 0 and f["roofs"]["peak_matmul_gflops"] > 0
+
+
+def test_merge_unites_runs_point_by_point():
+    a = _fields()
+    b = {
+        "grid": {"lengths": [8000], "concurrency": [1]},
+        "points": [{"axis": "prefill", "x": 8000, "engine": "kvscope", "value": 90.0}],
+        "limits": [{"axis": "prefill", "x": 8000, "value": 30.0}, {"axis": "concurrency", "x": 1, "value": 99.0}],
+        "peers": {"vllm": "not run"},
+        "isa": "AVX2+FMA",
+    }
+    m = SP.merge([a, b])
+    assert m["grid"]["lengths"] == [128, 8000] and m["grid"]["concurrency"] == [1]
+    rows = {(r["axis"], r["x"]): r for r in SP.table(m)}
+    assert rows[("prefill", 8000)]["of_limit"] == pytest.approx(30 / 90)
+    assert rows[("concurrency", 1)]["limit"] == 60.0  # the first run's limit for a point both hold
+    assert m["peers"] == {"vllm": "not run"} and SP.merge([a]) is a
