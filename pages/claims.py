@@ -9,6 +9,7 @@ import streamlit as st
 from engine.lab import claims as C
 from engine.lab.claims_live import measure_live
 from ui.figures import claims as CL
+from ui.figures import scaling as SC
 from ui.widgets import engine_access as ea
 from ui.widgets import shell
 
@@ -71,3 +72,15 @@ else:
     )
 
 st.html(CL.claims_table_html(rows))
+
+scaling = bench.get("scaling")
+with st.expander("Cost as work grows: kvscope vs llama.cpp vs vLLM CPU (bench scaling)", expanded=False):
+    if scaling is None:
+        st.caption(
+            "No `bench scaling` result is stored yet. `python -m engine bench scaling --quick` (a few minutes) "
+            "or `python -m engine bench scaling` (the full grid to 8k tokens and 64 requests) measures it; "
+            "llama.cpp and vLLM CPU join where `scripts/peers.sh install` has installed them."
+        )
+    else:
+        ea.chart(SC.scaling_figure(scaling.fields), key="claims_scaling")
+        st.caption(html.escape(SC.caption(scaling.fields, scaling.label)))

@@ -90,7 +90,7 @@ install_llamacpp() {
 }
 
 hf_folder() {
-  (cd "$ROOT" && "$ROOT/.venv/bin/python" -c "from engine.models import default_hf_folder; print(default_hf_folder())")
+  (cd "$ROOT" && "$ROOT/.venv/bin/python" -c "from engine.model.models import default_hf_folder; print(default_hf_folder())")
 }
 
 vllm_start() {

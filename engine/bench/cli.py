@@ -96,6 +96,15 @@ SUITES: dict[str, Suite] = {
             module="weight_formats",
         ),
         Suite(
+            "scaling",
+            "suite_scaling",
+            8,
+            "cost as work grows, kvscope vs llama.cpp vs vLLM CPU: TTFT against prompt length (128 -> 8k), "
+            "decode tok/s against context, output tok/s against concurrency (1 -> 64), each point beside its "
+            "limit (engine/bench/scaling.py)",
+            module="scaling",
+        ),
+        Suite(
             "fleet",
             "suite_fleet",
             2,
@@ -245,6 +254,12 @@ def main(argv: list[str] | None = None) -> int:
         progress.advance("thread probe")
     thread_policy["used"] = torch.get_num_threads()
     machine = machine_info()
+    try:  # the path the C kernels were built for: every figure is read beside it
+        from engine.model import kernel_isa
+
+        machine["isa"] = kernel_isa.summary()
+    except Exception as e:  # never stops a run
+        machine["isa"] = f"unknown ({type(e).__name__})"
     summary = {
         "suite": names[0] if len(names) == 1 else ",".join(names),
         "quick": args.quick,
@@ -331,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
         f"machine: {machine['nproc']} cpus, {machine['cpu']}, torch {machine['torch']} "
         f"({machine['torch_threads']} threads, --threads {args.threads}"
         + (", probe ms " + ", ".join(f"{k} thr {v:.1f}" for k, v in probe.items()) if probe else "")
-        + f"), transformers {machine['transformers']}, load avg {machine['load_avg_1m_at_start']}"
+        + f"), transformers {machine['transformers']}, load avg {machine['load_avg_1m_at_start']}",
+        f"isa: {machine['isa']} (the C kernels' build, engine/model/kernel_isa.py)",
     ]
     foot += [f"note: {n}" for n in ctx.notes]
     if ctx.files:

@@ -230,3 +230,57 @@ def llamacpp_decode_bs1(
     if proc.returncode != 0:
         return {"why": f"llama.cpp peer failed: {(proc.stderr or proc.stdout).strip()[-300:]}"}
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+_LLAMACPP_SCALING_SCRIPT = r"""
+import json, sys, time
+from llama_cpp import Llama
+path, threads = sys.argv[1], int(sys.argv[2])
+spec = json.loads(sys.stdin.read())
+llm = Llama(model_path=path, n_ctx=spec["n_ctx"], n_threads=threads, n_threads_batch=threads, n_batch=512,
+            verbose=False)
+llm.reset()
+llm.eval(spec["jobs"][0]["prompt"][:32])          # warm-up (page cache, allocations)
+out = []
+for job in spec["jobs"]:
+    llm.reset()                                     # from position 0: nothing of the last job reused
+    t0 = time.perf_counter()
+    llm.eval(job["prompt"])
+    tok = llm.sample(temp=0.0)                      # the first token: TTFT
+    t1 = time.perf_counter()
+    for _ in range(job["n_new"] - 1):
+        llm.eval([tok])
+        tok = llm.sample(temp=0.0)
+    t2 = time.perf_counter()
+    n = job["n_new"] - 1
+    out.append({"ttft_s": t1 - t0, "decode_tok_s": n / (t2 - t1) if n > 0 and t2 > t1 else None, "wall_s": t2 - t0})
+import llama_cpp
+print(json.dumps({"results": out, "version": llama_cpp.__version__}))
+"""
+
+
+def llamacpp_scaling(gguf_path: str, jobs: list[dict], threads: int, n_ctx: int, timeout: float = 1800) -> dict:
+    """llama.cpp on the same GGUF, one request at a time (llama-cpp-python's high-level API runs
+    one sequence): per job {"prompt": ids, "n_new": n}, its TTFT (prompt evaluated in 512-token
+    batches, then the first greedy token), its decode tok/s over the other n_new - 1 tokens and its
+    wall time. Returns {"results": [...], "version"} or {"why"} where it cannot run."""
+    import json
+    import subprocess
+
+    py = llamacpp_python()
+    if py is None:
+        return {"why": f"no llama.cpp peer environment (scripts/peers.sh install-llamacpp installs {LLAMACPP_PIN})"}
+    try:
+        proc = subprocess.run(
+            [py, "-c", _LLAMACPP_SCALING_SCRIPT, gguf_path, str(threads)],
+            input=json.dumps({"n_ctx": n_ctx, "jobs": jobs}),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError) as e:
+        return {"why": f"llama.cpp peer failed: {type(e).__name__}: {e}"}
+    if proc.returncode != 0:
+        return {"why": f"llama.cpp peer failed: {(proc.stderr or proc.stdout).strip()[-300:]}"}
+    return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -135,10 +135,20 @@ def compute_roof(shape: ModelShape, peak_gflops: float, prompt_lens, new_tokens)
     }
 
 
-def memory_roof_tok_s(shape: ModelShape, bandwidth_gb_s: float, dtype_bytes: int, context: float) -> float:
-    """Batch-1 decode rate if each step only had to stream the weights and the KV cache once."""
-    step_bytes = shape.weight_bytes(dtype_bytes) + shape.kv_token_bytes(dtype_bytes) * context
-    return bandwidth_gb_s * 1e9 / step_bytes
+def memory_roof_tok_s(
+    shape: ModelShape,
+    bandwidth_gb_s: float,
+    dtype_bytes: int,
+    context: float,
+    weight_bytes: int | None = None,
+    batch: int = 1,
+) -> float:
+    """Decode rate if each step only had to stream the weights once and every sequence's KV cache
+    once: `batch` sequences at `context` tokens each, weights of `weight_bytes` (default: the
+    linears in `dtype_bytes`, i.e. fp32 copies; pass the bytes a quantized format reads)."""
+    w = shape.weight_bytes(dtype_bytes) if weight_bytes is None else weight_bytes
+    step_bytes = w + shape.kv_token_bytes(dtype_bytes) * context * batch
+    return batch * bandwidth_gb_s * 1e9 / step_bytes
 
 
 def fraction(achieved, roof):
@@ -469,7 +479,7 @@ def suite_roofline(ctx: C.BenchContext) -> SuiteResult:
     ctxlen = len(p1) + n1 / 2
     mroof = memory_roof_tok_s(shape, bw, dbytes, ctxlen)
     read = by_fmt["auto"]["weight_bytes"]
-    mroof_read = bw * 1e9 / (read + shape.kv_token_bytes(dbytes) * ctxlen)
+    mroof_read = memory_roof_tok_s(shape, bw, dbytes, ctxlen, weight_bytes=read)
     res.add("weight_bytes", shape.weight_bytes(dbytes), f"matmul weights per decode step in {ctx.dtype()}", row=False)
     res.add(
         "weight_format",

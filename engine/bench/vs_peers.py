@@ -187,3 +187,9 @@ def suite_peers(ctx: C.BenchContext) -> SuiteResult:
         res.add(f"ttft_1k_prefix_{name}_p50_s", pct(xs, 0.5), f"{len(xs)} requests, 1k-token prefix cached")
     ctx.done("summary")
     return res
+
+
+# public names for the other suites that drive the peers (engine/bench/scaling.py)
+VllmServer = _Vllm
+http_client = _client
+http_tok_s = _tok_s

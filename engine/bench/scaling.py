@@ -1,0 +1,400 @@
+"""`python -m engine bench scaling`: cost as the work grows, kvscope against llama.cpp and vLLM CPU
+in one run, each point beside the machine's limit.
+
+- prefill: TTFT of one request against its prompt length (128 -> 8k);
+- decode: tokens/s of that same request's decode steps, at that context;
+- concurrency: output tokens/s of N concurrent requests (1 -> 64), all sent at once.
+
+kvscope runs in this process (prefill / decode: engine steps timed directly, as `bench roofline`
+does; concurrency: its HTTP server, as vLLM is measured). llama.cpp runs the same GGUF in its peer
+venv (engine/bench/peers.llamacpp_scaling); llama-cpp-python's API runs one sequence at a time,
+so its concurrency point is N = 1 only. vLLM CPU is served from its peer venv with
+max_model_len 8,192 and measured over HTTP by the same streaming client as kvscope's server. A
+peer that is not installed is named in `peers` and the others still run. Every request's prompt
+is unique (a different window of filler text), so no engine serves one from its prefix cache.
+
+Limits (engine/bench/roofline.py's formulas, the one home of each):
+- prefill: the prompt's FLOPs (workload_flops: linears, causal attention, one lm_head) at the peak
+  matmul rate measured at the model's shapes -> a TTFT floor in seconds;
+- decode: the bytes one step reads (the weights in the format kvscope reads them, plus the K/V of
+  the context) at the measured read bandwidth (memory_roof_tok_s);
+- concurrency: the lower of the workload's compute roof (compute_roof) and the batch-N memory roof.
+The matmul rate and bandwidth are measured at the start and the end of the run; the best is used.
+
+With KVSCOPE_BENCH_LOCK=<path> every timed segment holds an exclusive flock on that file (other
+benchmarks on a shared machine wait; nothing else is timed meanwhile), and each segment's 1-minute
+load average is stored beside its points."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import time
+
+from engine.bench import common as C
+from engine.bench import peers
+from engine.bench import scaling_points as SP
+from engine.bench.common import SuiteResult
+from engine.bench.roofline import (
+    ModelShape,
+    compute_roof,
+    measure_best_matmuls,
+    measure_read_bandwidth,
+    memory_roof_tok_s,
+    workload_flops,
+)
+
+
+def prefill_limit_s(shape: ModelShape, peak_gflops: float, prompt_len: int) -> float:
+    """The TTFT floor: the prompt's FLOPs (first token included) at the peak matmul rate."""
+    return workload_flops(shape, [prompt_len], 1) / (peak_gflops * 1e9)
+
+
+def decode_limit_tok_s(shape: ModelShape, bw_gb_s: float, dtype_bytes: int, weight_bytes: int, context: float) -> float:
+    return memory_roof_tok_s(shape, bw_gb_s, dtype_bytes, context, weight_bytes=weight_bytes)
+
+
+def concurrency_limit_tok_s(
+    shape: ModelShape, peak_gflops: float, bw_gb_s: float, dtype_bytes: int, weight_bytes: int, n: int, p: int, new: int
+) -> float:
+    comp = compute_roof(shape, peak_gflops, [p] * n, new)["compute_roof_tok_s"]
+    mem = memory_roof_tok_s(shape, bw_gb_s, dtype_bytes, p + new / 2, weight_bytes=weight_bytes, batch=n)
+    return min(comp, mem)
+
+
+def limits_for(shape: ModelShape, g: dict, roofs: dict, dtype_bytes: int) -> list[dict]:
+    """The limit at every grid point (pure: the grid, the model shape, the measured rates)."""
+    peak, bw, wb = roofs["peak_matmul_gflops"], roofs["mem_bw_gb_s"], roofs["weight_bytes_read_per_step"]
+    out = []
+    for L in g["lengths"]:
+        out.append(
+            {"axis": "prefill", "x": L, "value": prefill_limit_s(shape, peak, L), "basis": "FLOPs / peak matmul"}
+        )
+        ctx_mid = L + g["new_tokens"] / 2
+        out.append(
+            {
+                "axis": "decode",
+                "x": L,
+                "value": decode_limit_tok_s(shape, bw, dtype_bytes, wb, ctx_mid),
+                "basis": "bandwidth / (weights read + K/V)",
+            }
+        )
+    for n in g["concurrency"]:
+        v = concurrency_limit_tok_s(shape, peak, bw, dtype_bytes, wb, n, g["conc_prompt_len"], g["conc_new_tokens"])
+        out.append({"axis": "concurrency", "x": n, "value": v, "basis": "min(compute roof, batch memory roof)"})
+    return out
+
+
+def unique_prompts(base: list[int], lengths: list[int], start: int = 1) -> list[list[int]]:
+    """One prompt per length, each a different window of `base` (offset start, start+1, ...): no
+    two share a first block, so no prefix cache serves any of them."""
+    return [base[start + i : start + i + L] for i, L in enumerate(lengths)]
+
+
+class _Segments:
+    """Timed segments: each optionally under an exclusive flock ($KVSCOPE_BENCH_LOCK), with the
+    1-minute load average at its start recorded."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.path = os.environ.get("KVSCOPE_BENCH_LOCK")
+        self.log: list[dict] = []
+        self.on_done = None  # called after each segment (the suite saves its points so far)
+
+    @contextlib.contextmanager
+    def __call__(self, name: str, lock: bool = True):
+        """lock=False: a segment nothing is timed in (a server starting) leaves the lock to others."""
+        self.ctx.start(name)
+        f = open(self.path, "a") if (self.path and lock) else None  # noqa: SIM115 (closed below)
+        try:
+            if f is not None:
+                fcntl.flock(f, fcntl.LOCK_EX)
+            load = round(os.getloadavg()[0], 2)
+            t = time.perf_counter()
+            rec = {"name": name, "load_1m": load}
+            self.log.append(rec)
+            yield rec
+            rec["wall_s"] = time.perf_counter() - t
+            if self.on_done is not None:
+                self.on_done()
+        finally:
+            if f is not None:
+                fcntl.flock(f, fcntl.LOCK_UN)
+                f.close()
+            self.ctx.done(name)
+
+    def load(self) -> float | None:
+        return self.log[-1]["load_1m"] if self.log else None
+
+
+def _measure_roofs(shape, dt, quick: bool, smoke: bool) -> tuple[dict, float]:
+    rows = (16,) if smoke else (256, 512)
+    mm, _ = measure_best_matmuls(shape, rows=rows, dtype=dt, min_time=0.01 if smoke else 0.3)
+    m = max(mm, key=lambda r: mm[r]["all_gflops"])
+    bw = measure_read_bandwidth(16 if smoke else (256 if quick else 1024))
+    return {"gflops": mm[m]["all_gflops"], "rows": m, "kernel": mm[m]["kernel"]}, bw
+
+
+def _kvscope_lengths(ctx, SamplingParams, prompts, new, max_len, seg, points):
+    llm = C.make_llm(
+        ctx, max_num_seqs=2, max_model_len=max_len, num_kv_blocks=C.blocks_for([max(len(p) for p in prompts)], new) + 8
+    )
+    try:
+        C.warm_up(llm, SamplingParams, prompts[0])
+        info = llm.engine.info()
+        for i, p in enumerate(prompts):
+            marks = C.token_times(llm, p, C.greedy(SamplingParams, new), f"scaling-{i}")
+            ttft = marks[1][0] - marks[0][0] if len(marks) > 1 else None
+            load = seg.load()
+            points.append({"axis": "prefill", "x": len(p), "engine": "kvscope", "value": ttft, "load_1m": load})
+            points.append(
+                {"axis": "decode", "x": len(p), "engine": "kvscope", "value": C.decode_rate(marks), "load_1m": load}
+            )
+        return info
+    finally:
+        C.free_llm(llm)
+
+
+def _http_point(base: dict, prompt: list[int], new: int) -> tuple[float | None, float | None]:
+    """(TTFT s, decode tok/s) of one streamed request, as a client sees it."""
+    from engine.bench.vs_peers import http_client
+
+    r = http_client({**base, "prompts": [prompt], "new": new})["results"][0]
+    times = r["times"]
+    if not times:
+        return None, None
+    ttft = times[0] - r["t0"]
+    n = (r.get("usage") or {}).get("completion_tokens") or len(times)
+    dec = (n - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else None
+    return ttft, dec
+
+
+def _http_concurrency(base: dict, prompts: list[list[int]], new: int) -> float:
+    from engine.bench.vs_peers import http_client, http_tok_s
+
+    return http_tok_s(http_client({**base, "prompts": prompts, "new": new}))
+
+
+@contextlib.contextmanager
+def _kvscope_server(ctx, max_seqs: int, max_len: int, blocks: int):
+    from engine.bench.serve import free_port
+    from engine.core.thread import EngineThread
+    from engine.serve import create_app, run_in_background
+
+    llm = C.make_llm(ctx, max_num_seqs=max_seqs, max_model_len=max_len, num_kv_blocks=blocks)
+    th = EngineThread(engine=llm.engine)
+    port = free_port()
+    server = run_in_background(create_app(th, model_name="bench", max_waiting=4096), "127.0.0.1", port)
+    try:
+        yield {"base": f"http://127.0.0.1:{port}", "model": "bench"}
+    finally:
+        server.should_exit = True
+        server.thread.join(10)
+        th.shutdown()
+        C.free_llm(llm)
+
+
+def _conc_sets(base: list[int], g: dict) -> dict[int, list[list[int]]]:
+    """N distinct prompts of conc_prompt_len tokens per concurrency level, none repeated."""
+    out, off, p = {}, 1, g["conc_prompt_len"]
+    for n in g["concurrency"]:
+        out[n] = [base[off + i : off + i + p] for i in range(n)]
+        off += n
+    return out
+
+
+def suite_scaling(ctx: C.BenchContext) -> SuiteResult:
+    import torch
+
+    from engine.model import kernel_isa
+
+    _, SamplingParams, _ = C.require_engine()
+    res = SuiteResult()
+    try:
+        g = SP.with_overrides(
+            SP.grid(ctx.quick, ctx.smoke),
+            os.environ.get("KVSCOPE_SCALING_LENGTHS"),
+            os.environ.get("KVSCOPE_SCALING_CONCURRENCY"),
+        )
+    except ValueError as e:
+        raise C.BenchUnavailable(str(e)) from None
+    seg = _Segments(ctx)
+    points: list[dict] = []
+    peer_state: dict[str, str] = {}
+    threads = C.torch_threads()
+
+    model, tok = ctx.hf()
+    shape = ModelShape.from_config(model.config)
+    limit_model = int(getattr(model.config, "max_position_embeddings", 0) or 0)
+    max_len = max(SP.max_len_needed(g), 64)
+    if limit_model and max_len > limit_model:
+        raise C.BenchUnavailable(f"the grid needs {max_len} tokens, the model holds {limit_model}")
+    dt = getattr(torch, ctx.dtype())
+    dbytes = torch.tensor([], dtype=dt).element_size()
+    base = C.filler_ids(tok, max(g["lengths"]) + len(g["lengths"]) + 8, seed=0)
+    prompts = unique_prompts(base, g["lengths"])
+    conc_base = C.filler_ids(tok, g["conc_prompt_len"] + sum(g["concurrency"]) + 8, seed=1)
+    conc = _conc_sets(conc_base, g)
+
+    partial = os.path.join(ctx.out_dir, "scaling-partial.json")
+
+    def save_partial():  # a run cut short keeps what it measured (not read as a result: no stamp)
+        import json
+
+        with open(partial, "w") as f:
+            json.dump(
+                {"grid": g, "roofs_at_start": roofs0, "points": points, "peers": peer_state, "segments": seg.log}, f
+            )
+
+    roofs0: dict = {}
+    seg.on_done = save_partial
+
+    with seg("roofs (matmul, bandwidth)"):
+        mm0, bw0 = _measure_roofs(shape, dt, ctx.quick, ctx.smoke)
+    roofs0.update(peak_matmul_gflops=mm0["gflops"], mem_bw_gb_s=bw0)
+
+    with seg("kvscope: TTFT and decode against length"):
+        info = _kvscope_lengths(ctx, SamplingParams, prompts, g["new_tokens"], max_len, seg, points)
+
+    blocks = C.blocks_for([g["conc_prompt_len"]] * max(g["concurrency"]), g["conc_new_tokens"]) + 16
+    with seg("kvscope: output tok/s against concurrency (HTTP)"):
+        with _kvscope_server(ctx, max(g["concurrency"]), max_len, blocks) as k:
+            _http_concurrency(k, [conc_base[:16]], 2)  # warm-up
+            for n, ps in conc.items():
+                points.append(
+                    {
+                        "axis": "concurrency",
+                        "x": n,
+                        "engine": "kvscope",
+                        "value": _http_concurrency(k, ps, g["conc_new_tokens"]),
+                        "load_1m": seg.load(),
+                    }
+                )
+
+    wanted = set((os.environ.get("KVSCOPE_SCALING_PEERS") or "llamacpp,vllm").split(","))
+    if "vllm" not in wanted:
+        peer_state["vllm"] = "not run: left out by $KVSCOPE_SCALING_PEERS"
+    elif peers.vllm_command() is None:
+        peer_state["vllm"] = f"not installed ({peers.peers_dir()}/vllm: scripts/peers.sh install-vllm)"
+    elif ctx.model != "default":
+        peer_state["vllm"] = f"not run: scripts/peers.sh serves the default model, not {ctx.model!r}"
+    else:
+        try:
+            _vllm_points(ctx, g, prompts, conc, threads, max_len, seg, points)
+            peer_state["vllm"] = "ok"
+        except Exception as e:  # a peer failing must not lose kvscope's and the other peer's points
+            peer_state["vllm"] = f"failed: {type(e).__name__}: {str(e)[:300]}"
+
+    if "llamacpp" in wanted:
+        _llamacpp_points(ctx, g, prompts, conc, threads, max_len, seg, points, peer_state)
+    else:
+        peer_state["llamacpp"] = "not run: left out by $KVSCOPE_SCALING_PEERS"
+
+    with seg("roofs again"):
+        mm1, bw1 = _measure_roofs(shape, dt, ctx.quick, ctx.smoke)
+    mm_best = max((mm0, mm1), key=lambda m: m["gflops"])
+    roofs = {
+        "peak_matmul_gflops": mm_best["gflops"],
+        "peak_matmul_rows": mm_best["rows"],
+        "matmul_kernel": mm_best["kernel"],
+        "mem_bw_gb_s": max(bw0, bw1),
+        "weight_bytes_read_per_step": int(info.weight_bytes_per_step),
+        "weight_format": info.weight_format,
+        "kv_bytes_per_token": shape.kv_token_bytes(dbytes),
+    }
+    fields = {
+        "grid": g,
+        "roofs": roofs,
+        "points": points,
+        "limits": limits_for(shape, g, roofs, dbytes),
+        "peers": peer_state,
+        "isa": kernel_isa.summary(),
+        "threads": threads,
+        "max_model_len": max_len,
+        "segments": seg.log,
+    }
+    for k_, v in fields.items():
+        res.add(k_, v, row=False)
+    rows = SP.table(fields)
+    for r in rows:
+        unit = SP.AXES[r["axis"]][1]
+        note = ", ".join(f"{SP.ENGINE_LABELS[e]} {SP.fmt(r[e], unit)}" for e in SP.ENGINES[1:] if r[e] is not None)
+        note += f"; limit {SP.fmt(r['limit'], unit)}"
+        if r["vs_best_peer"] is not None:
+            note += f"; vs best peer {r['vs_best_peer']:.2f}x"
+        if r["of_limit"] is not None:
+            note += f"; of limit {r['of_limit']:.2f}"
+        res.rows.append((f"{r['axis']}_{r['x']}_kvscope_{unit.replace('/', '_')}", r["kvscope"], note))
+    gl = SP.goals(rows, fields)
+    res.add("goals", gl, row=False)
+    for k_, v in gl.items():
+        res.rows.append((k_, v, ""))
+    for e, why in peer_state.items():
+        res.rows.append((f"peer_{e}", why, ""))
+    res.rows.append(("isa", fields["isa"], "the C kernels' path (engine/model/kernel_isa.py)"))
+    res.rows.append(("peak_matmul_gflops", roofs["peak_matmul_gflops"], f"M={roofs['peak_matmul_rows']}, best of 2"))
+    res.rows.append(("mem_bw_gb_s", roofs["mem_bw_gb_s"], "best of 2"))
+    return res
+
+
+def _vllm_points(ctx, g, prompts, conc, threads, max_len, seg, points) -> None:
+    from engine.bench.vs_peers import VllmServer
+
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{threads - 1}" if threads > 1 else "0")
+    extra = os.environ.get("VLLM_EXTRA_ARGS", "")
+    os.environ["VLLM_EXTRA_ARGS"] = f"{extra} --max-model-len {max_len}".strip()  # the last flag wins
+    try:
+        with seg("vLLM: start (not timed, unlocked)", lock=False):
+            v = VllmServer()
+            v.__enter__()
+    finally:
+        os.environ["VLLM_EXTRA_ARGS"] = extra
+    try:
+        base = {"base": v.base, "model": "default"}
+        _http_point(base, [13] * 8, 2)  # warm-up
+        for p in prompts:
+            with seg(f"vLLM: length {len(p)}"):
+                ttft, dec = _http_point(base, p, g["new_tokens"])
+                points.append({"axis": "prefill", "x": len(p), "engine": "vllm", "value": ttft, "load_1m": seg.load()})
+                points.append({"axis": "decode", "x": len(p), "engine": "vllm", "value": dec, "load_1m": seg.load()})
+        for n, ps in conc.items():
+            with seg(f"vLLM: concurrency {n}"):
+                val = _http_concurrency(base, ps, g["conc_new_tokens"])
+                points.append({"axis": "concurrency", "x": n, "engine": "vllm", "value": val, "load_1m": seg.load()})
+    finally:
+        v.__exit__(None, None, None)
+
+
+def _llamacpp_points(ctx, g, prompts, conc, threads, max_len, seg, points, peer_state) -> None:
+    """llama.cpp on the same GGUF, one subprocess and one timed segment per point (each segment
+    short on a shared machine; the model loads in about a second)."""
+    from engine.model.models import gguf_source
+
+    try:
+        gguf = gguf_source(C.load_hf_model(ctx.model, ctx.dtype())[0])
+    except Exception:
+        gguf = None
+    if peers.llamacpp_python() is None:
+        peer_state["llamacpp"] = f"not installed (scripts/peers.sh install-llamacpp: {peers.LLAMACPP_PIN})"
+        return
+    if not gguf:
+        peer_state["llamacpp"] = f"no GGUF file for model {ctx.model!r}"
+        return
+    jobs = [("length", {"prompt": p, "n_new": g["new_tokens"]}) for p in prompts]
+    if g["concurrency"][0] == 1:
+        jobs.append(("concurrency", {"prompt": conc[1][0], "n_new": g["conc_new_tokens"]}))
+    for kind, job in jobs:
+        with seg(f"llama.cpp: {kind} {len(job['prompt'])} tokens"):
+            lc = peers.llamacpp_scaling(gguf, [job], threads, n_ctx=max_len + 8)
+        if "results" not in lc:
+            peer_state["llamacpp"] = lc.get("why", "failed")
+            return
+        r, load, x = lc["results"][0], seg.log[-1]["load_1m"], len(job["prompt"])
+        if kind == "length":
+            points.append({"axis": "prefill", "x": x, "engine": "llamacpp", "value": r["ttft_s"], "load_1m": load})
+            points.append({"axis": "decode", "x": x, "engine": "llamacpp", "value": r["decode_tok_s"], "load_1m": load})
+        elif r.get("wall_s"):
+            v = g["conc_new_tokens"] / r["wall_s"]
+            points.append({"axis": "concurrency", "x": 1, "engine": "llamacpp", "value": v, "load_1m": load})
+        peer_state["llamacpp"] = f"ok (llama-cpp-python {lc.get('version')}, one sequence at a time)"

@@ -1,0 +1,195 @@
+"""`bench scaling` (engine/bench/scaling.py, scaling_points.py) and its figure: the grids, every
+point's limit from roofline.py's formulas, the stored result's schema and table, the goals, the
+figure. No timing is asserted: the end-to-end test runs the tiny model through the suite and
+checks the shape of what it stores."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from engine.bench import cli
+from engine.bench import common as C
+from engine.bench import roofline as R
+from engine.bench import scaling as S
+from engine.bench import scaling_points as SP
+from engine.bench.report import BenchUnavailable
+
+SMOL = dict(
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    head_dim=64,
+    vocab_size=49152,
+)
+ROOFS = {"peak_matmul_gflops": 150.0, "mem_bw_gb_s": 20.0, "weight_bytes_read_per_step": 97_000_000}
+
+
+def test_grids_grow_to_8k_and_64_and_fit_the_model():
+    full, quick = SP.grid(), SP.grid(quick=True)
+    assert full["lengths"][0] == 128 and full["lengths"][-1] >= 8000
+    assert full["concurrency"][0] == 1 and full["concurrency"][-1] == 64
+    assert SP.max_len_needed(full) <= 8192  # SmolLM2's own limit
+    for g in (full, quick, SP.grid(smoke=True)):
+        assert g["lengths"] == sorted(set(g["lengths"])) and g["concurrency"] == sorted(set(g["concurrency"]))
+    assert sum(quick["lengths"]) < sum(full["lengths"]) and max(quick["concurrency"]) < 64
+
+
+def test_limits_come_from_the_roofline_formulas():
+    shape = R.ModelShape.from_config(SMOL)
+    g = SP.grid()
+    lims = S.limits_for(shape, g, ROOFS, 4)
+    assert len(lims) == 2 * len(g["lengths"]) + len(g["concurrency"])
+    pre = [SP.limit(lims, "prefill", L) for L in g["lengths"]]
+    dec = [SP.limit(lims, "decode", L) for L in g["lengths"]]
+    for L, v in zip(g["lengths"], pre):
+        assert v == pytest.approx(R.workload_flops(shape, [L], 1) / 150e9)
+    for L, v in zip(g["lengths"], dec):
+        ctx = L + g["new_tokens"] / 2
+        assert v == pytest.approx(20e9 / (97_000_000 + shape.kv_token_bytes(4) * ctx))
+    assert pre == sorted(pre) and dec == sorted(dec, reverse=True)  # costlier as the work grows
+    p, new = g["conc_prompt_len"], g["conc_new_tokens"]
+    for n in g["concurrency"]:
+        v = SP.limit(lims, "concurrency", n)
+        comp = R.compute_roof(shape, 150.0, [p] * n, new)["compute_roof_tok_s"]
+        mem = R.memory_roof_tok_s(shape, 20.0, 4, p + new / 2, weight_bytes=97_000_000, batch=n)
+        assert v == pytest.approx(min(comp, mem))
+
+
+def test_memory_roof_batch_and_weight_bytes():
+    s = R.ModelShape.from_config(SMOL)
+    # the default is the old batch-1, fp32-weights roof
+    assert R.memory_roof_tok_s(s, 10.0, 4, 100) == pytest.approx(10e9 / (s.weight_bytes(4) + 100 * 46_080))
+    # a batch of 8 reads the weights once and each sequence's K/V
+    assert R.memory_roof_tok_s(s, 10.0, 4, 100, weight_bytes=1000, batch=8) == pytest.approx(
+        8 * 10e9 / (1000 + 8 * 100 * 46_080)
+    )
+
+
+def test_unique_prompts_share_no_first_block():
+    base = list(range(10_000))
+    ps = S.unique_prompts(base, [128, 512, 2048])
+    assert [len(p) for p in ps] == [128, 512, 2048]
+    assert len({tuple(p[:16]) for p in ps}) == 3
+    sets = S._conc_sets(base, {"concurrency": [1, 4, 16], "conc_prompt_len": 32})  # noqa: SLF001 (its own test)
+    firsts = [tuple(p[:16]) for ps in sets.values() for p in ps]
+    assert len(firsts) == 21 == len(set(firsts))
+
+
+def _fields():
+    """A stored result's fields, written by hand (units: TTFT s, rates tok/s)."""
+    pts = [
+        {"axis": "prefill", "x": 128, "engine": "kvscope", "value": 0.5},
+        {"axis": "prefill", "x": 128, "engine": "kvscope", "value": 0.4},  # two rounds: the lower TTFT counts
+        {"axis": "prefill", "x": 128, "engine": "llamacpp", "value": 0.8},
+        {"axis": "prefill", "x": 128, "engine": "vllm", "value": 0.2},
+        {"axis": "decode", "x": 128, "engine": "kvscope", "value": 40.0},
+        {"axis": "decode", "x": 128, "engine": "llamacpp", "value": 50.0},
+        {"axis": "decode", "x": 128, "engine": "vllm", "value": None},
+        {"axis": "concurrency", "x": 1, "engine": "kvscope", "value": 30.0},
+    ]
+    lims = [
+        {"axis": "prefill", "x": 128, "value": 0.1},
+        {"axis": "decode", "x": 128, "value": 100.0},
+        {"axis": "concurrency", "x": 1, "value": 60.0},
+    ]
+    return {"grid": {"lengths": [128], "concurrency": [1]}, "points": pts, "limits": lims, "isa": "AVX2+FMA"}
+
+
+def test_table_ratios_are_speed_ratios():
+    rows = {(r["axis"], r["x"]): r for r in SP.table(_fields())}
+    pre = rows[("prefill", 128)]
+    assert pre["kvscope"] == 0.4 and pre["best_peer"] == "vllm"
+    assert pre["vs_best_peer"] == pytest.approx(0.2 / 0.4)  # TTFT: kvscope half as fast as vLLM
+    assert pre["of_limit"] == pytest.approx(0.1 / 0.4)
+    dec = rows[("decode", 128)]
+    assert dec["best_peer"] == "llamacpp" and dec["vllm"] is None
+    assert dec["vs_best_peer"] == pytest.approx(0.8) and dec["of_limit"] == pytest.approx(0.4)
+    conc = rows[("concurrency", 1)]
+    assert conc["vs_best_peer"] is None and conc["best_peer"] is None and conc["of_limit"] == pytest.approx(0.5)
+    g = SP.goals(list(rows.values()), _fields())
+    assert g["points_vs_best_peer"] == 2 and g["points_at_or_above_best_peer"] == 0
+    assert g["worst_vs_best_peer"] == pytest.approx(0.5)
+    assert g["prefill_128_of_limit"] == pytest.approx(0.25) and g["decode_128_of_limit"] == pytest.approx(0.4)
+    md = SP.markdown_table(_fields()).splitlines()
+    assert len(md) == 2 + 3 and md[2].startswith("| TTFT") and "0.50×" in md[2] and "–" in md[3]
+
+
+def test_figure_is_three_panels_from_the_fields():
+    from ui.figures.scaling import scaling_figure
+
+    fig = scaling_figure(_fields(), {"cpu": "AMD EPYC", "nproc": 2})
+    names = [(t.name, t.xaxis) for t in fig.data]
+    # prefill: 3 engines + limit; decode: 2 engines + limit (vLLM has no value); concurrency: 1 + limit
+    assert len(fig.data) == 4 + 3 + 2
+    assert {x for _, x in names} == {"x", "x2", "x3"}
+    assert "AVX2+FMA" in fig.layout.title.text and "AMD EPYC" in fig.layout.title.text
+    lim = [t for t in fig.data if t.name.startswith("machine limit")]
+    assert [list(t.y) for t in lim] == [[0.1], [100.0], [60.0]]
+    assert scaling_figure({}).data == ()  # no result: an empty figure, nothing made up
+
+
+def test_kernel_isa_path_rule():
+    from engine.model import kernel_isa as K
+
+    avx512 = {"__AVX2__", "__FMA__", "__F16C__", "__AVX512F__", "__AVX512DQ__", "__AVX512BW__", "__AVX512VL__"}
+    assert K.path_of(avx512) == "AVX-512"
+    assert K.path_of(avx512 - {"__AVX512BW__"}) == "AVX2+FMA"
+    assert K.path_of({"__SSE2__"}).startswith("portable")
+    assert isinstance(K.summary(), str) and K.summary()
+
+
+def _engine_available() -> bool:
+    try:
+        C.require_engine()
+        return True
+    except BenchUnavailable:
+        return False
+
+
+@pytest.mark.skipif(not _engine_available(), reason="the kvscope engine is not importable")
+def test_scaling_smoke_tiny_stores_every_point_and_limit(capsys, tmp_path, monkeypatch):
+    """The suite on the tiny model (no peer runs it: no GGUF, and vLLM serves only the default
+    model): kvscope has a positive value at every grid point, every point has its limit, each
+    peer says why it was not measured, and the stored result reads back into the table."""
+    monkeypatch.delenv("KVSCOPE_BENCH_LOCK", raising=False)
+    rc = cli.main(
+        ["scaling", "--smoke", "--model", "tiny", "--json", "--no-plots", "--threads", "1", "--out", str(tmp_path)]
+    )
+    out = capsys.readouterr().out
+    assert rc == 0, out[-2000:]
+    assert "isa: " in out
+    stored = json.loads((tmp_path / "scaling-latest.json").read_text())
+    f = stored["fields"]
+    assert set(f) >= {"grid", "roofs", "points", "limits", "peers", "isa", "threads", "segments", "goals"}
+    assert f["grid"] == SP.grid(smoke=True)
+    rows = SP.table(f)
+    assert len(rows) == 2 * len(f["grid"]["lengths"]) + len(f["grid"]["concurrency"])
+    for r in rows:
+        assert r["kvscope"] is not None and r["kvscope"] > 0 and math.isfinite(r["kvscope"]), r
+        assert r["limit"] is not None and r["limit"] > 0, r
+        assert r["llamacpp"] is None and r["vllm"] is None
+    assert set(f["peers"]) == {"llamacpp", "vllm"} and all(f["peers"].values())
+    assert all("load_1m" in s for s in f["segments"])
+    assert f["roofs"]["weight_bytes_read_per_step"] > 0 and f["roofs"]["peak_matmul_gflops"] > 0
+
+
+def test_merge_unites_runs_point_by_point():
+    a = _fields()
+    b = {
+        "grid": {"lengths": [8000], "concurrency": [1]},
+        "points": [{"axis": "prefill", "x": 8000, "engine": "kvscope", "value": 90.0}],
+        "limits": [{"axis": "prefill", "x": 8000, "value": 30.0}, {"axis": "concurrency", "x": 1, "value": 99.0}],
+        "peers": {"vllm": "not run"},
+        "isa": "AVX2+FMA",
+    }
+    m = SP.merge([a, b])
+    assert m["grid"]["lengths"] == [128, 8000] and m["grid"]["concurrency"] == [1]
+    rows = {(r["axis"], r["x"]): r for r in SP.table(m)}
+    assert rows[("prefill", 8000)]["of_limit"] == pytest.approx(30 / 90)
+    assert rows[("concurrency", 1)]["limit"] == 60.0  # the first run's limit for a point both hold
+    assert m["peers"] == {"vllm": "not run"} and SP.merge([a]) is a

@@ -1,0 +1,99 @@
+"""`bench scaling`'s figure (engine/bench/scaling.py): three panels from a stored result's fields —
+TTFT against prompt length, decode tokens/s against context, output tokens/s against concurrent
+requests — one line per engine and the machine's limit dashed beside them. Pure: a result's fields
+in, a Plotly figure out (the Claims page and scripts/scaling_figure.py for docs/ both call it)."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from engine.bench import scaling_points as SP
+from ui.figures import theme
+
+ENGINE_COLORS = {
+    "kvscope": theme.OKABE_ITO["blue"],
+    "llamacpp": theme.OKABE_ITO["orange"],
+    "vllm": theme.OKABE_ITO["bluish_green"],
+}
+ENGINE_SYMBOLS = {"kvscope": "circle", "llamacpp": "square", "vllm": "diamond"}
+PANELS = (
+    ("prefill", "TTFT (s) against prompt tokens", "prompt tokens"),
+    ("decode", "decode tokens/s against context", "context tokens"),
+    ("concurrency", "output tokens/s against concurrent requests", "concurrent requests"),
+)
+
+
+def subtitle(fields: dict, machine: dict | None = None) -> str:
+    """What the figure was measured on: CPU, cores, ISA, threads."""
+    m = machine or {}
+    cpu = f"{m.get('cpu', '?')}, {m.get('nproc', '?')} cpus, " if m else ""
+    return f"{cpu}ISA {fields.get('isa', '?')}, {fields.get('threads', '?')} thread(s)"
+
+
+def scaling_figure(fields: dict, machine: dict | None = None, height: int = 420) -> go.Figure:
+    rows = SP.table(fields)
+    fig = make_subplots(rows=1, cols=3, subplot_titles=[t for _, t, _ in PANELS], horizontal_spacing=0.08)
+    for col, (axis, _, xlabel) in enumerate(PANELS, start=1):
+        pts = [r for r in rows if r["axis"] == axis]
+        for e in SP.ENGINES:
+            xy = [(r["x"], r[e]) for r in pts if r[e] is not None]
+            if not xy:
+                continue
+            fig.add_trace(
+                go.Scatter(
+                    x=[x for x, _ in xy],
+                    y=[y for _, y in xy],
+                    name=SP.ENGINE_LABELS[e],
+                    legendgroup=e,
+                    showlegend=col == 1 or not any(r[e] is not None for r in rows if r["axis"] == "prefill"),
+                    mode="lines+markers",
+                    line=dict(color=ENGINE_COLORS[e], width=2),
+                    marker=dict(symbol=ENGINE_SYMBOLS[e], size=8),
+                    hovertemplate=f"{SP.ENGINE_LABELS[e]}: %{{y:.3g}} at %{{x}}<extra></extra>",
+                ),
+                row=1,
+                col=col,
+            )
+        lim = [(r["x"], r["limit"]) for r in pts if r["limit"] is not None]
+        if lim:
+            fig.add_trace(
+                go.Scatter(
+                    x=[x for x, _ in lim],
+                    y=[y for _, y in lim],
+                    name="machine limit (measured roofs)",
+                    legendgroup="limit",
+                    showlegend=col == 1,
+                    mode="lines",
+                    line=dict(color=theme.INK, width=1.5, dash="dash"),
+                    hovertemplate="limit: %{y:.3g} at %{x}<extra></extra>",
+                ),
+                row=1,
+                col=col,
+            )
+        fig.update_xaxes(type="log", title_text=xlabel, row=1, col=col)
+        fig.update_yaxes(type="log", row=1, col=col)
+    theme.comparison_layout(fig, f"Cost as work grows — {subtitle(fields, machine)}", height=height)
+    return fig
+
+
+def caption(fields: dict, source: str) -> str:
+    """Plain text under the figure: where it came from, the goals measured, why a peer is missing."""
+    rows = SP.table(fields)
+    g = SP.goals(rows, fields)
+    parts = [f"From {source}; {subtitle(fields)}."]
+    n, ok = g.get("points_vs_best_peer"), g.get("points_at_or_above_best_peer")
+    if n:
+        parts.append(
+            f"kvscope at or above the best peer at {ok} of {n} points "
+            f"(goal: all; worst {g['worst_vs_best_peer']:.2f}x)."
+        )
+    for k, v in g.items():
+        if k.endswith("_of_limit") and v is not None:
+            what, x = k.split("_")[:2]
+            parts.append(f"{what} at {x} tokens: {v:.2f} of its limit (goal >= 0.6).")
+    for e, why in (fields.get("peers") or {}).items():
+        if not str(why).startswith("ok"):
+            parts.append(f"{SP.ENGINE_LABELS.get(e, e)}: {why}.")
+    parts.append("Limits are the machine's measured matmul rate (prefill) and read bandwidth (decode), dashed.")
+    return " ".join(parts)
