@@ -195,7 +195,7 @@ def _kvscope_server(ctx, max_seqs: int, max_len: int, blocks: int):
         C.free_llm(llm)
 
 
-def _conc_sets(base: list[int], g: dict) -> dict[int, list[list[int]]]:
+def concurrency_sets(base: list[int], g: dict) -> dict[int, list[list[int]]]:
     """N distinct prompts of conc_prompt_len tokens per concurrency level, none repeated."""
     out, off, p = {}, 1, g["conc_prompt_len"]
     for n in g["concurrency"]:
@@ -235,7 +235,7 @@ def suite_scaling(ctx: C.BenchContext) -> SuiteResult:
     base = C.filler_ids(tok, max(g["lengths"]) + len(g["lengths"]) + 8, seed=0)
     prompts = unique_prompts(base, g["lengths"])
     conc_base = C.filler_ids(tok, g["conc_prompt_len"] + sum(g["concurrency"]) + 8, seed=1)
-    conc = _conc_sets(conc_base, g)
+    conc = concurrency_sets(conc_base, g)
 
     partial = os.path.join(ctx.out_dir, "scaling-partial.json")
 

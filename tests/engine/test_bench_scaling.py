@@ -75,7 +75,7 @@ def test_unique_prompts_share_no_first_block():
     ps = S.unique_prompts(base, [128, 512, 2048])
     assert [len(p) for p in ps] == [128, 512, 2048]
     assert len({tuple(p[:16]) for p in ps}) == 3
-    sets = S._conc_sets(base, {"concurrency": [1, 4, 16], "conc_prompt_len": 32})  # noqa: SLF001 (its own test)
+    sets = S.concurrency_sets(base, {"concurrency": [1, 4, 16], "conc_prompt_len": 32})
     firsts = [tuple(p[:16]) for ps in sets.values() for p in ps]
     assert len(firsts) == 21 == len(set(firsts))
 
