@@ -204,12 +204,9 @@ def vllm_command() -> str | None:
     return cmd if os.path.exists(cmd) else None
 
 
-def llamacpp_decode_bs1(
-    gguf_path: str, prompt: list[int], n_new: int, threads: int, reps: int = 2, timeout: float = 600
-) -> dict:
-    """llama.cpp's single-stream greedy decode of the same GGUF (llama-cpp-python in the peer
-    environment, a subprocess of this run): best tok/s over `reps` timed passes after a warm-up,
-    prefill excluded, `threads` threads. Returns {} with a "why" where it cannot run."""
+def _run_llamacpp(script_args: list[str], stdin: str, timeout: float) -> dict:
+    """One llama.cpp peer script (`python -c script args...` in the peer venv, input on stdin): its
+    last stdout line as JSON, or {"why"} where the peer is missing or failed."""
     import json
     import subprocess
 
@@ -218,18 +215,26 @@ def llamacpp_decode_bs1(
         return {"why": f"no llama.cpp peer environment (scripts/peers.sh install-llamacpp installs {LLAMACPP_PIN})"}
     try:
         proc = subprocess.run(
-            [py, "-c", _LLAMACPP_SCRIPT, gguf_path, str(threads), str(n_new), str(reps)],
-            input=json.dumps(prompt),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
+            [py, "-c", *script_args], input=stdin, capture_output=True, text=True, timeout=timeout, check=False
         )
     except (OSError, subprocess.SubprocessError) as e:
         return {"why": f"llama.cpp peer failed: {type(e).__name__}: {e}"}
     if proc.returncode != 0:
         return {"why": f"llama.cpp peer failed: {(proc.stderr or proc.stdout).strip()[-300:]}"}
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def llamacpp_decode_bs1(
+    gguf_path: str, prompt: list[int], n_new: int, threads: int, reps: int = 2, timeout: float = 600
+) -> dict:
+    """llama.cpp's single-stream greedy decode of the same GGUF (llama-cpp-python in the peer
+    environment, a subprocess of this run): best tok/s over `reps` timed passes after a warm-up,
+    prefill excluded, `threads` threads. Returns {} with a "why" where it cannot run."""
+    import json
+
+    return _run_llamacpp(
+        [_LLAMACPP_SCRIPT, gguf_path, str(threads), str(n_new), str(reps)], json.dumps(prompt), timeout
+    )
 
 
 _LLAMACPP_SCALING_SCRIPT = r"""
@@ -265,22 +270,7 @@ def llamacpp_scaling(gguf_path: str, jobs: list[dict], threads: int, n_ctx: int,
     batches, then the first greedy token), its decode tok/s over the other n_new - 1 tokens and its
     wall time. Returns {"results": [...], "version"} or {"why"} where it cannot run."""
     import json
-    import subprocess
 
-    py = llamacpp_python()
-    if py is None:
-        return {"why": f"no llama.cpp peer environment (scripts/peers.sh install-llamacpp installs {LLAMACPP_PIN})"}
-    try:
-        proc = subprocess.run(
-            [py, "-c", _LLAMACPP_SCALING_SCRIPT, gguf_path, str(threads)],
-            input=json.dumps({"n_ctx": n_ctx, "jobs": jobs}),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError) as e:
-        return {"why": f"llama.cpp peer failed: {type(e).__name__}: {e}"}
-    if proc.returncode != 0:
-        return {"why": f"llama.cpp peer failed: {(proc.stderr or proc.stdout).strip()[-300:]}"}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return _run_llamacpp(
+        [_LLAMACPP_SCALING_SCRIPT, gguf_path, str(threads)], json.dumps({"n_ctx": n_ctx, "jobs": jobs}), timeout
+    )
