@@ -132,3 +132,26 @@ def tools_server():
     with serving(th, model_name="kvscope-tools", max_body_bytes=256 * 1024, max_waiting=64) as srv:
         yield srv
     unregister_model("mem:tiny-tools")
+
+
+@pytest.fixture
+def spec_thread():
+    """A fresh tiny-model EngineThread that speculates (self-draft, 1 draft layer, 3 tokens), for
+    the tests that compare one speculative request's numbers across the page, the API and
+    /metrics; shut down after the test."""
+    from engine import EngineConfig
+    from engine.core.thread import EngineThread
+
+    th = EngineThread(
+        config=EngineConfig(
+            model="tiny",
+            device="cpu",
+            num_kv_blocks=64,
+            block_size=8,
+            max_model_len=256,
+            num_threads=1,
+            speculative_config={"method": "self_draft", "draft_layers": 1, "num_speculative_tokens": 3},
+        )
+    )
+    yield th
+    th.shutdown()

@@ -5,7 +5,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine import EngineConfig, SamplingParams
+from engine import SamplingParams
 
 VLLM = {  # name (as the parser reports it) -> type, as vLLM's Prometheus logger declares them
     "vllm:num_requests_running": "gauge",
@@ -105,38 +105,22 @@ def test_metrics_names_types_labels_and_snapshot_agree(server):
         assert fams[name].type == "histogram"
 
 
-def test_spec_decode_metrics_agree_with_the_engine():
-    from engine.core.thread import EngineThread
+def test_spec_decode_metrics_agree_with_the_engine(spec_thread):
     from engine.serve.metrics import MetricsExporter
 
-    th = EngineThread(
-        config=EngineConfig(
-            model="tiny",
-            device="cpu",
-            num_kv_blocks=64,
-            block_size=8,
-            max_model_len=256,
-            num_threads=1,
-            speculative_config={"method": "self_draft", "draft_layers": 1, "num_speculative_tokens": 3},
-        )
-    )
-    try:
-        x = MetricsExporter(th, "tiny")
-        prompt = "one two three four one two three four one two three four one two three"
-        th.submit(prompt, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)).result(300)
-        fams, samples = parse(x.render().decode())
-        spec = th.snapshot_now().metrics.spec
-        for name, typ in SPEC.items():
-            assert fams[name].type == typ, name
-        assert spec.num_drafts > 0
-        assert value(samples, "vllm:spec_decode_num_drafts_total") == spec.num_drafts
-        assert value(samples, "vllm:spec_decode_num_draft_tokens_total") == spec.num_draft_tokens
-        assert value(samples, "vllm:spec_decode_num_accepted_tokens_total") == spec.num_accepted_tokens
-        per_pos = [
-            value(samples, "vllm:spec_decode_num_accepted_tokens_per_pos_total", position=str(p)) for p in range(3)
-        ]
-        assert per_pos == list(spec.accepted_per_position) and sum(per_pos) == spec.num_accepted_tokens
-        assert value(samples, "vllm:request_success_total", finished_reason="length") == 1
-        assert not [n for n in samples if n.endswith("_created")]
-    finally:
-        th.shutdown()
+    th = spec_thread
+    x = MetricsExporter(th, "tiny")
+    prompt = "one two three four one two three four one two three four one two three"
+    th.submit(prompt, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)).result(300)
+    fams, samples = parse(x.render().decode())
+    spec = th.snapshot_now().metrics.spec
+    for name, typ in SPEC.items():
+        assert fams[name].type == typ, name
+    assert spec.num_drafts > 0
+    assert value(samples, "vllm:spec_decode_num_drafts_total") == spec.num_drafts
+    assert value(samples, "vllm:spec_decode_num_draft_tokens_total") == spec.num_draft_tokens
+    assert value(samples, "vllm:spec_decode_num_accepted_tokens_total") == spec.num_accepted_tokens
+    per_pos = [value(samples, "vllm:spec_decode_num_accepted_tokens_per_pos_total", position=str(p)) for p in range(3)]
+    assert per_pos == list(spec.accepted_per_position) and sum(per_pos) == spec.num_accepted_tokens
+    assert value(samples, "vllm:request_success_total", finished_reason="length") == 1
+    assert not [n for n in samples if n.endswith("_created")]
