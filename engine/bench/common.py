@@ -175,6 +175,15 @@ def require_engine():
     return LLM, SamplingParams, EngineConfig
 
 
+def engine_available() -> bool:
+    """Whether require_engine() would succeed (a suite's or a test's skip condition)."""
+    try:
+        require_engine()
+        return True
+    except BenchUnavailable:
+        return False
+
+
 def blocks_for(prompt_lens, new_tokens: int, block_size: int = 16, margin: int = 8) -> int:
     return sum(cdiv(p + new_tokens, block_size) + 1 for p in prompt_lens) + margin
 

@@ -7,6 +7,20 @@ from __future__ import annotations
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.observe.recording import drive
 
+# The tiny model's settings for the tests that run an engine-core process (test_engine_client,
+# test_lab_proc): small pool, one thread.
+TINY_CORE = dict(
+    model="tiny",
+    device="cpu",
+    dtype="float32",
+    block_size=4,
+    num_kv_blocks=96,
+    max_num_seqs=8,
+    max_model_len=512,
+    seed=0,
+    num_threads=1,
+)
+
 
 def tiny_engine(**kw) -> LLMEngine:
     """An LLMEngine on the tiny random model, one CPU thread unless told otherwise."""

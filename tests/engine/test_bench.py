@@ -304,15 +304,7 @@ def test_context_pick():
 # ---------------------------------------------------------------------------- end to end (tiny model)
 
 
-def _engine_available() -> bool:
-    try:
-        C.require_engine()
-        return True
-    except BenchUnavailable:
-        return False
-
-
-@pytest.mark.skipif(not _engine_available(), reason="the kvscope engine is not importable")
+@pytest.mark.skipif(not C.engine_available(), reason="the kvscope engine is not importable")
 def test_throughput_end_to_end_tiny(capsys, tmp_path):
     """The whole throughput path on the tiny random model with a 4-request, 8-token workload:
     kvscope and the three transformers peers run, and kvscope's greedy tokens equal transformers'."""
@@ -335,7 +327,7 @@ def test_throughput_end_to_end_tiny(capsys, tmp_path):
     assert "probe_ms" in pol and str(pol["used"]) in {str(k) for k in pol["probe_ms"]}
 
 
-@pytest.mark.skipif(not _engine_available(), reason="the kvscope engine is not importable")
+@pytest.mark.skipif(not C.engine_available(), reason="the kvscope engine is not importable")
 def test_kvquant_smoke_tiny(capsys, tmp_path):
     """bench kvquant on the tiny model: every dtype's agreement figures exist and lie in [0, 1],
     fp32 against itself agrees fully with zero KL, and the 8-bit pools hold more tokens per byte

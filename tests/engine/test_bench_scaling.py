@@ -15,7 +15,6 @@ from engine.bench import common as C
 from engine.bench import roofline as R
 from engine.bench import scaling as S
 from engine.bench import scaling_points as SP
-from engine.bench.report import BenchUnavailable
 
 SMOL = dict(
     hidden_size=576,
@@ -143,15 +142,7 @@ def test_kernel_isa_path_rule():
     assert isinstance(K.summary(), str) and K.summary()
 
 
-def _engine_available() -> bool:
-    try:
-        C.require_engine()
-        return True
-    except BenchUnavailable:
-        return False
-
-
-@pytest.mark.skipif(not _engine_available(), reason="the kvscope engine is not importable")
+@pytest.mark.skipif(not C.engine_available(), reason="the kvscope engine is not importable")
 def test_scaling_smoke_tiny_stores_every_point_and_limit(capsys, tmp_path, monkeypatch):
     """The suite on the tiny model (no peer runs it: no GGUF, and vLLM serves only the default
     model): kvscope has a positive value at every grid point, every point has its limit, each

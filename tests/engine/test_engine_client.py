@@ -19,20 +19,11 @@ from engine.config import EngineConfig
 from engine.core import placement
 from engine.core.client import EngineClient
 from engine.core.thread import EngineCrashed
+from tests.engine.engines import TINY_CORE
 
 pytestmark = pytest.mark.slow
 
-CFG = dict(
-    model="tiny",
-    device="cpu",
-    dtype="float32",
-    block_size=4,
-    num_kv_blocks=96,
-    max_num_seqs=8,
-    max_model_len=512,
-    seed=0,
-    num_threads=1,
-)
+CFG = TINY_CORE
 PROMPTS = ["Hello there", "Name three colours.", "Once upon a time", "def f(x):\n    return"]
 WAIT_S = 300  # hang guards on a busy machine, not speed limits
 

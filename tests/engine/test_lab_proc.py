@@ -15,20 +15,11 @@ from engine import SamplingParams
 from engine.config import EngineConfig
 from engine.core.client import EngineClient
 from engine.lab import experiments, lab_proc
+from tests.engine.engines import TINY_CORE
 
 pytestmark = pytest.mark.slow
 
-CFG = dict(
-    model="tiny",
-    device="cpu",
-    dtype="float32",
-    block_size=4,
-    num_kv_blocks=96,
-    max_num_seqs=8,
-    max_model_len=512,
-    seed=0,
-    num_threads=1,
-)
+CFG = TINY_CORE
 WAIT_S = 300
 
 
