@@ -47,7 +47,8 @@ _lock = threading.Lock()
 _state: dict = {}
 
 
-def _compiler() -> str | None:
+def compiler() -> str | None:
+    """The C compiler the kernels build with: $CC, else gcc, cc, clang (first found)."""
     cc = os.environ.get("CC")
     if cc and shutil.which(cc):
         return shutil.which(cc)
@@ -109,7 +110,7 @@ def load():
         if os.environ.get("KVSCOPE_CPU_KERNELS", "1") == "0":
             why = "disabled by KVSCOPE_CPU_KERNELS=0"
         else:
-            cc = _compiler()
+            cc = compiler()
             if cc is None:
                 why = "no C compiler (gcc, cc or clang) on PATH"
             else:

@@ -6,8 +6,6 @@ AVX2 + FMA + F16C, else portable C). `bench` prints it beside every figure."""
 from __future__ import annotations
 
 import functools
-import os
-import shutil
 import subprocess
 
 # macro -> name, in the order they are reported
@@ -32,12 +30,6 @@ def path_of(macros: set[str]) -> str:
     return "portable C (no AVX2)"
 
 
-def _find_cc() -> str | None:
-    """The compiler cpu_kernels builds with: $CC, else gcc, cc, clang (its rule)."""
-    names = [n for n in (os.environ.get("CC"), "gcc", "cc", "clang") if n]
-    return next((shutil.which(n) for n in names if shutil.which(n)), None)
-
-
 def _compiler_macros(cc: str, flags: list[str]) -> set[str]:
     keep = [f for f in flags if f.startswith(("-m", "-O"))]  # the ISA-relevant flags only
     out = subprocess.run([cc, *keep, "-dM", "-E", "-x", "c", "/dev/null"], capture_output=True, text=True, timeout=30)
@@ -53,7 +45,7 @@ def describe() -> dict:
     status = cpu_kernels.status()
     if cpu_kernels.load() is None:
         return {"path": "torch reference (C kernels not built)", "features": [], "kernels": status}
-    cc = _find_cc()
+    cc = cpu_kernels.compiler()
     try:
         macros = _compiler_macros(cc, list(cpu_kernels.CFLAGS)) if cc else set()
     except (OSError, subprocess.SubprocessError):
