@@ -37,7 +37,6 @@ from engine.observe.trace_events import event_from_dict, snapshot_from_dict
 START_TIMEOUT_S = 900.0  # loading a model on a busy machine; a hang guard, not a speed limit
 CALL_TIMEOUT_S = 300.0
 POLL_MS = 100
-ERRORS = {"ValueError": ValueError, "KeyError": KeyError, "TypeError": TypeError}
 
 
 def process_enabled() -> bool:
@@ -208,7 +207,7 @@ class _CoreProcess:
                 if kind == b"build_failed":
                     typ, msg = pickle.loads(payload)
                     self._cleanup()
-                    raise (ERRORS.get(typ, RuntimeError))(msg if typ in ERRORS else f"{typ}: {msg}")
+                    raise wire.remote_error(typ, msg)
             elif not self.proc.is_alive():
                 self._cleanup()
                 raise RuntimeError(f"the engine core process exited while starting (exit code {self.proc.exitcode})")
@@ -328,7 +327,7 @@ class _CoreProcess:
         typ, msg = value
         if typ == "EngineCrashed":
             raise EngineCrashed(msg)
-        raise ERRORS.get(typ, RuntimeError)(msg if typ in ERRORS else f"{typ}: {msg}")
+        raise wire.remote_error(typ, msg)
 
     def notify(self, op: str, **args) -> None:
         """A command without a reply (nothing waits for it); dropped when the core is gone."""

@@ -88,6 +88,15 @@ class FinishedRequest:
         self.token_times = list(self.token_times or [])
 
 
+ERRORS = {"ValueError": ValueError, "KeyError": KeyError, "TypeError": TypeError}
+
+
+def remote_error(typ: str, msg: str, known: dict[str, type] = ERRORS) -> Exception:
+    """The exception to raise here for one a child process sent as (type name, message): the
+    same type where it is in `known`, else a RuntimeError naming the type."""
+    return known[typ](msg) if typ in known else RuntimeError(f"{typ}: {msg}")
+
+
 def pack(obj) -> bytes:
     return msgpack.packb(obj, use_bin_type=True)
 

@@ -23,7 +23,9 @@ import multiprocessing
 import threading
 import traceback
 
-ERRORS = {"ValueError": ValueError, "KeyError": KeyError, "TypeError": TypeError, "TimeoutError": TimeoutError}
+from engine.core import core_proc as wire
+
+ERRORS = {**wire.ERRORS, "TimeoutError": TimeoutError}
 POLL_S = 0.1
 PLAIN = (int, float, str, bool, type(None), tuple, list, dict)
 
@@ -125,7 +127,7 @@ class LabProcess:
                     return msg[1]
                 else:
                     _, typ, text = msg
-                    raise (ERRORS.get(typ, RuntimeError))(text if typ in ERRORS else f"{typ}: {text}")
+                    raise wire.remote_error(typ, text, ERRORS)
 
     def _lost(self, proc) -> None:
         proc.join(5)
