@@ -67,9 +67,14 @@ install_vllm() {
 # so a plain native build segfaults on its first matmul. GCC lets an explicit -mno-amx-* win over
 # -march=native whatever their order, which also leaves ggml's AMX kernels out (they are compiled
 # only under __AMX_INT8__).
+# KVSCOPE_ISA=avx2 (as for kvscope's kernels, engine/model/cpu_kernels.py) adds -mno-avx512f, the
+# same override: llama.cpp's AVX2 path on an AVX-512 CPU, its GGML_AVX512=OFF (that option alone
+# is ignored under GGML_NATIVE=ON), so both programs' AVX2 paths can be compared on one machine.
+# The recorded options differ, so switching KVSCOPE_ISA rebuilds the peer.
 llamacpp_cmake_args() {
-  local noamx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
-  echo "-DGGML_NATIVE=ON -DCMAKE_C_FLAGS='$noamx' -DCMAKE_CXX_FLAGS='$noamx'"
+  local flags="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+  if [ "${KVSCOPE_ISA:-native}" = avx2 ]; then flags="$flags -mno-avx512f"; fi
+  echo "-DGGML_NATIVE=ON -DCMAKE_C_FLAGS='$flags' -DCMAKE_CXX_FLAGS='$flags'"
 }
 
 install_llamacpp() {

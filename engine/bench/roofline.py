@@ -337,6 +337,13 @@ def probe_threads(shape: ModelShape, candidates=None, rounds: int = 3, layers: i
 # ---------------------------------------------------------------------------- roofline
 
 
+def kernel_isa() -> str:
+    """The vector path the engine's C kernels run in this process (AVX-512, AVX2, ...)."""
+    from engine.model import cpu_kernels
+
+    return cpu_kernels.isa()
+
+
 def quant_row_path() -> str:
     """Which of quant_linear.c's two bitwise-equal row paths this CPU was tuned to."""
     from engine.model import cpu_kernels
@@ -344,7 +351,7 @@ def quant_row_path() -> str:
     lib = cpu_kernels.load()
     rows = cpu_kernels.ql_scratch_rows(lib) if lib is not None else 0
     if rows <= 0:
-        return "n/a (no AVX-512 factorized kernel)"
+        return "codes in registers (the AVX2 kernel has no scratch path)" if kernel_isa() == "AVX2" else "n/a"
     return "codes in registers" if rows >= 2**31 - 1 else f"scratch buffer from {rows} rows"
 
 
@@ -357,6 +364,7 @@ def suite_roofline(ctx: C.BenchContext) -> SuiteResult:
 
     C.require_engine()
     res = SuiteResult()
+    res.add("kernel_isa", kernel_isa(), "the vector path of the engine's C kernels (KVSCOPE_ISA=avx2 forces AVX2)")
     ctx.start("load model")
     model, tok = ctx.hf()
     shape = shape_of(model)

@@ -26,6 +26,9 @@ def suite_speculative(ctx: C.BenchContext) -> SuiteResult:
     from engine.config import SpeculativeConfig
 
     res = SuiteResult()
+    from engine.model import cpu_kernels
+
+    res.add("kernel_isa", cpu_kernels.isa(), "the vector path of the engine's C kernels")
     ctx.start("prompts")
     model, tok = ctx.hf()
     sets = PS.speculative_sets(tok)

@@ -7,10 +7,11 @@ and called through ctypes on tensors' memory.
   reads each key and value once from its block (timings: docs/BENCHMARKS.md).
 - `qlinear` (csrc/quant_linear.c): the same product with the weight held as a GGUF's Q4_1 / Q8_0
   blocks (interleaved 16 rows to a panel, same bytes) or as exact F16 / BF16 values, reading
-  5 / 8.5 / 16 bits per weight, not 32. F16 / BF16 (and Q4_1 / Q8_0 without AVX-512) are widened
+  5 / 8.5 / 16 bits per weight, not 32. F16 / BF16 (and Q4_1 / Q8_0 without AVX2) are widened
   to fp32 in registers with the dequantizer's arithmetic and summed in linear.c's order: bitwise
-  the fp32 kernel's result on the de-quantized weight. Q4_1 / Q8_0 with AVX-512 sum each block
-  factorized, d * sum(q x) + m * sum(x): the same value up to fp32 rounding
+  the fp32 kernel's result on the de-quantized weight. Q4_1 / Q8_0 with AVX2 or AVX-512 sum each
+  block factorized, d * sum(q x) + m * sum(x) (the same chains on both ISAs, so the same bits):
+  the same value up to fp32 rounding
   (`qlinear_bitwise` says which; `within_fp32_rounding` is the bound the engine checks).
 - `kvscope_stack_forward` (csrc/layer.c): a whole Llama-family decoder stack in one call (RMSNorm,
   the packed Linears above, rotary, K/V written to the pool, the paged attention, SiLU-mul,
@@ -19,8 +20,10 @@ and called through ctypes on tensors' memory.
   row count (decode's 1-16 rows and prefill's 512). Each output is summed in the same order
   whatever the row count, so results do not depend on the batch.
 
-The library is compiled once per (source, compiler, CPU) into the kvscope cache directory
-(`-O3 -march=native`, about a second) and reused by every later process. Where there is no
+The library is compiled once per (source, compiler, CPU, ISA) into the kvscope cache directory
+(`-O3 -march=native`, about a second) and reused by every later process. KVSCOPE_ISA=avx2 builds
+the AVX2 path on an AVX-512 CPU (`-mno-avx512f`), so both paths can be measured on one machine;
+`isa()` names the path the loaded library runs (`python -m engine bench` prints it). Where there is no
 compiler or the build fails, `load()` returns None with the reason in `status()` and the engine
 uses the torch reference; nothing else changes. Set KVSCOPE_CPU_KERNELS=0 to never build or use it.
 """
@@ -59,6 +62,17 @@ def compiler() -> str | None:
     return None
 
 
+ISA_FLAGS = {"native": [], "avx2": ["-mno-avx512f"]}  # KVSCOPE_ISA -> flags after -march=native
+
+
+def isa_flags() -> list[str]:
+    """The extra compiler flags KVSCOPE_ISA names (unset: native, every extension this CPU has)."""
+    name = (os.environ.get("KVSCOPE_ISA") or "native").strip().lower()
+    if name not in ISA_FLAGS:
+        raise ValueError(f"KVSCOPE_ISA={name!r}: expected one of {', '.join(ISA_FLAGS)}")
+    return ISA_FLAGS[name]
+
+
 def _cpu_signature() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -83,14 +97,15 @@ def _build(cc: str) -> str:
         ver = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout.split("\n")[0]
     except (OSError, subprocess.SubprocessError):
         ver = cc
-    key = hashlib.sha256(src + " ".join(CFLAGS).encode() + ver.encode() + _cpu_signature().encode()).hexdigest()[:16]
+    flags = CFLAGS + isa_flags()
+    key = hashlib.sha256(src + " ".join(flags).encode() + ver.encode() + _cpu_signature().encode()).hexdigest()[:16]
     out_dir = os.path.join(cache_dir(), "kernels")
     os.makedirs(out_dir, exist_ok=True)
     lib = os.path.join(out_dir, f"kvscope_cpu_{key}.so")
     if os.path.exists(lib):
         return lib
     tmp = f"{lib}.tmp{os.getpid()}.{threading.get_ident()}"
-    proc = subprocess.run([cc, *CFLAGS, "-o", tmp, *SOURCES], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([cc, *flags, "-o", tmp, *SOURCES], capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
         try:
             os.unlink(tmp)
@@ -146,6 +161,8 @@ def load():
                     step = [P, I, P, I, P, P, P, P, P, P, I, I, I, ctypes.c_float, I, I, P, P]
                     lib.kvscope_stack_forward.argtypes = step
                     lib.kvscope_stack_forward.restype = I
+                    lib.kvscope_isa.argtypes = []
+                    lib.kvscope_isa.restype = ctypes.c_char_p
                     lib.kvscope_qlinear_scratch_rows.argtypes = [I]
                     lib.kvscope_qlinear_scratch_rows.restype = I
                     _self_test(lib)
@@ -162,6 +179,14 @@ def load():
 def status() -> str:
     load()
     return "built" if _state.get("lib") is not None else f"not used ({_state.get('why')})"
+
+
+def isa() -> str:
+    """The vector path the engine's kernels run here: "AVX-512", "AVX2", "scalar", or why none."""
+    lib = load()
+    if lib is None:
+        return f"none: torch reference ({_state.get('why')})"
+    return lib.kvscope_isa().decode()
 
 
 def supports(num_heads: int, num_kv_heads: int, head_dim: int) -> bool:

@@ -13,7 +13,7 @@
  *        then for each column pair (k, k+1), k even, 16 bytes: byte j = row j's nibble of column k
  *        | its nibble of column k+1 << 4;
  *   Q8_0 panel block (544 bytes = 34 per 32 weights): d[16] fp16, then for k = 0..31 16 int8.
- * F16 / BF16 (and Q4_1 / Q8_0 on CPUs without AVX-512): each weight is widened to fp32 in
+ * F16 / BF16 (and Q4_1 / Q8_0 on CPUs without AVX2): each weight is widened to fp32 in
  * registers with exactly the dequantizer's arithmetic, and the outputs are accumulated in exactly
  * linear.c's order (16 outputs in vector lanes, blocks of KB terms, each block's fused
  * multiply-add chain added to a running total). So every output is bitwise the fp32 packed
@@ -21,7 +21,8 @@
  * column and used by every row. More rows: a panel is widened into a scratch buffer and linear.c's
  * tiles run over it (kvscope_linear_panel).
  *
- * Q4_1 / Q8_0 with AVX-512: the sum is factorized by block, as the block's scale is common to its
+ * Q4_1 / Q8_0 with AVX-512 or AVX2 (the same arithmetic, so the same bits; AVX2 runs it 8 of a
+ * panel's 16 rows at a time): the sum is factorized by block, as the block's scale is common to its
  * 32 weights: sum_k (d q_k + m) x_k = d * sum_k q_k x_k + m * sum_k x_k, so the codes are only
  * converted to fp32 and multiplied by x (no dequantizing multiply-add per weight), and sum_k x_k
  * is computed once per row and block for every output. That is the same value up to fp32
@@ -599,6 +600,167 @@ static int tune_scratch_rows(void) {
 }
 #endif
 
+#if defined(QL_AVX2) && !defined(QL_AVX512)
+/* Q4_1 / Q8_0 factorized by block on AVX2: the AVX-512 path's arithmetic 8 lanes at a time (a panel
+ * is two halves of 8 rows), so both ISAs give the same bits: per block the even and the odd columns
+ * each in a left-to-right fused multiply-add chain from zero (Q4_1's odd codes left as 16 q, exact),
+ * s = fma(odd, 1/16, even), then t = fma(m, sum x, d * s) added to the running total (Q8_0:
+ * fma(d, even + odd, total)). The codes of a column pair are converted once and used by every row
+ * of the tile (up to 6 rows; 7 and 8 as two tiles), so an extra row costs its two FMAs per pair,
+ * not a conversion (verification's k + 1 rows). Every row count runs these register tiles (a
+ * scratch buffer of converted codes read by 3-row tiles was slower here at 16-256 rows). */
+#define F2_PG 8         /* panels per group of the register path */
+#ifndef F2_RB
+#define F2_RB 32        /* rows per block of the register path (their x stays in L2) */
+#endif
+#define AI2 inline __attribute__((always_inline))
+
+/* column pair (kk, kk + 1) of half h (rows 8h..8h+7) of a panel block as fp32 codes */
+static AI2 void pair_codes8(int type, const uint8_t *blk, int kk, int h, __m256 *e, __m256 *o) {
+    if (type == T_Q4_1) {
+        const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 64 + kk * 8 + 8 * h)));
+        *e = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(0x0f)));
+        *o = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(0xf0)));
+    } else {
+        const uint8_t *c = blk + 32 + kk * 16 + 8 * h;
+        *e = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)c)));
+        *o = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(c + 16))));
+    }
+}
+
+static AI2 __m256 finish8(int type, __m256 d, __m256 m, __m256 e, __m256 o, float sx, __m256 tot) {
+    if (type == T_Q4_1) {
+        const __m256 s = _mm256_fmadd_ps(o, _mm256_set1_ps(0.0625f), e);
+        return _mm256_add_ps(tot, _mm256_fmadd_ps(m, _mm256_set1_ps(sx), _mm256_mul_ps(d, s)));
+    }
+    return _mm256_fmadd_ps(d, _mm256_add_ps(e, o), tot);
+}
+
+static AI2 __m256 half_d(const uint8_t *blk, int h) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * h)));
+}
+static AI2 __m256 half_m(int type, const uint8_t *blk, int h) {
+    return type == T_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * h)))
+                          : _mm256_setzero_ps();
+}
+
+/* 8 outputs (o0 .. o0 + 7 of y's row, nv of them valid) + bias */
+static AI2 void store8(__m256 t, const float *bias, float *y, int nv) {
+    if (nv >= 8) {
+        if (bias) t = _mm256_add_ps(t, _mm256_loadu_ps(bias));
+        _mm256_storeu_ps(y, t);
+        return;
+    }
+    float tt[8];
+    _mm256_storeu_ps(tt, t);
+    for (int j = 0; j < nv; j++) y[j] = bias ? tt[j] + bias[j] : tt[j];
+}
+
+/* MR rows x H half panels from half h0 of pan, codes converted in registers; nout = valid outputs
+ * from pan's first */
+static AI2 void ftile(int type, int MR, int H, const float *x, const float *sx, int K, const uint8_t *pan, int h0,
+                      const float *bias, float *y, int ldy, int nout) {
+    const int nb = K / QK, pb = panel_block_bytes(type);
+    __m256 tot[6][4];
+    for (int r = 0; r < MR; r++)
+        for (int i = 0; i < H; i++) tot[r][i] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        __m256 ae[6][4], ao[6][4];
+        const uint8_t *blk[4];
+        for (int i = 0; i < H; i++) {
+            blk[i] = pan + ((size_t)((h0 + i) >> 1) * nb + b) * pb;
+            for (int r = 0; r < MR; r++) { ae[r][i] = _mm256_setzero_ps(); ao[r][i] = _mm256_setzero_ps(); }
+        }
+        for (int kk = 0; kk < QK; kk += 2) {
+            const int k = b * QK + kk;
+            for (int i = 0; i < H; i++) {
+                __m256 e, o;
+                pair_codes8(type, blk[i], kk, (h0 + i) & 1, &e, &o);
+                for (int r = 0; r < MR; r++) {
+                    ae[r][i] = _mm256_fmadd_ps(e, _mm256_broadcast_ss(x + (size_t)r * K + k), ae[r][i]);
+                    ao[r][i] = _mm256_fmadd_ps(o, _mm256_broadcast_ss(x + (size_t)r * K + k + 1), ao[r][i]);
+                }
+            }
+        }
+        for (int i = 0; i < H; i++) {
+            const int h = (h0 + i) & 1;
+            const __m256 d = half_d(blk[i], h), m = half_m(type, blk[i], h);
+            for (int r = 0; r < MR; r++) tot[r][i] = finish8(type, d, m, ae[r][i], ao[r][i], sx[r * nb + b], tot[r][i]);
+        }
+    }
+    for (int i = 0; i < H; i++) {
+        const int o0 = (h0 + i) * 8;
+        for (int r = 0; r < MR; r++)
+            store8(tot[r][i], bias ? bias + o0 : NULL, y + (size_t)r * ldy + o0, nout - o0);
+    }
+}
+
+#define FT(TY, MR, H)                                                                                       \
+static void ft_##TY##_##MR##_##H(const float *x, const float *sx, int K, const uint8_t *pan, int h0,       \
+                                  const float *bias, float *y, int ldy, int nout) {                         \
+    ftile(TY, MR, H, x, sx, K, pan, h0, bias, y, ldy, nout);                                                \
+}
+#define FTS(TY) FT(TY, 1, 1) FT(TY, 1, 2) FT(TY, 1, 4) FT(TY, 2, 1) FT(TY, 2, 2) FT(TY, 2, 4) FT(TY, 3, 1)        \
+    FT(TY, 3, 2) FT(TY, 3, 4) FT(TY, 4, 1) FT(TY, 4, 2) FT(TY, 4, 4) FT(TY, 5, 1) FT(TY, 5, 2) FT(TY, 6, 1) FT(TY, 6, 2)
+FTS(3) FTS(8)
+typedef void (*ft_fn)(const float *, const float *, int, const uint8_t *, int, const float *, float *, int, int);
+#define FROW(TY) {{0}, {0, ft_##TY##_1_1, ft_##TY##_1_2, 0, ft_##TY##_1_4}, {0, ft_##TY##_2_1, ft_##TY##_2_2, 0, ft_##TY##_2_4}, \
+    {0, ft_##TY##_3_1, ft_##TY##_3_2, 0, ft_##TY##_3_4}, {0, ft_##TY##_4_1, ft_##TY##_4_2, 0, ft_##TY##_4_4},                   \
+    {0, ft_##TY##_5_1, ft_##TY##_5_2}, {0, ft_##TY##_6_1, ft_##TY##_6_2}}
+/* [type is Q8_0][rows][half panels] */
+static const ft_fn FTILES[2][7][5] = {FROW(3), FROW(8)};
+/* rows per register tile for M rows (M = 7, 8: two tiles of 4 / 3 and 4) and half panels per tile */
+static int f2_rows[9] = {0, 1, 2, 3, 4, 5, 6, 4, 4};
+static int f2_halves[7] = {0, 4, 2, 2, 1, 1, 1};
+
+/* rows 0..M-1 over panels [p0, p1) in register tiles: per block of F2_RB rows and group of F2_PG
+ * panels (both stay in L2) every chunk of rows */
+static void f2_register(int type, const float *x, const float *sx, int M, int K, const uint8_t *panels, size_t pstride,
+                        int N, const float *bias, float *y, int p0, int p1) {
+    const int q8 = type == T_Q8_0, nb = K / QK, rows = M < 9 ? f2_rows[M] : 4;
+    for (int rb = 0; rb < M; rb += F2_RB)
+    for (int g0 = p0; g0 < p1; g0 += F2_PG) {
+        const int g1 = g0 + F2_PG < p1 ? g0 + F2_PG : p1, re = rb + F2_RB < M ? rb + F2_RB : M;
+        for (int r0 = rb; r0 < re;) {
+            const int mr = re - r0 < rows ? re - r0 : rows;
+            int u = 2 * g0;
+            for (int H = f2_halves[mr]; H >= 1; H /= 2)
+                for (; u + H <= 2 * g1; u += H) {
+                    const int p = u >> 1;
+                    FTILES[q8][mr][H](x + (size_t)r0 * K, sx + (size_t)r0 * nb, K, panels + p * pstride, u & 1,
+                                      bias ? bias + p * NR : NULL, y + (size_t)r0 * N + p * NR, N, N - p * NR);
+                }
+            r0 += mr;
+        }
+    }
+}
+
+static int qlinear_factorized2(int type, const float *x, int M, int K, const uint8_t *panels, int N, const float *bias,
+                               float *y, int n_threads) {
+    const int np = (N + NR - 1) / NR, nb = K / QK, q8 = type == T_Q8_0;
+    const size_t pstride = (size_t)nb * panel_block_bytes(type);
+    float *sx = malloc(sizeof(float) * (size_t)M * nb);
+    if (!sx) return -3;
+    #pragma omp parallel num_threads(n_threads) if (n_threads > 1)
+    {
+        /* every row's per-block sums of x, left to right (Q8_0 does not use them) */
+        #pragma omp for schedule(static)
+        for (int r = 0; r < M; r++)
+            for (int b = 0; b < nb; b++) {
+                float t = 0.f;
+                if (!q8)
+                    for (int k = 0; k < QK; k++) t += x[(size_t)r * K + b * QK + k];
+                sx[(size_t)r * nb + b] = t;
+            }
+        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        const int p0 = (int)((long long)np * t / nt), p1 = (int)((long long)np * (t + 1) / nt);
+        f2_register(type, x, sx, M, K, panels, pstride, N, bias, y, p0, p1);
+    }
+    free(sx);
+    return 0;
+}
+#endif
+
 /* From how many rows the factorized Q4_1 / Q8_0 kernel converts codes once into the scratch
  * buffer: rows > 0 sets it, 0 measures both paths here and keeps the faster, -1 only reads it.
  * Returns the setting (INT_MAX: the register path at every row count; 0: no such choice in this
@@ -614,11 +776,23 @@ int kvscope_qlinear_scratch_rows(int rows) {
 #endif
 }
 
+/* the vector path this build runs ("AVX-512", "AVX2" or "scalar"); KVSCOPE_ISA=avx2 builds the
+ * AVX2 one on an AVX-512 CPU (engine/model/cpu_kernels.py) */
+const char *kvscope_isa(void) {
+#if defined(QL_AVX512)
+    return "AVX-512";
+#elif defined(QL_AVX2)
+    return "AVX2";
+#else
+    return "scalar";
+#endif
+}
+
 /* 1: this build's kernel for `type` sums the widened weights in linear.c's order (bitwise the fp32
  * kernel's outputs); 0: it factorizes by block (the same value up to fp32 rounding); -1: no kernel */
 int kvscope_qlinear_bitwise(int type) {
     if (!panel_block_bytes(type)) return -1;
-#ifdef QL_AVX512
+#ifdef QL_AVX2
     if (type == T_Q4_1 || type == T_Q8_0) return 0;
 #endif
     return 1;
@@ -645,6 +819,8 @@ int kvscope_qlinear(int type, const float *x, int M, int K, const uint8_t *panel
     int rc = 0;
 #ifdef QL_AVX512
     if (type == T_Q4_1 || type == T_Q8_0) return qlinear_factorized(type, x, M, K, panels, N, bias, y, n_threads);
+#elif defined(QL_AVX2)
+    if (type == T_Q4_1 || type == T_Q8_0) return qlinear_factorized2(type, x, M, K, panels, N, bias, y, n_threads);
 #endif
 #ifdef QL_AVX2
     const qt_fn *tiles = type == T_Q4_1 ? QT4 : type == T_Q8_0 ? QT8 : type == T_F16 ? QTF16 : QTBF16;
