@@ -43,6 +43,7 @@ from engine.model import kv_layout
 
 _CSRC = ("paged_attention.c", "linear.c", "quant_linear.c", "layer.c")
 SOURCES = [os.path.join(os.path.dirname(__file__), "csrc", f) for f in _CSRC]
+HEADER = os.path.join(os.path.dirname(__file__), "csrc", "kvscope.h")  # shared by the sources: in the build key
 ABI_VERSION = 5
 CFLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
 MIN_PARALLEL_KEYS = 4096  # below this many (key position x KV head) pairs one thread is faster
@@ -90,7 +91,7 @@ def _build(cc: str) -> str:
     from engine.model.models import cache_dir
 
     src = b""
-    for path in SOURCES:
+    for path in (*SOURCES, HEADER):
         with open(path, "rb") as f:
             src += f.read()
     try:

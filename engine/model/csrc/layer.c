@@ -19,17 +19,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvscope.h"
+
 #define GU_ROWS 64 /* rows per gate_up + SiLU chunk */
 static long long gu_rows(int T) { return T < GU_ROWS ? T : GU_ROWS; } /* rows of gate/up held */
-
-int kvscope_linear(const float *x, int M, int K, const float *panels, int N, const float *bias, float *y,
-                   int n_threads);
-int kvscope_qlinear(int type, const float *x, int M, int K, const uint8_t *panels, int N, const float *bias,
-                    float *y, int n_threads);
-int kvscope_paged_decode_kv(const float *q, float *out, const void *k_pool, const void *v_pool,
-                            const int32_t *q_rows, const int32_t *ctx_lens, const int32_t *tables, int n_seqs,
-                            int max_blocks, int bs, int H, int Hkv, int D, float scale, int max_ctx, int n_threads,
-                            int kv_format);
 
 typedef struct {
     int type; /* -1: fp32 panels (linear.c); else a ggml type id (quant_linear.c) */
@@ -62,8 +55,8 @@ static void rope(float *v, const float *cos, const float *sin, int D) {
 }
 
 /* SiLU(g) * u, 16 lanes at a time (GCC vector extensions: AVX-512, or two AVX2 halves).
- * e^x as x = n ln2 + r (|r| <= ln2 / 2, n rounded by the 1.5 * 2^23 trick, ln2 split in two
- * parts), e^r by Cephes' expf polynomial, 2^n written into the exponent bits; x clamped to
+ * e^x as x = n ln2 + r (|r| <= ln2 / 2, n rounded by the 1.5 * 2^23 trick), e^r by kvscope.h's
+ * polynomial, 2^n written into the exponent bits; x clamped to
  * [-87.3, 88.3], where e^x stays a normal float. Within 1.4 ulp of e^x (checked against double
  * exp), the class of torch's own vectorized exp; glibc's scalar expf was 0.55 s of W16's 9 s. */
 typedef float v16f __attribute__((vector_size(64)));
@@ -74,16 +67,12 @@ static inline v16f vmax(v16f a, v16f b) { const v16i m = a > b; return (v16f)(((
 static inline v16f vexp(v16f x) {
     x = vmax(vmin(x, splatf(88.3f)), splatf(-87.3f));
     const v16f big = splatf(12582912.0f);
-    const v16f t = x * splatf(1.44269504088896341f) + big;
+    const v16f t = x * splatf(KV_LOG2E) + big;
     const v16f n = t - big;
-    v16f r = x - n * splatf(0.693359375f);
-    r = r - n * splatf(-2.12194440e-4f);
-    v16f p = splatf(1.9875691500e-4f);
-    p = p * r + splatf(1.3981999507e-3f);
-    p = p * r + splatf(8.3334519073e-3f);
-    p = p * r + splatf(4.1665795894e-2f);
-    p = p * r + splatf(1.6666665459e-1f);
-    p = p * r + splatf(5.0000001201e-1f);
+    v16f r = x - n * splatf(KV_LN2_HI);
+    r = r - n * splatf(KV_LN2_LO);
+    v16f p;
+    KV_EXP_POLY(p, r);
     p = p * (r * r) + r + splatf(1.0f);
     return p * (v16f)((((v16i)t - (v16i)big) + 127) << 23);
 }

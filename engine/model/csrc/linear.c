@@ -16,14 +16,11 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kvscope.h"
+
 #define NR 16
 #define KB 64
 
-typedef float v8 __attribute__((vector_size(32)));
-
-static inline v8 ld(const float *p) { v8 v; memcpy(&v, p, sizeof v); return v; }
-static inline void st(float *p, v8 v) { memcpy(p, &v, sizeof v); }
-static inline v8 splat(float x) { return (v8){x, x, x, x, x, x, x, x}; }
 
 #define TILE(MR)                                                                                   \
 static void tile_##MR(const float *x, int K, const float *panel, const float *bias, float *y,    \

@@ -29,14 +29,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvscope.h"
+
 #define KV_MAX_HEAD_DIM 256
 #define KV_MAX_HEADS 256
 
-typedef float v8 __attribute__((vector_size(32)));
-typedef int32_t v8i __attribute__((vector_size(32)));
-
-static inline v8 ld(const float *p) { v8 v; memcpy(&v, p, sizeof v); return v; }
-static inline void st(float *p, v8 v) { memcpy(p, &v, sizeof v); }
 static inline float hsum(v8 a) { return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7])); }
 #ifdef __clang__
 #define SHUF(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
@@ -56,7 +53,6 @@ static inline v8 sum_lanes8(const v8 *a) {
 #undef PAIR3
 }
 static inline v8 sel(v8i m, v8 a, v8 b) { return (v8)(((v8i)a & m) | ((v8i)b & ~m)); }
-static inline v8 splat(float x) { return (v8){x, x, x, x, x, x, x, x}; }
 
 enum { KV_FP32 = 0, KV_INT8 = 1, KV_FP8_E4M3 = 2, KV_BF16 = 3, KV_FP16 = 4 };
 
@@ -121,19 +117,16 @@ static size_t kv_row_bytes(int fmt, int D) {
     return fmt == KV_FP32 ? (size_t)D * 4 : (fmt == KV_INT8 || fmt == KV_FP8_E4M3) ? (size_t)D + 4 : (size_t)D * 2;
 }
 
-/* e^x for x <= 0 (scores minus their max): Cephes expf range reduction + degree-6 polynomial. */
+/* e^x for x <= 0 (scores minus their max): n = floor(x log2 e + 1/2), kvscope.h's polynomial. */
 static inline v8 exp_nonpos(v8 x) {
     x = sel(x < splat(-87.f), splat(-87.f), x);
-    v8 t = x * 1.44269504088896341f + 0.5f;
+    v8 t = x * KV_LOG2E + 0.5f;
     v8 n = __builtin_convertvector(__builtin_convertvector(t, v8i), v8);
     n = sel(n > t, n - 1.0f, n);                                   /* floor(t) */
-    v8 r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    v8 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
+    v8 r = x - n * KV_LN2_HI;
+    r = r - n * KV_LN2_LO;
+    v8 p;
+    KV_EXP_POLY(p, r);
     p = p * r * r + r + 1.0f;
     v8i e = (__builtin_convertvector(n, v8i) + 127) << 23;
     v8 s;

@@ -43,6 +43,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "kvscope.h"
 #if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
 #include <immintrin.h>
 #define QL_AVX2 1
@@ -60,14 +62,6 @@
 #define T_BF16 30
 #define IS_HALF(t) ((t) == T_F16 || (t) == T_BF16)
 
-typedef float v8 __attribute__((vector_size(32)));
-
-void kvscope_linear_panel(const float *x, int M, int K, const float *panel, const float *bias, float *y, int ldy,
-                          int nvalid);
-
-static inline v8 ld8(const float *p) { v8 v; memcpy(&v, p, sizeof v); return v; }
-static inline void st8(float *p, v8 v) { memcpy(p, &v, sizeof v); }
-static inline v8 splat8(float x) { return (v8){x, x, x, x, x, x, x, x}; }
 
 /* the value passes through an empty asm, so the compiler cannot fuse the product into the add
  * that follows (the dequantizer rounds d * q before adding m) */
@@ -248,8 +242,8 @@ static void widen_block(int type, const uint8_t *blk, float *w) {
     for (int k = 0; k < QK; k++) {
         v8 w0, w1;
         widen_col(type, &c, k, &w0, &w1);
-        st8(w + k * NR, w0);
-        st8(w + k * NR + 8, w1);
+        st(w + k * NR, w0);
+        st(w + k * NR + 8, w1);
     }
 }
 
@@ -260,11 +254,11 @@ static inline __attribute__((always_inline)) void qtile(int type, int MR, int P,
     const int nb = K / QK, pb = panel_block_bytes(type);
     v8 a0[6][4], a1[6][4], t0[6][4], t1[6][4];
     for (int r = 0; r < MR; r++)
-        for (int q = 0; q < P; q++) { t0[r][q] = splat8(0.f); t1[r][q] = splat8(0.f); }
+        for (int q = 0; q < P; q++) { t0[r][q] = splat(0.f); t1[r][q] = splat(0.f); }
     for (int kb = 0; kb < K; kb += KB) {
         const int ke = kb + KB < K ? kb + KB : K;
         for (int r = 0; r < MR; r++)
-            for (int q = 0; q < P; q++) { a0[r][q] = splat8(0.f); a1[r][q] = splat8(0.f); }
+            for (int q = 0; q < P; q++) { a0[r][q] = splat(0.f); a1[r][q] = splat(0.f); }
         for (int b = kb / QK; b < ke / QK; b++) {
             bconst c[4];
             for (int q = 0; q < P; q++) c[q] = block_consts(type, pan + ((size_t)q * nb + b) * pb);
@@ -274,7 +268,7 @@ static inline __attribute__((always_inline)) void qtile(int type, int MR, int P,
                     v8 w0, w1;
                     widen_col(type, &c[q], kk, &w0, &w1);
                     for (int r = 0; r < MR; r++) {
-                        const v8 xb = splat8(x[(size_t)r * K + k]);
+                        const v8 xb = splat(x[(size_t)r * K + k]);
                         a0[r][q] += xb * w0;
                         a1[r][q] += xb * w1;
                     }
@@ -290,12 +284,12 @@ static inline __attribute__((always_inline)) void qtile(int type, int MR, int P,
         if (bias)
             for (int j = 0; j < nvalid; j++) bb[j] = bias[q * NR + j];
         for (int r = 0; r < MR; r++) {
-            if (bias) { t0[r][q] += ld8(bb); t1[r][q] += ld8(bb + 8); }
+            if (bias) { t0[r][q] += ld(bb); t1[r][q] += ld(bb + 8); }
             float *o = y + (size_t)r * ldy + q * NR;
-            if (nvalid == NR) { st8(o, t0[r][q]); st8(o + 8, t1[r][q]); }
+            if (nvalid == NR) { st(o, t0[r][q]); st(o + 8, t1[r][q]); }
             else {
                 float t[NR];
-                st8(t, t0[r][q]); st8(t + 8, t1[r][q]);
+                st(t, t0[r][q]); st(t + 8, t1[r][q]);
                 for (int j = 0; j < nvalid; j++) o[j] = t[j];
             }
         }

@@ -1,0 +1,47 @@
+/* kvscope CPU kernels: what the csrc/*.c files share (one copy each): the 8-lane vector type and
+ * its load / store / broadcast, the entry points one file calls in another, and e^x's constants
+ * and polynomial. engine/model/cpu_kernels.py hashes this header with the sources. */
+#ifndef KVSCOPE_H
+#define KVSCOPE_H
+
+#include <stdint.h>
+#include <string.h>
+
+typedef float v8 __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+static inline v8 ld(const float *p) { v8 v; memcpy(&v, p, sizeof v); return v; }
+static inline void st(float *p, v8 v) { memcpy(p, &v, sizeof v); }
+static inline v8 splat(float x) { return (v8){x, x, x, x, x, x, x, x}; }
+
+/* linear.c */
+int kvscope_linear(const float *x, int M, int K, const float *panels, int N, const float *bias, float *y,
+                   int n_threads);
+void kvscope_linear_panel(const float *x, int M, int K, const float *panel, const float *bias, float *y, int ldy,
+                          int nvalid);
+/* quant_linear.c */
+int kvscope_qlinear(int type, const float *x, int M, int K, const uint8_t *panels, int N, const float *bias,
+                    float *y, int n_threads);
+/* paged_attention.c */
+int kvscope_paged_decode_kv(const float *q, float *out, const void *k_pool, const void *v_pool,
+                            const int32_t *q_rows, const int32_t *ctx_lens, const int32_t *tables, int n_seqs,
+                            int max_blocks, int bs, int H, int Hkv, int D, float scale, int max_ctx, int n_threads,
+                            int kv_format);
+
+/* e^x = 2^n e^r with x = n ln2 + r: log2(e), and ln2 in two parts (hi exact in few bits, so n * hi
+ * is exact); e^r ~ 1 + r + r^2 p(r) with Cephes' expf polynomial p, evaluated by KV_EXP_POLY into p
+ * (any GCC vector type; r a variable). The callers (layer.c's SiLU, paged_attention.c's softmax)
+ * differ only in how they round n and clamp x. */
+#define KV_LOG2E 1.44269504088896341f
+#define KV_LN2_HI 0.693359375f
+#define KV_LN2_LO -2.12194440e-4f
+#define KV_EXP_POLY(p, r)                                                                          \
+    do {                                                                                           \
+        (p) = (r) * 1.9875691500e-4f + 1.3981999507e-3f;                                           \
+        (p) = (p) * (r) + 8.3334519073e-3f;                                                        \
+        (p) = (p) * (r) + 4.1665795894e-2f;                                                        \
+        (p) = (p) * (r) + 1.6666665459e-1f;                                                        \
+        (p) = (p) * (r) + 5.0000001201e-1f;                                                        \
+    } while (0)
+
+#endif
