@@ -18,7 +18,7 @@ With weight_format="gguf" (a model loaded from a GGUF file), each Linear whose G
 Q4_1 or Q8_0 computes from the file's own blocks instead (engine/model/csrc/quant_linear.c, blocks from
 engine/model/gguf_weights.py): 5 / 8.5 bits read per weight instead of 32, the same outputs as the fp32
 packed kernel on the de-quantized weight (which transformers holds) bitwise, or, where the kernel
-sums each block factorized (Q4_1 / Q8_0 with AVX-512), within fp32 rounding of the exact product.
+sums each block factorized (Q4_1 / Q8_0 with AVX2 or AVX-512), within fp32 rounding of the exact product.
 That is checked when the pack is made (the widened blocks equal the HF weight; the outputs at 1, 3
 and 7 rows equal the fp32 kernel's, or are within the rounding bound; the last row alone gives the
 same bits as in its batch); a group that fails it keeps fp32 panels. weight_format="bf16" /
