@@ -604,6 +604,9 @@ static int tune_scratch_rows(void) {
  * not a conversion (verification's k + 1 rows). Every row count runs these register tiles (a
  * scratch buffer of converted codes read by 3-row tiles was slower here at 16-256 rows). */
 #define F2_PG 8         /* panels per group of the register path */
+#ifndef F2_BIG_ROWS
+#define F2_BIG_ROWS 6   /* rows per tile from 9 rows (12 accumulators; 4 was 5-10 % slower at 64-256 rows) */
+#endif
 #ifndef F2_RB
 #define F2_RB 32        /* rows per block of the register path (their x stays in L2) */
 #endif
@@ -711,7 +714,7 @@ static int f2_halves[7] = {0, 4, 2, 2, 1, 1, 1};
  * panels (both stay in L2) every chunk of rows */
 static void f2_register(int type, const float *x, const float *sx, int M, int K, const uint8_t *panels, size_t pstride,
                         int N, const float *bias, float *y, int p0, int p1) {
-    const int q8 = type == T_Q8_0, nb = K / QK, rows = M < 9 ? f2_rows[M] : 4;
+    const int q8 = type == T_Q8_0, nb = K / QK, rows = M < 9 ? f2_rows[M] : F2_BIG_ROWS;
     for (int rb = 0; rb < M; rb += F2_RB)
     for (int g0 = p0; g0 < p1; g0 += F2_PG) {
         const int g1 = g0 + F2_PG < p1 ? g0 + F2_PG : p1, re = rb + F2_RB < M ? rb + F2_RB : M;
