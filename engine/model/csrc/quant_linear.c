@@ -601,8 +601,8 @@ static int tune_scratch_rows(void) {
  * s = fma(odd, 1/16, even), then t = fma(m, sum x, d * s) added to the running total (Q8_0:
  * fma(d, even + odd, total)). The codes of a column pair are converted once and used by every row
  * of the tile (up to 6 rows; 7 and 8 as two tiles), so an extra row costs its two FMAs per pair,
- * not a conversion (verification's k + 1 rows). Every row count runs these register tiles (a
- * scratch buffer of converted codes read by 3-row tiles was slower here at 16-256 rows). */
+ * not a conversion (verification's k + 1 rows). Up to 8 rows run these register tiles; from 9 rows
+ * a panel's codes are converted once into a scratch that 6-row x 16-output tiles read (below). */
 #define F2_PG 8         /* panels per group of the register path */
 #ifndef F2_BIG_ROWS
 #define F2_BIG_ROWS 6   /* rows per tile from 9 rows (12 accumulators; 4 was 5-10 % slower at 64-256 rows) */
@@ -732,6 +732,108 @@ static void f2_register(int type, const float *x, const float *sx, int M, int K,
     }
 }
 
+/* From F2_SCRATCH_ROWS rows (prefill chunks) a panel's codes are converted once into an fp32 scratch
+ * (per block: d[16], m[16], the even columns' codes [16][16], the odd columns' [16][16]; Q4_1's odd
+ * codes as 16 q, exactly the register path's values) and 6-row x 16-output tiles read it like
+ * linear.c's: the even chains of a block first (12 accumulators), parked in memory, then the odd
+ * chains, then the block's finish into the running totals. The same fp32 values and the same
+ * chains as the register path, so the same bits for every row, whatever the row count. At 256 rows
+ * on an AVX2 Zen 3 this runs at ~0.89x the fp32-widening tiles (linear.c's order) that AVX2 ran
+ * before: the block's finish (d s, the two fused multiply-adds) adds 3 FMA-port operations per 32
+ * chain FMAs, which that order did not need. Grouping blocks so their codes stay in L1 was slower. */
+#ifndef F2_SCRATCH_ROWS
+#define F2_SCRATCH_ROWS 9
+#endif
+#ifndef F2_SROWS
+#define F2_SROWS 6      /* rows per scratch tile (12 accumulators; 3 and 4 were 0.6-0.7x of 6 at 64-256 rows) */
+#endif
+#define F2_SB 544       /* scratch floats per block */
+
+static void f2_convert_panel(int type, const uint8_t *pan, int nb, float *sc) {
+    const int pb = panel_block_bytes(type);
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = pan + (size_t)b * pb;
+        float *s = sc + (size_t)b * F2_SB;
+        for (int h = 0; h < 2; h++) {
+            _mm256_storeu_ps(s + 8 * h, half_d(blk, h));
+            _mm256_storeu_ps(s + 16 + 8 * h, half_m(type, blk, h));
+            for (int i = 0; i < QK / 2; i++) {
+                __m256 e, o;
+                pair_codes8(type, blk, 2 * i, h, &e, &o);
+                _mm256_storeu_ps(s + 32 + i * 16 + 8 * h, e);
+                _mm256_storeu_ps(s + 288 + i * 16 + 8 * h, o);
+            }
+        }
+    }
+}
+
+static AI2 void stile2(int type, int MR, const float *x, const float *sx, int K, const float *sc, const float *bias,
+                       float *y, int ldy, int nout) {
+    const int nb = K / QK;
+    __m256 tot[6][2];
+    float ev[6][16] __attribute__((aligned(32)));
+    for (int r = 0; r < MR; r++) tot[r][0] = tot[r][1] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const float *s = sc + (size_t)b * F2_SB, *xb = x + b * QK;
+        __m256 a[6][2];
+        for (int r = 0; r < MR; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
+        for (int i = 0; i < QK / 2; i++) {
+            const __m256 w0 = _mm256_loadu_ps(s + 32 + i * 16), w1 = _mm256_loadu_ps(s + 40 + i * 16);
+            for (int r = 0; r < MR; r++) {
+                const __m256 xv = _mm256_broadcast_ss(xb + (size_t)r * K + 2 * i);
+                a[r][0] = _mm256_fmadd_ps(w0, xv, a[r][0]);
+                a[r][1] = _mm256_fmadd_ps(w1, xv, a[r][1]);
+            }
+        }
+        for (int r = 0; r < MR; r++) {
+            _mm256_store_ps(ev[r], a[r][0]);
+            _mm256_store_ps(ev[r] + 8, a[r][1]);
+            a[r][0] = a[r][1] = _mm256_setzero_ps();
+        }
+        for (int i = 0; i < QK / 2; i++) {
+            const __m256 w0 = _mm256_loadu_ps(s + 288 + i * 16), w1 = _mm256_loadu_ps(s + 296 + i * 16);
+            for (int r = 0; r < MR; r++) {
+                const __m256 xv = _mm256_broadcast_ss(xb + (size_t)r * K + 2 * i + 1);
+                a[r][0] = _mm256_fmadd_ps(w0, xv, a[r][0]);
+                a[r][1] = _mm256_fmadd_ps(w1, xv, a[r][1]);
+            }
+        }
+        for (int h = 0; h < 2; h++) {
+            const __m256 d = _mm256_loadu_ps(s + 8 * h), m = _mm256_loadu_ps(s + 16 + 8 * h);
+            for (int r = 0; r < MR; r++)
+                tot[r][h] = finish8(type, d, m, _mm256_load_ps(ev[r] + 8 * h), a[r][h], sx[r * nb + b], tot[r][h]);
+        }
+    }
+    for (int r = 0; r < MR; r++)
+        for (int h = 0; h < 2; h++)
+            store8(tot[r][h], bias ? bias + 8 * h : NULL, y + (size_t)r * ldy + 8 * h,
+                   nout - 8 * h);
+}
+
+#define STL(TY, MR)                                                                                        \
+static void stl_##TY##_##MR(const float *x, const float *sx, int K, const float *sc, const float *bias,   \
+                            float *y, int ldy, int nout) {                                                 \
+    stile2(TY, MR, x, sx, K, sc, bias, y, ldy, nout);                                                      \
+}
+STL(3, 1) STL(3, 2) STL(3, 3) STL(3, 4) STL(3, 5) STL(3, 6) STL(8, 1) STL(8, 2) STL(8, 3) STL(8, 4) STL(8, 5) STL(8, 6)
+typedef void (*stl_fn)(const float *, const float *, int, const float *, const float *, float *, int, int);
+static const stl_fn STILES2[2][7] = {{0, stl_3_1, stl_3_2, stl_3_3, stl_3_4, stl_3_5, stl_3_6},
+                                     {0, stl_8_1, stl_8_2, stl_8_3, stl_8_4, stl_8_5, stl_8_6}};
+
+/* rows 0..M-1 over panels [p0, p1) through the scratch (sc: nb * F2_SB floats) */
+static void f2_scratch(int type, const float *x, const float *sx, int M, int K, const uint8_t *panels,
+                       size_t pstride, int N, const float *bias, float *y, int p0, int p1, float *sc) {
+    const int q8 = type == T_Q8_0, nb = K / QK;
+    for (int p = p0; p < p1; p++) {
+        f2_convert_panel(type, panels + p * pstride, nb, sc);
+        for (int r0 = 0; r0 < M; r0 += F2_SROWS) {
+            const int mr = M - r0 < F2_SROWS ? M - r0 : F2_SROWS;
+            STILES2[q8][mr](x + (size_t)r0 * K, sx + (size_t)r0 * nb, K, sc, bias ? bias + p * NR : NULL,
+                            y + (size_t)r0 * N + p * NR, N, N - p * NR);
+        }
+    }
+}
+
 static int qlinear_factorized2(int type, const float *x, int M, int K, const uint8_t *panels, int N, const float *bias,
                                float *y, int n_threads) {
     const int np = (N + NR - 1) / NR, nb = K / QK, q8 = type == T_Q8_0;
@@ -751,7 +853,10 @@ static int qlinear_factorized2(int type, const float *x, int M, int K, const uin
             }
         const int t = omp_get_thread_num(), nt = omp_get_num_threads();
         const int p0 = (int)((long long)np * t / nt), p1 = (int)((long long)np * (t + 1) / nt);
-        f2_register(type, x, sx, M, K, panels, pstride, N, bias, y, p0, p1);
+        float *sc = M >= F2_SCRATCH_ROWS ? aligned_alloc(32, sizeof(float) * (size_t)nb * F2_SB) : NULL;
+        if (sc) f2_scratch(type, x, sx, M, K, panels, pstride, N, bias, y, p0, p1, sc);
+        else f2_register(type, x, sx, M, K, panels, pstride, N, bias, y, p0, p1);
+        free(sc);
     }
     free(sx);
     return 0;

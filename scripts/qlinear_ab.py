@@ -1,0 +1,100 @@
+"""Kernel A/B: kvscope_qlinear of two builds of engine/model/csrc, alternating in one process.
+
+    python scripts/qlinear_ab.py OLD_CSRC_DIR NEW_CSRC_DIR [MORE_DIRS...] [--threads 1] [--rows 1,5,8,16,64,256]
+
+Each directory's .c files are compiled with cpu_kernels.CFLAGS (+ KVSCOPE_ISA's flags) into /tmp,
+the same random Q4_1 blocks (finite scales) are packed by each, and the best of --reps calls of
+each is printed in microseconds with the ratio old / new (> 1: new faster) and the kernel path
+(further directories: their times and ratios against OLD too). At 1 thread the clock is the
+thread's CPU time (time.thread_time), so time the scheduler gives other processes on a shared
+machine is not counted; at more threads it is wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import glob
+import hashlib
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from engine.model import cpu_kernels, kernel_isa  # noqa: E402
+
+SHAPES = {"gate_up": (3072, 576), "down": (576, 1536), "qkv": (960, 576)}
+Q4_1 = 3
+
+
+def build(csrc: str) -> ctypes.CDLL:
+    srcs = sorted(glob.glob(os.path.join(csrc, "*.c")))
+    flags = cpu_kernels.CFLAGS + cpu_kernels.isa_flags()
+    blob = b"".join(open(p, "rb").read() for p in sorted(glob.glob(os.path.join(csrc, "*")))) + " ".join(flags).encode()
+    out = f"/tmp/qlinear_ab_{hashlib.sha256(blob).hexdigest()[:12]}.so"
+    if not os.path.exists(out):
+        subprocess.run(["gcc", *flags, "-o", out, *srcs], check=True)
+    lib = ctypes.CDLL(out)
+    P, I = ctypes.c_void_p, ctypes.c_int
+    lib.kvscope_qpanel_bytes.argtypes = [I, I, I]
+    lib.kvscope_qpanel_bytes.restype = ctypes.c_longlong
+    lib.kvscope_qpack.argtypes = [I, P, ctypes.c_longlong, P, I, I, P]
+    lib.kvscope_qlinear.argtypes = [I, P, I, I, P, I, P, P, I]
+    return lib
+
+
+def q4_1_blocks(n: int, k: int, rng) -> np.ndarray:
+    blk = rng.integers(0, 256, size=(n, k // 32, 20), dtype=np.uint8)
+    blk[:, :, 0:2] = np.frombuffer(np.float16(0.02).tobytes(), np.uint8)
+    blk[:, :, 2:4] = np.frombuffer(np.float16(-0.15).tobytes(), np.uint8)
+    return np.ascontiguousarray(blk)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("old")
+    ap.add_argument("new")
+    ap.add_argument("more", nargs="*")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rows", default="1,5,8,16,64,256")
+    ap.add_argument("--reps", type=int, default=7)
+    a = ap.parse_args()
+    libs = {"old": build(a.old), "new": build(a.new)}
+    libs.update({os.path.basename(os.path.normpath(d)): build(d) for d in a.more})
+    clock = time.thread_time if a.threads == 1 else time.perf_counter
+    rng = np.random.default_rng(0)
+    print(f"kernel_isa={kernel_isa.summary()} threads={a.threads} load={os.getloadavg()[0]:.2f} clock={clock.__name__}")
+    for name, (n, k) in SHAPES.items():
+        blocks = q4_1_blocks(n, k, rng)
+        rmap = np.arange(n, dtype=np.int32)
+        packed = {}
+        for tag, lib in libs.items():
+            buf = np.zeros(lib.kvscope_qpanel_bytes(Q4_1, n, k), np.uint8)
+            rc = lib.kvscope_qpack(Q4_1, blocks.ctypes.data, n, rmap.ctypes.data, n, k, buf.ctypes.data)
+            assert rc == 0
+            packed[tag] = buf
+        line = []
+        for m in [int(r) for r in a.rows.split(",")]:
+            x = rng.standard_normal((m, k)).astype(np.float32)
+            ys = {t: np.zeros((m, n), np.float32) for t in libs}
+            best = {t: 1e30 for t in libs}
+            reps = max(2, int(2e5 / (m * n * k / 1e3 + 50)))
+            for _ in range(a.reps):
+                for t, lib in libs.items():
+                    args = (Q4_1, x.ctypes.data, m, k, packed[t].ctypes.data, n, None, ys[t].ctypes.data, a.threads)
+                    lib.kvscope_qlinear(*args)
+                    t0 = clock()
+                    for _ in range(reps):
+                        lib.kvscope_qlinear(*args)
+                    best[t] = min(best[t], (clock() - t0) / reps * 1e6)
+            cells = [f"{best[t]:.0f} us ({best['old'] / best[t]:.2f}x)" for t in libs if t != "old"]
+            line.append(f"M={m}: {best['old']:.0f} -> " + " / ".join(cells))
+        print(f"{name} {n}x{k}: " + "; ".join(line), flush=True)
+
+
+if __name__ == "__main__":
+    main()
