@@ -14,7 +14,7 @@ from engine.bench import peers  # noqa: E402
 from engine.bench.decode_bs1 import decode_steps  # noqa: E402
 from engine.config import SamplingParams  # noqa: E402
 from engine.core.llm import LLM  # noqa: E402
-from engine.model import cpu_kernels  # noqa: E402
+from engine.model import kernel_isa  # noqa: E402
 from engine.model.models import default_gguf_path, load_tokenizer  # noqa: E402
 
 if __name__ == "__main__":
@@ -30,7 +30,7 @@ if __name__ == "__main__":
         C.free_llm(llm)
         lc = peers.llamacpp_decode_bs1(default_gguf_path(), prompt, n_new, th, reps=3)
         kv = max(rates[1:])
-        row = {"isa": cpu_kernels.isa(), "threads": th, "kvscope_tok_s": kv, "kvscope_rates": rates}
+        row = {"isa": kernel_isa.summary(), "threads": th, "kvscope_tok_s": kv, "kvscope_rates": rates}
         row.update({"llamacpp_tok_s": lc.get("tok_s"), "llamacpp_rates": lc.get("rates"), "why": lc.get("why")})
         row["ratio"] = kv / lc["tok_s"] if lc.get("tok_s") else None
         print(json.dumps(row), flush=True)

@@ -337,21 +337,16 @@ def probe_threads(shape: ModelShape, candidates=None, rounds: int = 3, layers: i
 # ---------------------------------------------------------------------------- roofline
 
 
-def kernel_isa() -> str:
-    """The vector path the engine's C kernels run in this process (AVX-512, AVX2, ...)."""
-    from engine.model import cpu_kernels
-
-    return cpu_kernels.isa()
-
-
 def quant_row_path() -> str:
     """Which of quant_linear.c's two bitwise-equal row paths this CPU was tuned to."""
-    from engine.model import cpu_kernels
+    from engine.model import cpu_kernels, kernel_isa
 
     lib = cpu_kernels.load()
     rows = cpu_kernels.ql_scratch_rows(lib) if lib is not None else 0
     if rows <= 0:
-        return "codes in registers (the AVX2 kernel has no scratch path)" if kernel_isa() == "AVX2" else "n/a"
+        if kernel_isa.path().startswith("AVX2"):
+            return "codes in registers up to 8 rows, converted once per panel into a scratch from 9 (fixed)"
+        return "n/a"
     return "codes in registers" if rows >= 2**31 - 1 else f"scratch buffer from {rows} rows"
 
 
@@ -364,7 +359,11 @@ def suite_roofline(ctx: C.BenchContext) -> SuiteResult:
 
     C.require_engine()
     res = SuiteResult()
-    res.add("kernel_isa", kernel_isa(), "the vector path of the engine's C kernels (KVSCOPE_ISA=avx2 forces AVX2)")
+    from engine.model import kernel_isa
+
+    res.add(
+        "kernel_isa", kernel_isa.summary(), "the vector path of the engine's C kernels (KVSCOPE_ISA=avx2 forces AVX2)"
+    )
     ctx.start("load model")
     model, tok = ctx.hf()
     shape = shape_of(model)

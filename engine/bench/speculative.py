@@ -26,9 +26,9 @@ def suite_speculative(ctx: C.BenchContext) -> SuiteResult:
     from engine.config import SpeculativeConfig
 
     res = SuiteResult()
-    from engine.model import cpu_kernels
+    from engine.model import kernel_isa
 
-    res.add("kernel_isa", cpu_kernels.isa(), "the vector path of the engine's C kernels")
+    res.add("kernel_isa", kernel_isa.summary(), "the vector path of the engine's C kernels (model/kernel_isa.py)")
     ctx.start("prompts")
     model, tok = ctx.hf()
     sets = PS.speculative_sets(tok)

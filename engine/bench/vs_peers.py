@@ -90,9 +90,9 @@ def suite_peers(ctx: C.BenchContext) -> SuiteResult:
     from engine.serve import create_app, run_in_background
 
     res = SuiteResult()
-    from engine.model import cpu_kernels
+    from engine.model import kernel_isa
 
-    res.add("kernel_isa", cpu_kernels.isa(), "the vector path of the engine's C kernels")
+    res.add("kernel_isa", kernel_isa.summary(), "the vector path of the engine's C kernels (model/kernel_isa.py)")
     rounds = ctx.pick(3, 2, smoke=1)
     new = ctx.pick(64, 64, smoke=8)
     nreq = 16

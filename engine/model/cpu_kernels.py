@@ -23,8 +23,8 @@ and called through ctypes on tensors' memory.
 The library is compiled once per (source, compiler, CPU, ISA) into the kvscope cache directory
 (`-O3 -march=native`, about a second) and reused by every later process. KVSCOPE_ISA=avx2 builds
 the AVX2 path on an AVX-512 CPU (`-mno-avx512f`), so both paths can be measured on one machine;
-`isa()` names the path the loaded library runs (`python -m engine bench` prints it). Where there is no
-compiler or the build fails, `load()` returns None with the reason in `status()` and the engine
+engine/model/kernel_isa.py names the path the loaded library runs (`python -m engine bench` prints
+it). Where there is no compiler or the build fails, `load()` returns None with the reason in `status()` and the engine
 uses the torch reference; nothing else changes. Set KVSCOPE_CPU_KERNELS=0 to never build or use it.
 """
 
@@ -180,14 +180,6 @@ def load():
 def status() -> str:
     load()
     return "built" if _state.get("lib") is not None else f"not used ({_state.get('why')})"
-
-
-def isa() -> str:
-    """The vector path the engine's kernels run here: "AVX-512", "AVX2", "scalar", or why none."""
-    lib = load()
-    if lib is None:
-        return f"none: torch reference ({_state.get('why')})"
-    return lib.kvscope_isa().decode()
 
 
 def supports(num_heads: int, num_kv_heads: int, head_dim: int) -> bool:

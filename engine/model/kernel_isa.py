@@ -1,7 +1,8 @@
-"""Which instruction-set path the engine's C kernels (engine/model/cpu_kernels.py) were built for
-here: the compiler is asked which ISA macros its flags (cpu_kernels.CFLAGS, -march=native) define,
-the same macros engine/model/csrc/quant_linear.c selects its paths by (AVX-512 F/DQ/BW/VL, else
-AVX2 + FMA + F16C, else portable C). `bench` prints it beside every figure."""
+"""Which instruction-set path the engine's C kernels (engine/model/cpu_kernels.py) run here: the one
+home for it. `path()` is the loaded library's own answer (kvscope_isa() in csrc/quant_linear.c,
+which selects its paths by the ISA macros: AVX-512 F/DQ/BW/VL, else AVX2 + FMA + F16C, else
+portable C); `describe()` adds the features the compiler's flags (cpu_kernels.CFLAGS, -march=native,
+plus KVSCOPE_ISA's, e.g. -mno-avx512f) define. `bench` prints it beside every figure."""
 
 from __future__ import annotations
 
@@ -30,6 +31,22 @@ def path_of(macros: set[str]) -> str:
     return "portable C (no AVX2)"
 
 
+# the library's kvscope_isa() -> the names path_of gives
+_LIB_NAMES = {"AVX-512": "AVX-512", "AVX2": "AVX2+FMA", "scalar": "portable C (no AVX2)"}
+
+
+def path() -> str:
+    """The vector path the loaded kernels run: "AVX-512", "AVX2+FMA", "portable C (no AVX2)", or
+    the torch reference where the kernels are not built."""
+    from engine.model import cpu_kernels
+
+    lib = cpu_kernels.load()
+    if lib is None:
+        return "torch reference (C kernels not built)"
+    name = lib.kvscope_isa().decode()
+    return _LIB_NAMES.get(name, name)
+
+
 def _compiler_macros(cc: str, flags: list[str]) -> set[str]:
     keep = [f for f in flags if f.startswith(("-m", "-O"))]  # the ISA-relevant flags only
     out = subprocess.run([cc, *keep, "-dM", "-E", "-x", "c", "/dev/null"], capture_output=True, text=True, timeout=30)
@@ -44,15 +61,13 @@ def describe() -> dict:
 
     status = cpu_kernels.status()
     if cpu_kernels.load() is None:
-        return {"path": "torch reference (C kernels not built)", "features": [], "kernels": status}
+        return {"path": path(), "features": [], "kernels": status}
     cc = cpu_kernels.compiler()
     try:
-        macros = _compiler_macros(cc, list(cpu_kernels.CFLAGS)) if cc else set()
+        macros = _compiler_macros(cc, [*cpu_kernels.CFLAGS, *cpu_kernels.isa_flags()]) if cc else set()
     except (OSError, subprocess.SubprocessError):
         macros = set()
-    if not macros:
-        return {"path": "unknown (compiler not asked)", "features": [], "kernels": status}
-    return {"path": path_of(macros), "features": [n for m, n in _MACROS if m in macros], "kernels": status}
+    return {"path": path(), "features": [n for m, n in _MACROS if m in macros], "kernels": status}
 
 
 def summary() -> str:

@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.model import cpu_kernels
+from engine.model import cpu_kernels, kernel_isa
 
 gguf = pytest.importorskip("gguf")
 LIB = cpu_kernels.load()
@@ -81,10 +81,10 @@ def test_outputs_are_the_fp32_products_values(qtype, rows, n, k, threads):
 def test_only_q4_1_and_q8_0_factorize_and_only_with_a_vector_path():
     """AVX2 and AVX-512 builds both factorize Q4_1 / Q8_0 (the same arithmetic, checked by the next
     test on whichever this CPU runs); F16 / BF16, and every type without AVX2, are bitwise."""
-    isa = cpu_kernels.isa()
-    assert isa in ("AVX-512", "AVX2", "scalar")
+    isa = kernel_isa.path()
+    assert isa in ("AVX-512", "AVX2+FMA", "portable C (no AVX2)")
     for name, t in TYPES.items():
-        assert cpu_kernels.qlinear_bitwise(LIB, t) == (name in ("F16", "BF16") or isa == "scalar")
+        assert cpu_kernels.qlinear_bitwise(LIB, t) == (name in ("F16", "BF16") or isa.startswith("portable"))
     assert LIB.kvscope_qlinear_bitwise(2) == -1  # Q4_0: no kernel
 
 
