@@ -115,36 +115,6 @@ def hf_continuous_batching(model, tok, prompts: list[list[int]], max_new_tokens:
     return outs, wall, {"num_blocks": num_blocks, "page_size": page, "errors": errors[:4]}
 
 
-def verify_cost_ratios(model, prompt: list[int], ks=(1, 2, 4, 8), reps: int = 5) -> dict:
-    """Measured cost of one target pass over k+1 new tokens vs a 1-token pass, with a KV cache of
-    the prompt (HF DynamicCache, the new tokens cropped off after each pass). Best-of `reps` for each."""
-    import torch
-    from transformers import DynamicCache
-
-    with torch.inference_mode():
-        cache = DynamicCache(config=model.config)
-        ids = torch.tensor([prompt], dtype=torch.long)
-        model(input_ids=ids, past_key_values=cache, use_cache=True)
-        base = len(prompt)
-
-        def one(n):
-            x = torch.tensor([prompt[-n:]], dtype=torch.long)
-            pos = torch.arange(base, base + n).unsqueeze(0)
-            best = float("inf")
-            for _ in range(reps + 1):
-                t = time.perf_counter()
-                model(input_ids=x, past_key_values=cache, position_ids=pos, use_cache=True)
-                best = min(best, time.perf_counter() - t)
-                cache.crop(-n)  # transformers 5: a negative count removes that many tokens
-            return best
-
-        t1 = one(1)
-        out = {"verify_pass_1_ms": t1 * 1e3}
-        for k in ks:
-            out[f"verify_cost_ratio_k{k}"] = one(k + 1) / t1
-    return out
-
-
 # ---------------------------------------------------------------------------- llama.cpp (optional)
 
 LLAMACPP_PIN = "llama-cpp-python==0.3.36"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from engine.bench import common as C
-from engine.bench import peers
 from engine.bench.common import SuiteResult
 from engine.bench.report import BenchUnavailable, bar_figure
 from engine.lab import ab_timing
@@ -24,6 +23,7 @@ def spec_cfg_enabled_fallback(cfg) -> bool:
 def suite_speculative(ctx: C.BenchContext) -> SuiteResult:
     LLM, SamplingParams, _ = C.require_engine()
     from engine.config import SpeculativeConfig
+    from engine.speculative import verify_cost
 
     res = SuiteResult()
     from engine.model import kernel_isa
@@ -43,12 +43,6 @@ def suite_speculative(ctx: C.BenchContext) -> SuiteResult:
         sets = {name: ps[: ctx.pick(4, 2, smoke=1)] for name, ps in sets.items()}
     max_new = ctx.pick(128, 64, smoke=8)
     ctx.done("prompts")
-
-    ctx.start("verify cost (transformers forward, k+1 vs 1 token)")
-    vc = peers.verify_cost_ratios(model, sets["passage_edit"][0], ks=(1, 2, 4, 8), reps=ctx.pick(10, 6, smoke=1))
-    for key, v in vc.items():
-        res.add(key, v, "best-of timing, KV cache of the prompt" if key.startswith("verify_cost") else "")
-    ctx.done("verify cost")
 
     # Plain and speculative engines run the same prompt set alternately, the first side swapped each
     # round, `rounds` rounds (engine/ab_timing.compare, the one home the pages use too); each side's
@@ -122,6 +116,15 @@ def suite_speculative(ctx: C.BenchContext) -> SuiteResult:
     plain_llm = make(None)
     ctx.done("plain")
     try:
+        ctx.start("verify cost (the engine's own target pass, k+1 vs 1 row)")
+        vc = verify_cost.engine_verify_cost_ratios(plain_llm.engine, ks=(1, 2, 4, 8), reps=ctx.pick(10, 6, smoke=1))
+        for key, v in vc.items():
+            res.add(
+                key,
+                v,
+                "kvscope's runner, one sequence, best of alternating rounds" if key.startswith("verify_") else "",
+            )
+        ctx.done("verify cost")
         for dname, cfg in drafters.items():
             ctx.start(f"drafter {dname} (interleaved with plain)")
             try:

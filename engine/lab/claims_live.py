@@ -131,7 +131,7 @@ def measure_private(config, progress: Callable[[float, str], None] | None = None
 def _measure_live(th, progress, where: str = "") -> dict:
     import torch
 
-    from engine.bench import peers
+    from engine.speculative import verify_cost
 
     say = progress or (lambda f, s: None)
     eng = th.engine
@@ -145,9 +145,8 @@ def _measure_live(th, progress, where: str = "") -> dict:
     t_mm = hold_engine(th, lambda: RF.measure_linear(256, shape.hidden, shape.intermediate, dtype=dtype))
     gflops = 2 * 256 * shape.hidden * shape.intermediate / t_mm / 1e9
     steps, contended = decode_step_times(th, progress=lambda f, s: say(0.2 + 0.5 * f, f"decode steps: {s}"))
-    say(0.75, "verification cost, k = 1..8")
-    prompt = th.tokenizer.encode("Review the retry logic in the storage client before the freeze. " * 6)
-    vc = hold_engine(th, lambda: peers.verify_cost_ratios(model, prompt, ks=VERIFY_KS, reps=3))
+    say(0.75, "verification cost, k = 1..8 (the engine's own target pass)")
+    vc = hold_engine(th, lambda: verify_cost.engine_verify_cost_ratios(eng, ks=VERIFY_KS, reps=5))
     say(1.0, "done")
     ctx = 48 + 6  # the decode runs' mean context
     floor_s = 1 / RF.memory_roof_tok_s(shape, bw, dbytes, ctx)

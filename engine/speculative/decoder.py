@@ -21,13 +21,11 @@ import numpy as np
 import torch
 
 from engine.core.sampler import probs as sampler_probs
-from engine.model.kv_layout import cdiv
-from engine.model.runner import BatchRow, token_slots
 from engine.observe import rates
 from engine.observe import trace_events as ev
 from engine.observe.snapshot import SpecMetrics
+from engine.speculative import verify_cost
 from engine.speculative.drafters import (
-    DRAFT_SUFFIX,
     ModelDrafter,
     SpecContext,
     check_same_tokenizer,
@@ -37,9 +35,6 @@ from engine.speculative.drafters import (
 from engine.speculative.math import break_even_alpha, expected_tokens_per_pass
 from engine.speculative.monitor import ClassState, CostModel
 from engine.speculative.verify import verify_greedy, verify_sampling
-
-# owner of the blocks the calibration borrows (ids ending in DRAFT_SUFFIX are never a request's)
-CALIBRATION_ID = "spec-calibration" + DRAFT_SUFFIX
 
 
 class SpecDecoder:
@@ -120,40 +115,20 @@ class SpecDecoder:
         m.eval()
         return m
 
-    @torch.inference_mode()
     def _calibrate(self) -> None:
         """Time a 1-token and a (k+1)-token target pass at a short context, before any request
-        exists, on free blocks the block manager lends for it (zeroed and handed back afterwards)."""
+        exists, on free blocks the block manager lends for it (engine/speculative/verify_cost.py)."""
         bm = self.bm
         if not bm.is_empty:
             return
-        bs = bm.block_size
         ctx = 32
-        while ctx > 1 and cdiv(ctx + self.k + 1, bs) > bm.num_free_blocks:
+        while ctx > 1 and not verify_cost.fits(bm, ctx, self.k + 1):
             ctx //= 2
-        if cdiv(ctx + self.k + 1, bs) > bm.num_free_blocks:
+        if not verify_cost.fits(bm, ctx, self.k + 1):
             return
-        n = cdiv(ctx + self.k + 1, bs)
-        # blocks lent by the block manager for the calibration only (no event), handed back to
-        # the head of the free queue in their order: the pool ends as it began
-        bm.allocate(CALIBRATION_ID, n * bs)
-        table = bm.table(CALIBRATION_ID)[:n]
         vocab_size = self.ctx.model.config.vocab_size
-        toks = [(i * 7919) % min(vocab_size, 30000) + 10 for i in range(ctx + self.k + 1)]
-        r = self.ctx.runner
-        t1, tk = [], []
-        try:
-            r.forward([BatchRow("calib", 0, toks[:ctx], table, ctx - 1)])
-            for _ in range(4):
-                a = time.perf_counter()
-                r.forward([BatchRow("calib", ctx, toks[ctx : ctx + 1], table, 0)])
-                t1.append(time.perf_counter() - a)
-                a = time.perf_counter()
-                r.forward([BatchRow("calib", ctx, toks[ctx : ctx + self.k + 1], table, 0)])
-                tk.append(time.perf_counter() - a)
-        finally:
-            r.clear_slots(token_slots(table, bs, 0, len(table) * bs))  # every slot of the lent blocks
-            bm.free(CALIBRATION_ID, to_head=True)
+        times = verify_cost.time_target_passes(self.ctx.runner, bm, (1, self.k + 1), ctx, 4, vocab_size)
+        t1, tk = times[1], times[self.k + 1]
         self.costs.add(1, float(np.median(t1[1:])))
         self.costs.add(self.k + 1, float(np.median(tk[1:])))
         self.calibration = {"context": ctx, "plain_s": float(np.median(t1[1:])), "verify_s": float(np.median(tk[1:]))}
