@@ -13,10 +13,7 @@ from ui.widgets import mode, prompt_preview, room, shell, spec_watch
 shell.enter_app()
 
 SS = st.session_state
-EXAMPLE = (
-    "Copy this sentence exactly, changing only the word cat to dog: The quick brown cat jumps over "
-    "the lazy fox, and the quick brown cat runs back home again before the rain."
-)
+EXAMPLE = drafters.EXAMPLE_PROMPT
 
 MEASURE, WATCH = "Measure vs plain", "Watch live (evict during the run)"
 

@@ -34,6 +34,13 @@ DRAFTERS = {  # label -> (method, help)
 }
 
 
+# the Speculative page's default prompt (scripts/spec_page_speedup.py measures it the page's way)
+EXAMPLE_PROMPT = (
+    "Copy this sentence exactly, changing only the word cat to dog: The quick brown cat jumps over "
+    "the lazy fox, and the quick brown cat runs back home again before the rain."
+)
+
+
 def drafter_config(
     label: str, k: int, *, exit_layers: int = 1, draft_model: str = "", fallback: bool = True
 ) -> SpeculativeConfig:
