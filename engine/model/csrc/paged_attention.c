@@ -443,3 +443,259 @@ int kvscope_paged_decode(const float *q, float *out, const float *k_pool, const 
     return kvscope_paged_decode_kv(q, out, k_pool, v_pool, q_rows, ctx_lens, tables, n_seqs, max_blocks, bs, H, Hkv,
                                    D, scale, max_ctx, n_threads, KV_FP32);
 }
+
+/* ---------------------------------------------------------------------------------------------
+ * Causal prefill attention, tiled (the flash-attention order): one sequence's run of T query rows
+ * at consecutive positions start .. start + T - 1, over its context 0 .. start + T - 1, fp32 pool,
+ * D = 64 or 128. Reading each key once per query row (the decode kernel, row by row) is a
+ * matrix-vector product per row, bound by loads; here a tile of PF_QT positions x G query heads
+ * (the heads that share one KV head) meets a tile of PF_KT keys as a small matrix product, each
+ * key and value loaded once per tile, the scores and the output accumulated in registers.
+ *
+ * Per call: each KV head's keys are copied once out of their blocks into PF_KT-key tiles
+ * transposed ([D][PF_KT], so a tile's scores are broadcast-FMA products), its values into
+ * contiguous [PF_KT][D] tiles. Then per (KV head, query tile): for each key tile up to the last
+ * query's position, S = Q K^T (Q pre-scaled), keys past a row's own position masked, and the
+ * online softmax: m' = max(m, max S), P = e^(S - m'), l = l e^(m - m') + sum P,
+ * O = O e^(m - m') + P V; out = O / l. Key tiles sit at absolute multiples of PF_KT, so a row's
+ * arithmetic depends on its position and context only, not on how the prompt was chunked or
+ * tiled into queries or split over threads: the same bits at any chunk size and thread count.
+ * Within fp32 rounding of softmax(QK^T)V, not bitwise equal to the decode kernel (whose softmax
+ * is two-pass): tests/engine/test_paged_prefill.py compares both with torch SDPA.
+ * ------------------------------------------------------------------------------------------- */
+#define PF_QT 16 /* query positions per tile */
+#define PF_KT 64 /* keys per tile */
+#define PF_MIN_ROWS 16 /* a run of at least this many rows goes to the tiled kernel */
+
+/* S[r][0..PF_KT) = Q[r] . keys, RB rows x 16 keys at a time: RB x 2 accumulators, d in order */
+static inline __attribute__((always_inline)) void pf_scores_rb(int RB, const float *Q, int D, const float *Kt,
+                                                               float *S) {
+    for (int c = 0; c < PF_KT; c += 16) {
+        v8 a[6][2];
+        for (int r = 0; r < RB; r++) a[r][0] = a[r][1] = splat(0.f);
+        for (int d = 0; d < D; d++) {
+            const v8 k0 = ld(Kt + (size_t)d * PF_KT + c), k1 = ld(Kt + (size_t)d * PF_KT + c + 8);
+            for (int r = 0; r < RB; r++) {
+                const v8 b = splat(Q[(size_t)r * D + d]);
+                a[r][0] += b * k0;
+                a[r][1] += b * k1;
+            }
+        }
+        for (int r = 0; r < RB; r++) {
+            st(S + (size_t)r * PF_KT + c, a[r][0]);
+            st(S + (size_t)r * PF_KT + c + 8, a[r][1]);
+        }
+    }
+}
+
+/* O[r][:] += sum_j P[r][j] V[j][:], j < nk, RB rows x 16 columns at a time */
+static inline __attribute__((always_inline)) void pf_pv_rb(int RB, const float *P, int nk, const float *Vt, int D,
+                                                           float *O) {
+    for (int c = 0; c < D; c += 16) {
+        v8 a[6][2];
+        for (int r = 0; r < RB; r++) {
+            a[r][0] = ld(O + (size_t)r * D + c);
+            a[r][1] = ld(O + (size_t)r * D + c + 8);
+        }
+        for (int j = 0; j < nk; j++) {
+            const v8 v0 = ld(Vt + (size_t)j * D + c), v1 = ld(Vt + (size_t)j * D + c + 8);
+            for (int r = 0; r < RB; r++) {
+                const v8 p = splat(P[(size_t)r * PF_KT + j]);
+                a[r][0] += p * v0;
+                a[r][1] += p * v1;
+            }
+        }
+        for (int r = 0; r < RB; r++) {
+            st(O + (size_t)r * D + c, a[r][0]);
+            st(O + (size_t)r * D + c + 8, a[r][1]);
+        }
+    }
+}
+
+static void pf_scores(int R, const float *Q, int D, const float *Kt, float *S) {
+    int r = 0;
+    for (; r + 6 <= R; r += 6) pf_scores_rb(6, Q + (size_t)r * D, D, Kt, S + (size_t)r * PF_KT);
+    switch (R - r) {
+    case 5: pf_scores_rb(5, Q + (size_t)r * D, D, Kt, S + (size_t)r * PF_KT); break;
+    case 4: pf_scores_rb(4, Q + (size_t)r * D, D, Kt, S + (size_t)r * PF_KT); break;
+    case 3: pf_scores_rb(3, Q + (size_t)r * D, D, Kt, S + (size_t)r * PF_KT); break;
+    case 2: pf_scores_rb(2, Q + (size_t)r * D, D, Kt, S + (size_t)r * PF_KT); break;
+    case 1: pf_scores_rb(1, Q + (size_t)r * D, D, Kt, S + (size_t)r * PF_KT); break;
+    default: break;
+    }
+}
+
+static void pf_pv(int R, const float *P, int nk, const float *Vt, int D, float *O) {
+    int r = 0;
+    for (; r + 6 <= R; r += 6) pf_pv_rb(6, P + (size_t)r * PF_KT, nk, Vt, D, O + (size_t)r * D);
+    switch (R - r) {
+    case 5: pf_pv_rb(5, P + (size_t)r * PF_KT, nk, Vt, D, O + (size_t)r * D); break;
+    case 4: pf_pv_rb(4, P + (size_t)r * PF_KT, nk, Vt, D, O + (size_t)r * D); break;
+    case 3: pf_pv_rb(3, P + (size_t)r * PF_KT, nk, Vt, D, O + (size_t)r * D); break;
+    case 2: pf_pv_rb(2, P + (size_t)r * PF_KT, nk, Vt, D, O + (size_t)r * D); break;
+    case 1: pf_pv_rb(1, P + (size_t)r * PF_KT, nk, Vt, D, O + (size_t)r * D); break;
+    default: break;
+    }
+}
+
+/* One (KV head g, query tile) item: positions p0 .. p0 + np - 1 (query rows qrow0 + p0 - start ..),
+   rows r = i * G + gi for position p0 + i and query head g * G + gi. */
+static void pf_tile(const float *q, float *out, const float *Ktiles, const float *Vtiles, int qrow0, int start,
+                    int p0, int np, int g, int G, int H, int D, float scale, float *Qs, float *S, float *O, float *m,
+                    float *l) {
+    const int R = np * G;
+    for (int i = 0; i < np; i++)
+        for (int gi = 0; gi < G; gi++) {
+            const float *src = q + ((size_t)(qrow0 + p0 - start + i) * H + g * G + gi) * D;
+            float *dst = Qs + (size_t)(i * G + gi) * D;
+            for (int d = 0; d < D; d++) dst[d] = src[d] * scale;
+        }
+    for (int r = 0; r < R; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0.f;
+    }
+    memset(O, 0, sizeof(float) * (size_t)R * D);
+    const v8i lane = {0, 1, 2, 3, 4, 5, 6, 7};
+    const int last = p0 + np - 1; /* the tile's last position: keys 0 .. last */
+    for (int k0 = 0; k0 <= last; k0 += PF_KT) {
+        const int kt = k0 / PF_KT;
+        const float *Kt = Ktiles + (size_t)kt * D * PF_KT, *Vt = Vtiles + (size_t)kt * PF_KT * D;
+        const int nk = last + 1 - k0 < PF_KT ? last + 1 - k0 : PF_KT; /* keys any row of the tile sees */
+        pf_scores(R, Qs, D, Kt, S);
+        for (int i = 0; i < np; i++) {
+            const int nv = p0 + i + 1 - k0; /* keys this position sees in the tile (may be <= 0) */
+            for (int gi = 0; gi < G; gi++) {
+                const int r = i * G + gi;
+                float *s = S + (size_t)r * PF_KT;
+                if (nv <= 0) {
+                    memset(s, 0, sizeof(float) * PF_KT);
+                    continue;
+                }
+                const int n = nv < PF_KT ? nv : PF_KT;
+                v8 top = splat(-INFINITY);
+                for (int j = 0; j < PF_KT; j += 8) {
+                    const v8 vm = sel(lane + j < n, ld(s + j), splat(-INFINITY));
+                    top = sel(vm > top, vm, top);
+                }
+                float mt = top[0];
+                for (int j = 1; j < 8; j++) mt = top[j] > mt ? top[j] : mt;
+                const float mn = mt > m[r] ? mt : m[r];
+                const float alpha = m[r] == -INFINITY ? 0.f : exp_nonpos(splat(m[r] - mn))[0];
+                v8 tot = splat(0.f);
+                for (int j = 0; j < PF_KT; j += 8) {
+                    const v8 e = sel(lane + j < n, exp_nonpos(ld(s + j) - mn), splat(0.f));
+                    st(s + j, e);
+                    tot += e;
+                }
+                l[r] = l[r] * alpha + hsum(tot);
+                m[r] = mn;
+                if (alpha != 1.0f) {
+                    float *o = O + (size_t)r * D;
+                    for (int d = 0; d < D; d++) o[d] *= alpha;
+                }
+            }
+        }
+        pf_pv(R, S, nk, Vt, D, O);
+    }
+    for (int i = 0; i < np; i++)
+        for (int gi = 0; gi < G; gi++) {
+            const int r = i * G + gi;
+            float *dst = out + ((size_t)(qrow0 + p0 - start + i) * H + g * G + gi) * D;
+            const float inv = 1.0f / l[r];
+            for (int d = 0; d < D; d++) dst[d] = O[(size_t)r * D + d] * inv;
+        }
+}
+
+/* The run's T query rows qrow0 .. qrow0 + T - 1 at positions start .. start + T - 1; table: the
+   sequence's block table (the blocks of positions 0 .. start + T - 1). Returns 0, or -1 for
+   shapes outside the kernel, -2 for a failed allocation. */
+int kvscope_paged_prefill(const float *q, float *out, const float *k_pool, const float *v_pool, int qrow0, int T,
+                          int start, const int32_t *table, int bs, int H, int Hkv, int D, float scale, int n_threads) {
+    if ((D != 64 && D != 128) || Hkv < 1 || H % Hkv || H > KV_MAX_HEADS || bs < 1 || T < 1 || start < 0) return -1;
+    const int G = H / Hkv, L = start + T, ntiles = (L + PF_KT - 1) / PF_KT;
+    const int nq = (T + PF_QT - 1) / PF_QT, items = Hkv * nq, R = PF_QT * G;
+    if (n_threads < 1) n_threads = 1;
+    if (n_threads > items) n_threads = items;
+    const size_t head_floats = (size_t)ntiles * PF_KT * D;
+    float *kt = (float *)malloc(sizeof(float) * head_floats * Hkv);
+    float *vt = (float *)malloc(sizeof(float) * head_floats * Hkv);
+    const size_t per = (size_t)R * D * 2 + (size_t)R * PF_KT + 2 * (size_t)R;
+    float *work = (float *)malloc(sizeof(float) * per * n_threads);
+    if (!kt || !vt || !work) { free(kt); free(vt); free(work); return -2; }
+    #pragma omp parallel num_threads(n_threads) if (n_threads > 1)
+    {
+        /* keys transposed into [tile][D][PF_KT], values into [tile][PF_KT][D], zero past L */
+        #pragma omp for schedule(static)
+        for (int x = 0; x < Hkv * ntiles; x++) {
+            const int g = x / ntiles, t = x % ntiles;
+            float *K = kt + head_floats * g + (size_t)t * D * PF_KT, *V = vt + head_floats * g + (size_t)t * PF_KT * D;
+            for (int j = 0; j < PF_KT; j++) {
+                const int p = t * PF_KT + j;
+                if (p >= L) {
+                    for (int d = 0; d < D; d++) K[(size_t)d * PF_KT + j] = 0.f;
+                    memset(V + (size_t)j * D, 0, sizeof(float) * D);
+                    continue;
+                }
+                const size_t row = ((size_t)table[p / bs] * bs + p % bs) * Hkv + g;
+                const float *ks = k_pool + row * D, *vs = v_pool + row * D;
+                for (int d = 0; d < D; d++) K[(size_t)d * PF_KT + j] = ks[d];
+                memcpy(V + (size_t)j * D, vs, sizeof(float) * D);
+            }
+        }
+        int t = 0;
+#ifdef _OPENMP
+        t = omp_get_thread_num();
+#endif
+        float *Qs = work + per * t, *O = Qs + (size_t)R * D, *S = O + (size_t)R * D, *m = S + (size_t)R * PF_KT;
+        float *l = m + R;
+        /* the longest query tiles (the last positions) first */
+        #pragma omp for schedule(dynamic, 1)
+        for (int x = 0; x < items; x++) {
+            const int qi = nq - 1 - x / Hkv, g = x % Hkv;
+            const int p0 = start + qi * PF_QT, np = T - qi * PF_QT < PF_QT ? T - qi * PF_QT : PF_QT;
+            pf_tile(q, out, kt + head_floats * g, vt + head_floats * g, qrow0, start, p0, np, g, G, H, D, scale, Qs, S,
+                    O, m, l);
+        }
+    }
+    free(kt);
+    free(vt);
+    free(work);
+    return 0;
+}
+
+/* Every query row of a flattened batch (q_rows / ctx_lens / tables as kvscope_paged_decode_kv):
+   runs of at least PF_MIN_ROWS rows of one sequence at consecutive positions (a prefill chunk:
+   consecutive batch rows, lengths +1 each, each row's block table the next one's prefix) go to
+   kvscope_paged_prefill, every other row to the decode kernel. fp32 pools. */
+int kvscope_paged_attention_rows(const float *q, float *out, const float *k_pool, const float *v_pool,
+                                 const int32_t *q_rows, const int32_t *ctx_lens, const int32_t *tables, int n_seqs,
+                                 int max_blocks, int bs, int H, int Hkv, int D, float scale, int max_ctx,
+                                 int n_threads, int decode_threads) {
+    int s = 0, dec0 = 0, rc;
+    if (D != 64 && D != 128) /* the tiled kernel's head dims; others row by row */
+        return kvscope_paged_decode_kv(q, out, k_pool, v_pool, q_rows, ctx_lens, tables, n_seqs, max_blocks, bs, H,
+                                       Hkv, D, scale, max_ctx, decode_threads, KV_FP32);
+    while (s < n_seqs) {
+        int e = s + 1;
+        while (e < n_seqs && q_rows[e] == q_rows[e - 1] + 1 && ctx_lens[e] == ctx_lens[e - 1] + 1
+               && !memcmp(tables + (size_t)e * max_blocks, tables + (size_t)(e - 1) * max_blocks,
+                          sizeof(int32_t) * ((ctx_lens[e - 1] + bs - 1) / bs)))
+            e++;
+        if (e - s >= PF_MIN_ROWS) {
+            if (s > dec0 && (rc = kvscope_paged_decode_kv(q, out, k_pool, v_pool, q_rows + dec0, ctx_lens + dec0,
+                                                          tables + (size_t)dec0 * max_blocks, s - dec0, max_blocks, bs,
+                                                          H, Hkv, D, scale, max_ctx, decode_threads, KV_FP32)))
+                return rc;
+            if ((rc = kvscope_paged_prefill(q, out, k_pool, v_pool, q_rows[s], e - s, ctx_lens[s] - 1,
+                                            tables + (size_t)(e - 1) * max_blocks, bs, H, Hkv, D, scale, n_threads)))
+                return rc;
+            dec0 = e;
+        }
+        s = e;
+    }
+    if (n_seqs > dec0)
+        return kvscope_paged_decode_kv(q, out, k_pool, v_pool, q_rows + dec0, ctx_lens + dec0,
+                                       tables + (size_t)dec0 * max_blocks, n_seqs - dec0, max_blocks, bs, H, Hkv, D,
+                                       scale, max_ctx, decode_threads, KV_FP32);
+    return 0;
+}
