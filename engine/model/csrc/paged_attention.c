@@ -339,13 +339,109 @@ static inline __attribute__((always_inline)) void attend_group64(int GQ, const f
     }
 }
 
+/* Long contexts (L >= KV_CHUNK_MIN_CTX): the same per-head arithmetic as attend_head_fp32 (the
+   same chains, sum_lanes8, max, exp, sums, in the same order: the same bits), in another loop
+   order: positions outer in chunks of KV_CHUNK, the call's query heads inner. Head by head over
+   the whole context reads each KV head's rows (D of every Hkv * D floats) in its own pass, G times
+   over from cache at best; chunked, a chunk's rows are read from DRAM once (the KV heads of one
+   position side by side, a block's positions one contiguous span) and every head reads them from
+   cache, while the next chunk's rows are prefetched. The output accumulators live in `acc`
+   between chunks (stored and reloaded exactly; the same bits, checked against head by head).
+   Each head prefetches its share of the next chunk's rows. Measured in one process, 30 layers'
+   pools, randomly placed blocks, AVX2, 1 thread: 5.8 -> 9.7 GB/s at 8,000 positions, 6.2 ->
+   10.2 at 2,048, 11.3 -> 14.8 at 512 (torch.sum read 27 GB/s then); chunks of 32 beat 64 and 128. */
+#ifndef KV_CHUNK
+#define KV_CHUNK 32
+#endif
+#ifndef KV_CHUNK_MIN_CTX
+#define KV_CHUNK_MIN_CTX 256
+#endif
+static inline void prefetch_span(const float *p, size_t nfloats) {
+    for (size_t i = 0; i < nfloats; i += 16) __builtin_prefetch(p + i, 0, 1);
+}
+static inline __attribute__((always_inline)) void attend_chunked(int NV, const float *qp, float *op,
+                                                                 const float *k_pool, const float *v_pool, int Hkv,
+                                                                 int G, const int32_t *rows, int L, float scale,
+                                                                 int h0, int h1, float *sc, v8 *acc) {
+    const int D = NV * 8, Lp = L + 8, nh = h1 - h0;
+    const int g0 = h0 / G, g1 = (h1 - 1) / G;
+    const size_t seg = (size_t)(g1 - g0 + 1) * D, stride = (size_t)Hkv * D;
+    const v8i lane = {0, 1, 2, 3, 4, 5, 6, 7};
+    v8 top[KV_MAX_HEADS];
+    float total[KV_MAX_HEADS];
+    for (int h = h0; h < h1; h++) top[h - h0] = splat(-INFINITY);
+    for (int c0 = 0; c0 < L; c0 += KV_CHUNK) {          /* scores, chunk by chunk */
+        const int c1 = c0 + KV_CHUNK < L ? c0 + KV_CHUNK : L;
+        for (int h = h0; h < h1; h++) {
+            const float *kp = k_pool + (size_t)(h / G) * D;
+            v8 q[16];
+            for (int i = 0; i < NV; i++) q[i] = ld(qp + (size_t)h * D + 8 * i) * scale;
+            float *sh = sc + (size_t)(h - h0) * Lp;
+            v8 t = top[h - h0];
+            for (int l0 = c0; l0 < c1; l0 += 8) {
+                const int n = L - l0 < 8 ? L - l0 : 8;
+                for (int j = l0; j < l0 + 8 && j + KV_CHUNK < L; j++) /* the heads share the next chunk's */
+                    if ((j - c0) % nh == h - h0)
+                        prefetch_span(k_pool + (size_t)rows[j + KV_CHUNK] * stride + (size_t)g0 * D, seg);
+                v8 a[8];
+                for (int j = 0; j < 8; j++) {
+                    const int l = l0 + (j < n ? j : 0);
+                    const float *k = kp + (size_t)rows[l] * stride;
+                    a[j] = q[0] * ld(k);
+                    for (int i = 1; i < NV; i++) a[j] += q[i] * ld(k + 8 * i);
+                }
+                const v8 v = sum_lanes8(a);
+                st(sh + l0, v);
+                const v8 vm = sel(lane < n, v, splat(-INFINITY));
+                t = sel(vm > t, vm, t);
+            }
+            top[h - h0] = t;
+        }
+    }
+    for (int h = h0; h < h1; h++) {                     /* p = e^(s - max), and the total */
+        float m = top[h - h0][0];
+        for (int j = 1; j < 8; j++) m = top[h - h0][j] > m ? top[h - h0][j] : m;
+        float *sh = sc + (size_t)(h - h0) * Lp;
+        v8 tot = splat(0.f);
+        for (int l = 0; l < L; l += 8) {
+            const v8 e = exp_nonpos(ld(sh + l) - m);
+            const v8 ev = L - l >= 8 ? e : sel(lane < L - l, e, splat(0.f));
+            st(sh + l, ev);
+            tot += ev;
+        }
+        total[h - h0] = hsum(tot);
+        for (int i = 0; i < NV; i++) acc[(size_t)(h - h0) * NV + i] = splat(0.f);
+    }
+    for (int c0 = 0; c0 < L; c0 += KV_CHUNK) {          /* out = sum p v, chunk by chunk */
+        const int c1 = c0 + KV_CHUNK < L ? c0 + KV_CHUNK : L;
+        for (int h = h0; h < h1; h++) {
+            const float *vp = v_pool + (size_t)(h / G) * D;
+            const float *ph = sc + (size_t)(h - h0) * Lp;
+            v8 a[16];
+            for (int i = 0; i < NV; i++) a[i] = acc[(size_t)(h - h0) * NV + i];
+            for (int l = c0; l < c1; l++) {
+                if ((l - c0) % nh == h - h0 && l + KV_CHUNK < L)
+                    prefetch_span(v_pool + (size_t)rows[l + KV_CHUNK] * stride + (size_t)g0 * D, seg);
+                const float *v = vp + (size_t)rows[l] * stride;
+                const v8 p = splat(ph[l]);
+                for (int i = 0; i < NV; i++) a[i] += p * ld(v + 8 * i);
+            }
+            for (int i = 0; i < NV; i++) acc[(size_t)(h - h0) * NV + i] = a[i];
+        }
+    }
+    for (int h = h0; h < h1; h++) {
+        const v8 inv = splat(1.0f / total[h - h0]);
+        for (int i = 0; i < NV; i++) st(op + (size_t)h * D + 8 * i, acc[(size_t)(h - h0) * NV + i] * inv);
+    }
+}
+
 /* Query heads h0..h1-1 of an fp32-pool sequence: whole KV groups at once where D = 64
    (attend_group64), the other heads one by one (each head's query and accumulators in registers;
    its KV head's keys and values re-read per query head from cache). D = 64 or 128.
    rows: L ints, the pool row (block * bs + offset) of each position, looked up once for the heads. */
 static void attend_seq_fp32(const float *q, float *out, const float *k_pool, const float *v_pool, const int32_t *q_rows,
                             const int32_t *ctx_lens, const int32_t *tables, int max_blocks, int bs, int H, int Hkv,
-                            int D, float scale, int s, int h0, int h1, float *sc, int32_t *rows) {
+                            int D, float scale, int s, int h0, int h1, float *sc, int32_t *rows, v8 *acc) {
     const int G = H / Hkv, L = ctx_lens[s];
     const int32_t *tb = tables + (size_t)s * max_blocks;
     for (int l = 0, b = 0, off = 0; l < L; l++) {
@@ -354,6 +450,13 @@ static void attend_seq_fp32(const float *q, float *out, const float *k_pool, con
     }
     const float *qp = q + (size_t)q_rows[s] * H * D;
     float *op = out + (size_t)q_rows[s] * H * D;
+    if (L >= KV_CHUNK_MIN_CTX) {
+        if (D == 64)
+            attend_chunked(8, qp, op, k_pool, v_pool, Hkv, G, rows, L, scale, h0, h1, sc, acc);
+        else
+            attend_chunked(16, qp, op, k_pool, v_pool, Hkv, G, rows, L, scale, h0, h1, sc, acc);
+        return;
+    }
     int hq = h0;
     if (D == 64 && G >= 2 && G <= 4)                    /* whole groups at once, then any remainder */
         for (; hq % G == 0 && hq + G <= h1; hq += G) {
@@ -423,7 +526,7 @@ int kvscope_paged_decode_kv(const float *q, float *out, const void *k_pool, cons
         if (fast)
             attend_seq_fp32(q, out, (const float *)k_pool, (const float *)v_pool, q_rows, ctx_lens, tables, max_blocks,
                             bs, H, Hkv, D, scale, s, H * part / parts, H * (part + 1) / parts, scores + sc_floats * t,
-                            rowbufs + (size_t)(max_ctx + 8) * t);
+                            rowbufs + (size_t)(max_ctx + 8) * t, accs + acc_vecs * t);
         else
             attend_seq(q, out, (const unsigned char *)k_pool, (const unsigned char *)v_pool, q_rows, ctx_lens, tables,
                        max_blocks, bs, H, Hkv, D, scale, s, scores + sc_floats * t, accs + acc_vecs * t, kv_format,
