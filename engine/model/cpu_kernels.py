@@ -141,6 +141,10 @@ def load():
                     f.restype = I
                     lib.kvscope_paged_decode_kv.argtypes = [*f.argtypes, I]
                     lib.kvscope_paged_decode_kv.restype = I
+                    lib.kvscope_paged_prefill.argtypes = [P, P, P, P, I, I, I, P, I, I, I, I, ctypes.c_float, I]
+                    lib.kvscope_paged_prefill.restype = I
+                    lib.kvscope_paged_attention_rows.argtypes = [*f.argtypes, I]
+                    lib.kvscope_paged_attention_rows.restype = I
                     lib.kvscope_linear.argtypes = [P, I, I, P, I, P, P, I]
                     lib.kvscope_linear.restype = I
                     lib.kvscope_linear_pack.argtypes = [P, I, I, P]
@@ -244,6 +248,73 @@ def paged_decode_attention(
     )
     if rc != 0:
         raise RuntimeError(f"kvscope_paged_decode failed with code {rc}")
+
+
+def paged_prefill_attention(
+    lib,
+    out: torch.Tensor,
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    q_row0: int,
+    n_rows: int,
+    start: int,
+    table: torch.Tensor,
+    scale: float,
+    n_threads: int | None = None,
+) -> None:
+    """Causal attention of one sequence's run of query rows q[q_row0 : q_row0 + n_rows] at
+    positions start .. start + n_rows - 1 over its context 0 .. start + n_rows - 1, read from the
+    blocks `table` (int32) of fp32 pools, tiled (csrc/paged_attention.c, kvscope_paged_prefill):
+    what a prefill chunk's attention costs in the C stack. Head dim 64 or 128."""
+    for t in (q, out, k_pool, v_pool, table):
+        assert t.is_contiguous() and t.device.type == "cpu"
+    assert q.dtype == k_pool.dtype == v_pool.dtype == torch.float32 and table.dtype == torch.int32
+    _, bs, hkv, d = k_pool.shape
+    assert 0 <= q_row0 and q_row0 + n_rows <= q.shape[0] and table.numel() * bs >= start + n_rows
+    rc = lib.kvscope_paged_prefill(
+        q.data_ptr(),
+        out.data_ptr(),
+        k_pool.data_ptr(),
+        v_pool.data_ptr(),
+        q_row0,
+        n_rows,
+        start,
+        table.data_ptr(),
+        bs,
+        q.shape[1],
+        hkv,
+        d,
+        float(scale),
+        n_threads or torch.get_num_threads(),
+    )
+    if rc != 0:
+        raise RuntimeError(f"kvscope_paged_prefill failed with code {rc}")
+
+
+def paged_attention_rows(lib, out, q, k_pool, v_pool, q_rows, ctx_lens, tables, scale, max_ctx, n_threads=None):
+    """What the C stack calls per layer (fp32 pools): paged_decode_attention's arguments, but a
+    run of rows that is one sequence's prefill chunk goes through the tiled prefill kernel."""
+    for t in (q, out, k_pool, v_pool, q_rows, ctx_lens, tables):
+        assert t.is_contiguous() and t.device.type == "cpu"
+    n_threads = n_threads or torch.get_num_threads()
+    n_seqs, max_blocks = tables.shape
+    _, bs, hkv, d = k_pool.shape
+    rc = lib.kvscope_paged_attention_rows(
+        *(t.data_ptr() for t in (q, out, k_pool, v_pool, q_rows, ctx_lens, tables)),
+        n_seqs,
+        max_blocks,
+        bs,
+        q.shape[1],
+        hkv,
+        d,
+        float(scale),
+        max_ctx,
+        n_threads,
+        n_threads,
+    )
+    if rc != 0:
+        raise RuntimeError(f"kvscope_paged_attention_rows failed with code {rc}")
 
 
 def pack_linear(lib, weight: torch.Tensor) -> torch.Tensor:

@@ -27,6 +27,10 @@ int kvscope_paged_decode_kv(const float *q, float *out, const void *k_pool, cons
                             const int32_t *q_rows, const int32_t *ctx_lens, const int32_t *tables, int n_seqs,
                             int max_blocks, int bs, int H, int Hkv, int D, float scale, int max_ctx, int n_threads,
                             int kv_format);
+int kvscope_paged_attention_rows(const float *q, float *out, const float *k_pool, const float *v_pool,
+                                 const int32_t *q_rows, const int32_t *ctx_lens, const int32_t *tables, int n_seqs,
+                                 int max_blocks, int bs, int H, int Hkv, int D, float scale, int max_ctx,
+                                 int n_threads, int decode_threads);
 
 /* e^x = 2^n e^r with x = n ln2 + r: log2(e), and ln2 in two parts (hi exact in few bits, so n * hi
  * is exact); e^r ~ 1 + r + r^2 p(r) with Cephes' expf polynomial p, evaluated by KV_EXP_POLY into p

@@ -160,8 +160,9 @@ int kvscope_layer_forward(const kv_layer *L, float *h, int T, const float *cos, 
     /* below this many query-head x context positions a fork costs more than it saves (AMD Zen 4,
        one sequence, 2 threads: 1.19x at 540, 1.33x at 1053, 1.53x at 2700 positions) */
     if ((long long)max_ctx * H * n_seqs < 512) at = 1;
-    if ((rc = kvscope_paged_decode_kv(q, att, L->k_pool, L->v_pool, q_rows, lens, tables, n_seqs, max_blocks, bs, H,
-                                      Hkv, D, scale, max_ctx, at, 0)))
+    /* a prefill chunk's rows through the tiled kernel, the others row by row (paged_attention.c) */
+    if ((rc = kvscope_paged_attention_rows(q, att, L->k_pool, L->v_pool, q_rows, lens, tables, n_seqs, max_blocks, bs,
+                                           H, Hkv, D, scale, max_ctx, n_threads, at)))
         return rc;
     TICK(3)
     if ((rc = lin(&L->o, att, T, tmp, n_threads))) return rc;

@@ -339,13 +339,109 @@ static inline __attribute__((always_inline)) void attend_group64(int GQ, const f
     }
 }
 
+/* Long contexts (L >= KV_CHUNK_MIN_CTX): the same per-head arithmetic as attend_head_fp32 (the
+   same chains, sum_lanes8, max, exp, sums, in the same order: the same bits), in another loop
+   order: positions outer in chunks of KV_CHUNK, the call's query heads inner. Head by head over
+   the whole context reads each KV head's rows (D of every Hkv * D floats) in its own pass, G times
+   over from cache at best; chunked, a chunk's rows are read from DRAM once (the KV heads of one
+   position side by side, a block's positions one contiguous span) and every head reads them from
+   cache, while the next chunk's rows are prefetched. The output accumulators live in `acc`
+   between chunks (stored and reloaded exactly; the same bits, checked against head by head).
+   Each head prefetches its share of the next chunk's rows. Measured in one process, 30 layers'
+   pools, randomly placed blocks, AVX2, 1 thread: 5.8 -> 9.7 GB/s at 8,000 positions, 6.2 ->
+   10.2 at 2,048, 11.3 -> 14.8 at 512 (torch.sum read 27 GB/s then); chunks of 32 beat 64 and 128. */
+#ifndef KV_CHUNK
+#define KV_CHUNK 32
+#endif
+#ifndef KV_CHUNK_MIN_CTX
+#define KV_CHUNK_MIN_CTX 256
+#endif
+static inline void prefetch_span(const float *p, size_t nfloats) {
+    for (size_t i = 0; i < nfloats; i += 16) __builtin_prefetch(p + i, 0, 1);
+}
+static inline __attribute__((always_inline)) void attend_chunked(int NV, const float *qp, float *op,
+                                                                 const float *k_pool, const float *v_pool, int Hkv,
+                                                                 int G, const int32_t *rows, int L, float scale,
+                                                                 int h0, int h1, float *sc, v8 *acc) {
+    const int D = NV * 8, Lp = L + 8, nh = h1 - h0;
+    const int g0 = h0 / G, g1 = (h1 - 1) / G;
+    const size_t seg = (size_t)(g1 - g0 + 1) * D, stride = (size_t)Hkv * D;
+    const v8i lane = {0, 1, 2, 3, 4, 5, 6, 7};
+    v8 top[KV_MAX_HEADS];
+    float total[KV_MAX_HEADS];
+    for (int h = h0; h < h1; h++) top[h - h0] = splat(-INFINITY);
+    for (int c0 = 0; c0 < L; c0 += KV_CHUNK) {          /* scores, chunk by chunk */
+        const int c1 = c0 + KV_CHUNK < L ? c0 + KV_CHUNK : L;
+        for (int h = h0; h < h1; h++) {
+            const float *kp = k_pool + (size_t)(h / G) * D;
+            v8 q[16];
+            for (int i = 0; i < NV; i++) q[i] = ld(qp + (size_t)h * D + 8 * i) * scale;
+            float *sh = sc + (size_t)(h - h0) * Lp;
+            v8 t = top[h - h0];
+            for (int l0 = c0; l0 < c1; l0 += 8) {
+                const int n = L - l0 < 8 ? L - l0 : 8;
+                for (int j = l0; j < l0 + 8 && j + KV_CHUNK < L; j++) /* the heads share the next chunk's */
+                    if ((j - c0) % nh == h - h0)
+                        prefetch_span(k_pool + (size_t)rows[j + KV_CHUNK] * stride + (size_t)g0 * D, seg);
+                v8 a[8];
+                for (int j = 0; j < 8; j++) {
+                    const int l = l0 + (j < n ? j : 0);
+                    const float *k = kp + (size_t)rows[l] * stride;
+                    a[j] = q[0] * ld(k);
+                    for (int i = 1; i < NV; i++) a[j] += q[i] * ld(k + 8 * i);
+                }
+                const v8 v = sum_lanes8(a);
+                st(sh + l0, v);
+                const v8 vm = sel(lane < n, v, splat(-INFINITY));
+                t = sel(vm > t, vm, t);
+            }
+            top[h - h0] = t;
+        }
+    }
+    for (int h = h0; h < h1; h++) {                     /* p = e^(s - max), and the total */
+        float m = top[h - h0][0];
+        for (int j = 1; j < 8; j++) m = top[h - h0][j] > m ? top[h - h0][j] : m;
+        float *sh = sc + (size_t)(h - h0) * Lp;
+        v8 tot = splat(0.f);
+        for (int l = 0; l < L; l += 8) {
+            const v8 e = exp_nonpos(ld(sh + l) - m);
+            const v8 ev = L - l >= 8 ? e : sel(lane < L - l, e, splat(0.f));
+            st(sh + l, ev);
+            tot += ev;
+        }
+        total[h - h0] = hsum(tot);
+        for (int i = 0; i < NV; i++) acc[(size_t)(h - h0) * NV + i] = splat(0.f);
+    }
+    for (int c0 = 0; c0 < L; c0 += KV_CHUNK) {          /* out = sum p v, chunk by chunk */
+        const int c1 = c0 + KV_CHUNK < L ? c0 + KV_CHUNK : L;
+        for (int h = h0; h < h1; h++) {
+            const float *vp = v_pool + (size_t)(h / G) * D;
+            const float *ph = sc + (size_t)(h - h0) * Lp;
+            v8 a[16];
+            for (int i = 0; i < NV; i++) a[i] = acc[(size_t)(h - h0) * NV + i];
+            for (int l = c0; l < c1; l++) {
+                if ((l - c0) % nh == h - h0 && l + KV_CHUNK < L)
+                    prefetch_span(v_pool + (size_t)rows[l + KV_CHUNK] * stride + (size_t)g0 * D, seg);
+                const float *v = vp + (size_t)rows[l] * stride;
+                const v8 p = splat(ph[l]);
+                for (int i = 0; i < NV; i++) a[i] += p * ld(v + 8 * i);
+            }
+            for (int i = 0; i < NV; i++) acc[(size_t)(h - h0) * NV + i] = a[i];
+        }
+    }
+    for (int h = h0; h < h1; h++) {
+        const v8 inv = splat(1.0f / total[h - h0]);
+        for (int i = 0; i < NV; i++) st(op + (size_t)h * D + 8 * i, acc[(size_t)(h - h0) * NV + i] * inv);
+    }
+}
+
 /* Query heads h0..h1-1 of an fp32-pool sequence: whole KV groups at once where D = 64
    (attend_group64), the other heads one by one (each head's query and accumulators in registers;
    its KV head's keys and values re-read per query head from cache). D = 64 or 128.
    rows: L ints, the pool row (block * bs + offset) of each position, looked up once for the heads. */
 static void attend_seq_fp32(const float *q, float *out, const float *k_pool, const float *v_pool, const int32_t *q_rows,
                             const int32_t *ctx_lens, const int32_t *tables, int max_blocks, int bs, int H, int Hkv,
-                            int D, float scale, int s, int h0, int h1, float *sc, int32_t *rows) {
+                            int D, float scale, int s, int h0, int h1, float *sc, int32_t *rows, v8 *acc) {
     const int G = H / Hkv, L = ctx_lens[s];
     const int32_t *tb = tables + (size_t)s * max_blocks;
     for (int l = 0, b = 0, off = 0; l < L; l++) {
@@ -354,6 +450,13 @@ static void attend_seq_fp32(const float *q, float *out, const float *k_pool, con
     }
     const float *qp = q + (size_t)q_rows[s] * H * D;
     float *op = out + (size_t)q_rows[s] * H * D;
+    if (L >= KV_CHUNK_MIN_CTX) {
+        if (D == 64)
+            attend_chunked(8, qp, op, k_pool, v_pool, Hkv, G, rows, L, scale, h0, h1, sc, acc);
+        else
+            attend_chunked(16, qp, op, k_pool, v_pool, Hkv, G, rows, L, scale, h0, h1, sc, acc);
+        return;
+    }
     int hq = h0;
     if (D == 64 && G >= 2 && G <= 4)                    /* whole groups at once, then any remainder */
         for (; hq % G == 0 && hq + G <= h1; hq += G) {
@@ -423,7 +526,7 @@ int kvscope_paged_decode_kv(const float *q, float *out, const void *k_pool, cons
         if (fast)
             attend_seq_fp32(q, out, (const float *)k_pool, (const float *)v_pool, q_rows, ctx_lens, tables, max_blocks,
                             bs, H, Hkv, D, scale, s, H * part / parts, H * (part + 1) / parts, scores + sc_floats * t,
-                            rowbufs + (size_t)(max_ctx + 8) * t);
+                            rowbufs + (size_t)(max_ctx + 8) * t, accs + acc_vecs * t);
         else
             attend_seq(q, out, (const unsigned char *)k_pool, (const unsigned char *)v_pool, q_rows, ctx_lens, tables,
                        max_blocks, bs, H, Hkv, D, scale, s, scores + sc_floats * t, accs + acc_vecs * t, kv_format,
@@ -442,4 +545,260 @@ int kvscope_paged_decode(const float *q, float *out, const float *k_pool, const 
                          int max_ctx, int n_threads) {
     return kvscope_paged_decode_kv(q, out, k_pool, v_pool, q_rows, ctx_lens, tables, n_seqs, max_blocks, bs, H, Hkv,
                                    D, scale, max_ctx, n_threads, KV_FP32);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Causal prefill attention, tiled (the flash-attention order): one sequence's run of T query rows
+ * at consecutive positions start .. start + T - 1, over its context 0 .. start + T - 1, fp32 pool,
+ * D = 64 or 128. Reading each key once per query row (the decode kernel, row by row) is a
+ * matrix-vector product per row, bound by loads; here a tile of PF_QT positions x G query heads
+ * (the heads that share one KV head) meets a tile of PF_KT keys as a small matrix product, each
+ * key and value loaded once per tile, the scores and the output accumulated in registers.
+ *
+ * Per call: each KV head's keys are copied once out of their blocks into PF_KT-key tiles
+ * transposed ([D][PF_KT], so a tile's scores are broadcast-FMA products), its values into
+ * contiguous [PF_KT][D] tiles. Then per (KV head, query tile): for each key tile up to the last
+ * query's position, S = Q K^T (Q pre-scaled), keys past a row's own position masked, and the
+ * online softmax: m' = max(m, max S), P = e^(S - m'), l = l e^(m - m') + sum P,
+ * O = O e^(m - m') + P V; out = O / l. Key tiles sit at absolute multiples of PF_KT, so a row's
+ * arithmetic depends on its position and context only, not on how the prompt was chunked or
+ * tiled into queries or split over threads: the same bits at any chunk size and thread count.
+ * Within fp32 rounding of softmax(QK^T)V, not bitwise equal to the decode kernel (whose softmax
+ * is two-pass): tests/engine/test_paged_prefill.py compares both with torch SDPA.
+ * ------------------------------------------------------------------------------------------- */
+#define PF_QT 16 /* query positions per tile */
+#define PF_KT 64 /* keys per tile */
+#define PF_MIN_ROWS 16 /* a run of at least this many rows goes to the tiled kernel */
+
+/* S[r][0..PF_KT) = Q[r] . keys, RB rows x 16 keys at a time: RB x 2 accumulators, d in order */
+static inline __attribute__((always_inline)) void pf_scores_rb(int RB, const float *Q, int D, const float *Kt,
+                                                               float *S) {
+    for (int c = 0; c < PF_KT; c += 16) {
+        v8 a[6][2];
+        for (int r = 0; r < RB; r++) a[r][0] = a[r][1] = splat(0.f);
+        for (int d = 0; d < D; d++) {
+            const v8 k0 = ld(Kt + (size_t)d * PF_KT + c), k1 = ld(Kt + (size_t)d * PF_KT + c + 8);
+            for (int r = 0; r < RB; r++) {
+                const v8 b = splat(Q[(size_t)r * D + d]);
+                a[r][0] += b * k0;
+                a[r][1] += b * k1;
+            }
+        }
+        for (int r = 0; r < RB; r++) {
+            st(S + (size_t)r * PF_KT + c, a[r][0]);
+            st(S + (size_t)r * PF_KT + c + 8, a[r][1]);
+        }
+    }
+}
+
+/* O[r][:] += sum_j P[r][j] V[j][:], j < nk, RB rows x 16 columns at a time */
+static inline __attribute__((always_inline)) void pf_pv_rb(int RB, const float *P, int nk, const float *Vt, int D,
+                                                           float *O) {
+    for (int c = 0; c < D; c += 16) {
+        v8 a[6][2];
+        for (int r = 0; r < RB; r++) {
+            a[r][0] = ld(O + (size_t)r * D + c);
+            a[r][1] = ld(O + (size_t)r * D + c + 8);
+        }
+        for (int j = 0; j < nk; j++) {
+            const v8 v0 = ld(Vt + (size_t)j * D + c), v1 = ld(Vt + (size_t)j * D + c + 8);
+            for (int r = 0; r < RB; r++) {
+                const v8 p = splat(P[(size_t)r * PF_KT + j]);
+                a[r][0] += p * v0;
+                a[r][1] += p * v1;
+            }
+        }
+        for (int r = 0; r < RB; r++) {
+            st(O + (size_t)r * D + c, a[r][0]);
+            st(O + (size_t)r * D + c + 8, a[r][1]);
+        }
+    }
+}
+
+static void pf_scores(int R, const float *Q, int D, const float *Kt, float *S) {
+    int r = 0;
+    for (; r + 6 <= R; r += 6) pf_scores_rb(6, Q + (size_t)r * D, D, Kt, S + (size_t)r * PF_KT);
+    switch (R - r) {
+    case 5: pf_scores_rb(5, Q + (size_t)r * D, D, Kt, S + (size_t)r * PF_KT); break;
+    case 4: pf_scores_rb(4, Q + (size_t)r * D, D, Kt, S + (size_t)r * PF_KT); break;
+    case 3: pf_scores_rb(3, Q + (size_t)r * D, D, Kt, S + (size_t)r * PF_KT); break;
+    case 2: pf_scores_rb(2, Q + (size_t)r * D, D, Kt, S + (size_t)r * PF_KT); break;
+    case 1: pf_scores_rb(1, Q + (size_t)r * D, D, Kt, S + (size_t)r * PF_KT); break;
+    default: break;
+    }
+}
+
+static void pf_pv(int R, const float *P, int nk, const float *Vt, int D, float *O) {
+    int r = 0;
+    for (; r + 6 <= R; r += 6) pf_pv_rb(6, P + (size_t)r * PF_KT, nk, Vt, D, O + (size_t)r * D);
+    switch (R - r) {
+    case 5: pf_pv_rb(5, P + (size_t)r * PF_KT, nk, Vt, D, O + (size_t)r * D); break;
+    case 4: pf_pv_rb(4, P + (size_t)r * PF_KT, nk, Vt, D, O + (size_t)r * D); break;
+    case 3: pf_pv_rb(3, P + (size_t)r * PF_KT, nk, Vt, D, O + (size_t)r * D); break;
+    case 2: pf_pv_rb(2, P + (size_t)r * PF_KT, nk, Vt, D, O + (size_t)r * D); break;
+    case 1: pf_pv_rb(1, P + (size_t)r * PF_KT, nk, Vt, D, O + (size_t)r * D); break;
+    default: break;
+    }
+}
+
+/* One (KV head g, query tile) item: positions p0 .. p0 + np - 1 (query rows qrow0 + p0 - start ..),
+   rows r = i * G + gi for position p0 + i and query head g * G + gi. */
+static void pf_tile(const float *q, float *out, const float *Ktiles, const float *Vtiles, int qrow0, int start,
+                    int p0, int np, int g, int G, int H, int D, float scale, float *Qs, float *S, float *O, float *m,
+                    float *l) {
+    const int R = np * G;
+    for (int i = 0; i < np; i++)
+        for (int gi = 0; gi < G; gi++) {
+            const float *src = q + ((size_t)(qrow0 + p0 - start + i) * H + g * G + gi) * D;
+            float *dst = Qs + (size_t)(i * G + gi) * D;
+            for (int d = 0; d < D; d++) dst[d] = src[d] * scale;
+        }
+    for (int r = 0; r < R; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0.f;
+    }
+    memset(O, 0, sizeof(float) * (size_t)R * D);
+    const v8i lane = {0, 1, 2, 3, 4, 5, 6, 7};
+    const int last = p0 + np - 1; /* the tile's last position: keys 0 .. last */
+    for (int k0 = 0; k0 <= last; k0 += PF_KT) {
+        const int kt = k0 / PF_KT;
+        const float *Kt = Ktiles + (size_t)kt * D * PF_KT, *Vt = Vtiles + (size_t)kt * PF_KT * D;
+        const int nk = last + 1 - k0 < PF_KT ? last + 1 - k0 : PF_KT; /* keys any row of the tile sees */
+        pf_scores(R, Qs, D, Kt, S);
+        for (int i = 0; i < np; i++) {
+            const int nv = p0 + i + 1 - k0; /* keys this position sees in the tile (may be <= 0) */
+            for (int gi = 0; gi < G; gi++) {
+                const int r = i * G + gi;
+                float *s = S + (size_t)r * PF_KT;
+                if (nv <= 0) {
+                    memset(s, 0, sizeof(float) * PF_KT);
+                    continue;
+                }
+                const int n = nv < PF_KT ? nv : PF_KT;
+                v8 top = splat(-INFINITY);
+                for (int j = 0; j < PF_KT; j += 8) {
+                    const v8 vm = sel(lane + j < n, ld(s + j), splat(-INFINITY));
+                    top = sel(vm > top, vm, top);
+                }
+                float mt = top[0];
+                for (int j = 1; j < 8; j++) mt = top[j] > mt ? top[j] : mt;
+                const float mn = mt > m[r] ? mt : m[r];
+                const float alpha = m[r] == -INFINITY ? 0.f : exp_nonpos(splat(m[r] - mn))[0];
+                v8 tot = splat(0.f);
+                for (int j = 0; j < PF_KT; j += 8) {
+                    const v8 e = sel(lane + j < n, exp_nonpos(ld(s + j) - mn), splat(0.f));
+                    st(s + j, e);
+                    tot += e;
+                }
+                l[r] = l[r] * alpha + hsum(tot);
+                m[r] = mn;
+                if (alpha != 1.0f) {
+                    float *o = O + (size_t)r * D;
+                    for (int d = 0; d < D; d++) o[d] *= alpha;
+                }
+            }
+        }
+        pf_pv(R, S, nk, Vt, D, O);
+    }
+    for (int i = 0; i < np; i++)
+        for (int gi = 0; gi < G; gi++) {
+            const int r = i * G + gi;
+            float *dst = out + ((size_t)(qrow0 + p0 - start + i) * H + g * G + gi) * D;
+            const float inv = 1.0f / l[r];
+            for (int d = 0; d < D; d++) dst[d] = O[(size_t)r * D + d] * inv;
+        }
+}
+
+/* The run's T query rows qrow0 .. qrow0 + T - 1 at positions start .. start + T - 1; table: the
+   sequence's block table (the blocks of positions 0 .. start + T - 1). Returns 0, or -1 for
+   shapes outside the kernel, -2 for a failed allocation. */
+int kvscope_paged_prefill(const float *q, float *out, const float *k_pool, const float *v_pool, int qrow0, int T,
+                          int start, const int32_t *table, int bs, int H, int Hkv, int D, float scale, int n_threads) {
+    if ((D != 64 && D != 128) || Hkv < 1 || H % Hkv || H > KV_MAX_HEADS || bs < 1 || T < 1 || start < 0) return -1;
+    const int G = H / Hkv, L = start + T, ntiles = (L + PF_KT - 1) / PF_KT;
+    const int nq = (T + PF_QT - 1) / PF_QT, items = Hkv * nq, R = PF_QT * G;
+    if (n_threads < 1) n_threads = 1;
+    if (n_threads > items) n_threads = items;
+    const size_t head_floats = (size_t)ntiles * PF_KT * D;
+    float *kt = (float *)malloc(sizeof(float) * head_floats * Hkv);
+    float *vt = (float *)malloc(sizeof(float) * head_floats * Hkv);
+    const size_t per = (size_t)R * D * 2 + (size_t)R * PF_KT + 2 * (size_t)R;
+    float *work = (float *)malloc(sizeof(float) * per * n_threads);
+    if (!kt || !vt || !work) { free(kt); free(vt); free(work); return -2; }
+    #pragma omp parallel num_threads(n_threads) if (n_threads > 1)
+    {
+        /* keys transposed into [tile][D][PF_KT], values into [tile][PF_KT][D], zero past L */
+        #pragma omp for schedule(static)
+        for (int x = 0; x < Hkv * ntiles; x++) {
+            const int g = x / ntiles, t = x % ntiles;
+            float *K = kt + head_floats * g + (size_t)t * D * PF_KT, *V = vt + head_floats * g + (size_t)t * PF_KT * D;
+            for (int j = 0; j < PF_KT; j++) {
+                const int p = t * PF_KT + j;
+                if (p >= L) {
+                    for (int d = 0; d < D; d++) K[(size_t)d * PF_KT + j] = 0.f;
+                    memset(V + (size_t)j * D, 0, sizeof(float) * D);
+                    continue;
+                }
+                const size_t row = ((size_t)table[p / bs] * bs + p % bs) * Hkv + g;
+                const float *ks = k_pool + row * D, *vs = v_pool + row * D;
+                for (int d = 0; d < D; d++) K[(size_t)d * PF_KT + j] = ks[d];
+                memcpy(V + (size_t)j * D, vs, sizeof(float) * D);
+            }
+        }
+        int t = 0;
+#ifdef _OPENMP
+        t = omp_get_thread_num();
+#endif
+        float *Qs = work + per * t, *O = Qs + (size_t)R * D, *S = O + (size_t)R * D, *m = S + (size_t)R * PF_KT;
+        float *l = m + R;
+        /* the longest query tiles (the last positions) first */
+        #pragma omp for schedule(dynamic, 1)
+        for (int x = 0; x < items; x++) {
+            const int qi = nq - 1 - x / Hkv, g = x % Hkv;
+            const int p0 = start + qi * PF_QT, np = T - qi * PF_QT < PF_QT ? T - qi * PF_QT : PF_QT;
+            pf_tile(q, out, kt + head_floats * g, vt + head_floats * g, qrow0, start, p0, np, g, G, H, D, scale, Qs, S,
+                    O, m, l);
+        }
+    }
+    free(kt);
+    free(vt);
+    free(work);
+    return 0;
+}
+
+/* Every query row of a flattened batch (q_rows / ctx_lens / tables as kvscope_paged_decode_kv):
+   runs of at least PF_MIN_ROWS rows of one sequence at consecutive positions (a prefill chunk:
+   consecutive batch rows, lengths +1 each, each row's block table the next one's prefix) go to
+   kvscope_paged_prefill, every other row to the decode kernel. fp32 pools. */
+int kvscope_paged_attention_rows(const float *q, float *out, const float *k_pool, const float *v_pool,
+                                 const int32_t *q_rows, const int32_t *ctx_lens, const int32_t *tables, int n_seqs,
+                                 int max_blocks, int bs, int H, int Hkv, int D, float scale, int max_ctx,
+                                 int n_threads, int decode_threads) {
+    int s = 0, dec0 = 0, rc;
+    if (D != 64 && D != 128) /* the tiled kernel's head dims; others row by row */
+        return kvscope_paged_decode_kv(q, out, k_pool, v_pool, q_rows, ctx_lens, tables, n_seqs, max_blocks, bs, H,
+                                       Hkv, D, scale, max_ctx, decode_threads, KV_FP32);
+    while (s < n_seqs) {
+        int e = s + 1;
+        while (e < n_seqs && q_rows[e] == q_rows[e - 1] + 1 && ctx_lens[e] == ctx_lens[e - 1] + 1
+               && !memcmp(tables + (size_t)e * max_blocks, tables + (size_t)(e - 1) * max_blocks,
+                          sizeof(int32_t) * ((ctx_lens[e - 1] + bs - 1) / bs)))
+            e++;
+        if (e - s >= PF_MIN_ROWS) {
+            if (s > dec0 && (rc = kvscope_paged_decode_kv(q, out, k_pool, v_pool, q_rows + dec0, ctx_lens + dec0,
+                                                          tables + (size_t)dec0 * max_blocks, s - dec0, max_blocks, bs,
+                                                          H, Hkv, D, scale, max_ctx, decode_threads, KV_FP32)))
+                return rc;
+            if ((rc = kvscope_paged_prefill(q, out, k_pool, v_pool, q_rows[s], e - s, ctx_lens[s] - 1,
+                                            tables + (size_t)(e - 1) * max_blocks, bs, H, Hkv, D, scale, n_threads)))
+                return rc;
+            dec0 = e;
+        }
+        s = e;
+    }
+    if (n_seqs > dec0)
+        return kvscope_paged_decode_kv(q, out, k_pool, v_pool, q_rows + dec0, ctx_lens + dec0,
+                                       tables + (size_t)dec0 * max_blocks, n_seqs - dec0, max_blocks, bs, H, Hkv, D,
+                                       scale, max_ctx, decode_threads, KV_FP32);
+    return 0;
 }
