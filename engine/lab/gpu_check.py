@@ -142,7 +142,7 @@ class Check:
             self.res["errors"].append(f"{name}: {type(e).__name__}: {str(e)[:400]}")
             self.log(traceback.format_exc())
         self.log(f"   {name} done in {time.perf_counter() - t:.1f} s")
-        self._sync_empty()
+        self.sync_empty()
 
     def guard(self, label: str, fn) -> None:
         """One backend's failure is recorded and logged; the phase goes on with the others."""
@@ -152,7 +152,8 @@ class Check:
             self.res["errors"].append(f"{label}: {type(e).__name__}: {str(e)[:400]}")
             self.log(f"   FAILED {label}\n{traceback.format_exc()}")
 
-    def _sync_empty(self):
+    def sync_empty(self):
+        """Collect garbage and give CUDA's cached memory back (between phases and models)."""
         import gc
 
         import torch
@@ -270,7 +271,7 @@ def run(out_dir: str, smoke: bool = False, budget_s: float = BUDGET_S) -> dict:
         key = (name, str(dtype))
         if key not in models:
             models.clear()
-            ck._sync_empty()
+            ck.sync_empty()
             m = build_random(cfgs[name], dev, dtype, seed=0)
             register_model(f"mem:{name}", m)
             models[key] = m
