@@ -258,10 +258,7 @@ class EngineThread:
                 while request_id in self.engine.requests or request_id in self.handles:
                     self._counter += 1
                     request_id = f"r{self._counter}"
-            self.engine.add_request(request_id, prompt_in, params)
-            if chat:
-                self.engine.requests[request_id].prompt_text = prompt
-            self.engine.requests[request_id].origin = origin
+            self.engine.add_request(request_id, prompt_in, params, origin=origin, prompt_text=prompt if chat else None)
             h = RequestHandle(self, request_id)
             h.listener = listener
             self.handles[request_id] = h

@@ -38,6 +38,21 @@ def test_the_scheduler_alone_writes_token_bookkeeping():
     assert assignments("spec_token_ids") == {"engine/core/scheduler.py"}
 
 
+def test_who_submitted_a_request_and_its_shown_text_are_set_when_it_is_created():
+    """origin and prompt_text go through add_request into the Request constructor: EngineThread
+    and the core process no longer write them into the engine's requests afterwards."""
+    assert assignments("origin") == set()
+    assert assignments("prompt_text") == set()
+    eng = LLMEngine(EngineConfig(model="tiny", num_threads=1, block_size=4, num_kv_blocks=32))
+    ids = eng.apply_chat_template("hello")
+    rid = eng.add_request(None, ids, SamplingParams(max_tokens=1), origin="http", prompt_text="hello")
+    assert eng.requests[rid].origin == "http" and eng.requests[rid].prompt_text == "hello"
+    info = {r.request_id: r for r in eng.snapshot().requests}[rid]
+    assert info.origin == "http" and info.prompt_preview == "hello"
+    plain = eng.add_request(None, "plain text", SamplingParams(max_tokens=1))
+    assert eng.requests[plain].origin == "engine" and eng.requests[plain].prompt_text == "plain text"
+
+
 def test_the_block_manager_alone_touches_its_hash_index():
     assert readers("hash_to_block") == {"engine/core/block_manager.py"}
     assert readers("hash_content") == {"engine/core/block_manager.py"}
