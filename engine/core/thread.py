@@ -1,5 +1,6 @@
 """EngineThread: the step loop in a background thread, shared safely by many callers (the app's
-browser sessions). Every engine call happens under one lock, between steps; callers get
+browser sessions). Every engine call happens under one lock (`lock`, between steps; a second,
+`_reconf_lock`, only serialises reconfigurations and never guards the engine); callers get
 RequestHandles that stream text deltas. A crashed loop is surfaced (healthy=False, error) and
 wakes every waiting client with the error instead of hanging them; restart() rebuilds it."""
 
