@@ -21,6 +21,7 @@ from engine.observe.kv_event_wire import (
     published_hash,
 )
 from engine.observe.kv_events import KVEventPublisher, KVEventSubscriber
+from engine.observe.recording import drive
 from tests.engine.engines import tiny_engine
 
 BATCH = KVEventBatch(
@@ -325,8 +326,7 @@ def test_stream_rebuilds_cached_hashes_after_hits_and_evictions(wire):
                     eng.step()
                     _drain(sub, pub, rebuilt)
                     assert rebuilt == _cached(eng)
-        while eng.has_unfinished_requests():
-            eng.step()
+        drive(eng)
         _drain(sub, pub, rebuilt)
         eng.check_invariants()
         assert eng.bm.prefix_hits > 0 and eng.bm.evicted_hashes > 0  # the workload hit and evicted
@@ -346,8 +346,7 @@ def test_rebuild_across_replay_after_a_dropped_subscriber():
         rebuilt: set = set()
         for i, p in enumerate(PROMPTS[:4]):
             eng.add_request(f"a{i}", p, SamplingParams(max_tokens=4, temperature=0))
-        while eng.has_unfinished_requests():
-            eng.step()
+        drive(eng)
         _drain(sub, pub, rebuilt)
         assert rebuilt == _cached(eng)
         seen = sub.state.last_seq
@@ -378,8 +377,7 @@ def test_a_late_subscriber_catches_up_from_the_replay_buffer():
         pub.attach(eng)
         for i, p in enumerate(PROMPTS[:5]):
             eng.add_request(f"l{i}", p, SamplingParams(max_tokens=3, temperature=0))
-        while eng.has_unfinished_requests():
-            eng.step()
+        drive(eng)
         pub.flush()
         sub = KVEventSubscriber(pub.endpoint, pub.replay_endpoint)  # joins after everything was sent
         got = sub.poll(0)  # no live traffic: replay only
@@ -394,8 +392,7 @@ def test_a_late_subscriber_catches_up_from_the_replay_buffer():
 def test_attach_to_an_engine_with_cached_blocks_starts_subscribers_over():
     eng = _engine()
     eng.add_request("x", PROMPTS[0], SamplingParams(max_tokens=2, temperature=0))
-    while eng.has_unfinished_requests():
-        eng.step()
+    drive(eng)
     assert eng.bm.hash_to_block
     pub = KVEventPublisher("tcp://127.0.0.1:0", replay_endpoint="tcp://127.0.0.1:0", flush_interval=3600)
     sub = KVEventSubscriber(pub.endpoint, pub.replay_endpoint)
@@ -540,8 +537,7 @@ def test_published_stores_carry_group_idx_0_and_the_salt_on_the_first_block():
         pub.attach(eng)
         eng.add_request("a", list(range(2, 30)), SamplingParams(max_tokens=1, temperature=0, cache_salt="tenant-a"))
         eng.add_request("b", list(range(40, 68)), SamplingParams(max_tokens=1, temperature=0))
-        while eng.has_unfinished_requests():
-            eng.step()
+        drive(eng)
         pub.flush()
         stores = [e for b in _replayed_payloads(pub.replay_endpoint) for e in b[1] if e["type"] == "BlockStored"]
         salted = [e for e in stores if "extra_keys" in e]

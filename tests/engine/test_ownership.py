@@ -9,6 +9,7 @@ import ast
 from pathlib import Path
 
 from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.observe.recording import drive
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE = ROOT / "engine"
@@ -81,7 +82,6 @@ def test_kv_events_are_queued_by_the_block_manager_and_stamped_with_their_step()
     assert [(e[0], e[1], e[2]) for e in removed] == [(last, "removed", e[2]) for e in stored]
     eng.disable_kv_events()
     eng.add_request(rid + "b", list(range(10, 23)), SamplingParams(max_tokens=2, ignore_eos=True))
-    while eng.has_unfinished_requests():
-        eng.step()
+    drive(eng)
     assert eng.take_kv_events() == []  # nobody asked: nothing queued
     assert eng.enable_kv_events()  # re-enabled: every block cached now, as "stored"

@@ -19,6 +19,7 @@ import torch
 
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.core.thread import EngineCrashed, EngineThread
+from engine.observe.recording import drive
 from tests.waiting import wait_until
 
 TINY = dict(
@@ -352,10 +353,8 @@ def test_many_requests_leave_no_per_request_state_behind():
         if i % 3 == 2:
             eng.abort_request(f"q{i}")
         if i % 10 == 0:
-            while eng.has_unfinished_requests():
-                eng.step()
-    while eng.has_unfinished_requests():
-        eng.step()
+            drive(eng)
+    drive(eng)
     bm = eng.bm
     assert not eng.requests and len(eng.finished) == eng.finished.maxlen
     assert bm.is_empty
