@@ -33,6 +33,8 @@ import sys
 import time
 import traceback
 
+from engine.model.kv_layout import cdiv
+
 VERSION = 1
 BUDGET_S = 450  # the whole run stays under 8 minutes on the GPU
 
@@ -450,7 +452,7 @@ def run(out_dir: str, smoke: bool = False, budget_s: float = BUDGET_S) -> dict:
         _free_llm(llm)
         out = {}
         bs = 16
-        need = max(-(-(len(p) + new) // bs) for p in prompts)
+        need = max(cdiv(len(p) + new, bs) for p in prompts)
         for mode in ("recompute", "swap"):
             llm = _engine(
                 f"mem:{small}",
