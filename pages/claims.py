@@ -6,6 +6,7 @@ import html
 
 import streamlit as st
 
+from engine.lab import bench_results as BR
 from engine.lab import claims as C
 from engine.lab.claims_live import measure_live
 from ui.figures import claims as CL
@@ -31,7 +32,7 @@ def _live_results() -> dict:
     return {}
 
 
-bench = C.latest_results()
+bench = BR.latest_results()
 rows = C.rows_from_bench(bench)
 store = _live_results()
 th = ea.get_engine()
@@ -67,7 +68,7 @@ if bench:
     st.caption("Bench results read: " + " · ".join(html.escape(b.label) for b in bench.values()))
 else:
     st.caption(
-        f"No bench results found in {html.escape(str(C.results_dir()))} "
+        f"No bench results found in {html.escape(str(BR.results_dir()))} "
         "(`python -m engine bench all --quick` writes them)."
     )
 

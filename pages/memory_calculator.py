@@ -14,6 +14,7 @@ import json  # noqa: E402
 
 import streamlit as st  # noqa: E402
 
+from engine.lab import bench_results as BR  # noqa: E402
 from engine.lab import memory_math as mm  # noqa: E402
 from ui.figures import memory_calc as mc  # noqa: E402
 from ui.figures import presets  # noqa: E402
@@ -26,7 +27,6 @@ PLOT_CONFIG = {"displayModeBar": False}
 DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")  # weights
 KV_DTYPES = mc.KV_DTYPES  # every pool format the engine offers (engine/config.py KV_CACHE_DTYPES)
 SRC_PRESET, SRC_LOADED, SRC_JSON = "Preset", "The loaded model", "Paste config.json"
-KVQUANT_JSON = Path(_ROOT) / "assets" / "measurements" / "kvquant.json"  # written by `bench kvquant`
 AS_CONFIGURED = "as configured"
 
 st.title("Memory calculator")
@@ -103,10 +103,7 @@ with c1:
         help="fp8 and int8 count one float32 scale per (token, KV head) row, int4 and int2 (2 and 4 "
         "numbers per byte) one per 32 numbers of the row, as kvscope stores them.",
     )
-    try:
-        measured = mc.kvquant_caption(json.loads(KVQUANT_JSON.read_text()), dtype)
-    except (OSError, ValueError):
-        measured = None
+    measured = mc.kvquant_caption(BR.committed_kvquant(), dtype)  # `bench kvquant`'s committed JSON
     if measured:
         st.caption(measured)
 with c2:

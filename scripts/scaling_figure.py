@@ -48,7 +48,7 @@ def from_partial(part: dict, done: dict) -> dict:
 def main() -> int:
     from engine.bench import scaling_points as SP
     from engine.bench.report import find_chromium
-    from engine.lab.claims import latest_results
+    from engine.lab.bench_results import latest_results
     from ui.figures.scaling import scaling_figure
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import msgpack
@@ -318,12 +317,3 @@ def record_stub_run(engine):
 
     prompts = [[1] * 20 + [i] * 5 for i in range(2, 6)]
     return record_frames(engine, prompts, SamplingParams(max_tokens=5, temperature=0))
-
-
-def wait(cond, rounds: int = 400, every_s: float = 0.05) -> bool:
-    """Poll cond() up to `rounds` times (a hang guard, not a timing assertion); its last value."""
-    for _ in range(rounds):
-        if cond():
-            return True
-        time.sleep(every_s)
-    return cond()

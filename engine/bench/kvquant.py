@@ -43,6 +43,7 @@ import statistics
 
 from engine.bench import common as C
 from engine.config import KV_CACHE_DTYPES, QUANTIZED_KV_CACHE_DTYPES
+from engine.model.kv_layout import cdiv
 from engine.speculative.drafters import DRAFT_SUFFIX
 
 DTYPES = tuple(d for d in KV_CACHE_DTYPES if d != "auto")  # fp32 first: the reference
@@ -71,7 +72,7 @@ def teacher_forced_logprobs(eng, tokens: list[int], first: int):
     if eng.has_unfinished_requests() or eng.bm.enable_prefix_caching:
         raise RuntimeError("teacher forcing needs an idle engine without prefix caching")
     feed = tokens[:-1]
-    n_blocks = -(-len(feed) // eng.bm.block_size)
+    n_blocks = cdiv(len(feed), eng.bm.block_size)
     if n_blocks > eng.bm.num_blocks:
         raise RuntimeError(f"{len(feed)} tokens need {n_blocks} blocks; the pool has {eng.bm.num_blocks}")
     owner = "teacher-forced" + DRAFT_SUFFIX  # never a request's id (add_request refuses the suffix)

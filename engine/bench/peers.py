@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 import time
 
+from engine.model.kv_layout import cdiv
+
 
 def _gen_config(tok, max_new_tokens: int):
     from transformers import GenerationConfig
@@ -83,7 +85,7 @@ def hf_continuous_batching(model, tok, prompts: list[list[int]], max_new_tokens:
     # shared machine that zero-fills tens of GB and dominates the run. Size it for the workload
     # instead (blocks of page_size tokens, every request resident at once), like kvscope's pool.
     page = ContinuousBatchingConfig().page_size
-    num_blocks = sum(-(-(len(p) + max_new_tokens) // page) for p in prompts) + 2
+    num_blocks = sum(cdiv(len(p) + max_new_tokens, page) for p in prompts) + 2
     cb_logger = logging.getLogger("ContinuousBatchingLogger")
     old = cb_logger.level
     cb_logger.setLevel(logging.ERROR)  # it warns that eos is disabled: that is the point

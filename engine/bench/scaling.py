@@ -44,6 +44,7 @@ from engine.bench.roofline import (
     memory_roof_tok_s,
     workload_flops,
 )
+from engine.observe import rates
 
 
 def prefill_limit_s(shape: ModelShape, peak_gflops: float, prompt_len: int) -> float:
@@ -145,7 +146,7 @@ def _kvscope_lengths(ctx, SamplingParams, prompts, new, max_len, seg, points):
         info = llm.engine.info()
         for i, p in enumerate(prompts):
             marks = C.token_times(llm, p, C.greedy(SamplingParams, new), f"scaling-{i}")
-            ttft = marks[1][0] - marks[0][0] if len(marks) > 1 else None
+            ttft = rates.ttft(marks[0][0], marks[1][0]) if len(marks) > 1 else None
             load = seg.load()
             points.append({"axis": "prefill", "x": len(p), "engine": "kvscope", "value": ttft, "load_1m": load})
             points.append(
@@ -164,7 +165,7 @@ def _http_point(base: dict, prompt: list[int], new: int) -> tuple[float | None, 
     times = r["times"]
     if not times:
         return None, None
-    ttft = times[0] - r["t0"]
+    ttft = rates.ttft(r["t0"], times[0])
     n = (r.get("usage") or {}).get("completion_tokens") or len(times)
     dec = (n - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else None
     return ttft, dec

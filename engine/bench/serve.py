@@ -16,6 +16,7 @@ import time
 
 from engine.bench import common as C
 from engine.bench.common import SuiteResult, kvscope_workload
+from engine.observe import rates
 
 
 def free_port() -> int:
@@ -154,8 +155,8 @@ def suite_serve(ctx: C.BenchContext) -> SuiteResult:
         raise RuntimeError(f"{len(errors)} HTTP request(s) failed: {errors[0]}")
     n_tok = sum(r["usage"]["completion_tokens"] for r in results)
     http = n_tok / out["wall"]
-    ttft = [r["times"][0] - r["t0"] for r in results if r["times"]]
-    itl = [b - a for r in results for a, b in zip(r["times"], r["times"][1:])]
+    ttft = [rates.ttft(r["t0"], r["times"][0]) for r in results if r["times"]]
+    itl = [gap for r in results for gap in rates.itl(r["times"])]
     ref_text = [tok.decode(t, skip_special_tokens=True) for t in k_toks]
     match = sum(1 for r, ref in zip(results, ref_text) if r["text"] == ref)
     res.add(

@@ -234,13 +234,17 @@ class BlockManager:
     def block_hashes(self, rid: str, token_ids: list[int], salt: str | None) -> list[bytes]:
         """Hashes of the full blocks of token_ids (memoised per request, extended as it grows)."""
         hs = self.req_hashes.setdefault(rid, [])
-        bs = self.block_size
-        n_full = len(token_ids) // bs
-        while len(hs) < n_full:
-            i = len(hs)
-            toks = token_ids[i * bs : (i + 1) * bs]
-            hs.append(self.hasher.block(hs[-1] if hs else None, toks, block_extra_keys(i, salt)))
+        n_full = len(token_ids) // self.block_size
+        hs.extend(self._hash_chain(token_ids, salt, len(hs), hs[-1] if hs else None, n_full))
         return hs[:n_full]
+
+    def _hash_chain(self, token_ids: list[int], salt: str | None, first: int, parent, stop: int):
+        """The hashes of full blocks first..stop-1 of token_ids, each chained on the one before
+        (`parent`: block first-1's), yielded lazily: the one place a block's hash is chained."""
+        bs = self.block_size
+        for i in range(first, stop):
+            parent = self.hasher.block(parent, token_ids[i * bs : (i + 1) * bs], block_extra_keys(i, salt))
+            yield parent
 
     def get_computed_blocks(self, rid: str, token_ids: list[int], salt: str | None) -> tuple[list[int], int]:
         """Longest cached prefix of full blocks, leaving at least the last token to compute.
@@ -270,15 +274,8 @@ class BlockManager:
         Read-only: no ref count, free-queue (LRU) order, hash index, memo or counter changes."""
         if not self.enable_prefix_caching:
             return []
-        bs = self.block_size
-
-        def chain():  # hashed lazily: the walk stops at the first miss
-            parent = None
-            for i in range(self._max_hit_blocks(token_ids)):
-                parent = self.hasher.block(parent, token_ids[i * bs : (i + 1) * bs], block_extra_keys(i, salt))
-                yield parent
-
-        return self._cached_prefix(chain())
+        # hashed lazily and not memoised: the walk stops at the first miss
+        return self._cached_prefix(self._hash_chain(token_ids, salt, 0, None, self._max_hit_blocks(token_ids)))
 
     def record_prefix_query(self, num_tokens: int, num_hit_tokens: int) -> None:
         self.prefix_queries += num_tokens

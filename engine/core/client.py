@@ -102,6 +102,10 @@ class EngineView:
     def tokenizer(self):
         return self._client.tokenizer
 
+    def forget_vocab_size(self) -> None:
+        """A rebuilt core may load another model: ask it again."""
+        self._vocab_size = None
+
     @property
     def vocab_size(self) -> int:
         if self._vocab_size is None:
@@ -248,14 +252,14 @@ class _CoreProcess:
                     except zmq.Again:
                         break
                 if latest is not None:
-                    client._on_snapshot(self, wire.unpack(latest))
+                    client.on_snapshot(self, wire.unpack(latest))
             if reason is None and not events and not self.proc.is_alive():
                 reason = f"the engine core process exited unexpectedly (exit code {self.proc.exitcode})"
         return reason
 
     def _on_frame(self, kind: bytes, payload: bytes) -> str | None:
         if kind == b"out":
-            self.client._on_outputs(self, wire.unpack(payload))
+            self.client.on_outputs(self, wire.unpack(payload))
         elif kind == b"reply":
             cid, ok, value = pickle.loads(payload)
             slot = self.pending.pop(cid, None)
@@ -279,7 +283,7 @@ class _CoreProcess:
                 slot[1], slot[2] = False, ("EngineCrashed", reason or "the engine core was shut down")
                 slot[0].set()
         if reason:
-            self.client._on_core_died(self, reason)
+            self.client.on_core_died(self, reason)
 
     def _send(self, frame: bytes, deadline: float) -> None:
         """Send a command without ever blocking on a core that is gone (a PUSH socket without a
@@ -407,7 +411,7 @@ class EngineClient:
         self._snap = snapshot_from_dict(self._core.call("snapshot"))
 
     # -------------------------------------------------------------- from the reader thread
-    def _on_outputs(self, core: _CoreProcess, frame: dict) -> None:
+    def on_outputs(self, core: _CoreProcess, frame: dict) -> None:
         if core is not getattr(self, "_core", None):
             return  # a core being replaced: its requests were failed already
         self._step = frame["step"]
@@ -418,7 +422,7 @@ class EngineClient:
                 if h is not None and out.finished:
                     self.handles.pop(out.request_id, None)
             if h is not None:
-                h._push(out)
+                h.push(out)
         for rec in frame["fin"]:
             fr = wire.FinishedRequest(rec)
             for fn in list(self.engine.metrics.listeners):
@@ -427,7 +431,7 @@ class EngineClient:
                 except Exception:  # noqa: BLE001 - a listener must not stop the outputs
                     pass
 
-    def _on_snapshot(self, core: _CoreProcess, frame: dict) -> None:
+    def on_snapshot(self, core: _CoreProcess, frame: dict) -> None:
         if core is not getattr(self, "_core", None):  # a core still starting, or being replaced
             return
         self.dropped_snapshot_frames = frame["dropped"]
@@ -435,14 +439,14 @@ class EngineClient:
             self._snap_raw = frame["snap"]
             self._snap = None
 
-    def _on_core_died(self, core: _CoreProcess, reason: str) -> None:
+    def on_core_died(self, core: _CoreProcess, reason: str) -> None:
         if core is not getattr(self, "_core", None):
             return
         self.error = reason
         with self._state_lock:
             handles, self.handles = list(self.handles.values()), {}
         for h in handles:
-            h._fail(reason)
+            h.fail(reason)
         snap = self.snapshot()
         import dataclasses
 
@@ -557,8 +561,8 @@ class EngineClient:
             h = self.handles.pop(request_id, None)
         if h is not None:
             if out is not None:
-                h._push(wire.output_from_wire(out))
-            h._finish()
+                h.push(wire.output_from_wire(out))
+            h.end()
         self._refresh()
         return done
 
@@ -614,7 +618,7 @@ class EngineClient:
         with self._state_lock:
             handles, self.handles = list(self.handles.values()), {}
         for h in handles:
-            h._fail(reason)
+            h.fail(reason)
         n = self._core.stop(timeout)
         if self.error is None:
             self.error = reason
@@ -637,14 +641,14 @@ class EngineClient:
                     handles, self.handles = list(self.handles.values()), {}
                 reason = "aborted: the engine was reconfigured"
                 for h in handles:
-                    h._fail(reason)
+                    h.fail(reason)
                 self._core = new_core
                 n = old.stop()  # also closes the sockets of a core that crashed
                 n = max(n, len(handles))
                 new_core.client = self
                 self._config = config
                 self._tokenizer = None
-                self.engine._vocab_size = None
+                self.engine.forget_vocab_size()
                 self.error = None
                 with self._state_lock:
                     self.recent.clear()

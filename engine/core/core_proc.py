@@ -159,10 +159,7 @@ class _Core:
             prompt_in = prompt
         if request_id in eng.requests:
             raise KeyError(request_id)  # the client picks another id (or refuses a caller's)
-        eng.add_request(request_id, prompt_in, params)
-        if chat:
-            eng.requests[request_id].prompt_text = prompt
-        eng.requests[request_id].origin = origin
+        eng.add_request(request_id, prompt_in, params, origin=origin, prompt_text=prompt if chat else None)
         return request_id
 
     def op_abort(self, request_id):

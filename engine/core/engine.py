@@ -29,7 +29,7 @@ from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.core.sequence import Request, Status, WaitReason
 from engine.core.structured import Grammars
 from engine.model import kv_quant
-from engine.model.device import cuda_memory
+from engine.model.device import available_bytes, cuda_memory
 from engine.model.families import check_supported
 from engine.model.kv_layout import dtype_bytes, kv_bytes_per_token, kv_geometry, kv_scale_bytes, kv_scale_group
 from engine.model.models import load_model, resolve_device, resolve_dtype
@@ -50,21 +50,6 @@ def _schedule_rows(items, rows) -> list[list]:
     """What one forward pass held, per request: [request_id, kind, num_tokens, start], kind the
     row's phase (ScheduledItem.phase)."""
     return [[row.request_id, it.phase, len(row.tokens), row.start] for it, row in zip(items, rows)]
-
-
-def _available_bytes(device: torch.device) -> int | None:
-    """Free memory a pool on `device` would come from (CUDA: free device memory; CPU:
-    MemAvailable), or None where it cannot be read."""
-    try:
-        if device.type == "cuda":
-            return int(torch.cuda.mem_get_info(device)[0])
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, RuntimeError, ValueError):
-        return None
-    return None
 
 
 @dataclass(slots=True)
@@ -112,7 +97,7 @@ class LLMEngine:
             scale_group=kv_scale_group(self.kv_cache_dtype),
         )
         self.bytes_per_block = self.bytes_per_token * config.block_size
-        avail = _available_bytes(self.device)
+        avail = available_bytes(self.device)
         num_blocks, field_name = pool_sizing.pool_blocks(
             config,
             self.bytes_per_block,
@@ -135,7 +120,7 @@ class LLMEngine:
         slab_tokens = config.max_model_len
         num_swap = pool_sizing.swap_blocks(config, self.bytes_per_block)
         if num_swap:
-            cpu_avail = _available_bytes(torch.device("cpu"))
+            cpu_avail = available_bytes(torch.device("cpu"))
             if cpu_avail is not None and self.device.type == "cpu":
                 cpu_avail = max(0, cpu_avail - num_blocks * self.bytes_per_block)
             pool_sizing.check_swap(config, num_swap, self.bytes_per_block, cpu_avail)
@@ -249,21 +234,24 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ requests
     def add_request(
-        self, request_id: str | None, prompt, params: SamplingParams | None = None, arrival_time: float | None = None
+        self,
+        request_id: str | None,
+        prompt,
+        params: SamplingParams | None = None,
+        arrival_time: float | None = None,
+        *,
+        origin: str = "engine",
+        prompt_text: str | None = None,
     ) -> str:
         """Validates everything before allocating anything; raises ValueError naming the field
-        and the limit (a rejection event is recorded too)."""
+        and the limit (a rejection event is recorded too). `origin`: who submitted it ("engine",
+        "app", "http"); `prompt_text`: the text shown for a prompt of ids (a chat message)."""
         params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError("params must be a SamplingParams")
         if request_id is None:
             request_id = f"req-{next(self._ids)}"
-        if not isinstance(request_id, str) or not request_id or len(request_id) > 128:
-            raise ValueError("request_id must be a non-empty string of at most 128 characters")
-        if request_id in self.requests:
-            raise ValueError(f"request_id {request_id!r} is already in use")
-        if request_id.endswith(DRAFT_SUFFIX):
-            raise ValueError(f"request_id must not end with {DRAFT_SUFFIX!r} (reserved for draft-model caches)")
+        inputs.check_request_fields(request_id, self.requests, DRAFT_SUFFIX, origin, prompt_text)
         try:
             ids, text = prompt_ids(self.tokenizer, self.vocab_size, prompt)
             tier = self.admission_check(ids, params)
@@ -276,13 +264,14 @@ class LLMEngine:
             ids,
             params,
             self.now() if arrival_time is None else arrival_time,
-            prompt_text=text,
+            prompt_text=text if prompt_text is None else prompt_text,
             tier=tier.name if tier else None,
             priority=tier.priority if tier else 0,
+            request_class=params.request_class or (tier.name if tier else "default"),
+            history=deque(maxlen=self.config.history_len),  # EngineConfig.history_len bounds the UI history
+            generator=make_generator(params, self.device),
+            origin=origin,
         )
-        req.request_class = params.request_class or (tier.name if tier else "default")
-        req.history = deque(maxlen=self.config.history_len)  # EngineConfig.history_len bounds the UI history
-        req.generator = make_generator(params, self.device)
         if params.response_format is not None:
             try:
                 req.matcher = self.grammars.matcher(params.response_format)

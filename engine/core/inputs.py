@@ -11,6 +11,22 @@ from __future__ import annotations
 MAX_PROMPT_CHARS = 1_000_000
 
 
+def check_request_fields(request_id, in_use, reserved_suffix: str, origin, prompt_text) -> None:
+    """add_request's own fields: a fresh request id (not in `in_use`, not ending in
+    `reserved_suffix`, the draft caches' ids), who submitted it (`origin`) and the text shown for
+    it (`prompt_text`, or None)."""
+    if not isinstance(request_id, str) or not request_id or len(request_id) > 128:
+        raise ValueError("request_id must be a non-empty string of at most 128 characters")
+    if request_id in in_use:
+        raise ValueError(f"request_id {request_id!r} is already in use")
+    if request_id.endswith(reserved_suffix):
+        raise ValueError(f"request_id must not end with {reserved_suffix!r} (reserved for draft-model caches)")
+    if not isinstance(origin, str) or not origin or len(origin) > 32:
+        raise ValueError("origin must be a non-empty string of at most 32 characters")
+    if prompt_text is not None and not isinstance(prompt_text, str):
+        raise ValueError("prompt_text must be a string (or None)")
+
+
 def as_ids(out) -> list[int]:
     """The token ids of whatever `tokenizer.apply_chat_template(..., tokenize=True)` returned
     (a list, a BatchEncoding/dict with input_ids, or a batch of one)."""

@@ -1,5 +1,6 @@
 """EngineThread: the step loop in a background thread, shared safely by many callers (the app's
-browser sessions). Every engine call happens under one lock, between steps; callers get
+browser sessions). Every engine call happens under one lock (`lock`, between steps; a second,
+`_reconf_lock`, only serialises reconfigurations and never guards the engine); callers get
 RequestHandles that stream text deltas. A crashed loop is surfaced (healthy=False, error) and
 wakes every waiting client with the error instead of hanging them; restart() rebuilds it."""
 
@@ -41,8 +42,9 @@ class RequestHandle:
         self.error: str | None = None
         self.listener = None  # callable() run (on the engine thread) after every update: async bridges
 
-    # called by the loop
-    def _push(self, out: RequestOutput) -> None:
+    # called by the loop (EngineThread, EngineClient): the handle's producer side
+    def push(self, out: RequestOutput) -> None:
+        """Deliver the request's latest output: queue its new text and end the stream once finished."""
         self.output = out
         text = out.outputs[0].text
         if text.startswith(self._sent):
@@ -55,15 +57,17 @@ class RequestHandle:
         if out.finished:
             if out.error:
                 self.error = out.error
-            self._finish()
+            self.end()
         self._tell()
 
-    def _fail(self, error: str) -> None:
+    def fail(self, error: str) -> None:
+        """End the stream with `error` (the loop died, the engine was rebuilt)."""
         self.error = error
-        self._finish()
+        self.end()
         self._tell()
 
-    def _finish(self) -> None:
+    def end(self) -> None:
+        """End the stream (idempotent)."""
         if not self._done.is_set():
             self._done.set()
             self._q.put(_DONE)
@@ -162,7 +166,7 @@ class EngineThread:
                     for out in outs:
                         h = self.handles.get(out.request_id)
                         if h is not None:
-                            h._push(out)
+                            h.push(out)
                             if out.finished:
                                 self.handles.pop(out.request_id, None)
                     self._publish()
@@ -171,7 +175,7 @@ class EngineThread:
             with self.lock:
                 self.error = f"engine loop crashed: {type(e).__name__}: {str(e)[:500]}"
                 for h in self.handles.values():
-                    h._fail(self.error)
+                    h.fail(self.error)
                 self.handles.clear()
                 try:
                     snap = self.engine.snapshot()
@@ -255,10 +259,7 @@ class EngineThread:
                 while request_id in self.engine.requests or request_id in self.handles:
                     self._counter += 1
                     request_id = f"r{self._counter}"
-            self.engine.add_request(request_id, prompt_in, params)
-            if chat:
-                self.engine.requests[request_id].prompt_text = prompt
-            self.engine.requests[request_id].origin = origin
+            self.engine.add_request(request_id, prompt_in, params, origin=origin, prompt_text=prompt if chat else None)
             h = RequestHandle(self, request_id)
             h.listener = listener
             self.handles[request_id] = h
@@ -286,8 +287,8 @@ class EngineThread:
             if h is not None:
                 req = self.engine.get_request(request_id)
                 if req is not None:
-                    h._push(self.engine.request_output(req))
-                h._finish()
+                    h.push(self.engine.request_output(req))
+                h.end()
             self._publish(force=True)
             return done
 
@@ -326,7 +327,7 @@ class EngineThread:
         with self.lock:
             n = sum(1 for rid in list(self.engine.requests) if self.engine.abort_request(rid))
             for rid in list(self.handles):
-                self.handles.pop(rid)._fail(reason)
+                self.handles.pop(rid).fail(reason)
             return n
 
     def restart(self, config: EngineConfig | None = None) -> str:
@@ -352,7 +353,7 @@ class EngineThread:
                 self.engine.abort_request(rid)
                 n += 1
             for h in list(self.handles.values()):
-                h._fail("aborted: the engine was reconfigured")
+                h.fail("aborted: the engine was reconfigured")
             self.handles.clear()
             for fn in self.engine.metrics.subscribers():  # e.g. the /metrics exporter
                 new_engine.metrics.subscribe(fn)

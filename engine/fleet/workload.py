@@ -27,6 +27,7 @@ from engine.fleet.state import (
     PolicyRun,
     RequestRow,
 )
+from engine.observe import rates
 
 INSTANCE_HEADER = "x-kvscope-instance"
 REQUEST_TIMEOUT_S = 300.0
@@ -107,7 +108,7 @@ def send_one(client, model: str, req, ids, collector, t0: float, policy: str, bl
                     break
                 chunk = json.loads(data)
                 if chunk.get("choices") and ttft is None:
-                    ttft = time.perf_counter() - t_sent
+                    ttft = rates.ttft(t_sent, time.perf_counter())
                 if chunk.get("usage"):
                     usage = chunk["usage"]
     except Exception as e:  # noqa: BLE001 - the ledger keeps the failure

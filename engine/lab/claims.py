@@ -1,25 +1,21 @@
 """The seeds' claims about inference, each checked against a measurement on this machine.
 
-Two sources, never mixed within a row: the benchmark's JSON results (`python -m engine bench ...`
-writes results/<suite>-<UTC stamp>.json; the newest stamp per suite is read, with its date), and
-measurements made now on a loaded engine (`engine.lab.claims_live.measure_live`, which builds its rows
-with the same row functions). This module owns the claims, the rule behind each verdict and the
-reading of bench results; every verdict comes from a rule on the numbers, stated in the row; a
-claim with no number says why instead (never a made-up value). Formulas live where the bench keeps
-them (engine.bench.roofline, engine.bench.suites).
+Two sources, never mixed within a row: the benchmark's JSON results (read by
+engine.lab.bench_results, with their date), and measurements made now on a loaded engine
+(`engine.lab.claims_live.measure_live`, which builds its rows with the same row functions). This
+module owns the claims and the rule behind each verdict; every verdict comes from a rule on the
+numbers, stated in the row; a claim with no number says why instead (never a made-up value).
+Formulas live where the bench keeps them (engine.bench.roofline, engine.bench.suites).
 """
 
 from __future__ import annotations
 
-import datetime as _dt
-import json
-import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from engine.config import QUANTIZED_KV_CACHE_DTYPES
 from engine.lab import recall_grid as RG
+from engine.lab.bench_results import KVQUANT_JSON, BenchResult, committed_kvquant, missing, number
 from engine.speculative.math import expected_tokens_per_pass
 
 VERIFY_KS = tuple(range(1, 9))
@@ -38,8 +34,6 @@ WEIGHTS_READ_BOUND = 2.0  # Linears slower than 2x their bytes' read time: not b
 FLEET_PREFILL_SAVED_MIN = 0.5  # seed 004: prefix caching removes 50-90 % of prefill for cacheable content
 FLEET_POLICIES = ("round_robin", "kv_aware", "cache_aware")  # bench fleet's policies, in its order
 
-_STAMP = re.compile(r"^(?P<suite>[a-z_]+)-(?P<stamp>\d{8}T\d{6}Z)\.json$")
-
 
 @dataclass(frozen=True, slots=True)
 class ClaimRow:
@@ -50,69 +44,6 @@ class ClaimRow:
     holds: bool | None  # None: not measured
     why: str  # the rule applied to the numbers, or why there is no number
     source: str  # bench file and date, or "measured on this page at ..."
-
-
-@dataclass(frozen=True, slots=True)
-class BenchResult:
-    suite: str
-    path: str
-    when: _dt.datetime
-    model: str
-    quick: bool
-    fields: dict
-
-    @property
-    def label(self) -> str:
-        return (
-            f"bench '{self.suite}' ({'quick, ' if self.quick else ''}model {self.model}), "
-            f"{Path(self.path).name}, {self.when:%Y-%m-%d %H:%M} UTC"
-        )
-
-
-def results_dir() -> Path:
-    return Path(os.environ.get("KVSCOPE_RESULTS_DIR") or Path(__file__).resolve().parents[2] / "results")
-
-
-def latest_results(folder: str | os.PathLike | None = None) -> dict[str, BenchResult]:
-    """The newest stamped result file per suite in `folder` (results/ by default); {} if none.
-    Files that are not valid bench JSON are skipped."""
-    d = Path(folder) if folder is not None else results_dir()
-    if not d.is_dir():
-        return {}
-    best: dict[str, tuple[str, Path]] = {}
-    for f in d.iterdir():
-        m = _STAMP.match(f.name)
-        if m and (m["suite"] not in best or m["stamp"] > best[m["suite"]][0]):
-            best[m["suite"]] = (m["stamp"], f)
-    out = {}
-    for suite, (stamp, f) in best.items():
-        try:
-            data = json.loads(f.read_text())
-        except (OSError, ValueError):
-            continue
-        if not isinstance(data, dict) or not isinstance(data.get("fields"), dict):
-            continue
-        when = _dt.datetime.strptime(stamp, "%Y%m%dT%H%M%SZ")
-        out[suite] = BenchResult(suite, str(f), when, str(data.get("model")), bool(data.get("quick")), data["fields"])
-    return out
-
-
-def _num(d: dict, k: str) -> float | None:
-    v = d.get(k)
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
-def _shown_dir() -> str:
-    """results_dir() relative to the repository when inside it (the page never shows where this
-    checkout happens to live)."""
-    d, root = results_dir().resolve(), Path(__file__).resolve().parents[2]
-    return str(d.relative_to(root)) if d.is_relative_to(root) else str(d)
-
-
-def _missing(suite: str) -> str:
-    return (
-        f"not measured yet: no '{suite}' bench result in {_shown_dir()} (run: python -m engine bench {suite} --quick)"
-    )
 
 
 # ------------------------------------------------------------------ one function per claim
@@ -234,11 +165,11 @@ def rows_from_bench(res: dict[str, BenchResult]) -> list[ClaimRow]:
     rows = []
     r = res.get("roofline")
     if r is None:
-        rows.append(_row("memory_bound", "—", None, _missing("roofline"), "bench"))
+        rows.append(_row("memory_bound", "—", None, missing("roofline"), "bench"))
     else:
         f = r.fields
-        dec, roof, bw = _num(f, "decode_bs1_tok_s"), _num(f, "memory_roof_tok_s"), _num(f, "mem_bw_gb_s")
-        gf, peak = _num(f, "gflop_per_generated_token"), _num(f, "peak_matmul_gflops")
+        dec, roof, bw = number(f, "decode_bs1_tok_s"), number(f, "memory_roof_tok_s"), number(f, "mem_bw_gb_s")
+        gf, peak = number(f, "gflop_per_generated_token"), number(f, "peak_matmul_gflops")
         rows.append(
             memory_bound_row(
                 1 / dec if dec else None, 1 / roof if roof else None, gf / peak if gf and peak else None, bw, r.label
@@ -246,9 +177,9 @@ def rows_from_bench(res: dict[str, BenchResult]) -> list[ClaimRow]:
         )
     s = res.get("speculative")
     if s is None:
-        rows.append(_row("verify_cost", "—", None, _missing("speculative"), "bench"))
+        rows.append(_row("verify_cost", "—", None, missing("speculative"), "bench"))
     else:
-        ratios = {k: v for k in VERIFY_KS if (v := _num(s.fields, f"verify_cost_ratio_k{k}")) is not None}
+        ratios = {k: v for k in VERIFY_KS if (v := number(s.fields, f"verify_cost_ratio_k{k}")) is not None}
         rows.append(verify_cost_row(ratios, s.label))
     rows.append(
         _row(
@@ -262,12 +193,12 @@ def rows_from_bench(res: dict[str, BenchResult]) -> list[ClaimRow]:
     )
     c = res.get("cache")
     if c is None:
-        rows.append(_row("cache", "—", None, _missing("cache"), "bench"))
+        rows.append(_row("cache", "—", None, missing("cache"), "bench"))
     else:
         pts = sorted(
             (int(m[1]), v)
             for k in c.fields
-            if (m := re.match(r"nocache_over_cache_at_(\d+)$", k)) and (v := _num(c.fields, k)) is not None
+            if (m := re.match(r"nocache_over_cache_at_(\d+)$", k)) and (v := number(c.fields, k)) is not None
         )
         if len(pts) < 2:
             rows.append(_row("cache", "—", None, "the cache result has fewer than two context lengths", c.label))
@@ -286,9 +217,9 @@ def rows_from_bench(res: dict[str, BenchResult]) -> list[ClaimRow]:
                 )
             )
     m = res.get("memory")
-    pw, cw = (_num(m.fields, "paged_waste"), _num(m.fields, "contiguous_waste")) if m else (None, None)
+    pw, cw = (number(m.fields, "paged_waste"), number(m.fields, "contiguous_waste")) if m else (None, None)
     if m is None or pw is None or cw is None:
-        rows.append(_row("paged", "—", None, _missing("memory"), m.label if m else "bench"))
+        rows.append(_row("paged", "—", None, missing("memory"), m.label if m else "bench"))
     else:
         holds = pw < PAGED_WASTE_MAX and cw >= CONTIG_WASTE_MIN
         rows.append(
@@ -305,9 +236,9 @@ def rows_from_bench(res: dict[str, BenchResult]) -> list[ClaimRow]:
             )
         )
     p = res.get("prefix")
-    cold, hit = (_num(p.fields, "ttft_cold_s"), _num(p.fields, "ttft_hit_s")) if p else (None, None)
+    cold, hit = (number(p.fields, "ttft_cold_s"), number(p.fields, "ttft_hit_s")) if p else (None, None)
     if p is None or not cold or hit is None:
-        rows.append(_row("prefix", "—", None, _missing("prefix"), p.label if p else "bench"))
+        rows.append(_row("prefix", "—", None, missing("prefix"), p.label if p else "bench"))
     else:
         holds = hit / cold <= PREFIX_TTFT_MAX_RATIO
         rows.append(
@@ -320,7 +251,7 @@ def rows_from_bench(res: dict[str, BenchResult]) -> list[ClaimRow]:
             )
         )
     if s is None:
-        rows.append(_row("speculation", "—", None, _missing("speculative"), "bench"))
+        rows.append(_row("speculation", "—", None, missing("speculative"), "bench"))
     else:
         rows.append(speculation_row(s.fields, s.label))
     q = res.get("kvquant")
@@ -329,7 +260,7 @@ def rows_from_bench(res: dict[str, BenchResult]) -> list[ClaimRow]:
     else:
         kq = committed_kvquant()
         if kq is None:
-            rows.append(_row("kv_quant", "—", None, _missing("kvquant"), "bench"))
+            rows.append(_row("kv_quant", "—", None, missing("kvquant"), "bench"))
         else:
             src = (
                 f"{kq.get('command', 'bench kvquant')} (model {kq.get('model')}), {KVQUANT_JSON.name}, {kq.get('date')}"
@@ -340,17 +271,17 @@ def rows_from_bench(res: dict[str, BenchResult]) -> list[ClaimRow]:
             rows.append(kv_quant_row(kq.get("dtypes", {}), src, grid))
     pe = res.get("peers")  # the peers are optional tools: scripts/peers.sh install, then bench peers
     if pe is None:
-        rows.append(_row("peers", "—", None, _missing("peers") + " after scripts/peers.sh install", "bench"))
+        rows.append(_row("peers", "—", None, missing("peers") + " after scripts/peers.sh install", "bench"))
     else:
         rows.append(peers_row(pe.fields, pe.label))
     wb = res.get("weights")
-    missing_wb = _row("weight_bytes", "—", None, _missing("weights"), "bench")
+    missing_wb = _row("weight_bytes", "—", None, missing("weights"), "bench")
     rows.append(weights_row(wb.fields, wb.label) if wb else missing_wb)
     pk = res.get("packets")
-    rows.append(packets_row(pk.fields, pk.label) if pk else _row("packets", "—", None, _missing("packets"), "bench"))
+    rows.append(packets_row(pk.fields, pk.label) if pk else _row("packets", "—", None, missing("packets"), "bench"))
     fl = res.get("fleet")
-    if fl is None or not any(_num(fl.fields, f"{p}_hit_rate") is not None for p in FLEET_POLICIES):
-        rows.append(_row("fleet_prefix", "—", None, _missing("fleet"), fl.label if fl else "bench"))
+    if fl is None or not any(number(fl.fields, f"{p}_hit_rate") is not None for p in FLEET_POLICIES):
+        rows.append(_row("fleet_prefix", "—", None, missing("fleet"), fl.label if fl else "bench"))
     else:
         rows.append(fleet_row(fl.fields, fl.label))
     return rows
@@ -364,11 +295,11 @@ def weights_row(f: dict, source: str) -> ClaimRow:
     WEIGHTS_FOLLOW of its byte cut, and Q4_1's over Q8_0 likewise. Where it is not, the row names
     what bounds the step: the Linears' time against reading their bytes at the measured bandwidth
     (slower than WEIGHTS_READ_BOUND x: converting codes, not bytes), and the time outside them."""
-    tok = {k: _num(f, f"weights_{k}_tok_s") for k in WEIGHT_FORMATS_SHOWN}
-    byt = {k: _num(f, f"weights_{k}_bytes_per_step") for k in WEIGHT_FORMATS_SHOWN}
+    tok = {k: number(f, f"weights_{k}_tok_s") for k in WEIGHT_FORMATS_SHOWN}
+    byt = {k: number(f, f"weights_{k}_bytes_per_step") for k in WEIGHT_FORMATS_SHOWN}
     if not all(tok.values()) or not all(byt.values()):
         return _row("weight_bytes", "—", None, "the weights result lacks tok/s or bytes of fp32, Q8_0, Q4_1", source)
-    bw = _num(f, "weights_mem_bw_gb_s")
+    bw = number(f, "weights_mem_bw_gb_s")
     measured = (
         "; ".join(
             f"{name} {tok[k]:.1f} tok/s reading {byt[k] / 1e6:.0f} MB a step"
@@ -394,8 +325,8 @@ def weights_row(f: dict, source: str) -> ClaimRow:
     if not holds:
         bounds = []
         for k in WEIGHT_FORMATS_SHOWN:
-            lin, floor = _num(f, f"weights_{k}_weights_ms"), _num(f, f"weights_{k}_read_floor_ms")
-            step, rest = _num(f, f"weights_{k}_step_ms"), _num(f, f"weights_{k}_rest_ms")
+            lin, floor = number(f, f"weights_{k}_weights_ms"), number(f, f"weights_{k}_read_floor_ms")
+            step, rest = number(f, f"weights_{k}_step_ms"), number(f, f"weights_{k}_rest_ms")
             if lin is None or floor is None or not step:
                 continue
             what = (
@@ -420,17 +351,18 @@ def packets_row(f: dict, source: str) -> ClaimRow:
     """Holds if, without a defence, an observer of TLS record lengths picks the streamed answer
     among the candidates at least PACKETS_LEAK_MIN and PACKETS_OVER_CHANCE x chance, and reads
     token lengths at >= 2x chance. Each defence's accuracy and byte cost are shown beside it."""
-    acc, chance = _num(f, "packets_none_accuracy"), _num(f, "packets_chance")
-    la, lc = _num(f, "packets_none_length_accuracy"), _num(f, "packets_none_length_chance")
+    acc, chance = number(f, "packets_none_accuracy"), number(f, "packets_chance")
+    la, lc = number(f, "packets_none_length_accuracy"), number(f, "packets_none_length_chance")
     if acc is None or not chance or la is None or lc is None:
         return _row("packets", "—", None, "the packets result lacks the undefended accuracies", source)
     parts = [
         f"no defence: answer picked {100 * acc:.0f} % (chance {100 * chance:.0f} %), token lengths read "
-        f"{100 * la:.0f} % (chance {100 * lc:.0f} %), {_num(f, 'packets_none_bits_per_token') or 0:.1f} bits per token"
+        f"{100 * la:.0f} % (chance {100 * lc:.0f} %), "
+        f"{number(f, 'packets_none_bits_per_token') or 0:.1f} bits per token"
     ]
     hidden, leaky = [], []
     for d, name in PACKET_DEFENCES.items():
-        a, b = _num(f, f"packets_{d}_accuracy"), _num(f, f"packets_{d}_bytes_ratio")
+        a, b = number(f, f"packets_{d}_accuracy"), number(f, f"packets_{d}_bytes_ratio")
         if a is None:
             continue
         parts.append(f"{name}: {100 * a:.0f} %" + (f" at {b:.2f}× the bytes" if b else ""))
@@ -456,7 +388,7 @@ def packets_row(f: dict, source: str) -> ClaimRow:
 def fleet_row(f: dict, source: str) -> ClaimRow:
     """bench fleet: the share of prompt tokens served from the serving instance's prefix cache
     (sum of cached_tokens / sum of prompt tokens) is the prefill removed, per routing policy."""
-    rates = {p: _num(f, f"{p}_hit_rate") for p in FLEET_POLICIES}
+    rates = {p: number(f, f"{p}_hit_rate") for p in FLEET_POLICIES}
     rates = {p: v for p, v in rates.items() if v is not None}
     held = [p for p, v in rates.items() if v >= FLEET_PREFILL_SAVED_MIN]
     best = max(rates, key=rates.get)
@@ -473,7 +405,7 @@ def fleet_row(f: dict, source: str) -> ClaimRow:
 
 
 def peers_row(f: dict, source: str) -> ClaimRow:
-    w16, bs1 = _num(f, "w16_kvscope_vs_vllm"), _num(f, "decode_bs1_vs_llamacpp_t1")
+    w16, bs1 = number(f, "w16_kvscope_vs_vllm"), number(f, "decode_bs1_vs_llamacpp_t1")
     parts = [f"W16 kvscope / vLLM {w16:.2f}" if w16 else "W16 vs vLLM not measured"]
     parts.append(f"batch-1 kvscope / llama.cpp {bs1:.2f} (1 thread)" if bs1 else "llama.cpp not measured")
     if f.get("greedy_identical"):
@@ -483,19 +415,8 @@ def peers_row(f: dict, source: str) -> ClaimRow:
     return _row("peers", "; ".join(parts), holds, "holds if both ratios ≥ 1 (best vs best, alternating).", source)
 
 
-KVQUANT_JSON = Path(__file__).resolve().parents[2] / "assets" / "measurements" / "kvquant.json"
 QUANTIZED_KV = QUANTIZED_KV_CACHE_DTYPES  # highest precision first
 SHORT_TOP1_MIN = 0.9  # short prompts "intact": >= 90 % of a format's next-token picks are fp32's
-
-
-def committed_kvquant(path: str | os.PathLike | None = None) -> dict | None:
-    """The committed `bench kvquant` measurement (what the Memory calculator shows), or None."""
-    p = Path(path) if path is not None else KVQUANT_JSON
-    try:
-        data = json.loads(p.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) and isinstance(data.get("dtypes"), dict) else None
 
 
 def recall_breaks_at(recall: dict, base: dict) -> int | None:
@@ -579,9 +500,9 @@ def kv_quant_row(by_dtype: dict, source: str, grid: dict | None = None) -> Claim
 
 
 def speculation_row(f: dict, source: str) -> ClaimRow:
-    sp, so = _num(f, "passage_edit_speedup"), _num(f, "open_ended_speedup")
-    a = _num(f, "passage_edit_acceptance_rate")
-    tpp = _num(f, "passage_edit_tokens_per_target_pass")
+    sp, so = number(f, "passage_edit_speedup"), number(f, "open_ended_speedup")
+    a = number(f, "passage_edit_acceptance_rate")
+    tpp = number(f, "passage_edit_tokens_per_target_pass")
     k = 4
     theory = expected_tokens_per_pass(a, k) if a is not None else None
     if sp is None or so is None or tpp is None or theory is None:
@@ -592,7 +513,7 @@ def speculation_row(f: dict, source: str) -> ClaimRow:
         "speculation",
         f"passage edit: α {a:.2f}, {tpp:.2f} tokens per target pass (theory at k={k}: {theory:.2f}), "
         f"speedup {sp:.2f}×; open-ended: speedup {so:.2f}× "
-        f"(α {_num(f, 'open_ended_acceptance_rate') or 0:.2f})",
+        f"(α {number(f, 'open_ended_acceptance_rate') or 0:.2f})",
         holds,
         f"holds if passage-edit speedup ≥ {SPEC_PASSAGE_MIN}× ({sp:.2f}), open-ended ≥ {SPEC_OPEN_MIN}× "
         f"({so:.2f}) and tokens per pass within {100 * SPEC_THEORY_TOL:.0f} % of theory "

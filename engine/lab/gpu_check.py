@@ -33,6 +33,8 @@ import sys
 import time
 import traceback
 
+from engine.model.kv_layout import cdiv
+
 VERSION = 1
 BUDGET_S = 450  # the whole run stays under 8 minutes on the GPU
 
@@ -142,7 +144,7 @@ class Check:
             self.res["errors"].append(f"{name}: {type(e).__name__}: {str(e)[:400]}")
             self.log(traceback.format_exc())
         self.log(f"   {name} done in {time.perf_counter() - t:.1f} s")
-        self._sync_empty()
+        self.sync_empty()
 
     def guard(self, label: str, fn) -> None:
         """One backend's failure is recorded and logged; the phase goes on with the others."""
@@ -152,7 +154,8 @@ class Check:
             self.res["errors"].append(f"{label}: {type(e).__name__}: {str(e)[:400]}")
             self.log(f"   FAILED {label}\n{traceback.format_exc()}")
 
-    def _sync_empty(self):
+    def sync_empty(self):
+        """Collect garbage and give CUDA's cached memory back (between phases and models)."""
         import gc
 
         import torch
@@ -270,7 +273,7 @@ def run(out_dir: str, smoke: bool = False, budget_s: float = BUDGET_S) -> dict:
         key = (name, str(dtype))
         if key not in models:
             models.clear()
-            ck._sync_empty()
+            ck.sync_empty()
             m = build_random(cfgs[name], dev, dtype, seed=0)
             register_model(f"mem:{name}", m)
             models[key] = m
@@ -449,7 +452,7 @@ def run(out_dir: str, smoke: bool = False, budget_s: float = BUDGET_S) -> dict:
         _free_llm(llm)
         out = {}
         bs = 16
-        need = max(-(-(len(p) + new) // bs) for p in prompts)
+        need = max(cdiv(len(p) + new, bs) for p in prompts)
         for mode in ("recompute", "swap"):
             llm = _engine(
                 f"mem:{small}",

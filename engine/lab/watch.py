@@ -51,6 +51,14 @@ class WatchControl:
     def request_evict(self) -> None:
         self._evict_now.set()
 
+    def pending_evict(self) -> bool:
+        """Whether request_evict() was called and not yet served."""
+        return self._evict_now.is_set()
+
+    def evict_served(self) -> None:
+        """The run served the request: forget it."""
+        self._evict_now.clear()
+
 
 @dataclass
 class Eviction:
@@ -134,9 +142,9 @@ def watch_speculative(
             return
         r = snap.request(REQUEST_ID)
         if r is not None and not r.is_terminal:
-            if control._evict_now.is_set():
+            if control.pending_evict():
                 if evict(r, "button"):
-                    control._evict_now.clear()
+                    control.evict_served()
             elif not scheduled_done and r.output_len >= int(control.evict_after_tokens):
                 scheduled_done = evict(r, f"after {int(control.evict_after_tokens)} tokens")
         if control.pace_s:

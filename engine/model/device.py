@@ -9,6 +9,8 @@ the attention backend on each device type.
   torch reference; CUDA -> the torch reference (gather + SDPA) until scripts/gpu_check.sh has
   measured the FlexAttention path ("flex", engine/model/paged_flex.py) exact and faster on a GPU; it
   is selectable explicitly meanwhile.
+- free memory (`available_bytes`, `cuda_memory`): the only two functions here that read the
+  machine; the engine sizes its pool from them (engine/core/pool_sizing.py does the arithmetic).
 """
 
 from __future__ import annotations
@@ -61,6 +63,22 @@ def gpu_kv_budget_bytes(free_bytes: int, total_bytes: int, utilization: float, r
     in_use = max(0, total_bytes - free_bytes)
     budget = int(utilization * total_bytes) - in_use - reserve_bytes
     return max(0, min(budget, free_bytes - reserve_bytes))
+
+
+def available_bytes(device) -> int | None:
+    """Free memory a pool on `device` (a torch.device) would come from (CUDA: free device memory;
+    CPU: MemAvailable), or None where it cannot be read."""
+    if device.type == "cuda":
+        got = cuda_memory(device)
+        return got[0] if got else None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def cuda_memory(device) -> tuple[int, int] | None:

@@ -151,32 +151,19 @@ class FusedStack:
         self.profile = False
         return dict(zip(PROF_OPS, self.prof.tolist()))
 
-    def run(self, rows, slots: list[int], num_layers: int | None = None) -> torch.Tensor:
-        """One forward of the flattened batch `rows`; `slots` is the runner's slot mapping of its
-        tokens (engine.runner.slot_mapping), where each token's K/V is written."""
+    def run(self, flat, tables: list[list[int]], num_layers: int | None = None) -> torch.Tensor:
+        """One forward of a flattened batch (runner.FlatBatch: token ids, positions, logit rows and
+        the slot mapping where each token's K/V is written); `tables[i]` is token i's block table
+        up to itself, padded to one width (runner.query_tables / padded_tables)."""
         r = self.runner
         bs = r.block_size
-        ids, pos, tables = [], [], []
-        logit_rows = []
-        t = 0
-        for row in rows:
-            n = len(row.tokens)
-            tab = row.block_table
-            for j in range(n):
-                tables.append(tab[: (row.start + j) // bs + 1])
-            ids.extend(row.tokens)
-            pos.extend(range(row.start, row.start + n))
-            if row.logits_from >= 0:
-                logit_rows.extend(range(t + row.logits_from, t + n))
-            t += n
-        nb = r.kv_caches[0][0].shape[0]
-        mb = max(len(x) for x in tables)
-        if max(max(x) for x in tables) >= nb or min(min(x) for x in tables) < 0:
-            raise RuntimeError(f"a block table holds a block id outside the pool of {nb}")
-        tab32 = torch.tensor([x + [x[-1]] * (mb - len(x)) for x in tables], dtype=torch.int32)
+        ids, pos, logit_rows = flat.ids, flat.positions, flat.logit_rows
+        t = len(ids)
+        mb = len(tables[0])
+        tab32 = torch.tensor(tables, dtype=torch.int32)
         lens32 = torch.tensor([p + 1 for p in pos], dtype=torch.int32)
         rows32 = torch.arange(t, dtype=torch.int32)
-        slots64 = torch.tensor(slots, dtype=torch.int64)
+        slots64 = torch.tensor(flat.slots, dtype=torch.int64)
         inner = r.model.model
         input_ids = torch.tensor(ids)
         h = inner.embed_tokens(input_ids).contiguous()  # [T, hidden], a fresh tensor

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.model.kv_layout import cdiv
+
 Q_BLOCK = 16  # query rows per block-mask row group (vLLM's direct build uses 16)
 CUDA_BLOCK_SIZES = (16, 32, 64, 128)
 _lock = threading.Lock()
@@ -83,7 +85,7 @@ def build(
     bs = block_size
     T = sum(n for _, n, _, _ in rows)
     S = len(rows)
-    n_qb = -(-T // Q_BLOCK)
+    n_qb = cdiv(T, Q_BLOCK)
     # kernels may evaluate the mask on rows padded up to whole query blocks: those rows see nothing
     q_seq = torch.zeros(n_qb * Q_BLOCK, dtype=torch.int32)
     q_pos = torch.full((n_qb * Q_BLOCK,), -1, dtype=torch.int32)

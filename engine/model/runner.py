@@ -49,6 +49,47 @@ def slot_mapping(rows: list[BatchRow], block_size: int) -> list[int]:
     return [s for r in rows for s in token_slots(r.block_table, block_size, r.start, r.start + len(r.tokens))]
 
 
+@dataclass(slots=True)
+class FlatBatch:
+    """A batch flattened into one token sequence: what both forward paths (torch and C) feed."""
+
+    ids: list[int]  # every token fed, in row order
+    positions: list[int]
+    offsets: list[int]  # each row's first index in `ids`
+    logit_rows: list[int]  # indices in `ids` whose logits are returned, in order
+    slots: list[int]  # slot_mapping: where each token's K/V is written
+
+
+def flatten(rows: list[BatchRow], block_size: int) -> FlatBatch:
+    """The one batch flattening (the torch path's metadata and the C path's arrays read it)."""
+    ids, pos, offsets, logit_rows = [], [], [], []
+    t = 0
+    for r in rows:
+        n = len(r.tokens)
+        offsets.append(t)
+        ids.extend(r.tokens)
+        pos.extend(range(r.start, r.start + n))
+        if r.logits_from >= 0:
+            logit_rows.extend(range(t + r.logits_from, t + n))
+        t += n
+    return FlatBatch(ids, pos, offsets, logit_rows, slot_mapping(rows, block_size))
+
+
+def query_tables(row: BatchRow, block_size: int) -> list[list[int]]:
+    """For each token of `row`, the block table of its context up to itself: the token as one
+    query row over its sequence (decode, verification and, on the C path, prefill chunks)."""
+    return [row.block_table[: cdiv(row.start + j + 1, block_size)] for j in range(len(row.tokens))]
+
+
+def padded_tables(tables: list[list[int]], num_blocks: int) -> list[list[int]]:
+    """Block tables padded to one width with their last id, once every id is checked to lie in
+    the pool of `num_blocks` (the kernels read them unchecked)."""
+    if max(max(x) for x in tables) >= num_blocks or min(min(x) for x in tables) < 0:
+        raise RuntimeError(f"a block table holds a block id outside the pool of {num_blocks}")
+    mb = max(len(x) for x in tables)
+    return [x + [x[-1]] * (mb - len(x)) for x in tables]
+
+
 def weight_pack(model, weight_format: str):
     """engine/model/linear.py's pack for the requested weight format ("auto": GGUF blocks where the
     model came from a GGUF and the kernel runs, else fp32)."""
@@ -254,17 +295,13 @@ class ModelRunner:
     # ------------------------------------------------------------------ forward
     def build_metadata(self, rows: list[BatchRow]):
         bs = self.block_size
-        ids, pos, logit_rows = [], [], []
+        flat = flatten(rows, bs)
         dec_idx, dec_tables, dec_lens, prefills, flex_rows = [], [], [], [], []
         flex = self.attention_backend == "flex"
         max_ctx = 0
-        t = 0
-        slots = slot_mapping(rows, bs)
-        for r in rows:
+        for r, t in zip(rows, flat.offsets):
             n = len(r.tokens)
             table = r.block_table
-            ids.extend(r.tokens)
-            pos.extend(range(r.start, r.start + n))
             ctx = r.start + n
             max_ctx = max(max_ctx, ctx)
             if flex:
@@ -273,19 +310,15 @@ class ModelRunner:
                 # decode rows: one token after earlier context, or (with the kernel) a few of them
                 # (speculative verification, a short chunk), each a row over the context up to
                 # itself, which is the causal mask; their K/V are in the pool before attention reads it
-                for j in range(n):
-                    dec_idx.append(t + j)
-                    dec_tables.append(table[: cdiv(r.start + j + 1, bs)])
-                    dec_lens.append(r.start + j + 1)
+                dec_idx.extend(range(t, t + n))
+                dec_tables.extend(query_tables(r, bs))
+                dec_lens.extend(range(r.start + 1, ctx + 1))
             else:
                 prefills.append(PrefillItem(t, n, ctx, torch.tensor(table[: cdiv(ctx, bs)], device=self.device)))
-            if r.logits_from >= 0:
-                logit_rows.extend(range(t + r.logits_from, t + n))
-            t += n
         dev = self.device
         meta = AttnMetadata(
             self.kv_caches,
-            torch.tensor(slots, device=dev),
+            torch.tensor(flat.slots, device=dev),
             bs,
             prefills=prefills,
             max_ctx=max_ctx,
@@ -294,13 +327,10 @@ class ModelRunner:
         if flex_rows:
             meta.flex = paged_flex.build(flex_rows, self.kv_caches[0][0].shape[0], bs, dev)
         if dec_idx:
-            mb = max(len(x) for x in dec_tables)
-            padded = [x + [x[-1]] * (mb - len(x)) for x in dec_tables]
+            padded = padded_tables(dec_tables, self.kv_caches[0][0].shape[0])
+            mb = len(padded[0])
             meta.decode_idx = torch.tensor(dec_idx, device=dev)
             if self.decode_kernel is not None:
-                nb = self.kv_caches[0][0].shape[0]
-                if max(max(x) for x in dec_tables) >= nb or min(min(x) for x in dec_tables) < 0:
-                    raise RuntimeError(f"a decode block table holds a block id outside the pool of {nb}")
                 meta.decode_kernel = self.decode_kernel
                 meta.decode_rows32 = torch.tensor(dec_idx, dtype=torch.int32)
                 meta.decode_lens32 = torch.tensor(dec_lens, dtype=torch.int32)
@@ -311,10 +341,10 @@ class ModelRunner:
                 meta.decode_mask = build_decode_mask(dec_lens, mb, bs, dev)
                 meta.decode_len1 = dec_lens[0]
         return (
-            torch.tensor(ids, device=dev),
-            torch.tensor(pos, device=dev),
+            torch.tensor(flat.ids, device=dev),
+            torch.tensor(flat.positions, device=dev),
             meta,
-            torch.tensor(logit_rows, device=dev, dtype=torch.long),
+            torch.tensor(flat.logit_rows, device=dev, dtype=torch.long),
         )
 
     @torch.inference_mode()
@@ -323,7 +353,9 @@ class ModelRunner:
         t0 = time.perf_counter()
         if self.fused is not None:
             with linear.packed_linears(self.linear_pack):
-                logits = self.fused.run(rows, slot_mapping(rows, self.block_size), num_layers)
+                bs = self.block_size
+                tables = padded_tables([x for r in rows for x in query_tables(r, bs)], self.kv_caches[0][0].shape[0])
+                logits = self.fused.run(flatten(rows, bs), tables, num_layers)
             self.last_forward_s = time.perf_counter() - t0
             return logits
         input_ids, positions, meta, logit_rows = self.build_metadata(rows)

@@ -29,6 +29,25 @@ def e2e_latency(arrival_time: float, finish_time: float | None) -> float | None:
     return None if finish_time is None else finish_time - arrival_time
 
 
+def queue_time(arrival_time: float, first_scheduled_time: float | None) -> float | None:
+    """vLLM v1's queue time: arrival to first scheduled. None before it is scheduled."""
+    return None if first_scheduled_time is None else first_scheduled_time - arrival_time
+
+
+def prefill_time(first_scheduled_time: float | None, first_token_time: float | None) -> float | None:
+    """vLLM v1's prefill time: first scheduled to first token. None before the first token."""
+    if first_scheduled_time is None or first_token_time is None:
+        return None
+    return first_token_time - first_scheduled_time
+
+
+def decode_time(first_token_time: float | None, token_times) -> float | None:
+    """vLLM v1's decode time: first token to last token. None before the first token."""
+    if first_token_time is None:
+        return None
+    return (token_times[-1] if token_times else first_token_time) - first_token_time
+
+
 def tpot(first_token_time: float | None, token_times, num_output_tokens: int) -> float | None:
     """None with fewer than two output tokens. token_times: the time each output token was
     emitted (the last one ends the decode time)."""

@@ -266,12 +266,14 @@ class MetricsExporter:
             self.num_observed += 1
             reason = req.finish_reason if req.finish_reason in self.success else "abort"
             self.success[reason].inc()
-            # TTFT, TPOT, ITL, e2e: engine/observe/rates.py (req may be the engine core's record)
+            # TTFT, TPOT, ITL, e2e, queue / prefill / decode time: engine/observe/rates.py (req may be
+            # the engine core's record)
             e2e = rates.e2e_latency(req.arrival_time, req.finish_time)
             if e2e is not None:
                 self.e2e.observe(e2e)
-            if req.first_scheduled_time is not None:
-                self.queue.observe(max(0.0, req.first_scheduled_time - req.arrival_time))
+            queued = rates.queue_time(req.arrival_time, req.first_scheduled_time)
+            if queued is not None:
+                self.queue.observe(max(0.0, queued))
             ttft = rates.ttft(req.arrival_time, req.first_token_time)
             if ttft is not None:
                 self.ttft.observe(ttft)
@@ -280,11 +282,10 @@ class MetricsExporter:
             tpot = rates.tpot(req.first_token_time, req.token_times, req.num_output_tokens)
             if tpot is not None:
                 self.tpot.observe(tpot)
-            if req.first_token_time is not None and req.first_scheduled_time is not None:
-                # vLLM v1: prefill = first token - scheduled, decode = last token - first token
-                self.prefill.observe(max(0.0, req.first_token_time - req.first_scheduled_time))
-                last = req.token_times[-1] if req.token_times else req.first_token_time
-                self.decode.observe(max(0.0, last - req.first_token_time))
+            prefill = rates.prefill_time(req.first_scheduled_time, req.first_token_time)
+            if prefill is not None:
+                self.prefill.observe(max(0.0, prefill))
+                self.decode.observe(max(0.0, rates.decode_time(req.first_token_time, req.token_times)))
             self.prompt_len.observe(req.num_prompt_tokens)
             self.gen_len.observe(req.num_output_tokens)
             # vLLM observes the most generation tokens among a request's n choices; each engine

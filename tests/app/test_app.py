@@ -8,12 +8,12 @@ browser sessions do; it is shut down at the end of the module.
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
 from tests.app import helpers as H
 from tests.app.helpers import TIMEOUT
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.usefixtures("tiny_test_mode")
 
@@ -72,10 +72,7 @@ def test_home_offers_restart_after_a_crash(app_test):
     th = H.engine()
     H.crash_next_step(th, "injected loop failure")  # the next step kills the loop
     th.submit("hello", chat=True)
-    deadline = time.monotonic() + TIMEOUT
-    while th.healthy and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not th.healthy
+    wait_until(lambda: not th.healthy, "the injected failure to stop the loop", TIMEOUT)
     at = app_test().run()
     H.no_exception(at)
     assert any("injected loop failure" in e.value for e in at.error)
@@ -300,13 +297,9 @@ def test_evicted_request_shows_the_recompute(app_test):
 
     th = H.engine()
     h = th.submit("Count slowly to one hundred.", SamplingParams(max_tokens=200, ignore_eos=True), chat=True)
-    deadline = time.monotonic() + TIMEOUT
-    while time.monotonic() < deadline:
-        out = h.output  # the handle's latest output (the engine may run in another process)
-        if out is not None and len(out.outputs[0].token_ids) >= 5:
-            th.evict(h.request_id)  # 5 of 200 tokens: still running
-            break
-        time.sleep(0.005)
+    # the handle's latest output (the engine may run in another process)
+    wait_until(lambda: h.output is not None and len(h.output.outputs[0].token_ids) >= 5, "5 tokens", TIMEOUT, 0.005)
+    th.evict(h.request_id)  # 5 of 200 tokens: still running
     h.result(TIMEOUT)
     at = app_test()
     at.session_state["pg_rid"] = h.request_id

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from tests.app import helpers as H
-from tests.attach_stubs import KvscopeStub, VllmStub, demo_batches, record_stub_run, stub_engine, wait
+from tests.attach_stubs import KvscopeStub, VllmStub, demo_batches, record_stub_run, stub_engine
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.usefixtures("tiny_test_mode")
 
@@ -45,14 +46,15 @@ def test_attach_to_a_vllm_stub(attach_page):
         sess = at.session_state["at_session"]
         assert sess.kind == "vllm"
         assert sess.events_bind  # vLLM's publisher connects to a concrete endpoint: this side binds
-        assert wait(
+        wait_until(
             lambda: (
                 (stub.pump() or True)
                 and sess.event_state is not None
                 and sess.event_state.last_seq == 2
                 and len(sess.history) >= 2
                 and sess.tokenizer_ok
-            )
+            ),
+            "the stub's batches, two scrapes and the tokenizer check",
         )
         at.run()
         assert not at.exception, [e.value for e in at.exception]
@@ -80,7 +82,7 @@ def test_attach_to_a_vllm_stub_without_events_or_spec_notes_what_is_missing(atta
     try:
         at = _attach(at, stub.base_url)
         sess = at.session_state["at_session"]
-        assert wait(lambda: len(sess.history) >= 1)
+        wait_until(lambda: len(sess.history) >= 1, "a first scrape")
         at.run()
         notes = " ".join(w.value for w in at.warning)
         assert "speculative acceptance per position" in notes and "no KV events endpoint" in notes
@@ -107,9 +109,10 @@ def test_attach_to_a_kvscope_stub(attach_page):
         assert not at.exception, [e.value for e in at.exception]
         sess = at.session_state["at_session"]
         last = frames[-1][0]
-        assert wait(
-            lambda: sess.snapshot is not None and sess.snapshot.step == last.step and sess.tree.hashes() == cached
-        )  # a late subscriber: rebuilt from the replay buffer
+        wait_until(  # a late subscriber: rebuilt from the replay buffer
+            lambda: sess.snapshot is not None and sess.snapshot.step == last.step and sess.tree.hashes() == cached,
+            "the last frame and the cached hashes",
+        )
         at.run()
         tree = next(s for s in H.plotly_specs(at) if s["layout"]["title"]["text"].startswith("Prefix cache rebuilt"))
         assert f"{len(cached)} cached blocks" in tree["layout"]["title"]["text"]
@@ -156,7 +159,10 @@ def test_attach_finds_the_events_endpoint_from_kv_event_sources(publisher, by_ra
         sess = at.session_state["at_session"]
         assert sess.events_endpoint == stub.events_endpoint and sess.replay_endpoint == stub.replay_endpoint
         assert sess.events_bind == (publisher == "connect")
-        assert wait(lambda: (stub.pump() or True) and sess.event_state is not None and sess.event_state.last_seq == 2)
+        wait_until(
+            lambda: (stub.pump() or True) and sess.event_state is not None and sess.event_state.last_seq == 2,
+            "the stub's batches up to seq 2",
+        )
         assert len(sess.tree) == 2 and sess.tree.block_size == 4
         assert sess.event_error is None
     finally:

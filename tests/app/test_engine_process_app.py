@@ -5,13 +5,13 @@ reason and a button that starts a new core; the pages draw the client's snapshot
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 
 from engine.core import placement
 from tests.app import helpers as H
 from tests.app.helpers import TIMEOUT
+from tests.waiting import wait_until
 
 # KVSCOPE_CORE_CPUS = every CPU this process may use: the plan leaves the front end (this test
 # process) unpinned, so the rest of the session keeps its CPUs.
@@ -53,10 +53,7 @@ def test_crash_of_the_core_then_start_a_new_one(app_test):
     old = th.core_pid
     H.crash_next_step(th, "injected core failure")
     th.submit("hello", chat=True)
-    deadline = time.monotonic() + TIMEOUT
-    while th.healthy and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not th.healthy
+    wait_until(lambda: not th.healthy, "the injected failure to stop the core", TIMEOUT)
     at = H.run_ok(app_test())
     assert any("injected core failure" in e.value for e in at.error)
     H.button(at, "Start a new engine core").click().run()

@@ -11,7 +11,8 @@ import pytest
 
 from engine.fleet.state import FleetTrace
 from tests.app import helpers as H
-from tests.attach_stubs import VllmStub, demo_batches, wait
+from tests.attach_stubs import VllmStub, demo_batches
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.usefixtures("tiny_test_mode")
 DEMO = Path(__file__).resolve().parents[2] / "assets" / "traces" / "fleet_demo.json"
@@ -54,7 +55,7 @@ def test_attach_discovers_events_and_rebuilds_the_tree(fleet_page):
             snap = af.snapshot()
             return snap is not None and snap.instances[0].stream.last_seq == 2 and snap.instances[0].up
 
-        assert wait(rebuilt)
+        wait_until(rebuilt, "the stub's events applied and the instance up")
         snap = af.snapshot()
         assert snap.instances[0].kind == "vllm"  # its /metrics has vLLM's names
         assert {n.block_hash for n in snap.tree.nodes} == {f"{1:016x}", f"{3:016x}"}  # 2 was removed

@@ -315,7 +315,7 @@ class StreamlitServer:
                         return True
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
                 pass
-            time.sleep(0.1)
+            time.sleep(0.1)  # a bounded poll of /health that also watches the process (False: retry)
         return False
 
     def stop(self) -> None:

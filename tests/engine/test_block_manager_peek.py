@@ -25,7 +25,7 @@ def full_state(bm: BlockManager) -> tuple:
         bm.prefix_queries,
         bm.prefix_hits,
         bm.evicted_hashes,
-        len(bm._pending_events),
+        tuple(copy.deepcopy(bm).drain_events()),  # its queued decision events (read on a copy)
     )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from engine.lab import bench_results as BR
 from engine.lab import claims as C
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "bench"
@@ -17,14 +18,14 @@ def test_latest_results_picks_newest_stamp_and_skips_junk(tmp_path):
     (tmp_path / "prefix-20260102T000000Z.json").write_text(json.dumps({"model": "b", "fields": {"ttft_cold_s": 2}}))
     (tmp_path / "cache-20260103T000000Z.json").write_text("{not json")
     (tmp_path / "prefix-latest.json").write_text("{}")
-    res = C.latest_results(tmp_path)
+    res = BR.latest_results(tmp_path)
     assert set(res) == {"prefix"}
     assert res["prefix"].model == "b" and res["prefix"].when.day == 2
     assert "2026-01-02 00:00 UTC" in res["prefix"].label
 
 
 def test_no_results_means_not_measured(tmp_path):
-    rows = C.rows_from_bench(C.latest_results(tmp_path))
+    rows = C.rows_from_bench(BR.latest_results(tmp_path))
     assert [r.key for r in rows] == list(C.CLAIMS)
     bench_rows = [r for r in rows if r.key != "kv_quant"]  # kv_quant also reads the committed assets/ file
     assert all(r.holds is None and r.measured == "—" for r in bench_rows)
@@ -54,7 +55,7 @@ def test_rules():
 
 
 def test_fixture_rows():
-    res = C.latest_results(FIXTURE)
+    res = BR.latest_results(FIXTURE)
     assert {"roofline", "memory", "prefix", "speculative", "cache"} <= set(res)
     assert all(b.model == "tiny" for b in res.values())
     rows = {r.key: r for r in C.rows_from_bench(res)}
@@ -62,7 +63,7 @@ def test_fixture_rows():
         assert rows[key].holds is not None, (key, rows[key].why)
         assert "bench" in rows[key].source and "tiny" in rows[key].source
     # no kvquant bench file in the fixture: the row reads the committed measurement (assets/)
-    kq = C.committed_kvquant()
+    kq = BR.committed_kvquant()
     assert kq is not None and "kvquant.json" in rows["kv_quant"].source
     from engine.lab import recall_grid as RG
 
@@ -132,7 +133,7 @@ def test_kv_quant_row_rule_on_fixed_inputs():
     assert C.kv_quant_row(old, "x").holds is None and "recall_by_context" in C.kv_quant_row(old, "x").why
     blind = _kvq({"int4": 0.95}, {"int4": (0, 0, 0, 0)}, base=(0, 0, 0, 0))
     assert C.kv_quant_row(blind, "x").holds is None
-    assert C.committed_kvquant("/nonexistent.json") is None
+    assert BR.committed_kvquant("/nonexistent.json") is None
 
 
 def test_packets_row_rule():
@@ -159,7 +160,7 @@ def test_packets_row_rule():
 
 
 def test_packets_fixture_row():
-    res = C.latest_results(FIXTURE)
+    res = BR.latest_results(FIXTURE)
     row = {r.key: r for r in C.rows_from_bench(res)}["packets"]
     f = res["packets"].fields
     assert row.holds is not None and "bench 'packets'" in row.source

@@ -12,6 +12,7 @@ from engine.core import pool_sizing
 from engine.core.engine import LLMEngine
 from engine.core.sequence import Status, WaitReason
 from engine.model.kv_layout import kv_bytes_per_token
+from engine.observe.recording import drive
 from engine.observe.trace_events import EventKind
 from tests.engine.engines import tiny_engine
 
@@ -236,8 +237,7 @@ def test_each_engine_steps_at_its_own_thread_count(monkeypatch):
 
             monkeypatch.setattr(eng.runner, "forward", spy)
             eng.add_request(f"r-{name}", [1, 2, 3], greedy(1))
-            while eng.has_unfinished_requests():
-                eng.step()
+            drive(eng)
         assert seen == {"one": 1, "two": 2, "one again": 1}
     finally:
         torch.set_num_threads(old)

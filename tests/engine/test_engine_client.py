@@ -83,7 +83,7 @@ def test_hold_stops_steps_and_resume(client):
     client.hold(30)
     try:
         h = client.submit("Hello", SamplingParams(max_tokens=4))
-        time.sleep(0.3)
+        time.sleep(0.3)  # kept: a hold is the absence of steps; give the core time it would have stepped in
         assert not h.finished and client.snapshot_now().step == client.snapshot_now().step
     finally:
         client.hold(0)
@@ -238,7 +238,7 @@ def test_client_process_dies_core_aborts_its_requests_and_leaks_nothing(tmp_path
             while hs[0].output is None:
                 time.sleep(0.02)
             print(c.core_pid, flush=True)
-            time.sleep(600)
+            time.sleep(600)  # kept: the child stays alive until the test kills it
     """)
     env = {**os.environ, "KVSCOPE_CORE_EXIT_REPORT": str(report), "PYTHONPATH": str(repo_root)}
     p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env, cwd=repo_root)

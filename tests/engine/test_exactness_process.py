@@ -6,14 +6,13 @@ one torch thread) for the module."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from engine import SamplingParams
 from engine.config import EngineConfig
 from engine.core.client import EngineClient
 from tests.engine.exact_ref import MAX_TOKENS, reference
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -55,9 +54,7 @@ def test_abort_mid_batch_leaves_the_others_exact(client):
     ids, refs = reference()
     long = client.submit(ids[7], SamplingParams(max_tokens=400, ignore_eos=True))
     hs = {i: client.submit(ids[i], SamplingParams(max_tokens=MAX_TOKENS)) for i in (1, 3, 9)}
-    deadline = time.monotonic() + WAIT_S
-    while long.output is None and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: long.output is not None, "the long request's first token", WAIT_S, 0.01)
     assert client.abort(long.request_id)
     for i, h in hs.items():
         assert ids_of(h) == refs[i], f"prompt {i}"

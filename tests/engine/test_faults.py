@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import threading
-import time
 
 import pytest
 import torch
@@ -20,6 +19,7 @@ import torch
 from engine import LLMEngine, SamplingParams
 from engine.core.thread import EngineCrashed, EngineThread
 from tests.engine.engines import run_to_end, tiny_engine
+from tests.waiting import wait_until
 
 PROMPTS = [
     "The release freeze starts tonight",
@@ -218,15 +218,6 @@ def test_evict_of_unknown_or_waiting_request_is_a_clear_value_error():
 
 
 # ---------------------------------------------------------------- EngineThread
-
-
-def wait_until(cond, what: str, limit: float = 60.0) -> None:
-    """Hang guard for waiting on another thread (not a speed assertion)."""
-    end = time.monotonic() + limit
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def test_thread_step_fault_fails_its_clients_and_keeps_serving():

@@ -237,3 +237,44 @@ def test_the_private_name_check_sees_one(tmp_path):
     f.write_text("from engine.model import kv_layout as kl\nfrom engine.config import _check\nkl._secret\n")
     found = private_imports(f)
     assert len(found) == 2 and "import _check" in found[0] and "kl._secret" in found[1]
+
+
+# ---------------------------------------------------------------- no private member of another object
+
+# private names of other libraries' objects that the engine must touch (transformers' attention
+# switch, torch's oneDNN ops, os._exit in a child process)
+FOREIGN_PRIVATE = {"_attn_implementation", "_exit", "_reorder_linear_weight", "_linear_pointwise"}
+
+
+def private_member_uses(path: Path) -> list[str]:
+    """`obj._name` where obj is not self / cls: a call into (or a read of) another object's
+    private member. Names in FOREIGN_PRIVATE are other libraries' and allowed."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+            and node.attr not in FOREIGN_PRIVATE
+            and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+        ):
+            out.append(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}:{node.lineno} .{node.attr}")
+    return out
+
+
+def test_no_object_touches_another_objects_private_members():
+    files = [p for d in ("engine", "ui", "pages") for p in sorted((ROOT / d).rglob("*.py"))]
+    bad = []
+    for p in files + [ROOT / "app.py", ROOT / "app_api.py"]:
+        if "csrc" not in p.parts:
+            bad += private_member_uses(p)
+    assert not bad, "private members used from outside their object:\n" + "\n".join(bad)
+
+
+def test_the_private_member_check_sees_one(tmp_path):
+    f = tmp_path / "x.py"
+    f.write_text(
+        "class A:\n    def f(self, h):\n        self._ok()\n        h._push(1)\n        cfg._attn_implementation\n"
+    )
+    found = private_member_uses(f)
+    assert len(found) == 1 and found[0].endswith(":4 ._push")

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from engine import SamplingParams
 from engine.observe.kv_event_wire import (
+    END_SEQ,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -20,6 +21,7 @@ from engine.observe.kv_event_wire import (
     published_hash,
 )
 from engine.observe.kv_events import KVEventPublisher, KVEventSubscriber
+from engine.observe.recording import drive
 from tests.engine.engines import tiny_engine
 
 BATCH = KVEventBatch(
@@ -324,8 +326,7 @@ def test_stream_rebuilds_cached_hashes_after_hits_and_evictions(wire):
                     eng.step()
                     _drain(sub, pub, rebuilt)
                     assert rebuilt == _cached(eng)
-        while eng.has_unfinished_requests():
-            eng.step()
+        drive(eng)
         _drain(sub, pub, rebuilt)
         eng.check_invariants()
         assert eng.bm.prefix_hits > 0 and eng.bm.evicted_hashes > 0  # the workload hit and evicted
@@ -345,8 +346,7 @@ def test_rebuild_across_replay_after_a_dropped_subscriber():
         rebuilt: set = set()
         for i, p in enumerate(PROMPTS[:4]):
             eng.add_request(f"a{i}", p, SamplingParams(max_tokens=4, temperature=0))
-        while eng.has_unfinished_requests():
-            eng.step()
+        drive(eng)
         _drain(sub, pub, rebuilt)
         assert rebuilt == _cached(eng)
         seen = sub.state.last_seq
@@ -377,8 +377,7 @@ def test_a_late_subscriber_catches_up_from_the_replay_buffer():
         pub.attach(eng)
         for i, p in enumerate(PROMPTS[:5]):
             eng.add_request(f"l{i}", p, SamplingParams(max_tokens=3, temperature=0))
-        while eng.has_unfinished_requests():
-            eng.step()
+        drive(eng)
         pub.flush()
         sub = KVEventSubscriber(pub.endpoint, pub.replay_endpoint)  # joins after everything was sent
         got = sub.poll(0)  # no live traffic: replay only
@@ -393,8 +392,7 @@ def test_a_late_subscriber_catches_up_from_the_replay_buffer():
 def test_attach_to_an_engine_with_cached_blocks_starts_subscribers_over():
     eng = _engine()
     eng.add_request("x", PROMPTS[0], SamplingParams(max_tokens=2, temperature=0))
-    while eng.has_unfinished_requests():
-        eng.step()
+    drive(eng)
     assert eng.bm.hash_to_block
     pub = KVEventPublisher("tcp://127.0.0.1:0", replay_endpoint="tcp://127.0.0.1:0", flush_interval=3600)
     sub = KVEventSubscriber(pub.endpoint, pub.replay_endpoint)
@@ -509,22 +507,42 @@ def test_group_idx_and_extra_keys_in_vllm_033_field_order():
     assert got.events[1].group_idx == 0
 
 
+def _replayed_payloads(replay_endpoint: str) -> list[dict | list]:
+    """Every batch a publisher still holds, as msgpack-decoded bytes off its replay socket (vLLM's
+    replay request: [b"", start seq]; the reply ends with END_SEQ)."""
+    import zmq
+
+    ctx = zmq.Context.instance()
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    try:
+        s.connect(replay_endpoint)
+        s.send_multipart((b"", (0).to_bytes(8, "big")))
+        out = []
+        for _ in range(10_000):  # bounded: each reply waits at most 5 s
+            assert s.poll(5000), "no reply from the replay socket"
+            frames = s.recv_multipart()[1:]  # the empty delimiter
+            if frames[-2] == END_SEQ:
+                return out
+            out.append(msgpack.unpackb(frames[-1], strict_map_key=False))
+        raise AssertionError("the replay never ended")
+    finally:
+        s.close()
+
+
 def test_published_stores_carry_group_idx_0_and_the_salt_on_the_first_block():
     eng = _engine()
-    pub = KVEventPublisher("tcp://127.0.0.1:0", flush_interval=3600)
+    pub = KVEventPublisher("tcp://127.0.0.1:0", replay_endpoint="tcp://127.0.0.1:0", flush_interval=3600)
     try:
         pub.attach(eng)
         eng.add_request("a", list(range(2, 30)), SamplingParams(max_tokens=1, temperature=0, cache_salt="tenant-a"))
         eng.add_request("b", list(range(40, 68)), SamplingParams(max_tokens=1, temperature=0))
-        while eng.has_unfinished_requests():
-            eng.step()
-        pub.collect()  # what the engine queued, taken as the publisher's thread would
-        with pub._lock:
-            pending = list(pub._pending)
-        stores = [e for b in pub._batches(pending) for e in b.events if isinstance(e, BlockStored)]
-        salted = [e for e in stores if e.extra_keys is not None]
-        assert all(e.group_idx == 0 for e in stores) and len(salted) == 1
-        assert salted[0].parent_block_hash is None
-        assert salted[0].extra_keys == [("tenant-a",)] + [None] * (len(salted[0].block_hashes) - 1)
+        drive(eng)
+        pub.flush()
+        stores = [e for b in _replayed_payloads(pub.replay_endpoint) for e in b[1] if e["type"] == "BlockStored"]
+        salted = [e for e in stores if "extra_keys" in e]
+        assert stores and all(e["group_idx"] == 0 for e in stores) and len(salted) == 1
+        assert salted[0]["parent_block_hash"] is None
+        assert salted[0]["extra_keys"] == [["tenant-a"]] + [None] * (len(salted[0]["block_hashes"]) - 1)
     finally:
         pub.close()

@@ -13,6 +13,7 @@ from engine import EngineConfig, SamplingParams
 from engine.config import KV_CACHE_DTYPES
 from engine.lab import memory_math as mm
 from engine.model import kv_layout, kv_quant
+from engine.observe.recording import drive
 from tests.engine.engines import tiny_engine, token_ids
 
 FP32_EPS = 2.0**-23
@@ -211,8 +212,7 @@ def test_int4_attention_reads_what_was_written():
     k_ref = out.past_key_values.layers[0].keys[0].transpose(0, 1)  # [T, kv_heads, D]
     want = kv_quant.dequantize(kv_quant.quantize(k_ref, "int4"), "int4")
     torch.testing.assert_close(k_read, want, atol=1e-5, rtol=1e-5)
-    while eng.has_unfinished_requests():
-        eng.step()
+    drive(eng)
 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])

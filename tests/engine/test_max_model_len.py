@@ -45,7 +45,7 @@ def test_a_small_pool_the_user_sized_keeps_the_model_limit_with_a_warning(caplog
 def three_mib(monkeypatch):
     """3 MiB available: block_size 1 makes the default pool 4096 one-token blocks (2 MiB); one
     8192-token sequence (4 MiB) would take more than 90 % of it."""
-    monkeypatch.setattr(engine_module, "_available_bytes", lambda device: 3 * MiB)
+    monkeypatch.setattr(engine_module, "available_bytes", lambda device: 3 * MiB)
 
 
 def test_unset_drops_to_what_memory_permits_with_a_message(three_mib, caplog):
@@ -73,7 +73,7 @@ def test_explicit_max_model_len_memory_cannot_hold_is_refused_at_startup(three_m
 
 
 def test_default_pool_grows_for_the_model_limit_where_memory_permits(monkeypatch):
-    monkeypatch.setattr(engine_module, "_available_bytes", lambda device: 64 * MiB)
+    monkeypatch.setattr(engine_module, "available_bytes", lambda device: 64 * MiB)
     eng = LLMEngine(model="tiny", num_threads=1, block_size=1)
     assert eng.num_blocks == 8192 and eng.config.max_model_len == 8192 and eng.max_model_len_note is None
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
+from engine.observe.recording import drive
 from tests.engine.exact_ref import MAX_TOKENS, reference
 from tests.engine.test_exactness import assert_same, run
 
@@ -133,8 +134,7 @@ def test_shared_blocks_while_running_have_ref_counts():
     eng = llm.engine
     long = ids[5]  # ~330 tokens: 20 full blocks
     eng.add_request("x", long, SamplingParams(max_tokens=4))
-    while eng.has_unfinished_requests():
-        eng.step()
+    drive(eng)
     eng.add_request("y", long, SamplingParams(max_tokens=8))
     eng.add_request("z", long, SamplingParams(max_tokens=8))
     eng.step()

@@ -9,6 +9,7 @@ import ast
 from pathlib import Path
 
 from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.observe.recording import drive
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE = ROOT / "engine"
@@ -36,6 +37,21 @@ def readers(attr: str) -> set[str]:
 def test_the_scheduler_alone_writes_token_bookkeeping():
     assert assignments("num_computed_tokens") == {"engine/core/scheduler.py"}
     assert assignments("spec_token_ids") == {"engine/core/scheduler.py"}
+
+
+def test_who_submitted_a_request_and_its_shown_text_are_set_when_it_is_created():
+    """origin and prompt_text go through add_request into the Request constructor: EngineThread
+    and the core process no longer write them into the engine's requests afterwards."""
+    assert assignments("origin") == set()
+    assert assignments("prompt_text") == set()
+    eng = LLMEngine(EngineConfig(model="tiny", num_threads=1, block_size=4, num_kv_blocks=32))
+    ids = eng.apply_chat_template("hello")
+    rid = eng.add_request(None, ids, SamplingParams(max_tokens=1), origin="http", prompt_text="hello")
+    assert eng.requests[rid].origin == "http" and eng.requests[rid].prompt_text == "hello"
+    info = {r.request_id: r for r in eng.snapshot().requests}[rid]
+    assert info.origin == "http" and info.prompt_preview == "hello"
+    plain = eng.add_request(None, "plain text", SamplingParams(max_tokens=1))
+    assert eng.requests[plain].origin == "engine" and eng.requests[plain].prompt_text == "plain text"
 
 
 def test_the_block_manager_alone_touches_its_hash_index():
@@ -66,7 +82,6 @@ def test_kv_events_are_queued_by_the_block_manager_and_stamped_with_their_step()
     assert [(e[0], e[1], e[2]) for e in removed] == [(last, "removed", e[2]) for e in stored]
     eng.disable_kv_events()
     eng.add_request(rid + "b", list(range(10, 23)), SamplingParams(max_tokens=2, ignore_eos=True))
-    while eng.has_unfinished_requests():
-        eng.step()
+    drive(eng)
     assert eng.take_kv_events() == []  # nobody asked: nothing queued
     assert eng.enable_kv_events()  # re-enabled: every block cached now, as "stored"

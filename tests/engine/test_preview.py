@@ -27,7 +27,7 @@ def engine_state(eng: LLMEngine) -> tuple:
         bm.prefix_queries,
         bm.prefix_hits,
         bm.evicted_hashes,
-        len(bm._pending_events),
+        tuple(copy.deepcopy(bm).drain_events()),  # its queued decision events (read on a copy)
         tuple(r.request_id for r in eng.scheduler.waiting),
         tuple(r.request_id for r in eng.scheduler.running),
         eng.metrics.num_rejected,

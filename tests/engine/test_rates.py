@@ -23,6 +23,16 @@ def test_mean_acceptance_length_counts_the_bonus_or_correction_token():
     assert rates.mean_acceptance_length(0, 0) is None
 
 
+def test_queue_prefill_and_decode_times_split_the_request_as_vllm_v1():
+    # arrived at 1, scheduled at 1.5, first token at 2, tokens at 2, 2.25, 3
+    assert rates.queue_time(1.0, 1.5) == 0.5
+    assert rates.prefill_time(1.5, 2.0) == 0.5
+    assert rates.decode_time(2.0, [2.0, 2.25, 3.0]) == 1.0
+    assert rates.queue_time(1.0, 1.5) + rates.prefill_time(1.5, 2.0) == rates.ttft(1.0, 2.0)
+    assert rates.queue_time(1.0, None) is None and rates.prefill_time(1.5, None) is None
+    assert rates.decode_time(None, []) is None and rates.decode_time(2.0, []) == 0.0
+
+
 def test_prefix_hit_rate():
     assert rates.prefix_hit_rate(48, 64) == 0.75
     assert rates.prefix_hit_rate(0, 0) == 0.0

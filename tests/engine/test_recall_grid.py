@@ -3,6 +3,7 @@ stored numbers (the grid's hits per format, context and depth; short-prompt top-
 
 from __future__ import annotations
 
+from engine.lab import bench_results as BR
 from engine.lab import claims as C
 from engine.lab import recall_grid as RG
 
@@ -96,7 +97,7 @@ def test_kv_quant_row_on_the_grid_other_verdicts():
 
 
 def test_committed_grid_reaches_the_row():
-    kq = C.committed_kvquant()
+    kq = BR.committed_kvquant()
     assert kq is not None
     g = kq.get("recall_grid")
     if not RG.is_grid(g):  # the committed file predates the grid: the sweep's row, as before

@@ -10,6 +10,7 @@ import pytest
 
 from engine import EngineConfig, LLMEngine, SamplingParams, SpeculativeConfig
 from engine.observe import trace_events as ev
+from engine.observe.recording import drive
 
 PROMPT = [5, 6, 7, 5, 6, 7, 5, 6, 7]  # 9 tokens: an 8-token chunk, then 1 token at position 8
 
@@ -32,8 +33,7 @@ def test_a_one_token_chunk_after_position_0_is_prefill_everywhere():
     assert rows == [[rid, "prefill", 1, 8]]  # no drafts rode on it
     assert eng.spec.num_target_passes == 0  # not a decode pass
     assert req.num_output_tokens == 1 and req.in_decode
-    while eng.has_unfinished_requests():
-        eng.step()
+    drive(eng)
     kinds = [r[0][1] for r in (e.data["rows"] for e in eng.events.since(0, kinds=[ev.SCHEDULE]))]
     assert kinds[:2] == ["prefill", "prefill"] and set(kinds[2:]) <= {"decode", "verify"}
     assert eng.spec.num_target_passes == len(kinds) - 2

@@ -11,6 +11,7 @@ import pytest
 
 from engine import EngineConfig, LLMEngine, SamplingParams, SpeculativeConfig
 from engine.observe import trace_events as ev
+from engine.observe.recording import drive
 from engine.observe.snapshot import ACCEPTED, BONUS, PLAIN, REPLACED
 from engine.speculative import DRAFT_SUFFIX
 from tests.engine.engines import tiny_engine, token_ids
@@ -304,8 +305,7 @@ def test_sampled_marks_carry_p_q_and_the_draw(method):
     for p, params in zip(TINY_PROMPTS[:4], sp):
         eng.add_request(None, p, params)
     greedy = eng.add_request(None, TINY_PROMPTS[4], SamplingParams(max_tokens=24, ignore_eos=True))
-    while eng.has_unfinished_requests():
-        eng.step()
+    drive(eng)
     kinds = set()
     for r in eng.finished:
         for m in r.token_marks:

@@ -19,6 +19,8 @@ import torch
 
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.core.thread import EngineCrashed, EngineThread
+from engine.observe.recording import drive
+from tests.waiting import wait_until
 
 TINY = dict(
     model="tiny",
@@ -70,14 +72,12 @@ def reference(prompts: list[str], max_tokens: int) -> dict[str, list[int]]:
 
 def wait_idle(th: EngineThread, what: str = "the engine to go idle", limit: float = 300.0) -> None:
     """Hang guard while another thread finishes work (not a speed assertion)."""
-    end = time.monotonic() + limit
-    while True:
+
+    def idle() -> bool:
         with th.lock:
-            if not th.engine.has_unfinished_requests():
-                return
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+            return not th.engine.has_unfinished_requests()
+
+    wait_until(idle, what, limit)
 
 
 def test_many_threads_submit_stream_abort_evict_and_reconfigure():
@@ -140,7 +140,7 @@ def test_many_threads_submit_stream_abort_evict_and_reconfigure():
                     with lock:
                         counts["aborts"] += 1
             th.abort("never-submitted")  # harmless
-            time.sleep(0.03)
+            time.sleep(0.03)  # the stress worker's pace (its behaviour), not a wait for a state
 
     @guard
     def evicter():
@@ -154,7 +154,7 @@ def test_many_threads_submit_stream_abort_evict_and_reconfigure():
                         counts["evictions"] += 1
                 except ValueError as e:  # finished/preempted between the snapshot and the call
                     assert "not running" in str(e) or "nothing to evict" in str(e), e
-            time.sleep(0.02)
+            time.sleep(0.02)  # the stress worker's pace, not a wait for a state
 
     @guard
     def budgeter():
@@ -166,12 +166,17 @@ def test_many_threads_submit_stream_abort_evict_and_reconfigure():
                     counts["budget"] += 1
             except ValueError as e:  # the engine was swapped for one with another pool
                 assert "allocated pool" in str(e), e
-            time.sleep(0.05)
+            time.sleep(0.05)  # the stress worker's pace, not a wait for a state
 
     @guard
     def reconfigurer():
-        for blocks in (20, 24):
-            time.sleep(0.5)
+        for i, blocks in enumerate((20, 24)):
+
+            def submitted(n=4 * (i + 1)) -> bool:
+                with lock:
+                    return len(handles) >= n
+
+            wait_until(submitted, "requests in flight before the rebuild", 300)
             msg = th.reconfigure(th.config.replace(num_kv_blocks=blocks))
             assert msg.startswith("engine rebuilt"), msg
             with lock:
@@ -189,7 +194,7 @@ def test_many_threads_submit_stream_abort_evict_and_reconfigure():
                 seq = evs[-1].seq
             with lock:
                 counts["snapshots"] += 1
-            time.sleep(0.01)
+            time.sleep(0.01)  # the stress worker's pace, not a wait for a state
 
     workers = [threading.Thread(target=submitter, args=(k,)) for k in range(4)]
     helpers = [threading.Thread(target=f) for f in (aborter, evicter, budgeter, reader)]
@@ -348,10 +353,8 @@ def test_many_requests_leave_no_per_request_state_behind():
         if i % 3 == 2:
             eng.abort_request(f"q{i}")
         if i % 10 == 0:
-            while eng.has_unfinished_requests():
-                eng.step()
-    while eng.has_unfinished_requests():
-        eng.step()
+            drive(eng)
+    drive(eng)
     bm = eng.bm
     assert not eng.requests and len(eng.finished) == eng.finished.maxlen
     assert bm.is_empty

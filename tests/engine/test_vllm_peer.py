@@ -20,6 +20,7 @@ import pytest
 
 from engine.bench.peers import peers_dir, vllm_command
 from tests.ports import free_port
+from tests.waiting import wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytestmark = pytest.mark.slow
@@ -67,7 +68,9 @@ def test_attach_rebuilds_vllm_prefix_tree(vllm_server):
     try:
         assert s.kind == "vllm"
         assert s.events_bind, s.events_mode_reason  # vLLM's publisher connects: we bind
-        time.sleep(3.0)  # the publisher connects some time after our bind (PUB/SUB drops before)
+        # kept sleep: the publisher connects some time after our bind and PUB drops until then; a
+        # SUB socket has no signal for a peer's connect, and a probe request would add blocks
+        time.sleep(3.0)
 
         def hits() -> float:
             with urllib.request.urlopen(vllm_server + "/metrics", timeout=30) as r:
@@ -77,14 +80,13 @@ def test_attach_rebuilds_vllm_prefix_tree(vllm_server):
         for p in (PROMPT_A, PROMPT_B):
             _post(vllm_server + "/v1/completions", {"model": "default", "prompt": p, "max_tokens": 1, "temperature": 0})
         reused = hits() - h0
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+
+        def tree_size() -> int:
             with s.lock:
-                n = len(s.tree)
-            if n >= 5:
-                break
-            time.sleep(0.2)
-        time.sleep(1.0)
+                return len(s.tree)
+
+        wait_until(lambda: tree_size() >= 5, "the 5 blocks' events", 60, 0.2)
+        time.sleep(1.0)  # kept: "exactly 5 blocks" below needs time for any extra event to arrive
         view = s.vllm_view()
         with s.lock:
             tree = s.tree

@@ -4,7 +4,8 @@ loops of short sleeps (hang guards, never timing assertions)."""
 
 import pytest
 
-from tests.attach_stubs import KvscopeStub, VllmStub, demo_batches, record_stub_run, stub_engine, wait
+from tests.attach_stubs import KvscopeStub, VllmStub, demo_batches, record_stub_run, stub_engine
+from tests.waiting import wait_until
 from ui.servers import attach as A
 
 A_TOK = list(range(100, 108))
@@ -38,7 +39,7 @@ def test_vllm_stub_scrapes_and_rebuilds_the_prefix_tree(wire):
             st = s.event_state
             return st is not None and st.last_seq == 2 and len(s.history) >= 3
 
-        assert wait(done)
+        wait_until(done, "the stub's three batches applied")
         with s.lock:
             assert s.tree.hashes() == {1, 3} and s.tree.nodes[3].tokens == (7, 7, 7, 7)
             assert s.event_state.wires == {wire} and s.event_state.decode_errors == 0
@@ -48,10 +49,10 @@ def test_vllm_stub_scrapes_and_rebuilds_the_prefix_tree(wire):
         assert v["rows"][-1].kv_usage == 0.25 and v["rows"][-1].hit_rate == pytest.approx(0.4)
         # the page stops refreshing (a background tab): the session pauses, then resumes where it was
         s._touched = -1e9
-        assert wait(lambda: not s.alive)
+        wait_until(lambda: not s.alive, "the session to stop on its own")
         n = len(s.history)
         assert s.resume() and s.alive
-        assert wait(lambda: (stub.pump() or True) and len(s.history) > n)
+        wait_until(lambda: (stub.pump() or True) and len(s.history) > n, "a scrape after resume")
         with s.lock:
             assert s.tree.hashes() == {1, 3} and s.tree.nodes[1].reports == 1  # nothing applied twice
             assert s.event_state.last_seq == 2
@@ -66,14 +67,14 @@ def test_missing_metrics_and_events_degrade_with_notes_and_idle_stops():
     stub = VllmStub([], spec=False, itl=False, sources_route=False)
     s = A.AttachSession(stub.base_url, interval=0.1, idle_timeout=0.5, tokenizer=ByteTokenizer(shift=1))
     try:
-        assert wait(lambda: len(s.history) >= 1)
+        wait_until(lambda: len(s.history) >= 1, "a first scrape")
         v = s.vllm_view()
         assert any("inter-token latency, speculative acceptance per position" in n for n in v["notes"])
         assert any("no KV events endpoint" in n for n in v["notes"])
         assert v["acceptance"] == [] and v["rows"][-1].itl == {}
-        assert wait(lambda: s.tokenizer_reason != "not checked")
+        wait_until(lambda: s.tokenizer_reason != "not checked", "the tokenizer check")
         assert not s.tokenizer_ok  # the stub has no /tokenize: no decoded text
-        assert wait(lambda: not s.alive)  # nobody touched it: it stopped by itself
+        wait_until(lambda: not s.alive, "the idle session to stop")  # nobody touched it: it stopped by itself
         s.stop()
         assert not s.resume()  # stopped by the user: stays stopped
     finally:
@@ -115,7 +116,10 @@ def test_kvscope_stub_stream_gives_snapshots_and_events():
         assert s.kind == "kvscope"
         last = frames[-1][0]
         n_events = sum(len(e) for _, e in frames)
-        assert wait(lambda: s.snapshot is not None and s.snapshot.step == last.step and len(s.events) == n_events)
+        wait_until(
+            lambda: s.snapshot is not None and s.snapshot.step == last.step and len(s.events) == n_events,
+            "the last frame and every event",
+        )
         with s.lock:
             assert s.snapshot == last and [e.seq for e in s.events] == [e.seq for _, es in frames for e in es]
             assert s.last_event_seq == eng.events.last_seq and s.stream_mode == "stream"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from engine.lab import bench_results as BR
 from engine.lab import claims as C
 
 
@@ -31,6 +32,6 @@ def test_rows_from_bench_reads_the_newest_fleet_result(tmp_path):
             }
         )
     )
-    rows = {r.key: r for r in C.rows_from_bench(C.latest_results(tmp_path))}
+    rows = {r.key: r for r in C.rows_from_bench(BR.latest_results(tmp_path))}
     assert rows["fleet_prefix"].holds is True and "fleet-20261203T185400Z.json" in rows["fleet_prefix"].source
     assert C.rows_from_bench({})[-1].holds is None  # not measured: says how to measure

@@ -5,13 +5,13 @@ the publisher's cached set. Plus the metrics parser and a dead instance that nev
 from __future__ import annotations
 
 import threading
-import time
 
 import zmq
 
 from engine.fleet.collector import FleetCollector, InstanceWatch, Member, hash_hex, parse_metrics
 from engine.observe.kv_event_wire import END_SEQ, BlockRemoved, BlockStored, KVEventBatch, encode_batch
 from tests.ports import free_port
+from tests.waiting import wait_until
 
 BS = 4
 
@@ -57,16 +57,17 @@ def test_gap_is_replayed_and_counted():
     )
     w.start()
     try:
-        end = time.monotonic() + 20
-        while time.monotonic() < end and w.status().stream.batches == 0:
+
+        def live() -> bool:
             # keep publishing seq 0 until the subscription is live (PUB drops before it is)
             pub.send_multipart((b"", (0).to_bytes(8, "big"), payload[0]))
             sent_live[:] = [0]
-            time.sleep(0.1)
+            return w.status().stream.batches > 0
+
+        wait_until(live, "the watch's subscription to receive a batch", 20, 0.1)
         sent_live.append(2)  # before the send: the replay socket may be asked at once
         pub.send_multipart((b"", (2).to_bytes(8, "big"), payload[2]))
-        while time.monotonic() < end and w.status().stream.last_seq < 2:
-            time.sleep(0.05)
+        wait_until(lambda: w.status().stream.last_seq >= 2, "seq 2, the gap replayed", 20, 0.05)
         st = w.status()
         assert st.stream.last_seq == 2
         assert st.stream.seq_gaps == 1 and st.stream.replayed_batches >= 1 and st.stream.missed == 0
@@ -104,9 +105,7 @@ def test_held_prefix_and_duplicates_from_applied_events():
 def test_dead_instance_never_blocks_a_snapshot():
     c = FleetCollector([Member("gone", f"http://127.0.0.1:{free_port()}")], interval_s=0.1).start()
     try:
-        end = time.monotonic() + 10
-        while time.monotonic() < end and c.snapshot().instances[0].reason == "not scraped yet":
-            time.sleep(0.05)
+        wait_until(lambda: c.snapshot().instances[0].reason != "not scraped yet", "a first scrape", 10, 0.05)
         s = c.snapshot()
         assert s.instances[0].up is False and "refused" in s.instances[0].reason
     finally:

@@ -6,6 +6,7 @@ server's own cached blocks; duplicates; reset; two policies on cleared caches; a
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.request
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 
 from engine.fleet import launcher, runs, workload
 from engine.fleet.collector import FleetCollector, members_of
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.skipif(
     not (Path(launcher.sys.executable).parent / "vllm-router").exists(),
@@ -51,6 +53,13 @@ def complete(url: str, prompt: str, max_tokens: int = 2) -> tuple[str, dict]:
         return r.headers.get("x-kvscope-instance", ""), json.loads(r.read())["usage"]
 
 
+def router_seq(f, url: str) -> int:
+    """The last KV-event seq the router's log says it received from the instance at `url` (-1: none)."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", Path(f.router.log).read_text(errors="replace"))
+    got = re.findall(rf"(?:live|replay) sequence advanced source={re.escape(url)} rank=0 seq=(\d+)", text)
+    return max(map(int, got), default=-1)
+
+
 def long_prefix(tag: str) -> str:
     return f"Repository context {tag}: " + " ".join(f"module_{tag}_{i}.py handles case {i}." for i in range(60))
 
@@ -59,13 +68,17 @@ def test_shared_prefix_lands_on_its_holder(fleet, collector):
     f = fleet["fleet"]
     e1 = next(i for i in f.instances if i.engine_id == "e1")
     prefix = long_prefix("holder")
+    seen = router_seq(f, e1.url)
     served, _ = complete(e1.url, prefix + " Question zero?")  # e1 holds it; the others do not
     assert served == "e1"
     collector.wait_quiet()
     ids = workload.tokenize([e1.url], prefix + " Question one?", "tiny")
     held = collector.held_prefix(ids)
     assert held["e1"] >= 16 * 10 and held["e0"] == 0 and held["e2"] == 0
-    time.sleep(1.0)  # the router's own subscriber applies the same events
+    # the router's own subscriber gets the same events: wait for its receipt line; kept sleep: no
+    # line says the batch is applied to its tree, so a short grace after the receipt
+    wait_until(lambda: router_seq(f, e1.url) > seen, "the router to receive e1's KV events", 60, 0.1)
+    time.sleep(0.5)
     results = [complete(f.router.url, prefix + f" Question {k}?") for k in (1, 2, 3)]
     assert [s for s, _ in results] == ["e1", "e1", "e1"]
     cached = [u["prompt_tokens_details"]["cached_tokens"] for _, u in results]
@@ -151,7 +164,7 @@ def test_killed_instance_is_marked_down_and_the_rest_finish(fleet):
     killed_at = {}
 
     def kill(fl, coll, policy):  # called when the first request has finished: the load is flowing
-        time.sleep(0.5)
+        time.sleep(0.5)  # kept: when to kill is the behaviour under test (mid-run), not a wait for a state
         killed_at["t"] = time.perf_counter()
         launcher.kill_instance(fl, "e2")
 

@@ -5,13 +5,13 @@ import importlib.util
 import os
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
 
 from engine.serve import cli
 from tests.ports import free_port
+from tests.waiting import wait_until
 
 
 def config_of(*argv):
@@ -102,14 +102,16 @@ def test_the_command_serves_and_saves_the_tokenizer(tmp_path):
         env=env,
     )
     try:
-        for _ in range(600):  # bounded wait for the model to load (not a speed check)
+
+        def up_or_exited() -> bool:
             if p.poll() is not None:
-                break
+                return True  # exited: the assert below shows its output
             try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
+                return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
             except httpx.TransportError:
-                time.sleep(0.5)
+                return False
+
+        wait_until(up_or_exited, "the server to load the model and answer /health", 600, 0.5)
         assert p.poll() is None, p.stdout.read().decode()[-2000:]
         models = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()
         assert models["data"][0]["id"] == "tiny"

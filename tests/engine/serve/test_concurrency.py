@@ -10,6 +10,7 @@ import random
 import httpx
 
 from engine import SamplingParams
+from tests.waiting import wait_until
 
 from .conftest import API_KEY
 
@@ -70,13 +71,12 @@ def test_200_concurrent_streams_with_disconnects(server, llm):
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         results = pool.submit(lambda: asyncio.run(run_all(server.base, plans))).result()
     # the server notices each dropped client and aborts its request; wait (bounded) for the engine to drain
-    for _ in range(600):
+
+    def drained() -> bool:
         with th.lock:
-            if not th.engine.has_unfinished_requests():
-                break
-        th._wake.acquire()
-        th._wake.wait(0.05)
-        th._wake.release()
+            return not th.engine.has_unfinished_requests()
+
+    wait_until(drained, "the engine to drain after the dropped clients", 60, 0.05)
     with th.lock:
         th.engine.check_invariants()
         assert not th.engine.has_unfinished_requests()
