@@ -31,8 +31,8 @@ from engine.config import EngineConfig, SamplingParams
 from engine.core import core_proc as wire
 from engine.core.inputs import MAX_PROMPT_CHARS
 from engine.core.thread import RECONFIGURE_WAIT_S, EngineCrashed, RequestHandle
-from engine.observe.snapshot import Snapshot
-from engine.observe.trace_events import event_from_dict, snapshot_from_dict
+from engine.observe.snapshot import Snapshot, from_plain
+from engine.observe.trace_events import event_from_dict
 
 START_TIMEOUT_S = 900.0  # loading a model on a busy machine; a hang guard, not a speed limit
 CALL_TIMEOUT_S = 300.0
@@ -404,7 +404,7 @@ class EngineClient:
         self._reconf_lock = threading.Lock()
         self._core = _CoreProcess(self, self._config, cpus)
         self._ready.set()
-        self._snap = snapshot_from_dict(self._core.call("snapshot"))
+        self._snap = from_plain(Snapshot, self._core.call("snapshot"))
 
     # -------------------------------------------------------------- from the reader thread
     def _on_outputs(self, core: _CoreProcess, frame: dict) -> None:
@@ -583,7 +583,7 @@ class EngineClient:
         with self._state_lock:
             fresh = self._snap_raw is not None
             if self._snap is None and fresh:
-                self._snap = snapshot_from_dict(self._snap_raw)
+                self._snap = from_plain(Snapshot, self._snap_raw)
                 self._snap_raw = None
                 self.recent.append(self._snap)
             ask, self._asked = not self._asked or fresh, True
@@ -594,7 +594,7 @@ class EngineClient:
 
     def snapshot_now(self) -> Snapshot:
         """A snapshot taken by the core now (between two steps)."""
-        snap = snapshot_from_dict(self.call("snapshot"))
+        snap = from_plain(Snapshot, self.call("snapshot"))
         with self._state_lock:
             self._snap, self._snap_raw = snap, None
             self.recent.append(snap)
@@ -650,7 +650,7 @@ class EngineClient:
                     self.recent.clear()
                     self._snap_raw = None
                     self._step = 0
-                self._snap = snapshot_from_dict(new_core.call("snapshot"))
+                self._snap = from_plain(Snapshot, new_core.call("snapshot"))
             finally:
                 self._ready.set()
         return f"engine rebuilt; {n} in-flight request(s) aborted" if n else "engine rebuilt"
