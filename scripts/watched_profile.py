@@ -227,7 +227,10 @@ def main() -> int:
                 m["ws_frames"], m["ws_kb"] = ws["frames"] - w0["frames"], round((ws["bytes"] - w0["bytes"]) / 1024)
                 m["ws_frames_per_s"] = round(m["ws_frames"] / dt, 1)
                 runs.append(m)
-                page.get_by_role("button", name="Generate").wait_for(state="visible")
+                try:
+                    page.get_by_role("button", name="Generate").wait_for(state="visible")
+                except Exception as e:  # noqa: BLE001 - playwright's TimeoutError: note it, go on
+                    m["page_wait_error"] = str(e).splitlines()[0]
                 time.sleep(6)
             res["3b"] = runs
             browser.close()
