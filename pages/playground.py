@@ -18,6 +18,10 @@ shell.enter_app()
 EXAMPLE = "Explain in two sentences why a KV cache makes text generation faster."
 SS = st.session_state
 IDLE_REFRESH_S = 2.0  # how often an idle engine's views look for new work
+# While the engine works, the Plotly views are built again at most this often (the answer's text
+# and the metrics follow every update): each new figure costs the browser a full Plotly render on
+# the same few cores as the engine (issue 32).
+FIGURE_EVERY_S = 1.0
 
 st.title("Playground")
 st.caption(
@@ -37,14 +41,23 @@ def _evict_steps(rid: str) -> list[int]:
         return []
 
 
-def render_views(rid: str | None, tag: str) -> None:
+def render_views(rid: str | None, tag: str, *, busy: bool = False) -> None:
     snap = ea.current_snapshot(th)
-    # Figures are built again only when the engine's state changed (an idle page builds nothing).
+    # Figures are built again only when what they draw changed (an idle page builds nothing; a
+    # finished request's views are not rebuilt while other requests run); while the engine is
+    # busy, at most once every FIGURE_EVERY_S.
+    every = FIGURE_EVERY_S if busy and mode.current().refresh else 0.0
     skey = (redraw.snapshot_key(snap), rid)
     colors = theme.request_colors_for(snap)
+    rkey = (redraw.request_key(snap, rid), colors.index(rid) if rid is not None else None)
     mine = room.mine(snap)
     ea.chart(
-        redraw.memo("pg_pool", (skey, mine), lambda: pool.pool_map_figure(snap, colors, highlight=rid, mine=mine)),
+        redraw.memo(
+            "pg_pool",
+            (skey, mine),
+            lambda: pool.pool_map_figure(snap, colors, highlight=rid, mine=mine),
+            at_most_every=every,
+        ),
         key=f"pool_{tag}",
     )
     st.html(theme.block_legend_html())
@@ -65,7 +78,7 @@ def render_views(rid: str | None, tag: str) -> None:
         st.metric(
             "Decode",
             "—" if stats.decode_tok_s is None else f"{stats.decode_tok_s:.0f} tok/s",
-            help="generated tokens after the first / time since the first token (wall clock)",
+            help="tokens after the first / time from the first to the newest token (1 / TPOT)",
         )
     c[2].metric("Prompt · output", f"{req.prompt_len} · {req.output_len}", help="tokens")
     c[3].metric("K/V held", L.format_bytes(req.kv_bytes), help="bytes of keys and values this request holds now")
@@ -76,7 +89,8 @@ def render_views(rid: str | None, tag: str) -> None:
         + (f" · preempted {req.num_preemptions}×" if req.num_preemptions else "")
     )
     if req.block_table:
-        ea.chart(redraw.memo("pg_bt", skey, lambda: pool.block_table_figure(snap, rid, colors)), key=f"bt_{tag}")
+        bt = redraw.memo("pg_bt", rkey, lambda: pool.block_table_figure(snap, rid, colors), at_most_every=every)
+        ea.chart(bt, key=f"bt_{tag}")
     elif req.is_terminal:
         held = max((p.num_blocks for p in req.history), default=0)
         st.markdown("**Block table**")
@@ -89,10 +103,12 @@ def render_views(rid: str | None, tag: str) -> None:
         st.caption(
             f"No blocks held right now ({req.state}" + (f": {req.waiting_reason}" if req.waiting_reason else "") + ")."
         )
-    ev = redraw.memo("pg_ev", skey, lambda: _evict_steps(rid))
-    fig_growth = redraw.memo("pg_growth", skey, lambda: growth.growth_figure(req, snap.info.block_size, evict_steps=ev))
+    ev = redraw.memo("pg_ev", rkey, lambda: _evict_steps(rid))
+    fig_growth = redraw.memo(
+        "pg_growth", rkey, lambda: growth.growth_figure(req, snap.info.block_size, evict_steps=ev), at_most_every=every
+    )
     ea.chart(fig_growth, key=f"growth_{tag}")
-    ea.chart(redraw.memo("pg_phase", skey, lambda: growth.phase_figure(req)), key=f"phase_{tag}")
+    ea.chart(redraw.memo("pg_phase", rkey, lambda: growth.phase_figure(req), at_most_every=every), key=f"phase_{tag}")
     st.caption(
         f"{stats.prefill_steps} prefill step(s) for {stats.prompt_tokens} prompt tokens, "
         f"{stats.decode_steps} decode step(s) for {stats.output_tokens} generated tokens. "
@@ -105,7 +121,7 @@ def render_views(rid: str | None, tag: str) -> None:
     st.html(
         redraw.memo(
             "pg_tokens",
-            skey,
+            rkey,
             lambda: tokens.strip_with_legend(
                 req.tokens,
                 evicted_before_step=tokens.recomputed_before_step(ev),
@@ -134,12 +150,14 @@ _n = [0]
 
 
 def _refresh_views(rid: str, last: list) -> None:
-    every = mode.run_every()
+    """While the answer streams (one script run), the views are drawn again as new elements, each
+    a full Plotly render in the browser: at most once every FIGURE_EVERY_S."""
+    every = mode.run_every(FIGURE_EVERY_S)
     if every and time.monotonic() - last[0] >= every:
         last[0] = time.monotonic()
         _n[0] += 1
         with slot.container():
-            render_views(rid, f"s{_n[0]}")
+            render_views(rid, f"s{_n[0]}", busy=True)
 
 
 def _stream(h):
@@ -154,7 +172,7 @@ def _resume(rid: str):
     so far, then the rest as the engine produces it (read from snapshots)."""
     sent, last = 0, [0.0]
     while True:
-        req = th.snapshot_now().request(rid)
+        req = ea.current_snapshot(th).request(rid)  # the published frame: no call into the core
         if req is None:
             return
         text = req.output_text
@@ -164,7 +182,7 @@ def _resume(rid: str):
         if req.is_terminal:
             return
         _refresh_views(rid, last)
-        time.sleep(0.05)
+        time.sleep(0.1)
 
 
 def evict_button(rid: str) -> None:
@@ -236,7 +254,7 @@ _busy = _engine_busy(th.snapshot())
 def live():
     if mode.current().refresh and _engine_busy(th.snapshot()) != _busy:
         st.rerun()  # the whole page, so the fragment's refresh interval follows the new state
-    render_views(SS.get("pg_rid"), "live")
+    render_views(SS.get("pg_rid"), "live", busy=_busy)
 
 
 with slot.container():  # the same place the streaming updates used: no stale duplicate below

@@ -22,6 +22,8 @@ load average, and the CPU seconds the Streamlit process, the app with its core a
 spent while the page sat idle. --process 1 (the default, as the app): the engine core in its own
 process; 0: the in-thread engine. Numbers are of this machine at this
 moment: on a shared machine, run both settings back to back and compare ratios, not absolutes.
+--chromium-cpus 0 pins the browser to CPU 0 (the front end's): the roof the browser's drawing
+sets on a 2-core machine, reported as its own line (the app never pins the browser).
 """
 
 from __future__ import annotations
@@ -163,6 +165,15 @@ def page_decode_tok_s(page) -> float | None:
     return None
 
 
+def taskset_wrapper(exe: str, cpus: str) -> str:
+    """A script that runs `exe` pinned to `cpus` (Playwright launches an executable path)."""
+    f = tempfile.NamedTemporaryFile("w", prefix="kvscope-chromium-", suffix=".sh", delete=False)
+    f.write(f'#!/bin/sh\nexec taskset -c {cpus} {exe} "$@"\n')
+    f.close()
+    os.chmod(f.name, 0o755)
+    return f.name
+
+
 def median_of(runs: list[dict]) -> dict:
     out = {"runs": runs}
     for k in ("ttft_s", "decode_tok_s"):
@@ -192,6 +203,12 @@ def main() -> int:
     ap.add_argument("--model", default="default")
     ap.add_argument("--idle-s", type=float, default=20.0, help="how long the idle page is watched for CPU time")
     ap.add_argument("--out", help="write the result JSON here")
+    ap.add_argument(
+        "--chromium-cpus",
+        default="",
+        help="run Chromium under `taskset -c CPUS` (a measurement of the roof Chromium sets on few cores; "
+        "the app does not need it)",
+    )
     a = ap.parse_args()
 
     port, api_port = free_port(), free_port()
@@ -223,6 +240,9 @@ def main() -> int:
 
         with sync_playwright() as pw:
             exe = os.environ.get("KVSCOPE_CHROMIUM", "/usr/bin/chromium")
+            if a.chromium_cpus:
+                exe = taskset_wrapper(exe, a.chromium_cpus)
+                result["chromium_cpus"] = a.chromium_cpus
             browser = pw.chromium.launch(executable_path=exe, headless=True, args=["--no-sandbox"])
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             page.set_default_timeout(START_TIMEOUT_S * 1000)

@@ -12,31 +12,23 @@ process is gone).
 What is different: the step loop runs in another interpreter, so drawing and HTTP work never
 hold its GIL; snapshots arrive as published frames (the latest kept; frames a busy client did
 not read in time are dropped by the core and counted in `dropped_snapshot_frames`; outputs never
-are); `engine` is an EngineView, the few read-only engine calls the API needs, forwarded.
+are); `engine` is an EngineView, the few read-only engine calls the API needs, forwarded. The
+process itself, its sockets and reader thread: engine/core/core_link.py (CoreLink).
 """
 
 from __future__ import annotations
 
-import itertools
-import multiprocessing
 import os
-import pickle
-import shutil
-import tempfile
 import threading
-import time
 from collections import deque
 
 from engine.config import EngineConfig, SamplingParams
 from engine.core import core_proc as wire
+from engine.core.core_link import CoreLink
 from engine.core.inputs import MAX_PROMPT_CHARS
 from engine.core.thread import RECONFIGURE_WAIT_S, EngineCrashed, RequestHandle
-from engine.observe.snapshot import Snapshot
-from engine.observe.trace_events import event_from_dict, snapshot_from_dict
-
-START_TIMEOUT_S = 900.0  # loading a model on a busy machine; a hang guard, not a speed limit
-CALL_TIMEOUT_S = 300.0
-POLL_MS = 100
+from engine.observe.snapshot import Snapshot, from_plain
+from engine.observe.trace_events import event_from_dict
 
 
 def process_enabled() -> bool:
@@ -159,220 +151,6 @@ class RemoteEvents:
         return self._client.call("events_info")[2]
 
 
-class _CoreProcess:
-    """One core process and the sockets to it. The reader thread owns the receiving sockets."""
-
-    def __init__(self, client: "EngineClient", config: EngineConfig, cpus):
-        import zmq
-
-        self.client = client
-        self.config = config
-        self.dir = tempfile.mkdtemp(prefix="kvscope-core-")
-        os.chmod(self.dir, 0o700)
-        addrs = tuple(f"ipc://{self.dir}/{n}" for n in ("cmd", "out", "pub"))
-        self.ctx = zmq.Context()
-        self.cmd = self.ctx.socket(zmq.PUSH)
-        self.cmd.setsockopt(zmq.LINGER, 0)
-        self.cmd.bind(addrs[0])
-        self.out = self.ctx.socket(zmq.PULL)
-        self.out.setsockopt(zmq.LINGER, 0)
-        self.out.bind(addrs[1])
-        self.pub = self.ctx.socket(zmq.PULL)
-        self.pub.setsockopt(zmq.RCVHWM, 1)
-        self.pub.setsockopt(zmq.RCVBUF, wire.SNAPSHOT_SOCKET_BUFFER)
-        self.pub.setsockopt(zmq.LINGER, 0)
-        self.pub.bind(addrs[2])
-        self.send_lock = threading.Lock()
-        self.pending: dict[int, list] = {}  # call id -> [Event, ok, value]
-        self.ids = itertools.count(1)
-        self.error: str | None = None
-        self.closed = threading.Event()
-        self.placement: dict = {}
-        ctx = multiprocessing.get_context("spawn")
-        self.proc = ctx.Process(
-            target=wire.core_main,
-            args=(pickle.dumps(config), addrs, os.getpid(), client.snapshot_interval, cpus, client.push_snapshots),
-            name="kvscope-engine-core",
-            daemon=True,
-        )
-        self.proc.start()
-        self._wait_ready()
-        self.reader = threading.Thread(target=self._read, name="kvscope-core-reader", daemon=True)
-        self.reader.start()
-
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.out.poll(POLL_MS):
-                kind, payload = self.out.recv_multipart()
-                if kind == b"ready":
-                    self.placement, self.config = pickle.loads(payload)
-                    return
-                if kind == b"build_failed":
-                    typ, msg = pickle.loads(payload)
-                    self._cleanup()
-                    raise wire.remote_error(typ, msg)
-            elif not self.proc.is_alive():
-                self._cleanup()
-                raise RuntimeError(f"the engine core process exited while starting (exit code {self.proc.exitcode})")
-        self.proc.kill()
-        self._cleanup()
-        raise RuntimeError(f"the engine core did not start within {START_TIMEOUT_S:.0f}s")
-
-    # -------------------------------------------------------------- reading
-    def _read(self) -> None:
-        try:
-            reason = self._read_loop()
-        except Exception as e:  # noqa: BLE001 - a reader that died must not leave callers waiting
-            reason = f"the engine client's reader failed: {type(e).__name__}: {e}"
-        self._die(reason)
-
-    def _read_loop(self) -> str:
-        import zmq
-
-        poller = zmq.Poller()
-        poller.register(self.out, zmq.POLLIN)
-        poller.register(self.pub, zmq.POLLIN)
-        client = self.client
-        reason = None
-        while reason is None:
-            events = dict(poller.poll(POLL_MS))
-            if self.out in events:
-                while reason is None:
-                    try:
-                        kind, payload = self.out.recv_multipart(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    reason = self._on_frame(kind, payload)
-            if self.pub in events:
-                latest = None
-                while True:  # keep only the newest frame
-                    try:
-                        latest = self.pub.recv(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                if latest is not None:
-                    client.on_snapshot(self, wire.unpack(latest))
-            if reason is None and not events and not self.proc.is_alive():
-                reason = f"the engine core process exited unexpectedly (exit code {self.proc.exitcode})"
-        return reason
-
-    def _on_frame(self, kind: bytes, payload: bytes) -> str | None:
-        if kind == b"out":
-            self.client.on_outputs(self, wire.unpack(payload))
-        elif kind == b"reply":
-            cid, ok, value = pickle.loads(payload)
-            slot = self.pending.pop(cid, None)
-            if slot is not None:
-                slot[1], slot[2] = ok, value
-                slot[0].set()
-        elif kind == b"crash":
-            return pickle.loads(payload)
-        elif kind == b"bye":
-            return ""
-        return None
-
-    def _die(self, reason: str) -> None:
-        """The core is gone (crashed, killed, or shut down): fail every waiting call and request."""
-        if reason:
-            self.error = reason
-        self.closed.set()  # from here on calls fail at once
-        for cid in list(self.pending):
-            slot = self.pending.pop(cid, None)
-            if slot is not None:
-                slot[1], slot[2] = False, ("EngineCrashed", reason or "the engine core was shut down")
-                slot[0].set()
-        if reason:
-            self.client.on_core_died(self, reason)
-
-    def _send(self, frame: bytes, deadline: float) -> None:
-        """Send a command without ever blocking on a core that is gone (a PUSH socket without a
-        peer would wait forever)."""
-        import zmq
-
-        with self.send_lock:
-            while True:
-                try:
-                    self.cmd.send(frame, zmq.NOBLOCK)
-                    return
-                except zmq.Again:
-                    if self.closed.is_set() or not self.proc.is_alive():
-                        raise EngineCrashed(self.error or "the engine core is not running") from None
-                    if time.monotonic() > deadline:
-                        raise TimeoutError("the engine core did not take a command in time") from None
-                    time.sleep(0.01)
-
-    # -------------------------------------------------------------- calling
-    def call(self, op: str, timeout: float = CALL_TIMEOUT_S, **args):
-        if self.closed.is_set():
-            raise EngineCrashed(self.error or "the engine core was shut down")
-        cid = next(self.ids)
-        slot = [threading.Event(), False, None]
-        self.pending[cid] = slot
-        try:
-            self._send(pickle.dumps((cid, op, args)), time.monotonic() + timeout)
-        except BaseException:
-            self.pending.pop(cid, None)
-            raise
-        if self.closed.is_set() and cid in self.pending:  # died between the check and the send
-            self.pending.pop(cid, None)
-            raise EngineCrashed(self.error or "the engine core was shut down")
-        deadline = time.monotonic() + timeout
-        while not slot[0].wait(0.5):
-            if self.closed.is_set() and not slot[0].is_set():  # the reader is gone
-                self.pending.pop(cid, None)
-                raise EngineCrashed(self.error or "the engine core was shut down")
-            if time.monotonic() > deadline:
-                self.pending.pop(cid, None)
-                raise TimeoutError(f"the engine core did not answer {op!r} within {timeout:.0f}s")
-        ok, value = slot[1], slot[2]
-        if ok:
-            return value
-        typ, msg = value
-        if typ == "EngineCrashed":
-            raise EngineCrashed(msg)
-        raise wire.remote_error(typ, msg)
-
-    def notify(self, op: str, **args) -> None:
-        """A command without a reply (nothing waits for it); dropped when the core is gone."""
-        import zmq
-
-        if self.closed.is_set() or not self.send_lock.acquire(timeout=0.1):
-            return
-        try:
-            self.cmd.send(pickle.dumps((None, op, args)), zmq.NOBLOCK)
-        except zmq.Again:
-            pass  # the core is gone or not reading: nothing waits for this
-        finally:
-            self.send_lock.release()
-
-    def stop(self, timeout: float = 30.0) -> int:
-        """Abort every request (invariants checked in the core), end the process. Returns the
-        number aborted (0 when the core was already gone)."""
-        n = 0
-        if self.ctx.closed:
-            return 0
-        try:
-            n = self.call("shutdown", timeout=timeout)
-        except (EngineCrashed, TimeoutError, RuntimeError):
-            pass
-        self.proc.join(timeout)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join(5)
-        self.closed.wait(timeout)
-        self._cleanup()
-        return n
-
-    def _cleanup(self) -> None:
-        if self.ctx.closed:
-            return
-        for s in (self.cmd, self.out, self.pub):
-            s.close(linger=0)
-        self.ctx.term()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
 class EngineClient:
     """The engine through its core process, with EngineThread's API (see the module doc)."""
 
@@ -406,12 +184,12 @@ class EngineClient:
         self._asked = False  # a want_snapshot is outstanding
         self._ready = threading.Event()
         self._reconf_lock = threading.Lock()
-        self._core = _CoreProcess(self, self._config, cpus)
+        self._core = CoreLink(self, self._config, cpus)
         self._ready.set()
-        self._snap = snapshot_from_dict(self._core.call("snapshot"))
+        self._snap = from_plain(Snapshot, self._core.call("snapshot"))
 
     # -------------------------------------------------------------- from the reader thread
-    def on_outputs(self, core: _CoreProcess, frame: dict) -> None:
+    def on_outputs(self, core: CoreLink, frame: dict) -> None:
         if core is not getattr(self, "_core", None):
             return  # a core being replaced: its requests were failed already
         self._step = frame["step"]
@@ -431,7 +209,7 @@ class EngineClient:
                 except Exception:  # noqa: BLE001 - a listener must not stop the outputs
                     pass
 
-    def on_snapshot(self, core: _CoreProcess, frame: dict) -> None:
+    def on_snapshot(self, core: CoreLink, frame: dict) -> None:
         if core is not getattr(self, "_core", None):  # a core still starting, or being replaced
             return
         self.dropped_snapshot_frames = frame["dropped"]
@@ -439,7 +217,7 @@ class EngineClient:
             self._snap_raw = frame["snap"]
             self._snap = None
 
-    def on_core_died(self, core: _CoreProcess, reason: str) -> None:
+    def on_core_died(self, core: CoreLink, reason: str) -> None:
         if core is not getattr(self, "_core", None):
             return
         self.error = reason
@@ -587,7 +365,7 @@ class EngineClient:
         with self._state_lock:
             fresh = self._snap_raw is not None
             if self._snap is None and fresh:
-                self._snap = snapshot_from_dict(self._snap_raw)
+                self._snap = from_plain(Snapshot, self._snap_raw)
                 self._snap_raw = None
                 self.recent.append(self._snap)
             ask, self._asked = not self._asked or fresh, True
@@ -598,7 +376,7 @@ class EngineClient:
 
     def snapshot_now(self) -> Snapshot:
         """A snapshot taken by the core now (between two steps)."""
-        snap = snapshot_from_dict(self.call("snapshot"))
+        snap = from_plain(Snapshot, self.call("snapshot"))
         with self._state_lock:
             self._snap, self._snap_raw = snap, None
             self.recent.append(snap)
@@ -633,7 +411,7 @@ class EngineClient:
         if not isinstance(config, EngineConfig):
             raise ValueError("config must be an EngineConfig")
         with self._reconf_lock:
-            new_core = _CoreProcess(self, config, self.cpus)
+            new_core = CoreLink(self, config, self.cpus)
             self._ready.clear()
             try:
                 old = self._core
@@ -654,7 +432,7 @@ class EngineClient:
                     self.recent.clear()
                     self._snap_raw = None
                     self._step = 0
-                self._snap = snapshot_from_dict(new_core.call("snapshot"))
+                self._snap = from_plain(Snapshot, new_core.call("snapshot"))
             finally:
                 self._ready.set()
         return f"engine rebuilt; {n} in-flight request(s) aborted" if n else "engine rebuilt"

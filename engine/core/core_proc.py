@@ -18,7 +18,8 @@ client binds them, the core connects.
   {"snap": Snapshot.to_dict(), "dropped": frames dropped so far}. A client too slow to read
   them makes the core drop frames (counted), never wait.
 
-The wire forms are the observe package's own: Snapshot.to_dict / trace_events.snapshot_from_dict.
+The wire forms are the observe package's own: snapshot.plain (Snapshot.to_dict) / snapshot.from_plain
+(the trusted inverse, no validation: a frame from this program's own child process).
 """
 
 from __future__ import annotations
@@ -122,17 +123,29 @@ class _Core:
         self.push = False  # publish every snapshot_interval whether read or not
         self.last_snap_t = 0.0
         self.last_snap_step = -1
+        self.done_dicts: dict = {}  # finished requests' plain data, by (id, state, finish time)
         self.last_parent_check = time.monotonic()
+        # what the clients ask of this core and what it costs (op_stats; KVSCOPE_CORE_STATS)
+        self.stats = {"ops": {}, "steps": 0, "step_s": 0.0, "frames": 0, "frame_s": 0.0, "frame_bytes": 0}
+        self.stats_path = os.environ.get("KVSCOPE_CORE_STATS") or None
+        self.stats_written = 0.0
         # finished-request records for the client's metrics listeners
         engine.metrics.subscribe(self._on_finish)
         self.finished: list[dict] = []
 
     def _on_finish(self, req) -> None:
-        self.finished.append(finished_record(req))
+        rec = finished_record(req)
+        self.finished.append(rec)
+        if self.stats_path:  # the core's own timing of its last requests, for a benchmark to compare
+            tt = rec["token_times"] or []
+            recent = self.stats.setdefault("recent", [])
+            recent.append([rec["request_id"], rec["origin"], len(tt), tt[0] if tt else None, tt[-1] if tt else None])
+            del recent[:-20]
 
     # -------------------------------------------------------------- commands
     def handle(self, cid, op, args):
         fn = getattr(self, "op_" + op, None)
+        t0 = time.perf_counter()
         try:
             if fn is None:
                 raise ValueError(f"unknown engine-core command {op!r}")
@@ -140,6 +153,8 @@ class _Core:
             self.reply(cid, True, value)
         except Exception as e:  # noqa: BLE001 - sent to the caller, the core keeps serving
             self.reply(cid, False, (type(e).__name__, str(e)))
+        n, s = self.stats["ops"].get(op, (0, 0.0))
+        self.stats["ops"][op] = (n + 1, s + time.perf_counter() - t0)
 
     def reply(self, cid, ok, value) -> None:
         if cid is None:
@@ -180,8 +195,7 @@ class _Core:
         self.publish(force=True)
 
     def op_snapshot(self):
-        snap = self.engine.snapshot()
-        return snap.to_dict()
+        return self.snapshot_dict()
 
     def op_preview(self, user, params, system):
         from engine.core.preview import preview, template_ids
@@ -211,6 +225,23 @@ class _Core:
     def op_check_invariants(self):
         self.engine.check_invariants()
         return True
+
+    def op_stats(self):
+        """What this core's clients asked of it and what it cost: per command name (count,
+        seconds handling it), steps and their seconds, snapshot frames built, their seconds and
+        bytes."""
+        return {**self.stats, "ops": dict(self.stats["ops"])}
+
+    def write_stats(self) -> None:
+        """KVSCOPE_CORE_STATS=path: op_stats as JSON, rewritten about once a second while the core
+        works (a benchmark reads what the pages asked of the core)."""
+        import json
+
+        self.stats_written = time.perf_counter()
+        tmp = self.stats_path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.op_stats(), f)
+        os.replace(tmp, self.stats_path)
 
     def op_crash_next_step(self, message):
         self.crash_next = message
@@ -260,13 +291,39 @@ class _Core:
         due = now - self.last_snap_t >= wait and step != self.last_snap_step
         if force or due:
             self.wanted = False
-            frame = pack({"snap": self.engine.snapshot().to_dict(), "dropped": self.dropped})
+            frame = pack({"snap": self.snapshot_dict(), "dropped": self.dropped})
+            st = self.stats
+            st["frames"] += 1
+            st["frame_s"] += time.perf_counter() - now
+            st["frame_bytes"] += len(frame)
             try:
                 self.pub.send(frame, zmq.NOBLOCK)
                 self.dropped_told = self.dropped
             except zmq.Again:
                 self.dropped += 1
             self.last_snap_t, self.last_snap_step = now, step
+
+    def snapshot_dict(self) -> dict:
+        """The engine's snapshot as plain data for a frame. A finished request's part never
+        changes, so it is converted once and kept (while the engine still lists it)."""
+        from engine.observe.snapshot import plain
+
+        snap = self.engine.snapshot()
+        done, reqs = {}, []
+        for r in snap.requests:
+            if r.is_terminal:
+                key = (r.request_id, r.state, r.finish_time)
+                d = self.done_dicts.get(key)
+                if d is None:
+                    d = plain(r)
+                done[key] = d
+            else:
+                d = plain(r)
+            reqs.append(d)
+        self.done_dicts = done
+        d = plain(dataclasses.replace(snap, requests=()))
+        d["requests"] = tuple(reqs)
+        return d
 
     def drain(self, timeout_ms: int) -> None:
         if not self.cmd.poll(timeout_ms):
@@ -307,6 +364,8 @@ class _Core:
                 # idle: one frame of the final state, again until one gets out (so the client
                 # sees the last state and the dropped count)
                 self.publish(force=self.last_snap_step != eng.step_num or self.dropped_told != self.dropped)
+                if self.stats_path and time.perf_counter() - self.stats_written >= 1.0:
+                    self.write_stats()
                 continue
             if self.hold_until and time.monotonic() < self.hold_until:
                 self.drain(20)  # held: commands still answered
@@ -314,12 +373,17 @@ class _Core:
             if self.crash_next is not None:
                 msg, self.crash_next = self.crash_next, None
                 raise RuntimeError(msg)
+            t0 = time.perf_counter()
             outs = eng.step()
+            self.stats["steps"] += 1
+            self.stats["step_s"] += time.perf_counter() - t0
             fin, self.finished = self.finished, []
             self.out.send_multipart(
                 [b"out", pack({"step": eng.step_num, "outs": [output_to_wire(o) for o in outs], "fin": fin})]
             )
             self.publish()
+            if self.stats_path and t0 - self.stats_written >= 1.0:
+                self.write_stats()
             if self.pace_s:
                 time.sleep(self.pace_s)
 

@@ -6,6 +6,8 @@ them through here, so a figure labelled "TTFT" or "acceptance rate" means one th
 - e2e latency = finish - arrival (any finished request, as vLLM's histogram)
 - TPOT = (last token time - first token time) / (output tokens - 1): vLLM's decode time over the
   tokens after the first; it ends at the last token, not at the finish
+- decode rate = 1 / TPOT: tokens after the first / (last token time - first token time); the
+  Playground's "Decode" and watched_bench's API figure (its streamed chunks' times) both
 - ITL = one gap per engine step that emitted tokens for the request (tokens one speculative step
   accepts together share a time, so there is no zero gap), as vLLM observes it per iteration
 - acceptance rate = accepted draft tokens / draft tokens proposed
@@ -54,6 +56,15 @@ def tpot(first_token_time: float | None, token_times, num_output_tokens: int) ->
     if first_token_time is None or num_output_tokens < 2 or not token_times:
         return None
     return (token_times[-1] - first_token_time) / (num_output_tokens - 1)
+
+
+def decode_rate(first_token_time: float | None, last_token_time: float | None, num_output_tokens: int) -> float | None:
+    """Tokens per second after the first (1 / TPOT); None with fewer than two output tokens or
+    no time between the first and the last."""
+    if first_token_time is None or last_token_time is None or num_output_tokens < 2:
+        return None
+    dt = last_token_time - first_token_time
+    return (num_output_tokens - 1) / dt if dt > 0 else None
 
 
 def itl(token_times) -> list[float]:

@@ -275,3 +275,19 @@ def test_config_is_the_cores_resolved_config():
         assert c.config.max_model_len == 8192
     finally:
         c.shutdown()
+
+
+def test_core_counts_what_its_clients_ask_and_frames_match_the_engine(client):
+    """op_stats (what watched_profile reads): commands by name with their seconds, steps, and the
+    snapshot frames built (their bytes); a frame read back equals the core's snapshot_now."""
+    before = client.call("stats")
+    h = client.submit("Hello there", SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+    h.result(timeout=WAIT_S)
+    after = client.call("stats")
+    assert after["ops"]["submit"][0] == before["ops"].get("submit", (0, 0.0))[0] + 1
+    assert after["steps"] >= before["steps"] + 6
+    assert after["frames"] >= before["frames"] and after["frame_bytes"] >= before["frame_bytes"]
+    snap = client.snapshot_now()
+    req = snap.request(h.request_id)
+    assert req is not None and req.is_terminal and req.output_len == 6
+    assert type(req.block_table) is tuple and client.snapshot().request(h.request_id) == req

@@ -216,3 +216,24 @@ def test_write_trace_output_is_plain_json_lines(run, tmp_path):
     assert json.loads(lines[0]) == {"kind": "kvscope-trace", "version": 2}
     assert all(set(json.loads(ln)) in ({"kind", "snapshot"}, {"kind", "event"}) for ln in lines[1:])
     assert read_trace(raw).snapshots == snaps[:2]
+
+
+def test_plain_equals_asdict_and_from_plain_inverts_it_through_msgpack(run):
+    """The engine core's frames (issue 32): snapshot.plain is asdict's value, faster; from_plain
+    rebuilds the same Snapshot from it after msgpack (arrays as lists, enums as strings)."""
+    from dataclasses import asdict
+
+    from engine.core.core_proc import pack, unpack
+    from engine.observe.snapshot import Snapshot, from_plain, plain
+
+    snaps, _, _ = run
+    for snap in snaps:
+        d = plain(snap)
+        assert d == asdict(snap)
+        assert json.dumps(d) == json.dumps(asdict(snap))
+        back = from_plain(Snapshot, unpack(pack(d)))
+        assert back == snap
+        assert all(
+            type(r.block_table) is tuple and type(r.state) is type(snap.requests[0].state) for r in back.requests
+        )
+        assert back == from_plain(Snapshot, pickle.loads(pickle.dumps(d)))

@@ -1,5 +1,7 @@
 """Speculative views and growth/phase figures carry the numbers they are given."""
 
+import dataclasses
+
 import pytest
 
 from tests.factories import hist, request, tok
@@ -213,3 +215,14 @@ def test_summary_line_is_escaped():
     req = request("<script>x</script>", output_len=1)
     line = growth.summary_line(req, growth.phase_stats(req))
     assert "<script>" not in line and "&lt;script&gt;" in line
+
+
+def test_decode_figure_is_one_over_tpot():
+    """The Playground's "Decode" is rates.decode_rate: up to the newest token, as TPOT ends."""
+    from engine.observe import rates
+
+    req = request("d", output_len=5, arrival_time=0.0, first_token_time=0.5, finish_time=3.0)
+    req = dataclasses.replace(req, last_token_time=1.5)
+    assert growth.phase_stats(req).decode_tok_s == pytest.approx(4.0)
+    assert rates.decode_rate(0.5, 1.5, 5) == pytest.approx(1 / rates.tpot(0.5, [1.0, 1.5], 5))
+    assert rates.decode_rate(0.5, 0.5, 5) is None and rates.decode_rate(0.5, 1.0, 1) is None

@@ -24,7 +24,7 @@ PHASES = ("waiting", "prefill", "decode", "preempted", "swapped", "finished")
 @dataclass(frozen=True, slots=True)
 class PhaseStats:
     ttft_s: float | None  # arrival → first generated token
-    decode_tok_s: float | None  # tokens after the first / time since the first token
+    decode_tok_s: float | None  # tokens after the first / time from the first to the newest (1 / TPOT)
     e2e_s: float | None  # arrival → finish (None while running)
     prefill_steps: int
     decode_steps: int
@@ -34,12 +34,10 @@ class PhaseStats:
 
 def phase_stats(req, now: float | None = None) -> PhaseStats:
     ttft = rates.ttft(req.arrival_time, req.first_token_time)
-    end = req.finish_time if req.finish_time is not None else now
-    tps = None
-    if req.first_token_time is not None and end is not None and req.output_len > 1:
-        dt = end - req.first_token_time
-        if dt > 0:
-            tps = (req.output_len - 1) / dt
+    # the decode rate as the engine's TPOT defines it (rates.decode_rate): up to the newest token
+    # (snapshots without token times: the finish, or `now` while it runs)
+    end = next((t for t in (req.last_token_time, req.finish_time, now) if t is not None), None)
+    tps = rates.decode_rate(req.first_token_time, end, req.output_len)
     e2e = rates.e2e_latency(req.arrival_time, req.finish_time)
     steps = {}
     for p in req.history:

@@ -10,6 +10,7 @@ builds nothing."""
 
 from __future__ import annotations
 
+import time
 from typing import Callable, TypeVar
 
 import streamlit as st
@@ -36,17 +37,43 @@ def snapshot_key(snap) -> tuple:
     )
 
 
-def memo(slot: str, key, build: Callable[[], T]) -> T:
+def request_key(snap, rid: str | None) -> tuple:
+    """What identifies one request's drawing (its block table, growth, phases, tokens): its own
+    progress, not the engine's step, so a finished request's views are not built again while
+    other requests run."""
+    r = snap.request(rid) if rid is not None else None
+    if r is None:
+        return (snap.engine_id, rid, None)
+    last = r.history[-1] if r.history else None
+    return (
+        snap.engine_id,
+        rid,
+        r.state,
+        r.output_len,
+        r.num_computed_tokens,
+        r.block_table,
+        r.num_preemptions,
+        r.finish_time,
+        len(r.history),
+        last,
+        snap.metrics.num_evictions_total,
+    )
+
+
+def memo(slot: str, key, build: Callable[[], T], *, at_most_every: float = 0.0) -> T:
     """`build()`'s value, rebuilt only when `key` differs from the last call for `slot` in this
-    browser session."""
+    browser session. `at_most_every` (seconds): while the key keeps changing, the value built
+    less than that long ago is kept (a heavy figure follows a running engine at a bounded rate);
+    pass 0 for the final state."""
     store = st.session_state.setdefault(STATE_KEY, {})
     hit = store.get(slot)
-    if hit is not None and hit[0] == key:
+    now = time.monotonic()
+    if hit is not None and (hit[0] == key or now - hit[2] < at_most_every):
         stats()["hits"] += 1
         return hit[1]
     stats()["builds"] += 1
     value = build()
-    store[slot] = (key, value)
+    store[slot] = (key, value, now)
     return value
 
 
