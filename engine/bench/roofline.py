@@ -361,9 +361,7 @@ def suite_roofline(ctx: C.BenchContext) -> SuiteResult:
     res = SuiteResult()
     from engine.model import kernel_isa
 
-    res.add(
-        "kernel_isa", kernel_isa.summary(), "the vector path of the engine's C kernels (KVSCOPE_ISA=avx2 forces AVX2)"
-    )
+    res.add("kernel_isa", kernel_isa.summary(), "the vector path of the C kernels (KVSCOPE_ISA=avx2 forces AVX2)")
     ctx.start("load model")
     model, tok = ctx.hf()
     shape = shape_of(model)
