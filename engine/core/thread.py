@@ -199,8 +199,13 @@ class EngineThread:
 
     # ------------------------------------------------------------------ API
     @property
+    def loop_running(self) -> bool:
+        """The step loop's thread is alive (it exits on a crash, shutdown or reconfigure)."""
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
     def healthy(self) -> bool:
-        return self.error is None and self._thread is not None and self._thread.is_alive()
+        return self.error is None and self.loop_running
 
     @property
     def events(self):

@@ -58,42 +58,35 @@ def test_gpu_memory_utilization_validated():
     assert EngineConfig(gpu_memory_utilization=0.5).gpu_memory_utilization == 0.5
 
 
-def test_engine_gpu_budget_from_mocked_memory(monkeypatch):
-    """The engine's CUDA sizing path with the device's memory figures mocked: the pool gets
-    utilization * total - in use - the activation reserve."""
-    import engine.core.engine as E
+def test_engine_gpu_budget_from_mocked_memory():
+    """The CUDA sizing the engine does (pool_sizing's gpu_budget and gpu_pool_blocks on the
+    loaded model's config, dtype and block bytes) with the device's memory figures given: the
+    pool gets utilization * total - in use - the activation reserve."""
+    import engine.core.pool_sizing as ps
 
     llm = LLM(model="tiny", device="cpu", num_kv_blocks=8, gpu_memory_utilization=0.5)
     eng = llm.engine
-    monkeypatch.setattr(E, "cuda_memory", lambda dev: (30 * GiB, 40 * GiB))
     hf = eng.model.config
-    reserve = dp.activation_reserve_bytes(
-        eng.config.max_num_batched_tokens,
-        hf.hidden_size,
-        hf.intermediate_size,
-        hf.vocab_size,
-        eng.config.max_num_seqs,
-        2,
-    )
-    assert eng._gpu_budget(hf, 2) == 20 * GiB - 10 * GiB - reserve
-    monkeypatch.setattr(E, "cuda_memory", lambda dev: None)
-    assert eng._gpu_budget(hf, 2) == E.DEFAULT_KV_BYTES
+
+    def budget(mem, itemsize):
+        return ps.gpu_budget(mem, eng.config, itemsize, hf.hidden_size, hf.intermediate_size, hf.vocab_size)
+
+    def reserve(itemsize):
+        c = eng.config
+        return dp.activation_reserve_bytes(
+            c.max_num_batched_tokens, hf.hidden_size, hf.intermediate_size, hf.vocab_size, c.max_num_seqs, itemsize
+        )
+
+    assert budget((30 * GiB, 40 * GiB), 2) == 20 * GiB - 10 * GiB - reserve(2)
+    assert budget(None, 2) == ps.DEFAULT_KV_BYTES
     # the pool in blocks, as a CUDA engine sizes it (in the engine's dtype, float32 here)
-    monkeypatch.setattr(E, "cuda_memory", lambda dev: (30 * GiB, 40 * GiB))
-    reserve4 = dp.activation_reserve_bytes(
-        eng.config.max_num_batched_tokens,
-        hf.hidden_size,
-        hf.intermediate_size,
-        hf.vocab_size,
-        eng.config.max_num_seqs,
-        4,
-    )
-    blocks, field = eng._gpu_pool_blocks(hf)
-    assert blocks == min((10 * GiB - reserve4) // eng.bytes_per_block, E.MAX_BLOCKS)
+    b4 = budget((30 * GiB, 40 * GiB), eng.dtype.itemsize)
+    blocks, field = ps.gpu_pool_blocks(b4, eng.bytes_per_block, eng.config.gpu_memory_utilization)
+    assert blocks == min((10 * GiB - reserve(4)) // eng.bytes_per_block, ps.MAX_BLOCKS)
     assert field == "gpu_memory_utilization=0.5"
-    monkeypatch.setattr(E, "cuda_memory", lambda dev: (20 * GiB, 40 * GiB))  # nothing left at 0.5
+    b0 = budget((20 * GiB, 40 * GiB), eng.dtype.itemsize)  # nothing left at 0.5
     with pytest.raises(ValueError, match=r"^gpu_memory_utilization=0.5 leaves 0 bytes for the KV cache"):
-        eng._gpu_pool_blocks(hf)
+        ps.gpu_pool_blocks(b0, eng.bytes_per_block, eng.config.gpu_memory_utilization)
 
 
 def test_cpu_only_paths_stay_off_other_devices_and_dtypes():

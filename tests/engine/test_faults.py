@@ -279,7 +279,7 @@ def test_thread_crashed_loop_wakes_clients_and_restart_recovers():
             assert "engine loop crashed: RuntimeError: scheduler state corrupted" in str(results[name])
         with pytest.raises(EngineCrashed):
             h1.result(timeout=60)
-        wait_until(lambda: not th._thread.is_alive(), "the crashed loop to exit")
+        wait_until(lambda: not th.loop_running, "the crashed loop to exit")
         assert not th.healthy
         assert th.error.startswith("engine loop crashed: RuntimeError")
         with pytest.raises(EngineCrashed, match="scheduler state corrupted"):
@@ -375,7 +375,7 @@ def test_shutdown_joins_thread_fails_waiters_and_frees_memory():
     with th.lock:
         th.engine.add_request("direct", PROMPTS[3], greedy(300))  # no handle
     th.shutdown()
-    assert not th._thread.is_alive()
+    assert not th.loop_running
     assert not th.healthy
     for h in hs:
         assert h.finished

@@ -243,16 +243,18 @@ def test_submit_during_a_reconfiguration_waits_for_the_new_engine():
     new engine and is served by it."""
     th = EngineThread(LLMEngine(EngineConfig(**TINY)))
     in_window, go = threading.Event(), threading.Event()
-    orig_start = th._start
+    orig_shutdown = th.shutdown
 
-    def slow_start():
-        in_window.set()
-        go.wait(60)
-        orig_start()
+    def slow_shutdown(*args, **kwargs):  # reconfigure: the old loop stopped, the new not started
+        n = orig_shutdown(*args, **kwargs)
+        if not in_window.is_set():
+            in_window.set()
+            go.wait(60)
+        return n
 
     box = {}
     try:
-        th._start = slow_start
+        th.shutdown = slow_shutdown
         t = threading.Thread(target=lambda: box.setdefault("msg", th.reconfigure(th.config.replace(num_kv_blocks=16))))
         t.start()
         assert in_window.wait(120)

@@ -48,8 +48,9 @@ def test_vllm_stub_scrapes_and_rebuilds_the_prefix_tree(wire):
         assert v["notes"] == [] and v["acceptance"] == [(0, 0.8), (1, 0.5), (2, 0.25)]
         assert v["rows"][-1].kv_usage == 0.25 and v["rows"][-1].hit_rate == pytest.approx(0.4)
         # the page stops refreshing (a background tab): the session pauses, then resumes where it was
-        s._touched = -1e9
+        idle, s.idle_timeout = s.idle_timeout, 0.0  # no touch() since: idle at once
         wait_until(lambda: not s.alive, "the session to stop on its own")
+        s.idle_timeout = idle
         n = len(s.history)
         assert s.resume() and s.alive
         wait_until(lambda: (stub.pump() or True) and len(s.history) > n, "a scrape after resume")
