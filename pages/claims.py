@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+from pathlib import Path
 
 import streamlit as st
 
@@ -74,8 +75,17 @@ else:
 
 st.html(CL.claims_table_html(rows))
 
-scaling = bench.get("scaling")
+scaling, committed = bench.get("scaling"), None
+if scaling is None:
+    scaling = committed = BR.committed("scaling")
 with st.expander("Cost as work grows: kvscope vs llama.cpp vs vLLM CPU (bench scaling)", expanded=False):
+    if committed is not None:
+        st.caption(
+            "No `bench scaling` result from this machine yet: this is the committed measurement "
+            f"docs/data/{html.escape(Path(committed.path).name)}, "
+            f"measured on {html.escape(BR.machine_text(committed))} "
+            "(docs/BENCHMARKS.md quotes it). `python -m engine bench scaling` measures it here."
+        )
     if scaling is None:
         st.caption(
             "No `bench scaling` result is stored yet. `python -m engine bench scaling --quick` (a few minutes) "

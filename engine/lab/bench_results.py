@@ -1,7 +1,8 @@
 """The measurements the Claims page reads, and where they are: the bench's JSON result files
 (`python -m engine bench SUITE` writes results/<suite>-<UTC stamp>.json; the newest stamp per suite
-is read, with its date) and the committed `bench kvquant` measurement
-(assets/measurements/kvquant.json). Reading only: the claims and their rules are claims.py."""
+is read, with its date), the committed results docs/BENCHMARKS.md quotes (docs/data/, same form)
+and the committed `bench kvquant` measurement (assets/measurements/kvquant.json). Reading only: the
+claims and their rules are claims.py."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 
 _STAMP = re.compile(r"^(?P<suite>[a-z_]+)-(?P<stamp>\d{8}T\d{6}Z)\.json$")
 KVQUANT_JSON = Path(__file__).resolve().parents[2] / "assets" / "measurements" / "kvquant.json"
+DOCS_DATA = Path(__file__).resolve().parents[2] / "docs" / "data"
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +26,7 @@ class BenchResult:
     model: str
     quick: bool
     fields: dict
+    machine: dict | None = None
 
     @property
     def label(self) -> str:
@@ -58,8 +61,29 @@ def latest_results(folder: str | os.PathLike | None = None) -> dict[str, BenchRe
         if not isinstance(data, dict) or not isinstance(data.get("fields"), dict):
             continue
         when = _dt.datetime.strptime(stamp, "%Y%m%dT%H%M%SZ")
-        out[suite] = BenchResult(suite, str(f), when, str(data.get("model")), bool(data.get("quick")), data["fields"])
+        machine = data.get("machine") if isinstance(data.get("machine"), dict) else None
+        out[suite] = BenchResult(
+            suite, str(f), when, str(data.get("model")), bool(data.get("quick")), data["fields"], machine
+        )
     return out
+
+
+def committed(suite: str, folder: str | os.PathLike | None = None) -> BenchResult | None:
+    """The newest result of `suite` committed in docs/data (what docs/BENCHMARKS.md quotes), or None."""
+    return latest_results(folder if folder is not None else DOCS_DATA).get(suite)
+
+
+def machine_text(r: BenchResult) -> str:
+    """Where a result was measured, in words: CPU, CPUs, ISA path, threads."""
+    m = r.machine or {}
+    parts = [str(m[k]) for k in ("cpu",) if m.get(k)]
+    if m.get("nproc"):
+        parts.append(f"{m['nproc']} CPUs")
+    if m.get("isa"):
+        parts.append(str(m["isa"]))
+    if m.get("torch_threads"):
+        parts.append(f"{m['torch_threads']} thread(s)")
+    return ", ".join(parts) or "machine not recorded"
 
 
 def number(d: dict, k: str) -> float | None:

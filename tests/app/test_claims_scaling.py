@@ -1,6 +1,7 @@
 """AppTest for the Claims page's `bench scaling` section: with a stored result (a real smoke run of
 the suite on the tiny model, tests/fixtures/bench_scaling) it draws the figure from it; with none
-(tests/fixtures/bench holds no scaling result) it says how to produce one and draws nothing."""
+(tests/fixtures/bench holds no scaling result) it draws the committed one in docs/data, saying so and
+where it was measured."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.lab import bench_results as BR
 from tests.app import helpers as H
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -35,5 +37,16 @@ def test_scaling_section_reads_the_stored_result(app_test, stored):
         assert "llama.cpp: no GGUF file" in text  # a missing peer says why
         assert len(at.get("plotly_chart")) == 1
     else:
-        assert "No `bench scaling` result is stored yet" in text, text[-2000:]
-        assert len(at.get("plotly_chart")) == 0
+        assert "No `bench scaling` result from this machine yet: this is the committed measurement" in text
+        newest = BR.committed("scaling")
+        assert Path(newest.path).name in text and BR.machine_text(newest) in text, text[-2000:]
+        assert len(at.get("plotly_chart")) == 1
+
+
+def test_committed_results_are_the_newest_per_suite(tmp_path):
+    assert BR.committed("scaling", tmp_path) is None  # none committed: the page says how to make one
+    newest = BR.committed("scaling")
+    assert newest is not None and newest.path.startswith(str(BR.DOCS_DATA))
+    names = sorted(p.name for p in BR.DOCS_DATA.glob("scaling-*.json"))
+    assert Path(newest.path).name == names[-1]
+    assert "AVX2" in BR.machine_text(newest) and "2 CPUs" in BR.machine_text(newest)
