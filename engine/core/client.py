@@ -55,6 +55,27 @@ class _Metrics:
             self.listeners.remove(fn)
 
 
+class PoolView:
+    """engine.bm as the API reads it (/get_server_info, the fleet routes), read from the core
+    when `engine.bm` is asked for; cached_hashes / reset_prefix_cache are calls."""
+
+    def __init__(self, client: "EngineClient", info: dict):
+        from types import SimpleNamespace
+
+        self._client = client
+        self.block_size = info["block_size"]
+        self.enable_prefix_caching = info["enable_prefix_caching"]
+        self.hasher = SimpleNamespace(algo=info["hash_algo"], seed=info["hash_seed"])
+
+    def cached_hashes(self) -> list[bytes]:
+        return self._client.call("cached_hashes")
+
+    def reset_prefix_cache(self) -> tuple[int, int]:
+        """Uncache every cached block no request holds; (dropped, kept in use). Each drop is a
+        BlockRemoved on the core's KV events."""
+        return tuple(self._client.call("reset_prefix_cache"))
+
+
 class EngineView:
     """The read-only engine calls the API makes (engine/serve), forwarded to the core."""
 
@@ -79,6 +100,14 @@ class EngineView:
 
     def apply_chat_template(self, text: str) -> list[int]:
         return self._call("apply_chat_template", text)
+
+    def admission_check(self, ids: list[int], params: SamplingParams):
+        """The checks submit() would make (ValueError naming the limit); changes nothing."""
+        return self._call("admission_check", list(ids), params)
+
+    @property
+    def bm(self) -> PoolView:
+        return PoolView(self._client, self._client.call("pool_info"))
 
     def check_invariants(self) -> None:
         self._client.call("check_invariants")
@@ -161,9 +190,12 @@ class EngineClient:
         keep_snapshots: int = 600,
         cpus=None,
         push_snapshots: bool = False,
+        kv_events: dict | None = None,
     ):
         """push_snapshots: the core publishes a frame every snapshot_interval while it works,
-        read or not (default: as fast as they are read, at least one a second)."""
+        read or not (default: as fast as they are read, at least one a second). kv_events
+        ({"endpoint", "replay_endpoint", "wire"}): the core publishes vLLM's KV events there
+        (a ValueError naming the endpoint when it cannot open it)."""
         self.snapshot_interval = snapshot_interval
         self.push_snapshots = push_snapshots
         self.cpus = cpus
@@ -184,7 +216,8 @@ class EngineClient:
         self._asked = False  # a want_snapshot is outstanding
         self._ready = threading.Event()
         self._reconf_lock = threading.Lock()
-        self._core = CoreLink(self, self._config, cpus)
+        self.kv_events = dict(kv_events) if kv_events else None
+        self._core = CoreLink(self, self._config, cpus, self.kv_events)
         self._ready.set()
         self._snap = from_plain(Snapshot, self._core.call("snapshot"))
 
@@ -270,6 +303,13 @@ class EngineClient:
             return self.call("placement", timeout=10)
         except (EngineCrashed, TimeoutError, RuntimeError):
             return self.placement
+
+    def kv_events_info(self):
+        """The core's KV events publisher (engine.observe.kv_events.PublisherInfo), None if none."""
+        from engine.observe.kv_events import PublisherInfo
+
+        d = self.call("kv_events_info")
+        return PublisherInfo(**d) if d is not None else None
 
     def hold(self, seconds: float) -> None:
         """Ask the core to take no step for up to `seconds` (0: resume now); see core_proc.op_hold."""
@@ -421,6 +461,7 @@ class EngineClient:
                 for h in handles:
                     h.fail(reason)
                 self._core = new_core
+                seq = self._close_kv_events(old) if self.kv_events else 0
                 n = old.stop()  # also closes the sockets of a core that crashed
                 n = max(n, len(handles))
                 new_core.client = self
@@ -433,9 +474,20 @@ class EngineClient:
                     self._snap_raw = None
                     self._step = 0
                 self._snap = from_plain(Snapshot, new_core.call("snapshot"))
+                if self.kv_events:  # the old core's endpoints are free now: the new one takes them over
+                    new_core.call("kv_events_open", **self.kv_events, first_seq=seq, cleared=True)
             finally:
                 self._ready.set()
         return f"engine rebuilt; {n} in-flight request(s) aborted" if n else "engine rebuilt"
+
+    @staticmethod
+    def _close_kv_events(core: CoreLink) -> int:
+        """Close a core's KV events publisher; the seq number its successor continues from (0
+        when the core cannot say: it crashed)."""
+        try:
+            return core.call("kv_events_close", timeout=30) or 0
+        except (EngineCrashed, TimeoutError, RuntimeError):
+            return 0
 
     def close(self) -> None:
         """Stop the core (idempotent; a crashed core's sockets are closed too)."""
