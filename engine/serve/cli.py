@@ -150,6 +150,9 @@ def start_engine(cfg: EngineConfig, a):
         kv["wire"] = a.kv_events_format
     th = EngineClient(config=cfg, cpus=core_cpus_from_env(), kv_events=kv)
     try:
+        # the client loads its own tokenizer on first use: before serving, so the first request
+        # (a router's render, with its short deadline) does not wait seconds for it
+        th.tokenizer  # noqa: B018
         return th, th.kv_events_info()
     except BaseException:
         th.shutdown()
