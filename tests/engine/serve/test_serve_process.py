@@ -49,6 +49,28 @@ def cmdline(pid: int) -> str:
         return ""
 
 
+def listener_inode(port: int) -> str:
+    """The inode of the socket listening on 127.0.0.1:port (/proc/net/tcp)."""
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            cols = line.split()
+            if cols[1].endswith(f":{port:04X}") and cols[3] == "0A":
+                return cols[9]
+    raise AssertionError(f"nothing listens on port {port}")
+
+
+def socket_inodes(pid: int) -> set[str]:
+    out = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            out.add(link[8:-1])
+    return out
+
+
 def start(port: int, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "engine", "serve", *TINY, "--port", str(port), *extra],
@@ -110,7 +132,10 @@ def test_core_runs_in_a_child_process_and_publishes_kv_events():
     try:
         wait_up(p, port)
         core = core_child(p)
-        # the core holds the KV events sockets; the server's own process does not
+        # the publisher lives in the core: it, not the server's own process, listens on the ports
+        for port_ in (events, replay):
+            assert listener_inode(port_) in socket_inodes(core)
+            assert listener_inode(port_) not in socket_inodes(p.pid)
         sub = KVEventSubscriber(f"tcp://127.0.0.1:{events}", f"tcp://127.0.0.1:{replay}")
         sources = httpx.get(f"http://127.0.0.1:{port}/kv_event_sources").json()
         assert sources["0"]["endpoint"] == f"tcp://127.0.0.1:{events}"
