@@ -336,34 +336,86 @@ class EngineClient:
         with self._state_lock:
             if request_id is not None and request_id in self.handles:
                 raise ValueError(f"request_id {request_id!r} is already in use")
-        # The handle exists before the core can produce an output for it: the id is chosen here
-        # (r1, r2, ... as EngineThread does), the next one if the engine already has it.
-        auto = request_id is None
         for _ in range(10_000):
-            with self._state_lock:
-                if auto:
-                    self._counter += 1
-                    request_id = f"r{self._counter}"
-                    if request_id in self.handles:
-                        continue
-                elif request_id in self.handles:
-                    raise ValueError(f"request_id {request_id!r} is already in use")
-                h = RequestHandle(self, request_id)
-                h.listener = listener
-                self.handles[request_id] = h
+            h = self._reserve(request_id, listener)
+            rid = h.request_id
             try:
-                self.call("submit", prompt=prompt, params=params, request_id=request_id, chat=chat, origin=origin)
+                self.call("submit", prompt=prompt, params=params, request_id=rid, chat=chat, origin=origin)
                 return h
             except KeyError:  # the engine holds that id already (submitted by another caller)
-                with self._state_lock:
-                    self.handles.pop(request_id, None)
-                if not auto:
+                self._forget(rid)
+                if request_id is not None:
                     raise ValueError(f"request_id {request_id!r} is already in use") from None
             except BaseException:
-                with self._state_lock:
-                    self.handles.pop(request_id, None)
+                self._forget(rid)
                 raise
         raise EngineCrashed("no free request id")
+
+    def _reserve(self, request_id: str | None, listener) -> RequestHandle:
+        """The handle exists before the core can produce an output for it: the id is chosen here
+        (r1, r2, ... as EngineThread does; the next free one), or the caller's if not in use."""
+        with self._state_lock:
+            if request_id is None:
+                while True:
+                    self._counter += 1
+                    request_id = f"r{self._counter}"
+                    if request_id not in self.handles:
+                        break
+            elif request_id in self.handles:
+                raise ValueError(f"request_id {request_id!r} is already in use")
+            h = RequestHandle(self, request_id)
+            h.listener = listener
+            self.handles[request_id] = h
+        return h
+
+    def _forget(self, request_id: str) -> None:
+        with self._state_lock:
+            self.handles.pop(request_id, None)
+
+    def submit_many(self, items) -> list:
+        """Each (prompt, params, kwargs) as submit() would, in ONE command, so the core adds
+        them all between two steps and one step admits them (as EngineThread's lock does);
+        returns each one's handle or the exception it raised."""
+        if not self._ready.wait(RECONFIGURE_WAIT_S):
+            err = EngineCrashed("the engine is being reconfigured; try again")
+            return [err for _ in items]
+        out: list = []
+        sent: list = []  # (index in out, handle, kwargs) of what goes to the core
+        for prompt, params, kw in items:
+            kw = dict(kw)
+            try:
+                self._check_alive()
+                h = self._reserve(kw.get("request_id"), kw.pop("listener", None))
+            except Exception as e:  # noqa: BLE001 - handed to its own request
+                out.append(e)
+                continue
+            kw["request_id"] = h.request_id
+            kw.setdefault("chat", False)
+            kw.setdefault("origin", "app")
+            sent.append((len(out), h, {"prompt": prompt, "params": params, **kw}))
+            out.append(h)
+        if not sent:
+            return out
+        try:
+            results = self.call("submit_many", items=[item for _, _, item in sent])
+        except Exception as e:  # noqa: BLE001 - the core is gone: every one of them fails
+            results = [(False, e) for _ in sent]
+        for (i, h, item), (ok, value) in zip(sent, results):
+            if ok:
+                continue
+            self._forget(h.request_id)
+            err = value if isinstance(value, BaseException) else wire.remote_error(*value)
+            if isinstance(err, KeyError):  # the engine holds that id already
+                if items[i][2].get("request_id") is None:  # an id chosen here: submit() takes the next
+                    kw = {k: v for k, v in item.items() if k not in ("prompt", "params", "request_id")}
+                    try:
+                        out[i] = self.submit(item["prompt"], item["params"], listener=h.listener, **kw)
+                    except Exception as e:  # noqa: BLE001 - handed to its own request
+                        out[i] = e
+                    continue
+                err = ValueError(f"request_id {h.request_id!r} is already in use")
+            out[i] = err
+        return out
 
     def preview(self, user: str, params: SamplingParams | None = None, system: str | None = None):
         params = params if params is not None else SamplingParams()

@@ -178,6 +178,17 @@ class _Core:
         eng.add_request(request_id, prompt_in, params, origin=origin, prompt_text=prompt if chat else None)
         return request_id
 
+    def op_submit_many(self, items):
+        """Several op_submit in one command, so one step admits them all (the API's batches):
+        each one's (True, request id) or (False, (error type, message))."""
+        out = []
+        for item in items:
+            try:
+                out.append((True, self.op_submit(**item)))
+            except Exception as e:  # noqa: BLE001 - handed to its own request
+                out.append((False, (type(e).__name__, str(e))))
+        return out
+
     def op_abort(self, request_id):
         eng = self.engine
         done = eng.abort_request(request_id)
