@@ -2,7 +2,8 @@
 [--set FIELD=VALUE ...] [--kv-events-endpoint tcp://...] [--save-tokenizer DIR]
 
 Every EngineConfig field is an option (--block-size 8, --enable-prefix-caching false, ...) or a
---set FIELD=VALUE (values parsed as JSON when they parse: numbers, true/false, null, objects)."""
+--set FIELD=VALUE (values parsed as JSON when they parse: numbers, true/false, null, objects).
+The engine core runs in a process of its own (KVSCOPE_ENGINE_PROCESS=0: in a thread of this one)."""
 
 from __future__ import annotations
 
