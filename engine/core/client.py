@@ -55,6 +55,27 @@ class _Metrics:
             self.listeners.remove(fn)
 
 
+class PoolView:
+    """engine.bm as the API reads it (/get_server_info, the fleet routes), read from the core
+    when `engine.bm` is asked for; cached_hashes / reset_prefix_cache are calls."""
+
+    def __init__(self, client: "EngineClient", info: dict):
+        from types import SimpleNamespace
+
+        self._client = client
+        self.block_size = info["block_size"]
+        self.enable_prefix_caching = info["enable_prefix_caching"]
+        self.hasher = SimpleNamespace(algo=info["hash_algo"], seed=info["hash_seed"])
+
+    def cached_hashes(self) -> list[bytes]:
+        return self._client.call("cached_hashes")
+
+    def reset_prefix_cache(self) -> tuple[int, int]:
+        """Uncache every cached block no request holds; (dropped, kept in use). Each drop is a
+        BlockRemoved on the core's KV events."""
+        return tuple(self._client.call("reset_prefix_cache"))
+
+
 class EngineView:
     """The read-only engine calls the API makes (engine/serve), forwarded to the core."""
 
@@ -79,6 +100,14 @@ class EngineView:
 
     def apply_chat_template(self, text: str) -> list[int]:
         return self._call("apply_chat_template", text)
+
+    def admission_check(self, ids: list[int], params: SamplingParams):
+        """The checks submit() would make (ValueError naming the limit); changes nothing."""
+        return self._call("admission_check", list(ids), params)
+
+    @property
+    def bm(self) -> PoolView:
+        return PoolView(self._client, self._client.call("pool_info"))
 
     def check_invariants(self) -> None:
         self._client.call("check_invariants")
@@ -161,9 +190,12 @@ class EngineClient:
         keep_snapshots: int = 600,
         cpus=None,
         push_snapshots: bool = False,
+        kv_events: dict | None = None,
     ):
         """push_snapshots: the core publishes a frame every snapshot_interval while it works,
-        read or not (default: as fast as they are read, at least one a second)."""
+        read or not (default: as fast as they are read, at least one a second). kv_events
+        ({"endpoint", "replay_endpoint", "wire"}): the core publishes vLLM's KV events there
+        (a ValueError naming the endpoint when it cannot open it)."""
         self.snapshot_interval = snapshot_interval
         self.push_snapshots = push_snapshots
         self.cpus = cpus
@@ -184,7 +216,8 @@ class EngineClient:
         self._asked = False  # a want_snapshot is outstanding
         self._ready = threading.Event()
         self._reconf_lock = threading.Lock()
-        self._core = CoreLink(self, self._config, cpus)
+        self.kv_events = dict(kv_events) if kv_events else None
+        self._core = CoreLink(self, self._config, cpus, self.kv_events)
         self._ready.set()
         self._snap = from_plain(Snapshot, self._core.call("snapshot"))
 
@@ -271,6 +304,13 @@ class EngineClient:
         except (EngineCrashed, TimeoutError, RuntimeError):
             return self.placement
 
+    def kv_events_info(self):
+        """The core's KV events publisher (engine.observe.kv_events.PublisherInfo), None if none."""
+        from engine.observe.kv_events import PublisherInfo
+
+        d = self.call("kv_events_info")
+        return PublisherInfo(**d) if d is not None else None
+
     def hold(self, seconds: float) -> None:
         """Ask the core to take no step for up to `seconds` (0: resume now); see core_proc.op_hold."""
         self.call("hold", seconds=seconds)
@@ -296,34 +336,86 @@ class EngineClient:
         with self._state_lock:
             if request_id is not None and request_id in self.handles:
                 raise ValueError(f"request_id {request_id!r} is already in use")
-        # The handle exists before the core can produce an output for it: the id is chosen here
-        # (r1, r2, ... as EngineThread does), the next one if the engine already has it.
-        auto = request_id is None
         for _ in range(10_000):
-            with self._state_lock:
-                if auto:
-                    self._counter += 1
-                    request_id = f"r{self._counter}"
-                    if request_id in self.handles:
-                        continue
-                elif request_id in self.handles:
-                    raise ValueError(f"request_id {request_id!r} is already in use")
-                h = RequestHandle(self, request_id)
-                h.listener = listener
-                self.handles[request_id] = h
+            h = self._reserve(request_id, listener)
+            rid = h.request_id
             try:
-                self.call("submit", prompt=prompt, params=params, request_id=request_id, chat=chat, origin=origin)
+                self.call("submit", prompt=prompt, params=params, request_id=rid, chat=chat, origin=origin)
                 return h
             except KeyError:  # the engine holds that id already (submitted by another caller)
-                with self._state_lock:
-                    self.handles.pop(request_id, None)
-                if not auto:
+                self._forget(rid)
+                if request_id is not None:
                     raise ValueError(f"request_id {request_id!r} is already in use") from None
             except BaseException:
-                with self._state_lock:
-                    self.handles.pop(request_id, None)
+                self._forget(rid)
                 raise
         raise EngineCrashed("no free request id")
+
+    def _reserve(self, request_id: str | None, listener) -> RequestHandle:
+        """The handle exists before the core can produce an output for it: the id is chosen here
+        (r1, r2, ... as EngineThread does; the next free one), or the caller's if not in use."""
+        with self._state_lock:
+            if request_id is None:
+                while True:
+                    self._counter += 1
+                    request_id = f"r{self._counter}"
+                    if request_id not in self.handles:
+                        break
+            elif request_id in self.handles:
+                raise ValueError(f"request_id {request_id!r} is already in use")
+            h = RequestHandle(self, request_id)
+            h.listener = listener
+            self.handles[request_id] = h
+        return h
+
+    def _forget(self, request_id: str) -> None:
+        with self._state_lock:
+            self.handles.pop(request_id, None)
+
+    def submit_many(self, items) -> list:
+        """Each (prompt, params, kwargs) as submit() would, in ONE command, so the core adds
+        them all between two steps and one step admits them (as EngineThread's lock does);
+        returns each one's handle or the exception it raised."""
+        if not self._ready.wait(RECONFIGURE_WAIT_S):
+            err = EngineCrashed("the engine is being reconfigured; try again")
+            return [err for _ in items]
+        out: list = []
+        sent: list = []  # (index in out, handle, kwargs) of what goes to the core
+        for prompt, params, kw in items:
+            kw = dict(kw)
+            try:
+                self._check_alive()
+                h = self._reserve(kw.get("request_id"), kw.pop("listener", None))
+            except Exception as e:  # noqa: BLE001 - handed to its own request
+                out.append(e)
+                continue
+            kw["request_id"] = h.request_id
+            kw.setdefault("chat", False)
+            kw.setdefault("origin", "app")
+            sent.append((len(out), h, {"prompt": prompt, "params": params, **kw}))
+            out.append(h)
+        if not sent:
+            return out
+        try:
+            results = self.call("submit_many", items=[item for _, _, item in sent])
+        except Exception as e:  # noqa: BLE001 - the core is gone: every one of them fails
+            results = [(False, e) for _ in sent]
+        for (i, h, item), (ok, value) in zip(sent, results):
+            if ok:
+                continue
+            self._forget(h.request_id)
+            err = value if isinstance(value, BaseException) else wire.remote_error(*value)
+            if isinstance(err, KeyError):  # the engine holds that id already
+                if items[i][2].get("request_id") is None:  # an id chosen here: submit() takes the next
+                    kw = {k: v for k, v in item.items() if k not in ("prompt", "params", "request_id")}
+                    try:
+                        out[i] = self.submit(item["prompt"], item["params"], listener=h.listener, **kw)
+                    except Exception as e:  # noqa: BLE001 - handed to its own request
+                        out[i] = e
+                    continue
+                err = ValueError(f"request_id {h.request_id!r} is already in use")
+            out[i] = err
+        return out
 
     def preview(self, user: str, params: SamplingParams | None = None, system: str | None = None):
         params = params if params is not None else SamplingParams()
@@ -421,6 +513,7 @@ class EngineClient:
                 for h in handles:
                     h.fail(reason)
                 self._core = new_core
+                seq = self._close_kv_events(old) if self.kv_events else 0
                 n = old.stop()  # also closes the sockets of a core that crashed
                 n = max(n, len(handles))
                 new_core.client = self
@@ -433,9 +526,20 @@ class EngineClient:
                     self._snap_raw = None
                     self._step = 0
                 self._snap = from_plain(Snapshot, new_core.call("snapshot"))
+                if self.kv_events:  # the old core's endpoints are free now: the new one takes them over
+                    new_core.call("kv_events_open", **self.kv_events, first_seq=seq, cleared=True)
             finally:
                 self._ready.set()
         return f"engine rebuilt; {n} in-flight request(s) aborted" if n else "engine rebuilt"
+
+    @staticmethod
+    def _close_kv_events(core: CoreLink) -> int:
+        """Close a core's KV events publisher; the seq number its successor continues from (0
+        when the core cannot say: it crashed)."""
+        try:
+            return core.call("kv_events_close", timeout=30) or 0
+        except (EngineCrashed, TimeoutError, RuntimeError):
+            return 0
 
     def close(self) -> None:
         """Stop the core (idempotent; a crashed core's sockets are closed too)."""

@@ -28,7 +28,9 @@ class CoreLink:
     """One core process and the sockets to it. The reader thread owns the receiving sockets and
     hands what arrives to its client (on_outputs, on_snapshot, on_core_died)."""
 
-    def __init__(self, client, config: EngineConfig, cpus):
+    def __init__(self, client, config: EngineConfig, cpus, kv_events: dict | None = None):
+        """kv_events: op_kv_events_open's arguments: the core publishes vLLM's KV events from
+        its start (engine serve --kv-events-endpoint)."""
         import zmq
 
         self.client = client
@@ -57,7 +59,15 @@ class CoreLink:
         ctx = multiprocessing.get_context("spawn")
         self.proc = ctx.Process(
             target=wire.core_main,
-            args=(pickle.dumps(config), addrs, os.getpid(), client.snapshot_interval, cpus, client.push_snapshots),
+            args=(
+                pickle.dumps(config),
+                addrs,
+                os.getpid(),
+                client.snapshot_interval,
+                cpus,
+                client.push_snapshots,
+                kv_events,
+            ),
             name="kvscope-engine-core",
             daemon=True,
         )

@@ -132,6 +132,7 @@ class _Core:
         # finished-request records for the client's metrics listeners
         engine.metrics.subscribe(self._on_finish)
         self.finished: list[dict] = []
+        self.kv_pub = None  # vLLM's KV events publisher (engine serve --kv-events-endpoint), owned here
 
     def _on_finish(self, req) -> None:
         rec = finished_record(req)
@@ -177,6 +178,17 @@ class _Core:
         eng.add_request(request_id, prompt_in, params, origin=origin, prompt_text=prompt if chat else None)
         return request_id
 
+    def op_submit_many(self, items):
+        """Several op_submit in one command, so one step admits them all (the API's batches):
+        each one's (True, request id) or (False, (error type, message))."""
+        out = []
+        for item in items:
+            try:
+                out.append((True, self.op_submit(**item)))
+            except Exception as e:  # noqa: BLE001 - handed to its own request
+                out.append((False, (type(e).__name__, str(e))))
+        return out
+
     def op_abort(self, request_id):
         eng = self.engine
         done = eng.abort_request(request_id)
@@ -212,9 +224,63 @@ class _Core:
 
     def op_call(self, name, args):
         """A read-only engine method the client's EngineView forwards (max_completion_tokens, ...)."""
-        if name not in ("max_completion_tokens", "has_unfinished_requests", "decode", "apply_chat_template", "info"):
+        if name not in (
+            "max_completion_tokens",
+            "has_unfinished_requests",
+            "decode",
+            "apply_chat_template",
+            "info",
+            "admission_check",
+        ):
             raise ValueError(f"engine method {name!r} is not offered across the process boundary")
         return getattr(self.engine, name)(*args)
+
+    # -------------------------------------------------------------- the block pool (fleet routes)
+    def op_pool_info(self):
+        """What /get_server_info reports of the block pool (the client's PoolView)."""
+        bm = self.engine.bm
+        return {
+            "block_size": bm.block_size,
+            "enable_prefix_caching": bool(bm.enable_prefix_caching),
+            "hash_algo": bm.hasher.algo,
+            "hash_seed": bm.hasher.seed,
+        }
+
+    def op_cached_hashes(self):
+        return self.engine.bm.cached_hashes()
+
+    def op_reset_prefix_cache(self):
+        r = self.engine.bm.reset_prefix_cache()
+        self.publish(force=True)
+        return r
+
+    # -------------------------------------------------------------- KV events (vLLM's wire)
+    def op_kv_events_open(self, endpoint, replay_endpoint=None, wire="current", first_seq=0, cleared=False):
+        """Publish this engine's KV events on `endpoint` (a ValueError naming it when it cannot
+        be opened); returns the publisher's info. first_seq / cleared: it continues a publisher
+        an earlier core closed (EngineClient.reconfigure)."""
+        from engine.observe.kv_events import open_publisher
+
+        self.op_kv_events_close()
+        pub = open_publisher(endpoint, replay_endpoint, wire, first_seq=first_seq)
+        try:
+            pub.attach(self.engine, cleared=cleared)
+        except BaseException:
+            pub.close()
+            raise
+        self.kv_pub = pub
+        return dataclasses.asdict(pub.info())
+
+    def op_kv_events_info(self):
+        return dataclasses.asdict(self.kv_pub.info()) if self.kv_pub is not None else None
+
+    def op_kv_events_close(self):
+        """Send what is pending, close the sockets; returns the next seq number (None: none open)."""
+        pub, self.kv_pub = self.kv_pub, None
+        if pub is None:
+            return None
+        pub.close()
+        return pub.next_seq
 
     def op_attr(self, name):
         """A plain engine attribute the client's EngineView reads (vocab_size, cpu_threads)."""
@@ -278,6 +344,7 @@ class _Core:
     def op_shutdown(self):
         n = self.op_abort_all()
         self.engine.check_invariants()
+        self.op_kv_events_close()
         self.stop = True
         return n
 
@@ -378,6 +445,8 @@ class _Core:
             self.stats["steps"] += 1
             self.stats["step_s"] += time.perf_counter() - t0
             fin, self.finished = self.finished, []
+            if self.kv_pub is not None:  # this step's KV events, in step order, as EngineThread's publisher
+                self.kv_pub.collect(eng)
             self.out.send_multipart(
                 [b"out", pack({"step": eng.step_num, "outs": [output_to_wire(o) for o in outs], "fin": fin})]
             )
@@ -401,11 +470,19 @@ def core_main(
     snapshot_interval: float,
     cpus,
     push_snapshots: bool = False,
+    kv_events: dict | None = None,
 ) -> None:
     """The child process's entry point: build the engine, say ready (or why not), run the loop.
-    A crash is sent to the client with its reason before the process exits."""
+    A crash is sent to the client with its reason before the process exits. kv_events (the
+    arguments of op_kv_events_open): this core publishes vLLM's KV events from the start; a
+    publisher that cannot open fails the start as a bad config does."""
+    import signal
+
     import zmq
 
+    # Ctrl-C in a terminal reaches the whole process group: the client shuts this core down
+    # in order (and a core whose client died notices: parent_gone)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _place(cpus)
     ctx = zmq.Context()
     cmd = ctx.socket(zmq.PULL)
@@ -424,6 +501,9 @@ def core_main(
 
         config = pickle.loads(config_blob)
         engine = LLMEngine(config)
+        core = _Core(engine, (cmd, out, pub), parent_pid, snapshot_interval)
+        if kv_events:
+            core.op_kv_events_open(**kv_events)
     except Exception as e:  # noqa: BLE001 - the client raises it where the caller asked for the engine
         out.send_multipart([b"build_failed", pickle.dumps((type(e).__name__, str(e)[:2000]))])
         out.close()
@@ -437,7 +517,6 @@ def core_main(
 
     placement = describe()
     out.send_multipart([b"ready", pickle.dumps((placement, engine.config))])  # the config as resolved (max_model_len)
-    core = _Core(engine, (cmd, out, pub), parent_pid, snapshot_interval)
     core.push = push_snapshots
     core.publish(force=True)
     code = 0
@@ -449,6 +528,8 @@ def core_main(
         traceback.print_exc()
         out.send_multipart([b"crash", pickle.dumps(msg)])
         code = 1
+    if core.kv_pub is not None:  # what is pending still goes out (a crash, a client that died)
+        core.op_kv_events_close()
     out.close()
     pub.close()
     cmd.close(linger=0)

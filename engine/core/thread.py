@@ -248,6 +248,18 @@ class EngineThread:
                 if self._ready.is_set():
                     return self._submit_locked(prompt, params, request_id, chat, origin, listener)
 
+    def submit_many(self, items) -> list:
+        """Each (prompt, params, kwargs) submitted as submit() would, under ONE acquisition of the
+        lock, so one step admits them all; returns each one's handle or the exception it raised."""
+        out = []
+        with self.lock:
+            for prompt, params, kw in items:
+                try:
+                    out.append(self.submit(prompt, params, **kw))
+                except Exception as e:  # noqa: BLE001 - handed to its own request
+                    out.append(e)
+        return out
+
     def _submit_locked(self, prompt, params, request_id, chat, origin="app", listener=None) -> RequestHandle:
         with self.lock:
             self._check_alive()  # under the lock: a loop that crashed meanwhile has set error

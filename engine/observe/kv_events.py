@@ -33,6 +33,34 @@ from engine.observe.kv_event_wire import (
 # ---------------------------------------------------------------- publisher
 
 
+@dataclass(frozen=True)
+class PublisherInfo:
+    """A publisher's endpoints and settings as its server reports them (the publisher itself may
+    live in the engine core's process). close() is a no-op: the core closes its publisher."""
+
+    endpoint: str
+    replay_endpoint: str | None
+    topic: bytes
+    buffer_steps: int
+    hwm: int
+    wire: str
+
+    def close(self) -> None:
+        pass
+
+
+def open_publisher(endpoint: str, replay_endpoint: str | None = None, wire: str = "current", **kw):
+    """A KVEventPublisher on `endpoint`, or a ValueError that names the option and the cause
+    (`--kv-events-endpoint tcp://...: ZMQError: Address already in use`), as `engine serve`
+    reports it, whether the publisher opens in its process or in the engine core's."""
+    try:
+        return KVEventPublisher(endpoint, replay_endpoint=replay_endpoint, wire=wire, **kw)
+    except ValueError:
+        raise
+    except Exception as e:  # noqa: BLE001 - e.g. zmq: address already in use
+        raise ValueError(f"--kv-events-endpoint {endpoint}: {type(e).__name__}: {e}") from None
+
+
 def vllm_publisher_binds(endpoint: str) -> bool:
     """vLLM's ZmqEventPublisher binds its PUB socket to a wildcard / ipc / inproc endpoint and
     CONNECTS to any other one (tcp://127.0.0.1:5557 included): then the consumer must bind."""
@@ -79,7 +107,10 @@ class KVEventPublisher:
         flush_interval: float = 0.02,
         data_parallel_rank: int = 0,
         medium: str | None = MEDIUM_GPU,
+        first_seq: int = 0,
     ):
+        """first_seq: the seq number of the first batch (a publisher that replaces another one,
+        as an engine core process rebuilt with a new engine does, continues its numbering)."""
         import zmq
 
         if wire not in WIRES:
@@ -114,7 +145,7 @@ class KVEventPublisher:
         self._pending: list[tuple[int, str, bytes, bytes | None, list | None, tuple | None]] = []
         self._lock = threading.Lock()  # guards _pending (flush() may run on a caller's thread)
         self._sock_lock = threading.Lock()  # sockets are used by one thread at a time
-        self._seq = 0
+        self._seq = int(first_seq)
         self._engine = None
         self._owner = None  # the EngineThread, when attached through one
         self.block_size = 0
@@ -123,26 +154,28 @@ class KVEventPublisher:
         self._thread.start()
 
     # -- engine side
-    def attach(self, target) -> None:
-        """Listen to an LLMEngine's (or an EngineThread's current engine's) block manager."""
+    def attach(self, target, cleared: bool = False) -> None:
+        """Listen to an LLMEngine's (or an EngineThread's current engine's) block manager.
+        cleared: publish AllBlocksCleared first (this engine replaces one whose blocks a
+        subscriber may still hold)."""
         engine = getattr(target, "engine", None) if hasattr(target, "submit") else target
         if engine is None or not hasattr(engine, "bm"):
             raise ValueError("attach() needs an LLMEngine or an EngineThread")
         self._owner = target if engine is not target else None
         if self._owner is not None:
             with self._owner.lock:
-                self._listen(self._owner.engine)
+                self._listen(self._owner.engine, cleared)
         else:
-            self._listen(engine)
+            self._listen(engine, cleared)
 
-    def _listen(self, engine) -> None:
+    def _listen(self, engine, cleared: bool = False) -> None:
         old = self._engine
         if old is not None:
             self.collect(old)  # what the old engine queued before it was replaced
             old.disable_kv_events()
         self.block_size = engine.bm.block_size
         cached = engine.enable_kv_events()
-        if old is not None or cached:
+        if old is not None or cached or cleared:
             # a new engine, or one that cached blocks before we listened: subscribers start over
             # then every block cached now, with its parent, tokens and extra keys (as when it was
             # stored: a consumer that checks batches strictly gets whole BlockStored events)
@@ -224,6 +257,11 @@ class KVEventPublisher:
     @property
     def next_seq(self) -> int:
         return self._seq
+
+    def info(self) -> "PublisherInfo":
+        """What /kv_event_sources and /get_server_info report of this publisher (plain data: it
+        crosses the engine core's process boundary)."""
+        return PublisherInfo(self.endpoint, self.replay_endpoint, self.topic, self.buffer_steps, self.hwm, self.wire)
 
     # -- replay
     def _service_replay(self) -> None:

@@ -3,9 +3,10 @@
 - Waker: the engine thread calls notify(run) after each update of one of its requests; wake-ups
   are coalesced into one call_soon_threadsafe per burst (one step updates every running request)
   instead of one self-pipe write per request.
-- Submitter: requests that arrive together are submitted together, under ONE acquisition of the
-  engine lock (between two steps), instead of each waiting for the lock on its own: with 16
-  clients arriving at once, they are admitted in the same step as LLM.generate would admit them.
+- Submitter: requests that arrive together are submitted together (`submit_many`: under ONE
+  acquisition of the engine lock, or in one command to a core process, between two steps)
+  instead of each waiting for the lock on its own: with 16 clients arriving at once, they are
+  admitted in the same step as LLM.generate would admit them.
   When the engine is idle the first arrival waits IDLE_WINDOW_S for companions, so a burst does
   not start with a step that prefills one request alone (at most that much added TTFT)."""
 
@@ -76,12 +77,6 @@ class Submitter:
             self._draining = False
 
     def _submit_all(self, batch) -> list:
-        out = []
-        th = self.thread
-        with th.lock:  # one lock acquisition for the whole batch
-            for prompt, params, kw, _ in batch:
-                try:
-                    out.append(th.submit(prompt, params, **kw))
-                except Exception as e:  # noqa: BLE001 - handed to its own request
-                    out.append(e)
-        return out
+        # one lock acquisition (EngineThread) or one round trip to the core (EngineClient) for
+        # the whole batch: one step admits them all
+        return self.thread.submit_many([(prompt, params, kw) for prompt, params, kw, _ in batch])

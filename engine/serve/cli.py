@@ -2,7 +2,8 @@
 [--set FIELD=VALUE ...] [--kv-events-endpoint tcp://...] [--save-tokenizer DIR]
 
 Every EngineConfig field is an option (--block-size 8, --enable-prefix-caching false, ...) or a
---set FIELD=VALUE (values parsed as JSON when they parse: numbers, true/false, null, objects)."""
+--set FIELD=VALUE (values parsed as JSON when they parse: numbers, true/false, null, objects).
+The engine core runs in a process of its own (KVSCOPE_ENGINE_PROCESS=0: in a thread of this one)."""
 
 from __future__ import annotations
 
@@ -113,19 +114,50 @@ def build_config(a) -> EngineConfig:
 
 
 def attach_kv_events(thread, endpoint: str, replay_endpoint: str | None, wire: str):
-    """engine.observe.kv_events (the events helper's module) publishes the engine's prefix-cache events."""
+    """engine.observe.kv_events (the events helper's module) publishes the engine's prefix-cache
+    events (an in-process EngineThread's; a core process opens its own: kv_events_options)."""
     try:
         from engine.observe import kv_events
     except ImportError as e:
         raise ValueError(f"--kv-events-endpoint: this build has no engine.kv_events module ({e})") from None
+    pub = kv_events.open_publisher(endpoint, replay_endpoint, wire)
     try:
-        pub = kv_events.KVEventPublisher(endpoint, replay_endpoint=replay_endpoint, wire=wire)
         pub.attach(thread)
-    except ValueError:
+    except BaseException:
+        pub.close()
         raise
-    except Exception as e:  # noqa: BLE001 - e.g. zmq: address already in use
-        raise ValueError(f"--kv-events-endpoint {endpoint}: {type(e).__name__}: {e}") from None
     return pub
+
+
+def start_engine(cfg: EngineConfig, a):
+    """(engine, KV events publisher or None). By default the engine core runs in a process of
+    its own (engine/core/client.py's EngineClient, EngineThread's API), so HTTP work (uvicorn,
+    JSON, SSE) never holds the step loop's interpreter lock; the core then owns the KV events
+    publisher (it is attached to the core's engine; the server keeps its PublisherInfo).
+    KVSCOPE_ENGINE_PROCESS=0: the in-thread EngineThread, its publisher attached by main().
+    The core is pinned only where KVSCOPE_CORE_CPUS names CPUs (several servers share a machine
+    in a fleet). ValueError: a bad config, or a KV events endpoint the core could not open."""
+    from engine.core.client import EngineClient, process_enabled
+
+    if not process_enabled():
+        from engine.core.thread import EngineThread
+
+        return EngineThread(config=cfg), None
+    from engine.core.placement import core_cpus_from_env
+
+    kv = None
+    if a.kv_events_endpoint:
+        kv = {"endpoint": a.kv_events_endpoint, "replay_endpoint": a.kv_events_replay_endpoint}
+        kv["wire"] = a.kv_events_format
+    th = EngineClient(config=cfg, cpus=core_cpus_from_env(), kv_events=kv)
+    try:
+        # the client loads its own tokenizer on first use: before serving, so the first request
+        # (a router's render, with its short deadline) does not wait seconds for it
+        th.tokenizer  # noqa: B018
+        return th, th.kv_events_info()
+    except BaseException:
+        th.shutdown()
+        raise
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,11 +172,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import uvicorn
 
-    from engine.core.thread import EngineThread
     from engine.serve.app import create_app
 
     try:
-        th = EngineThread(config=cfg)
+        th, pub = start_engine(cfg, a)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -160,12 +191,13 @@ def main(argv: list[str] | None = None) -> int:
             a.max_waiting,
             instance_id=a.instance_id or f"{a.host}:{a.port}",
         )
-        if a.kv_events_endpoint:
-            app.state.kvscope.kv_events = attach_kv_events(
-                th, a.kv_events_endpoint, a.kv_events_replay_endpoint, a.kv_events_format
-            )
+        if a.kv_events_endpoint and pub is None:  # the in-thread engine: the publisher lives here
+            pub = attach_kv_events(th, a.kv_events_endpoint, a.kv_events_replay_endpoint, a.kv_events_format)
+        app.state.kvscope.kv_events = pub
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
+        if pub is not None:
+            pub.close()
         th.shutdown()
         return 2
     name = app.state.kvscope.model_name

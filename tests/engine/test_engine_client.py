@@ -142,6 +142,25 @@ def test_bad_input_is_a_message_and_the_core_keeps_serving(client):
     assert client.submit("Hello", SamplingParams(max_tokens=3)).result(timeout=WAIT_S).finished
 
 
+def test_submit_many_is_one_command_each_answer_its_own(client):
+    """The API's batches: one command, each item its handle or its own error."""
+    p = SamplingParams(max_tokens=3, temperature=0.0)
+    got = client.submit_many(
+        [
+            ("Hello", p, {"origin": "http"}),
+            ("x", SamplingParams(max_tokens=10**9), {}),
+            ("Hi there", p, {"chat": True, "request_id": "many-1"}),
+            ("again", p, {"request_id": "many-1"}),
+        ]
+    )
+    assert isinstance(got[1], ValueError) and "max_tokens" in str(got[1])
+    assert isinstance(got[3], ValueError) and "already in use" in str(got[3])
+    assert got[2].request_id == "many-1"
+    for h in (got[0], got[2]):
+        assert h.result(timeout=WAIT_S).finished
+    client.check_invariants()
+
+
 def test_kv_budget_and_preview(client):
     client.set_kv_budget(64)
     assert client.snapshot_now().info.num_blocks == 64
