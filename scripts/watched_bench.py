@@ -246,39 +246,46 @@ def main() -> int:
             browser = pw.chromium.launch(executable_path=exe, headless=True, args=["--no-sandbox"])
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             page.set_default_timeout(START_TIMEOUT_S * 1000)
-            page.goto(f"{url}/playground")
-            page.get_by_role("button", name="Generate").wait_for()
-            page.set_default_timeout(ACTION_TIMEOUT_S * 1000)  # loaded: a stuck click fails, not hangs
-            time.sleep(3)
-            c0, t0 = proc_cpu_seconds(app.pid), time.monotonic()
-            all0, br0 = tree_cpu_seconds(app.pid), chromium_cpu_seconds()
-            time.sleep(a.idle_s)
-            per20 = 20 / (time.monotonic() - t0)
-            result["idle_page_frontend_cpu_s_per_20s"] = (proc_cpu_seconds(app.pid) - c0) * per20
-            result["idle_page_app_and_core_cpu_s_per_20s"] = (tree_cpu_seconds(app.pid) - all0) * per20
-            result["idle_page_chromium_cpu_s_per_20s"] = (chromium_cpu_seconds() - br0) * per20
-            result["watched_idle"] = median_of([stream_request(api, a.tokens) for _ in range(a.repeats)])
-            runs = []
-            for _ in range(a.repeats):
-                page.get_by_role("button", name="Generate").click()
-                time.sleep(LEAD_S)  # the page's own request is under way and drawing
-                runs.append(stream_request(api, a.tokens))
-                page.get_by_role("button", name="Generate").wait_for(state="visible")
-                time.sleep(8)  # let the page's answer finish before the next repeat
-            result["load_watched_drawing"] = median_of(runs)
-            # the Playground's own decode figure vs the API's, same request, engine otherwise idle
-            pg = []
-            for _ in range(a.repeats):
-                page.get_by_role("button", name="Generate").click()
-                time.sleep(2)
-                page.get_by_role("button", name="Generate").wait_for(state="visible")
-                time.sleep(6)  # the answer done and its views drawn
-                pg.append(page_decode_tok_s(page))
-            result["playground_decode_tok_s"] = statistics.median([x for x in pg if x] or [0]) or None
-            result["playground_decode_runs"] = pg
-            # the same request through the API with the page open (idle), then with no browser
-            same = [stream_request(api, PG_TOKENS, PG_PROMPT, ignore_eos=False) for _ in range(a.repeats)]
-            result["api_same_request_page_open"] = median_of(same)
+            try:
+                page.goto(f"{url}/playground")
+                page.get_by_role("button", name="Generate").wait_for()
+                page.set_default_timeout(ACTION_TIMEOUT_S * 1000)  # loaded: a stuck click fails, not hangs
+                time.sleep(3)
+                c0, t0 = proc_cpu_seconds(app.pid), time.monotonic()
+                all0, br0 = tree_cpu_seconds(app.pid), chromium_cpu_seconds()
+                time.sleep(a.idle_s)
+                per20 = 20 / (time.monotonic() - t0)
+                result["idle_page_frontend_cpu_s_per_20s"] = (proc_cpu_seconds(app.pid) - c0) * per20
+                result["idle_page_app_and_core_cpu_s_per_20s"] = (tree_cpu_seconds(app.pid) - all0) * per20
+                result["idle_page_chromium_cpu_s_per_20s"] = (chromium_cpu_seconds() - br0) * per20
+                result["watched_idle"] = median_of([stream_request(api, a.tokens) for _ in range(a.repeats)])
+                runs = []
+                for _ in range(a.repeats):
+                    page.get_by_role("button", name="Generate").click()
+                    time.sleep(LEAD_S)  # the page's own request is under way and drawing
+                    runs.append(stream_request(api, a.tokens))
+                    page.get_by_role("button", name="Generate").wait_for(state="visible")
+                    time.sleep(8)  # let the page's answer finish before the next repeat
+                result["load_watched_drawing"] = median_of(runs)
+                # the Playground's own decode figure vs the API's, same request, engine otherwise idle
+                pg = []
+                for _ in range(a.repeats):
+                    page.get_by_role("button", name="Generate").click()
+                    time.sleep(2)
+                    page.get_by_role("button", name="Generate").wait_for(state="visible")
+                    time.sleep(6)  # the answer done and its views drawn
+                    pg.append(page_decode_tok_s(page))
+                result["playground_decode_tok_s"] = statistics.median([x for x in pg if x] or [0]) or None
+                result["playground_decode_runs"] = pg
+                # the same request through the API with the page open (idle), then with no browser
+                same = [stream_request(api, PG_TOKENS, PG_PROMPT, ignore_eos=False) for _ in range(a.repeats)]
+                result["api_same_request_page_open"] = median_of(same)
+            except Exception:  # a stuck page: keep what it showed, for the report
+                stem = Path(a.out).with_suffix("") if a.out else Path(tempfile.gettempdir()) / "kvscope-watched"
+                page.screenshot(path=f"{stem}.fail.png", full_page=True)
+                Path(f"{stem}.fail.txt").write_text(page.inner_text("body"))
+                print(f"the page at the failure: {stem}.fail.png / .fail.txt", file=sys.stderr)
+                raise
             browser.close()
         same = median_of([stream_request(api, PG_TOKENS, PG_PROMPT, ignore_eos=False) for _ in range(a.repeats)])
         result["api_same_request"] = same

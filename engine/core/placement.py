@@ -34,32 +34,35 @@ def allowed_cpus(pid: int = 0) -> list[int] | None:
 INITIAL_CPUS = None  # this process's CPUs before pin() changed them (set below)
 
 
-def core_cpus_from_env() -> list[int] | None:
-    """KVSCOPE_CORE_CPUS ("1" or "2,3"): the CPUs the core process is pinned to (where the OS
-    allows); unset: the default plan. ValueError naming the variable if malformed."""
-    raw = os.environ.get("KVSCOPE_CORE_CPUS", "").strip()
+def cpus_from_env(name: str = "KVSCOPE_CORE_CPUS") -> list[int] | None:
+    """A CPU list from the environment ("1" or "2,3"): KVSCOPE_CORE_CPUS, the CPUs the core
+    process is pinned to, or KVSCOPE_FRONT_CPUS, the front end's; unset: the default plan.
+    ValueError naming the variable if malformed."""
+    raw = os.environ.get(name, "").strip()
     if not raw:
         return None
     try:
         cpus = sorted({int(x) for x in raw.split(",") if x.strip()})
     except ValueError:
-        raise ValueError(f"KVSCOPE_CORE_CPUS must be CPU numbers separated by commas, got {raw[:40]!r}") from None
+        raise ValueError(f"{name} must be CPU numbers separated by commas, got {raw[:40]!r}") from None
     if not cpus or cpus[0] < 0:
-        raise ValueError(f"KVSCOPE_CORE_CPUS must name at least one CPU >= 0, got {raw[:40]!r}")
+        raise ValueError(f"{name} must name at least one CPU >= 0, got {raw[:40]!r}")
     return cpus
 
 
-def plan(allowed: list[int] | None = None, core: list[int] | None = None) -> Plan:
+def plan(allowed: list[int] | None = None, core: list[int] | None = None, front: list[int] | None = None) -> Plan:
     """The core on every allowed CPU but the first, the front end on the first (`core` given:
-    the core there, the front end on the rest, or everywhere if the core took them all)."""
+    the core there, the front end on the rest, or everywhere if the core took them all;
+    `front` given: the front end there, whatever the core got)."""
     allowed = INITIAL_CPUS if allowed is None else sorted(allowed)
-    core = core_cpus_from_env() if core is None else core
+    core = cpus_from_env("KVSCOPE_CORE_CPUS") if core is None else core
+    front = cpus_from_env("KVSCOPE_FRONT_CPUS") if front is None else front
     if core:
         rest = [c for c in (allowed or []) if c not in core]
-        return Plan(core=sorted(core), front=rest or None)
+        return Plan(core=sorted(core), front=front or rest or None)
     if not allowed or len(allowed) < 2:
-        return Plan(core=None, front=None)
-    return Plan(core=allowed[1:], front=allowed[:1])
+        return Plan(core=None, front=front or None)
+    return Plan(core=allowed[1:], front=front or allowed[:1])
 
 
 def pin(cpus: list[int] | None) -> bool:
