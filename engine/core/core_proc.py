@@ -458,8 +458,9 @@ class _Core:
 
 
 def _place(cpus) -> None:
-    from engine.core.placement import pin
+    from engine.core.placement import pin, prioritize
 
+    prioritize()  # before any thread starts: they inherit it
     pin(cpus)  # where the OS allows (a container may refuse): the thread count still applies
 
 

@@ -5,8 +5,11 @@ process every allowed CPU but the first and the front end (the Streamlit process
 the API) the first one; KVSCOPE_CORE_CPUS ("1" or "2,3") names the core's CPUs instead. With a
 single allowed CPU nothing is pinned. `pin()` applies a set to every thread of this process
 (os.sched_setaffinity where the OS allows; a container may refuse: then nothing changes and the
-process still runs). `describe()` reads what a process really has from the OS: its pid, the CPUs
-it may run on, its OS threads and, for this process, torch's intra-op thread count.
+process still runs). `prioritize()` (called first in the core and the lab process) gives that process a session of its
+own and a lower nice value where the OS allows (CORE_NICE; KVSCOPE_CORE_NICE, 0 = unchanged), so a
+browser drawing on the same CPUs does not take half of the core's time. `describe()` reads what a
+process really has from the OS: its pid, the CPUs it may run on, its OS threads, its nice value and
+scheduler group and, for this process, torch's intra-op thread count.
 """
 
 from __future__ import annotations
@@ -65,6 +68,66 @@ def plan(allowed: list[int] | None = None, core: list[int] | None = None, front:
     return Plan(core=allowed[1:], front=front or allowed[:1])
 
 
+CORE_NICE = -10  # the core's (and the lab process's) nice value; KVSCOPE_CORE_NICE overrides, 0 = leave it
+
+
+def core_nice_from_env() -> int:
+    """KVSCOPE_CORE_NICE: the nice value the core asks for (-20..19; 0 leaves the priority as it
+    is); unset: CORE_NICE. ValueError naming the variable if malformed."""
+    raw = os.environ.get("KVSCOPE_CORE_NICE", "").strip()
+    if not raw:
+        return CORE_NICE
+    try:
+        nice = int(raw)
+    except ValueError:
+        raise ValueError(f"KVSCOPE_CORE_NICE must be an integer in [-20, 19], got {raw[:40]!r}") from None
+    if not -20 <= nice <= 19:
+        raise ValueError(f"KVSCOPE_CORE_NICE must be in [-20, 19], got {nice}")
+    return nice
+
+
+def prioritize(nice: int | None = None) -> bool:
+    """Put this process (the engine core, or the lab process) ahead of the front end and a browser
+    on the same machine when they want the same CPU. Call it first thing in the child, before it
+    starts threads (they inherit it). It first leaves the parent's session (os.setsid): with
+    sched_autogroup on (most desktop and server kernels) the scheduler shares CPU time between
+    sessions before threads, so a busy browser's session took half of the core's CPU, and raising
+    the core's own session raises nothing else. Then it lowers that session's nice value
+    (/proc/self/autogroup) and this thread's (setpriority) to `nice`. Lowering needs CAP_SYS_NICE
+    (root without dropped capabilities); where it is refused the priority stays as it was and the
+    process runs all the same. True if a lower nice value took effect; describe() says what holds."""
+    nice = core_nice_from_env() if nice is None else nice
+    if nice == 0 or not hasattr(os, "setsid"):
+        return False
+    try:
+        os.setsid()
+    except OSError:
+        pass  # already a session leader: its session is its own
+    ok = False
+    try:
+        with open("/proc/self/autogroup", "w") as f:
+            f.write(str(nice))
+        ok = True
+    except OSError:
+        pass  # no autogroup here, or not allowed
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+        ok = True
+    except (OSError, AttributeError):
+        pass
+    return ok
+
+
+def autogroup(pid: int) -> str | None:
+    """The scheduler group a process shares CPU time in and its nice value ("/autogroup-12 nice -10"),
+    None where the kernel has no autogroups."""
+    try:
+        with open(f"/proc/{pid}/autogroup") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
 def pin(cpus: list[int] | None) -> bool:
     """Pin every thread of this process (and the threads it starts later) to `cpus`. False where
     the OS refuses or there is nothing to pin."""
@@ -108,6 +171,11 @@ def describe(pid: int | None = None) -> dict:
     own = pid is None or pid == os.getpid()
     pid = os.getpid() if pid is None else pid
     d = {"pid": pid, "cpus": allowed_cpus(0 if own else pid), "os_threads": os_threads(pid)}
+    try:
+        d["nice"] = os.getpriority(os.PRIO_PROCESS, pid)
+    except (OSError, AttributeError):
+        d["nice"] = None
+    d["autogroup"] = autogroup(pid)
     if own:
         d["torch_threads"] = torch_threads()
     return d

@@ -32,8 +32,9 @@ PLAIN = (int, float, str, bool, type(None), tuple, list, dict)
 
 def _child(conn, cpus) -> None:
     """The lab process: take jobs, run them, send results; callbacks go back over `conn`."""
-    from engine.core.placement import pin
+    from engine.core.placement import pin, prioritize
 
+    prioritize()
     pin(cpus)
     while True:
         try:

@@ -32,6 +32,10 @@ def test_home_says_where_the_core_and_the_front_end_run(app_test):
     assert f"Engine core: a process of its own, pid {th.core_pid}" in text
     assert f"Front end (pages, charts, the API): pid {os.getpid()}" in text
     assert "1 torch thread(s)" in text  # test mode's num_threads, read back from the core
+    nice = os.getpriority(os.PRIO_PROCESS, th.core_pid)  # the core's priority as the OS has it
+    assert f"nice {nice}" in text
+    if os.geteuid() == 0:  # allowed here: the core asked for its own group at nice -10
+        assert nice == -10 and "ahead of the front end and a browser" in text
 
 
 def test_playground_generates_through_the_core(app_test):

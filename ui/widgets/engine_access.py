@@ -10,7 +10,9 @@ Environment
   (engine/core/client.py's EngineClient, same API as EngineThread), so drawing never competes with
   a step for the GIL; "0" keeps the engine in a thread of this process. With two or more CPUs the
   core is pinned to all but the first and this process (pages, charts, the API) to the first
-  (engine/core/placement.py); KVSCOPE_CORE_CPUS="1" (or "2,3") names the core's CPUs instead.
+  (engine/core/placement.py); KVSCOPE_CORE_CPUS="1" (or "2,3") names the core's CPUs instead,
+  KVSCOPE_FRONT_CPUS this process's. The core (and the lab process) asks for its own scheduler
+  group at nice -10 where the OS allows (KVSCOPE_CORE_NICE; 0 leaves it).
 - KVSCOPE_TEST_MODE=1: deterministic settings (CPU, float32, one torch thread, seed 0, a small
   pool) and static Plotly charts with fixed heights, no live polling, so screenshots are exact;
   every difference is a field of ui/widgets/mode.py's Mode.
@@ -341,6 +343,16 @@ def _cpus_text(cpus) -> str:
     return ("CPU " if len(cpus) == 1 else "CPUs ") + ", ".join(map(str, cpus))
 
 
+def _priority_text(d: dict) -> str:
+    nice, group = d.get("nice"), d.get("autogroup")
+    if nice is None:
+        return "priority not readable"
+    where = f", scheduler group {group.split()[0]}" if group else ""
+    if nice < 0:
+        return f"nice {nice}{where}: ahead of the front end and a browser on the same CPUs"
+    return f"nice {nice}{where} (a lower nice value needs CAP_SYS_NICE here; KVSCOPE_CORE_NICE)"
+
+
 def placement_lines(th) -> list[str]:
     """Where the engine's step loop and the front end (pages, charts, the API) run, for Home:
     pids, CPUs and threads read from the OS now."""
@@ -355,8 +367,8 @@ def placement_lines(th) -> list[str]:
         core = th.placement_now()
         return [
             f"Engine core: a process of its own, pid {core.get('pid')}, {_cpus_text(core.get('cpus'))}, "
-            f"{core.get('os_threads')} OS threads, {core.get('torch_threads') or 'no'} torch thread(s) "
-            "(KVSCOPE_ENGINE_PROCESS=0 runs it in a thread of the front end).",
+            f"{core.get('os_threads')} OS threads, {core.get('torch_threads') or 'no'} torch thread(s), "
+            f"{_priority_text(core)} (KVSCOPE_ENGINE_PROCESS=0 runs it in a thread of the front end).",
             fe + "; drawing never holds the core's interpreter lock.",
         ]
     n = getattr(getattr(th, "engine", None), "cpu_threads", None)
