@@ -350,7 +350,16 @@ static inline __attribute__((always_inline)) void attend_group64(int GQ, const f
    between chunks (stored and reloaded exactly; the same bits, checked against head by head).
    Each head prefetches its share of the next chunk's rows. Measured in one process, 30 layers'
    pools, randomly placed blocks, AVX2, 1 thread: 5.8 -> 9.7 GB/s at 8,000 positions, 6.2 ->
-   10.2 at 2,048, 11.3 -> 14.8 at 512 (torch.sum read 27 GB/s then); chunks of 32 beat 64 and 128. */
+   10.2 at 2,048, 11.3 -> 14.8 at 512 (torch.sum read 27 GB/s then); chunks of 32 beat 64 and 128.
+   p0..p1: the positions of one segment (kv_segments); part: its unnormalized sums, max and total.
+   2026-12-04, same set-up, load ~3: 11.5 GB/s at 8,000, 10.8-11.9 at 2,048 (torch.sum 16-18). What
+   bounds it at 1 thread, measured: the arithmetic (144 vector FMAs per position at D = 64, H = 9)
+   runs at 17-19 GB/s with the pools in L2; reading the same rows in the same order with no
+   arithmetic, 14 GB/s (random blocks) to 19 (consecutive); the two only partly overlap. Tried and
+   slower or no better there: one pass per chunk with online softmax (P.V while the chunk is hot:
+   9.2 vs 10.7; its K + V chunk overflows L1), a KV group's heads per loaded row (8.0 vs 11.1), the
+   group's P.V as 12 chains (10.1 vs 11.7), prefetch 2-4 chunks ahead or at other hints, prefetching
+   every 2nd / 4th line, chunks of 8 / 16, huge pages. */
 #ifndef KV_CHUNK
 #define KV_CHUNK 32
 #endif
