@@ -289,6 +289,32 @@ def test_long_context_decode_split_into_segments_matches_sdpa_with_the_same_bits
 
 
 @needs_kernel
+@pytest.mark.parametrize("heads,kv_heads,head_dim,n", [(9, 3, 64, 2048), (12, 4, 128, 4100), (8, 1, 64, 3000)])
+def test_one_long_sequence_split_by_segments_and_heads_gives_the_same_bits(heads, kv_heads, head_dim, n):
+    """One sequence on more threads than its segments: (segment, head range) items, each head's
+    partial sums written by whichever item holds it; the same bits on 1, 2, 3 or 5 threads."""
+    g = torch.Generator().manual_seed(n)
+    bs = 16
+    nb = -(-n // bs) + 2
+    k_pool = torch.randn(nb, bs, kv_heads, head_dim, generator=g) * 2
+    v_pool = torch.randn(nb, bs, kv_heads, head_dim, generator=g)
+    table = torch.randperm(nb, generator=g)[: -(-n // bs)].to(torch.int32)[None].contiguous()
+    q = torch.randn(1, heads, head_dim, generator=g)
+    scale = head_dim**-0.5
+    want = reference_decode(q, k_pool, v_pool, [0], [n], table.tolist(), scale)[0]
+    outs = []
+    for threads in (1, 2, 3, 5):
+        out = torch.empty_like(q)
+        one = torch.tensor([0], dtype=torch.int32)
+        cpu_kernels.paged_decode_attention(
+            lib, out, q, k_pool, v_pool, one, torch.tensor([n], dtype=torch.int32), table, scale, n, threads
+        )
+        torch.testing.assert_close(out[0], want, rtol=2e-5, atol=2e-6)
+        outs.append(out)
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+
+@needs_kernel
 def test_decode_kernel_large_scores_do_not_overflow():
     k_pool = torch.full((2, 4, 1, 8), 30.0)
     v_pool = torch.randn(2, 4, 1, 8)
