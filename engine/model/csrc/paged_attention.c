@@ -501,7 +501,8 @@ static void attend_seq_fp32(const float *q, float *out, const float *k_pool, con
                             int p0, int p1, float *part) {
     const int G = H / Hkv, L = ctx_lens[s];
     const int32_t *tb = tables + (size_t)s * max_blocks;
-    for (int l = 0, b = 0, off = 0; l < L; l++) {
+    const int r1 = p1 + KV_CHUNK < L ? p1 + KV_CHUNK : L; /* a segment's rows and the next chunk's */
+    for (int l = p0, b = p0 / bs, off = p0 % bs; l < r1; l++) {
         rows[l] = tb[b] * bs + off;
         if (++off == bs) { off = 0; b++; }
     }
