@@ -229,6 +229,92 @@ def test_a_kv_groups_heads_at_once_give_the_bits_of_head_by_head(heads, kv_heads
 
 
 @needs_kernel
+def test_long_context_decode_split_into_segments_matches_sdpa_with_the_same_bits_at_any_thread_count():
+    """Contexts of 2,048+ positions go in 2 or 4 position segments (csrc/paged_attention.c,
+    kv_segments), each with its own max, merged after: within fp32 rounding of SDPA, and, the split
+    being set by the length alone, the same bits on 1, 2 or 3 threads. A batch mixes split and
+    unsplit sequences (2,047 / 2,048 / 4,095 / 4,096 / 8,000 positions), rows out of order."""
+    g = torch.Generator().manual_seed(33)
+    rng = random.Random(33)
+    heads, kv_heads, d, bs = 9, 3, 64, 16
+    lens = [2047, 8000, 2048, 300, 4096, 4095]
+    need = sum(-(-n // bs) for n in lens)
+    k_pool = torch.randn(need + 3, bs, kv_heads, d, generator=g) * 2
+    v_pool = torch.randn(need + 3, bs, kv_heads, d, generator=g)
+    perm = list(range(need + 3))
+    rng.shuffle(perm)
+    width = max(-(-n // bs) for n in lens)
+    tables, off = [], 0
+    for n in lens:
+        m = -(-n // bs)
+        tables.append(perm[off : off + m] + [perm[0]] * (width - m))
+        off += m
+    T = len(lens) + 2
+    rows = rng.sample(range(T), len(lens))
+    q = torch.randn(T, heads, d, generator=g)
+    scale = d**-0.5
+    args = (
+        torch.tensor(rows, dtype=torch.int32),
+        torch.tensor(lens, dtype=torch.int32),
+        torch.tensor(tables, dtype=torch.int32),
+        scale,
+        max(lens),
+    )
+    ref = reference_decode(q, k_pool, v_pool, rows, lens, tables, scale)
+    outs = []
+    for threads in (1, 2, 3):
+        out = torch.full_like(q, 7.0)
+        cpu_kernels.paged_decode_attention(lib, out, q, k_pool, v_pool, *args, threads)
+        outs.append(out)
+        for r, want in ref.items():
+            torch.testing.assert_close(out[r], want, rtol=2e-5, atol=2e-6)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+    # one long sequence alone (batch-1 decode: at 2 threads its segments, not head ranges, split)
+    one = [torch.empty(1, heads, d) for _ in range(2)]
+    for out, threads in zip(one, (1, 2)):
+        cpu_kernels.paged_decode_attention(
+            lib,
+            out,
+            q[rows[1]][None].contiguous(),
+            k_pool,
+            v_pool,
+            torch.tensor([0], dtype=torch.int32),
+            torch.tensor([8000], dtype=torch.int32),
+            torch.tensor([tables[1]], dtype=torch.int32),
+            scale,
+            8000,
+            threads,
+        )
+    assert torch.equal(one[0], one[1]) and torch.equal(one[0][0], outs[0][rows[1]])
+
+
+@needs_kernel
+@pytest.mark.parametrize("heads,kv_heads,head_dim,n", [(9, 3, 64, 2048), (12, 4, 128, 4100), (8, 1, 64, 3000)])
+def test_one_long_sequence_split_by_segments_and_heads_gives_the_same_bits(heads, kv_heads, head_dim, n):
+    """One sequence on more threads than its segments: (segment, head range) items, each head's
+    partial sums written by whichever item holds it; the same bits on 1, 2, 3 or 5 threads."""
+    g = torch.Generator().manual_seed(n)
+    bs = 16
+    nb = -(-n // bs) + 2
+    k_pool = torch.randn(nb, bs, kv_heads, head_dim, generator=g) * 2
+    v_pool = torch.randn(nb, bs, kv_heads, head_dim, generator=g)
+    table = torch.randperm(nb, generator=g)[: -(-n // bs)].to(torch.int32)[None].contiguous()
+    q = torch.randn(1, heads, head_dim, generator=g)
+    scale = head_dim**-0.5
+    want = reference_decode(q, k_pool, v_pool, [0], [n], table.tolist(), scale)[0]
+    outs = []
+    for threads in (1, 2, 3, 5):
+        out = torch.empty_like(q)
+        one = torch.tensor([0], dtype=torch.int32)
+        cpu_kernels.paged_decode_attention(
+            lib, out, q, k_pool, v_pool, one, torch.tensor([n], dtype=torch.int32), table, scale, n, threads
+        )
+        torch.testing.assert_close(out[0], want, rtol=2e-5, atol=2e-6)
+        outs.append(out)
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+
+@needs_kernel
 def test_decode_kernel_large_scores_do_not_overflow():
     k_pool = torch.full((2, 4, 1, 8), 30.0)
     v_pool = torch.randn(2, 4, 1, 8)

@@ -16,8 +16,9 @@
  * (row = D + 4 bytes). Non-fp32 rows are widened to fp32 once per token as they are read (one
  * token's Hkv rows into a small buffer), then the arithmetic is the fp32 kernel's, unchanged.
  * tables [n_seqs, max_blocks] int32. Grouped-query heads share a KV head (H % Hkv == 0).
- * Work is split over sequences on n_threads OpenMP threads (fp32 path: over sequences and ranges of
- * query heads when there are fewer sequences than threads). Built by
+ * Work is split over sequences on n_threads OpenMP threads (fp32 path: a context of 2,048+
+ * positions in 2 or 4 position segments merged after, kv_segments; ranges of query heads when
+ * there are fewer of those items than threads). Built by
  * engine/model/cpu_kernels.py with the host compiler; portable C with GCC vector extensions (8 x fp32),
  * no intrinsics.
  */
@@ -349,7 +350,16 @@ static inline __attribute__((always_inline)) void attend_group64(int GQ, const f
    between chunks (stored and reloaded exactly; the same bits, checked against head by head).
    Each head prefetches its share of the next chunk's rows. Measured in one process, 30 layers'
    pools, randomly placed blocks, AVX2, 1 thread: 5.8 -> 9.7 GB/s at 8,000 positions, 6.2 ->
-   10.2 at 2,048, 11.3 -> 14.8 at 512 (torch.sum read 27 GB/s then); chunks of 32 beat 64 and 128. */
+   10.2 at 2,048, 11.3 -> 14.8 at 512 (torch.sum read 27 GB/s then); chunks of 32 beat 64 and 128.
+   p0..p1: the positions of one segment (kv_segments); part: its unnormalized sums, max and total.
+   2026-12-04, same set-up, load ~3: 11.5 GB/s at 8,000, 10.8-11.9 at 2,048 (torch.sum 16-18). What
+   bounds it at 1 thread, measured: the arithmetic (144 vector FMAs per position at D = 64, H = 9)
+   runs at 17-19 GB/s with the pools in L2; reading the same rows in the same order with no
+   arithmetic, 14 GB/s (random blocks) to 19 (consecutive); the two only partly overlap. Tried and
+   slower or no better there: one pass per chunk with online softmax (P.V while the chunk is hot:
+   9.2 vs 10.7; its K + V chunk overflows L1), a KV group's heads per loaded row (8.0 vs 11.1), the
+   group's P.V as 12 chains (10.1 vs 11.7), prefetch 2-4 chunks ahead or at other hints, prefetching
+   every 2nd / 4th line, chunks of 8 / 16, huge pages. */
 #ifndef KV_CHUNK
 #define KV_CHUNK 32
 #endif
@@ -362,7 +372,8 @@ static inline void prefetch_span(const float *p, size_t nfloats) {
 static inline __attribute__((always_inline)) void attend_chunked(int NV, const float *qp, float *op,
                                                                  const float *k_pool, const float *v_pool, int Hkv,
                                                                  int G, const int32_t *rows, int L, float scale,
-                                                                 int h0, int h1, float *sc, v8 *acc) {
+                                                                 int h0, int h1, float *sc, v8 *acc, int p0, int p1,
+                                                                 float *part) {
     const int D = NV * 8, Lp = L + 8, nh = h1 - h0;
     const int g0 = h0 / G, g1 = (h1 - 1) / G;
     const size_t seg = (size_t)(g1 - g0 + 1) * D, stride = (size_t)Hkv * D;
@@ -370,8 +381,8 @@ static inline __attribute__((always_inline)) void attend_chunked(int NV, const f
     v8 top[KV_MAX_HEADS];
     float total[KV_MAX_HEADS];
     for (int h = h0; h < h1; h++) top[h - h0] = splat(-INFINITY);
-    for (int c0 = 0; c0 < L; c0 += KV_CHUNK) {          /* scores, chunk by chunk */
-        const int c1 = c0 + KV_CHUNK < L ? c0 + KV_CHUNK : L;
+    for (int c0 = p0; c0 < p1; c0 += KV_CHUNK) {        /* scores, chunk by chunk */
+        const int c1 = c0 + KV_CHUNK < p1 ? c0 + KV_CHUNK : p1;
         for (int h = h0; h < h1; h++) {
             const float *kp = k_pool + (size_t)(h / G) * D;
             v8 q[16];
@@ -379,7 +390,7 @@ static inline __attribute__((always_inline)) void attend_chunked(int NV, const f
             float *sh = sc + (size_t)(h - h0) * Lp;
             v8 t = top[h - h0];
             for (int l0 = c0; l0 < c1; l0 += 8) {
-                const int n = L - l0 < 8 ? L - l0 : 8;
+                const int n = p1 - l0 < 8 ? p1 - l0 : 8;
                 for (int j = l0; j < l0 + 8 && j + KV_CHUNK < L; j++) /* the heads share the next chunk's */
                     if ((j - c0) % nh == h - h0)
                         prefetch_span(k_pool + (size_t)rows[j + KV_CHUNK] * stride + (size_t)g0 * D, seg);
@@ -403,17 +414,18 @@ static inline __attribute__((always_inline)) void attend_chunked(int NV, const f
         for (int j = 1; j < 8; j++) m = top[h - h0][j] > m ? top[h - h0][j] : m;
         float *sh = sc + (size_t)(h - h0) * Lp;
         v8 tot = splat(0.f);
-        for (int l = 0; l < L; l += 8) {
+        for (int l = p0; l < p1; l += 8) {
             const v8 e = exp_nonpos(ld(sh + l) - m);
-            const v8 ev = L - l >= 8 ? e : sel(lane < L - l, e, splat(0.f));
+            const v8 ev = p1 - l >= 8 ? e : sel(lane < p1 - l, e, splat(0.f));
             st(sh + l, ev);
             tot += ev;
         }
         total[h - h0] = hsum(tot);
+        if (part) part[(size_t)h * (D + 2) + D] = m;
         for (int i = 0; i < NV; i++) acc[(size_t)(h - h0) * NV + i] = splat(0.f);
     }
-    for (int c0 = 0; c0 < L; c0 += KV_CHUNK) {          /* out = sum p v, chunk by chunk */
-        const int c1 = c0 + KV_CHUNK < L ? c0 + KV_CHUNK : L;
+    for (int c0 = p0; c0 < p1; c0 += KV_CHUNK) {        /* out = sum p v, chunk by chunk */
+        const int c1 = c0 + KV_CHUNK < p1 ? c0 + KV_CHUNK : p1;
         for (int h = h0; h < h1; h++) {
             const float *vp = v_pool + (size_t)(h / G) * D;
             const float *ph = sc + (size_t)(h - h0) * Lp;
@@ -430,8 +442,52 @@ static inline __attribute__((always_inline)) void attend_chunked(int NV, const f
         }
     }
     for (int h = h0; h < h1; h++) {
+        if (part) {                                     /* a segment: its sums, max and total, for kv_merge */
+            float *ph = part + (size_t)h * (D + 2);
+            for (int i = 0; i < NV; i++) st(ph + 8 * i, acc[(size_t)(h - h0) * NV + i]);
+            ph[D + 1] = total[h - h0];
+            continue;
+        }
         const v8 inv = splat(1.0f / total[h - h0]);
         for (int i = 0; i < NV; i++) st(op + (size_t)h * D + 8 * i, acc[(size_t)(h - h0) * NV + i] * inv);
+    }
+}
+
+/* Position segments of a long context (fp32 path): a context of at least 2 * KV_SEG positions is
+   split into 2 segments, of 4 * KV_SEG into 4, each a whole number of chunks, computed as separate
+   work items (each with its own max: the scores, e^x and the sums of attend_chunked over its
+   positions) and merged by kv_merge: o = sum_g e^(m_g - m) acc_g / sum_g e^(m_g - m) total_g.
+   The split depends on L alone, so a row's bits do not depend on the thread count; at 2 threads
+   a batch-1 decode's positions go half to each (the head ranges otherwise cut a KV group, whose
+   rows both threads then read). */
+#ifndef KV_SEG
+#define KV_SEG 1024
+#endif
+static inline int kv_segments(int L) { return L >= 4 * KV_SEG ? 4 : L >= 2 * KV_SEG ? 2 : 1; }
+static inline int kv_segment_start(int L, int g, int ns) {
+    return g >= ns ? L : (int)((long long)L * g / ns) / KV_CHUNK * KV_CHUNK;
+}
+/* parts: ns blocks of H x (D sums, max, total), one per segment, in position order */
+static void kv_merge(const float *parts, int ns, int H, int D, float *o) {
+    const size_t pf = (size_t)H * (D + 2);
+    for (int h = 0; h < H; h++) {
+        float m = -INFINITY;
+        for (int g = 0; g < ns; g++) {
+            const float mg = parts[pf * g + (size_t)h * (D + 2) + D];
+            m = mg > m ? mg : m;
+        }
+        float w[4], tot = 0.f;
+        for (int g = 0; g < ns; g++) {
+            const float *ph = parts + pf * g + (size_t)h * (D + 2);
+            w[g] = exp_nonpos(splat(ph[D] - m))[0];
+            tot += w[g] * ph[D + 1];
+        }
+        const float inv = 1.0f / tot;
+        for (int d = 0; d < D; d += 8) {
+            v8 a = splat(0.f);
+            for (int g = 0; g < ns; g++) a += w[g] * ld(parts + pf * g + (size_t)h * (D + 2) + d);
+            st(o + (size_t)h * D + d, a * inv);
+        }
     }
 }
 
@@ -441,10 +497,12 @@ static inline __attribute__((always_inline)) void attend_chunked(int NV, const f
    rows: L ints, the pool row (block * bs + offset) of each position, looked up once for the heads. */
 static void attend_seq_fp32(const float *q, float *out, const float *k_pool, const float *v_pool, const int32_t *q_rows,
                             const int32_t *ctx_lens, const int32_t *tables, int max_blocks, int bs, int H, int Hkv,
-                            int D, float scale, int s, int h0, int h1, float *sc, int32_t *rows, v8 *acc) {
+                            int D, float scale, int s, int h0, int h1, float *sc, int32_t *rows, v8 *acc,
+                            int p0, int p1, float *part) {
     const int G = H / Hkv, L = ctx_lens[s];
     const int32_t *tb = tables + (size_t)s * max_blocks;
-    for (int l = 0, b = 0, off = 0; l < L; l++) {
+    const int r1 = p1 + KV_CHUNK < L ? p1 + KV_CHUNK : L; /* a segment's rows and the next chunk's */
+    for (int l = p0, b = p0 / bs, off = p0 % bs; l < r1; l++) {
         rows[l] = tb[b] * bs + off;
         if (++off == bs) { off = 0; b++; }
     }
@@ -452,9 +510,9 @@ static void attend_seq_fp32(const float *q, float *out, const float *k_pool, con
     float *op = out + (size_t)q_rows[s] * H * D;
     if (L >= KV_CHUNK_MIN_CTX) {
         if (D == 64)
-            attend_chunked(8, qp, op, k_pool, v_pool, Hkv, G, rows, L, scale, h0, h1, sc, acc);
+            attend_chunked(8, qp, op, k_pool, v_pool, Hkv, G, rows, L, scale, h0, h1, sc, acc, p0, p1, part);
         else
-            attend_chunked(16, qp, op, k_pool, v_pool, Hkv, G, rows, L, scale, h0, h1, sc, acc);
+            attend_chunked(16, qp, op, k_pool, v_pool, Hkv, G, rows, L, scale, h0, h1, sc, acc, p0, p1, part);
         return;
     }
     int hq = h0;
@@ -504,38 +562,70 @@ int kvscope_paged_decode_kv(const float *q, float *out, const void *k_pool, cons
         return -1;
     if (n_seqs == 0) return 0;
     if (n_threads < 1) n_threads = 1;
-    /* work items: sequences, or (fp32 path, fewer sequences than threads) sequences x head ranges */
+    /* work items: (sequence, position segment, head range). fp32 path only: a long context in
+       kv_segments(L) segments (set by L alone, so the same bits at any thread count), merged after;
+       head ranges when there are fewer (sequence, segment) items than threads */
     const int fast = kv_format == KV_FP32 && (D == 64 || D == 128);
-    const int parts = fast && n_seqs < n_threads ? (n_threads < H ? n_threads : H) : 1;
-    if (n_threads > n_seqs * parts) n_threads = n_seqs * parts;
+    int segs = 0, split = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        const int ns = fast ? kv_segments(ctx_lens[s]) : 1;
+        segs += ns;
+        split += ns > 1 ? ns : 0;
+    }
+    const int parts = fast && segs < n_threads ? (n_threads < H ? n_threads : H) : 1;
+    if (n_threads > segs * parts) n_threads = segs * parts;
     const size_t sc_floats = ((size_t)max_ctx + 8) * H, acc_vecs = (size_t)H * (D / 8);
+    const size_t part_floats = (size_t)H * (D + 2);
     float *scores = (float *)malloc(sizeof(float) * sc_floats * n_threads);
     v8 *accs = (v8 *)aligned_alloc(32, sizeof(v8) * acc_vecs * n_threads);
     float *bufs = (float *)malloc(sizeof(float) * (size_t)Hkv * D * n_threads);
     int32_t *rowbufs = (int32_t *)malloc(sizeof(int32_t) * ((size_t)max_ctx + 8) * n_threads);
-    if (!scores || !accs || !bufs || !rowbufs) { free(scores); free(accs); free(bufs); free(rowbufs); return -2; }
+    int32_t *item = (int32_t *)malloc(sizeof(int32_t) * 3 * (size_t)segs); /* (s, segment, part slot) */
+    float *partials = split ? (float *)malloc(sizeof(float) * part_floats * split) : NULL;
+    if (!scores || !accs || !bufs || !rowbufs || !item || (split && !partials)) {
+        free(scores); free(accs); free(bufs); free(rowbufs); free(item); free(partials);
+        return -2;
+    }
+    for (int s = 0, i = 0, slot = 0; s < n_seqs; s++) {
+        const int ns = fast ? kv_segments(ctx_lens[s]) : 1;
+        for (int g = 0; g < ns; g++, i++) {
+            item[3 * i] = s;
+            item[3 * i + 1] = g;
+            item[3 * i + 2] = ns > 1 ? slot++ : -1;
+        }
+    }
     /* OpenMP from the same libgomp that torch loaded (resolved by soname in-process): one pool of
        threads for torch's ops and this kernel, never two pools competing for the cores */
     #pragma omp parallel for num_threads(n_threads) schedule(dynamic, 1) if (n_threads > 1)
-    for (int i = 0; i < n_seqs * parts; i++) {
-        const int s = i / parts, part = i % parts;
+    for (int i = 0; i < segs * parts; i++) {
+        const int it = i / parts, part = i % parts, s = item[3 * it], g = item[3 * it + 1], slot = item[3 * it + 2];
         int t = 0;
 #ifdef _OPENMP
         t = omp_get_thread_num();
 #endif
-        if (fast)
+        if (fast) {
+            const int L = ctx_lens[s], ns = slot < 0 ? 1 : kv_segments(L);
             attend_seq_fp32(q, out, (const float *)k_pool, (const float *)v_pool, q_rows, ctx_lens, tables, max_blocks,
                             bs, H, Hkv, D, scale, s, H * part / parts, H * (part + 1) / parts, scores + sc_floats * t,
-                            rowbufs + (size_t)(max_ctx + 8) * t, accs + acc_vecs * t);
-        else
+                            rowbufs + (size_t)(max_ctx + 8) * t, accs + acc_vecs * t, kv_segment_start(L, g, ns),
+                            kv_segment_start(L, g + 1, ns), slot < 0 ? NULL : partials + part_floats * slot);
+        } else
             attend_seq(q, out, (const unsigned char *)k_pool, (const unsigned char *)v_pool, q_rows, ctx_lens, tables,
                        max_blocks, bs, H, Hkv, D, scale, s, scores + sc_floats * t, accs + acc_vecs * t, kv_format,
                        bufs + (size_t)Hkv * D * t);
     }
+    for (int it = 0; it < segs; it++) /* the split sequences: their segments merged, in order */
+        if (item[3 * it + 1] == 0 && item[3 * it + 2] >= 0) {
+            const int s = item[3 * it];
+            kv_merge(partials + part_floats * item[3 * it + 2], kv_segments(ctx_lens[s]), H, D,
+                     out + (size_t)q_rows[s] * H * D);
+        }
     free(scores);
     free(accs);
     free(bufs);
     free(rowbufs);
+    free(item);
+    free(partials);
     return 0;
 }
 
