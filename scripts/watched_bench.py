@@ -165,6 +165,26 @@ def page_decode_tok_s(page) -> float | None:
     return None
 
 
+def generate(page, url: str, result: dict) -> None:
+    """Click the Playground's Generate (see visible_or_reload)."""
+    visible_or_reload(page, url, result)
+    page.get_by_role("button", name="Generate").click()
+
+
+def visible_or_reload(page, url: str, result: dict) -> None:
+    """Streamlit's front end sometimes drops the whole page ("Bad delta path index" in the
+    console, a blank page) after a few answers while API requests run; then the page is loaded
+    again (counted in page_blank_reloads) so the measurement goes on."""
+    button = page.get_by_role("button", name="Generate")
+    try:
+        button.wait_for(state="visible", timeout=10_000)
+    except Exception:  # noqa: BLE001 - playwright's TimeoutError: the page went blank
+        result["page_blank_reloads"] = result.get("page_blank_reloads", 0) + 1
+        page.goto(f"{url}/playground")
+        button.wait_for(state="visible", timeout=ACTION_TIMEOUT_S * 1000)
+        time.sleep(3)
+
+
 def taskset_wrapper(exe: str, cpus: str) -> str:
     """A script that runs `exe` pinned to `cpus` (Playwright launches an executable path)."""
     f = tempfile.NamedTemporaryFile("w", prefix="kvscope-chromium-", suffix=".sh", delete=False)
@@ -261,18 +281,18 @@ def main() -> int:
                 result["watched_idle"] = median_of([stream_request(api, a.tokens) for _ in range(a.repeats)])
                 runs = []
                 for _ in range(a.repeats):
-                    page.get_by_role("button", name="Generate").click()
+                    generate(page, url, result)
                     time.sleep(LEAD_S)  # the page's own request is under way and drawing
                     runs.append(stream_request(api, a.tokens))
-                    page.get_by_role("button", name="Generate").wait_for(state="visible")
+                    visible_or_reload(page, url, result)
                     time.sleep(8)  # let the page's answer finish before the next repeat
                 result["load_watched_drawing"] = median_of(runs)
                 # the Playground's own decode figure vs the API's, same request, engine otherwise idle
                 pg = []
                 for _ in range(a.repeats):
-                    page.get_by_role("button", name="Generate").click()
+                    generate(page, url, result)
                     time.sleep(2)
-                    page.get_by_role("button", name="Generate").wait_for(state="visible")
+                    visible_or_reload(page, url, result)
                     time.sleep(6)  # the answer done and its views drawn
                     pg.append(page_decode_tok_s(page))
                 result["playground_decode_tok_s"] = statistics.median([x for x in pg if x] or [0]) or None
