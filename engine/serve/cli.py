@@ -143,13 +143,13 @@ def start_engine(cfg: EngineConfig, a):
         from engine.core.thread import EngineThread
 
         return EngineThread(config=cfg), None
-    from engine.core.placement import core_cpus_from_env
+    from engine.core.placement import cpus_from_env
 
     kv = None
     if a.kv_events_endpoint:
         kv = {"endpoint": a.kv_events_endpoint, "replay_endpoint": a.kv_events_replay_endpoint}
         kv["wire"] = a.kv_events_format
-    th = EngineClient(config=cfg, cpus=core_cpus_from_env(), kv_events=kv)
+    th = EngineClient(config=cfg, cpus=cpus_from_env("KVSCOPE_CORE_CPUS"), kv_events=kv)
     try:
         # the client loads its own tokenizer on first use: before serving, so the first request
         # (a router's render, with its short deadline) does not wait seconds for it
