@@ -14,7 +14,6 @@ removed, or with a fixed fragment refresh instead of the busy/idle switch, it st
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -29,17 +28,7 @@ import watched_bench as W  # noqa: E402 - the same app start and API client
 def main() -> int:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 10
     pause = float(sys.argv[2]) if len(sys.argv) > 2 else 2.0
-    port, api_port = W.free_port(), W.free_port()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    env.update({"KVSCOPE_MODEL": "default", "KVSCOPE_API_PORT": str(api_port)})
-    env.pop("KVSCOPE_TEST_MODE", None)
-    cmd = [sys.executable, "-m", "streamlit", "run", "app_api.py", "--server.headless", "true"]
-    cmd += ["--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"]
-    cmd += ["--server.fileWatcherType", "none", "--client.toolbarMode", "minimal", "--runner.postScriptGC", "false"]
-    app = subprocess.Popen(
-        cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    url, api = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{api_port}"
+    app, url, api = W.start_app({"KVSCOPE_MODEL": "default"}, subprocess.DEVNULL)
     errors: list[str] = []
     stuck = None
     try:
@@ -68,7 +57,7 @@ def main() -> int:
                 print(f"ok {i}", flush=True)
             browser.close()
     finally:
-        os.killpg(app.pid, signal.SIGTERM)
+        W.stop_app(app)
     for e in errors[:5]:
         print("page error:", e[:300])
     return 1 if stuck is not None else 0

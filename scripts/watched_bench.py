@@ -202,6 +202,29 @@ def median_of(runs: list[dict]) -> dict:
     return out
 
 
+def start_app(extra_env: dict, log) -> tuple[subprocess.Popen, str, str]:
+    """The app as scripts/run.sh starts it (`streamlit run app_api.py`, live mode, the API on a
+    free localhost port), its output to `log`: (the process, the app's URL, the API's URL)."""
+    port, api_port = free_port(), free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env.update(extra_env, KVSCOPE_API_PORT=str(api_port))
+    env.pop("KVSCOPE_TEST_MODE", None)
+    cmd = [sys.executable, "-m", "streamlit", "run", "app_api.py", "--server.headless", "true"]
+    cmd += ["--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"]
+    cmd += ["--server.fileWatcherType", "none", "--client.toolbarMode", "minimal", "--runner.postScriptGC", "false"]
+    app = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return app, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{api_port}"
+
+
+def stop_app(app: subprocess.Popen) -> None:
+    """Stop start_app's process group (SIGKILL after 30 s)."""
+    os.killpg(app.pid, signal.SIGTERM)
+    try:
+        app.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(app.pid, signal.SIGKILL)
+
+
 def wait_http(url: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -231,23 +254,8 @@ def main() -> int:
     )
     a = ap.parse_args()
 
-    port, api_port = free_port(), free_port()
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "KVSCOPE_MODEL": a.model,
-        "KVSCOPE_API_PORT": str(api_port),
-        "KVSCOPE_ENGINE_PROCESS": a.process,
-    }
-    env.pop("KVSCOPE_TEST_MODE", None)
     log = tempfile.NamedTemporaryFile("w+", prefix="kvscope-watched-", suffix=".log", delete=False)
-    cmd = [sys.executable, "-m", "streamlit", "run", "app_api.py", "--server.headless", "true"]
-    cmd += ["--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"]
-    cmd += ["--server.fileWatcherType", "none", "--client.toolbarMode", "minimal", "--runner.postScriptGC", "false"]
-    app = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url, api = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{api_port}"
+    app, url, api = start_app({"KVSCOPE_MODEL": a.model, "KVSCOPE_ENGINE_PROCESS": a.process}, log)
     result: dict = {"engine_process": a.process == "1", "model": a.model, "tokens": a.tokens, "cpus": os.cpu_count()}
     result["loadavg_start"] = os.getloadavg()
     try:
@@ -320,11 +328,7 @@ def main() -> int:
         result["watched_drawing_ratio"] = d / u if d and u else None
         result["loadavg_end"] = os.getloadavg()
     finally:
-        os.killpg(app.pid, signal.SIGTERM)
-        try:
-            app.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(app.pid, signal.SIGKILL)
+        stop_app(app)
     text = json.dumps(result, indent=2)
     print(text)
     if a.out:

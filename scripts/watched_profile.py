@@ -21,8 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -154,24 +152,9 @@ def main() -> int:
     ap.add_argument("--chromium-cpus", default="", help="taskset Chromium to these CPUs (a roof measurement)")
     ap.add_argument("--out")
     a = ap.parse_args()
-    port, api_port = wb.free_port(), wb.free_port()
     stats_path = tempfile.mktemp(prefix="kvscope-core-stats-", suffix=".json")
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "KVSCOPE_API_PORT": str(api_port),
-        "KVSCOPE_ENGINE_PROCESS": a.process,
-        "KVSCOPE_CORE_STATS": stats_path,
-    }
-    env.pop("KVSCOPE_TEST_MODE", None)
     log = tempfile.NamedTemporaryFile("w+", prefix="kvscope-profile-", suffix=".log", delete=False)
-    cmd = [sys.executable, "-m", "streamlit", "run", "app_api.py", "--server.headless", "true"]
-    cmd += ["--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"]
-    cmd += ["--server.fileWatcherType", "none", "--client.toolbarMode", "minimal", "--runner.postScriptGC", "false"]
-    app = subprocess.Popen(cmd, cwd=wb.REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url, api = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{api_port}"
+    app, url, api = wb.start_app({"KVSCOPE_ENGINE_PROCESS": a.process, "KVSCOPE_CORE_STATS": stats_path}, log)
     res: dict = {"process": a.process, "loadavg_start": os.getloadavg(), "chromium_cpus": a.chromium_cpus or None}
     try:
         wb.wait_http(f"{api}/v1/models", wb.START_TIMEOUT_S)
@@ -236,11 +219,7 @@ def main() -> int:
             browser.close()
         res["loadavg_end"] = os.getloadavg()
     finally:
-        os.killpg(app.pid, signal.SIGTERM)
-        try:
-            app.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(app.pid, signal.SIGKILL)
+        wb.stop_app(app)
     text = json.dumps(res, indent=1)
     print(text)
     if a.out:
