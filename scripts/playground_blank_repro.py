@@ -1,14 +1,20 @@
-"""Reproduces a blank Playground: Streamlit's front end drops the whole page with
-"Bad delta path index N (should be between [0, M])" after a few answers while API requests run.
+"""Reproduces the blank Playground of issue 32 (fixed): Streamlit's front end dropped the whole page
+with "Bad delta path index N (should be between [0, M])" after a few answers while API requests ran.
 
   .venv/bin/python scripts/playground_blank_repro.py [ROUNDS=10] [PAUSE_S=2]
 
 Starts the app as scripts/run.sh does (live mode, default model, the API on a free port), opens the
 Playground in headless Chromium and, ROUNDS times, clicks Generate and streams a 96-token API
 request on the same engine 0.5 s later. Prints "ok N" per round or "STUCK at N" (the Generate
-button gone: the page is blank), and the browser's page errors. Seen on 2026-12-04 (Streamlit
-1.67.0): stuck at round 3 to 11 in 4 of 4 runs; with the Playground's redraws during streaming
-removed, or with a fixed fragment refresh instead of the busy/idle switch, it still got stuck.
+button gone: the page is blank), and the browser's page errors.
+
+The cause, read from the websocket's decoded frames: a fragment run of the live views, cut short by
+the next timer rerun of the same fragment, had its queued elements 10-12 cleared, but element 13,
+sent as a reference to a cached message ("ref_hash", which carries no fragment id), stayed in the
+queue; the browser got index 13 of a block holding 10. Seen on 2026-12-04 (Streamlit 1.67.0):
+stuck at round 3 to 11 in 5 of 5 runs. With cached references off (--global.minCachedMessageSize
+1e18, .streamlit/config.toml): 16 of 16 rounds, with 33 cut fragment runs and no page error.
+tests/app/test_streamlit_settings.py pins the mechanism on Streamlit's own queue.
 """
 
 from __future__ import annotations

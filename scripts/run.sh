@@ -37,4 +37,4 @@ if [ "$KVSCOPE_API_PORT" != "off" ]; then
 fi
 exec .venv/bin/python -m streamlit run app_api.py --server.headless true --server.port "$PORT" \
   --server.address "$ADDR" --browser.gatherUsageStats false --server.fileWatcherType none \
-  --client.toolbarMode minimal --runner.postScriptGC false "$@"
+  --client.toolbarMode minimal --runner.postScriptGC false --global.minCachedMessageSize 1e18 "$@"

@@ -212,6 +212,7 @@ def start_app(extra_env: dict, log) -> tuple[subprocess.Popen, str, str]:
     cmd = [sys.executable, "-m", "streamlit", "run", "app_api.py", "--server.headless", "true"]
     cmd += ["--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"]
     cmd += ["--server.fileWatcherType", "none", "--client.toolbarMode", "minimal", "--runner.postScriptGC", "false"]
+    cmd += ["--global.minCachedMessageSize", "1e18"]  # .streamlit/config.toml says why
     app = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     return app, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{api_port}"
 

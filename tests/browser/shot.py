@@ -51,6 +51,8 @@ STREAMLIT_FLAGS = [
     "minimal",
     "--runner.postScriptGC",
     "false",
+    "--global.minCachedMessageSize",  # .streamlit/config.toml says why
+    "1e18",
     "--theme.base",
     "light",
     "--server.fileWatcherType",
