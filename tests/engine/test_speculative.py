@@ -185,6 +185,26 @@ def test_greedy_identical_to_plain_real_model(real_plain, method, k):
         assert edit.num_output_tokens - edit.spec_num_accepted_tokens < 0.7 * edit.num_output_tokens
 
 
+def test_speculative_page_default_prompt_is_an_edit_that_drafting_pays_for():
+    """The Speculative page's default prompt (ui/figures/drafters.EXAMPLE_PROMPT): the default model
+    answers with the paragraph, its one misspelling corrected, so n-gram drafts copied from the
+    prompt are accepted run after run, and rejected where the answer departs from the prompt."""
+    from ui.figures import drafters
+
+    eng = spec_engine("default", k=4, spec={"method": "ngram"}, fallback=True)
+    prompt = eng.apply_chat_template(drafters.EXAMPLE_PROMPT)
+    params = SamplingParams(max_tokens=64)
+    plain = LLMEngine(EngineConfig(model="default"))
+    assert run(eng, [prompt], params) == run(plain, [prompt], params, check=False)
+    r = eng.finished[0]
+    text = eng.tokenizer.decode(r.output_token_ids, skip_special_tokens=True)
+    assert "In the evening the cat comes back home" in text and "evenning" not in text
+    assert r.finish_reason == "stop" and r.num_output_tokens < params.max_tokens
+    assert r.spec_num_accepted_tokens / r.spec_num_draft_tokens > 0.7
+    assert sum(1 for m in r.token_marks if m.kind == REPLACED) >= 1  # the fix: a draft rejected
+    assert r.num_output_tokens / r.spec_num_drafts > 3  # tokens per target pass
+
+
 def test_int8_self_draft_real_model(real_plain):
     prompts, params, ref = real_plain
     eng = spec_engine("default", k=4, spec={"method": "self_draft", "draft_quantize": "int8"})

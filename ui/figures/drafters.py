@@ -34,10 +34,16 @@ DRAFTERS = {  # label -> (method, help)
 }
 
 
-# the Speculative page's default prompt (scripts/spec_page_speedup.py measures it the page's way)
+# The Speculative page's default prompt (scripts/spec_page_speedup.py measures it the page's way): an
+# edit whose answer is mostly the prompt's own text, the case prompt lookup exists for. The default
+# model answers with the paragraph, "evenning" corrected (56 tokens, greedy): the n-gram drafts are
+# accepted run after run and one is rejected at the fix. The one-sentence prompt before drew a
+# 10-token answer ("The quick brown dog jumps over lazy dog."), too short for drafting to pay.
 EXAMPLE_PROMPT = (
-    "Copy this sentence exactly, changing only the word cat to dog: The quick brown cat jumps over "
-    "the lazy fox, and the quick brown cat runs back home again before the rain."
+    "Fix the spelling mistakes in this paragraph and return the whole corrected paragraph: "
+    "The quick brown cat jumps over the lazy fox. Every morning the cat walks to the river, drinks the "
+    "cold water, and watches the boats go by. In the evenning the cat comes back home, sits by the "
+    "fire, and sleeps until the sun rises again."
 )
 
 
