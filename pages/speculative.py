@@ -157,7 +157,7 @@ if run:
     if spec_mode == MEASURE:
         room.start_run("speculative", _experiment)
     else:
-        from engine.lab.watch import WatchControl, watch_speculative
+        from engine.lab.watch import WatchControl, watch_in_lab
 
         ctl = WatchControl(pace_s=float(pace), evict_after_tokens=int(evict_after) or None)
         temp = float(temperature)
@@ -171,7 +171,7 @@ if run:
                 if r is not None:
                     progress(f"engine step {snap.step}: {r.state}, {r.output_len} tokens, {len(r.block_table)} blocks")
 
-            return watch_speculative(base, text, want, n_tok, ctl, temperature=temp, on_step=on_step)
+            return watch_in_lab(base, text, want, n_tok, ctl, temperature=temp, on_step=on_step)
 
         room.start_run(spec_watch.KIND, _watch, live=ctl)
     st.rerun()

@@ -7,6 +7,9 @@ a person can follow it. Between two steps the run applies what the page asked fo
 of tokens. An eviction is the engine's own `LLMEngine.evict`: the request's blocks are freed, its
 prefix hashes dropped, and it recomputes prompt + generated tokens before it drafts again.
 Nothing is timed here (pacing would make timings meaningless); the comparison mode measures.
+The page runs it with `watch_in_lab`: the private engine steps in the lab process (lab_proc), as
+the comparison mode's engines do, and the page's `WatchControl` stays with the page; after each
+step the two exchange the step's snapshot and evictions for what the page asked since.
 
 For greedy runs a plain (non-speculative, never evicted) run of the same prompt follows, so the
 result says whether the output matched token for token despite the eviction.
@@ -22,7 +25,7 @@ from dataclasses import dataclass, field
 from engine.config import EngineConfig, SamplingParams
 from engine.observe import trace_events as ev
 from engine.observe.recording import drive
-from engine.observe.snapshot import EngineInfo, RequestInfo, Snapshot
+from engine.observe.snapshot import EngineInfo, RequestInfo, Snapshot, from_plain, plain
 
 MAX_PACE_S = 2.0
 REQUEST_ID = "watch"
@@ -169,3 +172,67 @@ def watch_speculative(
         plain_token_ids=plain,
         stopped=control.stop.is_set(),
     )
+
+
+def watch_in_lab(
+    base: EngineConfig,
+    prompt,
+    spec,
+    max_tokens: int,
+    control: WatchControl,
+    *,
+    temperature: float = 0.0,
+    chat: bool = True,
+    on_step=None,
+) -> WatchResult:
+    """watch_speculative with its private engine in the lab process (engine/lab/lab_proc.py; here
+    when the engine runs in-thread). `control` stays in this process: after every step the lab
+    process sends the step's snapshot and the evictions so far (they land on `control`, then
+    on_step runs here) and gets back what the page asked since: an eviction, a stop, the pace."""
+    from engine.lab import lab_proc
+
+    if spec is None:
+        raise ValueError("speculative: choose a drafter (method and k) to watch")
+
+    def sync(snap_plain, note, evictions):
+        snap = None if snap_plain is None else from_plain(Snapshot, snap_plain)
+        if snap is not None:
+            control.snapshot = snap
+        control.evictions[:] = [Eviction(**e) for e in evictions]
+        if on_step is not None:
+            on_step(snap, note)
+        evict = control.pending_evict()
+        if evict:
+            control.evict_served()  # handed over: the lab process serves it when the request runs
+        return {"evict": evict, "stop": control.stop.is_set(), "pace_s": float(control.pace_s)}
+
+    res = lab_proc.run(
+        _watch_here,
+        base,
+        prompt,
+        spec,
+        int(max_tokens),
+        float(control.pace_s),
+        control.evict_after_tokens,
+        temperature=float(temperature),
+        chat=chat,
+        sync=sync,
+    )
+    control.evictions[:] = res.evictions
+    return res
+
+
+def _watch_here(base, prompt, spec, max_tokens, pace_s, evict_after_tokens, *, temperature, chat, sync):
+    """The lab process's side of watch_in_lab: a WatchControl of its own, kept in step with the
+    page's through `sync` after every step."""
+    ctl = WatchControl(pace_s=pace_s, evict_after_tokens=evict_after_tokens)
+
+    def on_step(snap, note):
+        cmd = sync(None if snap is None else plain(snap), note, [dataclasses.asdict(e) for e in ctl.evictions])
+        if cmd["evict"]:
+            ctl.request_evict()
+        if cmd["stop"]:
+            ctl.stop.set()
+        ctl.pace_s = min(max(float(cmd["pace_s"]), 0.0), MAX_PACE_S)
+
+    return watch_speculative(base, prompt, spec, max_tokens, ctl, temperature=temperature, chat=chat, on_step=on_step)

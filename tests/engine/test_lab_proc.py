@@ -110,3 +110,42 @@ def test_claims_measurement_in_the_lab_holds_the_core_and_leaves_it_serving(lab)
         c.check_invariants()
     finally:
         c.close()
+
+
+def test_watch_mode_steps_in_the_lab_and_the_page_controls_it_from_here(lab):
+    """The Speculative page's watch mode (engine/lab/watch.watch_in_lab): the private engine steps
+    in the lab process; every step's snapshot reaches this process's WatchControl, and the Evict
+    button pressed here (from another thread, as the page's) is served there; greedy output stays
+    plain decoding's. Then Stop, pressed here, aborts the next run there."""
+    import threading
+
+    from engine import SpeculativeConfig
+    from engine.lab.watch import WatchControl, watch_in_lab, watch_speculative
+
+    spec = SpeculativeConfig(method="ngram", num_speculative_tokens=4)
+    base, prompt = EngineConfig(**CFG), "the cat sat on the mat and the cat sat on the"
+    ctl, steps, fired = WatchControl(), [], threading.Event()
+
+    def on_step(snap, _note):
+        if snap is None:
+            return
+        steps.append(snap.step)
+        assert ctl.snapshot is snap  # the step's snapshot landed on the page's control first
+        r = snap.request("watch")
+        if r is not None and r.output_len >= 5 and not fired.is_set():
+            fired.set()
+            threading.Thread(target=ctl.request_evict).start()
+
+    res = watch_in_lab(base, prompt, spec, 24, ctl, chat=False, on_step=on_step)
+    assert lab.pid not in (None, os.getpid())
+    assert [e.trigger for e in res.evictions] == ["button"] and list(ctl.evictions) == res.evictions
+    assert res.request.num_preemptions == 1 and res.matches_plain is True
+    assert steps == sorted(steps) and len(steps) >= res.request.output_len // 5
+    here = watch_speculative(base, prompt, spec, 24, WatchControl(), chat=False)
+    assert res.plain_token_ids == here.plain_token_ids  # the same output as in this process
+
+    stop = WatchControl()
+    stopped = watch_in_lab(
+        base, prompt, spec, 64, stop, chat=False, on_step=lambda snap, _n: snap is not None and stop.stop.set()
+    )
+    assert stopped.stopped and stopped.request.state == "aborted"
