@@ -31,11 +31,13 @@
  * count or the tile: per block, the even and the odd columns each in a left-to-right fused
  * multiply-add chain from zero, their sum s, then (Q4_1) t = fma(m, sum x, d * s) or (Q8_0)
  * fma(d, s, total), t added to the running total block after block; so a row's result does not
- * depend on its batch either. Below SCRATCH_ROWS rows the codes are converted in registers, per
- * column pair, for the tile's rows; from SCRATCH_ROWS rows a block's codes may instead be
- * converted once into a small buffer that every row tile reads (the same fp32 values, the same
- * chains). Which of the two is faster depends on the CPU (about 2x either way): the library
- * measures both when it loads (kvscope_qlinear_scratch_rows) and keeps the faster.
+ * depend on its batch either. AVX-512: below SCRATCH_ROWS rows the codes are converted in
+ * registers, per column pair, for the tile's rows; from SCRATCH_ROWS rows a block's codes may
+ * instead be converted once into a small buffer that every row tile reads (the same fp32 values,
+ * the same chains). Which of the two is faster depends on the CPU (about 2x either way): the
+ * library measures both when it loads (kvscope_qlinear_scratch_rows) and keeps the faster. AVX2:
+ * 1-2 rows per column pair in registers, 3-32 rows (verification) one parity's chains at a time
+ * in registers (gtile), more rows through the scratch.
  */
 #include <limits.h>
 #include <omp.h>
@@ -733,7 +735,7 @@ static AI2 void gtile(int type, int MR, const float *x, const float *sx, int K, 
             __m256 a[6][2];
             for (int r = 0; r < MR; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
             /* up to 5 rows the next column's codes are converted before this column's FMAs (2 more
-             * registers; 6 rows would spill): 2-4 % faster at 3-5 rows */
+             * registers; 6 rows would spill, 1.38x slower): 2-3 % faster at 3-5 and 9 rows */
             __m256 n0 = col_codes8(type, blk, par, 0), n1 = col_codes8(type, blk, par, 1);
             #pragma GCC unroll 16
             for (int k = par; k < QK; k += 2) {
