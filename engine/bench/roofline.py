@@ -345,7 +345,7 @@ def quant_row_path() -> str:
     rows = cpu_kernels.ql_scratch_rows(lib) if lib is not None else 0
     if rows <= 0:
         if kernel_isa.path().startswith("AVX2"):
-            return "codes in registers up to 8 rows, converted once per panel into a scratch from 9 (fixed)"
+            return "codes in registers up to 32 rows, converted once per panel into a scratch from 33 (fixed)"
         return "n/a"
     return "codes in registers" if rows >= 2**31 - 1 else f"scratch buffer from {rows} rows"
 

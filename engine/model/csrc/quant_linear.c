@@ -31,11 +31,13 @@
  * count or the tile: per block, the even and the odd columns each in a left-to-right fused
  * multiply-add chain from zero, their sum s, then (Q4_1) t = fma(m, sum x, d * s) or (Q8_0)
  * fma(d, s, total), t added to the running total block after block; so a row's result does not
- * depend on its batch either. Below SCRATCH_ROWS rows the codes are converted in registers, per
- * column pair, for the tile's rows; from SCRATCH_ROWS rows a block's codes may instead be
- * converted once into a small buffer that every row tile reads (the same fp32 values, the same
- * chains). Which of the two is faster depends on the CPU (about 2x either way): the library
- * measures both when it loads (kvscope_qlinear_scratch_rows) and keeps the faster.
+ * depend on its batch either. AVX-512: below SCRATCH_ROWS rows the codes are converted in
+ * registers, per column pair, for the tile's rows; from SCRATCH_ROWS rows a block's codes may
+ * instead be converted once into a small buffer that every row tile reads (the same fp32 values,
+ * the same chains). Which of the two is faster depends on the CPU (about 2x either way): the
+ * library measures both when it loads (kvscope_qlinear_scratch_rows) and keeps the faster. AVX2:
+ * 1-2 rows per column pair in registers, 3-32 rows (verification) one parity's chains at a time
+ * in registers (gtile), more rows through the scratch.
  */
 #include <limits.h>
 #include <omp.h>
@@ -599,17 +601,12 @@ static int tune_scratch_rows(void) {
  * is two halves of 8 rows), so both ISAs give the same bits: per block the even and the odd columns
  * each in a left-to-right fused multiply-add chain from zero (Q4_1's odd codes left as 16 q, exact),
  * s = fma(odd, 1/16, even), then t = fma(m, sum x, d * s) added to the running total (Q8_0:
- * fma(d, even + odd, total)). The codes of a column pair are converted once and used by every row
- * of the tile (up to 6 rows; 7 and 8 as two tiles), so an extra row costs its two FMAs per pair,
- * not a conversion (verification's k + 1 rows). Up to 8 rows run these register tiles; from 9 rows
- * a panel's codes are converted once into a scratch that 6-row x 16-output tiles read (below). */
-#define F2_PG 8         /* panels per group of the register path */
-#ifndef F2_BIG_ROWS
-#define F2_BIG_ROWS 6   /* rows per tile from 9 rows (12 accumulators; 4 was 5-10 % slower at 64-256 rows) */
-#endif
-#ifndef F2_RB
-#define F2_RB 32        /* rows per block of the register path (their x stays in L2) */
-#endif
+ * fma(d, even + odd, total)). Three row paths, all with these chains (so the same bits for a row
+ * whatever its batch): 1 or 2 rows in ftile (codes of a column pair converted in registers, both
+ * parities' chains live), 3 to G2_MAX_ROWS rows (verification's k + 1, short prefill chunks) in
+ * gtile (one parity at a time, so a whole panel's 16 outputs x up to 6 rows fit in the registers),
+ * more rows through a scratch of converted codes that 6-row x 16-output tiles read (below). */
+#define F2_PG 8         /* panels per group of the register paths (they stay in L2 for the next row tile) */
 #define AI2 inline __attribute__((always_inline))
 
 /* column pair (kk, kk + 1) of half h (rows 8h..8h+7) of a panel block as fp32 codes */
@@ -697,42 +694,130 @@ static void ft_##TY##_##MR##_##H(const float *x, const float *sx, int K, const u
                                   const float *bias, float *y, int ldy, int nout) {                         \
     ftile(TY, MR, H, x, sx, K, pan, h0, bias, y, ldy, nout);                                                \
 }
-#define FTS(TY) FT(TY, 1, 1) FT(TY, 1, 2) FT(TY, 1, 4) FT(TY, 2, 1) FT(TY, 2, 2) FT(TY, 2, 4) FT(TY, 3, 1)        \
-    FT(TY, 3, 2) FT(TY, 3, 4) FT(TY, 4, 1) FT(TY, 4, 2) FT(TY, 4, 4) FT(TY, 5, 1) FT(TY, 5, 2) FT(TY, 6, 1) FT(TY, 6, 2)
+#define FTS(TY) FT(TY, 1, 1) FT(TY, 1, 2) FT(TY, 1, 4) FT(TY, 2, 1) FT(TY, 2, 2)
 FTS(3) FTS(8)
 typedef void (*ft_fn)(const float *, const float *, int, const uint8_t *, int, const float *, float *, int, int);
-#define FROW(TY) {{0}, {0, ft_##TY##_1_1, ft_##TY##_1_2, 0, ft_##TY##_1_4}, {0, ft_##TY##_2_1, ft_##TY##_2_2, 0, ft_##TY##_2_4}, \
-    {0, ft_##TY##_3_1, ft_##TY##_3_2, 0, ft_##TY##_3_4}, {0, ft_##TY##_4_1, ft_##TY##_4_2, 0, ft_##TY##_4_4},                   \
-    {0, ft_##TY##_5_1, ft_##TY##_5_2}, {0, ft_##TY##_6_1, ft_##TY##_6_2}}
-/* [type is Q8_0][rows][half panels] */
-static const ft_fn FTILES[2][7][5] = {FROW(3), FROW(8)};
-/* rows per register tile for M rows (M = 7, 8: two tiles of 4 / 3 and 4) and half panels per tile */
-static int f2_rows[9] = {0, 1, 2, 3, 4, 5, 6, 4, 4};
-static int f2_halves[7] = {0, 4, 2, 2, 1, 1, 1};
+/* [type is Q8_0][rows][half panels per tile] */
+static const ft_fn FTILES[2][3][5] = {{{0}, {0, ft_3_1_1, ft_3_1_2, 0, ft_3_1_4}, {0, ft_3_2_1, ft_3_2_2}},
+                                      {{0}, {0, ft_8_1_1, ft_8_1_2, 0, ft_8_1_4}, {0, ft_8_2_1, ft_8_2_2}}};
 
-/* rows 0..M-1 over panels [p0, p1) in register tiles: per block of F2_RB rows and group of F2_PG
- * panels (both stay in L2) every chunk of rows */
-static void f2_register(int type, const float *x, const float *sx, int M, int K, const uint8_t *panels, size_t pstride,
-                        int N, const float *bias, float *y, int p0, int p1) {
-    const int q8 = type == T_Q8_0, nb = K / QK, rows = M < 9 ? f2_rows[M] : F2_BIG_ROWS;
-    for (int rb = 0; rb < M; rb += F2_RB)
-    for (int g0 = p0; g0 < p1; g0 += F2_PG) {
-        const int g1 = g0 + F2_PG < p1 ? g0 + F2_PG : p1, re = rb + F2_RB < M ? rb + F2_RB : M;
-        for (int r0 = rb; r0 < re;) {
-            const int mr = re - r0 < rows ? re - r0 : rows;
-            int u = 2 * g0;
-            for (int H = f2_halves[mr]; H >= 1; H /= 2)
-                for (; u + H <= 2 * g1; u += H) {
-                    const int p = u >> 1;
-                    FTILES[q8][mr][H](x + (size_t)r0 * K, sx + (size_t)r0 * nb, K, panels + p * pstride, u & 1,
-                                      bias ? bias + p * NR : NULL, y + (size_t)r0 * N + p * NR, N, N - p * NR);
+/* column k of half h (rows 8h..8h+7) of a panel block as fp32 codes: pair_codes8's e (k even) or o
+ * (k odd), the same values (Q4_1's odd codes left as 16 q) */
+static AI2 __m256 col_codes8(int type, const uint8_t *blk, int k, int h) {
+    if (type == T_Q4_1) {
+        const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 64 + (k >> 1) * 16 + 8 * h)));
+        return _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(k & 1 ? 0xf0 : 0x0f)));
+    }
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 32 + k * 16 + 8 * h))));
+}
+
+/* MR (3..6) rows x one panel (16 outputs), for 3..G2_MAX_ROWS rows (verification's k + 1, short
+ * prefill chunks): per block the even columns' chains of all MR x 16 outputs first, parked, then
+ * the odd columns', then the block's finish: the same chains and finish as ftile, so the same bits.
+ * Per column the panel's two code vectors are converted once and used by every row, and each row's
+ * broadcast x by both halves: MR + 2 loads per 2 MR fused multiply-adds, 2 MR chains. (ftile keeps
+ * both parities' chains live, so at 5 rows it has room for one half panel only: a broadcast per
+ * fused multiply-add, and the loads, not the FMAs, set its pace: ~58 GFLOP/s here against ~66.) */
+static AI2 void gtile(int type, int MR, const float *x, const float *sx, int K, const uint8_t *pan, const float *bias,
+                      float *y, int ldy, int nout) {
+    const int nb = K / QK, pb = panel_block_bytes(type);
+    __m256 tot[6][2], ev[6][2];
+    for (int r = 0; r < MR; r++) tot[r][0] = tot[r][1] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = pan + (size_t)b * pb;
+        const float *xb = x + b * QK;
+        #pragma GCC unroll 2
+        for (int par = 0; par < 2; par++) {
+            /* the odd pass loads its code bytes again: without this barrier GCC copies every
+             * block's bytes once for both passes through general registers to the stack (~1.4x
+             * slower) */
+            __asm__ volatile("" ::: "memory");
+            __m256 a[6][2];
+            for (int r = 0; r < MR; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
+            /* up to 5 rows the next column's codes are converted before this column's FMAs (2 more
+             * registers; 6 rows would spill, 1.38x slower): 2-3 % faster at 3-5 and 9 rows */
+            __m256 n0 = col_codes8(type, blk, par, 0), n1 = col_codes8(type, blk, par, 1);
+            #pragma GCC unroll 16
+            for (int k = par; k < QK; k += 2) {
+                __m256 c0 = n0, c1 = n1;
+                if (MR > 5) c0 = col_codes8(type, blk, k, 0), c1 = col_codes8(type, blk, k, 1);
+                else if (k + 2 < QK) n0 = col_codes8(type, blk, k + 2, 0), n1 = col_codes8(type, blk, k + 2, 1);
+                for (int r = 0; r < MR; r++) {
+                    const __m256 xv = _mm256_broadcast_ss(xb + (size_t)r * K + k);
+                    a[r][0] = _mm256_fmadd_ps(c0, xv, a[r][0]);
+                    a[r][1] = _mm256_fmadd_ps(c1, xv, a[r][1]);
                 }
+            }
+            if (par == 0) {
+                for (int r = 0; r < MR; r++) ev[r][0] = a[r][0], ev[r][1] = a[r][1];
+            } else
+                for (int h = 0; h < 2; h++) {
+                    const __m256 d = half_d(blk, h), m = half_m(type, blk, h);
+                    for (int r = 0; r < MR; r++)
+                        tot[r][h] = finish8(type, d, m, ev[r][h], a[r][h], sx[r * nb + b], tot[r][h]);
+                }
+        }
+    }
+    for (int h = 0; h < 2; h++)
+        for (int r = 0; r < MR; r++)
+            store8(tot[r][h], bias ? bias + 8 * h : NULL, y + (size_t)r * ldy + 8 * h, nout - 8 * h);
+}
+
+#define GT(TY, MR)                                                                                         \
+static void gt_##TY##_##MR(const float *x, const float *sx, int K, const uint8_t *pan, const float *bias,  \
+                           float *y, int ldy, int nout) {                                                  \
+    gtile(TY, MR, x, sx, K, pan, bias, y, ldy, nout);                                                      \
+}
+GT(3, 3) GT(3, 4) GT(3, 5) GT(3, 6) GT(8, 3) GT(8, 4) GT(8, 5) GT(8, 6)
+typedef void (*gt_fn)(const float *, const float *, int, const uint8_t *, const float *, float *, int, int);
+/* [type is Q8_0][rows] */
+static const gt_fn GTILES[2][7] = {{0, 0, 0, gt_3_3, gt_3_4, gt_3_5, gt_3_6}, {0, 0, 0, gt_8_3, gt_8_4, gt_8_5, gt_8_6}};
+/* G2_MAX_ROWS: the last row count gtile runs; the scratch path (below) takes more. A whole pass of
+ * the default model's Linears, 1 thread on an AVX2 Zen 3, gtile / scratch: 0.80x at 9 rows, 0.87x
+ * at 16, 0.97x at 24, 0.99x at 32, 1.02x at 64, 1.03x at 128. G2_TILE_ROWS: the most rows a tile
+ * (2 x G2_TILE_ROWS accumulators); 5 was 1.05-1.14x slower than 6 at 6, 12 and 16 rows. */
+#ifndef G2_MAX_ROWS
+#define G2_MAX_ROWS 32
+#endif
+#ifndef G2_TILE_ROWS
+#define G2_TILE_ROWS 6
+#endif
+
+/* rows 0..M-1 (3..G2_MAX_ROWS) over panels [p0, p1) in gtile's tiles: the rows split into
+ * ceil(M / G2_TILE_ROWS) tiles as even as can be (7 = 4 + 3, 9 = 5 + 4), each over a group of F2_PG
+ * panels in turn (they stay in L2 for the next tile) */
+static void g2_register(int type, const float *x, const float *sx, int M, int K, const uint8_t *panels, size_t pstride,
+                        int N, const float *bias, float *y, int p0, int p1) {
+    const int q8 = type == T_Q8_0, nb = K / QK, nt = (M + G2_TILE_ROWS - 1) / G2_TILE_ROWS;
+    for (int g0 = p0; g0 < p1; g0 += F2_PG) {
+        const int g1 = g0 + F2_PG < p1 ? g0 + F2_PG : p1;
+        for (int t = 0, r0 = 0; t < nt; t++) {
+            const int mr = M / nt + (t < M % nt);
+            for (int p = g0; p < g1; p++)
+                GTILES[q8][mr](x + (size_t)r0 * K, sx + (size_t)r0 * nb, K, panels + p * pstride,
+                               bias ? bias + p * NR : NULL, y + (size_t)r0 * N + p * NR, N, N - p * NR);
             r0 += mr;
         }
     }
 }
 
-/* From F2_SCRATCH_ROWS rows (prefill chunks) a panel's codes are converted once into an fp32 scratch
+/* 1 or 2 rows over panels [p0, p1) in ftile's tiles (1 row: 4 half panels a tile, 2 rows: 2) */
+static void f2_register(int type, const float *x, const float *sx, int M, int K, const uint8_t *panels, size_t pstride,
+                        int N, const float *bias, float *y, int p0, int p1) {
+    const int q8 = type == T_Q8_0;
+    for (int g0 = p0; g0 < p1; g0 += F2_PG) {
+        const int g1 = g0 + F2_PG < p1 ? g0 + F2_PG : p1;
+        int u = 2 * g0;
+        for (int H = M == 1 ? 4 : 2; H >= 1; H /= 2)
+            for (; u + H <= 2 * g1; u += H) {
+                const int p = u >> 1;
+                FTILES[q8][M][H](x, sx, K, panels + p * pstride, u & 1, bias ? bias + p * NR : NULL, y + p * NR, N,
+                                 N - p * NR);
+            }
+    }
+}
+
+/* From G2_MAX_ROWS + 1 rows (prefill chunks) a panel's codes are converted once into an fp32 scratch
  * (per block: d[16], m[16], the even columns' codes [16][16], the odd columns' [16][16]; Q4_1's odd
  * codes as 16 q, exactly the register path's values) and 6-row x 16-output tiles read it like
  * linear.c's: the even chains of a block first (12 accumulators), parked in memory, then the odd
@@ -741,9 +826,6 @@ static void f2_register(int type, const float *x, const float *sx, int M, int K,
  * on an AVX2 Zen 3 this runs at ~0.89x the fp32-widening tiles (linear.c's order) that AVX2 ran
  * before: the block's finish (d s, the two fused multiply-adds) adds 3 FMA-port operations per 32
  * chain FMAs, which that order did not need. Grouping blocks so their codes stay in L1 was slower. */
-#ifndef F2_SCRATCH_ROWS
-#define F2_SCRATCH_ROWS 9
-#endif
 #ifndef F2_SROWS
 #define F2_SROWS 6      /* rows per scratch tile (12 accumulators; 3 and 4 were 0.6-0.7x of 6 at 64-256 rows) */
 #endif
@@ -853,8 +935,9 @@ static int qlinear_factorized2(int type, const float *x, int M, int K, const uin
             }
         const int t = omp_get_thread_num(), nt = omp_get_num_threads();
         const int p0 = (int)((long long)np * t / nt), p1 = (int)((long long)np * (t + 1) / nt);
-        float *sc = M >= F2_SCRATCH_ROWS ? aligned_alloc(32, sizeof(float) * (size_t)nb * F2_SB) : NULL;
+        float *sc = M > G2_MAX_ROWS ? aligned_alloc(32, sizeof(float) * (size_t)nb * F2_SB) : NULL;
         if (sc) f2_scratch(type, x, sx, M, K, panels, pstride, N, bias, y, p0, p1, sc);
+        else if (M >= 3) g2_register(type, x, sx, M, K, panels, pstride, N, bias, y, p0, p1);
         else f2_register(type, x, sx, M, K, panels, pstride, N, bias, y, p0, p1);
         free(sc);
     }
