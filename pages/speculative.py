@@ -255,7 +255,7 @@ with st.container(key="spec_numbers"):
         help=f"draft tokens accepted / proposed, over {summ.num_drafts} verify passes",
     )
 with st.container(key="spec_timing"):
-    c = st.columns(3)
+    c = st.columns(4)
     if cmp_.suspect:
         c[0].metric("Wall-clock speedup vs plain", "suspect", help="not shown as a result: " + cmp_.suspect)
     else:
@@ -273,6 +273,14 @@ with st.container(key="spec_timing"):
         "Plain e2e (median)",
         f"{cmp_.a.median:.2f} s",
         help=f"min {cmp_.a.lo:.2f} s, max {cmp_.a.hi:.2f} s over {cmp_.rounds} runs",
+    )
+    dr = res.decode_ratio
+    c[3].metric(
+        "After the first token",
+        "—" if dr is None or cmp_.suspect else f"{dr.median:.2f}×",
+        help="median over rounds of plain / speculative time after the first token (e2e less TTFT): the "
+        "phase speculation speeds up; the prefill before it is the same work on both sides"
+        + ("" if dr is None else f" (spread {dr.lo:.2f}–{dr.hi:.2f}×)"),
     )
 with st.container(key="spec_conditions"):
     if cmp_.suspect:

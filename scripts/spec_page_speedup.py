@@ -26,6 +26,7 @@ if __name__ == "__main__":
             "isa": kernel_isa.summary(),
             "k": k,
             "speedup_median": c.ratio.median,
+            "after_first_token_median": r.decode_ratio.median if r.decode_ratio is not None else None,
             "plain_s_median": c.a.median,
             "spec_s_median": c.b.median,
             "rounds": c.rounds,

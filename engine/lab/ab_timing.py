@@ -220,6 +220,19 @@ def compare(
     )
 
 
+def ratio_after(cmp_: Comparison, key: str) -> Spread | None:
+    """The spread over rounds of a / b for the time after a phase each sample timed in
+    extra[key] (seconds less that phase: e.g. "ttft_s", the time after the first token); None when
+    a sample lacks it or has no time after it."""
+    pairs = []
+    for a, b in zip(cmp_.samples_a, cmp_.samples_b):
+        ta, tb = a.extra.get(key), b.extra.get(key)
+        if ta is None or tb is None or a.seconds <= ta or b.seconds <= tb:
+            return None
+        pairs.append((a.seconds - ta) / (b.seconds - tb))
+    return spread(pairs) if pairs else None
+
+
 def suspect_ratio(
     ratio: float | None,
     bound: float | None,

@@ -25,6 +25,7 @@ from typing import Callable, Sequence
 from engine.config import EngineConfig, SamplingParams
 from engine.core.engine import LLMEngine
 from engine.model.kv_layout import cdiv
+from engine.observe import rates
 from engine.observe.recording import CostPoint, RunRecord, SnapshotRecorder, drive, measure_decode_cost, run_engine
 from engine.observe.snapshot import Snapshot
 
@@ -369,6 +370,9 @@ class SpecComparison:
     k: int
     tokens_per_target_pass: float | None
     outputs_match: bool
+    # per round, plain / speculative seconds after the first token (each run's time less its TTFT):
+    # the phase speculation changes; the prefill before it is the same work on both sides
+    decode_ratio: object = None  # ab_timing.Spread, or None when a round lacks a first token
 
 
 def private_engine(base: EngineConfig, **changes) -> LLMEngine:
@@ -452,7 +456,8 @@ def compare_speculative(
         info = eng.snapshot().request(rid)
         last[side] = info
         ntok[side] = info.output_len if info is not None else 0
-        return ab_timing.Sample(dt, {"tokens": ntok[side], "request_id": rid})
+        ttft = rates.ttft(info.arrival_time, info.first_token_time) if info is not None else None
+        return ab_timing.Sample(dt, {"tokens": ntok[side], "request_id": rid, "ttft_s": ttft})
 
     try:
         one("plain", "warmup", 2)
@@ -484,6 +489,7 @@ def compare_speculative(
             k=int(spec.num_speculative_tokens),
             tokens_per_target_pass=tpp,
             outputs_match=(sreq is not None and preq is not None and sreq.output_text == preq.output_text),
+            decode_ratio=ab_timing.ratio_after(cmp_, "ttft_s"),
         )
     finally:
         gc.collect()  # the private engine's pool goes with this frame (nothing else refers to it)

@@ -145,6 +145,21 @@ def test_samples_carry_extra_counters():
     assert [s.extra["tokens"] for s in c.samples_a] == [10, 10, 10]
 
 
+def test_ratio_after_a_phase_pairs_rounds_and_leaves_the_phase_out():
+    """Plain 2.0 s with 0.5 s to its first token, speculative 1.25 s with the same 0.5 s: the whole
+    runs are 1.6x apart, the time after the first token 1.5 / 0.75 = 2x."""
+    c = M.compare(
+        lambda r: M.Sample(2.0, {"ttft_s": 0.5}), lambda r: M.Sample(1.25, {"ttft_s": 0.5}), clock=FakeClock()
+    )
+    assert c.ratio.median == pytest.approx(1.6)
+    after = M.ratio_after(c, "ttft_s")
+    assert after.n == c.rounds and after.median == pytest.approx(2.0) and after.lo == after.hi
+    missing = M.compare(lambda r: M.Sample(2.0, {"ttft_s": 0.5}), lambda r: M.Sample(1.0), clock=FakeClock())
+    assert M.ratio_after(missing, "ttft_s") is None  # a round without the phase: no ratio, not a wrong one
+    no_time_after = M.compare(lambda r: M.Sample(2.0, {"ttft_s": 2.0}), lambda r: 1.0, clock=FakeClock())
+    assert M.ratio_after(no_time_after, "ttft_s") is None
+
+
 def test_suspect_speedup_rule():
     # the issue's case: 11.83x at 1.67 tokens per target pass
     reason = M.suspect_speedup(11.83, 1.67)

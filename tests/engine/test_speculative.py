@@ -462,6 +462,12 @@ def test_compare_speculative_reports_both_runs_for_self_draft():
     c = r.comparison
     assert c.a.median > 0 and c.b.median > 0 and c.ratio.median > 0
     assert r.spec.spec_num_draft_tokens > 0
+    # the time after the first token, per round: each side's run less its own TTFT
+    d = r.decode_ratio
+    assert d is not None and d.n == c.rounds
+    s, p = c.samples_b[0], c.samples_a[0]
+    assert 0 < s.extra["ttft_s"] < s.seconds and 0 < p.extra["ttft_s"] < p.seconds
+    assert d.lo <= (p.seconds - p.extra["ttft_s"]) / (s.seconds - s.extra["ttft_s"]) <= d.hi
 
 
 def test_early_exit_borrowed_blocks_go_back_where_they_were():
