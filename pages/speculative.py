@@ -276,7 +276,7 @@ with st.container(key="spec_timing"):
     )
     dr = res.decode_ratio
     c[3].metric(
-        "After the first token",
+        "Speedup after the first token",
         "—" if dr is None or cmp_.suspect else f"{dr.median:.2f}×",
         help="median over rounds of plain / speculative time after the first token (e2e less TTFT): the "
         "phase speculation speeds up; the prefill before it is the same work on both sides"
