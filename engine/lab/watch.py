@@ -233,6 +233,6 @@ def _watch_here(base, prompt, spec, max_tokens, pace_s, evict_after_tokens, *, t
             ctl.request_evict()
         if cmd["stop"]:
             ctl.stop.set()
-        ctl.pace_s = min(max(float(cmd["pace_s"]), 0.0), MAX_PACE_S)
+        ctl.pace_s = float(cmd["pace_s"])  # the page's WatchControl validated it
 
     return watch_speculative(base, prompt, spec, max_tokens, ctl, temperature=temperature, chat=chat, on_step=on_step)

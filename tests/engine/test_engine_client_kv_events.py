@@ -25,6 +25,13 @@ def _drain(sub, into: list) -> list:
     return into
 
 
+def _until(sub, kind, what: str) -> list:
+    """The (seq, batch) pairs received until a batch holds an event of `kind`."""
+    got: list = []
+    wait_until(lambda: any(isinstance(e, kind) for _, b in _drain(sub, got) for e in b.events), what, WAIT_S)
+    return got
+
+
 def test_the_core_publishes_kv_events_and_a_rebuilt_core_continues_them():
     events, replay = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
     kv = {"endpoint": events, "replay_endpoint": replay, "wire": "current"}
@@ -39,12 +46,7 @@ def test_the_core_publishes_kv_events_and_a_rebuilt_core_continues_them():
             c.engine.admission_check([1, 2, 3], SamplingParams(max_tokens=10**7))
         prompt = "the quick brown fox jumps over the lazy dog " * 4
         c.submit(prompt, SamplingParams(max_tokens=2, temperature=0.0)).result(timeout=WAIT_S)
-        got: list = []
-        wait_until(
-            lambda: any(isinstance(e, BlockStored) for _, b in _drain(sub, got) for e in b.events),
-            "BlockStored from the core",
-            WAIT_S,
-        )
+        got = _until(sub, BlockStored, "BlockStored from the core")
         stored = {h for _, b in got for e in b.events if isinstance(e, BlockStored) for h in e.block_hashes}
         cached = {published_hash(h) for h in c.engine.bm.cached_hashes()}
         assert cached and cached <= stored
@@ -52,20 +54,10 @@ def test_the_core_publishes_kv_events_and_a_rebuilt_core_continues_them():
 
         c.reconfigure(EngineConfig(**TINY_CORE))  # a new core process takes the endpoints over
         assert c.kv_events_info().endpoint == events
-        after: list = []
-        wait_until(
-            lambda: any(isinstance(e, AllBlocksCleared) for _, b in _drain(sub, after) for e in b.events),
-            "AllBlocksCleared from the rebuilt core",
-            WAIT_S,
-        )
+        after = _until(sub, AllBlocksCleared, "AllBlocksCleared from the rebuilt core")
         assert after[0][0] == last + 1  # the seq numbers continue: a subscriber keeps listening
         c.submit(prompt, SamplingParams(max_tokens=2, temperature=0.0)).result(timeout=WAIT_S)
-        more: list = []
-        wait_until(
-            lambda: any(isinstance(e, BlockStored) for _, b in _drain(sub, more) for e in b.events),
-            "BlockStored from the rebuilt core",
-            WAIT_S,
-        )
+        _until(sub, BlockStored, "BlockStored from the rebuilt core")
         assert c.engine.bm.reset_prefix_cache()[0] > 0 and c.engine.bm.cached_hashes() == []
     finally:
         sub.close()
