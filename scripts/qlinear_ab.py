@@ -4,7 +4,8 @@
 
 Each directory's .c files are compiled with cpu_kernels.CFLAGS (+ KVSCOPE_ISA's flags) into /tmp,
 the same random Q4_1 blocks (finite scales) are packed by each, and the best of --reps calls of
-each is printed in microseconds with the ratio old / new (> 1: new faster) and the kernel path
+each is printed in microseconds with the ratio old / new (> 1: new faster; "!" after it where the
+outputs are not bitwise OLD's) and the kernel path
 (further directories: their times and ratios against OLD too). At 1 thread the clock is the
 thread's CPU time (time.thread_time), so time the scheduler gives other processes on a shared
 machine is not counted; at more threads it is wall time.
@@ -91,7 +92,9 @@ def main() -> None:
                     for _ in range(reps):
                         lib.kvscope_qlinear(*args)
                     best[t] = min(best[t], (clock() - t0) / reps * 1e6)
-            cells = [f"{best[t]:.0f} us ({best['old'] / best[t]:.2f}x)" for t in libs if t != "old"]
+            # "!" after a ratio: that build's outputs differ from OLD's in some bit
+            same = {t: np.array_equal(ys[t].view(np.uint32), ys["old"].view(np.uint32)) for t in libs}
+            cells = [f"{best[t]:.0f} us ({best['old'] / best[t]:.2f}x{'' if same[t] else '!'})" for t in libs if t != "old"]
             line.append(f"M={m}: {best['old']:.0f} -> " + " / ".join(cells))
         print(f"{name} {n}x{k}: " + "; ".join(line), flush=True)
 

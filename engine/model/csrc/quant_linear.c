@@ -322,7 +322,8 @@ static void widen_block(int type, const uint8_t *blk, float *w) { widen_block_sc
 #define QL_PREFETCH 4
 #endif
 /* QL_PREFETCH: blocks ahead, per panel (the next rows of a stream the hardware may not see) */
-#define FMR 4           /* rows per tile with the codes converted in registers */
+#define FMR 8           /* rows per tile with the codes converted in registers (one panel from 4
+                         * rows: MR x 2 chains + MR totals + 2 code vectors fit in the 32 zmm) */
 #define SMR 3           /* rows per tile reading converted codes from the scratch (x 4 panels: 24
                          * accumulators + 6 broadcasts stay in registers, the codes are memory operands) */
 #define SCRATCH_ROWS 8  /* from this many rows a block's codes may be converted once, for every row */
@@ -453,15 +454,17 @@ static void st_##TY##_##MR##_##P(const float *x, const float *sx, int K, int b, 
 }
 #define TILES(TY)                                                                                                \
     RT(TY, 1, 4) RT(TY, 1, 1) RT(TY, 2, 2) RT(TY, 2, 1) RT(TY, 3, 2) RT(TY, 3, 1) RT(TY, 4, 1)        \
+    RT(TY, 5, 1) RT(TY, 6, 1) RT(TY, 7, 1) RT(TY, 8, 1)                                                  \
     ST(TY, 1, 1) ST(TY, 2, 1) ST(TY, 3, 1) ST(TY, 1, 2) ST(TY, 2, 2) ST(TY, 3, 2) ST(TY, 1, 4) ST(TY, 2, 4) ST(TY, 3, 4)
 TILES(3) TILES(8)
 typedef void (*rt_fn)(const float *, const float *, int, const uint8_t *, size_t, const float *, float *, int, int);
 typedef void (*st_fn)(const float *, const float *, int, int, const float *, const __m512 *, const __m512 *, float *);
-/* [type is Q8_0][wide][rows]: wide = 4 panels for one row, 2 for two or three (4 rows: 1, as 4 x 2
- * would not fit in the registers) */
+/* [type is Q8_0][wide][rows]: wide = 4 panels for one row, 2 for two or three (from 4 rows: 1, as 4 x 2
+ * would not fit in the registers). Up to FMR rows (verification's k + 1 up to k = 7) go in one tile,
+ * so each column's codes are converted once for all of them. */
 static const rt_fn RTILES[2][2][FMR + 1] = {
-    {{0, rt_3_1_1, rt_3_2_1, rt_3_3_1, rt_3_4_1}, {0, rt_3_1_4, rt_3_2_2, rt_3_3_2, 0}},
-    {{0, rt_8_1_1, rt_8_2_1, rt_8_3_1, rt_8_4_1}, {0, rt_8_1_4, rt_8_2_2, rt_8_3_2, 0}}};
+    {{0, rt_3_1_1, rt_3_2_1, rt_3_3_1, rt_3_4_1, rt_3_5_1, rt_3_6_1, rt_3_7_1, rt_3_8_1}, {0, rt_3_1_4, rt_3_2_2, rt_3_3_2, 0}},
+    {{0, rt_8_1_1, rt_8_2_1, rt_8_3_1, rt_8_4_1, rt_8_5_1, rt_8_6_1, rt_8_7_1, rt_8_8_1}, {0, rt_8_1_4, rt_8_2_2, rt_8_3_2, 0}}};
 /* [type is Q8_0][panels - 1][rows] */
 static const st_fn STILES[2][4][SMR + 1] = {
     {{0, st_3_1_1, st_3_2_1, st_3_3_1}, {0, st_3_1_2, st_3_2_2, st_3_3_2}, {0}, {0, st_3_1_4, st_3_2_4, st_3_3_4}},
