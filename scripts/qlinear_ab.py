@@ -1,6 +1,7 @@
 """Kernel A/B: kvscope_qlinear of two builds of engine/model/csrc, alternating in one process.
 
     python scripts/qlinear_ab.py OLD_CSRC_DIR NEW_CSRC_DIR [MORE_DIRS...] [--threads 1] [--rows 1,5,8,16,64,256]
+        [--type q4_1|q8_0] [--shapes gate_up,down,qkv,lm_head]
 
 Each directory's .c files are compiled with cpu_kernels.CFLAGS (+ KVSCOPE_ISA's flags) into /tmp,
 the same random Q4_1 blocks (finite scales) are packed by each, and the best of --reps calls of
@@ -28,8 +29,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from engine.model import cpu_kernels, kernel_isa  # noqa: E402
 
-SHAPES = {"gate_up": (3072, 576), "down": (576, 1536), "qkv": (960, 576)}
-Q4_1 = 3
+SHAPES = {"gate_up": (3072, 576), "down": (576, 1536), "qkv": (960, 576), "lm_head": (49152, 576)}
+Q4_1, Q8_0 = 3, 8
 
 
 def build(csrc: str) -> ctypes.CDLL:
@@ -55,6 +56,12 @@ def q4_1_blocks(n: int, k: int, rng) -> np.ndarray:
     return np.ascontiguousarray(blk)
 
 
+def q8_0_blocks(n: int, k: int, rng) -> np.ndarray:
+    blk = rng.integers(0, 256, size=(n, k // 32, 34), dtype=np.uint8)
+    blk[:, :, 0:2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
+    return np.ascontiguousarray(blk)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("old")
@@ -63,19 +70,23 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rows", default="1,5,8,16,64,256")
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--type", choices=["q4_1", "q8_0"], default="q4_1", help="the weights' GGUF type")
+    ap.add_argument("--shapes", default="gate_up,down,qkv", help=f"of {','.join(SHAPES)}")
     a = ap.parse_args()
     libs = {"old": build(a.old), "new": build(a.new)}
     libs.update({os.path.basename(os.path.normpath(d)): build(d) for d in a.more})
     clock = time.thread_time if a.threads == 1 else time.perf_counter
     rng = np.random.default_rng(0)
     print(f"kernel_isa={kernel_isa.summary()} threads={a.threads} load={os.getloadavg()[0]:.2f} clock={clock.__name__}")
-    for name, (n, k) in SHAPES.items():
-        blocks = q4_1_blocks(n, k, rng)
+    qtype, make = (Q8_0, q8_0_blocks) if a.type == "q8_0" else (Q4_1, q4_1_blocks)
+    for name in a.shapes.split(","):
+        n, k = SHAPES[name]
+        blocks = make(n, k, rng)
         rmap = np.arange(n, dtype=np.int32)
         packed = {}
         for tag, lib in libs.items():
-            buf = np.zeros(lib.kvscope_qpanel_bytes(Q4_1, n, k), np.uint8)
-            rc = lib.kvscope_qpack(Q4_1, blocks.ctypes.data, n, rmap.ctypes.data, n, k, buf.ctypes.data)
+            buf = np.zeros(lib.kvscope_qpanel_bytes(qtype, n, k), np.uint8)
+            rc = lib.kvscope_qpack(qtype, blocks.ctypes.data, n, rmap.ctypes.data, n, k, buf.ctypes.data)
             assert rc == 0
             packed[tag] = buf
         line = []
@@ -86,7 +97,7 @@ def main() -> None:
             reps = max(2, int(2e5 / (m * n * k / 1e3 + 50)))
             for _ in range(a.reps):
                 for t, lib in libs.items():
-                    args = (Q4_1, x.ctypes.data, m, k, packed[t].ctypes.data, n, None, ys[t].ctypes.data, a.threads)
+                    args = (qtype, x.ctypes.data, m, k, packed[t].ctypes.data, n, None, ys[t].ctypes.data, a.threads)
                     lib.kvscope_qlinear(*args)
                     t0 = clock()
                     for _ in range(reps):

@@ -379,41 +379,34 @@ static AI void store_out(__m512 t, const float *bias, float *y, int nvalid) {
     _mm512_mask_storeu_ps(y, mask, t);
 }
 
-/* MR rows x P consecutive panels, codes converted in registers per column pair and used by the
- * tile's rows; sx [MR][nb] the rows' per-block sums of x */
-static AI void rtile(int type, int MR, int P, const float *x, const float *sx, int K, const uint8_t *pan,
-                     size_t pstride, const float *bias, float *y, int ldy, int nvalid_last) {
+/* MR rows x one panel (16 outputs), codes converted in registers per column pair and used by the
+ * tile's rows; sx [MR][nb] the rows' per-block sums of x. One panel a tile, one stream of blocks:
+ * 1-3 rows over 4 or 2 consecutive panels a tile (4 or 2 streams pstride apart) ran at 0.55-0.8x
+ * this on a Zen 4 where the weights come from memory (a 49152 x 576 Q4_1 / Q8_0 matrix, 1 thread),
+ * 0.9x where they stay in L2. */
+static AI void rtile(int type, int MR, const float *x, const float *sx, int K, const uint8_t *pan, const float *bias,
+                     float *y, int ldy, int nvalid) {
     const int nb = K / QK, pb = panel_block_bytes(type);
-    __m512 tot[FMR][4];
-    for (int r = 0; r < MR; r++)
-        for (int q = 0; q < P; q++) tot[r][q] = _mm512_setzero_ps();
+    __m512 tot[FMR];
+    for (int r = 0; r < MR; r++) tot[r] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        __m512 ae[FMR][4], ao[FMR][4];
-        const uint8_t *blk[4];
-        for (int q = 0; q < P; q++) {
-            blk[q] = pan + q * pstride + (size_t)b * pb;
-            prefetch_block(blk[q], pb);
-            for (int r = 0; r < MR; r++) { ae[r][q] = _mm512_setzero_ps(); ao[r][q] = _mm512_setzero_ps(); }
-        }
+        __m512 ae[FMR], ao[FMR];
+        const uint8_t *blk = pan + (size_t)b * pb;
+        prefetch_block(blk, pb);
+        for (int r = 0; r < MR; r++) ae[r] = ao[r] = _mm512_setzero_ps();
         for (int kk = 0; kk < QK; kk += 2) {
             const int k = b * QK + kk;
-            for (int q = 0; q < P; q++) {
-                __m512 e, o;
-                pair_codes(type, blk[q], kk, &e, &o);
-                for (int r = 0; r < MR; r++) {
-                    ae[r][q] = _mm512_fmadd_ps(e, _mm512_set1_ps(x[(size_t)r * K + k]), ae[r][q]);
-                    ao[r][q] = _mm512_fmadd_ps(o, _mm512_set1_ps(x[(size_t)r * K + k + 1]), ao[r][q]);
-                }
+            __m512 e, o;
+            pair_codes(type, blk, kk, &e, &o);
+            for (int r = 0; r < MR; r++) {
+                ae[r] = _mm512_fmadd_ps(e, _mm512_set1_ps(x[(size_t)r * K + k]), ae[r]);
+                ao[r] = _mm512_fmadd_ps(o, _mm512_set1_ps(x[(size_t)r * K + k + 1]), ao[r]);
             }
         }
-        for (int q = 0; q < P; q++) {
-            const __m512 d = block_d(blk[q]), m = block_m(type, blk[q]);
-            for (int r = 0; r < MR; r++) tot[r][q] = finish_block(type, d, m, ae[r][q], ao[r][q], sx[r * nb + b], tot[r][q]);
-        }
+        const __m512 d = block_d(blk), m = block_m(type, blk);
+        for (int r = 0; r < MR; r++) tot[r] = finish_block(type, d, m, ae[r], ao[r], sx[r * nb + b], tot[r]);
     }
-    for (int q = 0; q < P; q++)
-        for (int r = 0; r < MR; r++)
-            store_out(tot[r][q], bias ? bias + q * NR : NULL, y + (size_t)r * ldy + q * NR, q == P - 1 ? nvalid_last : NR);
+    for (int r = 0; r < MR; r++) store_out(tot[r], bias, y + (size_t)r * ldy, nvalid);
 }
 
 /* MR rows x P panels of one block, the codes read from wsc (P x 32 columns x 16 floats, converted
@@ -442,10 +435,10 @@ static AI void stile(int type, int MR, int P, const float *x, const float *sx, i
         }
 }
 
-#define RT(TY, MR, P)                                                                                            \
-static void rt_##TY##_##MR##_##P(const float *x, const float *sx, int K, const uint8_t *pan, size_t ps,        \
-                                 const float *bias, float *y, int ldy, int nv) {                                \
-    rtile(TY, MR, P, x, sx, K, pan, ps, bias, y, ldy, nv);                                                       \
+#define RT(TY, MR)                                                                                               \
+static void rt_##TY##_##MR(const float *x, const float *sx, int K, const uint8_t *pan, const float *bias, float *y, \
+                           int ldy, int nv) {                                                                    \
+    rtile(TY, MR, x, sx, K, pan, bias, y, ldy, nv);                                                              \
 }
 #define ST(TY, MR, P)                                                                                            \
 static void st_##TY##_##MR##_##P(const float *x, const float *sx, int K, int b, const float *wsc, const __m512 *d, \
@@ -453,18 +446,16 @@ static void st_##TY##_##MR##_##P(const float *x, const float *sx, int K, int b, 
     stile(TY, MR, P, x, sx, K, b, wsc, d, m, tb);                                                                \
 }
 #define TILES(TY)                                                                                                \
-    RT(TY, 1, 4) RT(TY, 1, 1) RT(TY, 2, 2) RT(TY, 2, 1) RT(TY, 3, 2) RT(TY, 3, 1) RT(TY, 4, 1)        \
-    RT(TY, 5, 1) RT(TY, 6, 1) RT(TY, 7, 1) RT(TY, 8, 1)                                                  \
+    RT(TY, 1) RT(TY, 2) RT(TY, 3) RT(TY, 4) RT(TY, 5) RT(TY, 6) RT(TY, 7) RT(TY, 8)                           \
     ST(TY, 1, 1) ST(TY, 2, 1) ST(TY, 3, 1) ST(TY, 1, 2) ST(TY, 2, 2) ST(TY, 3, 2) ST(TY, 1, 4) ST(TY, 2, 4) ST(TY, 3, 4)
 TILES(3) TILES(8)
-typedef void (*rt_fn)(const float *, const float *, int, const uint8_t *, size_t, const float *, float *, int, int);
+typedef void (*rt_fn)(const float *, const float *, int, const uint8_t *, const float *, float *, int, int);
 typedef void (*st_fn)(const float *, const float *, int, int, const float *, const __m512 *, const __m512 *, float *);
-/* [type is Q8_0][wide][rows]: wide = 4 panels for one row, 2 for two or three (from 4 rows: 1, as 4 x 2
- * would not fit in the registers). Up to FMR rows (verification's k + 1 up to k = 7) go in one tile,
- * so each column's codes are converted once for all of them. */
-static const rt_fn RTILES[2][2][FMR + 1] = {
-    {{0, rt_3_1_1, rt_3_2_1, rt_3_3_1, rt_3_4_1, rt_3_5_1, rt_3_6_1, rt_3_7_1, rt_3_8_1}, {0, rt_3_1_4, rt_3_2_2, rt_3_3_2, 0}},
-    {{0, rt_8_1_1, rt_8_2_1, rt_8_3_1, rt_8_4_1, rt_8_5_1, rt_8_6_1, rt_8_7_1, rt_8_8_1}, {0, rt_8_1_4, rt_8_2_2, rt_8_3_2, 0}}};
+/* [type is Q8_0][rows]: up to FMR rows (verification's k + 1 up to k = 7) go in one tile, so each
+ * column's codes are converted once for all of them */
+static const rt_fn RTILES[2][FMR + 1] = {
+    {0, rt_3_1, rt_3_2, rt_3_3, rt_3_4, rt_3_5, rt_3_6, rt_3_7, rt_3_8},
+    {0, rt_8_1, rt_8_2, rt_8_3, rt_8_4, rt_8_5, rt_8_6, rt_8_7, rt_8_8}};
 /* [type is Q8_0][panels - 1][rows] */
 static const st_fn STILES[2][4][SMR + 1] = {
     {{0, st_3_1_1, st_3_2_1, st_3_3_1}, {0, st_3_1_2, st_3_2_2, st_3_3_2}, {0}, {0, st_3_1_4, st_3_2_4, st_3_3_4}},
@@ -548,15 +539,10 @@ static int qlinear_factorized(int type, const float *x, int M, int K, const uint
             free(tb);
         } else
             for (int r0 = 0; r0 < M; r0 += FMR) {
-                const int mr = M - r0 < FMR ? M - r0 : FMR, wide = mr == 1 ? 4 : mr < 4 ? 2 : 1;
-                const float *xr = x + (size_t)r0 * K, *sxr = sx + (size_t)r0 * nb;
-                float *yr = y + (size_t)r0 * N;
-                for (p = p0; wide > 1 && p + wide <= p1; p += wide)
-                    RTILES[q8][1][mr](xr, sxr, K, panels + p * pstride, pstride, bias ? bias + p * NR : NULL,
-                                      yr + p * NR, N, last_valid(N, p, wide));
-                for (; p < p1; p++)
-                    RTILES[q8][0][mr](xr, sxr, K, panels + p * pstride, pstride, bias ? bias + p * NR : NULL,
-                                      yr + p * NR, N, last_valid(N, p, 1));
+                const int mr = M - r0 < FMR ? M - r0 : FMR;
+                for (p = p0; p < p1; p++)
+                    RTILES[q8][mr](x + (size_t)r0 * K, sx + (size_t)r0 * nb, K, panels + p * pstride,
+                                   bias ? bias + p * NR : NULL, y + (size_t)r0 * N + p * NR, N, last_valid(N, p, 1));
             }
     }
     free(sx);
@@ -692,17 +678,15 @@ static AI2 void ftile(int type, int MR, int H, const float *x, const float *sx, 
     }
 }
 
-#define FT(TY, MR, H)                                                                                       \
-static void ft_##TY##_##MR##_##H(const float *x, const float *sx, int K, const uint8_t *pan, int h0,       \
-                                  const float *bias, float *y, int ldy, int nout) {                         \
-    ftile(TY, MR, H, x, sx, K, pan, h0, bias, y, ldy, nout);                                                \
+#define FT(TY, MR)                                                                                          \
+static void ft_##TY##_##MR(const float *x, const float *sx, int K, const uint8_t *pan, const float *bias,  \
+                           float *y, int ldy, int nout) {                                                  \
+    ftile(TY, MR, 2, x, sx, K, pan, 0, bias, y, ldy, nout);                                                 \
 }
-#define FTS(TY) FT(TY, 1, 1) FT(TY, 1, 2) FT(TY, 1, 4) FT(TY, 2, 1) FT(TY, 2, 2)
-FTS(3) FTS(8)
-typedef void (*ft_fn)(const float *, const float *, int, const uint8_t *, int, const float *, float *, int, int);
-/* [type is Q8_0][rows][half panels per tile] */
-static const ft_fn FTILES[2][3][5] = {{{0}, {0, ft_3_1_1, ft_3_1_2, 0, ft_3_1_4}, {0, ft_3_2_1, ft_3_2_2}},
-                                      {{0}, {0, ft_8_1_1, ft_8_1_2, 0, ft_8_1_4}, {0, ft_8_2_1, ft_8_2_2}}};
+FT(3, 1) FT(3, 2) FT(8, 1) FT(8, 2)
+typedef void (*ft_fn)(const float *, const float *, int, const uint8_t *, const float *, float *, int, int);
+/* [type is Q8_0][rows]: a whole panel (both halves) a tile */
+static const ft_fn FTILES[2][3] = {{0, ft_3_1, ft_3_2}, {0, ft_8_1, ft_8_2}};
 
 /* column k of half h (rows 8h..8h+7) of a panel block as fp32 codes: pair_codes8's e (k even) or o
  * (k odd), the same values (Q4_1's odd codes left as 16 q) */
@@ -804,20 +788,15 @@ static void g2_register(int type, const float *x, const float *sx, int M, int K,
     }
 }
 
-/* 1 or 2 rows over panels [p0, p1) in ftile's tiles (1 row: 4 half panels a tile, 2 rows: 2) */
+/* 1 or 2 rows over panels [p0, p1) in ftile's tiles, a whole panel each: one stream of blocks. Two
+ * panels a tile for 1 row (4 half panels, each broadcast x shared by more FMAs) ran at 0.6-0.75x
+ * this on a Zen 4 where the weights come from memory (a 49152 x 576 matrix, 1 thread; 1.07x where
+ * they stay in L2), and half a panel a tile at 0.75-0.87x. */
 static void f2_register(int type, const float *x, const float *sx, int M, int K, const uint8_t *panels, size_t pstride,
                         int N, const float *bias, float *y, int p0, int p1) {
-    const int q8 = type == T_Q8_0;
-    for (int g0 = p0; g0 < p1; g0 += F2_PG) {
-        const int g1 = g0 + F2_PG < p1 ? g0 + F2_PG : p1;
-        int u = 2 * g0;
-        for (int H = M == 1 ? 4 : 2; H >= 1; H /= 2)
-            for (; u + H <= 2 * g1; u += H) {
-                const int p = u >> 1;
-                FTILES[q8][M][H](x, sx, K, panels + p * pstride, u & 1, bias ? bias + p * NR : NULL, y + p * NR, N,
-                                 N - p * NR);
-            }
-    }
+    for (int p = p0; p < p1; p++)
+        FTILES[type == T_Q8_0][M](x, sx, K, panels + p * pstride, bias ? bias + p * NR : NULL, y + p * NR, N,
+                                  N - p * NR);
 }
 
 /* From G2_MAX_ROWS + 1 rows (prefill chunks) a panel's codes are converted once into an fp32 scratch
