@@ -87,6 +87,11 @@ def limits_for(shape: ModelShape, g: dict, roofs: dict, dtype_bytes: int) -> lis
     return out
 
 
+# the kvscope engines' warm-up request (vLLM's warm-up is the same token repeated): no filler window
+# starts with it, so nothing a timed request reads comes from the prefix cache
+WARM_UP_PROMPT = [13] * 32
+
+
 def unique_prompts(base: list[int], lengths: list[int], start: int = 1) -> list[list[int]]:
     """One prompt per length, each a different window of `base` (offset start, start+1, ...): no
     two share a first block, so no prefix cache serves any of them."""
@@ -142,7 +147,9 @@ def _kvscope_lengths(ctx, SamplingParams, prompts, new, max_len, seg, points):
         ctx, max_num_seqs=2, max_model_len=max_len, num_kv_blocks=C.blocks_for([max(len(p) for p in prompts)], new) + 8
     )
     try:
-        C.warm_up(llm, SamplingParams, prompts[0])
+        # the warm-up shares no block with a measured prompt (a window of prompts[0] would leave its
+        # first 32 tokens in the prefix cache, and the first length's TTFT would skip them)
+        C.warm_up(llm, SamplingParams, WARM_UP_PROMPT)
         info = llm.engine.info()
         for i, p in enumerate(prompts):
             marks = C.token_times(llm, p, C.greedy(SamplingParams, new), f"scaling-{i}")
