@@ -104,8 +104,7 @@ def main() -> None:
                         lib.kvscope_qlinear(*args)
                     best[t] = min(best[t], (clock() - t0) / reps * 1e6)
             # "!" after a ratio: that build's outputs differ from OLD's in some bit
-            same = {t: np.array_equal(ys[t].view(np.uint32), ys["old"].view(np.uint32)) for t in libs}
-            mark = {t: "" if same[t] else "!" for t in libs}
+            mark = {t: "" if np.array_equal(ys[t].view(np.uint32), ys["old"].view(np.uint32)) else "!" for t in libs}
             cells = [f"{best[t]:.0f} us ({best['old'] / best[t]:.2f}x{mark[t]})" for t in libs if t != "old"]
             line.append(f"M={m}: {best['old']:.0f} -> " + " / ".join(cells))
         print(f"{name} {n}x{k}: " + "; ".join(line), flush=True)

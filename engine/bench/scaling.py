@@ -212,6 +212,14 @@ def concurrency_sets(base: list[int], g: dict) -> dict[int, list[list[int]]]:
     return out
 
 
+def grid_prompts(tok, g: dict) -> tuple[list[list[int]], dict[int, list[list[int]]]]:
+    """The token ids a run of grid g measures: one prompt per length, and the prompts per
+    concurrency level."""
+    base = C.filler_ids(tok, max(g["lengths"]) + len(g["lengths"]) + 8, seed=0)
+    conc_base = C.filler_ids(tok, g["conc_prompt_len"] + sum(g["concurrency"]) + 8, seed=1)
+    return unique_prompts(base, g["lengths"]), concurrency_sets(conc_base, g)
+
+
 def suite_scaling(ctx: C.BenchContext) -> SuiteResult:
     import torch
 
@@ -240,10 +248,7 @@ def suite_scaling(ctx: C.BenchContext) -> SuiteResult:
         raise C.BenchUnavailable(f"the grid needs {max_len} tokens, the model holds {limit_model}")
     dt = getattr(torch, ctx.dtype())
     dbytes = torch.tensor([], dtype=dt).element_size()
-    base = C.filler_ids(tok, max(g["lengths"]) + len(g["lengths"]) + 8, seed=0)
-    prompts = unique_prompts(base, g["lengths"])
-    conc_base = C.filler_ids(tok, g["conc_prompt_len"] + sum(g["concurrency"]) + 8, seed=1)
-    conc = concurrency_sets(conc_base, g)
+    prompts, conc = grid_prompts(tok, g)
 
     partial = os.path.join(ctx.out_dir, "scaling-partial.json")
 
@@ -268,7 +273,7 @@ def suite_scaling(ctx: C.BenchContext) -> SuiteResult:
     blocks = C.blocks_for([g["conc_prompt_len"]] * max(g["concurrency"]), g["conc_new_tokens"]) + 16
     with seg("kvscope: output tok/s against concurrency (HTTP)"):
         with _kvscope_server(ctx, max(g["concurrency"]), max_len, blocks) as k:
-            _http_concurrency(k, [conc_base[:16]], 2)  # warm-up
+            _http_concurrency(k, [WARM_UP_PROMPT[:16]], 2)  # warm-up
             for n, ps in conc.items():
                 points.append(
                     {

@@ -85,10 +85,8 @@ def test_the_warm_up_leaves_no_measured_prompts_block_in_the_prefix_cache():
     from engine.model.models import load_tokenizer
 
     tok = load_tokenizer("default")
-    g = SP.grid()
-    prompts = S.unique_prompts(C.filler_ids(tok, max(g["lengths"]) + len(g["lengths"]) + 8, seed=0), g["lengths"])
-    conc_base = C.filler_ids(tok, g["conc_prompt_len"] + sum(g["concurrency"]) + 8, seed=1)
-    measured = prompts + [p for ps in S.concurrency_sets(conc_base, g).values() for p in ps]
+    prompts, conc = S.grid_prompts(tok, SP.grid())  # the suite's own prompts for the full grid
+    measured = prompts + [p for ps in conc.values() for p in ps]
     warm = S.WARM_UP_PROMPT
     for bs in (16, 32):  # any block size the bench runs
         assert all(p[:bs] != warm[:bs] for p in measured)

@@ -595,7 +595,7 @@ static int tune_scratch_rows(void) {
  * parities' chains live), 3 to G2_MAX_ROWS rows (verification's k + 1, short prefill chunks) in
  * gtile (one parity at a time, so a whole panel's 16 outputs x up to 6 rows fit in the registers),
  * more rows through a scratch of converted codes that 6-row x 16-output tiles read (below). */
-#define F2_PG 8         /* panels per group of the register paths (they stay in L2 for the next row tile) */
+#define F2_PG 8         /* panels per group of gtile's path (they stay in L2 for the next row tile) */
 #define AI2 inline __attribute__((always_inline))
 
 /* column pair (kk, kk + 1) of half h (rows 8h..8h+7) of a panel block as fp32 codes */
@@ -639,49 +639,42 @@ static AI2 void store8(__m256 t, const float *bias, float *y, int nv) {
     for (int j = 0; j < nv; j++) y[j] = bias ? tt[j] + bias[j] : tt[j];
 }
 
-/* MR rows x H half panels from half h0 of pan, codes converted in registers; nout = valid outputs
- * from pan's first */
-static AI2 void ftile(int type, int MR, int H, const float *x, const float *sx, int K, const uint8_t *pan, int h0,
-                      const float *bias, float *y, int ldy, int nout) {
+/* MR (1 or 2) rows x one panel (both halves of 8 outputs), codes converted in registers, both
+ * parities' chains live; nout = valid outputs from the panel's first */
+static AI2 void ftile(int type, int MR, const float *x, const float *sx, int K, const uint8_t *pan, const float *bias,
+                      float *y, int ldy, int nout) {
     const int nb = K / QK, pb = panel_block_bytes(type);
-    __m256 tot[6][4];
-    for (int r = 0; r < MR; r++)
-        for (int i = 0; i < H; i++) tot[r][i] = _mm256_setzero_ps();
+    __m256 tot[2][2];
+    for (int r = 0; r < MR; r++) tot[r][0] = tot[r][1] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        __m256 ae[6][4], ao[6][4];
-        const uint8_t *blk[4];
-        for (int i = 0; i < H; i++) {
-            blk[i] = pan + ((size_t)((h0 + i) >> 1) * nb + b) * pb;
-            for (int r = 0; r < MR; r++) { ae[r][i] = _mm256_setzero_ps(); ao[r][i] = _mm256_setzero_ps(); }
-        }
+        __m256 ae[2][2], ao[2][2];
+        const uint8_t *blk = pan + (size_t)b * pb;
+        for (int r = 0; r < MR; r++) ae[r][0] = ae[r][1] = ao[r][0] = ao[r][1] = _mm256_setzero_ps();
         for (int kk = 0; kk < QK; kk += 2) {
             const int k = b * QK + kk;
-            for (int i = 0; i < H; i++) {
+            for (int h = 0; h < 2; h++) {
                 __m256 e, o;
-                pair_codes8(type, blk[i], kk, (h0 + i) & 1, &e, &o);
+                pair_codes8(type, blk, kk, h, &e, &o);
                 for (int r = 0; r < MR; r++) {
-                    ae[r][i] = _mm256_fmadd_ps(e, _mm256_broadcast_ss(x + (size_t)r * K + k), ae[r][i]);
-                    ao[r][i] = _mm256_fmadd_ps(o, _mm256_broadcast_ss(x + (size_t)r * K + k + 1), ao[r][i]);
+                    ae[r][h] = _mm256_fmadd_ps(e, _mm256_broadcast_ss(x + (size_t)r * K + k), ae[r][h]);
+                    ao[r][h] = _mm256_fmadd_ps(o, _mm256_broadcast_ss(x + (size_t)r * K + k + 1), ao[r][h]);
                 }
             }
         }
-        for (int i = 0; i < H; i++) {
-            const int h = (h0 + i) & 1;
-            const __m256 d = half_d(blk[i], h), m = half_m(type, blk[i], h);
-            for (int r = 0; r < MR; r++) tot[r][i] = finish8(type, d, m, ae[r][i], ao[r][i], sx[r * nb + b], tot[r][i]);
+        for (int h = 0; h < 2; h++) {
+            const __m256 d = half_d(blk, h), m = half_m(type, blk, h);
+            for (int r = 0; r < MR; r++) tot[r][h] = finish8(type, d, m, ae[r][h], ao[r][h], sx[r * nb + b], tot[r][h]);
         }
     }
-    for (int i = 0; i < H; i++) {
-        const int o0 = (h0 + i) * 8;
+    for (int h = 0; h < 2; h++)
         for (int r = 0; r < MR; r++)
-            store8(tot[r][i], bias ? bias + o0 : NULL, y + (size_t)r * ldy + o0, nout - o0);
-    }
+            store8(tot[r][h], bias ? bias + 8 * h : NULL, y + (size_t)r * ldy + 8 * h, nout - 8 * h);
 }
 
 #define FT(TY, MR)                                                                                          \
 static void ft_##TY##_##MR(const float *x, const float *sx, int K, const uint8_t *pan, const float *bias,  \
                            float *y, int ldy, int nout) {                                                  \
-    ftile(TY, MR, 2, x, sx, K, pan, 0, bias, y, ldy, nout);                                                 \
+    ftile(TY, MR, x, sx, K, pan, bias, y, ldy, nout);                                                       \
 }
 FT(3, 1) FT(3, 2) FT(8, 1) FT(8, 2)
 typedef void (*ft_fn)(const float *, const float *, int, const uint8_t *, const float *, float *, int, int);
