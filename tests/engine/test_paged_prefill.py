@@ -58,16 +58,24 @@ def test_prefill_kernel_matches_sdpa(heads, kv_heads, head_dim, bs, start, n, th
     assert torch.equal(rest, torch.full_like(rest, 7.0))
 
 
-def test_a_rows_bits_do_not_depend_on_chunks_or_threads():
+@pytest.mark.parametrize(
+    "L,splits",
+    [
+        (400, [([100, 300], 2), ([17, 150, 233], 1), ([200, 200], 2)]),
+        # the query tile grows with the context (16 positions below 1,024, 32 below 4,096, then 64)
+        (4200, [([1000, 3200], 2), ([3000, 1200], 1), ([900, 1100, 2200], 2)]),
+    ],
+)
+def test_a_rows_bits_do_not_depend_on_chunks_or_threads(L, splits):
     """Key tiles sit at absolute positions: the same query at the same position gives the same
-    bits whether its prompt came in one run or in chunks, on 1 thread or 2."""
-    heads, hkv, d, bs, L = 9, 3, 64, 16, 400
+    bits whether its prompt came in one run or in chunks (of any query tile size), on 1 thread or 2."""
+    heads, hkv, d, bs = 9, 3, 64, 16
     k_pool, v_pool = pools(-(-L // bs) + 2, bs, hkv, d, 11)
     table = torch.arange(-(-L // bs), dtype=torch.int32)
     q = torch.randn(L, heads, d, generator=torch.Generator().manual_seed(3))
     whole = torch.empty_like(q)
     cpu_kernels.paged_prefill_attention(lib, whole, q, k_pool, v_pool, 0, L, 0, table, 0.125, 1)
-    for chunks, threads in (([100, 300], 2), ([17, 150, 233], 1), ([200, 200], 2)):
+    for chunks, threads in splits:
         out = torch.empty_like(q)
         s = 0
         for c in chunks:

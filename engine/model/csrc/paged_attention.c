@@ -641,162 +641,170 @@ int kvscope_paged_decode(const float *q, float *out, const float *k_pool, const 
  * Causal prefill attention, tiled (the flash-attention order): one sequence's run of T query rows
  * at consecutive positions start .. start + T - 1, over its context 0 .. start + T - 1, fp32 pool,
  * D = 64 or 128. Reading each key once per query row (the decode kernel, row by row) is a
- * matrix-vector product per row, bound by loads; here a tile of PF_QT positions x G query heads
- * (the heads that share one KV head) meets a tile of PF_KT keys as a small matrix product, each
- * key and value loaded once per tile, the scores and the output accumulated in registers.
+ * matrix-vector product per row, bound by loads; here a tile of QT positions x G query heads
+ * (the heads that share one KV head: R rows) meets a tile of PF_KT keys as a small matrix product,
+ * each key and value loaded once per tile, the scores and the output accumulated in registers.
  *
- * Per call: each KV head's keys are copied once out of their blocks into PF_KT-key tiles
- * transposed ([D][PF_KT], so a tile's scores are broadcast-FMA products), its values into
- * contiguous [PF_KT][D] tiles. Then per (KV head, query tile): for each key tile up to the last
- * query's position, S = Q K^T (Q pre-scaled), keys past a row's own position masked, and the
- * online softmax: m' = max(m, max S), P = e^(S - m'), l = l e^(m - m') + sum P,
- * O = O e^(m - m') + P V; out = O / l. Key tiles sit at absolute multiples of PF_KT, so a row's
- * arithmetic depends on its position and context only, not on how the prompt was chunked or
- * tiled into queries or split over threads: the same bits at any chunk size and thread count.
- * Within fp32 rounding of softmax(QK^T)V, not bitwise equal to the decode kernel (whose softmax
- * is two-pass): tests/engine/test_paged_prefill.py compares both with torch SDPA.
+ * Everything in a tile is held key-major or dimension-major with the R rows along the vector
+ * lanes: Qt [D][R] (pre-scaled), St [PF_KT][R] (scores, then their exponentials), Ot [D][R], and
+ * m, l, alpha [R]. So the online softmax is vertical, 8 rows per vector with no horizontal step:
+ * m' = max(m, max_j S_j), alpha = e^(m - m'), P_j = e^(S_j - m'), l = l alpha + sum_j P_j, and
+ * Ot = Ot alpha + sum_j V_j P_j with the rescale folded into the product's loads; out = O / l.
+ * Keys past a row's own position are masked on the tiles that reach past the query tile's first
+ * position only. Per call, each KV head's keys and values are copied once out of their blocks
+ * into contiguous [PF_KT][D] tiles. Key tiles sit at absolute multiples of PF_KT, each score is
+ * summed over d in order and each row's softmax runs over keys in order, so a row's arithmetic
+ * depends on its position and context only, not on how the prompt was chunked or tiled into
+ * queries or split over threads: the same bits at any chunk size and thread count. Within fp32
+ * rounding of softmax(QK^T)V, not bitwise equal to the decode kernel (whose softmax is two-pass):
+ * tests/engine/test_paged_prefill.py compares both with torch SDPA.
  * ------------------------------------------------------------------------------------------- */
-#define PF_QT 16 /* query positions per tile */
 #define PF_KT 64 /* keys per tile */
 #define PF_MIN_ROWS 16 /* a run of at least this many rows goes to the tiled kernel */
+#define PF_MAGIC 12582912.f /* 1.5 * 2^23: adding it rounds a float below 2^22 to an integer */
 
-/* S[r][0..PF_KT) = Q[r] . keys, RB rows x 16 keys at a time: RB x 2 accumulators, d in order */
-static inline __attribute__((always_inline)) void pf_scores_rb(int RB, const float *Q, int D, const float *Kt,
-                                                               float *S) {
-    for (int c = 0; c < PF_KT; c += 16) {
-        v8 a[6][2];
-        for (int r = 0; r < RB; r++) a[r][0] = a[r][1] = splat(0.f);
-        for (int d = 0; d < D; d++) {
-            const v8 k0 = ld(Kt + (size_t)d * PF_KT + c), k1 = ld(Kt + (size_t)d * PF_KT + c + 8);
-            for (int r = 0; r < RB; r++) {
-                const v8 b = splat(Q[(size_t)r * D + d]);
-                a[r][0] += b * k0;
-                a[r][1] += b * k1;
-            }
+/* Query positions per tile for a context of L: a longer tile reads each key tile for more rows,
+   a shorter one wastes less on the masked corner of the diagonal tiles (measured on Zen 4: 16 is
+   best at 512 positions, 64 at 8,000). Any choice gives the same bits. */
+static inline int pf_query_tile(int L) { return L < 1024 ? 16 : L < 4096 ? 32 : 64; }
+
+/* e^x for x <= 0: n = x log2 e rounded to nearest by the magic add (its low bits are n), then
+   kvscope.h's reduction and polynomial, as exp_nonpos (which rounds n with converts). */
+static inline v8 pf_exp(v8 x) {
+    x = sel(x < splat(-87.f), splat(-87.f), x);
+    const v8 t = x * KV_LOG2E + PF_MAGIC, n = t - PF_MAGIC;
+    v8 r = x - n * KV_LN2_HI;
+    r = r - n * KV_LN2_LO;
+    v8 p;
+    KV_EXP_POLY(p, r);
+    p = p * r * r + r + 1.0f;
+    v8i e;
+    memcpy(&e, &t, sizeof e);
+    e = (e - 0x4B400000 + 127) << 23;
+    v8 s;
+    memcpy(&s, &e, sizeof s);
+    return p * s;
+}
+
+/* St[j][r .. r + 16) = sum_d K[j][d] Qt[d][r ..], KB keys j0 .. j0 + KB - 1 x 16 rows at r */
+static inline __attribute__((always_inline)) void pf_scores_kb(int KB, const float *Qt, int RP, int D,
+                                                               const float *K, float *St) {
+    v8 a[6][2];
+    for (int k = 0; k < KB; k++) a[k][0] = a[k][1] = splat(0.f);
+    for (int d = 0; d < D; d++) {
+        const v8 q0 = ld(Qt + (size_t)d * RP), q1 = ld(Qt + (size_t)d * RP + 8);
+        for (int k = 0; k < KB; k++) {
+            const v8 b = splat(K[(size_t)k * D + d]);
+            a[k][0] += b * q0;
+            a[k][1] += b * q1;
         }
-        for (int r = 0; r < RB; r++) {
-            st(S + (size_t)r * PF_KT + c, a[r][0]);
-            st(S + (size_t)r * PF_KT + c + 8, a[r][1]);
-        }
+    }
+    for (int k = 0; k < KB; k++) {
+        st(St + (size_t)k * RP, a[k][0]);
+        st(St + (size_t)k * RP + 8, a[k][1]);
     }
 }
 
-/* O[r][:] += sum_j P[r][j] V[j][:], j < nk, RB rows x 16 columns at a time */
-static inline __attribute__((always_inline)) void pf_pv_rb(int RB, const float *P, int nk, const float *Vt, int D,
-                                                           float *O) {
-    for (int c = 0; c < D; c += 16) {
-        v8 a[6][2];
-        for (int r = 0; r < RB; r++) {
-            a[r][0] = ld(O + (size_t)r * D + c);
-            a[r][1] = ld(O + (size_t)r * D + c + 8);
+/* Ot[d][r .. r + 16) = Ot[d][r ..] alpha[r ..] + sum_{j < nk} V[j][d] St[j][r ..], DB dims at d0 */
+static inline __attribute__((always_inline)) void pf_pv_db(int DB, const float *St, int RP, int nk, const float *V,
+                                                           int D, const float *alpha, float *Ot) {
+    v8 a[6][2];
+    const v8 al0 = ld(alpha), al1 = ld(alpha + 8);
+    for (int k = 0; k < DB; k++) {
+        a[k][0] = ld(Ot + (size_t)k * RP) * al0;
+        a[k][1] = ld(Ot + (size_t)k * RP + 8) * al1;
+    }
+    for (int j = 0; j < nk; j++) {
+        const v8 p0 = ld(St + (size_t)j * RP), p1 = ld(St + (size_t)j * RP + 8);
+        for (int k = 0; k < DB; k++) {
+            const v8 b = splat(V[(size_t)j * D + k]);
+            a[k][0] += b * p0;
+            a[k][1] += b * p1;
         }
-        for (int j = 0; j < nk; j++) {
-            const v8 v0 = ld(Vt + (size_t)j * D + c), v1 = ld(Vt + (size_t)j * D + c + 8);
-            for (int r = 0; r < RB; r++) {
-                const v8 p = splat(P[(size_t)r * PF_KT + j]);
-                a[r][0] += p * v0;
-                a[r][1] += p * v1;
-            }
-        }
-        for (int r = 0; r < RB; r++) {
-            st(O + (size_t)r * D + c, a[r][0]);
-            st(O + (size_t)r * D + c + 8, a[r][1]);
-        }
+    }
+    for (int k = 0; k < DB; k++) {
+        st(Ot + (size_t)k * RP, a[k][0]);
+        st(Ot + (size_t)k * RP + 8, a[k][1]);
     }
 }
 
-static void pf_scores(int R, const float *Q, int D, const float *Kt, float *S) {
-    int r = 0;
-    for (; r + 6 <= R; r += 6) pf_scores_rb(6, Q + (size_t)r * D, D, Kt, S + (size_t)r * PF_KT);
-    switch (R - r) {
-    case 5: pf_scores_rb(5, Q + (size_t)r * D, D, Kt, S + (size_t)r * PF_KT); break;
-    case 4: pf_scores_rb(4, Q + (size_t)r * D, D, Kt, S + (size_t)r * PF_KT); break;
-    case 3: pf_scores_rb(3, Q + (size_t)r * D, D, Kt, S + (size_t)r * PF_KT); break;
-    case 2: pf_scores_rb(2, Q + (size_t)r * D, D, Kt, S + (size_t)r * PF_KT); break;
-    case 1: pf_scores_rb(1, Q + (size_t)r * D, D, Kt, S + (size_t)r * PF_KT); break;
-    default: break;
-    }
-}
-
-static void pf_pv(int R, const float *P, int nk, const float *Vt, int D, float *O) {
-    int r = 0;
-    for (; r + 6 <= R; r += 6) pf_pv_rb(6, P + (size_t)r * PF_KT, nk, Vt, D, O + (size_t)r * D);
-    switch (R - r) {
-    case 5: pf_pv_rb(5, P + (size_t)r * PF_KT, nk, Vt, D, O + (size_t)r * D); break;
-    case 4: pf_pv_rb(4, P + (size_t)r * PF_KT, nk, Vt, D, O + (size_t)r * D); break;
-    case 3: pf_pv_rb(3, P + (size_t)r * PF_KT, nk, Vt, D, O + (size_t)r * D); break;
-    case 2: pf_pv_rb(2, P + (size_t)r * PF_KT, nk, Vt, D, O + (size_t)r * D); break;
-    case 1: pf_pv_rb(1, P + (size_t)r * PF_KT, nk, Vt, D, O + (size_t)r * D); break;
-    default: break;
-    }
-}
+#define PF_BLOCKS(n, STEP) /* STEP(b, i) for blocks of b = 6 at i, then the last 1 .. 5 */         \
+    do {                                                                                           \
+        int i_ = 0;                                                                                \
+        for (; i_ + 6 <= (n); i_ += 6) STEP(6, i_);                                                \
+        switch ((n) - i_) {                                                                        \
+        case 5: STEP(5, i_); break;                                                                \
+        case 4: STEP(4, i_); break;                                                                \
+        case 3: STEP(3, i_); break;                                                                \
+        case 2: STEP(2, i_); break;                                                                \
+        case 1: STEP(1, i_); break;                                                                \
+        default: break;                                                                            \
+        }                                                                                          \
+    } while (0)
 
 /* One (KV head g, query tile) item: positions p0 .. p0 + np - 1 (query rows qrow0 + p0 - start ..),
-   rows r = i * G + gi for position p0 + i and query head g * G + gi. */
+   rows r = i * G + gi for position p0 + i and query head g * G + gi, padded to RP (a multiple of
+   16) with zero queries at the last position. K, V: the head's [PF_KT][D] tiles. */
 static void pf_tile(const float *q, float *out, const float *Ktiles, const float *Vtiles, int qrow0, int start,
-                    int p0, int np, int g, int G, int H, int D, float scale, float *Qs, float *S, float *O, float *m,
-                    float *l) {
-    const int R = np * G;
-    for (int i = 0; i < np; i++)
-        for (int gi = 0; gi < G; gi++) {
-            const float *src = q + ((size_t)(qrow0 + p0 - start + i) * H + g * G + gi) * D;
-            float *dst = Qs + (size_t)(i * G + gi) * D;
-            for (int d = 0; d < D; d++) dst[d] = src[d] * scale;
-        }
-    for (int r = 0; r < R; r++) {
+                    int p0, int np, int g, int G, int H, int D, float scale, float *Qt, float *St, float *Ot,
+                    float *m, float *l, float *alpha, int32_t *pos) {
+    const int R = np * G, RP = (R + 15) & ~15, last = p0 + np - 1; /* the tile's last position: keys 0 .. last */
+    for (int r = 0; r < RP; r++) {
+        const float *src = q + ((size_t)(qrow0 + p0 - start + r / G) * H + g * G + r % G) * D;
+        for (int d = 0; d < D; d++) Qt[(size_t)d * RP + r] = r < R ? src[d] * scale : 0.f;
+        pos[r] = r < R ? p0 + r / G : last;
         m[r] = -INFINITY;
         l[r] = 0.f;
     }
-    memset(O, 0, sizeof(float) * (size_t)R * D);
-    const v8i lane = {0, 1, 2, 3, 4, 5, 6, 7};
-    const int last = p0 + np - 1; /* the tile's last position: keys 0 .. last */
+    memset(Ot, 0, sizeof(float) * (size_t)RP * D);
     for (int k0 = 0; k0 <= last; k0 += PF_KT) {
-        const int kt = k0 / PF_KT;
-        const float *Kt = Ktiles + (size_t)kt * D * PF_KT, *Vt = Vtiles + (size_t)kt * PF_KT * D;
+        const float *K = Ktiles + (size_t)(k0 / PF_KT) * PF_KT * D, *V = Vtiles + (size_t)(k0 / PF_KT) * PF_KT * D;
         const int nk = last + 1 - k0 < PF_KT ? last + 1 - k0 : PF_KT; /* keys any row of the tile sees */
-        pf_scores(R, Qs, D, Kt, S);
-        for (int i = 0; i < np; i++) {
-            const int nv = p0 + i + 1 - k0; /* keys this position sees in the tile (may be <= 0) */
-            for (int gi = 0; gi < G; gi++) {
-                const int r = i * G + gi;
-                float *s = S + (size_t)r * PF_KT;
-                if (nv <= 0) {
-                    memset(s, 0, sizeof(float) * PF_KT);
-                    continue;
-                }
-                const int n = nv < PF_KT ? nv : PF_KT;
-                v8 top = splat(-INFINITY);
-                for (int j = 0; j < PF_KT; j += 8) {
-                    const v8 vm = sel(lane + j < n, ld(s + j), splat(-INFINITY));
-                    top = sel(vm > top, vm, top);
-                }
-                float mt = top[0];
-                for (int j = 1; j < 8; j++) mt = top[j] > mt ? top[j] : mt;
-                const float mn = mt > m[r] ? mt : m[r];
-                const float alpha = m[r] == -INFINITY ? 0.f : exp_nonpos(splat(m[r] - mn))[0];
-                v8 tot = splat(0.f);
-                for (int j = 0; j < PF_KT; j += 8) {
-                    const v8 e = sel(lane + j < n, exp_nonpos(ld(s + j) - mn), splat(0.f));
-                    st(s + j, e);
-                    tot += e;
-                }
-                l[r] = l[r] * alpha + hsum(tot);
-                m[r] = mn;
-                if (alpha != 1.0f) {
-                    float *o = O + (size_t)r * D;
-                    for (int d = 0; d < D; d++) o[d] *= alpha;
-                }
+        const int masked = k0 + nk - 1 > p0;                            /* some row sees fewer */
+        if (k0 + PF_KT <= last) /* the next tile's keys and values toward L2 while this one runs */
+            for (size_t c = 0; c < (size_t)PF_KT * D; c += 16) {
+                __builtin_prefetch(K + (size_t)PF_KT * D + c, 0, 1);
+                __builtin_prefetch(V + (size_t)PF_KT * D + c, 0, 1);
             }
+        for (int r = 0; r < RP; r += 16) {
+#define PF_S(KB, j) pf_scores_kb(KB, Qt + r, RP, D, K + (size_t)(j) * D, St + (size_t)(j) * RP + r)
+            PF_BLOCKS(nk, PF_S);
+#undef PF_S
         }
-        pf_pv(R, S, nk, Vt, D, O);
+        for (int r = 0; r < RP; r += 8) {
+            const v8 m0 = ld(m + r);
+            v8i pv; /* key k0 + j is seen where j <= pv */
+            memcpy(&pv, pos + r, sizeof pv);
+            pv -= k0;
+            v8 mx = m0;
+            for (int j = 0; j < nk; j++) {
+                v8 s = ld(St + (size_t)j * RP + r);
+                if (masked) s = sel((v8i){0} + j <= pv, s, splat(-INFINITY));
+                mx = sel(s > mx, s, mx);
+            }
+            const v8 al = pf_exp(m0 - mx);
+            v8 sum = ld(l + r) * al;
+            for (int j = 0; j < nk; j++) {
+                v8 e = pf_exp(ld(St + (size_t)j * RP + r) - mx);
+                if (masked) e = sel((v8i){0} + j <= pv, e, splat(0.f));
+                st(St + (size_t)j * RP + r, e);
+                sum += e;
+            }
+            st(m + r, mx);
+            st(l + r, sum);
+            st(alpha + r, al);
+        }
+        for (int r = 0; r < RP; r += 16) {
+#define PF_P(DB, d0) pf_pv_db(DB, St + r, RP, nk, V + (d0), D, alpha + r, Ot + (size_t)(d0) * RP + r)
+            PF_BLOCKS(D, PF_P);
+#undef PF_P
+        }
     }
-    for (int i = 0; i < np; i++)
-        for (int gi = 0; gi < G; gi++) {
-            const int r = i * G + gi;
-            float *dst = out + ((size_t)(qrow0 + p0 - start + i) * H + g * G + gi) * D;
-            const float inv = 1.0f / l[r];
-            for (int d = 0; d < D; d++) dst[d] = O[(size_t)r * D + d] * inv;
-        }
+    for (int r = 0; r < R; r++) {
+        float *dst = out + ((size_t)(qrow0 + p0 - start + r / G) * H + g * G + r % G) * D;
+        const float inv = 1.0f / l[r];
+        for (int d = 0; d < D; d++) dst[d] = Ot[(size_t)d * RP + r] * inv;
+    }
 }
 
 /* The run's T query rows qrow0 .. qrow0 + T - 1 at positions start .. start + T - 1; table: the
@@ -806,48 +814,48 @@ int kvscope_paged_prefill(const float *q, float *out, const float *k_pool, const
                           int start, const int32_t *table, int bs, int H, int Hkv, int D, float scale, int n_threads) {
     if ((D != 64 && D != 128) || Hkv < 1 || H % Hkv || H > KV_MAX_HEADS || bs < 1 || T < 1 || start < 0) return -1;
     const int G = H / Hkv, L = start + T, ntiles = (L + PF_KT - 1) / PF_KT;
-    const int nq = (T + PF_QT - 1) / PF_QT, items = Hkv * nq, R = PF_QT * G;
+    const int QT = pf_query_tile(L), nq = (T + QT - 1) / QT, items = Hkv * nq, RP = (QT * G + 15) & ~15;
     if (n_threads < 1) n_threads = 1;
     if (n_threads > items) n_threads = items;
     const size_t head_floats = (size_t)ntiles * PF_KT * D;
     float *kt = (float *)malloc(sizeof(float) * head_floats * Hkv);
     float *vt = (float *)malloc(sizeof(float) * head_floats * Hkv);
-    const size_t per = (size_t)R * D * 2 + (size_t)R * PF_KT + 2 * (size_t)R;
-    float *work = (float *)malloc(sizeof(float) * per * n_threads);
+    const size_t per = (size_t)RP * D * 2 + (size_t)RP * PF_KT + 4 * (size_t)RP + 16; /* Qt Ot St m l alpha pos */
+    float *work = (float *)aligned_alloc(64, sizeof(float) * ((per * n_threads + 15) & ~(size_t)15));
     if (!kt || !vt || !work) { free(kt); free(vt); free(work); return -2; }
     #pragma omp parallel num_threads(n_threads) if (n_threads > 1)
     {
-        /* keys transposed into [tile][D][PF_KT], values into [tile][PF_KT][D], zero past L */
+        /* keys and values into [tile][PF_KT][D], zero past L */
         #pragma omp for schedule(static)
         for (int x = 0; x < Hkv * ntiles; x++) {
             const int g = x / ntiles, t = x % ntiles;
-            float *K = kt + head_floats * g + (size_t)t * D * PF_KT, *V = vt + head_floats * g + (size_t)t * PF_KT * D;
+            float *K = kt + head_floats * g + (size_t)t * PF_KT * D, *V = vt + head_floats * g + (size_t)t * PF_KT * D;
             for (int j = 0; j < PF_KT; j++) {
                 const int p = t * PF_KT + j;
                 if (p >= L) {
-                    for (int d = 0; d < D; d++) K[(size_t)d * PF_KT + j] = 0.f;
+                    memset(K + (size_t)j * D, 0, sizeof(float) * D);
                     memset(V + (size_t)j * D, 0, sizeof(float) * D);
                     continue;
                 }
                 const size_t row = ((size_t)table[p / bs] * bs + p % bs) * Hkv + g;
-                const float *ks = k_pool + row * D, *vs = v_pool + row * D;
-                for (int d = 0; d < D; d++) K[(size_t)d * PF_KT + j] = ks[d];
-                memcpy(V + (size_t)j * D, vs, sizeof(float) * D);
+                memcpy(K + (size_t)j * D, k_pool + row * D, sizeof(float) * D);
+                memcpy(V + (size_t)j * D, v_pool + row * D, sizeof(float) * D);
             }
         }
         int t = 0;
 #ifdef _OPENMP
         t = omp_get_thread_num();
 #endif
-        float *Qs = work + per * t, *O = Qs + (size_t)R * D, *S = O + (size_t)R * D, *m = S + (size_t)R * PF_KT;
-        float *l = m + R;
+        float *Qt = work + per * t, *Ot = Qt + (size_t)RP * D, *St = Ot + (size_t)RP * D, *m = St + (size_t)RP * PF_KT;
+        float *l = m + RP, *alpha = l + RP;
+        int32_t *pos = (int32_t *)(alpha + RP);
         /* the longest query tiles (the last positions) first */
         #pragma omp for schedule(dynamic, 1)
         for (int x = 0; x < items; x++) {
             const int qi = nq - 1 - x / Hkv, g = x % Hkv;
-            const int p0 = start + qi * PF_QT, np = T - qi * PF_QT < PF_QT ? T - qi * PF_QT : PF_QT;
-            pf_tile(q, out, kt + head_floats * g, vt + head_floats * g, qrow0, start, p0, np, g, G, H, D, scale, Qs, S,
-                    O, m, l);
+            const int p0 = start + qi * QT, np = T - qi * QT < QT ? T - qi * QT : QT;
+            pf_tile(q, out, kt + head_floats * g, vt + head_floats * g, qrow0, start, p0, np, g, G, H, D, scale, Qt,
+                    St, Ot, m, l, alpha, pos);
         }
     }
     free(kt);
