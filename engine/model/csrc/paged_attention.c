@@ -686,9 +686,10 @@ static inline v8 pf_exp(v8 x) {
     return p * s;
 }
 
-/* St[j][r .. r + 16) = sum_d K[j][d] Qt[d][r ..], KB keys j0 .. j0 + KB - 1 x 16 rows at r */
+/* St[j][r .. r + 16) = sum_d K[j][d] Qt[d][r ..], KB keys j0 .. j0 + KB - 1 x 16 rows at r; mt
+   (unless NULL): the 16 rows' running max, raised to these scores (max is exact in any order) */
 static inline __attribute__((always_inline)) void pf_scores_kb(int KB, const float *Qt, int RP, int D,
-                                                               const float *K, float *St) {
+                                                               const float *K, float *St, float *mt) {
     v8 a[6][2];
     for (int k = 0; k < KB; k++) a[k][0] = a[k][1] = splat(0.f);
     for (int d = 0; d < D; d++) {
@@ -702,6 +703,15 @@ static inline __attribute__((always_inline)) void pf_scores_kb(int KB, const flo
     for (int k = 0; k < KB; k++) {
         st(St + (size_t)k * RP, a[k][0]);
         st(St + (size_t)k * RP + 8, a[k][1]);
+    }
+    if (mt) {
+        v8 m0 = ld(mt), m1 = ld(mt + 8);
+        for (int k = 0; k < KB; k++) {
+            m0 = sel(a[k][0] > m0, a[k][0], m0);
+            m1 = sel(a[k][1] > m1, a[k][1], m1);
+        }
+        st(mt, m0);
+        st(mt + 8, m1);
     }
 }
 
@@ -747,7 +757,7 @@ static inline __attribute__((always_inline)) void pf_pv_db(int DB, const float *
    16) with zero queries at the last position. K, V: the head's [PF_KT][D] tiles. */
 static void pf_tile(const float *q, float *out, const float *Ktiles, const float *Vtiles, int qrow0, int start,
                     int p0, int np, int g, int G, int H, int D, float scale, float *Qt, float *St, float *Ot,
-                    float *m, float *l, float *alpha, int32_t *pos) {
+                    float *m, float *l, float *alpha, float *mt, int32_t *pos) {
     const int R = np * G, RP = (R + 15) & ~15, last = p0 + np - 1; /* the tile's last position: keys 0 .. last */
     for (int r = 0; r < RP; r++) {
         const float *src = q + ((size_t)(qrow0 + p0 - start + r / G) * H + g * G + r % G) * D;
@@ -766,8 +776,10 @@ static void pf_tile(const float *q, float *out, const float *Ktiles, const float
                 __builtin_prefetch(K + (size_t)PF_KT * D + c, 0, 1);
                 __builtin_prefetch(V + (size_t)PF_KT * D + c, 0, 1);
             }
+        if (!masked) memcpy(mt, m, sizeof(float) * RP); /* the scores kernel raises it to the new max */
         for (int r = 0; r < RP; r += 16) {
-#define PF_S(KB, j) pf_scores_kb(KB, Qt + r, RP, D, K + (size_t)(j) * D, St + (size_t)(j) * RP + r)
+#define PF_S(KB, j) \
+    pf_scores_kb(KB, Qt + r, RP, D, K + (size_t)(j) * D, St + (size_t)(j) * RP + r, masked ? NULL : mt + r)
             PF_BLOCKS(nk, PF_S);
 #undef PF_S
         }
@@ -776,10 +788,9 @@ static void pf_tile(const float *q, float *out, const float *Ktiles, const float
             v8i pv; /* key k0 + j is seen where j <= pv */
             memcpy(&pv, pos + r, sizeof pv);
             pv -= k0;
-            v8 mx = m0;
-            for (int j = 0; j < nk; j++) {
-                v8 s = ld(St + (size_t)j * RP + r);
-                if (masked) s = sel((v8i){0} + j <= pv, s, splat(-INFINITY));
+            v8 mx = masked ? m0 : ld(mt + r);
+            for (int j = 0; masked && j < nk; j++) {
+                const v8 s = sel((v8i){0} + j <= pv, ld(St + (size_t)j * RP + r), splat(-INFINITY));
                 mx = sel(s > mx, s, mx);
             }
             const v8 al = pf_exp(m0 - mx);
@@ -820,7 +831,7 @@ int kvscope_paged_prefill(const float *q, float *out, const float *k_pool, const
     const size_t head_floats = (size_t)ntiles * PF_KT * D;
     float *kt = (float *)malloc(sizeof(float) * head_floats * Hkv);
     float *vt = (float *)malloc(sizeof(float) * head_floats * Hkv);
-    const size_t per = (size_t)RP * D * 2 + (size_t)RP * PF_KT + 4 * (size_t)RP + 16; /* Qt Ot St m l alpha pos */
+    const size_t per = (size_t)RP * D * 2 + (size_t)RP * PF_KT + 5 * (size_t)RP + 16; /* Qt Ot St m l alpha mt pos */
     float *work = (float *)aligned_alloc(64, sizeof(float) * ((per * n_threads + 15) & ~(size_t)15));
     if (!kt || !vt || !work) { free(kt); free(vt); free(work); return -2; }
     #pragma omp parallel num_threads(n_threads) if (n_threads > 1)
@@ -847,15 +858,15 @@ int kvscope_paged_prefill(const float *q, float *out, const float *k_pool, const
         t = omp_get_thread_num();
 #endif
         float *Qt = work + per * t, *Ot = Qt + (size_t)RP * D, *St = Ot + (size_t)RP * D, *m = St + (size_t)RP * PF_KT;
-        float *l = m + RP, *alpha = l + RP;
-        int32_t *pos = (int32_t *)(alpha + RP);
+        float *l = m + RP, *alpha = l + RP, *mt = alpha + RP;
+        int32_t *pos = (int32_t *)(mt + RP);
         /* the longest query tiles (the last positions) first */
         #pragma omp for schedule(dynamic, 1)
         for (int x = 0; x < items; x++) {
             const int qi = nq - 1 - x / Hkv, g = x % Hkv;
             const int p0 = start + qi * QT, np = T - qi * QT < QT ? T - qi * QT : QT;
             pf_tile(q, out, kt + head_floats * g, vt + head_floats * g, qrow0, start, p0, np, g, G, H, D, scale, Qt,
-                    St, Ot, m, l, alpha, pos);
+                    St, Ot, m, l, alpha, mt, pos);
         }
     }
     free(kt);
