@@ -670,8 +670,15 @@ static inline int pf_query_tile(int L) { return L < 1024 ? 16 : L < 4096 ? 32 : 
 
 /* e^x for x <= 0: n = x log2 e rounded to nearest by the magic add (its low bits are n), then
    kvscope.h's reduction and polynomial, as exp_nonpos (which rounds n with converts). */
+static inline v8 pf_max(v8 a, v8 b) {
+#ifdef __AVX__
+    return __builtin_ia32_maxps256(a, b);
+#else
+    return sel(a > b, a, b);
+#endif
+}
 static inline v8 pf_exp(v8 x) {
-    x = sel(x < splat(-87.f), splat(-87.f), x);
+    x = pf_max(x, splat(-87.f));
     const v8 t = x * KV_LOG2E + PF_MAGIC, n = t - PF_MAGIC;
     v8 r = x - n * KV_LN2_HI;
     r = r - n * KV_LN2_LO;
@@ -707,8 +714,8 @@ static inline __attribute__((always_inline)) void pf_scores_kb(int KB, const flo
     if (mt) {
         v8 m0 = ld(mt), m1 = ld(mt + 8);
         for (int k = 0; k < KB; k++) {
-            m0 = sel(a[k][0] > m0, a[k][0], m0);
-            m1 = sel(a[k][1] > m1, a[k][1], m1);
+            m0 = pf_max(a[k][0], m0);
+            m1 = pf_max(a[k][1], m1);
         }
         st(mt, m0);
         st(mt + 8, m1);
@@ -791,7 +798,7 @@ static void pf_tile(const float *q, float *out, const float *Ktiles, const float
             v8 mx = masked ? m0 : ld(mt + r);
             for (int j = 0; masked && j < nk; j++) {
                 const v8 s = sel((v8i){0} + j <= pv, ld(St + (size_t)j * RP + r), splat(-INFINITY));
-                mx = sel(s > mx, s, mx);
+                mx = pf_max(s, mx);
             }
             const v8 al = pf_exp(m0 - mx);
             v8 sum = ld(l + r) * al;
