@@ -697,7 +697,7 @@ static inline v8 pf_exp(v8 x) {
    (unless NULL): the 16 rows' running max, raised to these scores (max is exact in any order) */
 static inline __attribute__((always_inline)) void pf_scores_kb(int KB, const float *Qt, int RP, int D,
                                                                const float *K, float *St, float *mt) {
-    v8 a[6][2];
+    v8 a[8][2];
     for (int k = 0; k < KB; k++) a[k][0] = a[k][1] = splat(0.f);
     for (int d = 0; d < D; d++) {
         const v8 q0 = ld(Qt + (size_t)d * RP), q1 = ld(Qt + (size_t)d * RP + 8);
@@ -725,7 +725,7 @@ static inline __attribute__((always_inline)) void pf_scores_kb(int KB, const flo
 /* Ot[d][r .. r + 16) = Ot[d][r ..] alpha[r ..] + sum_{j < nk} V[j][d] St[j][r ..], DB dims at d0 */
 static inline __attribute__((always_inline)) void pf_pv_db(int DB, const float *St, int RP, int nk, const float *V,
                                                            int D, const float *alpha, float *Ot) {
-    v8 a[6][2];
+    v8 a[8][2];
     const v8 al0 = ld(alpha), al1 = ld(alpha + 8);
     for (int k = 0; k < DB; k++) {
         a[k][0] = ld(Ot + (size_t)k * RP) * al0;
@@ -745,11 +745,18 @@ static inline __attribute__((always_inline)) void pf_pv_db(int DB, const float *
     }
 }
 
-#define PF_BLOCKS(n, STEP) /* STEP(b, i) for blocks of b = 6 at i, then the last 1 .. 5 */         \
+#ifdef __AVX512F__
+#define PF_B 8 /* keys / dims a micro-kernel: 2 x 8 accumulators + 2 + 1 of the 32 registers */
+#else
+#define PF_B 6 /* 2 x 6 accumulators + 2 + 1 of the 16 registers */
+#endif
+#define PF_BLOCKS(n, STEP) /* STEP(b, i) for blocks of b = PF_B at i, then the last 1 .. PF_B - 1 */  \
     do {                                                                                           \
         int i_ = 0;                                                                                \
-        for (; i_ + 6 <= (n); i_ += 6) STEP(6, i_);                                                \
+        for (; i_ + PF_B <= (n); i_ += PF_B) STEP(PF_B, i_);                                       \
         switch ((n) - i_) {                                                                        \
+        case 7: STEP(7, i_); break;                                                                \
+        case 6: STEP(6, i_); break;                                                                \
         case 5: STEP(5, i_); break;                                                                \
         case 4: STEP(4, i_); break;                                                                \
         case 3: STEP(3, i_); break;                                                                \
