@@ -668,8 +668,7 @@ int kvscope_paged_decode(const float *q, float *out, const float *k_pool, const 
    best at 512 positions, 64 at 8,000). Any choice gives the same bits. */
 static inline int pf_query_tile(int L) { return L < 1024 ? 16 : L < 4096 ? 32 : 64; }
 
-/* e^x for x <= 0: n = x log2 e rounded to nearest by the magic add (its low bits are n), then
-   kvscope.h's reduction and polynomial, as exp_nonpos (which rounds n with converts). */
+/* max(a, b) lane by lane (scores: no NaN): one vmaxps where there is AVX, not compare-and-select */
 static inline v8 pf_max(v8 a, v8 b) {
 #ifdef __AVX__
     return __builtin_ia32_maxps256(a, b);
@@ -677,6 +676,10 @@ static inline v8 pf_max(v8 a, v8 b) {
     return sel(a > b, a, b);
 #endif
 }
+
+/* e^x for x <= 0: n = x log2 e rounded to nearest by the magic add (t's bits are PF_MAGIC's,
+   0x4B400000, plus n), then kvscope.h's reduction and polynomial, as exp_nonpos (which rounds n
+   with converts). */
 static inline v8 pf_exp(v8 x) {
     x = pf_max(x, splat(-87.f));
     const v8 t = x * KV_LOG2E + PF_MAGIC, n = t - PF_MAGIC;
@@ -693,60 +696,48 @@ static inline v8 pf_exp(v8 x) {
     return p * s;
 }
 
-/* St[j][r .. r + 16) = sum_d K[j][d] Qt[d][r ..], KB keys j0 .. j0 + KB - 1 x 16 rows at r; mt
-   (unless NULL): the 16 rows' running max, raised to these scores (max is exact in any order) */
-static inline __attribute__((always_inline)) void pf_scores_kb(int KB, const float *Qt, int RP, int D,
-                                                               const float *K, float *St, float *mt) {
+/* The tile's one micro-kernel, 16 rows (two vectors of lanes) x NB outputs c:
+   C[c][0 .. 16) = C[c][..] alpha[..] (zero where alpha is NULL) + sum_{i < n} A[c ac + i ai] B[i][..],
+   the terms in order of i; rows of B and C are RP floats apart. Scores: c = key, i = d,
+   A = K (ac = D, ai = 1), B = Qt, C = St. P.V: c = dim, i = key, A = V (ac = 1, ai = D), B = St,
+   C = Ot. mt (unless NULL): the 16 rows' running max, raised to the results (max is exact in any
+   order). */
+static inline __attribute__((always_inline)) void pf_kernel(int NB, const float *A, int ac, int ai, const float *B,
+                                                            int RP, int n, const float *alpha, float *C, float *mt) {
     v8 a[8][2];
-    for (int k = 0; k < KB; k++) a[k][0] = a[k][1] = splat(0.f);
-    for (int d = 0; d < D; d++) {
-        const v8 q0 = ld(Qt + (size_t)d * RP), q1 = ld(Qt + (size_t)d * RP + 8);
-        for (int k = 0; k < KB; k++) {
-            const v8 b = splat(K[(size_t)k * D + d]);
-            a[k][0] += b * q0;
-            a[k][1] += b * q1;
+    if (alpha) {
+        const v8 al0 = ld(alpha), al1 = ld(alpha + 8);
+        for (int c = 0; c < NB; c++) {
+            a[c][0] = ld(C + (size_t)c * RP) * al0;
+            a[c][1] = ld(C + (size_t)c * RP + 8) * al1;
+        }
+    } else
+        for (int c = 0; c < NB; c++) a[c][0] = a[c][1] = splat(0.f);
+    for (int i = 0; i < n; i++) {
+        const v8 b0 = ld(B + (size_t)i * RP), b1 = ld(B + (size_t)i * RP + 8);
+        for (int c = 0; c < NB; c++) {
+            const v8 w = splat(A[(size_t)c * ac + (size_t)i * ai]);
+            a[c][0] += w * b0;
+            a[c][1] += w * b1;
         }
     }
-    for (int k = 0; k < KB; k++) {
-        st(St + (size_t)k * RP, a[k][0]);
-        st(St + (size_t)k * RP + 8, a[k][1]);
+    for (int c = 0; c < NB; c++) {
+        st(C + (size_t)c * RP, a[c][0]);
+        st(C + (size_t)c * RP + 8, a[c][1]);
     }
     if (mt) {
         v8 m0 = ld(mt), m1 = ld(mt + 8);
-        for (int k = 0; k < KB; k++) {
-            m0 = pf_max(a[k][0], m0);
-            m1 = pf_max(a[k][1], m1);
+        for (int c = 0; c < NB; c++) {
+            m0 = pf_max(a[c][0], m0);
+            m1 = pf_max(a[c][1], m1);
         }
         st(mt, m0);
         st(mt + 8, m1);
     }
 }
 
-/* Ot[d][r .. r + 16) = Ot[d][r ..] alpha[r ..] + sum_{j < nk} V[j][d] St[j][r ..], DB dims at d0 */
-static inline __attribute__((always_inline)) void pf_pv_db(int DB, const float *St, int RP, int nk, const float *V,
-                                                           int D, const float *alpha, float *Ot) {
-    v8 a[8][2];
-    const v8 al0 = ld(alpha), al1 = ld(alpha + 8);
-    for (int k = 0; k < DB; k++) {
-        a[k][0] = ld(Ot + (size_t)k * RP) * al0;
-        a[k][1] = ld(Ot + (size_t)k * RP + 8) * al1;
-    }
-    for (int j = 0; j < nk; j++) {
-        const v8 p0 = ld(St + (size_t)j * RP), p1 = ld(St + (size_t)j * RP + 8);
-        for (int k = 0; k < DB; k++) {
-            const v8 b = splat(V[(size_t)j * D + k]);
-            a[k][0] += b * p0;
-            a[k][1] += b * p1;
-        }
-    }
-    for (int k = 0; k < DB; k++) {
-        st(Ot + (size_t)k * RP, a[k][0]);
-        st(Ot + (size_t)k * RP + 8, a[k][1]);
-    }
-}
-
 #ifdef __AVX512F__
-#define PF_B 8 /* keys / dims a micro-kernel: 2 x 8 accumulators + 2 + 1 of the 32 registers */
+#define PF_B 8 /* outputs (keys / dims) a micro-kernel: 2 x 8 accumulators + 2 + 1 of the 32 registers */
 #else
 #define PF_B 6 /* 2 x 6 accumulators + 2 + 1 of the 16 registers */
 #endif
@@ -792,8 +783,8 @@ static void pf_tile(const float *q, float *out, const float *Ktiles, const float
             }
         if (!masked) memcpy(mt, m, sizeof(float) * RP); /* the scores kernel raises it to the new max */
         for (int r = 0; r < RP; r += 16) {
-#define PF_S(KB, j) \
-    pf_scores_kb(KB, Qt + r, RP, D, K + (size_t)(j) * D, St + (size_t)(j) * RP + r, masked ? NULL : mt + r)
+#define PF_S(NB, j) \
+    pf_kernel(NB, K + (size_t)(j) * D, D, 1, Qt + r, RP, D, NULL, St + (size_t)(j) * RP + r, masked ? NULL : mt + r)
             PF_BLOCKS(nk, PF_S);
 #undef PF_S
         }
@@ -802,11 +793,10 @@ static void pf_tile(const float *q, float *out, const float *Ktiles, const float
             v8i pv; /* key k0 + j is seen where j <= pv */
             memcpy(&pv, pos + r, sizeof pv);
             pv -= k0;
-            v8 mx = masked ? m0 : ld(mt + r);
-            for (int j = 0; masked && j < nk; j++) {
-                const v8 s = sel((v8i){0} + j <= pv, ld(St + (size_t)j * RP + r), splat(-INFINITY));
-                mx = pf_max(s, mx);
-            }
+            v8 mx = masked ? m0 : ld(mt + r); /* unmasked: the scores kernel's max */
+            if (masked)
+                for (int j = 0; j < nk; j++)
+                    mx = pf_max(sel((v8i){0} + j <= pv, ld(St + (size_t)j * RP + r), splat(-INFINITY)), mx);
             const v8 al = pf_exp(m0 - mx);
             v8 sum = ld(l + r) * al;
             for (int j = 0; j < nk; j++) {
@@ -820,7 +810,7 @@ static void pf_tile(const float *q, float *out, const float *Ktiles, const float
             st(alpha + r, al);
         }
         for (int r = 0; r < RP; r += 16) {
-#define PF_P(DB, d0) pf_pv_db(DB, St + r, RP, nk, V + (d0), D, alpha + r, Ot + (size_t)(d0) * RP + r)
+#define PF_P(NB, d0) pf_kernel(NB, V + (d0), 1, D, St + r, RP, nk, alpha + r, Ot + (size_t)(d0) * RP + r, NULL)
             PF_BLOCKS(D, PF_P);
 #undef PF_P
         }
