@@ -4,7 +4,8 @@
         [--type q4_1|q8_0] [--shapes gate_up,down,qkv,lm_head]
 
 Each directory's .c files are compiled with cpu_kernels.CFLAGS (+ KVSCOPE_ISA's flags) into /tmp,
-the same random Q4_1 blocks (finite scales) are packed by each, and the best of --reps calls of
+the row path tuned as the engine's is when it loads (KVSCOPE_QL_SCRATCH_ROWS as there), the same
+random Q4_1 blocks (finite scales) are packed by each, and the best of --reps calls of
 each is printed in microseconds with the ratio old / new (> 1: new faster; "!" after it where the
 outputs are not bitwise OLD's) and the kernel path
 (further directories: their times and ratios against OLD too). At 1 thread the clock is the
@@ -46,6 +47,9 @@ def build(csrc: str) -> ctypes.CDLL:
     lib.kvscope_qpanel_bytes.restype = ctypes.c_longlong
     lib.kvscope_qpack.argtypes = [I, P, ctypes.c_longlong, P, I, I, P]
     lib.kvscope_qlinear.argtypes = [I, P, I, I, P, I, P, P, I]
+    # the row path the engine would run on this CPU (cpu_kernels: tuned when the library loads)
+    lib.kvscope_qlinear_scratch_rows.argtypes = [I]
+    lib.kvscope_qlinear_scratch_rows(int(os.environ.get("KVSCOPE_QL_SCRATCH_ROWS", "0") or 0))
     return lib
 
 

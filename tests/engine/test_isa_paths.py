@@ -1,0 +1,67 @@
+"""The C kernels' two x86 builds give the same bits: on a CPU with AVX-512, the whole C stack built
+for AVX2 (KVSCOPE_ISA=avx2, engine/model/cpu_kernels.py) and built natively computes bitwise the
+same logits and K/V on the default model's GGUF weights (Q4_1 Linears, Q8_0 lm_head, RMSNorm, SiLU,
+decode and prefill attention), over a prefill and ragged decode / verify rows. Each build runs in
+its own process (a process loads one build). On a CPU without AVX-512 both names build the same
+code, so the test is skipped there."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+SCRIPT = r"""
+import hashlib, json, torch
+from engine.model import cpu_kernels, kernel_isa
+from engine.model.models import load_model
+from engine.model.runner import BatchRow, ModelRunner
+torch.set_num_threads(1)
+model, tok = load_model("default")
+r = ModelRunner(model, num_blocks=64, block_size=16, dtype=torch.float32, device=torch.device("cpu"),
+                weight_format="gguf", decode_backend="c")
+assert r.decode_backend == "c", cpu_kernels.status()
+prompt = tok.encode("A paged KV cache keeps each request's keys and values in fixed-size blocks, so")
+ta, tb = list(range(0, 8)), list(range(16, 24))
+cases = [
+    [BatchRow("a", 0, prompt, ta, 0)],
+    [BatchRow("a", len(prompt), [42], ta, 0), BatchRow("b", 0, prompt[:20], tb, 19)],
+    [BatchRow("a", len(prompt) + 1, [7, 8, 9, 10, 11], ta, 0), BatchRow("b", 20, [11], tb, 0)],
+]
+h = hashlib.sha256()
+for rows in cases:
+    h.update(r.forward(rows).numpy().tobytes())
+for k, v in r.kv_caches:
+    h.update(k.numpy().tobytes()); h.update(v.numpy().tobytes())
+print(json.dumps({"isa": kernel_isa.summary(), "sha256": h.hexdigest()}))
+"""
+
+
+def _has_avx512() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " avx512f" in line for line in f)
+    except OSError:
+        return False
+
+
+def _run(isa: str) -> dict:
+    env = dict(os.environ, KVSCOPE_ISA=isa, PYTHONPATH=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not _has_avx512(), reason="this CPU has no AVX-512: the two builds are the same code")
+def test_avx2_build_bitwise_equals_native_build():
+    native, avx2 = _run("native"), _run("avx2")
+    print(native, avx2)
+    assert native["isa"].startswith("AVX-512") and avx2["isa"].startswith("AVX2")
+    assert native["sha256"] == avx2["sha256"]
