@@ -389,11 +389,11 @@ static inline __attribute__((always_inline)) void attend_chunked(int NV, const f
             for (int i = 0; i < NV; i++) q[i] = ld(qp + (size_t)h * D + 8 * i) * scale;
             float *sh = sc + (size_t)(h - h0) * Lp;
             v8 t = top[h - h0];
-            for (int l0 = c0; l0 < c1; l0 += 8) {
+            int jn = c0 + (h - h0);                     /* the heads share the next chunk's rows: */
+            for (int l0 = c0; l0 < c1; l0 += 8) {       /* this head prefetches every nh-th one */
                 const int n = p1 - l0 < 8 ? p1 - l0 : 8;
-                for (int j = l0; j < l0 + 8 && j + KV_CHUNK < L; j++) /* the heads share the next chunk's */
-                    if ((j - c0) % nh == h - h0)
-                        prefetch_span(k_pool + (size_t)rows[j + KV_CHUNK] * stride + (size_t)g0 * D, seg);
+                for (; jn < l0 + 8 && jn + KV_CHUNK < L; jn += nh)
+                    prefetch_span(k_pool + (size_t)rows[jn + KV_CHUNK] * stride + (size_t)g0 * D, seg);
                 v8 a[8];
                 for (int j = 0; j < 8; j++) {
                     const int l = l0 + (j < n ? j : 0);
@@ -431,9 +431,13 @@ static inline __attribute__((always_inline)) void attend_chunked(int NV, const f
             const float *ph = sc + (size_t)(h - h0) * Lp;
             v8 a[16];
             for (int i = 0; i < NV; i++) a[i] = acc[(size_t)(h - h0) * NV + i];
+            int jn = c0 + (h - h0);
             for (int l = c0; l < c1; l++) {
-                if ((l - c0) % nh == h - h0 && l + KV_CHUNK < L)
-                    prefetch_span(v_pool + (size_t)rows[l + KV_CHUNK] * stride + (size_t)g0 * D, seg);
+                if (l == jn) {
+                    jn += nh;
+                    if (l + KV_CHUNK < L)
+                        prefetch_span(v_pool + (size_t)rows[l + KV_CHUNK] * stride + (size_t)g0 * D, seg);
+                }
                 const float *v = vp + (size_t)rows[l] * stride;
                 const v8 p = splat(ph[l]);
                 for (int i = 0; i < NV; i++) a[i] += p * ld(v + 8 * i);
