@@ -18,17 +18,21 @@ ENGINE_COLORS = {
 }
 ENGINE_SYMBOLS = {"kvscope": "circle", "llamacpp": "square", "vllm": "diamond"}
 PANELS = (
-    ("prefill", "TTFT (s) against prompt tokens", "prompt tokens"),
-    ("decode", "decode tokens/s against context", "context tokens"),
-    ("concurrency", "output tokens/s against concurrent requests", "concurrent requests"),
+    ("prefill", "TTFT (s) by prompt length", "prompt tokens"),
+    ("decode", "decode tokens/s by context", "context tokens"),
+    ("concurrency", "output tokens/s by requests", "concurrent requests"),
 )
 
 
-def subtitle(fields: dict, machine: dict | None = None) -> str:
-    """What the figure was measured on: CPU, cores, ISA, threads."""
+def subtitle(fields: dict, machine: dict | None = None, short: bool = False) -> str:
+    """What the figure was measured on: CPU, cores, ISA (short: its path only, "AVX-512", without
+    the extension list, which the caption carries), threads."""
     m = machine or {}
     cpu = f"{m.get('cpu', '?')}, {m.get('nproc', '?')} cpus, " if m else ""
-    return f"{cpu}ISA {fields.get('isa', '?')}, {fields.get('threads', '?')} thread(s)"
+    isa = str(fields.get("isa", "?"))
+    if short:
+        isa = isa.split(" (")[0]
+    return f"{cpu}ISA {isa}, {fields.get('threads', '?')} thread(s)"
 
 
 def scaling_figure(fields: dict, machine: dict | None = None, height: int = 420) -> go.Figure:
@@ -73,7 +77,7 @@ def scaling_figure(fields: dict, machine: dict | None = None, height: int = 420)
             )
         fig.update_xaxes(type="log", title_text=xlabel, row=1, col=col)
         fig.update_yaxes(type="log", row=1, col=col)
-    theme.comparison_layout(fig, f"Cost as work grows — {subtitle(fields, machine)}", height=height)
+    theme.comparison_layout(fig, f"Cost as work grows — {subtitle(fields, machine, short=True)}", height=height)
     return fig
 
 
