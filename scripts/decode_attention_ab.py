@@ -1,10 +1,10 @@
 """Kernel A/B: kvscope_paged_decode_kv of two or more builds of engine/model/csrc, alternating in one process.
 
     python scripts/decode_attention_ab.py OLD_CSRC_DIR NEW_CSRC_DIR [MORE_DIRS...]
-        [--lengths 512,2048,8000] [--threads 1] [--reps 9] [--sequential]
+        [--lengths 512,2048,8000] [--threads 1] [--reps 9] [--sequential] [--layers 30]
 
 A batch-1 decode of the default model's shape (9 query heads, 3 KV heads, head dim 64, blocks of
-16) over 30 layers' fp32 pools, one pool pair per layer, each layer's blocks in a random order
+16) over 30 layers' fp32 pools (--layers), one pool pair per layer, each layer's blocks in a random order
 (--sequential: in order, as a fresh pool hands them out). Each build's best sweep over the 30
 layers is printed as GB/s of K/V read (L x 30 x 2 x 3 x 64 x 4 bytes), beside torch.sum over the
 same pools, with the largest difference from the first build's output. Each directory's paged_attention.c
@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from engine.model import cpu_kernels  # noqa: E402
 
-LAYERS, BS, H, HKV, D = 30, 16, 9, 3, 64
+BS, H, HKV, D = 16, 9, 3, 64
 
 
 def build(csrc: str) -> ctypes.CDLL:
@@ -55,6 +55,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--sequential", action="store_true")
+    ap.add_argument("--layers", type=int, default=30, help="pool pairs swept (1: one layer's pools, in cache)")
     a = ap.parse_args()
     libs = [build(d) for d in a.dirs]
     clock = time.thread_time if a.threads == 1 else time.perf_counter
@@ -63,11 +64,12 @@ def main() -> None:
     for n in (int(x) for x in a.lengths.split(",")):
         nb = -(-n // BS)
         pools = [
-            (torch.randn(nb, BS, HKV, D, generator=g), torch.randn(nb, BS, HKV, D, generator=g)) for _ in range(LAYERS)
+            (torch.randn(nb, BS, HKV, D, generator=g), torch.randn(nb, BS, HKV, D, generator=g))
+            for _ in range(a.layers)
         ]
         tables = [
             (torch.arange(nb) if a.sequential else torch.randperm(nb, generator=g)).to(torch.int32).contiguous()
-            for _ in range(LAYERS)
+            for _ in range(a.layers)
         ]
         q = torch.randn(1, H, D, generator=g)
         rows, lens = torch.tensor([0], dtype=torch.int32), torch.tensor([n], dtype=torch.int32)
@@ -89,7 +91,7 @@ def main() -> None:
             for k, v in pools:
                 k.sum(), v.sum()
             t_sum = min(t_sum, time.perf_counter() - t)
-        nbytes = LAYERS * n * HKV * D * 4 * 2
+        nbytes = a.layers * n * HKV * D * 4 * 2
         cols = "  ".join(
             f"{os.path.basename(os.path.normpath(d))} {nbytes / b / 1e9:.2f}" for d, b in zip(a.dirs, best)
         )
