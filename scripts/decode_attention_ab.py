@@ -5,8 +5,8 @@
 
 A batch-1 decode of the default model's shape (9 query heads, 3 KV heads, head dim 64, blocks of
 16) over 30 layers' fp32 pools (--layers), one pool pair per layer, each layer's blocks in a random order
-(--sequential: in order, as a fresh pool hands them out). Each build's best sweep over the 30
-layers is printed as GB/s of K/V read (L x 30 x 2 x 3 x 64 x 4 bytes), beside torch.sum over the
+(--sequential: in order, as a fresh pool hands them out). Each build's best sweep over the
+layers is printed as GB/s of K/V read (L x layers x 2 x 3 x 64 x 4 bytes), beside torch.sum over the
 same pools, with the largest difference from the first build's output. Each directory's paged_attention.c
 is compiled with cpu_kernels.CFLAGS (+ KVSCOPE_ISA's flags) into /tmp. At 1 thread the clock is
 the thread's CPU time (time.thread_time: time the scheduler gives other processes on a shared
