@@ -58,13 +58,74 @@ def row_order(name: str, n: int, num_heads: int, num_kv_heads: int) -> np.ndarra
     return np.ascontiguousarray(idx, dtype=np.int32)
 
 
+_SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # GGUF value type -> bytes
+_STRING, _ARRAY, _UINT32 = 8, 9, 4
+
+
+def _skip_value(buf, off: int, vtype: int) -> int:
+    """The offset past one metadata value of type vtype at off."""
+    if vtype in _SCALAR:
+        return off + _SCALAR[vtype]
+    if vtype == _STRING:
+        return off + 8 + int.from_bytes(buf[off : off + 8], "little")
+    if vtype == _ARRAY:
+        etype, count = int.from_bytes(buf[off : off + 4], "little"), int.from_bytes(buf[off + 4 : off + 12], "little")
+        off += 12
+        if etype in _SCALAR:
+            return off + count * _SCALAR[etype]
+        for _ in range(count):
+            off = _skip_value(buf, off, etype)
+        return off
+    raise ValueError(f"GGUF metadata: unknown value type {vtype} at byte {off}")
+
+
+def tensor_table(path: str) -> dict[str, tuple[str, tuple[int, ...], np.ndarray]]:
+    """GGUF tensor name -> (ggml type name, dims innermost first, its bytes as a view of the file's
+    memory map). Reads the header itself and skips the metadata values (the tokenizer's ~100k
+    strings): gguf-py's reader builds every field as numpy views, about 4 s of the default model's
+    first load here. Little-endian GGUF v2 / v3 (what gguf-py and llama.cpp write)."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    data = np.memmap(path, mode="r")
+    buf = memoryview(data)
+
+    def u(off: int, n: int) -> int:
+        return int.from_bytes(buf[off : off + n], "little")
+
+    if bytes(buf[:4]) != b"GGUF" or u(4, 4) not in (2, 3):
+        raise ValueError(f"{path}: not a little-endian GGUF v2/v3 file")
+    n_tensors, n_kv, off, align = u(8, 8), u(16, 8), 24, 32
+    for _ in range(n_kv):
+        klen = u(off, 8)
+        key = bytes(buf[off + 8 : off + 8 + klen]).decode("utf-8", "replace")
+        vtype, off = u(off + 8 + klen, 4), off + 12 + klen
+        if key == "general.alignment" and vtype == _UINT32:
+            align = u(off, 4)
+        off = _skip_value(buf, off, vtype)
+    infos = []
+    for _ in range(n_tensors):
+        nlen = u(off, 8)
+        name = bytes(buf[off + 8 : off + 8 + nlen]).decode("utf-8")
+        off += 8 + nlen
+        nd = u(off, 4)
+        dims = tuple(u(off + 4 + 8 * i, 8) for i in range(nd))
+        off += 4 + 8 * nd
+        infos.append((name, dims, u(off, 4), u(off + 4, 8)))
+        off += 12
+    start = -(-off // align) * align
+    table = {}
+    for name, dims, tid, toff in infos:
+        qtype = GGMLQuantizationType(tid)
+        block, size = GGML_QUANT_SIZES[qtype]
+        nbytes = int(np.prod(dims, dtype=np.int64)) // block * size
+        table[name] = (qtype.name, dims, data[start + toff : start + toff + nbytes])
+    return table
+
+
 def read_quant_tensors(path: str, model, supported: dict[str, int]) -> dict[str, QuantTensor]:
     """module name -> QuantTensor for every Linear of `model` whose GGUF tensor has a type in
     `supported` (name -> ggml type id) and the HF weight's shape."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(path, "r")
-    tensors = {t.name: t for t in reader.tensors}
+    tensors = tensor_table(path)
     cfg = model.config
     heads = cfg.num_attention_heads
     kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
@@ -76,16 +137,17 @@ def read_quant_tensors(path: str, model, supported: dict[str, int]) -> dict[str,
             continue
         gname = gguf_name(mod_name, tied)
         t = tensors.get(gname) if gname else None
-        if t is None or t.tensor_type.name not in supported:
+        if t is None or t[0] not in supported:
             continue
+        type_name, dims, data = t
         n, k = w.shape
-        if tuple(int(x) for x in t.shape) != (k, n):  # GGUF lists dims innermost first
+        if dims != (k, n):  # GGUF lists dims innermost first
             continue
-        blocks = np.asarray(t.data).reshape(n, -1)
+        blocks = np.asarray(data).reshape(n, -1)
         out[mod_name] = QuantTensor(
             gname,
-            t.tensor_type.name,
-            supported[t.tensor_type.name],
+            type_name,
+            supported[type_name],
             blocks,
             row_order(gname, n, heads, kv_heads),
             (n, k),

@@ -337,3 +337,37 @@ def test_weights_that_are_exactly_bf16_are_read_at_16_bits_with_the_same_logits(
     assert weight_pack(plain, "auto").weight_format == "fp32"
     with pytest.raises(ValueError, match="weight_format='bf16'"):
         weight_pack(plain, "bf16")
+
+
+def test_the_gguf_tensor_table_equals_gguf_pys_reader(tmp_path):
+    """gguf_weights.tensor_table reads the header itself (skipping the metadata values); on the
+    default model's GGUF and on a small file gguf-py writes with every metadata value type and a
+    non-default alignment, every tensor's name, type, dims and bytes are gguf-py's."""
+    import gguf
+
+    from engine.model.gguf_weights import tensor_table
+    from engine.model.models import default_gguf_path
+
+    w = gguf.GGUFWriter(str(tmp_path / "t.gguf"), "llama")
+    w.add_uint32("general.alignment", 64)
+    w.add_array("tokenizer.ggml.tokens", ["a", "bb", "", "dddd"])
+    w.add_array("a.ints", [1, 2, 3])
+    w.add_float64("a.f64", 0.5)
+    w.add_bool("a.bool", True)
+    w.add_string("a.str", "x" * 100)
+    rng = np.random.default_rng(0)
+    w.add_tensor("t.f32", rng.standard_normal((3, 5)).astype(np.float32))
+    q = gguf.quants.quantize(rng.standard_normal((4, 64)).astype(np.float32), gguf.GGMLQuantizationType.Q8_0)
+    w.add_tensor("t.q8", q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    for path in (default_gguf_path(), str(tmp_path / "t.gguf")):
+        ref = gguf.GGUFReader(path, "r").tensors
+        got = tensor_table(path)
+        assert list(got) == [t.name for t in ref]
+        for t in ref:
+            tname, dims, data = got[t.name]
+            assert (tname, dims) == (t.tensor_type.name, tuple(int(d) for d in t.shape))
+            assert np.asarray(data).tobytes() == np.ascontiguousarray(t.data).view(np.uint8).tobytes()
