@@ -11,6 +11,7 @@ computing with other weights.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -58,23 +59,31 @@ def row_order(name: str, n: int, num_heads: int, num_kv_heads: int) -> np.ndarra
     return np.ascontiguousarray(idx, dtype=np.int32)
 
 
-_SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # GGUF value type -> bytes
-_STRING, _ARRAY, _UINT32 = 8, 9, 4
+@functools.lru_cache(maxsize=1)
+def _value_types() -> tuple[dict[int, int], int, int]:
+    """(GGUF scalar value type -> its size in bytes, the string type, the array type), from gguf-py's
+    own tables"""
+    from gguf.constants import GGUFValueType
+    from gguf.gguf_reader import GGUFReader
+
+    sizes = {int(t): np.dtype(n).itemsize for t, n in GGUFReader.gguf_scalar_to_np.items()}
+    return sizes, int(GGUFValueType.STRING), int(GGUFValueType.ARRAY)
 
 
-def _skip_value(buf, off: int, vtype: int) -> int:
-    """The offset past one metadata value of type vtype at off."""
-    if vtype in _SCALAR:
-        return off + _SCALAR[vtype]
-    if vtype == _STRING:
+def _skip_value(buf, off: int, vtype: int, types: tuple[dict[int, int], int, int]) -> int:
+    """The offset past one metadata value of type vtype at off (types: _value_types())."""
+    scalar, string, array = types
+    if vtype in scalar:
+        return off + scalar[vtype]
+    if vtype == string:
         return off + 8 + int.from_bytes(buf[off : off + 8], "little")
-    if vtype == _ARRAY:
+    if vtype == array:
         etype, count = int.from_bytes(buf[off : off + 4], "little"), int.from_bytes(buf[off + 4 : off + 12], "little")
         off += 12
-        if etype in _SCALAR:
-            return off + count * _SCALAR[etype]
+        if etype in scalar:
+            return off + count * scalar[etype]
         for _ in range(count):
-            off = _skip_value(buf, off, etype)
+            off = _skip_value(buf, off, etype, types)
         return off
     raise ValueError(f"GGUF metadata: unknown value type {vtype} at byte {off}")
 
@@ -84,7 +93,7 @@ def tensor_table(path: str) -> dict[str, tuple[str, tuple[int, ...], np.ndarray]
     memory map). Reads the header itself and skips the metadata values (the tokenizer's ~100k
     strings): gguf-py's reader builds every field as numpy views, about 4 s of the default model's
     first load here. Little-endian GGUF v2 / v3 (what gguf-py and llama.cpp write)."""
-    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
     data = np.memmap(path, mode="r")
     buf = memoryview(data)
@@ -95,13 +104,14 @@ def tensor_table(path: str) -> dict[str, tuple[str, tuple[int, ...], np.ndarray]
     if bytes(buf[:4]) != b"GGUF" or u(4, 4) not in (2, 3):
         raise ValueError(f"{path}: not a little-endian GGUF v2/v3 file")
     n_tensors, n_kv, off, align = u(8, 8), u(16, 8), 24, 32
+    types = _value_types()
     for _ in range(n_kv):
         klen = u(off, 8)
         key = bytes(buf[off + 8 : off + 8 + klen]).decode("utf-8", "replace")
         vtype, off = u(off + 8 + klen, 4), off + 12 + klen
-        if key == "general.alignment" and vtype == _UINT32:
+        if key == "general.alignment" and vtype == GGUFValueType.UINT32:
             align = u(off, 4)
-        off = _skip_value(buf, off, vtype)
+        off = _skip_value(buf, off, vtype, types)
     infos = []
     for _ in range(n_tensors):
         nlen = u(off, 8)
