@@ -53,6 +53,15 @@ def _compiler_macros(cc: str, flags: list[str]) -> set[str]:
     return {line.split()[1] for line in out.stdout.splitlines() if line.startswith("#define ")}
 
 
+def build_path(isa: str = "native") -> str:
+    """The path a build with KVSCOPE_ISA=isa would run on this machine (its compiler's macros under
+    path_of's rule), without building or loading it."""
+    from engine.model import cpu_kernels
+
+    cc = cpu_kernels.compiler()
+    return path_of(_compiler_macros(cc, [*cpu_kernels.CFLAGS, *cpu_kernels.ISA_FLAGS[isa]]) if cc else set())
+
+
 @functools.lru_cache(maxsize=1)
 def describe() -> dict:
     """{"path": "AVX-512" | "AVX2+FMA" | ..., "features": [...], "kernels": cpu_kernels.status()}.
