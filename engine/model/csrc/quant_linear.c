@@ -345,13 +345,15 @@ static AI void prefetch_block(const uint8_t *blk, int pb) {
 }
 
 /* column pair (kk, kk + 1) of a panel block as fp32 codes, 16 rows in the lanes: *e column kk,
- * *o column kk + 1 (Q4_1: its high nibble left in place, i.e. 16 q, exact; scaled back by 1/16
- * once per block, exactly) */
-static AI void pair_codes(int type, const uint8_t *blk, int kk, __m512 *e, __m512 *o) {
+ * *o column kk + 1. Q4_1's odd codes two ways, by o16: the high nibble shifted down (q), or left
+ * in place (16 q: one AND instead of a shift, where conversions set the pace) and scaled back by
+ * 1/16 in the block's finish. Both give the same s = e + o, exactly (16 q sums to 16 times the q
+ * sums: a power of two), so the same bits. */
+static AI void pair_codes(int type, const uint8_t *blk, int kk, __m512 *e, __m512 *o, int o16) {
     if (type == T_Q4_1) {
         const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 64 + kk * 8)));
         *e = _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(0x0f)));
-        *o = _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(0xf0)));
+        *o = _mm512_cvtepi32_ps(o16 ? _mm512_and_si512(v, _mm512_set1_epi32(0xf0)) : _mm512_srli_epi32(v, 4));
     } else {
         const uint8_t *c = blk + 32 + kk * 16;
         *e = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)c)));
@@ -359,10 +361,12 @@ static AI void pair_codes(int type, const uint8_t *blk, int kk, __m512 *e, __m51
     }
 }
 
-/* the one per-block finish, for every tile: even / odd chains -> s -> added to the running total */
-static AI __m512 finish_block(int type, __m512 d, __m512 m, __m512 e, __m512 o, float sx, __m512 tot) {
+/* the one per-block finish, for every tile: even / odd chains -> s -> added to the running total.
+ * With q odd codes s is an add, off the FMA ports that set the pace from a few rows: 1.02x at 5-512
+ * rows on Zen 4, but 0.98x at 2 rows, so 1-2 row tiles keep 16 q (kernel alone, 1 thread). */
+static AI __m512 finish_block(int type, __m512 d, __m512 m, __m512 e, __m512 o, float sx, __m512 tot, int o16) {
     if (type == T_Q4_1) {
-        const __m512 s = _mm512_fmadd_ps(o, _mm512_set1_ps(0.0625f), e); /* = round(even + odd) */
+        const __m512 s = o16 ? _mm512_fmadd_ps(o, _mm512_set1_ps(0.0625f), e) : _mm512_add_ps(e, o);
         return _mm512_add_ps(tot, _mm512_fmadd_ps(m, _mm512_set1_ps(sx), _mm512_mul_ps(d, s)));
     }
     return _mm512_fmadd_ps(d, _mm512_add_ps(e, o), tot);
@@ -397,14 +401,14 @@ static AI void rtile(int type, int MR, const float *x, const float *sx, int K, c
         for (int kk = 0; kk < QK; kk += 2) {
             const int k = b * QK + kk;
             __m512 e, o;
-            pair_codes(type, blk, kk, &e, &o);
+            pair_codes(type, blk, kk, &e, &o, MR <= 2);
             for (int r = 0; r < MR; r++) {
                 ae[r] = _mm512_fmadd_ps(e, _mm512_set1_ps(x[(size_t)r * K + k]), ae[r]);
                 ao[r] = _mm512_fmadd_ps(o, _mm512_set1_ps(x[(size_t)r * K + k + 1]), ao[r]);
             }
         }
         const __m512 d = block_d(blk), m = block_m(type, blk);
-        for (int r = 0; r < MR; r++) tot[r] = finish_block(type, d, m, ae[r], ao[r], sx[r * nb + b], tot[r]);
+        for (int r = 0; r < MR; r++) tot[r] = finish_block(type, d, m, ae[r], ao[r], sx[r * nb + b], tot[r], MR <= 2);
     }
     for (int r = 0; r < MR; r++) store_out(tot[r], bias, y + (size_t)r * ldy, nvalid);
 }
@@ -431,7 +435,7 @@ static AI void stile(int type, int MR, int P, const float *x, const float *sx, i
     for (int r = 0; r < MR; r++)
         for (int q = 0; q < P; q++) {
             float *t = tb + (size_t)(r * P + q) * NR;
-            _mm512_storeu_ps(t, finish_block(type, d[q], m[q], ae[r][q], ao[r][q], sx[r * nb + b], _mm512_loadu_ps(t)));
+            _mm512_storeu_ps(t, finish_block(type, d[q], m[q], ae[r][q], ao[r][q], sx[r * nb + b], _mm512_loadu_ps(t), 0));
         }
 }
 
@@ -478,7 +482,7 @@ static void scratch_panels(int type, int P, const float *x, const float *sx, int
                 m[q] = block_m(type, blk);
                 for (int kk = 0; kk < QK; kk += 2) {
                     __m512 e, o;
-                    pair_codes(type, blk, kk, &e, &o);
+                    pair_codes(type, blk, kk, &e, &o, 0);
                     _mm512_storeu_ps(wsc + (size_t)(q * QK + kk) * NR, e);
                     _mm512_storeu_ps(wsc + (size_t)(q * QK + kk + 1) * NR, o);
                 }
@@ -588,8 +592,8 @@ static int tune_scratch_rows(void) {
 #if defined(QL_AVX2) && !defined(QL_AVX512)
 /* Q4_1 / Q8_0 factorized by block on AVX2: the AVX-512 path's arithmetic 8 lanes at a time (a panel
  * is two halves of 8 rows), so both ISAs give the same bits: per block the even and the odd columns
- * each in a left-to-right fused multiply-add chain from zero (Q4_1's odd codes left as 16 q, exact),
- * s = fma(odd, 1/16, even), then t = fma(m, sum x, d * s) added to the running total (Q8_0:
+ * each in a left-to-right fused multiply-add chain from zero (Q4_1's odd codes q, shifted down),
+ * s = even + odd, then t = fma(m, sum x, d * s) added to the running total (Q8_0:
  * fma(d, even + odd, total)). Three row paths, all with these chains (so the same bits for a row
  * whatever its batch): 1 or 2 rows in ftile (codes of a column pair converted in registers, both
  * parities' chains live), 3 to G2_MAX_ROWS rows (verification's k + 1, short prefill chunks) in
@@ -603,7 +607,7 @@ static AI2 void pair_codes8(int type, const uint8_t *blk, int kk, int h, __m256 
     if (type == T_Q4_1) {
         const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 64 + kk * 8 + 8 * h)));
         *e = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(0x0f)));
-        *o = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(0xf0)));
+        *o = _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4));
     } else {
         const uint8_t *c = blk + 32 + kk * 16 + 8 * h;
         *e = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)c)));
@@ -613,7 +617,7 @@ static AI2 void pair_codes8(int type, const uint8_t *blk, int kk, int h, __m256 
 
 static AI2 __m256 finish8(int type, __m256 d, __m256 m, __m256 e, __m256 o, float sx, __m256 tot) {
     if (type == T_Q4_1) {
-        const __m256 s = _mm256_fmadd_ps(o, _mm256_set1_ps(0.0625f), e);
+        const __m256 s = _mm256_add_ps(e, o); /* as finish_block's, the odd codes q */
         return _mm256_add_ps(tot, _mm256_fmadd_ps(m, _mm256_set1_ps(sx), _mm256_mul_ps(d, s)));
     }
     return _mm256_fmadd_ps(d, _mm256_add_ps(e, o), tot);
@@ -682,11 +686,11 @@ typedef void (*ft_fn)(const float *, const float *, int, const uint8_t *, const 
 static const ft_fn FTILES[2][3] = {{0, ft_3_1, ft_3_2}, {0, ft_8_1, ft_8_2}};
 
 /* column k of half h (rows 8h..8h+7) of a panel block as fp32 codes: pair_codes8's e (k even) or o
- * (k odd), the same values (Q4_1's odd codes left as 16 q) */
+ * (k odd), the same values */
 static AI2 __m256 col_codes8(int type, const uint8_t *blk, int k, int h) {
     if (type == T_Q4_1) {
         const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 64 + (k >> 1) * 16 + 8 * h)));
-        return _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(k & 1 ? 0xf0 : 0x0f)));
+        return _mm256_cvtepi32_ps(k & 1 ? _mm256_srli_epi32(v, 4) : _mm256_and_si256(v, _mm256_set1_epi32(0x0f)));
     }
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 32 + k * 16 + 8 * h))));
 }
@@ -794,7 +798,7 @@ static void f2_register(int type, const float *x, const float *sx, int M, int K,
 
 /* From G2_MAX_ROWS + 1 rows (prefill chunks) a panel's codes are converted once into an fp32 scratch
  * (per block: d[16], m[16], the even columns' codes [16][16], the odd columns' [16][16]; Q4_1's odd
- * codes as 16 q, exactly the register path's values) and 6-row x 16-output tiles read it like
+ * codes q, exactly the register path's values) and 6-row x 16-output tiles read it like
  * linear.c's: the even chains of a block first (12 accumulators), parked in memory, then the odd
  * chains, then the block's finish into the running totals. The same fp32 values and the same
  * chains as the register path, so the same bits for every row, whatever the row count. At 256 rows
