@@ -160,7 +160,7 @@ def _measure_live(th, progress, where: str = "") -> dict:
     ratios = {k: vc[f"verify_cost_ratio_k{k}"] for k in VERIFY_KS if f"verify_cost_ratio_k{k}" in vc}
     rows = [
         memory_bound_row(steps.get(1), floor_s, compute_s, bw, src),
-        verify_cost_row(ratios, src),
+        verify_cost_row(ratios, src, row_compute_s=compute_s, step_s=steps.get(1)),
         batching_row(steps, src),
     ]
     return {

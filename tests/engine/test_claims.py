@@ -38,6 +38,14 @@ def test_rules():
     assert C.memory_bound_row(0.01, 0.001, 0.002, 1.0, "x").holds is False
     assert C.verify_cost_row({1: 1.05, 4: 1.31, 8: 1.7}, "x").holds is True
     assert C.verify_cost_row({4: 1.6}, "x").holds is False
+    # the floor the arithmetic sets: 5 rows x 2.5 ms at the matmul rate against a 6.25 ms one-row pass
+    assert C.verify_floor_ratio(4, 0.0025, 0.00625) == 2.0
+    assert C.verify_floor_ratio(4, 0.0001, 0.00625) == 1.0  # never below one pass
+    r = C.verify_cost_row({4: 2.4}, "x", row_compute_s=0.0025, step_s=0.00625)
+    assert r.holds is False and "no less than 2.00× at k=4" in r.why and "however fast" in r.why
+    r = C.verify_cost_row({4: 1.2}, "x", row_compute_s=0.0005, step_s=0.00625)
+    assert r.holds is True and "no less than 1.00×" in r.why and "however fast" not in r.why
+    assert "no less than" not in C.verify_cost_row({4: 1.2}, "x", row_compute_s=None, step_s=0.006).why
     assert C.batching_row({1: 0.04, 8: 0.08}, "x").holds is True  # 4x total, each request slower
     assert C.batching_row({1: 0.04, 8: 0.2}, "x").holds is False  # total only 1.6x
     assert C.batching_row({1: 0.04}, "x").holds is None
