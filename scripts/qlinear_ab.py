@@ -47,9 +47,8 @@ def build(csrc: str) -> ctypes.CDLL:
     lib.kvscope_qpanel_bytes.restype = ctypes.c_longlong
     lib.kvscope_qpack.argtypes = [I, P, ctypes.c_longlong, P, I, I, P]
     lib.kvscope_qlinear.argtypes = [I, P, I, I, P, I, P, P, I]
-    # the row path the engine would run on this CPU (cpu_kernels: tuned when the library loads)
     lib.kvscope_qlinear_scratch_rows.argtypes = [I]
-    lib.kvscope_qlinear_scratch_rows(int(os.environ.get("KVSCOPE_QL_SCRATCH_ROWS", "0") or 0))
+    cpu_kernels.tune_row_path(lib)  # the row path the engine would run on this CPU
     return lib
 
 

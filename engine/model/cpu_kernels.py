@@ -172,8 +172,7 @@ def load():
                     lib.kvscope_qlinear_scratch_rows.restype = I
                     _self_test(lib)
                     _self_test_linear(lib)
-                    # the faster of two bitwise-equal row paths on this CPU (or the one named)
-                    lib.kvscope_qlinear_scratch_rows(int(os.environ.get("KVSCOPE_QL_SCRATCH_ROWS", "0") or 0))
+                    tune_row_path(lib)
                 except Exception as e:  # build or self-test failed: the torch path stays
                     lib, why = None, f"{type(e).__name__}: {str(e)[:400]}"
         _state["lib"] = lib
@@ -440,6 +439,13 @@ def qlinear(
 ) -> torch.Tensor:
     """x [..., K] fp32 -> x W^T (+ bias) with W the quantized panels made by qpack."""
     return _run_linear(lib.kvscope_qlinear, "kvscope_qlinear", (qtype,), x, panels, n_out, bias, n_threads)
+
+
+def tune_row_path(lib) -> int:
+    """The faster of the factorized kernel's two bitwise-equal row paths on this CPU, measured (or
+    the one KVSCOPE_QL_SCRATCH_ROWS=N names): what the library does when it loads, and what a
+    kernel A/B of another build (scripts/qlinear_ab.py) does so that it times the same path."""
+    return lib.kvscope_qlinear_scratch_rows(int(os.environ.get("KVSCOPE_QL_SCRATCH_ROWS", "0") or 0))
 
 
 def ql_scratch_rows(lib, rows: int = -1) -> int:
