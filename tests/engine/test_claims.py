@@ -9,6 +9,7 @@ from pathlib import Path
 
 from engine.lab import bench_results as BR
 from engine.lab import claims as C
+from engine.lab import claims_kv as KV
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "bench"
 
@@ -134,7 +135,7 @@ def test_kv_quant_row_rule_on_fixed_inputs():
     edge = _kvq({"int4": 0.9}, {"int4": (1, 0, 1, 0)})
     assert (
         C.kv_quant_row(edge, "x").holds is True
-        and C.recall_breaks_at(edge["int4"]["recall_by_context"], edge["fp32"]["recall_by_context"]) == 1024
+        and KV.recall_breaks_at(edge["int4"]["recall_by_context"], edge["fp32"]["recall_by_context"]) == 1024
     )
     # no sweep in the result (an older kvquant file): not measured, never a verdict
     old = {"fp32": {"needle_recall": 1.0}, "int8": {"needle_recall": 1.0, "token_agreement": 0.73}}
