@@ -808,6 +808,28 @@ static inline __attribute__((always_inline)) void pf_kernel_wide(int NB, const f
         }                                                                                          \
     } while (0)
 
+/* C = (C alpha) + A B over a tile's RP rows and nout outputs (output c: A + c ac, C + c RP floats),
+   in the micro-kernels' blocks: 48 rows at a time in pf_kernel_wide where it exists (AVX-512), the
+   rest 16 at a time, each PF_B outputs a call. Scores: A = K, B = Qt, C = St (mt: the rows' running
+   max, or NULL); P.V: A = V, B = St, C = Ot, alpha the rows' rescale. */
+static inline __attribute__((always_inline)) void pf_product(const float *A, int ac, int ai, const float *B, int RP,
+                                                             int n, const float *alpha, float *C, float *mt,
+                                                             int nout) {
+    int r = 0;
+#define PF_STEP(KERNEL, NB, c)                                                                                 \
+    KERNEL(NB, A + (size_t)(c) * ac, ac, ai, B + r, RP, n, alpha ? alpha + r : NULL, C + (size_t)(c) * RP + r, \
+           mt ? mt + r : NULL)
+#define PF_WIDE_STEP(NB, c) PF_STEP(pf_kernel_wide, NB, c)
+#define PF_16_STEP(NB, c) PF_STEP(pf_kernel, NB, c)
+#ifdef PF_WR
+    for (; r + PF_WR <= RP; r += PF_WR) PF_BLOCKS(nout, PF_WIDE_STEP);
+#endif
+    for (; r < RP; r += 16) PF_BLOCKS(nout, PF_16_STEP);
+#undef PF_16_STEP
+#undef PF_WIDE_STEP
+#undef PF_STEP
+}
+
 /* One (KV head g, query tile) item: positions p0 .. p0 + np - 1 (query rows qrow0 + p0 - start ..),
    rows r = i * G + gi for position p0 + i and query head g * G + gi, padded to RP (a multiple of
    16) with zero queries at the last position. K, V: the head's [PF_KT][D] tiles. */
@@ -833,19 +855,8 @@ static void pf_tile(const float *q, float *out, const float *Ktiles, const float
                 __builtin_prefetch(V + (size_t)PF_KT * D + c, 0, 1);
             }
         if (!masked) memcpy(mt, m, sizeof(float) * RP); /* the scores kernel raises it to the new max */
-        int r = 0; /* rows in the wide kernel's blocks where there is one (AVX-512), then 16 at a time */
-#define PF_S(KERNEL, NB, j) \
-    KERNEL(NB, K + (size_t)(j) * D, D, 1, Qt + r, RP, D, NULL, St + (size_t)(j) * RP + r, masked ? NULL : mt + r)
-#define PF_SW(NB, j) PF_S(pf_kernel_wide, NB, j)
-#define PF_SN(NB, j) PF_S(pf_kernel, NB, j)
-#ifdef PF_WR
-        for (; r + PF_WR <= RP; r += PF_WR) PF_BLOCKS(nk, PF_SW);
-#endif
-        for (; r < RP; r += 16) PF_BLOCKS(nk, PF_SN);
-#undef PF_SN
-#undef PF_SW
-#undef PF_S
-        for (r = 0; r < RP; r += 8) {
+        pf_product(K, D, 1, Qt, RP, D, NULL, St, masked ? NULL : mt, nk);
+        for (int r = 0; r < RP; r += 8) {
             const v8 m0 = ld(m + r);
             v8i pv; /* key k0 + j is seen where j <= pv */
             memcpy(&pv, pos + r, sizeof pv);
@@ -866,17 +877,7 @@ static void pf_tile(const float *q, float *out, const float *Ktiles, const float
             st(l + r, sum);
             st(alpha + r, al);
         }
-        r = 0;
-#define PF_P(KERNEL, NB, d0) KERNEL(NB, V + (d0), 1, D, St + r, RP, nk, alpha + r, Ot + (size_t)(d0) * RP + r, NULL)
-#define PF_PW(NB, d0) PF_P(pf_kernel_wide, NB, d0)
-#define PF_PN(NB, d0) PF_P(pf_kernel, NB, d0)
-#ifdef PF_WR
-        for (; r + PF_WR <= RP; r += PF_WR) PF_BLOCKS(D, PF_PW);
-#endif
-        for (; r < RP; r += 16) PF_BLOCKS(D, PF_PN);
-#undef PF_PN
-#undef PF_PW
-#undef PF_P
+        pf_product(V, 1, D, St, RP, nk, alpha, Ot, NULL, D);
     }
     for (int r = 0; r < R; r++) {
         float *dst = out + ((size_t)(qrow0 + p0 - start + r / G) * H + g * G + r % G) * D;
