@@ -393,6 +393,7 @@ static AI void rtile(int type, int MR, const float *x, const float *sx, int K, c
     const int nb = K / QK, pb = panel_block_bytes(type);
     __m512 tot[FMR];
     for (int r = 0; r < MR; r++) tot[r] = _mm512_setzero_ps();
+    const int o16 = MR <= 2; /* the odd codes' form: the conversion and the finish must agree */
     for (int b = 0; b < nb; b++) {
         __m512 ae[FMR], ao[FMR];
         const uint8_t *blk = pan + (size_t)b * pb;
@@ -401,14 +402,14 @@ static AI void rtile(int type, int MR, const float *x, const float *sx, int K, c
         for (int kk = 0; kk < QK; kk += 2) {
             const int k = b * QK + kk;
             __m512 e, o;
-            pair_codes(type, blk, kk, &e, &o, MR <= 2);
+            pair_codes(type, blk, kk, &e, &o, o16);
             for (int r = 0; r < MR; r++) {
                 ae[r] = _mm512_fmadd_ps(e, _mm512_set1_ps(x[(size_t)r * K + k]), ae[r]);
                 ao[r] = _mm512_fmadd_ps(o, _mm512_set1_ps(x[(size_t)r * K + k + 1]), ao[r]);
             }
         }
         const __m512 d = block_d(blk), m = block_m(type, blk);
-        for (int r = 0; r < MR; r++) tot[r] = finish_block(type, d, m, ae[r], ao[r], sx[r * nb + b], tot[r], MR <= 2);
+        for (int r = 0; r < MR; r++) tot[r] = finish_block(type, d, m, ae[r], ao[r], sx[r * nb + b], tot[r], o16);
     }
     for (int r = 0; r < MR; r++) store_out(tot[r], bias, y + (size_t)r * ldy, nvalid);
 }
