@@ -339,13 +339,11 @@ def probe_threads(shape: ModelShape, candidates=None, rounds: int = 3, layers: i
 
 def quant_row_path() -> str:
     """Which of quant_linear.c's two bitwise-equal row paths this CPU was tuned to."""
-    from engine.model import cpu_kernels, kernel_isa
+    from engine.model import cpu_kernels
 
     lib = cpu_kernels.load()
     rows = cpu_kernels.ql_scratch_rows(lib) if lib is not None else 0
     if rows <= 0:
-        if kernel_isa.path().startswith("AVX2"):
-            return "codes in registers up to 32 rows, converted once per panel into a scratch from 33 (fixed)"
         return "n/a"
     return "codes in registers" if rows >= 2**31 - 1 else f"scratch buffer from {rows} rows"
 

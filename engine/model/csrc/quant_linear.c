@@ -36,8 +36,8 @@
  * instead be converted once into a small buffer that every row tile reads (the same fp32 values,
  * the same chains). Which of the two is faster depends on the CPU (about 2x either way): the
  * library measures both when it loads (kvscope_qlinear_scratch_rows) and keeps the faster. AVX2:
- * 1-2 rows per column pair in registers, 3-32 rows (verification) one parity's chains at a time
- * in registers (gtile), more rows through the scratch.
+ * 1-2 rows per column pair in registers, 3 to 23, 31 or 32 rows (verification; measured when the
+ * library loads) one parity's chains at a time in registers (gtile), more rows through the scratch.
  */
 #include <limits.h>
 #include <omp.h>
@@ -317,6 +317,21 @@ static const qt_fn QTBF16[7] = {0, qt_30_1_1, qt_30_2_1, qt_30_3_1, qt_30_4_1, q
 static void widen_block(int type, const uint8_t *blk, float *w) { widen_block_scalar(type, blk, w); }
 #endif
 
+#ifdef QL_AVX2
+#define SCRATCH_ROWS 8  /* AVX-512: from this many rows a block's codes may be converted once, for every row */
+#ifndef G2_MAX_ROWS
+#define G2_MAX_ROWS 32  /* AVX2: the last row count gtile runs by default (its section, below) */
+#endif
+#ifdef QL_AVX512
+#define SCRATCH_DEFAULT SCRATCH_ROWS
+#else
+#define SCRATCH_DEFAULT (G2_MAX_ROWS + 1)
+#endif
+/* from this many rows the factorized kernel reads codes converted once per block (AVX-512) or per
+ * panel (AVX2) into a scratch; measured when the library loads (tune_scratch_rows) */
+static int scratch_rows = SCRATCH_DEFAULT;
+#endif
+
 #ifdef QL_AVX512
 #ifndef QL_PREFETCH
 #define QL_PREFETCH 4
@@ -326,14 +341,12 @@ static void widen_block(int type, const uint8_t *blk, float *w) { widen_block_sc
                          * rows: MR x 2 chains + MR totals + 2 code vectors fit in the 32 zmm) */
 #define SMR 3           /* rows per tile reading converted codes from the scratch (x 4 panels: 24
                          * accumulators + 6 broadcasts stay in registers, the codes are memory operands) */
-#define SCRATCH_ROWS 8  /* from this many rows a block's codes may be converted once, for every row */
 /* Which of the two row paths runs from SCRATCH_ROWS rows is the CPU's to decide: both give the
  * same bits (the same fp32 codes, the same chains), only their speed differs. Where the vector
  * unit converts codes on ports the FMAs do not use and loads one zmm per cycle (AMD Zen 4), the
  * register path is about 2x the scratch path; where conversions take FMA ports and two zmm loads
  * issue per cycle (Intel), the scratch path was faster. kvscope_qlinear_scratch_rows(0) (called
  * when the library loads) measures both. */
-static int scratch_rows = SCRATCH_ROWS;
 #ifndef RC
 #define RC 48
 #endif
@@ -554,40 +567,6 @@ static int qlinear_factorized(int type, const float *x, int M, int K, const uint
     return rc;
 }
 
-/* Times the two paths on a synthetic Q4_1 weight (256 x 576, 32 rows, 1 thread; alternating, best
- * of 5 each) and keeps the faster one for every later call; returns the rows from which the
- * scratch path runs (INT_MAX: never). */
-static int tune_scratch_rows(void) {
-    enum { N = 256, K = 576, M = 32, NB = K / QK };
-    const size_t bytes = (size_t)(N / NR) * NB * 320;
-    uint8_t *pan = aligned_alloc(64, bytes);
-    float *x = aligned_alloc(64, sizeof(float) * M * K), *y = aligned_alloc(64, sizeof(float) * M * N);
-    int pick = SCRATCH_ROWS;
-    if (pan && x && y) {
-        uint32_t r = 12345;
-        for (size_t i = 0; i < bytes; i++) { r = r * 1664525u + 1013904223u; pan[i] = (uint8_t)(r >> 24); }
-        for (size_t b = 0; b < bytes; b += 320)        /* finite scales: fp16 1/64 and -1/8 */
-            for (int j = 0; j < 16; j++) { pan[b + 2 * j] = 0x00; pan[b + 2 * j + 1] = 0x24;
-                                           pan[b + 32 + 2 * j] = 0x00; pan[b + 33 + 2 * j] = 0xB0; }
-        for (int i = 0; i < M * K; i++) { r = r * 1664525u + 1013904223u; x[i] = (float)(r >> 8) / 16777216.f - .5f; }
-        const int modes[2] = {SCRATCH_ROWS, INT_MAX};
-        double best[2] = {1e30, 1e30};
-        for (int round = 0; round < 5; round++)
-            for (int i = 0; i < 2; i++) {
-                scratch_rows = modes[i];
-                qlinear_factorized(T_Q4_1, x, M, K, pan, N, NULL, y, 1);
-                const double t0 = omp_get_wtime();
-                for (int rep = 0; rep < 4; rep++) qlinear_factorized(T_Q4_1, x, M, K, pan, N, NULL, y, 1);
-                const double dt = omp_get_wtime() - t0;
-                if (dt < best[i]) best[i] = dt;
-            }
-        pick = best[1] < best[0] ? INT_MAX : SCRATCH_ROWS;
-    }
-    free(pan);
-    free(x);
-    free(y);
-    return pick;
-}
 #endif
 
 #if defined(QL_AVX2) && !defined(QL_AVX512)
@@ -597,7 +576,7 @@ static int tune_scratch_rows(void) {
  * s = even + odd, then t = fma(m, sum x, d * s) added to the running total (Q8_0:
  * fma(d, even + odd, total)). Three row paths, all with these chains (so the same bits for a row
  * whatever its batch): 1 or 2 rows in ftile (codes of a column pair converted in registers, both
- * parities' chains live), 3 to G2_MAX_ROWS rows (verification's k + 1, short prefill chunks) in
+ * parities' chains live), 3 to scratch_rows - 1 rows (verification's k + 1, short prefill chunks) in
  * gtile (one parity at a time, so a whole panel's 16 outputs x up to 6 rows fit in the registers),
  * more rows through a scratch of converted codes that 6-row x 16-output tiles read (below). */
 #define F2_PG 8         /* panels per group of gtile's path (they stay in L2 for the next row tile) */
@@ -757,18 +736,17 @@ GT(3, 3) GT(3, 4) GT(3, 5) GT(3, 6) GT(8, 3) GT(8, 4) GT(8, 5) GT(8, 6)
 typedef void (*gt_fn)(const float *, const float *, int, const uint8_t *, const float *, float *, int, int);
 /* [type is Q8_0][rows] */
 static const gt_fn GTILES[2][7] = {{0, 0, 0, gt_3_3, gt_3_4, gt_3_5, gt_3_6}, {0, 0, 0, gt_8_3, gt_8_4, gt_8_5, gt_8_6}};
-/* G2_MAX_ROWS: the last row count gtile runs; the scratch path (below) takes more. A whole pass of
- * the default model's Linears, 1 thread on an AVX2 Zen 3, gtile / scratch: 0.80x at 9 rows, 0.87x
- * at 16, 0.97x at 24, 0.99x at 32, 1.02x at 64, 1.03x at 128. G2_TILE_ROWS: the most rows a tile
+/* G2_MAX_ROWS: the last row count gtile runs by default; the scratch path (below) takes more. A
+ * whole pass of the default model's Linears, 1 thread on an AVX2 Zen 3, gtile / scratch: 0.80x at 9
+ * rows, 0.87x at 16, 0.97x at 24, 0.99x at 32, 1.02x at 64, 1.03x at 128. On a Zen 4 (the AVX2
+ * build, scripts/qlinear_ab.py): 0.81-0.82x at 9, 0.88-0.89x at 16, but 1.03-1.05x at 24 and
+ * 1.02-1.03x at 32; so the library measures where the scratch takes over (tune_scratch_rows). G2_TILE_ROWS: the most rows a tile
  * (2 x G2_TILE_ROWS accumulators); 5 was 1.05-1.14x slower than 6 at 6, 12 and 16 rows. */
-#ifndef G2_MAX_ROWS
-#define G2_MAX_ROWS 32
-#endif
 #ifndef G2_TILE_ROWS
 #define G2_TILE_ROWS 6
 #endif
 
-/* rows 0..M-1 (3..G2_MAX_ROWS) over panels [p0, p1) in gtile's tiles: the rows split into
+/* rows 0..M-1 (3 to scratch_rows - 1) over panels [p0, p1) in gtile's tiles: the rows split into
  * ceil(M / G2_TILE_ROWS) tiles as even as can be (7 = 4 + 3, 9 = 5 + 4), each over a group of F2_PG
  * panels in turn (they stay in L2 for the next tile) */
 static void g2_register(int type, const float *x, const float *sx, int M, int K, const uint8_t *panels, size_t pstride,
@@ -797,7 +775,7 @@ static void f2_register(int type, const float *x, const float *sx, int M, int K,
                                   N - p * NR);
 }
 
-/* From G2_MAX_ROWS + 1 rows (prefill chunks) a panel's codes are converted once into an fp32 scratch
+/* From scratch_rows rows (prefill chunks; G2_MAX_ROWS + 1 by default) a panel's codes are converted once into an fp32 scratch
  * (per block: d[16], m[16], the even columns' codes [16][16], the odd columns' [16][16]; Q4_1's odd
  * codes q, exactly the register path's values) and 6-row x 16-output tiles read it like
  * linear.c's: the even chains of a block first (12 accumulators), parked in memory, then the odd
@@ -915,7 +893,7 @@ static int qlinear_factorized2(int type, const float *x, int M, int K, const uin
             }
         const int t = omp_get_thread_num(), nt = omp_get_num_threads();
         const int p0 = (int)((long long)np * t / nt), p1 = (int)((long long)np * (t + 1) / nt);
-        float *sc = M > G2_MAX_ROWS ? aligned_alloc(32, sizeof(float) * (size_t)nb * F2_SB) : NULL;
+        float *sc = M >= scratch_rows ? aligned_alloc(32, sizeof(float) * (size_t)nb * F2_SB) : NULL;
         if (sc) f2_scratch(type, x, sx, M, K, panels, pstride, N, bias, y, p0, p1, sc);
         else if (M >= 3) g2_register(type, x, sx, M, K, panels, pstride, N, bias, y, p0, p1);
         else f2_register(type, x, sx, M, K, panels, pstride, N, bias, y, p0, p1);
@@ -926,12 +904,70 @@ static int qlinear_factorized2(int type, const float *x, int M, int K, const uin
 }
 #endif
 
+#ifdef QL_AVX2
+static int qlinear_fact(int type, const float *x, int M, int K, const uint8_t *panels, int N, float *y) {
+#ifdef QL_AVX512
+    return qlinear_factorized(type, x, M, K, panels, N, NULL, y, 1);
+#else
+    return qlinear_factorized2(type, x, M, K, panels, N, NULL, y, 1);
+#endif
+}
+
+/* 1 when M rows run faster with scratch_rows = b than with a, on a synthetic Q4_1 weight (256 x
+ * 576, 1 thread; the two settings alternating, best of 5 rounds of 4 calls each) */
+static int setting_b_faster(int M, int a, int b) {
+    enum { N = 256, K = 576, MMAX = 32, NB = K / QK };
+    const size_t bytes = (size_t)(N / NR) * NB * 320;
+    uint8_t *pan = aligned_alloc(64, bytes);
+    float *x = aligned_alloc(64, sizeof(float) * MMAX * K), *y = aligned_alloc(64, sizeof(float) * MMAX * N);
+    int faster = 0;
+    if (pan && x && y && M <= MMAX) {
+        uint32_t r = 12345;
+        for (size_t i = 0; i < bytes; i++) { r = r * 1664525u + 1013904223u; pan[i] = (uint8_t)(r >> 24); }
+        for (size_t o = 0; o < bytes; o += 320)        /* finite scales: fp16 1/64 and -1/8 */
+            for (int j = 0; j < 16; j++) { pan[o + 2 * j] = 0x00; pan[o + 2 * j + 1] = 0x24;
+                                           pan[o + 32 + 2 * j] = 0x00; pan[o + 33 + 2 * j] = 0xB0; }
+        for (int i = 0; i < M * K; i++) { r = r * 1664525u + 1013904223u; x[i] = (float)(r >> 8) / 16777216.f - .5f; }
+        const int modes[2] = {a, b};
+        double best[2] = {1e30, 1e30};
+        for (int round = 0; round < 5; round++)
+            for (int i = 0; i < 2; i++) {
+                scratch_rows = modes[i];
+                qlinear_fact(T_Q4_1, x, M, K, pan, N, y);
+                const double t0 = omp_get_wtime();
+                for (int rep = 0; rep < 4; rep++) qlinear_fact(T_Q4_1, x, M, K, pan, N, y);
+                const double dt = omp_get_wtime() - t0;
+                if (dt < best[i]) best[i] = dt;
+            }
+        faster = best[1] < best[0];
+    }
+    free(pan);
+    free(x);
+    free(y);
+    return faster;
+}
+
+/* The row count from which the scratch path runs, measured. AVX-512: from SCRATCH_ROWS, or never
+ * (the register path at every row count), by 32 rows. AVX2: the register path (gtile) beats the
+ * scratch at 9-16 rows on Zen 3 and Zen 4, loses at 24 and 32 rows on Zen 4 (0.95-0.97x) and not
+ * on Zen 3; so from 24 rows if the scratch wins there, else from 32 if it wins there, else from
+ * G2_MAX_ROWS + 1. */
+static int tune_scratch_rows(void) {
+#ifdef QL_AVX512
+    return setting_b_faster(32, SCRATCH_ROWS, INT_MAX) ? INT_MAX : SCRATCH_ROWS;
+#else
+    if (setting_b_faster(24, SCRATCH_DEFAULT, 24)) return 24;
+    return setting_b_faster(32, SCRATCH_DEFAULT, 32) ? 32 : SCRATCH_DEFAULT;
+#endif
+}
+#endif
+
 /* From how many rows the factorized Q4_1 / Q8_0 kernel converts codes once into the scratch
  * buffer: rows > 0 sets it, 0 measures both paths here and keeps the faster, -1 only reads it.
  * Returns the setting (INT_MAX: the register path at every row count; 0: no such choice in this
  * build). */
 int kvscope_qlinear_scratch_rows(int rows) {
-#ifdef QL_AVX512
+#ifdef QL_AVX2
     if (rows > 0) scratch_rows = rows;
     else if (rows == 0) scratch_rows = tune_scratch_rows();
     return scratch_rows;
