@@ -168,6 +168,32 @@ def llamacpp_python() -> str | None:
     return None
 
 
+# What an AVX2-only CPU leaves a torch program: ATen's, oneDNN's and MKL's kernels pick their ISA at
+# run time, so on an AVX-512 CPU vLLM would run AVX-512 kernels beside kvscope's AVX2 build. Under
+# KVSCOPE_ISA=avx2 the bench's vLLM runs with these limits (llama.cpp is built with -mno-avx512f,
+# scripts/peers.sh); values already in the environment win. vLLM's own compiled kernels keep
+# whatever ISA its wheel was built for.
+AVX2_RUNTIME_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+
+
+def vllm_isa_env() -> dict[str, str]:
+    """The variables that limit the vLLM peer to the ISA kvscope's kernels were built for ({} for
+    the native build)."""
+    import os
+
+    from engine.model import cpu_kernels
+
+    if cpu_kernels.isa_flags() != cpu_kernels.ISA_FLAGS["avx2"]:
+        return {}
+    return {k: os.environ.get(k, v) for k, v in AVX2_RUNTIME_ENV.items()}
+
+
+def vllm_isa_label() -> str:
+    """How vLLM's run-time ISA was set, for a result's peer state ("" for the native build)."""
+    env = vllm_isa_env()
+    return f" (run with {' '.join(f'{k}={v}' for k, v in env.items())}, as on an AVX2-only CPU)" if env else ""
+
+
 def vllm_command() -> str | None:
     """The `vllm` command of the vLLM CPU peer venv (scripts/peers.sh install-vllm), where it exists."""
     import os

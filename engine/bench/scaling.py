@@ -295,7 +295,7 @@ def suite_scaling(ctx: C.BenchContext) -> SuiteResult:
     else:
         try:
             _vllm_points(ctx, g, prompts, conc, threads, max_len, seg, points)
-            peer_state["vllm"] = "ok"
+            peer_state["vllm"] = "ok" + peers.vllm_isa_label()
         except Exception as e:  # a peer failing must not lose kvscope's and the other peer's points
             peer_state["vllm"] = f"failed: {type(e).__name__}: {str(e)[:300]}"
 

@@ -59,6 +59,7 @@ class _Vllm:
             VLLM_REPLAY=f"tcp://127.0.0.1:{free_port()}",
             VLLM_PIDFILE=os.path.join(peers.peers_dir(), f"vllm-bench-{port}.pid"),
             VLLM_LOG=os.path.join(peers.peers_dir(), f"vllm-bench-{port}.log"),
+            **peers.vllm_isa_env(),
         )
 
     def __enter__(self):
@@ -93,6 +94,9 @@ def suite_peers(ctx: C.BenchContext) -> SuiteResult:
     from engine.model import kernel_isa
 
     res.add("kernel_isa", kernel_isa.summary(), "the vector path of the engine's C kernels (model/kernel_isa.py)")
+    if env := peers.vllm_isa_env():
+        limits = " ".join(f"{k}={v}" for k, v in env.items())
+        res.add("vllm_isa", limits, "vLLM's run-time ISA (bench/peers.py)", row=False)
     rounds = ctx.pick(3, 2, smoke=1)
     new = ctx.pick(64, 64, smoke=8)
     nreq = 16

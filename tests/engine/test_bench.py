@@ -395,3 +395,20 @@ def test_weights_q8_0_variant_is_read_in_place():
         p = SamplingParams(temperature=0, max_tokens=8)
         a = q8.generate("The paged KV cache", p)[0].outputs[0].token_ids
         assert a == f32.generate("The paged KV cache", p)[0].outputs[0].token_ids
+
+
+def test_the_avx2_path_limits_vllm_to_avx2_and_says_so(monkeypatch):
+    """Under KVSCOPE_ISA=avx2 the vLLM peer runs with ATen / oneDNN / MKL limited to AVX2 (they pick
+    their ISA at run time, as on an AVX2-only CPU they could not), a value already set wins, and the
+    result names it; the native build adds nothing."""
+    from engine.bench import peers
+
+    monkeypatch.delenv("KVSCOPE_ISA", raising=False)
+    assert peers.vllm_isa_env() == {} and peers.vllm_isa_label() == ""
+    monkeypatch.setenv("KVSCOPE_ISA", "avx2")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2_VNNI")
+    for k in ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS"):
+        monkeypatch.delenv(k, raising=False)
+    env = peers.vllm_isa_env()
+    assert env == {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2_VNNI", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+    assert "ATEN_CPU_CAPABILITY=avx2" in peers.vllm_isa_label() and "AVX2-only" in peers.vllm_isa_label()
