@@ -393,7 +393,8 @@ static inline pf_rows pf_rows_start(const float *base, const int32_t *rows, size
 static inline void pf_rows_step(pf_rows *c) {
     int n = c->q;
     if ((c->err += c->r) >= c->steps) c->err -= c->steps, n++;
-    for (; n > 0 && c->pos < c->end; n--, c->pos++) prefetch_span(c->base + (size_t)c->rows[c->pos] * c->stride, c->seg);
+    for (; n > 0 && c->pos < c->end; n--, c->pos++)
+        prefetch_span(c->base + (size_t)c->rows[c->pos] * c->stride, c->seg);
 }
 static inline __attribute__((always_inline)) void attend_chunked(int NV, const float *qp, float *op,
                                                                  const float *k_pool, const float *v_pool, int Hkv,
@@ -408,9 +409,8 @@ static inline __attribute__((always_inline)) void attend_chunked(int NV, const f
     float total[KV_MAX_HEADS];
     for (int h = h0; h < h1; h++) top[h - h0] = splat(-INFINITY);
     for (int c0 = p0; c0 < p1; c0 += KV_CHUNK) {        /* scores, chunk by chunk */
-        const int c1 = c0 + KV_CHUNK < p1 ? c0 + KV_CHUNK : p1;
-        pf_rows pc = pf_rows_start(k_pool + (size_t)g0 * D, rows, stride, seg, c1, c1 + KV_CHUNK < L ? c1 + KV_CHUNK : L,
-                                   nh * ((c1 - c0 + 7) / 8));
+        const int c1 = c0 + KV_CHUNK < p1 ? c0 + KV_CHUNK : p1, n1 = c1 + KV_CHUNK < L ? c1 + KV_CHUNK : L;
+        pf_rows pc = pf_rows_start(k_pool + (size_t)g0 * D, rows, stride, seg, c1, n1, nh * ((c1 - c0 + 7) / 8));
         for (int h = h0; h < h1; h++) {
             const float *kp = k_pool + (size_t)(h / G) * D;
             v8 q[16];
@@ -451,9 +451,8 @@ static inline __attribute__((always_inline)) void attend_chunked(int NV, const f
         for (int i = 0; i < NV; i++) acc[(size_t)(h - h0) * NV + i] = splat(0.f);
     }
     for (int c0 = p0; c0 < p1; c0 += KV_CHUNK) {        /* out = sum p v, chunk by chunk */
-        const int c1 = c0 + KV_CHUNK < p1 ? c0 + KV_CHUNK : p1;
-        pf_rows pc = pf_rows_start(v_pool + (size_t)g0 * D, rows, stride, seg, c1, c1 + KV_CHUNK < L ? c1 + KV_CHUNK : L,
-                                   nh * (c1 - c0));
+        const int c1 = c0 + KV_CHUNK < p1 ? c0 + KV_CHUNK : p1, n1 = c1 + KV_CHUNK < L ? c1 + KV_CHUNK : L;
+        pf_rows pc = pf_rows_start(v_pool + (size_t)g0 * D, rows, stride, seg, c1, n1, nh * (c1 - c0));
         for (int h = h0; h < h1; h++) {
             const float *vp = v_pool + (size_t)(h / G) * D;
             const float *ph = sc + (size_t)(h - h0) * Lp;

@@ -740,8 +740,9 @@ static const gt_fn GTILES[2][7] = {{0, 0, 0, gt_3_3, gt_3_4, gt_3_5, gt_3_6}, {0
  * whole pass of the default model's Linears, 1 thread on an AVX2 Zen 3, gtile / scratch: 0.80x at 9
  * rows, 0.87x at 16, 0.97x at 24, 0.99x at 32, 1.02x at 64, 1.03x at 128. On a Zen 4 (the AVX2
  * build, scripts/qlinear_ab.py): 0.81-0.82x at 9, 0.88-0.89x at 16, but 1.03-1.05x at 24 and
- * 1.02-1.03x at 32; so the library measures where the scratch takes over (tune_scratch_rows). G2_TILE_ROWS: the most rows a tile
- * (2 x G2_TILE_ROWS accumulators); 5 was 1.05-1.14x slower than 6 at 6, 12 and 16 rows. */
+ * 1.02-1.03x at 32; so the library measures where the scratch takes over (tune_scratch_rows).
+ * G2_TILE_ROWS: the most rows a tile (2 x G2_TILE_ROWS accumulators); 5 was 1.05-1.14x slower than
+ * 6 at 6, 12 and 16 rows. */
 #ifndef G2_TILE_ROWS
 #define G2_TILE_ROWS 6
 #endif
@@ -775,10 +776,10 @@ static void f2_register(int type, const float *x, const float *sx, int M, int K,
                                   N - p * NR);
 }
 
-/* From scratch_rows rows (prefill chunks; G2_MAX_ROWS + 1 by default) a panel's codes are converted once into an fp32 scratch
- * (per block: d[16], m[16], the even columns' codes [16][16], the odd columns' [16][16]; Q4_1's odd
- * codes q, exactly the register path's values) and 6-row x 16-output tiles read it like
- * linear.c's: the even chains of a block first (12 accumulators), parked in memory, then the odd
+/* From scratch_rows rows (prefill chunks; G2_MAX_ROWS + 1 by default) a panel's codes are converted
+ * once into an fp32 scratch (per block: d[16], m[16], the even columns' codes [16][16], the odd
+ * columns' [16][16]; Q4_1's odd codes q, exactly the register path's values) and 6-row x 16-output
+ * tiles read it like linear.c's: the even chains of a block first (12 accumulators), parked in memory, then the odd
  * chains, then the block's finish into the running totals. The same fp32 values and the same
  * chains as the register path, so the same bits for every row, whatever the row count. At 256 rows
  * on an AVX2 Zen 3 this runs at ~0.89x the fp32-widening tiles (linear.c's order) that AVX2 ran
