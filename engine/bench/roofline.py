@@ -490,7 +490,7 @@ def suite_roofline(ctx: C.BenchContext) -> SuiteResult:
         "what the default engine's Linears read: 'gguf' = the "
         "file's quantized blocks (engine/model/csrc/quant_linear.c), 'fp32' = de-quantized copies",
     )
-    res.add("quant_row_path", quant_row_path(), "the factorized Q4_1 / Q8_0 kernel's path from 8 rows, tuned at load")
+    res.add("quant_row_path", quant_row_path(), "the factorized Q4_1 / Q8_0 kernel's row paths, measured at load")
     res.add(
         "weight_bytes_read_per_step",
         read,
