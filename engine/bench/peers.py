@@ -188,10 +188,15 @@ def vllm_isa_env() -> dict[str, str]:
     return {k: os.environ.get(k, v) for k, v in AVX2_RUNTIME_ENV.items()}
 
 
+def vllm_isa_limits() -> str:
+    """vllm_isa_env as NAME=value words ("" for the native build)."""
+    return " ".join(f"{k}={v}" for k, v in vllm_isa_env().items())
+
+
 def vllm_isa_label() -> str:
     """How vLLM's run-time ISA was set, for a result's peer state ("" for the native build)."""
-    env = vllm_isa_env()
-    return f" (run with {' '.join(f'{k}={v}' for k, v in env.items())}, as on an AVX2-only CPU)" if env else ""
+    limits = vllm_isa_limits()
+    return f" (run with {limits}, as on an AVX2-only CPU)" if limits else ""
 
 
 def vllm_command() -> str | None:

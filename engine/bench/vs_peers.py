@@ -94,8 +94,7 @@ def suite_peers(ctx: C.BenchContext) -> SuiteResult:
     from engine.model import kernel_isa
 
     res.add("kernel_isa", kernel_isa.summary(), "the vector path of the engine's C kernels (model/kernel_isa.py)")
-    if env := peers.vllm_isa_env():
-        limits = " ".join(f"{k}={v}" for k, v in env.items())
+    if limits := peers.vllm_isa_limits():
         res.add("vllm_isa", limits, "vLLM's run-time ISA (bench/peers.py)", row=False)
     rounds = ctx.pick(3, 2, smoke=1)
     new = ctx.pick(64, 64, smoke=8)
