@@ -391,7 +391,10 @@ class BlockManager:
                 b.ref_cnt += 1
                 table.append(bid)
             self._num_tokens[rid] = len(computed_blocks) * self.block_size
-        new = [self._pop_free() for _ in range(self.blocks_needed(rid, total_tokens))]
+        # the same blocks the free queue gives up (its LRU order decides which), laid out in id
+        # order: a pool's blocks lie in id order in memory, so a sequence whose blocks ascend is
+        # read by the CPU attention kernels as one forward stream (see DESIGN.md, block order)
+        new = sorted(self._pop_free() for _ in range(self.blocks_needed(rid, total_tokens)))
         table.extend(new)
         return new
 
@@ -495,7 +498,7 @@ class BlockManager:
     def swap_in(self, rid: str) -> list[tuple[int, int]]:
         """Bring rid back: returns (swap slot, gpu block) copies; the swap slots are released."""
         slots, n = self.swapped.pop(rid)
-        table = [self._pop_free() for _ in slots]
+        table = sorted(self._pop_free() for _ in slots)  # in id order, as allocate() lays them out
         self.block_tables[rid] = table
         self._num_tokens[rid] = n
         self.free_swap.extend(reversed(slots))

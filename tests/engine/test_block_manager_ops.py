@@ -157,3 +157,34 @@ def test_has_free_run_sees_consecutive_free_ids_only():
     assert bm.has_free_run(3) and not bm.has_free_run(4)
     bm.allocate("d", 4)  # takes block 1 or one of 3..5 (LRU order)
     assert bm.has_free_run(2)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 10), min_size=1, max_size=8),
+    frees=st.lists(st.integers(0, 7), max_size=8),
+    last=st.integers(1, 24),
+)
+def test_one_allocation_takes_the_free_queues_next_blocks_in_id_order(sizes, frees, last):
+    """Which blocks an allocation takes is the free queue's (LRU) choice; the table gets them in id
+    order, so that a long sequence's blocks ascend in memory (the CPU kernels read them as forward
+    streams). Swap-in lays its blocks out the same way."""
+    bm = BlockManager(24, BS, num_swap_blocks=24)
+    for i, n in enumerate(sizes):
+        if bm.can_allocate(f"r{i}", n * BS):
+            bm.allocate(f"r{i}", n * BS)
+            bm.commit(f"r{i}", n * BS)
+    for i in frees:
+        bm.free(f"r{i}")  # tail blocks first into the queue: the queue is out of id order
+    need = min(last, bm.num_free_blocks)
+    expect = bm.free_block_ids()[:need]
+    got = bm.allocate("new", need * BS)
+    assert got == sorted(expect) == bm.table("new")
+    bm.commit("new", need * BS)
+    bm.check_invariants()
+    if bm.can_swap_out("new"):
+        bm.swap_out("new")
+        expect = bm.free_block_ids()[:need]
+        bm.swap_in("new")
+        assert bm.table("new") == sorted(expect)
+        bm.check_invariants()
