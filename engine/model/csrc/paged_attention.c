@@ -776,6 +776,24 @@ static inline v16 ld16(const float *p) { v16 v; memcpy(&v, p, sizeof v); return 
 static inline void st16(float *p, v16 v) { memcpy(p, &v, sizeof v); }
 static inline v16 splat16(float x) { return (v16){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
 static inline v16 pf_max16(v16 a, v16 b) { return __builtin_ia32_maxps512_mask(a, b, a, (unsigned short)-1, 4); }
+typedef int32_t v16i __attribute__((vector_size(64)));
+static inline v16 sel16(v16i m, v16 a, v16 b) { return (v16)(((v16i)a & m) | ((v16i)b & ~m)); }
+/* pf_exp on 16 lanes: the same lane-wise arithmetic, so the same bits */
+static inline v16 pf_exp16(v16 x) {
+    x = pf_max16(x, splat16(-87.f));
+    const v16 t = x * KV_LOG2E + PF_MAGIC, n = t - PF_MAGIC;
+    v16 r = x - n * KV_LN2_HI;
+    r = r - n * KV_LN2_LO;
+    v16 p;
+    KV_EXP_POLY(p, r);
+    p = p * r * r + r + 1.0f;
+    v16i e;
+    memcpy(&e, &t, sizeof e);
+    e = (e - 0x4B400000 + 127) << 23;
+    v16 s;
+    memcpy(&s, &e, sizeof s);
+    return p * s;
+}
 static inline __attribute__((always_inline)) void pf_kernel_wide(int NB, const float *A, int ac, int ai,
                                                                  const float *B, int RP, int n, const float *alpha,
                                                                  float *C, float *mt) {
@@ -878,7 +896,32 @@ static void pf_tile(const float *q, float *out, const float *Ktiles, const float
             }
         if (!masked) memcpy(mt, m, sizeof(float) * RP); /* the scores kernel raises it to the new max */
         pf_product(K, D, 1, Qt, RP, D, NULL, St, masked ? NULL : mt, nk);
-        for (int r = 0; r < RP; r += 8) {
+        int r0 = 0;
+#ifdef PF_WR
+        for (; r0 < RP; r0 += 16) { /* 16 rows a vector where there is AVX-512 (the same bits) */
+            const int r = r0;
+            const v16 m0 = ld16(m + r);
+            v16i pv; /* key k0 + j is seen where j <= pv */
+            memcpy(&pv, pos + r, sizeof pv);
+            pv -= k0;
+            v16 mx = masked ? m0 : ld16(mt + r);
+            if (masked)
+                for (int j = 0; j < nk; j++)
+                    mx = pf_max16(sel16((v16i){0} + j <= pv, ld16(St + (size_t)j * RP + r), splat16(-INFINITY)), mx);
+            const v16 al = pf_exp16(m0 - mx);
+            v16 sum = ld16(l + r) * al;
+            for (int j = 0; j < nk; j++) {
+                v16 e = pf_exp16(ld16(St + (size_t)j * RP + r) - mx);
+                if (masked) e = sel16((v16i){0} + j <= pv, e, splat16(0.f));
+                st16(St + (size_t)j * RP + r, e);
+                sum += e;
+            }
+            st16(m + r, mx);
+            st16(l + r, sum);
+            st16(alpha + r, al);
+        }
+#endif
+        for (int r = r0; r < RP; r += 8) {
             const v8 m0 = ld(m + r);
             v8i pv; /* key k0 + j is seen where j <= pv */
             memcpy(&pv, pos + r, sizeof pv);
