@@ -343,7 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     out.write(text + "\n")
     probe = thread_policy.get("probe_ms")
     foot = [
-        f"machine: {machine['nproc']} cpus, {machine['cpu']}, torch {machine['torch']} "
+        f"machine: {machine['nproc']} cpus, {machine['cpu']}"
+        f"{' (' + machine['cpu_id'] + ')' if machine.get('cpu_id') else ''}, torch {machine['torch']} "
         f"({machine['torch_threads']} threads, --threads {args.threads}"
         + (", probe ms " + ", ".join(f"{k} thr {v:.1f}" for k, v in probe.items()) if probe else "")
         + f"), transformers {machine['transformers']}, load avg {machine['load_avg_1m_at_start']}",

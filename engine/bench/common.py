@@ -130,11 +130,17 @@ def machine_info() -> dict:
     import torch
 
     cpu = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as f:
+    ident = {}  # the first processor's "cpu family" and "model": a virtual machine's model name may
+    try:  # say only "AMD EPYC", while family 25 / 26 tells Zen 3-4 from Zen 5 (which runs 512-bit
+        with open("/proc/cpuinfo") as f:  # multiply-adds at full width)
             for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
+                key, _, val = line.partition(":")
+                key = key.strip()
+                if key == "model name" and not ident.get("name"):
+                    ident["name"] = cpu = val.strip()
+                elif key in ("cpu family", "model") and key not in ident:
+                    ident[key] = val.strip()
+                elif not line.strip() and ident:
                     break
     except OSError:
         pass
@@ -151,6 +157,9 @@ def machine_info() -> dict:
     return {
         "nproc": os.cpu_count(),
         "cpu": cpu,
+        "cpu_id": f"family {ident['cpu family']} model {ident['model']}"
+        if "cpu family" in ident and "model" in ident
+        else None,
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__.split("+")[0],
         "transformers": tv,

@@ -12,6 +12,7 @@ model level (ctx.hf() sets generation_config.eos_token_id = None) and in every c
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 from engine.model.kv_layout import cdiv
@@ -171,9 +172,11 @@ def llamacpp_python() -> str | None:
 # What an AVX2-only CPU leaves a torch program: ATen's, oneDNN's and MKL's kernels pick their ISA at
 # run time, so on an AVX-512 CPU vLLM would run AVX-512 kernels beside kvscope's AVX2 build. Under
 # KVSCOPE_ISA=avx2 the bench's vLLM runs with these limits (llama.cpp is built with -mno-avx512f,
-# scripts/peers.sh); values already in the environment win. vLLM's own compiled kernels keep
-# whatever ISA its wheel was built for.
+# scripts/peers.sh); values already in the environment win. vLLM's own kernels come in an AVX2
+# build too (vllm._C_AVX2), which it loads where torch.cpu finds no AVX-512: engine/bench/avx2_site
+# (put first on the peer's PYTHONPATH) makes torch.cpu's AVX-512 / AMX probes answer False there.
 AVX2_RUNTIME_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+AVX2_SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "avx2_site")
 
 
 def vllm_isa_env() -> dict[str, str]:
@@ -185,12 +188,17 @@ def vllm_isa_env() -> dict[str, str]:
 
     if cpu_kernels.isa_flags() != cpu_kernels.ISA_FLAGS["avx2"]:
         return {}
-    return {k: os.environ.get(k, v) for k, v in AVX2_RUNTIME_ENV.items()}
+    env = {k: os.environ.get(k, v) for k, v in AVX2_RUNTIME_ENV.items()}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (AVX2_SITE_DIR, os.environ.get("PYTHONPATH")) if p)
+    return env
 
 
 def vllm_isa_limits() -> str:
-    """vllm_isa_env as NAME=value words ("" for the native build)."""
-    return " ".join(f"{k}={v}" for k, v in vllm_isa_env().items())
+    """vllm_isa_env in words: the NAME=value limits and vLLM's AVX2 kernels ("" for the native build)."""
+    env = vllm_isa_env()
+    if not env:
+        return ""
+    return " ".join(f"{k}={env[k]}" for k in AVX2_RUNTIME_ENV) + " and vLLM's own AVX2 kernels (vllm._C_AVX2)"
 
 
 def vllm_isa_label() -> str:

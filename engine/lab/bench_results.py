@@ -77,6 +77,8 @@ def machine_text(r: BenchResult) -> str:
     """Where a result was measured, in words: CPU, CPUs, ISA path, threads."""
     m = r.machine or {}
     parts = [str(m[k]) for k in ("cpu",) if m.get(k)]
+    if parts and m.get("cpu_id"):
+        parts[0] += f" ({m['cpu_id']})"
     if m.get("nproc"):
         parts.append(f"{m['nproc']} CPUs")
     if m.get("isa"):

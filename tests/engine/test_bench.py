@@ -9,6 +9,8 @@ import io
 import json
 import math
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -409,6 +411,49 @@ def test_the_avx2_path_limits_vllm_to_avx2_and_says_so(monkeypatch):
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2_VNNI")
     for k in ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS"):
         monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
     env = peers.vllm_isa_env()
-    assert env == {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2_VNNI", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
-    assert "ATEN_CPU_CAPABILITY=avx2" in peers.vllm_isa_label() and "AVX2-only" in peers.vllm_isa_label()
+    assert env == {
+        "ATEN_CPU_CAPABILITY": "avx2",
+        "ONEDNN_MAX_CPU_ISA": "AVX2_VNNI",
+        "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+        "PYTHONPATH": f"{peers.AVX2_SITE_DIR}{os.pathsep}/elsewhere",
+    }
+    label = peers.vllm_isa_label()
+    assert "ATEN_CPU_CAPABILITY=avx2" in label and "AVX2-only" in label and "vllm._C_AVX2" in label
+    # a Python started with that path finds no AVX-512 through torch.cpu, so vLLM's import_kernels
+    # loads vllm._C_AVX2 (vllm/platforms/cpu.py); torch itself still runs
+    probe = (
+        "import torch; c = torch.cpu; "
+        "print(c._is_avx512_supported(), c._is_amx_tile_supported(), torch.ones(2).sum().item())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        env=dict(os.environ, PYTHONPATH=env["PYTHONPATH"]),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert out == ["False", "False", "2.0"]
+
+
+def test_the_machine_record_names_the_cpus_family_and_model():
+    """A virtual machine's model name can be just "AMD EPYC"; the family and model numbers from
+    /proc/cpuinfo tell the generations apart (25: Zen 3 / Zen 4, 26: Zen 5), and the Claims page's
+    machine line carries them."""
+    from engine.bench.common import machine_info
+    from engine.lab.bench_results import BenchResult, machine_text
+
+    m = machine_info()
+    fam = mod = None
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            if k.strip() == "cpu family" and fam is None:
+                fam = v.strip()
+            elif k.strip() == "model" and mod is None:
+                mod = v.strip()
+    assert m["cpu_id"] == (f"family {fam} model {mod}" if fam and mod else None)
+    machine = {"cpu": "AMD EPYC", "cpu_id": "family 26 model 2", "nproc": 2}
+    r = BenchResult("scaling", "x.json", None, "default", False, {}, machine)
+    assert machine_text(r).startswith("AMD EPYC (family 26 model 2), 2 CPUs")
