@@ -705,22 +705,24 @@ static inline v8 pf_max(v8 a, v8 b) {
 
 /* e^x for x <= 0: n = x log2 e rounded to nearest by the magic add (t's bits are PF_MAGIC's,
    0x4B400000, plus n), then kvscope.h's reduction and polynomial, as exp_nonpos (which rounds n
-   with converts). */
-static inline v8 pf_exp(v8 x) {
-    x = pf_max(x, splat(-87.f));
-    const v8 t = x * KV_LOG2E + PF_MAGIC, n = t - PF_MAGIC;
-    v8 r = x - n * KV_LN2_HI;
-    r = r - n * KV_LN2_LO;
-    v8 p;
-    KV_EXP_POLY(p, r);
-    p = p * r * r + r + 1.0f;
-    v8i e;
-    memcpy(&e, &t, sizeof e);
-    e = (e - 0x4B400000 + 127) << 23;
-    v8 s;
-    memcpy(&s, &e, sizeof s);
-    return p * s;
-}
+   with converts). One definition for any vector width (lane-wise: the same bits at any width). */
+#define PF_EXP_DEF(NAME, VT, VTI, MAX, SPLAT)                                                      \
+    static inline VT NAME(VT x) {                                                                  \
+        x = MAX(x, SPLAT(-87.f));                                                                  \
+        const VT t = x * KV_LOG2E + PF_MAGIC, n = t - PF_MAGIC;                                    \
+        VT r = x - n * KV_LN2_HI;                                                                  \
+        r = r - n * KV_LN2_LO;                                                                     \
+        VT p;                                                                                      \
+        KV_EXP_POLY(p, r);                                                                         \
+        p = p * r * r + r + 1.0f;                                                                  \
+        VTI e;                                                                                     \
+        memcpy(&e, &t, sizeof e);                                                                  \
+        e = (e - 0x4B400000 + 127) << 23;                                                          \
+        VT s;                                                                                      \
+        memcpy(&s, &e, sizeof s);                                                                  \
+        return p * s;                                                                              \
+    }
+PF_EXP_DEF(pf_exp, v8, v8i, pf_max, splat)
 
 /* The tile's micro-kernel, 16 rows (two vectors of lanes) x NB outputs c (with AVX-512, pf_kernel_wide
    below does the same for 48 rows at a time):
@@ -778,22 +780,7 @@ static inline v16 splat16(float x) { return (v16){x, x, x, x, x, x, x, x, x, x, 
 static inline v16 pf_max16(v16 a, v16 b) { return __builtin_ia32_maxps512_mask(a, b, a, (unsigned short)-1, 4); }
 typedef int32_t v16i __attribute__((vector_size(64)));
 static inline v16 sel16(v16i m, v16 a, v16 b) { return (v16)(((v16i)a & m) | ((v16i)b & ~m)); }
-/* pf_exp on 16 lanes: the same lane-wise arithmetic, so the same bits */
-static inline v16 pf_exp16(v16 x) {
-    x = pf_max16(x, splat16(-87.f));
-    const v16 t = x * KV_LOG2E + PF_MAGIC, n = t - PF_MAGIC;
-    v16 r = x - n * KV_LN2_HI;
-    r = r - n * KV_LN2_LO;
-    v16 p;
-    KV_EXP_POLY(p, r);
-    p = p * r * r + r + 1.0f;
-    v16i e;
-    memcpy(&e, &t, sizeof e);
-    e = (e - 0x4B400000 + 127) << 23;
-    v16 s;
-    memcpy(&s, &e, sizeof s);
-    return p * s;
-}
+PF_EXP_DEF(pf_exp16, v16, v16i, pf_max16, splat16) /* pf_exp on 16 lanes: the same bits */
 static inline __attribute__((always_inline)) void pf_kernel_wide(int NB, const float *A, int ac, int ai,
                                                                  const float *B, int RP, int n, const float *alpha,
                                                                  float *C, float *mt) {
@@ -896,52 +883,36 @@ static void pf_tile(const float *q, float *out, const float *Ktiles, const float
             }
         if (!masked) memcpy(mt, m, sizeof(float) * RP); /* the scores kernel raises it to the new max */
         pf_product(K, D, 1, Qt, RP, D, NULL, St, masked ? NULL : mt, nk);
-        int r0 = 0;
-#ifdef PF_WR
-        for (; r0 < RP; r0 += 16) { /* 16 rows a vector where there is AVX-512 (the same bits) */
-            const int r = r0;
-            const v16 m0 = ld16(m + r);
-            v16i pv; /* key k0 + j is seen where j <= pv */
-            memcpy(&pv, pos + r, sizeof pv);
-            pv -= k0;
-            v16 mx = masked ? m0 : ld16(mt + r);
-            if (masked)
-                for (int j = 0; j < nk; j++)
-                    mx = pf_max16(sel16((v16i){0} + j <= pv, ld16(St + (size_t)j * RP + r), splat16(-INFINITY)), mx);
-            const v16 al = pf_exp16(m0 - mx);
-            v16 sum = ld16(l + r) * al;
-            for (int j = 0; j < nk; j++) {
-                v16 e = pf_exp16(ld16(St + (size_t)j * RP + r) - mx);
-                if (masked) e = sel16((v16i){0} + j <= pv, e, splat16(0.f));
-                st16(St + (size_t)j * RP + r, e);
-                sum += e;
-            }
-            st16(m + r, mx);
-            st16(l + r, sum);
-            st16(alpha + r, al);
-        }
+        /* rows r .. r + lanes - 1: the new max (unmasked: the scores kernel's), rescale, e^(s - max)
+           (0 where a key is past the row's position), the sums */
+#define PF_SOFTMAX_ROWS(VT, VTI, LD, ST, MAX, EXP, SEL, SPLAT)                                             \
+    do {                                                                                                   \
+        const VT m0 = LD(m + r);                                                                           \
+        VTI pv; /* key k0 + j is seen where j <= pv */                                                     \
+        memcpy(&pv, pos + r, sizeof pv);                                                                   \
+        pv -= k0;                                                                                          \
+        VT mx = masked ? m0 : LD(mt + r);                                                                  \
+        if (masked)                                                                                        \
+            for (int j = 0; j < nk; j++)                                                                   \
+                mx = MAX(SEL((VTI){0} + j <= pv, LD(St + (size_t)j * RP + r), SPLAT(-INFINITY)), mx);      \
+        const VT al = EXP(m0 - mx);                                                                        \
+        VT sum = LD(l + r) * al;                                                                           \
+        for (int j = 0; j < nk; j++) {                                                                     \
+            VT e = EXP(LD(St + (size_t)j * RP + r) - mx);                                                  \
+            if (masked) e = SEL((VTI){0} + j <= pv, e, SPLAT(0.f));                                        \
+            ST(St + (size_t)j * RP + r, e);                                                                \
+            sum += e;                                                                                      \
+        }                                                                                                  \
+        ST(m + r, mx);                                                                                     \
+        ST(l + r, sum);                                                                                    \
+        ST(alpha + r, al);                                                                                 \
+    } while (0)
+        int r = 0;
+#ifdef PF_WR /* 16 rows a vector where there is AVX-512 (the same lane-wise arithmetic: the same bits) */
+        for (; r < RP; r += 16) PF_SOFTMAX_ROWS(v16, v16i, ld16, st16, pf_max16, pf_exp16, sel16, splat16);
 #endif
-        for (int r = r0; r < RP; r += 8) {
-            const v8 m0 = ld(m + r);
-            v8i pv; /* key k0 + j is seen where j <= pv */
-            memcpy(&pv, pos + r, sizeof pv);
-            pv -= k0;
-            v8 mx = masked ? m0 : ld(mt + r); /* unmasked: the scores kernel's max */
-            if (masked)
-                for (int j = 0; j < nk; j++)
-                    mx = pf_max(sel((v8i){0} + j <= pv, ld(St + (size_t)j * RP + r), splat(-INFINITY)), mx);
-            const v8 al = pf_exp(m0 - mx);
-            v8 sum = ld(l + r) * al;
-            for (int j = 0; j < nk; j++) {
-                v8 e = pf_exp(ld(St + (size_t)j * RP + r) - mx);
-                if (masked) e = sel((v8i){0} + j <= pv, e, splat(0.f));
-                st(St + (size_t)j * RP + r, e);
-                sum += e;
-            }
-            st(m + r, mx);
-            st(l + r, sum);
-            st(alpha + r, al);
-        }
+        for (; r < RP; r += 8) PF_SOFTMAX_ROWS(v8, v8i, ld, st, pf_max, pf_exp, sel, splat);
+#undef PF_SOFTMAX_ROWS
         pf_product(V, 1, D, St, RP, nk, alpha, Ot, NULL, D);
     }
     for (int r = 0; r < R; r++) {
