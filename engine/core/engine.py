@@ -76,6 +76,9 @@ class LLMEngine:
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.model, self.tokenizer = load_model(config.model, config.device, config.dtype)
         self.incremental_detok = detokenizer.concatenative(self.tokenizer)  # engine/core/detokenizer.py
+        # a concatenative tokenizer's decode is its backend's, less transformers' ~1.5 us a call
+        self._decode = self.tokenizer.backend_tokenizer.decode if self.incremental_detok else None
+        self._token_text: dict[int, str] = {}  # token id -> decode([id]), filled as tokens appear
         hf = self.model.config
         self.vocab_size = hf.vocab_size
         self.grammars = Grammars(self.tokenizer, self.vocab_size)  # structured output (built on first use)
@@ -230,7 +233,17 @@ class LLMEngine:
         return chat_ids(self.tokenizer, [{"role": "user", "content": text}])
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        if self._decode is not None:
+            return self._decode(ids, skip_special_tokens=skip_special_tokens)
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_text(self, tok: int) -> str:
+        """The tokenizer's text of one token on its own (special tokens kept), as each token's mark
+        shows it; decoded once per id."""
+        text = self._token_text.get(tok)
+        if text is None:
+            text = self._token_text[tok] = self.tokenizer.decode([tok])
+        return text
 
     # ------------------------------------------------------------------ requests
     def add_request(

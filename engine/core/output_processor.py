@@ -42,6 +42,8 @@ class StepEngine(Protocol):
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
 
+    def token_text(self, tok: int) -> str: ...
+
     def now(self) -> float: ...
 
     def emit(self, kind: str, request_id: str | None = None, **data) -> Any: ...
@@ -60,9 +62,12 @@ def update_from_output(eng: StepEngine, sched, out, t_step: float) -> list[Reque
         eng.spec.record_forward(sched.items, out.forward_s)
     greedy_ids = None  # one argmax over every row (the same ids as row by row)
     if logits.shape[0] and any(it.req.params.greedy and not it.num_spec_tokens for it in sched.items):
-        # max(-1).indices: argmax's ids (the first of equal maxima), in about a third of argmax's
-        # time on CPU for a [16, 49152] batch
-        greedy_ids = logits.max(-1).indices.tolist()
+        # the first of equal maxima, as torch.argmax; on CPU numpy's argmax, 6-10x faster than
+        # torch's reductions for a [16, 49152] batch (0.03 against 0.2-0.4 ms, 1-2 threads)
+        if logits.device.type == "cpu" and logits.dtype == torch.float32:
+            greedy_ids = logits.numpy().argmax(-1).tolist()
+        else:
+            greedy_ids = logits.max(-1).indices.tolist()
     outputs: list[RequestOutput] = []
     off, now, new_tokens_total = 0, eng.now(), 0
     for it, row in zip(sched.items, rows):
@@ -210,11 +215,11 @@ def _append_tokens(eng: StepEngine, req: Request, new_ids: list[int], marks: lis
         rej = v.rejected_id
         req.mark(
             tok,
-            eng.tokenizer.decode([tok]),
+            eng.token_text(tok),
             v.kind,
             eng.step_num,
             rej,
-            eng.tokenizer.decode([rej]) if rej is not None else None,
+            eng.token_text(rej) if rej is not None else None,
             p=v.p,
             q=v.q,
             u=v.u,

@@ -50,3 +50,11 @@ def test_the_prefix_settles(text):
         out = detokenizer.output_text(decode, req, True)
     assert out == text
     assert req.detok_offset >= len(ids) - detokenizer.HOLD - 3  # folded, not decoded from 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(ids=st.lists(_ids, min_size=0, max_size=40), skip=st.booleans())
+def test_a_concatenative_tokenizers_backend_decodes_as_transformers_does(ids, skip):
+    """The engine decodes through the tokenizers backend where the tokenizer is concatenative
+    (Engine.decode): the same text as transformers' decode, special tokens skipped or kept."""
+    assert TOK.backend_tokenizer.decode(ids, skip_special_tokens=skip) == decode(ids, skip)

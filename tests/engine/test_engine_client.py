@@ -117,7 +117,9 @@ def test_abort_ends_the_stream_and_frees_blocks(client):
 
 
 def test_evict_mid_run_recomputes_to_the_same_answer(client):
-    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    # long enough that the eviction lands mid-run on a fast machine too (40 tokens of the tiny
+    # model could finish between seeing its second token and the eviction's arrival)
+    params = SamplingParams(max_tokens=300, ignore_eos=True)
     plain = client.submit("Why is the sky blue?", params).result(timeout=WAIT_S).outputs[0].token_ids
     h = client.submit("Why is the sky blue?", params)
     assert wait_until(lambda: h.output is not None and len(h.output.outputs[0].token_ids) >= 2)
