@@ -393,7 +393,7 @@ class BlockManager:
             self._num_tokens[rid] = len(computed_blocks) * self.block_size
         # the same blocks the free queue gives up (its LRU order decides which), laid out in id
         # order: a pool's blocks lie in id order in memory, so a sequence whose blocks ascend is
-        # read by the CPU attention kernels as one forward stream (see DESIGN.md, block order)
+        # read by the CPU attention kernels as one forward stream (DESIGN.md, block_manager.py)
         new = sorted(self._pop_free() for _ in range(self.blocks_needed(rid, total_tokens)))
         table.extend(new)
         return new
