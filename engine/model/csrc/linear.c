@@ -7,7 +7,7 @@
  * vectors (AVX2): MR <= 6, 12 accumulators.
  * AVX-512: one 16-lane vector per tile row and MR <= 12, so 12 independent chains cover the
  * multiply-add latency of two full-width units (AMD Zen 5, 1 thread, the default model's shapes:
- * 133 -> 208-223 GFLOP/s at 256 rows, 103-116 -> 189-201 at 16; the same bits).
+ * 127-128 -> 206-218 GFLOP/s at 256 rows, 99-113 -> 186-193 at 16; the same bits).
  * Work is split over panels on OpenMP threads (the libgomp torch loaded, shared with torch); while
  * one panel is read, the next one is prefetched line by line (12% less time at 16 rows, measured).
  *
