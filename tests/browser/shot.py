@@ -95,9 +95,13 @@ NO_MOTION_INIT_SCRIPT = """
 """
 
 # Applied only while the screenshot is taken.
+# textarea { resize: none }: the resize grip is the browser's own drawing, and Chromium builds draw
+# it differently (Debian's 150.0.7871.100 moved its lines by a pixel: 72 pixels per shot with a
+# text area); the box, the text and the layout stay
 HIDE_CHROME_CSS = """
 [data-testid="stHeader"], [data-testid="stToolbar"], [data-testid="stStatusWidget"],
 [data-testid="stDecoration"], .js-plotly-plot .hoverlayer { visibility: hidden !important; }
+textarea { resize: none !important; }
 """
 
 _DRAWN_JS = """
