@@ -1,5 +1,5 @@
-/* kvscope CPU kernels: what the csrc/*.c files share (one copy each): the 8-lane vector type and
- * its load / store / broadcast, the entry points one file calls in another, and e^x's constants
+/* kvscope CPU kernels: what the csrc/*.c files share (one copy each): the 8-lane vector type (and
+ * with AVX-512 the 16-lane one) and its load / store / broadcast, the entry points one file calls in another, and e^x's constants
  * and polynomial. engine/model/cpu_kernels.py hashes this header with the sources. */
 #ifndef KVSCOPE_H
 #define KVSCOPE_H
@@ -13,6 +13,14 @@ typedef int32_t v8i __attribute__((vector_size(32)));
 static inline v8 ld(const float *p) { v8 v; memcpy(&v, p, sizeof v); return v; }
 static inline void st(float *p, v8 v) { memcpy(p, &v, sizeof v); }
 static inline v8 splat(float x) { return (v8){x, x, x, x, x, x, x, x}; }
+#ifdef __AVX512F__
+/* the 16-lane type where AVX-512 keeps it in one register (linear.c's tiles, the prefill kernel) */
+typedef float v16 __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+static inline v16 ld16(const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
+static inline void st16(float *p, v16 v) { memcpy(p, &v, sizeof v); }
+static inline v16 splat16(float x) { return (v16){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+#endif
 
 /* linear.c */
 int kvscope_linear(const float *x, int M, int K, const float *panels, int N, const float *bias, float *y,

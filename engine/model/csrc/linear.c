@@ -31,11 +31,11 @@
 /* AVX-512: a tile row's 16 outputs are one 16-lane vector (the same lane-wise arithmetic as two
    8-lane halves, so the same bits; one instruction where there were two, which is twice the
    rate on cores with full-width 512-bit units, e.g. AMD Zen 5) */
-typedef float vw __attribute__((vector_size(64)));
+typedef v16 vw;
 #define NH 1
-static inline vw ldw(const float *p) { vw v; memcpy(&v, p, sizeof v); return v; }
-static inline void stw(float *p, vw v) { memcpy(p, &v, sizeof v); }
-static inline vw splatw(float x) { return (vw){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+#define ldw ld16
+#define stw st16
+#define splatw splat16
 #else
 typedef v8 vw;
 #define NH 2

@@ -773,12 +773,7 @@ static inline __attribute__((always_inline)) void pf_kernel(int NB, const float 
    1.03x at 512 and 8,000 positions, 1.02x at 2,048 (scripts/prefill_attention_ab.py); 32 rows
    in two vectors gave 1.01-1.02x. */
 #define PF_WR 48
-typedef float v16 __attribute__((vector_size(64)));
-static inline v16 ld16(const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
-static inline void st16(float *p, v16 v) { memcpy(p, &v, sizeof v); }
-static inline v16 splat16(float x) { return (v16){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
 static inline v16 pf_max16(v16 a, v16 b) { return __builtin_ia32_maxps512_mask(a, b, a, (unsigned short)-1, 4); }
-typedef int32_t v16i __attribute__((vector_size(64)));
 static inline v16 sel16(v16i m, v16 a, v16 b) { return (v16)(((v16i)a & m) | ((v16i)b & ~m)); }
 PF_EXP_DEF(pf_exp16, v16, v16i, pf_max16, splat16) /* pf_exp on 16 lanes: the same bits */
 static inline __attribute__((always_inline)) void pf_kernel_wide(int NB, const float *A, int ac, int ai,
