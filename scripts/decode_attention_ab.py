@@ -1,11 +1,12 @@
 """Kernel A/B: kvscope_paged_decode_kv of two or more builds of engine/model/csrc, alternating in one process.
 
     python scripts/decode_attention_ab.py OLD_CSRC_DIR NEW_CSRC_DIR [MORE_DIRS...]
-        [--lengths 512,2048,8000] [--threads 1] [--reps 9] [--sequential] [--layers 30]
+        [--lengths 512,2048,8000] [--threads 1] [--reps 9] [--sequential] [--layers 30] [--seqs 1]
 
 A batch-1 decode of the default model's shape (9 query heads, 3 KV heads, head dim 64, blocks of
 16) over 30 layers' fp32 pools (--layers), one pool pair per layer, each layer's blocks in a random order
-(--sequential: in order, as a fresh pool hands them out). Each build's best sweep over the
+(--sequential: in order, as a fresh pool hands them out); --seqs N: N sequences of that length
+in each layer's pool, one step's batch (W16 is 16 of ~230). Each build's best sweep over the
 layers is printed as GB/s of K/V read (L x layers x 2 x 3 x 64 x 4 bytes), beside torch.sum over the
 same pools, with the largest difference from the first build's output. Each directory's paged_attention.c
 is compiled with cpu_kernels.CFLAGS (+ KVSCOPE_ISA's flags) into /tmp. At 1 thread the clock is
@@ -56,13 +57,16 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--sequential", action="store_true")
     ap.add_argument("--layers", type=int, default=30, help="pool pairs swept (1: one layer's pools, in cache)")
+    ap.add_argument("--seqs", type=int, default=1, help="sequences of that length per layer (a batch's step)")
     a = ap.parse_args()
     libs = [build(d) for d in a.dirs]
     clock = time.thread_time if a.threads == 1 else time.perf_counter
     g = torch.Generator().manual_seed(0)
     print(f"load {os.getloadavg()[0]:.2f}, {a.threads} thread(s), ISA flags {cpu_kernels.isa_flags() or 'native'}")
     for n in (int(x) for x in a.lengths.split(",")):
-        nb = -(-n // BS)
+        ns = a.seqs
+        per = -(-n // BS)
+        nb = per * ns
         pools = [
             (torch.randn(nb, BS, HKV, D, generator=g), torch.randn(nb, BS, HKV, D, generator=g))
             for _ in range(a.layers)
@@ -71,8 +75,8 @@ def main() -> None:
             (torch.arange(nb) if a.sequential else torch.randperm(nb, generator=g)).to(torch.int32).contiguous()
             for _ in range(a.layers)
         ]
-        q = torch.randn(1, H, D, generator=g)
-        rows, lens = torch.tensor([0], dtype=torch.int32), torch.tensor([n], dtype=torch.int32)
+        q = torch.randn(ns, H, D, generator=g)
+        rows, lens = torch.arange(ns, dtype=torch.int32), torch.full((ns,), n, dtype=torch.int32)
         outs = [torch.empty_like(q) for _ in libs]
         best = [float("inf")] * len(libs)
         for _ in range(a.reps):
@@ -81,7 +85,7 @@ def main() -> None:
                 for (k, v), tb in zip(pools, tables):
                     rc = lib.kvscope_paged_decode_kv(
                         q.data_ptr(), outs[i].data_ptr(), k.data_ptr(), v.data_ptr(), rows.data_ptr(),
-                        lens.data_ptr(), tb.data_ptr(), 1, nb, BS, H, HKV, D, D**-0.5, n, a.threads, 0,
+                        lens.data_ptr(), tb.data_ptr(), ns, per, BS, H, HKV, D, D**-0.5, n, a.threads, 0,
                     )  # fmt: skip
                     assert rc == 0
                 best[i] = min(best[i], clock() - t)
@@ -91,7 +95,7 @@ def main() -> None:
             for k, v in pools:
                 k.sum(), v.sum()
             t_sum = min(t_sum, time.perf_counter() - t)
-        nbytes = a.layers * n * HKV * D * 4 * 2
+        nbytes = a.layers * ns * n * HKV * D * 4 * 2
         cols = "  ".join(
             f"{os.path.basename(os.path.normpath(d))} {nbytes / b / 1e9:.2f}" for d, b in zip(a.dirs, best)
         )

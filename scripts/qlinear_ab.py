@@ -1,7 +1,7 @@
 """Kernel A/B: kvscope_qlinear of two builds of engine/model/csrc, alternating in one process.
 
     python scripts/qlinear_ab.py OLD_CSRC_DIR NEW_CSRC_DIR [MORE_DIRS...] [--threads 1] [--rows 1,5,8,16,64,256]
-        [--type q4_1|q8_0] [--shapes gate_up,down,qkv,lm_head]
+        [--type q4_1|q8_0] [--shapes gate_up,down,qkv,lm_head] [--model]
 
 Each directory's .c files are compiled with cpu_kernels.CFLAGS (+ KVSCOPE_ISA's flags) into /tmp,
 the row path tuned as the engine's is when it loads (KVSCOPE_QL_SCRATCH_ROWS as there), the same
@@ -11,6 +11,11 @@ outputs are not bitwise OLD's) and the kernel path
 (further directories: their times and ratios against OLD too). At 1 thread the clock is the
 thread's CPU time (time.thread_time), so time the scheduler gives other processes on a shared
 machine is not counted; at more threads it is wall time.
+
+--model: instead of one matrix re-read from cache, the default model's whole step as the engine
+runs it from memory: 30 layers' qkv / o / gate_up / down, each layer its own Q4_1 weights (97 MB
+with the lm_head, more than the L3), then the Q8_0 lm_head; per build the best sweep, with the
+seconds of each shape summed over the layers.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from engine.model import cpu_kernels, kernel_isa  # noqa: E402
 
 SHAPES = {"gate_up": (3072, 576), "down": (576, 1536), "qkv": (960, 576), "lm_head": (49152, 576)}
+LAYER = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}
+LAYERS = 30
 Q4_1, Q8_0 = 3, 8
 
 
@@ -75,12 +82,15 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--type", choices=["q4_1", "q8_0"], default="q4_1", help="the weights' GGUF type")
     ap.add_argument("--shapes", default="gate_up,down,qkv", help=f"of {','.join(SHAPES)}")
+    ap.add_argument("--model", action="store_true", help="the model's 30 layers + lm_head from memory")
     a = ap.parse_args()
     libs = {"old": build(a.old), "new": build(a.new)}
     libs.update({os.path.basename(os.path.normpath(d)): build(d) for d in a.more})
     clock = time.thread_time if a.threads == 1 else time.perf_counter
     rng = np.random.default_rng(0)
     print(f"kernel_isa={kernel_isa.summary()} threads={a.threads} load={os.getloadavg()[0]:.2f} clock={clock.__name__}")
+    if a.model:
+        return model_sweeps(a, libs, clock, rng)
     qtype, make = (Q8_0, q8_0_blocks) if a.type == "q8_0" else (Q4_1, q4_1_blocks)
     for name in a.shapes.split(","):
         n, k = SHAPES[name]
@@ -111,6 +121,46 @@ def main() -> None:
             cells = [f"{best[t]:.0f} us ({best['old'] / best[t]:.2f}x{mark[t]})" for t in libs if t != "old"]
             line.append(f"M={m}: {best['old']:.0f} -> " + " / ".join(cells))
         print(f"{name} {n}x{k}: " + "; ".join(line), flush=True)
+
+
+def pack(lib, qtype: int, blocks: np.ndarray, n: int, k: int) -> np.ndarray:
+    buf = np.zeros(lib.kvscope_qpanel_bytes(qtype, n, k), np.uint8)
+    rmap = np.arange(n, dtype=np.int32)
+    assert lib.kvscope_qpack(qtype, blocks.ctypes.data, n, rmap.ctypes.data, n, k, buf.ctypes.data) == 0
+    return buf
+
+
+def model_sweeps(a, libs: dict, clock, rng) -> None:
+    """--model: per row count, each build's best sweep over the layers' Linears and the lm_head."""
+    mats = [(name, Q4_1, n, k, q4_1_blocks(n, k, rng)) for _ in range(LAYERS) for name, (n, k) in LAYER.items()]
+    mats.append(("lm_head", Q8_0, *SHAPES["lm_head"], q8_0_blocks(*SHAPES["lm_head"], rng)))
+    packed = {t: [pack(lib, qt, blk, n, k) for _, qt, n, k, blk in mats] for t, lib in libs.items()}
+    flops = {name: 0 for name, *_ in mats}
+    for name, _, n, k, _ in mats:
+        flops[name] += 2 * n * k
+    for m in [int(r) for r in a.rows.split(",")]:
+        xs = {k: rng.standard_normal((m, k)).astype(np.float32) for k in (576, 1536)}
+        ys = {t: [np.zeros((m, n), np.float32) for _, _, n, _, _ in mats] for t in libs}
+        best = {t: (1e30, {}) for t in libs}
+        for _ in range(a.reps):
+            for t, lib in libs.items():
+                per = dict.fromkeys(flops, 0.0)
+                for (name, qt, n, k, _), pan, y in zip(mats, packed[t], ys[t]):
+                    t0 = clock()
+                    lib.kvscope_qlinear(qt, xs[k].ctypes.data, m, k, pan.ctypes.data, n, None, y.ctypes.data, a.threads)
+                    per[name] += clock() - t0
+                if sum(per.values()) < best[t][0]:
+                    best[t] = (sum(per.values()), per)
+        same = {
+            t: all(np.array_equal(u.view(np.uint32), v.view(np.uint32)) for u, v in zip(ys[t], ys["old"])) for t in libs
+        }
+        cells = []
+        for t in libs:
+            tot, per = best[t]
+            shapes = ", ".join(f"{name} {m * f / per[name] / 1e9:.0f}" for name, f in flops.items())
+            ratio = "" if t == "old" else f" ({best['old'][0] / tot:.2f}x{'' if same[t] else '!'})"
+            cells.append(f"{t} {tot * 1e3:.2f} ms{ratio} [GFLOP/s: {shapes}]")
+        print(f"M={m}: " + "; ".join(cells), flush=True)
 
 
 if __name__ == "__main__":
