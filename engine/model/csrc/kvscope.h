@@ -1,5 +1,5 @@
 /* kvscope CPU kernels: what the csrc/*.c files share (one copy each): the 8-lane vector type (and
- * with AVX-512 the 16-lane one) and its load / store / broadcast, the entry points one file calls in another, and e^x's constants
+ * with AVX-512 the 16-lane one; vw, the widest of them) and its load / store / broadcast, the entry points one file calls in another, and e^x's constants
  * and polynomial. engine/model/cpu_kernels.py hashes this header with the sources. */
 #ifndef KVSCOPE_H
 #define KVSCOPE_H
@@ -20,6 +20,20 @@ typedef int32_t v16i __attribute__((vector_size(64)));
 static inline v16 ld16(const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
 static inline void st16(float *p, v16 v) { memcpy(p, &v, sizeof v); }
 static inline v16 splat16(float x) { return (v16){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+#endif
+/* the widest of the two: for lane-wise loops whose bits do not depend on the width */
+#ifdef __AVX512F__
+#define VW_LANES 16
+typedef v16 vw;
+#define ldw ld16
+#define stw st16
+#define splatw splat16
+#else
+#define VW_LANES 8
+typedef v8 vw;
+#define ldw ld
+#define stw st
+#define splatw splat
 #endif
 
 /* linear.c */

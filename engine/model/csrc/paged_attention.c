@@ -322,21 +322,24 @@ static inline __attribute__((always_inline)) void attend_group64(int GQ, const f
         }
         total[g] = hsum(tot);
     }
-    v8 acc[4][NV];
+    /* P.V in the widest vector (16 lanes with AVX-512): each output lane's chain is the same at any
+       width, so the same bits; 1.07-1.11x at 70-230 positions with the K/V in cache (1 thread, Zen 5) */
+    enum { NW = D / VW_LANES };
+    vw acc[4][NW];
     for (int g = 0; g < GQ; g++)
-        for (int i = 0; i < NV; i++) acc[g][i] = splat(0.f);
+        for (int i = 0; i < NW; i++) acc[g][i] = splatw(0.f);
     for (int l = 0; l < L; l++) {
         const float *v = vp + (size_t)rows[l] * Hkv * D;
         if (own_pf) prefetch_positions(vp, rows, l + KV_PF, l + KV_PF + 1, L, Hkv, D);
         if (nv) prefetch_row(nv + (size_t)rows[l] * Hkv * D, D);
         for (int g = 0; g < GQ; g++) {
-            const v8 p = splat(sc[g * Lp + l]);
-            for (int i = 0; i < NV; i++) acc[g][i] += p * ld(v + 8 * i);
+            const vw p = splatw(sc[g * Lp + l]);
+            for (int i = 0; i < NW; i++) acc[g][i] += p * ldw(v + VW_LANES * i);
         }
     }
     for (int g = 0; g < GQ; g++) {
-        const v8 inv = splat(1.0f / total[g]);
-        for (int i = 0; i < NV; i++) st(o + g * D + 8 * i, acc[g][i] * inv);
+        const vw inv = splatw(1.0f / total[g]);
+        for (int i = 0; i < NW; i++) stw(o + g * D + VW_LANES * i, acc[g][i] * inv);
     }
 }
 
@@ -367,7 +370,10 @@ static inline __attribute__((always_inline)) void attend_group64(int GQ, const f
    and the hardware's L2 stream prefetcher runs on ahead of them: 17.4 -> 19.8 GB/s at 8,000
    positions, 17.0 -> 19.3 at 2,048, 20.8 -> 21.1 at 512 (from L3); AVX2 17.8 -> 20.4 at 8,000.
    With randomly placed blocks, the same as before. Per line in address order (a cursor over lines)
-   was as fast at 8,000 but 0.86x at 512, where the pools sit in L3 and its bookkeeping showed. */
+   was as fast at 8,000 but 0.86x at 512, where the pools sit in L3 and its bookkeeping showed.
+   2026-12-05, Zen 5, 1 thread: P.V in 16-lane vectors (the same bits) was 1.08-1.13x with the K/V
+   in cache (300-1,000 positions) but 0.95x from memory at 2,048 and 8,000, so it stays 8 lanes
+   here (attend_group64, below KV_CHUNK_MIN_CTX, uses the wide vectors). */
 #ifndef KV_CHUNK
 #define KV_CHUNK 32
 #endif
