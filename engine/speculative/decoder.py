@@ -241,11 +241,12 @@ class SpecDecoder:
             self.plain_decode_time_s += forward_seconds
 
     @torch.inference_mode()
-    def verify(self, req, drafts: list[int], logits: torch.Tensor):
+    def verify(self, req, drafts: list[int], logits: torch.Tensor, argmax: list[int] | None = None):
+        """logits [len(drafts) + 1, V]; argmax: their rows' argmax where the caller has it (greedy)."""
         params = req.params
         n = len(drafts)
         if params.greedy:
-            tokens, marks, n_acc = verify_greedy(drafts, logits)
+            tokens, marks, n_acc = verify_greedy(drafts, logits, argmax)
         else:
             q = self._q.get(req.request_id)
             if q is not None:

@@ -62,21 +62,21 @@ class SpecContext:
 def ngram_propose(tokens, k: int, n_min: int, n_max: int) -> list[int]:
     """Prompt lookup: the longest suffix n-gram (n_max..n_min) that occurred earlier; returns
     the k tokens that followed its most recent earlier occurrence."""
-    arr = np.asarray(tokens, dtype=np.int64)
+    ext = list(tokens)
+    arr = np.asarray(ext, dtype=np.int64)
     L = len(arr)
     for n in range(min(n_max, L - 1), n_min - 1, -1):
-        pat = arr[L - n :]
-        # candidate starts i with arr[i:i+n] == pat and i + n < L (something follows it)
-        win = np.lib.stride_tricks.sliding_window_view(arr[: L - 1], n)  # starts 0..L-1-n
-        hits = np.flatnonzero((win == pat).all(axis=1))
-        if hits.size:
-            # copy what followed the match; when the copy reaches the end of the context it
-            # continues from its own output (a repeating loop keeps drafting full length)
-            ext = arr.tolist()
-            src = int(hits[-1]) + n
-            for j in range(k):
-                ext.append(ext[src + j])
-            return ext[L:]
+        pat = ext[L - n :]
+        # starts i with arr[i:i+n] == pat and i + n < L (something follows it): those whose first
+        # token matches, in one vector compare, then the rest of the n-gram from the latest back
+        for i in np.flatnonzero(arr[: L - n] == pat[0])[::-1].tolist():
+            if ext[i : i + n] == pat:
+                # copy what followed the match; when the copy reaches the end of the context it
+                # continues from its own output (a repeating loop keeps drafting full length)
+                src = i + n
+                for j in range(k):
+                    ext.append(ext[src + j])
+                return ext[L:]
     return []
 
 

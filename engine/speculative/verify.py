@@ -28,9 +28,12 @@ class Verdict(NamedTuple):
     u: float | None = None
 
 
-def verify_greedy(drafts: list[int], logits: torch.Tensor) -> tuple[list[int], list[Verdict], int]:
-    """logits [len(drafts)+1, V]. Returns (tokens, verdicts, num_accepted)."""
-    target = logits.argmax(dim=-1).tolist()
+def verify_greedy(
+    drafts: list[int], logits: torch.Tensor, argmax: list[int] | None = None
+) -> tuple[list[int], list[Verdict], int]:
+    """logits [len(drafts)+1, V]; argmax: their rows' argmax (the first of equal maxima) where the
+    caller computed it already. Returns (tokens, verdicts, num_accepted)."""
+    target = argmax if argmax is not None else logits.argmax(dim=-1).tolist()
     out, marks = [], []
     for j, x in enumerate(drafts):
         if x == target[j]:

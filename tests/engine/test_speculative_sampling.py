@@ -152,6 +152,15 @@ def test_verify_greedy_cases():
     assert verify_greedy([3, 5, 1], logits) == ([3, 5, 1, 7], [Verdict(ACCEPTED)] * 3 + [Verdict(BONUS)], 3)
     assert verify_greedy([3, 6, 1], logits) == ([3, 5], [Verdict(ACCEPTED), Verdict(REPLACED, 6)], 1)
     assert verify_greedy([0], logits[:2]) == ([3], [Verdict(REPLACED, 0)], 0)
+    # the output processor hands over the rows' argmax it computed for the whole batch (numpy's on
+    # CPU): the same verdicts, ties to the first maximum as torch.argmax
+    ties = logits.clone()
+    ties[1, 2] = 2.0  # row 1: ids 2 and 5 share the maximum; the first wins
+    ids = ties.numpy().argmax(-1).tolist()
+    assert ids == ties.argmax(-1).tolist() == [3, 2, 1, 7]
+    for drafts in ([3, 5, 1], [3, 2, 1], [3, 2, 0], [9]):
+        n = len(drafts) + 1
+        assert verify_greedy(drafts, ties[:n], ids[:n]) == verify_greedy(drafts, ties[:n])
 
 
 def test_ngram_lookup():
