@@ -562,12 +562,14 @@ static int qlinear_factorized(int type, const float *x, int M, int K, const uint
             }
             free(wsc);
             free(tb);
-        } else
-            for (int r0 = 0; r0 < M; r0 += FMR) {
-                const int mr = M - r0 < FMR ? M - r0 : FMR;
+        } else /* ceil(M / FMR) tiles as even as can be (9 = 5 + 4, not 8 + 1: a 1-row tile is a
+                  * whole pass of its own at the weights' memory rate); any split gives the same bits */
+            for (int t = 0, r0 = 0, nt = (M + FMR - 1) / FMR; t < nt; t++) {
+                const int mr = M / nt + (t < M % nt);
                 for (p = p0; p < p1; p++)
                     RTILES[q8][mr](x + (size_t)r0 * K, sx + (size_t)r0 * nb, K, panels + p * pstride,
                                    bias ? bias + p * NR : NULL, y + (size_t)r0 * N + p * NR, N, last_valid(N, p, 1));
+                r0 += mr;
             }
     }
     free(sx);
