@@ -403,35 +403,57 @@ static AI void store_out(__m512 t, const float *bias, float *y, int nvalid) {
     _mm512_mask_storeu_ps(y, mask, t);
 }
 
-/* MR rows x one panel (16 outputs), codes converted in registers per column pair and used by the
- * tile's rows; sx [MR][nb] the rows' per-block sums of x. One panel a tile, one stream of blocks:
- * 1-3 rows over 4 or 2 consecutive panels a tile (4 or 2 streams pstride apart) ran at 0.55-0.8x
- * this on a Zen 4 where the weights come from memory (a 49152 x 576 Q4_1 / Q8_0 matrix, 1 thread),
- * 0.9x where they stay in L2. */
-static AI void rtile(int type, int MR, const float *x, const float *sx, int K, const uint8_t *pan, const float *bias,
-                     float *y, int ldy, int nvalid) {
+/* MR rows x P (1 or 2) consecutive panels (16 outputs each), codes converted in registers per
+ * column pair and used by the tile's rows; sx [MR][nb] the rows' per-block sums of x. Each panel's
+ * outputs get the same chains whatever P, so the same bits. P = 2 from RT2_MIN to RT2_MAX rows:
+ * each broadcast of x serves two panels (2 x 2 MR accumulators); its two streams must each be
+ * prefetched on into the next tile's same panel, or half the weights arrive unprefetched (0.72-0.8x
+ * from memory when they were not; one panel a tile at 1-3 rows was 0.55-0.8x on a Zen 4 for that
+ * reason). With it, scripts/qlinear_ab.py --model, Zen 5, 1 thread: 1.13x at 3 rows, 1.07x at 4,
+ * 1.04-1.05x at 5, 1.06x at 6 (2 threads 0.99 / 1.04 / 1.03x at 3 / 5 / 6); 7-8 rows would spill. */
+static AI void rtile(int type, int MR, int P, const float *x, const float *sx, int K, const uint8_t *pan,
+                     const float *bias, float *y, int ldy, int nvalid) {
     const int nb = K / QK, pb = panel_block_bytes(type);
-    __m512 tot[FMR];
-    for (int r = 0; r < MR; r++) tot[r] = _mm512_setzero_ps();
+    const size_t pstride = (size_t)nb * pb; /* the panels lie one after another */
+    __m512 tot[FMR][2];
+    for (int r = 0; r < MR; r++)
+        for (int q = 0; q < P; q++) tot[r][q] = _mm512_setzero_ps();
     const int o16 = MR <= 2; /* the odd codes' form: the conversion and the finish must agree */
     for (int b = 0; b < nb; b++) {
-        __m512 ae[FMR], ao[FMR];
-        const uint8_t *blk = pan + (size_t)b * pb;
-        prefetch_block(blk, pb);
-        for (int r = 0; r < MR; r++) ae[r] = ao[r] = _mm512_setzero_ps();
+        __m512 ae[FMR][2], ao[FMR][2];
+        const uint8_t *blk[2];
+        for (int q = 0; q < P; q++) {
+            blk[q] = pan + q * pstride + (size_t)b * pb;
+            /* QL_PREFETCH blocks ahead in this stream, which goes on into the same panel of the
+             * next tile's P (so with P = 1 simply the blocks that follow in memory) */
+            const int bf = b + QL_PREFETCH;
+            const uint8_t *t = bf < nb ? blk[q] + (size_t)QL_PREFETCH * pb
+                                       : pan + (P + q) * pstride + (size_t)(bf - nb) * pb;
+            for (int o = 0; o < pb; o += 64) __builtin_prefetch(t + o);
+        }
+        for (int r = 0; r < MR; r++)
+            for (int q = 0; q < P; q++) ae[r][q] = ao[r][q] = _mm512_setzero_ps();
         for (int kk = 0; kk < QK; kk += 2) {
             const int k = b * QK + kk;
-            __m512 e, o;
-            pair_codes(type, blk, kk, &e, &o, o16);
+            __m512 e[2], o[2];
+            for (int q = 0; q < P; q++) pair_codes(type, blk[q], kk, &e[q], &o[q], o16);
             for (int r = 0; r < MR; r++) {
-                ae[r] = _mm512_fmadd_ps(e, _mm512_set1_ps(x[(size_t)r * K + k]), ae[r]);
-                ao[r] = _mm512_fmadd_ps(o, _mm512_set1_ps(x[(size_t)r * K + k + 1]), ao[r]);
+                const __m512 xe = _mm512_set1_ps(x[(size_t)r * K + k]), xo = _mm512_set1_ps(x[(size_t)r * K + k + 1]);
+                for (int q = 0; q < P; q++) {
+                    ae[r][q] = _mm512_fmadd_ps(e[q], xe, ae[r][q]);
+                    ao[r][q] = _mm512_fmadd_ps(o[q], xo, ao[r][q]);
+                }
             }
         }
-        const __m512 d = block_d(blk), m = block_m(type, blk);
-        for (int r = 0; r < MR; r++) tot[r] = finish_block(type, d, m, ae[r], ao[r], sx[r * nb + b], tot[r], o16);
+        for (int q = 0; q < P; q++) {
+            const __m512 d = block_d(blk[q]), m = block_m(type, blk[q]);
+            for (int r = 0; r < MR; r++)
+                tot[r][q] = finish_block(type, d, m, ae[r][q], ao[r][q], sx[r * nb + b], tot[r][q], o16);
+        }
     }
-    for (int r = 0; r < MR; r++) store_out(tot[r], bias, y + (size_t)r * ldy, nvalid);
+    for (int r = 0; r < MR; r++)
+        for (int q = 0; q < P; q++)
+            store_out(tot[r][q], bias ? bias + q * NR : NULL, y + (size_t)r * ldy + q * NR, q == P - 1 ? nvalid : NR);
 }
 
 /* MR rows x P panels of one block, the codes read from wsc (P x 32 columns x 16 floats, converted
@@ -463,7 +485,12 @@ static AI void stile(int type, int MR, int P, const float *x, const float *sx, i
 #define RT(TY, MR)                                                                                               \
 static void rt_##TY##_##MR(const float *x, const float *sx, int K, const uint8_t *pan, const float *bias, float *y, \
                            int ldy, int nv) {                                                                    \
-    rtile(TY, MR, x, sx, K, pan, bias, y, ldy, nv);                                                              \
+    rtile(TY, MR, 1, x, sx, K, pan, bias, y, ldy, nv);                                                           \
+}
+#define RT2(TY, MR)                                                                                              \
+static void rt2_##TY##_##MR(const float *x, const float *sx, int K, const uint8_t *pan, const float *bias,         \
+                            float *y, int ldy, int nv) {                                                         \
+    rtile(TY, MR, 2, x, sx, K, pan, bias, y, ldy, nv);                                                           \
 }
 #define ST(TY, MR, P)                                                                                            \
 static void st_##TY##_##MR##_##P(const float *x, const float *sx, int K, int b, const float *wsc, const __m512 *d, \
@@ -472,9 +499,18 @@ static void st_##TY##_##MR##_##P(const float *x, const float *sx, int K, int b, 
 }
 #define TILES(TY)                                                                                                \
     RT(TY, 1) RT(TY, 2) RT(TY, 3) RT(TY, 4) RT(TY, 5) RT(TY, 6) RT(TY, 7) RT(TY, 8)                           \
+    RT2(TY, 3) RT2(TY, 4) RT2(TY, 5) RT2(TY, 6)                                                                 \
     ST(TY, 1, 1) ST(TY, 2, 1) ST(TY, 3, 1) ST(TY, 1, 2) ST(TY, 2, 2) ST(TY, 3, 2) ST(TY, 1, 4) ST(TY, 2, 4) ST(TY, 3, 4)
 TILES(3) TILES(8)
 typedef void (*rt_fn)(const float *, const float *, int, const uint8_t *, const float *, float *, int, int);
+#ifndef RT2_MIN /* the rows whose tiles cover two panels (rtile's P = 2) */
+#define RT2_MIN 3
+#endif
+#ifndef RT2_MAX
+#define RT2_MAX 6
+#endif
+static const rt_fn RTILES2[2][7] = {{0, 0, 0, rt2_3_3, rt2_3_4, rt2_3_5, rt2_3_6},
+                                     {0, 0, 0, rt2_8_3, rt2_8_4, rt2_8_5, rt2_8_6}};
 typedef void (*st_fn)(const float *, const float *, int, int, const float *, const __m512 *, const __m512 *, float *);
 /* [type is Q8_0][rows]: up to FMR rows (verification's k + 1 up to k = 7) go in one tile, so each
  * column's codes are converted once for all of them */
@@ -566,7 +602,12 @@ static int qlinear_factorized(int type, const float *x, int M, int K, const uint
                   * whole pass of its own at the weights' memory rate); any split gives the same bits */
             for (int t = 0, r0 = 0, nt = (M + FMR - 1) / FMR; t < nt; t++) {
                 const int mr = M / nt + (t < M % nt);
-                for (p = p0; p < p1; p++)
+                p = p0;
+                if (mr >= RT2_MIN && mr <= RT2_MAX)
+                    for (; p + 2 <= p1; p += 2)
+                        RTILES2[q8][mr](x + (size_t)r0 * K, sx + (size_t)r0 * nb, K, panels + p * pstride,
+                                        bias ? bias + p * NR : NULL, y + (size_t)r0 * N + p * NR, N, last_valid(N, p, 2));
+                for (; p < p1; p++)
                     RTILES[q8][mr](x + (size_t)r0 * K, sx + (size_t)r0 * nb, K, panels + p * pstride,
                                    bias ? bias + p * NR : NULL, y + (size_t)r0 * N + p * NR, N, last_valid(N, p, 1));
                 r0 += mr;
