@@ -348,8 +348,10 @@ static inline __attribute__((always_inline)) void prefetch_block(const uint8_t *
 #endif
 
 #ifdef QL_AVX512
-#define FMR 8           /* rows per tile with the codes converted in registers (one panel from 4
-                         * rows: MR x 2 chains + MR totals + 2 code vectors fit in the 32 zmm) */
+#define FMR 6           /* rows per tile with the codes converted in registers (from RT2_MIN rows
+                         * over two panels: 2 MR x 2 chains + 4 code vectors in the 32 zmm, the
+                         * 2 MR totals, touched once a block, spilled where they do not fit) */
+#define RT2_MIN 3       /* from this many rows a register tile covers two panels (rtile's P = 2) */
 #define SMR 3           /* rows per tile reading converted codes from the scratch (x 4 panels: 24
                          * accumulators + 6 broadcasts stay in registers, the codes are memory operands) */
 /* Which of the two row paths runs from SCRATCH_ROWS rows is the CPU's to decide: both give the
@@ -405,12 +407,14 @@ static AI void store_out(__m512 t, const float *bias, float *y, int nvalid) {
 
 /* MR rows x P (1 or 2) consecutive panels (16 outputs each), codes converted in registers per
  * column pair and used by the tile's rows; sx [MR][nb] the rows' per-block sums of x. Each panel's
- * outputs get the same chains whatever P, so the same bits. P = 2 from RT2_MIN to RT2_MAX rows:
- * each broadcast of x serves two panels (2 x 2 MR accumulators); its two streams must each be
- * prefetched on into the next tile's same panel, or half the weights arrive unprefetched (0.72-0.8x
- * from memory when they were not; one panel a tile at 1-3 rows was 0.55-0.8x on a Zen 4 for that
- * reason). With it, scripts/qlinear_ab.py --model, Zen 5, 1 thread: 1.13x at 3 rows, 1.07x at 4,
- * 1.04-1.05x at 5, 1.06x at 6 (2 threads 0.99 / 1.04 / 1.03x at 3 / 5 / 6); 7-8 rows would spill. */
+ * outputs get the same chains whatever P, so the same bits. P = 2 from RT2_MIN rows: each broadcast
+ * of x serves two panels (2 x 2 MR accumulators); its two streams must each be prefetched on into
+ * the next tile's same panel, or half the weights arrive unprefetched (0.72-0.8x from memory when
+ * they were not; two or four panels a tile at 1-3 rows were 0.55-0.8x on a Zen 4 for that reason).
+ * With it, scripts/qlinear_ab.py --model, Zen 5, 1 thread: 1.13x at 3 rows, 1.07x at 4, 1.04-1.05x at
+ * 5, 1.06x at 6 (2 threads 0.99 / 1.04 / 1.03x at 3 / 5 / 6) against one panel a tile; and tiles of
+ * at most 6 rows over two panels against 8 over one: 1.05x at 7 rows, 1.06x at 8, 1.06-1.07x at
+ * 16, 1.04-1.07x at 64, 1.05-1.07x at 512 (2 threads 1.04-1.07x at 7-16). */
 static AI void rtile(int type, int MR, int P, const float *x, const float *sx, int K, const uint8_t *pan,
                      const float *bias, float *y, int ldy, int nvalid) {
     const int nb = K / QK, pb = panel_block_bytes(type);
@@ -498,25 +502,19 @@ static void st_##TY##_##MR##_##P(const float *x, const float *sx, int K, int b, 
     stile(TY, MR, P, x, sx, K, b, wsc, d, m, tb);                                                                \
 }
 #define TILES(TY)                                                                                                \
-    RT(TY, 1) RT(TY, 2) RT(TY, 3) RT(TY, 4) RT(TY, 5) RT(TY, 6) RT(TY, 7) RT(TY, 8)                           \
+    RT(TY, 1) RT(TY, 2) RT(TY, 3) RT(TY, 4) RT(TY, 5) RT(TY, 6)                                                 \
     RT2(TY, 3) RT2(TY, 4) RT2(TY, 5) RT2(TY, 6)                                                                 \
     ST(TY, 1, 1) ST(TY, 2, 1) ST(TY, 3, 1) ST(TY, 1, 2) ST(TY, 2, 2) ST(TY, 3, 2) ST(TY, 1, 4) ST(TY, 2, 4) ST(TY, 3, 4)
 TILES(3) TILES(8)
 typedef void (*rt_fn)(const float *, const float *, int, const uint8_t *, const float *, float *, int, int);
-#ifndef RT2_MIN /* the rows whose tiles cover two panels (rtile's P = 2) */
-#define RT2_MIN 3
-#endif
-#ifndef RT2_MAX
-#define RT2_MAX 6
-#endif
-static const rt_fn RTILES2[2][7] = {{0, 0, 0, rt2_3_3, rt2_3_4, rt2_3_5, rt2_3_6},
-                                     {0, 0, 0, rt2_8_3, rt2_8_4, rt2_8_5, rt2_8_6}};
 typedef void (*st_fn)(const float *, const float *, int, int, const float *, const __m512 *, const __m512 *, float *);
-/* [type is Q8_0][rows]: up to FMR rows (verification's k + 1 up to k = 7) go in one tile, so each
- * column's codes are converted once for all of them */
-static const rt_fn RTILES[2][FMR + 1] = {
-    {0, rt_3_1, rt_3_2, rt_3_3, rt_3_4, rt_3_5, rt_3_6, rt_3_7, rt_3_8},
-    {0, rt_8_1, rt_8_2, rt_8_3, rt_8_4, rt_8_5, rt_8_6, rt_8_7, rt_8_8}};
+/* [type is Q8_0][rows]: up to FMR rows (verification's k + 1 up to k = 5) go in one tile, so each
+ * column's codes are converted once for all of them; RTILES2 the same over two panels, RTILES for a
+ * thread's last odd panel and for 1-2 rows (the weights' memory rate sets their pace) */
+static const rt_fn RTILES[2][FMR + 1] = {{0, rt_3_1, rt_3_2, rt_3_3, rt_3_4, rt_3_5, rt_3_6},
+                                         {0, rt_8_1, rt_8_2, rt_8_3, rt_8_4, rt_8_5, rt_8_6}};
+static const rt_fn RTILES2[2][FMR + 1] = {{0, 0, 0, rt2_3_3, rt2_3_4, rt2_3_5, rt2_3_6},
+                                          {0, 0, 0, rt2_8_3, rt2_8_4, rt2_8_5, rt2_8_6}};
 /* [type is Q8_0][panels - 1][rows] */
 static const st_fn STILES[2][4][SMR + 1] = {
     {{0, st_3_1_1, st_3_2_1, st_3_3_1}, {0, st_3_1_2, st_3_2_2, st_3_3_2}, {0}, {0, st_3_1_4, st_3_2_4, st_3_3_4}},
@@ -598,12 +596,13 @@ static int qlinear_factorized(int type, const float *x, int M, int K, const uint
             }
             free(wsc);
             free(tb);
-        } else /* ceil(M / FMR) tiles as even as can be (9 = 5 + 4, not 8 + 1: a 1-row tile is a
-                  * whole pass of its own at the weights' memory rate); any split gives the same bits */
+        } else /* ceil(M / FMR) tiles as even as can be (7 = 4 + 3, 16 = 6 + 5 + 5; never a 1-row tile
+                  * beside others: it is a whole pass of its own at the weights' memory rate); any split
+                  * gives the same bits */
             for (int t = 0, r0 = 0, nt = (M + FMR - 1) / FMR; t < nt; t++) {
                 const int mr = M / nt + (t < M % nt);
                 p = p0;
-                if (mr >= RT2_MIN && mr <= RT2_MAX)
+                if (mr >= RT2_MIN)
                     for (; p + 2 <= p1; p += 2)
                         RTILES2[q8][mr](x + (size_t)r0 * K, sx + (size_t)r0 * nb, K, panels + p * pstride,
                                         bias ? bias + p * NR : NULL, y + (size_t)r0 * N + p * NR, N, last_valid(N, p, 2));
