@@ -7,7 +7,9 @@
  * vectors (AVX2): MR <= 6, 12 accumulators.
  * AVX-512: one 16-lane vector per tile row and MR <= 12, so 12 independent chains cover the
  * multiply-add latency of two full-width units (AMD Zen 5, 1 thread, the default model's shapes:
- * 127-128 -> 206-218 GFLOP/s at 256 rows, 99-113 -> 186-193 at 16; the same bits).
+ * 127-128 -> 206-218 GFLOP/s at 256 rows, 99-113 -> 186-193 at 16; the same bits); and from 2
+ * rows two panels a tile (tile2_MR, MR <= 6), each broadcast of x serving 32 outputs: 213-214 ->
+ * 241-253 GFLOP/s at 256 rows, 184-192 -> 195-207 at 16, 141-154 -> 163-174 at 6 (the same bits).
  * Work is split over panels on OpenMP threads (the libgomp torch loaded, shared with torch); while
  * one panel is read, the next one is prefetched line by line (12% less time at 16 rows, measured).
  *
@@ -90,6 +92,42 @@ TILE(7) TILE(8) TILE(9) TILE(10) TILE(11) TILE(12)
 #endif
 
 
+#ifdef __AVX512F__
+/* MR <= 6 rows x two panels (32 outputs; nvalid of the second panel's real): each broadcast of x
+   serves both panels' vectors, so half the broadcasts per fused multiply-add of tile_MR. Each
+   output's chain is tile_MR's, so the same bits. */
+#define TILE2(MR)                                                                                  \
+static void tile2_##MR(const float *x, int K, const float *panel, const float *bias, float *y,   \
+                       int ldy, int nvalid) {                                                      \
+    v16 a[MR][2], t[MR][2];                                                                        \
+    for (int r = 0; r < MR; r++) t[r][0] = t[r][1] = splat16(0.f);                                 \
+    for (int kb = 0; kb < K; kb += KB) {                                                           \
+        const int ke = kb + KB < K ? kb + KB : K;                                                  \
+        for (int r = 0; r < MR; r++) a[r][0] = a[r][1] = splat16(0.f);                             \
+        for (int k = kb; k < ke; k++) {                                                            \
+            __builtin_prefetch(panel + (size_t)(2 * K + k) * NR); /* the next two panels */        \
+            __builtin_prefetch(panel + (size_t)(3 * K + k) * NR);                                  \
+            const v16 w0 = ld16(panel + (size_t)k * NR), w1 = ld16(panel + (size_t)(K + k) * NR); \
+            for (int r = 0; r < MR; r++) {                                                         \
+                const v16 xb = splat16(x[(size_t)r * K + k]);                                      \
+                a[r][0] += xb * w0;                                                                \
+                a[r][1] += xb * w1;                                                                \
+            }                                                                                      \
+        }                                                                                          \
+        for (int r = 0; r < MR; r++) t[r][0] += a[r][0], t[r][1] += a[r][1];                       \
+    }                                                                                              \
+    float bb[2 * NR] = {0}, tmp[2 * NR];                                                           \
+    if (bias)                                                                                      \
+        for (int j = 0; j < NR + nvalid; j++) bb[j] = bias[j];                                     \
+    for (int r = 0; r < MR; r++) {                                                                 \
+        float *o = y + (size_t)r * ldy;                                                            \
+        stw(tmp, bias ? t[r][0] + ldw(bb) : t[r][0]);                                              \
+        stw(tmp + NR, bias ? t[r][1] + ldw(bb + NR) : t[r][1]);                                    \
+        memcpy(o, tmp, sizeof(float) * (NR + nvalid));                                             \
+    }                                                                                              \
+}
+TILE2(1) TILE2(2) TILE2(3) TILE2(4) TILE2(5) TILE2(6)
+#endif
 /* One row (decode at batch 1): P full panels at a time, so P * NH accumulator chains are in
  * flight instead of NH (a single row has too little work per loaded line to hide the FMA latency
  * otherwise: 22 -> 16 ms for the default model's weights, measured). Each output is summed in
@@ -147,6 +185,18 @@ static const tile_fn TILES[13] = {0,      tile_1, tile_2, tile_3,  tile_4,  tile
 static const tile_fn TILES[7] = {0, tile_1, tile_2, tile_3, tile_4, tile_5, tile_6};
 #endif
 
+#ifdef __AVX512F__
+static const tile_fn TILES2[7] = {0, tile2_1, tile2_2, tile2_3, tile2_4, tile2_5, tile2_6};
+/* every row of two consecutive panels, in ceil(M / 6) row tiles as even as can be */
+static void linear_panel2(const float *x, int M, int K, const float *panel, const float *bias, float *y, int ldy,
+                          int nvalid) {
+    for (int t = 0, m = 0, nt = (M + 5) / 6; t < nt; t++) {
+        const int mr = M / nt + (t < M % nt);
+        TILES2[mr](x + (size_t)m * K, K, panel, bias, y + (size_t)m * ldy, ldy, nvalid);
+        m += mr;
+    }
+}
+#endif
 /* every row of one panel (nvalid of its 16 outputs real): y[m][0..nvalid) for m < M, row stride
  * ldy; also what quant_linear.c runs over a panel it has widened to fp32 */
 void kvscope_linear_panel(const float *x, int M, int K, const float *panel, const float *bias, float *y, int ldy,
@@ -186,9 +236,21 @@ int kvscope_linear(const float *x, int M, int K, const float *panels, int N, con
         }
         return 0;
     }
+#ifdef __AVX512F__
+    /* pairs of panels (the last one alone where np is odd) */
+    #pragma omp parallel for num_threads(n_threads) schedule(static) if (n_threads > 1)
+    for (int pp = 0; pp < (np + 1) / 2; pp++) {
+        const int p = 2 * pp, w = p + 1 < np ? 2 : 1, nv = N - (p + w - 1) * NR < NR ? N - (p + w - 1) * NR : NR;
+        if (w == 2)
+            linear_panel2(x, M, K, panels + (size_t)p * K * NR, bias ? bias + p * NR : NULL, y + p * NR, N, nv);
+        else
+            kvscope_linear_panel(x, M, K, panels + (size_t)p * K * NR, bias ? bias + p * NR : NULL, y + p * NR, N, nv);
+    }
+#else
     #pragma omp parallel for num_threads(n_threads) schedule(static) if (n_threads > 1)
     for (int p = 0; p < np; p++)
         kvscope_linear_panel(x, M, K, panels + (size_t)p * K * NR, bias ? bias + p * NR : NULL, y + p * NR, N,
                              N - p * NR < NR ? N - p * NR : NR);
+#endif
     return 0;
 }
