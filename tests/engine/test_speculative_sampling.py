@@ -11,6 +11,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.observe.snapshot import ACCEPTED, BONUS, REPLACED
 from engine.speculative import (
@@ -175,6 +177,33 @@ def test_ngram_lookup():
     assert ngram_propose([5], 3, 1, 3) == []
     # min n respected: only a 1-gram match exists
     assert ngram_propose([4, 1, 9, 8, 1], 2, 2, 3) == []
+
+
+def _ngram_by_definition(tokens, k, n_min, n_max):
+    """Prompt lookup spelled out position by position: the longest n (n_max down to n_min) whose
+    suffix n-gram occurs earlier with something after it, the latest such start, then k tokens
+    copied on from there, the copy reading its own output once it passes the end."""
+    L = len(tokens)
+    for n in range(min(n_max, L - 1), n_min - 1, -1):
+        starts = [i for i in range(L - n) if tokens[i : i + n] == tokens[L - n :]]
+        if starts:
+            ext = list(tokens)
+            for j in range(k):
+                ext.append(ext[starts[-1] + n + j])
+            return ext[L:]
+    return []
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(st.integers(0, 4), min_size=1, max_size=60),
+    st.integers(1, 6),
+    st.integers(1, 3),
+    st.integers(0, 2),
+)
+def test_ngram_lookup_matches_its_definition(tokens, k, n_min, extra):
+    # a small alphabet, so matches at every n, overlapping ones and loops are common
+    assert ngram_propose(tokens, k, n_min, n_min + extra) == _ngram_by_definition(tokens, k, n_min, n_min + extra)
 
 
 def test_expected_tokens_and_break_even():
