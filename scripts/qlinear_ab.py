@@ -95,13 +95,7 @@ def main() -> None:
     for name in a.shapes.split(","):
         n, k = SHAPES[name]
         blocks = make(n, k, rng)
-        rmap = np.arange(n, dtype=np.int32)
-        packed = {}
-        for tag, lib in libs.items():
-            buf = np.zeros(lib.kvscope_qpanel_bytes(qtype, n, k), np.uint8)
-            rc = lib.kvscope_qpack(qtype, blocks.ctypes.data, n, rmap.ctypes.data, n, k, buf.ctypes.data)
-            assert rc == 0
-            packed[tag] = buf
+        packed = {tag: pack(lib, qtype, blocks, n, k) for tag, lib in libs.items()}
         line = []
         for m in [int(r) for r in a.rows.split(",")]:
             x = rng.standard_normal((m, k)).astype(np.float32)

@@ -29,23 +29,11 @@
 #define KB 64
 
 
-#ifdef __AVX512F__
-/* AVX-512: a tile row's 16 outputs are one 16-lane vector (the same lane-wise arithmetic as two
-   8-lane halves, so the same bits; one instruction where there were two, which is twice the
-   rate on cores with full-width 512-bit units, e.g. AMD Zen 5) */
-typedef v16 vw;
-#define NH 1
-#define ldw ld16
-#define stw st16
-#define splatw splat16
-#else
-typedef v8 vw;
-#define NH 2
-#define ldw ld
-#define stw st
-#define splatw splat
-#endif
-#define VL (NR / NH) /* lanes per vector */
+/* kvscope.h's vw: with AVX-512 a tile row's 16 outputs are one 16-lane vector (the same lane-wise
+   arithmetic as two 8-lane halves, so the same bits; one instruction where there were two, which
+   is twice the rate on cores with full-width 512-bit units, e.g. AMD Zen 5) */
+#define VL VW_LANES      /* lanes per vector */
+#define NH (NR / VL)     /* vectors per tile row */
 
 #define TILE(MR)                                                                                   \
 static void tile_##MR(const float *x, int K, const float *panel, const float *bias, float *y,    \
@@ -121,8 +109,8 @@ static void tile2_##MR(const float *x, int K, const float *panel, const float *b
         for (int j = 0; j < NR + nvalid; j++) bb[j] = bias[j];                                     \
     for (int r = 0; r < MR; r++) {                                                                 \
         float *o = y + (size_t)r * ldy;                                                            \
-        stw(tmp, bias ? t[r][0] + ldw(bb) : t[r][0]);                                              \
-        stw(tmp + NR, bias ? t[r][1] + ldw(bb + NR) : t[r][1]);                                    \
+        st16(tmp, bias ? t[r][0] + ld16(bb) : t[r][0]);                                            \
+        st16(tmp + NR, bias ? t[r][1] + ld16(bb + NR) : t[r][1]);                                  \
         memcpy(o, tmp, sizeof(float) * (NR + nvalid));                                             \
     }                                                                                              \
 }
@@ -186,6 +174,7 @@ static const tile_fn TILES[7] = {0, tile_1, tile_2, tile_3, tile_4, tile_5, tile
 #endif
 
 #ifdef __AVX512F__
+#define PW 2 /* panels a tile group from 2 rows */
 static const tile_fn TILES2[7] = {0, tile2_1, tile2_2, tile2_3, tile2_4, tile2_5, tile2_6};
 /* every row of two consecutive panels, in ceil(M / 6) row tiles as even as can be */
 static void linear_panel2(const float *x, int M, int K, const float *panel, const float *bias, float *y, int ldy,
@@ -196,6 +185,8 @@ static void linear_panel2(const float *x, int M, int K, const float *panel, cons
         m += mr;
     }
 }
+#else
+#define PW 1
 #endif
 /* every row of one panel (nvalid of its 16 outputs real): y[m][0..nvalid) for m < M, row stride
  * ldy; also what quant_linear.c runs over a panel it has widened to fp32 */
@@ -236,21 +227,18 @@ int kvscope_linear(const float *x, int M, int K, const float *panels, int N, con
         }
         return 0;
     }
+    /* groups of PW panels (with AVX-512 pairs, linear_panel2; the last panel alone where np is odd) */
+    #pragma omp parallel for num_threads(n_threads) schedule(static) if (n_threads > 1)
+    for (int g = 0; g < (np + PW - 1) / PW; g++) {
+        const int p = g * PW, w = np - p < PW ? np - p : PW, nv = N - (p + w - 1) * NR < NR ? N - (p + w - 1) * NR : NR;
+        const float *pan = panels + (size_t)p * K * NR, *b = bias ? bias + p * NR : NULL;
 #ifdef __AVX512F__
-    /* pairs of panels (the last one alone where np is odd) */
-    #pragma omp parallel for num_threads(n_threads) schedule(static) if (n_threads > 1)
-    for (int pp = 0; pp < (np + 1) / 2; pp++) {
-        const int p = 2 * pp, w = p + 1 < np ? 2 : 1, nv = N - (p + w - 1) * NR < NR ? N - (p + w - 1) * NR : NR;
-        if (w == 2)
-            linear_panel2(x, M, K, panels + (size_t)p * K * NR, bias ? bias + p * NR : NULL, y + p * NR, N, nv);
-        else
-            kvscope_linear_panel(x, M, K, panels + (size_t)p * K * NR, bias ? bias + p * NR : NULL, y + p * NR, N, nv);
-    }
-#else
-    #pragma omp parallel for num_threads(n_threads) schedule(static) if (n_threads > 1)
-    for (int p = 0; p < np; p++)
-        kvscope_linear_panel(x, M, K, panels + (size_t)p * K * NR, bias ? bias + p * NR : NULL, y + p * NR, N,
-                             N - p * NR < NR ? N - p * NR : NR);
+        if (w == 2) {
+            linear_panel2(x, M, K, pan, b, y + p * NR, N, nv);
+            continue;
+        }
 #endif
+        kvscope_linear_panel(x, M, K, pan, b, y + p * NR, N, nv);
+    }
     return 0;
 }

@@ -342,8 +342,11 @@ static int scratch_rows = SCRATCH_DEFAULT;
  * model's 30 layers + lm_head (scripts/qlinear_ab.py --model, Zen 5, 1 thread, AVX-512) took 1.20x
  * less time at 16 blocks ahead at 1 row, 1.09x at 5, 1.04x at 16, 1.02x at 512; 24 and 32 no
  * better. */
+static inline __attribute__((always_inline)) void prefetch_bytes(const uint8_t *p, int n) {
+    for (int o = 0; o < n; o += 64) __builtin_prefetch(p + o);
+}
 static inline __attribute__((always_inline)) void prefetch_block(const uint8_t *blk, int pb) {
-    for (int o = 0; o < pb; o += 64) __builtin_prefetch(blk + (size_t)QL_PREFETCH * pb + o);
+    prefetch_bytes(blk + (size_t)QL_PREFETCH * pb, pb);
 }
 #endif
 
@@ -431,9 +434,8 @@ static AI void rtile(int type, int MR, int P, const float *x, const float *sx, i
             /* QL_PREFETCH blocks ahead in this stream, which goes on into the same panel of the
              * next tile's P (so with P = 1 simply the blocks that follow in memory) */
             const int bf = b + QL_PREFETCH;
-            const uint8_t *t = bf < nb ? blk[q] + (size_t)QL_PREFETCH * pb
-                                       : pan + (P + q) * pstride + (size_t)(bf - nb) * pb;
-            for (int o = 0; o < pb; o += 64) __builtin_prefetch(t + o);
+            prefetch_bytes(bf < nb ? blk[q] + (size_t)QL_PREFETCH * pb
+                                   : pan + (P + q) * pstride + (size_t)(bf - nb) * pb, pb);
         }
         for (int r = 0; r < MR; r++)
             for (int q = 0; q < P; q++) ae[r][q] = ao[r][q] = _mm512_setzero_ps();
@@ -605,7 +607,8 @@ static int qlinear_factorized(int type, const float *x, int M, int K, const uint
                 if (mr >= RT2_MIN)
                     for (; p + 2 <= p1; p += 2)
                         RTILES2[q8][mr](x + (size_t)r0 * K, sx + (size_t)r0 * nb, K, panels + p * pstride,
-                                        bias ? bias + p * NR : NULL, y + (size_t)r0 * N + p * NR, N, last_valid(N, p, 2));
+                                        bias ? bias + p * NR : NULL, y + (size_t)r0 * N + p * NR, N,
+                                        last_valid(N, p, 2));
                 for (; p < p1; p++)
                     RTILES[q8][mr](x + (size_t)r0 * K, sx + (size_t)r0 * nb, K, panels + p * pstride,
                                    bias ? bias + p * NR : NULL, y + (size_t)r0 * N + p * NR, N, last_valid(N, p, 1));
