@@ -10,8 +10,15 @@ does; concurrency: its HTTP server, as vLLM is measured). llama.cpp runs the sam
 venv (engine/bench/peers.llamacpp_scaling); llama-cpp-python's API runs one sequence at a time,
 so its concurrency point is N = 1 only. vLLM CPU is served from its peer venv with
 max_model_len 8,192 and measured over HTTP by the same streaming client as kvscope's server. A
-peer that is not installed is named in `peers` and the others still run. Every request's prompt
-is unique (a different window of filler text), so no engine serves one from its prefix cache.
+peer that is not installed is named in `peers` and the others still run; one that fails midway
+keeps the points it measured. Every request's prompt is unique (a different window of filler
+text), so no engine serves one from its prefix cache.
+
+The engines take turns point by point (vLLM's server stays up, idle, while the others run): each
+length, then each concurrency level, is measured on every engine within the same minute or two,
+the order reversed from one point to the next, so a slow spell of the shared machine lands on all
+engines' points at that x rather than on one engine's whole axis (measured one engine after the
+other, a 2026-12-05 grid had both engines' 8k points 7-30% apart between runs of the same tree).
 
 Limits (engine/bench/roofline.py's formulas, the one home of each):
 - prefill: the prompt's FLOPs (workload_flops: linears, causal attention, one lm_head) at the peak
@@ -142,26 +149,10 @@ def _measure_roofs(shape, dt, quick: bool, smoke: bool) -> tuple[dict, float]:
     return {"gflops": mm[m]["all_gflops"], "rows": m, "kernel": mm[m]["kernel"]}, bw
 
 
-def _kvscope_lengths(ctx, SamplingParams, prompts, new, max_len, seg, points):
-    llm = C.make_llm(
-        ctx, max_num_seqs=2, max_model_len=max_len, num_kv_blocks=C.blocks_for([max(len(p) for p in prompts)], new) + 8
-    )
-    try:
-        # the warm-up shares no block with a measured prompt (a window of prompts[0] would leave its
-        # first 32 tokens in the prefix cache, and the first length's TTFT would skip them)
-        C.warm_up(llm, SamplingParams, WARM_UP_PROMPT)
-        info = llm.engine.info()
-        for i, p in enumerate(prompts):
-            marks = C.token_times(llm, p, C.greedy(SamplingParams, new), f"scaling-{i}")
-            ttft = rates.ttft(marks[0][0], marks[1][0]) if len(marks) > 1 else None
-            load = seg.load()
-            points.append({"axis": "prefill", "x": len(p), "engine": "kvscope", "value": ttft, "load_1m": load})
-            points.append(
-                {"axis": "decode", "x": len(p), "engine": "kvscope", "value": C.decode_rate(marks), "load_1m": load}
-            )
-        return info
-    finally:
-        C.free_llm(llm)
+def _kvscope_length(llm, SamplingParams, prompt: list[int], new: int, i: int) -> tuple:
+    """(TTFT s, decode tok/s) of one request on the in-process engine, its steps timed directly."""
+    marks = C.token_times(llm, prompt, C.greedy(SamplingParams, new), f"scaling-{i}")
+    return (rates.ttft(marks[0][0], marks[1][0]) if len(marks) > 1 else None), C.decode_rate(marks)
 
 
 def _http_point(base: dict, prompt: list[int], new: int) -> tuple[float | None, float | None]:
@@ -267,42 +258,80 @@ def suite_scaling(ctx: C.BenchContext) -> SuiteResult:
         mm0, bw0 = _measure_roofs(shape, dt, ctx.quick, ctx.smoke)
     roofs0.update(peak_matmul_gflops=mm0["gflops"], mem_bw_gb_s=bw0)
 
-    with seg("kvscope: TTFT and decode against length"):
-        info = _kvscope_lengths(ctx, SamplingParams, prompts, g["new_tokens"], max_len, seg, points)
+    wanted = set((os.environ.get("KVSCOPE_SCALING_PEERS") or "llamacpp,vllm").split(","))
+    vllm = _start_vllm(ctx, wanted, threads, max_len, seg, peer_state)
+    gguf = _llamacpp_gguf(ctx, wanted, peer_state)
+    up = {"vllm": vllm is not None, "llamacpp": gguf is not None}
 
-    blocks = C.blocks_for([g["conc_prompt_len"]] * max(g["concurrency"]), g["conc_new_tokens"]) + 16
-    with seg("kvscope: output tok/s against concurrency (HTTP)"):
+    def order(i: int) -> list[str]:  # every engine still running, reversed at every other point
+        es = ["kvscope"] + [e for e in ("vllm", "llamacpp") if up[e]]
+        return es if i % 2 == 0 else es[::-1]
+
+    def peer_point(e: str, fn):
+        """A peer's measurement; one that raises or reports why it cannot go on is stopped."""
+        try:
+            out = fn()
+        except Exception as ex:  # a peer failing must not lose the other engines' points
+            out = {"why": f"failed: {type(ex).__name__}: {str(ex)[:300]}"}
+        if isinstance(out, dict) and "why" in out:
+            peer_state[e] = out["why"]
+            up[e] = False
+            return None
+        return out
+
+    try:
+        llm = C.make_llm(
+            ctx,
+            max_num_seqs=2,
+            max_model_len=max_len,
+            num_kv_blocks=C.blocks_for([max(len(p) for p in prompts)], g["new_tokens"]) + 8,
+        )
+        try:
+            # the warm-up shares no block with a measured prompt (a window of prompts[0] would leave
+            # its first 32 tokens in the prefix cache, and the first length's TTFT would skip them)
+            C.warm_up(llm, SamplingParams, WARM_UP_PROMPT)
+            info = llm.engine.info()
+            for i, p in enumerate(prompts):
+                for e in order(i):
+                    with seg(f"{SP.ENGINE_LABELS[e]}: length {len(p)}"):
+                        if e == "kvscope":
+                            r = _kvscope_length(llm, SamplingParams, p, g["new_tokens"], i)
+                        elif e == "vllm":
+                            r = peer_point(e, lambda p=p: _http_point(vllm[0], p, g["new_tokens"]))
+                        else:
+                            r = peer_point(e, lambda p=p: _llamacpp_job(gguf, p, g["new_tokens"], threads, max_len))
+                    if r is not None:
+                        for axis, v in zip(("prefill", "decode"), r[:2]):
+                            points.append({"axis": axis, "x": len(p), "engine": e, "value": v, "load_1m": seg.load()})
+                    if e == "llamacpp" and r is not None:
+                        peer_state[e] = f"ok (llama-cpp-python {r[3]}, one sequence at a time)"
+        finally:
+            C.free_llm(llm)
+
+        blocks = C.blocks_for([g["conc_prompt_len"]] * max(g["concurrency"]), g["conc_new_tokens"]) + 16
         with _kvscope_server(ctx, max(g["concurrency"]), max_len, blocks) as k:
             _http_concurrency(k, [WARM_UP_PROMPT[:16]], 2)  # warm-up
-            for n, ps in conc.items():
-                points.append(
-                    {
-                        "axis": "concurrency",
-                        "x": n,
-                        "engine": "kvscope",
-                        "value": _http_concurrency(k, ps, g["conc_new_tokens"]),
-                        "load_1m": seg.load(),
-                    }
-                )
-
-    wanted = set((os.environ.get("KVSCOPE_SCALING_PEERS") or "llamacpp,vllm").split(","))
-    if "vllm" not in wanted:
-        peer_state["vllm"] = "not run: left out by $KVSCOPE_SCALING_PEERS"
-    elif peers.vllm_command() is None:
-        peer_state["vllm"] = f"not installed ({peers.peers_dir()}/vllm: scripts/peers.sh install-vllm)"
-    elif ctx.model != "default":
-        peer_state["vllm"] = f"not run: scripts/peers.sh serves the default model, not {ctx.model!r}"
-    else:
-        try:
-            _vllm_points(ctx, g, prompts, conc, threads, max_len, seg, points)
-            peer_state["vllm"] = "ok" + peers.vllm_isa_label()
-        except Exception as e:  # a peer failing must not lose kvscope's and the other peer's points
-            peer_state["vllm"] = f"failed: {type(e).__name__}: {str(e)[:300]}"
-
-    if "llamacpp" in wanted:
-        _llamacpp_points(ctx, g, prompts, conc, threads, max_len, seg, points, peer_state)
-    else:
-        peer_state["llamacpp"] = "not run: left out by $KVSCOPE_SCALING_PEERS"
+            for j, (n, ps) in enumerate(conc.items()):
+                for e in order(j):
+                    if e == "llamacpp" and n != 1:
+                        continue
+                    with seg(f"{SP.ENGINE_LABELS[e]}: concurrency {n}"):
+                        if e == "kvscope":
+                            v = _http_concurrency(k, ps, g["conc_new_tokens"])
+                        elif e == "vllm":
+                            v = peer_point(e, lambda ps=ps: _http_concurrency(vllm[0], ps, g["conc_new_tokens"]))
+                        else:
+                            r = peer_point(
+                                e, lambda ps=ps: _llamacpp_job(gguf, ps[0], g["conc_new_tokens"], threads, max_len)
+                            )
+                            v = g["conc_new_tokens"] / r[2] if r is not None and r[2] else None
+                    if v is not None:
+                        points.append({"axis": "concurrency", "x": n, "engine": e, "value": v, "load_1m": seg.load()})
+    finally:
+        if vllm is not None:
+            vllm[1].__exit__(None, None, None)
+    if up["vllm"]:
+        peer_state["vllm"] = "ok" + peers.vllm_isa_label()
 
     with seg("roofs again"):
         mm1, bw1 = _measure_roofs(shape, dt, ctx.quick, ctx.smoke)
@@ -351,63 +380,62 @@ def suite_scaling(ctx: C.BenchContext) -> SuiteResult:
     return res
 
 
-def _vllm_points(ctx, g, prompts, conc, threads, max_len, seg, points) -> None:
+def _start_vllm(ctx, wanted: set, threads: int, max_len: int, seg, peer_state: dict):
+    """vLLM CPU's server for the run, as (client base, server), or None with the reason in
+    peer_state (not wanted, not installed, another model, failed to start)."""
     from engine.bench.vs_peers import VllmServer
 
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{threads - 1}" if threads > 1 else "0")
-    extra = os.environ.get("VLLM_EXTRA_ARGS", "")
-    os.environ["VLLM_EXTRA_ARGS"] = f"{extra} --max-model-len {max_len}".strip()  # the last flag wins
-    try:
-        with seg("vLLM: start (not timed, unlocked)", lock=False):
-            v = VllmServer()
-            v.__enter__()
-    finally:
-        os.environ["VLLM_EXTRA_ARGS"] = extra
-    try:
-        base = {"base": v.base, "model": "default"}
-        _http_point(base, [13] * 8, 2)  # warm-up
-        for p in prompts:
-            with seg(f"vLLM: length {len(p)}"):
-                ttft, dec = _http_point(base, p, g["new_tokens"])
-                points.append({"axis": "prefill", "x": len(p), "engine": "vllm", "value": ttft, "load_1m": seg.load()})
-                points.append({"axis": "decode", "x": len(p), "engine": "vllm", "value": dec, "load_1m": seg.load()})
-        for n, ps in conc.items():
-            with seg(f"vLLM: concurrency {n}"):
-                val = _http_concurrency(base, ps, g["conc_new_tokens"])
-                points.append({"axis": "concurrency", "x": n, "engine": "vllm", "value": val, "load_1m": seg.load()})
-    finally:
-        v.__exit__(None, None, None)
+    if "vllm" not in wanted:
+        peer_state["vllm"] = "not run: left out by $KVSCOPE_SCALING_PEERS"
+    elif peers.vllm_command() is None:
+        peer_state["vllm"] = f"not installed ({peers.peers_dir()}/vllm: scripts/peers.sh install-vllm)"
+    elif ctx.model != "default":
+        peer_state["vllm"] = f"not run: scripts/peers.sh serves the default model, not {ctx.model!r}"
+    else:
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{threads - 1}" if threads > 1 else "0")
+        extra = os.environ.get("VLLM_EXTRA_ARGS", "")
+        os.environ["VLLM_EXTRA_ARGS"] = f"{extra} --max-model-len {max_len}".strip()  # the last flag wins
+        v = None
+        try:
+            with seg("vLLM: start (not timed, unlocked)", lock=False):
+                v = VllmServer()
+                v.__enter__()
+                base = {"base": v.base, "model": "default"}
+                _http_point(base, [13] * 8, 2)  # warm-up
+            return base, v
+        except Exception as e:  # a peer failing must not lose kvscope's and the other peer's points
+            peer_state["vllm"] = f"failed: {type(e).__name__}: {str(e)[:300]}"
+            if v is not None:
+                v.__exit__(None, None, None)
+        finally:
+            os.environ["VLLM_EXTRA_ARGS"] = extra
+    return None
 
 
-def _llamacpp_points(ctx, g, prompts, conc, threads, max_len, seg, points, peer_state) -> None:
-    """llama.cpp on the same GGUF, one subprocess and one timed segment per point (each segment
-    short on a shared machine; the model loads in about a second)."""
+def _llamacpp_gguf(ctx, wanted: set, peer_state: dict) -> str | None:
+    """The GGUF llama.cpp runs (the model's own), or None with the reason in peer_state."""
     from engine.model.models import gguf_source
 
+    if "llamacpp" not in wanted:
+        peer_state["llamacpp"] = "not run: left out by $KVSCOPE_SCALING_PEERS"
+        return None
+    if peers.llamacpp_python() is None:
+        peer_state["llamacpp"] = f"not installed (scripts/peers.sh install-llamacpp: {peers.LLAMACPP_PIN})"
+        return None
     try:
         gguf = gguf_source(C.load_hf_model(ctx.model, ctx.dtype())[0])
     except Exception:
         gguf = None
-    if peers.llamacpp_python() is None:
-        peer_state["llamacpp"] = f"not installed (scripts/peers.sh install-llamacpp: {peers.LLAMACPP_PIN})"
-        return
     if not gguf:
         peer_state["llamacpp"] = f"no GGUF file for model {ctx.model!r}"
-        return
-    jobs = [("length", {"prompt": p, "n_new": g["new_tokens"]}) for p in prompts]
-    if g["concurrency"][0] == 1:
-        jobs.append(("concurrency", {"prompt": conc[1][0], "n_new": g["conc_new_tokens"]}))
-    for kind, job in jobs:
-        with seg(f"llama.cpp: {kind} {len(job['prompt'])} tokens"):
-            lc = peers.llamacpp_scaling(gguf, [job], threads, n_ctx=max_len + 8)
-        if "results" not in lc:
-            peer_state["llamacpp"] = lc.get("why", "failed")
-            return
-        r, load, x = lc["results"][0], seg.log[-1]["load_1m"], len(job["prompt"])
-        if kind == "length":
-            points.append({"axis": "prefill", "x": x, "engine": "llamacpp", "value": r["ttft_s"], "load_1m": load})
-            points.append({"axis": "decode", "x": x, "engine": "llamacpp", "value": r["decode_tok_s"], "load_1m": load})
-        elif r.get("wall_s"):
-            v = g["conc_new_tokens"] / r["wall_s"]
-            points.append({"axis": "concurrency", "x": 1, "engine": "llamacpp", "value": v, "load_1m": load})
-        peer_state["llamacpp"] = f"ok (llama-cpp-python {lc.get('version')}, one sequence at a time)"
+    return gguf or None
+
+
+def _llamacpp_job(gguf: str, prompt: list[int], new: int, threads: int, max_len: int):
+    """llama.cpp on the same GGUF, one request in its own subprocess (the model loads in about a
+    second): (TTFT s, decode tok/s, wall s, llama-cpp-python version), or {"why"}."""
+    lc = peers.llamacpp_scaling(gguf, [{"prompt": prompt, "n_new": new}], threads, n_ctx=max_len + 8)
+    if "results" not in lc:
+        return {"why": lc.get("why", "failed")}
+    r = lc["results"][0]
+    return r["ttft_s"], r["decode_tok_s"], r.get("wall_s"), lc.get("version")

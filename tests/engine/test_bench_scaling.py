@@ -182,6 +182,60 @@ def test_scaling_smoke_tiny_stores_every_point_and_limit(capsys, tmp_path, monke
     assert f["roofs"]["weight_bytes_read_per_step"] > 0 and f["roofs"]["peak_matmul_gflops"] > 0
 
 
+def test_engines_take_turns_point_by_point_and_a_failing_peer_keeps_its_points(capsys, tmp_path, monkeypatch):
+    """With both peers up (stand-ins here: vLLM's client and llama.cpp's subprocess replaced),
+    every length and every concurrency level is measured on each engine in turn, the order
+    reversed at every other point; a peer that fails midway keeps the points it measured, says
+    why, and the other engines go on."""
+    monkeypatch.delenv("KVSCOPE_BENCH_LOCK", raising=False)
+    closed = []
+
+    class FakeServer:
+        def __exit__(self, *a):
+            closed.append(True)
+
+    fake = {"base": "http://fake", "model": "default"}
+    monkeypatch.setattr(S, "_start_vllm", lambda *a: (fake, FakeServer()))
+    monkeypatch.setattr(S, "_llamacpp_gguf", lambda *a: "/fake.gguf")
+    monkeypatch.setattr(S, "_http_point", lambda base, p, new: (0.5, 20.0))
+    real_conc = S._http_concurrency
+    monkeypatch.setattr(S, "_http_concurrency", lambda b, ps, n: 30.0 if b is fake else real_conc(b, ps, n))
+    calls = []
+
+    def llamacpp(gguf, p, new, threads, max_len):
+        calls.append(len(p))
+        if len(calls) == 2:
+            raise RuntimeError("llama.cpp crashed")
+        return 0.25, 40.0, 1.0, "0.0-test"
+
+    monkeypatch.setattr(S, "_llamacpp_job", llamacpp)
+    rc = cli.main(
+        ["scaling", "--smoke", "--model", "tiny", "--json", "--no-plots", "--threads", "1", "--out", str(tmp_path)]
+    )
+    assert rc == 0, capsys.readouterr().out[-2000:]
+    f = json.loads((tmp_path / "scaling-latest.json").read_text())["fields"]
+    g = f["grid"]
+    names = [s["name"] for s in f["segments"] if ": length" in s["name"] or ": concurrency" in s["name"]]
+    L = g["lengths"]
+    expect = [f"{e}: length {L[0]}" for e in ("kvscope", "vLLM CPU", "llama.cpp")]
+    expect += [f"{e}: length {L[1]}" for e in ("llama.cpp", "vLLM CPU", "kvscope")]  # reversed; then it fails
+    expect += [f"{e}: length {x}" for i, x in enumerate(L[2:], 2) for e in ("kvscope", "vLLM CPU")[:: 1 - 2 * (i % 2)]]
+    expect += [
+        f"{e}: concurrency {n}"
+        for i, n in enumerate(g["concurrency"])
+        for e in ("kvscope", "vLLM CPU")[:: 1 - 2 * (i % 2)]
+    ]
+    assert names == expect
+    pts = {(p["axis"], p["x"], p["engine"]): p["value"] for p in f["points"]}
+    assert pts[("prefill", L[0], "llamacpp")] == 0.25 and pts[("decode", L[0], "llamacpp")] == 40.0
+    assert not any(e == "llamacpp" and x != L[0] for _, x, e in pts)
+    assert all(pts[(a, x, "vllm")] == v for a, x, v in [("prefill", L[-1], 0.5), ("decode", L[0], 20.0)])
+    assert all(pts[("concurrency", n, "vllm")] == 30.0 for n in g["concurrency"])
+    assert all(pts[("concurrency", n, "kvscope")] > 0 for n in g["concurrency"])
+    assert f["peers"]["llamacpp"] == "failed: RuntimeError: llama.cpp crashed"
+    assert f["peers"]["vllm"].startswith("ok") and closed == [True]
+
+
 def test_merge_unites_runs_point_by_point():
     a = _fields()
     b = {
