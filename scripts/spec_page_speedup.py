@@ -2,7 +2,7 @@
 (ui/figures/drafters.EXAMPLE_PROMPT), the engine a fresh server starts with (the default model,
 EngineConfig defaults), the n-gram drafter at k (default 4) with the fallback on, 64 new tokens,
 greedy, engine/lab/experiments.compare_speculative with the page's 30 s budget. Prints one JSON line
-per k, with the ceiling this machine puts on the speedup (engine/bench/roofline.spec_speedup_ceiling):
+per k, with the ceiling this machine puts on the speedup (engine/bench/speculative.spec_speedup_ceiling):
 the plain run's measured time after its first token, against the speculative run's target passes of
 k + 1 rows at the peak matmul rate (measured here at the engine's thread count), both runs' shared
 prefill at that rate too, everything else free.
@@ -16,6 +16,7 @@ import sys
 
 sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0])
 from engine.bench import roofline  # noqa: E402
+from engine.bench import speculative as spec_bench  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.lab.experiments import compare_speculative  # noqa: E402
 from engine.model import kernel_isa  # noqa: E402
@@ -37,7 +38,7 @@ if __name__ == "__main__":
             shape = roofline.shape_of(model)
             peak = roofline.measure_best_matmuls(shape, rows=(512,), min_time=0.3)[0][512]["all_gflops"]
         passes = r.spec.output_len / r.tokens_per_target_pass if r.tokens_per_target_pass else None
-        floors = roofline.spec_floors(shape, peak, r.spec.prompt_len, round(passes) - 1, k) if passes else None
+        floors = spec_bench.spec_floors(shape, peak, r.spec.prompt_len, round(passes) - 1, k) if passes else None
         plain_decode = sorted(x.seconds - x.extra["ttft_s"] for x in c.samples_a)[len(c.samples_a) // 2]
         out = {
             "isa": kernel_isa.summary(),
@@ -56,7 +57,7 @@ if __name__ == "__main__":
             "prefill_floor_s": floors[0] if floors else None,
             "verify_floor_s": floors[1] if floors else None,
             "plain_after_first_s_median": plain_decode,
-            "speedup_ceiling": roofline.spec_speedup_ceiling(*floors, plain_decode) if floors else None,
+            "speedup_ceiling": spec_bench.spec_speedup_ceiling(*floors, plain_decode) if floors else None,
             "outputs_match": r.outputs_match,
             "fell_back": bool(r.fallback),
             "load_1min": os.getloadavg()[0],

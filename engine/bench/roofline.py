@@ -135,22 +135,6 @@ def compute_roof(shape: ModelShape, peak_gflops: float, prompt_lens, new_tokens)
     }
 
 
-def spec_floors(shape: ModelShape, peak_gflops: float, prompt_len: int, verify_passes: int, k: int) -> tuple:
-    """The least seconds of one speculative request's two phases on this machine: its prefill, and
-    its `verify_passes` target passes of k + 1 rows each (every row through the decoder and the
-    lm_head, attending over at least the prompt), at the peak matmul rate, everything else free."""
-    prefill = workload_flops(shape, [prompt_len], 1) / (peak_gflops * 1e9)
-    verify = verify_passes * (k + 1) * shape.flops_per_generated_token(prompt_len) / (peak_gflops * 1e9)
-    return prefill, verify
-
-
-def spec_speedup_ceiling(prefill_floor_s: float, verify_floor_s: float, plain_decode_s: float) -> float:
-    """The most speculation can gain over a plain run whose tokens after the first took
-    plain_decode_s: both runs share the prefill, at its floor at best (a slower one dilutes the
-    gain), and the speculative run's target passes take at least their floor."""
-    return (prefill_floor_s + plain_decode_s) / (prefill_floor_s + verify_floor_s)
-
-
 def memory_roof_tok_s(
     shape: ModelShape,
     bandwidth_gb_s: float,

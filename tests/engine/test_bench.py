@@ -17,6 +17,7 @@ import pytest
 from engine.bench import SUITES, cli, report
 from engine.bench import common as C
 from engine.bench import roofline as R
+from engine.bench import speculative as SB
 from engine.bench import suites as S
 from engine.bench.report import BenchUnavailable
 
@@ -257,12 +258,12 @@ def test_compute_and_memory_roofs_from_fixed_inputs():
     assert R.memory_roof_tok_s(s, bw, 4, 0) == pytest.approx(bw * 1e9 / 537_919_488)
     assert R.memory_roof_tok_s(s, bw, 4, 200) == pytest.approx(bw * 1e9 / (537_919_488 + 200 * 46_080))
     # speculation's floors: the prefill as one request's, each verify pass k + 1 full rows
-    pf, vf = R.spec_floors(s, 200.0, prompt_len=100, verify_passes=14, k=4)
+    pf, vf = SB.spec_floors(s, 200.0, prompt_len=100, verify_passes=14, k=4)
     assert pf == pytest.approx(R.workload_flops(s, [100], 1) / 200e9)
     assert vf == pytest.approx(14 * 5 * s.flops_per_generated_token(100) / 200e9)
     # the ceiling: the plain run's time after its first token over the passes' floor, prefill shared
-    assert R.spec_speedup_ceiling(0.1, 0.1, 0.3) == pytest.approx(2.0)
-    assert R.spec_speedup_ceiling(0.0, 0.1, 0.3) == pytest.approx(3.0)
+    assert SB.spec_speedup_ceiling(0.1, 0.1, 0.3) == pytest.approx(2.0)
+    assert SB.spec_speedup_ceiling(0.0, 0.1, 0.3) == pytest.approx(3.0)
     assert R.fraction(10.0, 40.0) == 0.25
     assert R.fraction(None, 1.0) is None and R.fraction(1.0, 0) is None
 

@@ -198,8 +198,12 @@ def test_engines_take_turns_point_by_point_and_a_failing_peer_keeps_its_points(c
     monkeypatch.setattr(S, "_start_vllm", lambda *a: (fake, FakeServer()))
     monkeypatch.setattr(S, "_llamacpp_gguf", lambda *a: "/fake.gguf")
     monkeypatch.setattr(S, "_http_point", lambda base, p, new: (0.5, 20.0))
-    real_conc = S._http_concurrency
-    monkeypatch.setattr(S, "_http_concurrency", lambda b, ps, n: 30.0 if b is fake else real_conc(b, ps, n))
+    from engine.bench.vs_peers import http_client, http_tok_s
+
+    def conc(b, ps, n):  # vLLM's stand-in; kvscope's server measured as the suite does
+        return 30.0 if b is fake else http_tok_s(http_client({**b, "prompts": ps, "new": n}))
+
+    monkeypatch.setattr(S, "_http_concurrency", conc)
     calls = []
 
     def llamacpp(gguf, p, new, threads, max_len):
