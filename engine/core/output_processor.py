@@ -20,6 +20,7 @@ from engine.core.sequence import Request, Status
 from engine.core.stops import find_stop_string
 from engine.core.structured import mask_logits
 from engine.model.runner import token_slots
+from engine.observe import rates
 from engine.observe import trace_events as ev
 from engine.observe.snapshot import PLAIN
 from engine.speculative.verify import Verdict
@@ -208,6 +209,7 @@ def _append_tokens(eng: StepEngine, req: Request, new_ids: list[int], marks: lis
     """Appends the tokens with their verdicts until one ends the request; its finish reason."""
     for j, tok in enumerate(new_ids):
         req.output_token_ids.append(tok)
+        rates.itl_extend(req.itl, req.token_times, now)
         req.token_times.append(now)
         if req.first_token_time is None:
             req.first_token_time = now

@@ -66,6 +66,7 @@ class Request:
     token_marks: deque = field(default_factory=lambda: deque(maxlen=2048))
     history: deque = field(default_factory=lambda: deque(maxlen=512))
     token_times: list[float] = field(default_factory=list)
+    itl: list[float] = field(default_factory=list)  # rates.itl(token_times), kept by rates.itl_extend
     # speculative decoding
     spec_num_drafts: int = 0
     spec_num_draft_tokens: int = 0

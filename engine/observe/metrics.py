@@ -96,7 +96,7 @@ class MetricsTracker:
             rates.ttft(req.arrival_time, req.first_token_time),
             rates.tpot(req.first_token_time, req.token_times, req.num_output_tokens),
             rates.e2e_latency(req.arrival_time, req.finish_time),
-            rates.itl(req.token_times),
+            list(req.itl),
             req.num_cached_tokens,
             req.num_preemptions,
             req.spec_num_drafts,

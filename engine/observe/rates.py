@@ -76,6 +76,14 @@ def itl(token_times) -> list[float]:
     return [b - a for a, b in pairwise(ts)]
 
 
+def itl_extend(gaps: list[float], token_times: list[float], now: float) -> None:
+    """itl kept as the request goes: called before `now` is appended to token_times, it adds the
+    gap that time opens (none for a token of the same step), so `gaps` stays itl(token_times)
+    without going over all the times again at every step."""
+    if token_times and now != token_times[-1]:
+        gaps.append(now - token_times[-1])
+
+
 def acceptance_rate(num_accepted_tokens: int, num_draft_tokens: int) -> float | None:
     """None before any draft token was proposed."""
     return num_accepted_tokens / num_draft_tokens if num_draft_tokens else None

@@ -51,3 +51,16 @@ def test_accept_probability_is_the_fraction_of_uniform_us_verify_accepts():
     for p, q in ((0.2, 0.5), (0.5, 0.2), (0.3, 0.3), (0.0, 0.4)):
         frac = sum(u * q < p for u in us) / len(us)
         assert frac == pytest.approx(rates.accept_probability(p, q), abs=1e-4)
+
+
+@given(st.lists(st.integers(0, 3), max_size=40))
+def test_itl_kept_as_the_request_goes_is_itl_of_all_its_times(steps):
+    """rates.itl_extend, called before each token's time is appended (several tokens of one
+    step share a time: a speculative step's accepted tokens), keeps itl(token_times)."""
+    times, gaps, t = [], [], 0.0
+    for n in steps:
+        t += 0.25
+        for _ in range(n):
+            rates.itl_extend(gaps, times, t)
+            times.append(t)
+        assert gaps == rates.itl(times)
