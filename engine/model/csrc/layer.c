@@ -24,7 +24,11 @@
 #include <immintrin.h>
 #endif
 
-#define GU_ROWS 128 /* rows per gate_up + SiLU chunk */
+#ifdef __AVX512F__
+#define GU_ROWS 64 /* rows per gate_up + SiLU chunk (see kvscope_layer_forward) */
+#else
+#define GU_ROWS 128
+#endif
 static long long gu_rows(int T) { return T < GU_ROWS ? T : GU_ROWS; } /* rows of gate/up held */
 
 typedef struct {
@@ -202,11 +206,12 @@ int kvscope_layer_forward(const kv_layer *L, float *h, int T, const float *cos, 
     for (int t = 0; t < T; t++) rmsnorm(h + (size_t)t * Hd, L->norm2, L->eps, Hd, x + (size_t)t * Hd);
     TICK(5)
     /* gate_up then SiLU-mul per chunk of GU_ROWS rows: the chunk's gate/up outputs are still in
-     * cache when SiLU reads them (all T rows' were 25 MB at a 2078-token prefill). 128 rows (1.5 MB
-     * of outputs at the default model's shape) rather than 64: the Q4_1 kernel converts a panel's
-     * codes once per call, so each call's rows share that work; a 512-token prefill, 1 thread,
-     * Zen 5: AVX2 1.017-1.042 -> 0.984-0.987 s (gate_up 0.467-0.479 -> 0.445 s), AVX-512 0.511-0.525
-     * -> 0.518-0.529 s; 2,048 tokens 2-3% faster on both; 2 threads the same within noise. Any
+     * cache when SiLU reads them (all T rows' were 25 MB at a 2078-token prefill). On the AVX2 path
+     * 128 rows rather than 64: the Q4_1 kernel converts a panel's codes once per call, so a call's
+     * rows share that work; a 512-token prefill, 1 thread, Zen 5: 1.017-1.042 -> 0.984-0.987 s
+     * (gate_up 0.467-0.479 -> 0.445 s). With AVX-512 it measured the same alone (0.511-0.525 ->
+     * 0.518-0.529 s at 512 tokens, 17.3-18.0 -> 17.3 s at 8,000) but bench scaling's 8,000-token
+     * prefill read 18.4-18.7 s in both grids after it against 17.7 before: kept at 64 there. Any
      * chunking gives the same bits (each row's sums do not depend on the others). */
     for (int r0 = 0; r0 < T; r0 += GU_ROWS) {
         const int rows = T - r0 < GU_ROWS ? T - r0 : GU_ROWS;
