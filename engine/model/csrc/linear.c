@@ -180,7 +180,7 @@ static const tile_fn TILES2[7] = {0, tile2_1, tile2_2, tile2_3, tile2_4, tile2_5
 static void linear_panel2(const float *x, int M, int K, const float *panel, const float *bias, float *y, int ldy,
                           int nvalid) {
     for (int t = 0, m = 0, nt = (M + 5) / 6; t < nt; t++) {
-        const int mr = M / nt + (t < M % nt);
+        const int mr = share_size(M, nt, t);
         TILES2[mr](x + (size_t)m * K, K, panel, bias, y + (size_t)m * ldy, ldy, nvalid);
         m += mr;
     }
@@ -223,7 +223,7 @@ int kvscope_linear(const float *x, int M, int K, const float *panels, int N, con
         #pragma omp parallel num_threads(n_threads) if (n_threads > 1)
         {
             const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-            gemv_range(x, K, panels, N, bias, y, (int)((long long)np * t / nt), (int)((long long)np * (t + 1) / nt));
+            gemv_range(x, K, panels, N, bias, y, share_start(np, nt, t), share_start(np, nt, t + 1));
         }
         return 0;
     }

@@ -503,7 +503,7 @@ static inline __attribute__((always_inline)) void attend_chunked(int NV, const f
 #endif
 static inline int kv_segments(int L) { return L >= 4 * KV_SEG ? 4 : L >= 2 * KV_SEG ? 2 : 1; }
 static inline int kv_segment_start(int L, int g, int ns) {
-    return g >= ns ? L : (int)((long long)L * g / ns) / KV_CHUNK * KV_CHUNK;
+    return g >= ns ? L : share_start(L, ns, g) / KV_CHUNK * KV_CHUNK;
 }
 /* parts: ns blocks of H x (D sums, max, total), one per segment, in position order */
 static void kv_merge(const float *parts, int ns, int H, int D, float *o) {
@@ -576,7 +576,7 @@ static void attend_seq_fp32(const float *q, float *out, const float *k_pool, con
            prefetches its share (1 / G) of the next KV head's rows, so that group starts warm */
         const int nxt = g + 1 < Hkv && (g + 1) * G < h1;
         const float *nk = nxt ? k_pool + hoff + D : NULL, *nvp = nxt ? v_pool + hoff + D : NULL;
-        const int pl0 = (int)((long long)L * gi / G), pl1 = (int)((long long)L * (gi + 1) / G);
+        const int pl0 = share_start(L, G, gi), pl1 = share_start(L, G, gi + 1);
         const int own = hq == h0; /* later groups were prefetched by the one before */
         if (D == 64)
             attend_head_fp32(8, qp + hq * D, op + hq * D, k_pool + hoff, v_pool + hoff, Hkv, rows, L, scale, sc, own,
@@ -644,7 +644,7 @@ int kvscope_paged_decode_kv(const float *q, float *out, const void *k_pool, cons
         if (fast) {
             const int L = ctx_lens[s], ns = slot < 0 ? 1 : kv_segments(L);
             attend_seq_fp32(q, out, (const float *)k_pool, (const float *)v_pool, q_rows, ctx_lens, tables, max_blocks,
-                            bs, H, Hkv, D, scale, s, H * part / parts, H * (part + 1) / parts, scores + sc_floats * t,
+                            bs, H, Hkv, D, scale, s, share_start(H, parts, part), share_start(H, parts, part + 1), scores + sc_floats * t,
                             rowbufs + (size_t)(max_ctx + 8) * t, accs + acc_vecs * t, kv_segment_start(L, g, ns),
                             kv_segment_start(L, g + 1, ns), slot < 0 ? NULL : partials + part_floats * slot);
         } else

@@ -583,7 +583,7 @@ static int qlinear_factorized(int type, const float *x, int M, int K, const uint
                 sx[(size_t)r * nb + b] = t;
             }
         const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-        const int p0 = (int)((long long)np * t / nt), p1 = (int)((long long)np * (t + 1) / nt);
+        const int p0 = share_start(np, nt, t), p1 = share_start(np, nt, t + 1);
         int p = p0;
         if (M >= scratch_rows) {
             float *wsc = malloc(sizeof(float) * 4 * QK * NR), *tb = malloc(sizeof(float) * RC * 4 * NR);
@@ -602,7 +602,7 @@ static int qlinear_factorized(int type, const float *x, int M, int K, const uint
                   * beside others: it is a whole pass of its own at the weights' memory rate); any split
                   * gives the same bits */
             for (int t = 0, r0 = 0, nt = (M + FMR - 1) / FMR; t < nt; t++) {
-                const int mr = M / nt + (t < M % nt);
+                const int mr = share_size(M, nt, t);
                 p = p0;
                 if (mr >= RT2_MIN)
                     for (; p + 2 <= p1; p += 2)
@@ -810,7 +810,7 @@ static void g2_register(int type, const float *x, const float *sx, int M, int K,
     for (int g0 = p0; g0 < p1; g0 += F2_PG) {
         const int g1 = g0 + F2_PG < p1 ? g0 + F2_PG : p1;
         for (int t = 0, r0 = 0; t < nt; t++) {
-            const int mr = M / nt + (t < M % nt);
+            const int mr = share_size(M, nt, t);
             for (int p = g0; p < g1; p++)
                 GTILES[q8][mr](x + (size_t)r0 * K, sx + (size_t)r0 * nb, K, panels + p * pstride,
                                bias ? bias + p * NR : NULL, y + (size_t)r0 * N + p * NR, N, N - p * NR);
@@ -947,7 +947,7 @@ static int qlinear_factorized2(int type, const float *x, int M, int K, const uin
                 sx[(size_t)r * nb + b] = t;
             }
         const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-        const int p0 = (int)((long long)np * t / nt), p1 = (int)((long long)np * (t + 1) / nt);
+        const int p0 = share_start(np, nt, t), p1 = share_start(np, nt, t + 1);
         float *sc = M >= scratch_rows ? aligned_alloc(32, sizeof(float) * (size_t)nb * F2_SB) : NULL;
         if (sc) f2_scratch(type, x, sx, M, K, panels, pstride, N, bias, y, p0, p1, sc);
         else if (M >= 3) g2_register(type, x, sx, M, K, panels, pstride, N, bias, y, p0, p1);
@@ -1086,8 +1086,8 @@ int kvscope_qlinear(int type, const float *x, int M, int K, const uint8_t *panel
         #pragma omp parallel num_threads(n_threads) if (n_threads > 1)
         {
             const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-            const int p1 = (int)((long long)np * (t + 1) / nt);
-            int p = (int)((long long)np * t / nt);
+            const int p1 = share_start(np, nt, t + 1);
+            int p = share_start(np, nt, t);
             for (; p + 4 <= p1 && (p + 4) * NR <= N; p += 4)
                 g4(x, K, panels + p * pstride, bias ? bias + p * NR : NULL, y + p * NR, N, NR);
             for (; p + 2 <= p1 && (p + 2) * NR <= N; p += 2)
