@@ -62,10 +62,11 @@ class KernelTimer:
 
         fused = getattr(self.runner, "fused", None)
         if fused is not None:
+            from engine.model.fused_decode import LINEAR_OPS
+
             p = self.ops_s = fused.profile_stop()
             self.attention_s = self.attention_cpu_s = p["attention"]
-            lin = ("qkv", "o_proj+res", "gate_up+silu", "down+res")
-            self.weights_s = self.weights_cpu_s = self.weights_s + sum(p[k] for k in lin)
+            self.weights_s = self.weights_cpu_s = self.weights_s + sum(p[k] for k in LINEAR_OPS)
         for g, mm in self._saved:
             g.matmul = mm
         cpu_kernels.paged_decode_attention = self._attn

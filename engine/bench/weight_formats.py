@@ -21,7 +21,6 @@ from engine.bench.report import side_by_side_bars
 
 Q8_MODEL = "mem:default-q8_0"
 FORMATS = ("fp32", "q8_0", "q4_1")
-LINEAR_OPS = ("qkv", "o_proj+res", "gate_up+silu", "down+res")
 
 
 def cpu_simd() -> str:
@@ -122,6 +121,8 @@ def suite_weights(ctx) -> C.SuiteResult:
         ops = d.get("ops_ms") or {}
         for op, ms in ops.items():
             res.add(f"weights_{f}_op_{op}_ms", ms, "", row=False)
+        from engine.model.fused_decode import LINEAR_OPS
+
         lin = sum(ops.get(k, 0.0) for k in LINEAR_OPS) if ops else None
         res.add(f"weights_{f}_layer_linears_ms", lin, "the decoder layers' Linears per step (C per-op timer)")
         if d.get("weight_bytes") and bw:

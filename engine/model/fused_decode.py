@@ -28,7 +28,8 @@ from engine.config import DECODE_BACKENDS  # noqa: F401 (the one list, engine/co
 from engine.model import cpu_kernels
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
-PROF_OPS = ("norm1", "qkv", "rope+kv_write", "attention", "o_proj+res", "norm2", "gate_up+silu", "down+res")
+PROF_OPS = ("norm1", "qkv", "rope+kv_write", "attention", "o_proj", "res+norm2", "gate_up+silu", "down+res")
+LINEAR_OPS = ("qkv", "o_proj", "gate_up+silu", "down+res")  # the PROF_OPS that are the layer's Linears
 
 
 def _c_struct(name: str, fields: list[tuple[str, type]]) -> type[ctypes.Structure]:

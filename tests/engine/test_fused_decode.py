@@ -98,3 +98,31 @@ def test_engine_config_names_the_choice():
     assert EngineConfig(model="tiny").decode_backend == "auto"
     with pytest.raises(ValueError, match="decode_backend must be one of"):
         EngineConfig(model="tiny", decode_backend="cuda")
+
+
+def test_same_bits_at_one_and_two_threads(default_model):
+    """From 8 rows layer.c splits its per-row ops (norms, rope + K/V write, residual adds, SiLU) over
+    the threads, and the Linears and attention split their work too: none of it may change a bit.
+    A 70-row prefill chunk, then a step of 9 decode rows (one per sequence) and a verify row group,
+    each run at 1 thread and at 2 on fresh runners: logits and every layer's K/V equal bitwise."""
+    model, tok = default_model
+    prompt = tok.encode("The quick brown fox jumps over the lazy dog. " * 7)[:70]
+    assert len(prompt) == 70
+    steps = [
+        [BatchRow("p", 0, prompt, list(range(0, 5)), 0)],
+        [BatchRow(f"s{i}", 0, prompt[i : i + 3], [10 + i], 2) for i in range(9)],
+        [BatchRow(f"s{i}", 3, [prompt[i + 3]], [10 + i], 0) for i in range(9)]
+        + [BatchRow("p", 70, [5, 6, 7, 8], list(range(0, 5)), 0)],
+    ]
+    before = torch.get_num_threads()
+    got = {}
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            r = _runner(model, "c")
+            got[n] = ([r.forward(rows) for rows in steps], [(k.clone(), v.clone()) for k, v in r.kv_caches])
+    finally:
+        torch.set_num_threads(before)
+    (l1, kv1), (l2, kv2) = got[1], got[2]
+    assert all(torch.equal(a, b) for a, b in zip(l1, l2))
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(kv1, kv2))
