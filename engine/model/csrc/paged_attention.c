@@ -644,9 +644,10 @@ int kvscope_paged_decode_kv(const float *q, float *out, const void *k_pool, cons
         if (fast) {
             const int L = ctx_lens[s], ns = slot < 0 ? 1 : kv_segments(L);
             attend_seq_fp32(q, out, (const float *)k_pool, (const float *)v_pool, q_rows, ctx_lens, tables, max_blocks,
-                            bs, H, Hkv, D, scale, s, share_start(H, parts, part), share_start(H, parts, part + 1), scores + sc_floats * t,
-                            rowbufs + (size_t)(max_ctx + 8) * t, accs + acc_vecs * t, kv_segment_start(L, g, ns),
-                            kv_segment_start(L, g + 1, ns), slot < 0 ? NULL : partials + part_floats * slot);
+                            bs, H, Hkv, D, scale, s, share_start(H, parts, part), share_start(H, parts, part + 1),
+                            scores + sc_floats * t, rowbufs + (size_t)(max_ctx + 8) * t, accs + acc_vecs * t,
+                            kv_segment_start(L, g, ns), kv_segment_start(L, g + 1, ns),
+                            slot < 0 ? NULL : partials + part_floats * slot);
         } else
             attend_seq(q, out, (const unsigned char *)k_pool, (const unsigned char *)v_pool, q_rows, ctx_lens, tables,
                        max_blocks, bs, H, Hkv, D, scale, s, scores + sc_floats * t, accs + acc_vecs * t, kv_format,
