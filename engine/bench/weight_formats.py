@@ -80,6 +80,7 @@ def suite_weights(ctx) -> C.SuiteResult:
 
     from engine.bench.decode_bs1 import decode_bs1_by_format
     from engine.bench.roofline import measure_read_bandwidth
+    from engine.model.fused_decode import LINEAR_OPS
     from engine.model.models import load_tokenizer
 
     C.require_engine()
@@ -121,8 +122,6 @@ def suite_weights(ctx) -> C.SuiteResult:
         ops = d.get("ops_ms") or {}
         for op, ms in ops.items():
             res.add(f"weights_{f}_op_{op}_ms", ms, "", row=False)
-        from engine.model.fused_decode import LINEAR_OPS
-
         lin = sum(ops.get(k, 0.0) for k in LINEAR_OPS) if ops else None
         res.add(f"weights_{f}_layer_linears_ms", lin, "the decoder layers' Linears per step (C per-op timer)")
         if d.get("weight_bytes") and bw:

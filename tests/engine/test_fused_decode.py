@@ -103,8 +103,9 @@ def test_engine_config_names_the_choice():
 def test_same_bits_at_one_and_two_threads(default_model):
     """From 8 rows layer.c splits its per-row ops (norms, rope + K/V write, residual adds, SiLU) over
     the threads, and the Linears and attention split their work too: none of it may change a bit.
-    A 70-row prefill chunk, then a step of 9 decode rows (one per sequence) and a verify row group,
-    each run at 1 thread and at 2 on fresh runners: logits and every layer's K/V equal bitwise."""
+    A 70-row prefill chunk, then 9 three-token prefills (27 rows), then 9 decode rows beside a 4-row
+    verify run, each step at 1 thread and at 2 on fresh runners: logits and every layer's K/V equal
+    bitwise."""
     model, tok = default_model
     prompt = tok.encode("The quick brown fox jumps over the lazy dog. " * 7)[:70]
     assert len(prompt) == 70

@@ -131,6 +131,11 @@ static void silu_mul_row(const float *g, const float *u, float *o, int n) {
     for (int i = 0; i < n; i += VL) stv(o + i, silu_mul(ldv(g + i, n - i), ldv(u + i, n - i)), n - i);
 }
 
+/* the residual: h[i] = h[i] + r[i] over one row */
+static void add_row(float *h, const float *r, int n) {
+    for (int i = 0; i < n; i++) h[i] = h[i] + r[i];
+}
+
 /* transformers' LlamaRMSNorm in fp32: w * (x * rsqrt(mean(x^2) + eps)); the sum of squares in
  * 16 lanes (a padded last group; 16 / VL vectors), the lanes then added in order: one fixed order
  * per row at either width, like torch's own vectorized reduction not left to right (a 576-term
@@ -208,10 +213,8 @@ int kvscope_layer_forward(const kv_layer *L, float *h, int T, const float *cos, 
     TICK(4)
     #pragma omp parallel for num_threads(n_threads) schedule(static) if (par)
     for (int t = 0; t < T; t++) { /* the residual, then norm2 of the row while it is in cache */
-        float *hr = h + (size_t)t * Hd;
-        const float *tr = tmp + (size_t)t * Hd;
-        for (int i = 0; i < Hd; i++) hr[i] = hr[i] + tr[i];
-        rmsnorm(hr, L->norm2, L->eps, Hd, x + (size_t)t * Hd);
+        add_row(h + (size_t)t * Hd, tmp + (size_t)t * Hd, Hd);
+        rmsnorm(h + (size_t)t * Hd, L->norm2, L->eps, Hd, x + (size_t)t * Hd);
     }
     TICK(5)
     /* gate_up then SiLU-mul per chunk of GU_ROWS rows: the chunk's gate/up outputs are still in
@@ -232,8 +235,7 @@ int kvscope_layer_forward(const kv_layer *L, float *h, int T, const float *cos, 
     TICK(6)
     if ((rc = lin(&L->down, act, T, tmp, n_threads))) return rc;
     #pragma omp parallel for num_threads(n_threads) schedule(static) if (par)
-    for (int t = 0; t < T; t++)
-        for (int i = 0; i < Hd; i++) h[(size_t)t * Hd + i] = h[(size_t)t * Hd + i] + tmp[(size_t)t * Hd + i];
+    for (int t = 0; t < T; t++) add_row(h + (size_t)t * Hd, tmp + (size_t)t * Hd, Hd);
     TICK(7)
 #undef TICK
     return 0;
