@@ -4,7 +4,8 @@
         [--lengths 512,2048,8000] [--threads 1] [--reps 9] [--sequential] [--layers 30] [--seqs 1]
 
 A batch-1 decode of the default model's shape (9 query heads, 3 KV heads, head dim 64, blocks of
-16) over 30 layers' fp32 pools (--layers), one pool pair per layer, each layer's blocks in a random order
+16) over 30 layers' fp32 pools (--layers; in huge-page memory, as the engine's), one pool pair per
+layer, each layer's blocks in a random order
 (--sequential: in order, as a fresh pool hands them out); --seqs N: N sequences of that length
 in each layer's pool, one step's batch (W16 is 16 of ~230). Each build's best sweep over the
 layers is printed as GB/s of K/V read (L x layers x 2 x 3 x 64 x 4 bytes), beside torch.sum over the
@@ -30,9 +31,16 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from engine.model import cpu_kernels  # noqa: E402
+from engine.model import cpu_kernels, huge_pages  # noqa: E402
 
 BS, H, HKV, D = 16, 9, 3, 64
+
+
+def in_pool_memory(t: torch.Tensor) -> torch.Tensor:
+    """t copied into the memory the engine's KV pools live in (engine/model/kv_quant.allocate)."""
+    u = huge_pages.empty(t.numel(), t.dtype).view(t.shape)
+    u.copy_(t)
+    return u
 
 
 def build(csrc: str) -> ctypes.CDLL:
@@ -67,10 +75,7 @@ def main() -> None:
         ns = a.seqs
         per = -(-n // BS)
         nb = per * ns
-        pools = [
-            (torch.randn(nb, BS, HKV, D, generator=g), torch.randn(nb, BS, HKV, D, generator=g))
-            for _ in range(a.layers)
-        ]
+        pools = [tuple(in_pool_memory(torch.randn(nb, BS, HKV, D, generator=g)) for _ in "kv") for _ in range(a.layers)]
         tables = [
             (torch.arange(nb) if a.sequential else torch.randperm(nb, generator=g)).to(torch.int32).contiguous()
             for _ in range(a.layers)

@@ -5,12 +5,12 @@
 
 Each directory's .c files are compiled with cpu_kernels.CFLAGS (+ KVSCOPE_ISA's flags) into /tmp,
 the row path tuned as the engine's is when it loads (KVSCOPE_QL_SCRATCH_ROWS as there), the same
-random Q4_1 blocks (finite scales) are packed by each, and the best of --reps calls of
-each is printed in microseconds with the ratio old / new (> 1: new faster; "!" after it where the
-outputs are not bitwise OLD's) and the kernel path
-(further directories: their times and ratios against OLD too). At 1 thread the clock is the
-thread's CPU time (time.thread_time), so time the scheduler gives other processes on a shared
-machine is not counted; at more threads it is wall time.
+random Q4_1 blocks (finite scales) are packed by each (into huge-page memory, as the engine's), and
+the best of --reps calls of each is printed in microseconds with the ratio old / new (> 1: new
+faster; "!" after it where the outputs are not bitwise OLD's) and the kernel path (further
+directories: their times and ratios against OLD too). At 1 thread the clock is the thread's CPU
+time (time.thread_time), so time the scheduler gives other processes on a shared machine is not
+counted; at more threads it is wall time.
 
 --model: instead of one matrix re-read from cache, the default model's whole step as the engine
 runs it from memory: 30 layers' qkv / o / gate_up / down, each layer its own Q4_1 weights (97 MB
@@ -33,7 +33,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from engine.model import cpu_kernels, kernel_isa  # noqa: E402
+from engine.model import cpu_kernels, huge_pages, kernel_isa  # noqa: E402
 
 SHAPES = {"gate_up": (3072, 576), "down": (576, 1536), "qkv": (960, 576), "lm_head": (49152, 576)}
 LAYER = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}
@@ -118,7 +118,7 @@ def main() -> None:
 
 
 def pack(lib, qtype: int, blocks: np.ndarray, n: int, k: int) -> np.ndarray:
-    buf = np.zeros(lib.kvscope_qpanel_bytes(qtype, n, k), np.uint8)
+    buf = huge_pages.empty(lib.kvscope_qpanel_bytes(qtype, n, k)).numpy()  # where the engine packs
     rmap = np.arange(n, dtype=np.int32)
     assert lib.kvscope_qpack(qtype, blocks.ctypes.data, n, rmap.ctypes.data, n, k, buf.ctypes.data) == 0
     return buf

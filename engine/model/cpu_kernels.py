@@ -39,7 +39,7 @@ import threading
 
 import torch
 
-from engine.model import kv_layout
+from engine.model import huge_pages, kv_layout
 
 _CSRC = ("paged_attention.c", "linear.c", "quant_linear.c", "layer.c")
 SOURCES = [os.path.join(os.path.dirname(__file__), "csrc", f) for f in _CSRC]
@@ -323,7 +323,7 @@ def pack_linear(lib, weight: torch.Tensor) -> torch.Tensor:
         raise ValueError("pack_linear needs a 2-D float32 CPU weight")
     w = w.contiguous()
     n, k = w.shape
-    panels = torch.empty(lib.kvscope_linear_packed_floats(n, k), dtype=torch.float32)
+    panels = huge_pages.empty(lib.kvscope_linear_packed_floats(n, k), torch.float32)
     lib.kvscope_linear_pack(w.data_ptr(), n, k, panels.data_ptr())
     return panels
 
@@ -413,7 +413,7 @@ def qpack(lib, qtype: int, blocks, n_out: int, k: int, row_map=None) -> torch.Te
     rm = np.ascontiguousarray(np.arange(n_out) if row_map is None else np.asarray(row_map), dtype=np.int32)
     if rm.shape != (n_out,):
         raise ValueError(f"row_map needs {n_out} entries")
-    out = torch.empty(lib.kvscope_qpanel_bytes(qtype, n_out, k), dtype=torch.uint8)
+    out = huge_pages.empty(lib.kvscope_qpanel_bytes(qtype, n_out, k), torch.uint8)
     rc = lib.kvscope_qpack(qtype, src.ctypes.data, n_src, rm.ctypes.data, n_out, k, out.data_ptr())
     if rc != 0:
         raise ValueError(f"kvscope_qpack failed with code {rc}")

@@ -49,11 +49,12 @@ these scales; `row_bytes` here is kv_layout's row formula (dtype_row_bytes), the
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
 from engine.config import KV_CACHE_DTYPES, QUANTIZED_KV_CACHE_DTYPES
-from engine.model import kv_layout
+from engine.model import huge_pages, kv_layout
 
 QUANTIZED = QUANTIZED_KV_CACHE_DTYPES
 PACKED_BITS = {"int4": 4, "int2": 2}  # codes packed 8 // bits to a byte, low bits first
@@ -121,9 +122,10 @@ def allocate(
 ) -> torch.Tensor:
     """A zeroed pool (K or V) for `fmt`: zeros read back as zeros in every format."""
     last = row_bytes(fmt, head_dim) if is_quantized(fmt) else head_dim
-    return torch.zeros(
-        (num_blocks, block_size, kv_heads, last), dtype=storage_dtype(fmt), device=device, pin_memory=pin_memory
-    )
+    shape = (num_blocks, block_size, kv_heads, last)
+    if torch.device(device).type == "cpu" and not pin_memory:  # decode attention streams it: huge pages
+        return huge_pages.empty(math.prod(shape), storage_dtype(fmt)).view(shape)
+    return torch.zeros(shape, dtype=storage_dtype(fmt), device=device, pin_memory=pin_memory)
 
 
 def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
