@@ -124,7 +124,8 @@ def allocate(
     last = row_bytes(fmt, head_dim) if is_quantized(fmt) else head_dim
     shape = (num_blocks, block_size, kv_heads, last)
     if torch.device(device).type == "cpu" and not pin_memory:  # decode attention streams it: huge pages
-        return huge_pages.empty(math.prod(shape), storage_dtype(fmt)).view(shape)
+        # written now, so that every page is faulted in here and not in the first steps that reach it
+        return huge_pages.empty(math.prod(shape), storage_dtype(fmt)).view(shape).zero_()
     return torch.zeros(shape, dtype=storage_dtype(fmt), device=device, pin_memory=pin_memory)
 
 

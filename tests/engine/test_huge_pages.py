@@ -1,6 +1,7 @@
 """engine/model/huge_pages.py: the memory the packed weights and the KV pools live in."""
 
-import sys
+import gc
+import os
 
 import pytest
 import torch
@@ -50,7 +51,9 @@ def test_requests_never_overlap_and_the_first_of_a_mapping_starts_on_2_mib():
     assert big.data_ptr() % huge_pages.HUGE_PAGE == 0
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="VmFlags are Linux's")
+@pytest.mark.skipif(
+    not os.path.isdir("/sys/kernel/mm/transparent_hugepage"), reason="a Linux kernel with transparent huge pages"
+)
 def test_the_memory_asked_for_huge_pages():
     """MADV_HUGEPAGE shows as "hg" in the mapping's VmFlags, for a weight panel and a KV pool."""
     w = huge_pages.empty(5000, torch.float32)
@@ -75,7 +78,5 @@ def test_a_mapping_lives_while_a_tensor_cut_from_it_does():
     view.fill_(7)  # still mapped: the view holds it
     assert _mapped(addr) and int(view.sum()) == 70
     del view
-    import gc
-
     gc.collect()
     assert not _mapped(addr)
