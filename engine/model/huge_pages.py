@@ -49,7 +49,7 @@ def _mapping(nbytes: int) -> tuple[torch.Tensor, int]:
 
 def empty(numel: int, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
     """A 1-D CPU tensor of `numel` elements of `dtype` in memory that asked for huge pages."""
-    nbytes = max(1, int(numel) * torch.tensor([], dtype=dtype).element_size())
+    nbytes = max(1, int(numel) * dtype.itemsize)
     with _lock:
         chunk, off, end = _current
         if chunk is None or off + nbytes > end:
