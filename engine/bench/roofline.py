@@ -275,12 +275,14 @@ def measure_best_matmuls(shape: ModelShape, rows, dtype=None, min_time: float = 
 
 
 def measure_read_bandwidth(mbytes: int = 512, dtype=None) -> float:
-    """GB/s (1e9 B/s) reading a large tensor once (torch.sum), best of a few passes."""
+    """GB/s (1e9 B/s) reading a large tensor (in the engine's weight / KV memory) once, best of a few."""
     import torch
 
+    from engine.model import huge_pages
+
     dtype = dtype or torch.float32
-    n = mbytes * 1024 * 1024 // torch.tensor([], dtype=dtype).element_size()
-    x = torch.ones(n, dtype=dtype)
+    n = mbytes * 1024 * 1024 // dtype.itemsize
+    x = huge_pages.empty(n, dtype).fill_(1)
     nbytes = x.numel() * x.element_size()
     with torch.inference_mode():
         t = _best_time(lambda: x.sum(), min_reps=4, min_time=0.5, max_reps=20)
