@@ -31,16 +31,14 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from engine.model import cpu_kernels, huge_pages  # noqa: E402
+from engine.model import cpu_kernels, kv_quant  # noqa: E402
 
 BS, H, HKV, D = 16, 9, 3, 64
 
 
 def in_pool_memory(t: torch.Tensor) -> torch.Tensor:
-    """t copied into the memory the engine's KV pools live in (engine/model/kv_quant.allocate)."""
-    u = huge_pages.empty(t.numel(), t.dtype).view(t.shape)
-    u.copy_(t)
-    return u
+    """t copied into a pool allocated as the engine allocates its KV pools (kv_quant.allocate)."""
+    return kv_quant.allocate("fp32", *t.shape, "cpu").copy_(t)
 
 
 def build(csrc: str) -> ctypes.CDLL:

@@ -33,7 +33,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from engine.model import cpu_kernels, huge_pages, kernel_isa  # noqa: E402
+from engine.model import cpu_kernels, kernel_isa  # noqa: E402
 
 SHAPES = {"gate_up": (3072, 576), "down": (576, 1536), "qkv": (960, 576), "lm_head": (49152, 576)}
 LAYER = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}
@@ -118,10 +118,8 @@ def main() -> None:
 
 
 def pack(lib, qtype: int, blocks: np.ndarray, n: int, k: int) -> np.ndarray:
-    buf = huge_pages.empty(lib.kvscope_qpanel_bytes(qtype, n, k)).numpy()  # where the engine packs
-    rmap = np.arange(n, dtype=np.int32)
-    assert lib.kvscope_qpack(qtype, blocks.ctypes.data, n, rmap.ctypes.data, n, k, buf.ctypes.data) == 0
-    return buf
+    """The blocks packed by this build, into memory as the engine packs its weights (cpu_kernels.qpack)."""
+    return cpu_kernels.qpack(lib, qtype, blocks, n, k).numpy()
 
 
 def model_sweeps(a, libs: dict, clock, rng) -> None:
