@@ -104,6 +104,9 @@ class SpeculativeConfig:
     num_speculative_tokens: int = 4
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 3
+    # ngram: draft at most (match length + 1) tokens, so a short, weak match costs a short verify
+    # pass; False: always k tokens after a match (vLLM's ngram proposer)
+    prompt_lookup_match_bound: bool = True
     draft_model: str | None = None
     draft_layers: int | None = None
     draft_quantize: str | None = None
@@ -125,6 +128,10 @@ class SpeculativeConfig:
         _check(
             _is_int(self.prompt_lookup_max) and self.prompt_lookup_max >= self.prompt_lookup_min,
             "speculative.prompt_lookup_max must be an integer >= prompt_lookup_min",
+        )
+        _check(
+            isinstance(self.prompt_lookup_match_bound, bool),
+            f"speculative.prompt_lookup_match_bound must be true or false, got {self.prompt_lookup_match_bound!r}",
         )
         if self.method == "draft_model":
             _check(

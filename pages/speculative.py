@@ -39,7 +39,15 @@ with st.container(border=True):
         help="; ".join(f"{k}: {v[1]}" for k, v in drafters.DRAFTERS.items()),
         key="spec_drafter",
     )
-    k = c[1].slider("Draft length k", 1, drafters.K_MAX, value=cur.num_speculative_tokens if cur else 4, key="spec_k")
+    k = c[1].slider(
+        "Draft length k",
+        1,
+        drafters.K_MAX,
+        value=cur.num_speculative_tokens if cur else 4,
+        key="spec_k",
+        help="the most draft tokens one verify pass checks; the n-gram drafter drafts its match's length + 1, "
+        "up to k, so a one-token match costs a 3-row pass, not a (k + 1)-row one",
+    )
     max_tokens = c[2].slider("Max new tokens", 8, 256, 64, key="spec_max_tokens")
     temperature = c[2].slider(
         "Temperature",
@@ -252,7 +260,8 @@ with st.container(key="spec_numbers"):
     c[4].metric(
         "Accepted / drafted",
         f"{summ.num_accepted} / {summ.num_draft_tokens}",
-        help=f"draft tokens accepted / proposed, over {summ.num_drafts} verify passes",
+        help=f"draft tokens accepted / proposed, over {summ.num_drafts} verify passes"
+        + (f" ({summ.mean_draft_length:.2f} drafted per pass)" if summ.mean_draft_length else ""),
     )
 with st.container(key="spec_timing"):
     c = st.columns(4)
@@ -313,7 +322,11 @@ left, right = st.columns(2, gap="large")
 with left:
     ea.chart(
         spec.theory_figure(
-            summ.alpha, res.k, summ.mean_acceptance_length, k_max=16, measured_label="measured tokens per verify pass"
+            summ.alpha,
+            summ.mean_draft_length or res.k,
+            summ.mean_acceptance_length,
+            k_max=16,
+            measured_label="measured tokens per verify pass",
         ),
         key="spec_theory",
     )

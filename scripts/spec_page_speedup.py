@@ -3,9 +3,9 @@
 EngineConfig defaults), the n-gram drafter at k (default 4) with the fallback on, 64 new tokens,
 greedy, engine/lab/experiments.compare_speculative with the page's 30 s budget. Prints one JSON line
 per k, with the ceiling this machine puts on the speedup (engine/bench/speculative.spec_speedup_ceiling):
-the plain run's measured time after its first token, against the speculative run's target passes of
-k + 1 rows at the peak matmul rate (measured here at the engine's thread count), both runs' shared
-prefill at that rate too, everything else free.
+the plain run's measured time after its first token, against the rows the speculative run's target
+passes fed (one per pass plus its drafts) at the peak matmul rate (measured here at the engine's
+thread count), both runs' shared prefill at that rate too, everything else free.
 
     python scripts/spec_page_speedup.py [k ...]
 """
@@ -38,7 +38,9 @@ if __name__ == "__main__":
             shape = roofline.shape_of(model)
             peak = roofline.measure_best_matmuls(shape, rows=(512,), min_time=0.3)[0][512]["all_gflops"]
         passes = r.spec.output_len / r.tokens_per_target_pass if r.tokens_per_target_pass else None
-        floors = spec_bench.spec_floors(shape, peak, r.spec.prompt_len, round(passes) - 1, k) if passes else None
+        # rows the passes after the first token fed: one per pass plus its drafts
+        rows = round(passes) - 1 + r.spec.spec_num_draft_tokens if passes else None
+        floors = spec_bench.spec_floors(shape, peak, r.spec.prompt_len, rows) if passes else None
         plain_decode = sorted(x.seconds - x.extra["ttft_s"] for x in c.samples_a)[len(c.samples_a) // 2]
         out = {
             "isa": kernel_isa.summary(),
@@ -54,6 +56,7 @@ if __name__ == "__main__":
             "threads": torch.get_num_threads(),
             "output_tokens": r.spec.output_len,
             "target_passes": passes,
+            "draft_tokens": r.spec.spec_num_draft_tokens,
             "prefill_floor_s": floors[0] if floors else None,
             "verify_floor_s": floors[1] if floors else None,
             "plain_after_first_s_median": plain_decode,

@@ -11,7 +11,7 @@ from engine.lab import prompt_sets as PS
 from engine.observe import rates
 
 
-def theory_tokens_per_pass(alpha, k: int):
+def theory_tokens_per_pass(alpha, k: float):
     from engine.speculative.math import expected_tokens_per_pass
 
     return None if alpha is None else expected_tokens_per_pass(alpha, k)
@@ -153,10 +153,12 @@ def suite_speculative(ctx: C.BenchContext) -> SuiteResult:
                 res.add(f"{pre}_acceptance_rate", alpha, "accepted / draft tokens")
                 res.add(f"{pre}_mean_acceptance_length", mal, "1 + accepted / drafts")
                 res.add(f"{pre}_tokens_per_target_pass", tpp, "emitted tokens / target passes")
+                kbar = rates.mean_draft_length(d["num_draft_tokens"], d["num_drafts"]) or kk
+                res.add(f"{pre}_mean_draft_length", kbar, f"draft tokens / drafts (k = {kk} at most)")
                 res.add(
                     f"{pre}_theory_tokens_per_pass",
-                    theory_tokens_per_pass(alpha, kk),
-                    f"(1 - a^(k+1)) / (1 - a), k={kk}",
+                    theory_tokens_per_pass(alpha, kbar),
+                    f"(1 - a^(k+1)) / (1 - a) at k = the mean draft length {kbar:.2f}",
                 )
                 cmp_ = d["comparison"]
                 why = ab_timing.suspect_speedup(speedup, tpp)
@@ -216,6 +218,7 @@ def suite_speculative(ctx: C.BenchContext) -> SuiteResult:
         for f in (
             "acceptance_rate",
             "mean_acceptance_length",
+            "mean_draft_length",
             "tokens_per_target_pass",
             "theory_tokens_per_pass",
             "speedup",
@@ -224,12 +227,13 @@ def suite_speculative(ctx: C.BenchContext) -> SuiteResult:
     return res
 
 
-def spec_floors(shape, peak_gflops: float, prompt_len: int, verify_passes: int, k: int) -> tuple:
+def spec_floors(shape, peak_gflops: float, prompt_len: int, verify_rows: int) -> tuple:
     """The least seconds of one speculative request's two phases on this machine: its prefill, and
-    its `verify_passes` target passes of k + 1 rows each (every row through the decoder and the
-    lm_head, attending over at least the prompt), at the peak matmul rate, everything else free."""
+    its target passes after the first token, `verify_rows` rows in all (a pass verifying d drafts
+    feeds d + 1; every row through the decoder and the lm_head, attending over at least the
+    prompt), at the peak matmul rate, everything else free."""
     prefill = workload_flops(shape, [prompt_len], 1) / (peak_gflops * 1e9)
-    verify = verify_passes * (k + 1) * shape.flops_per_generated_token(prompt_len) / (peak_gflops * 1e9)
+    verify = verify_rows * shape.flops_per_generated_token(prompt_len) / (peak_gflops * 1e9)
     return prefill, verify
 
 

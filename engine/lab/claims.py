@@ -454,7 +454,8 @@ def speculation_row(f: dict, source: str) -> ClaimRow:
     sp, so = number(f, "passage_edit_speedup"), number(f, "open_ended_speedup")
     a = number(f, "passage_edit_acceptance_rate")
     tpp = number(f, "passage_edit_tokens_per_target_pass")
-    k = 4
+    # the passes' mean draft length (4 at most: the n-gram drafter drafts fewer after a short match)
+    k = number(f, "passage_edit_mean_draft_length") or 4
     theory = expected_tokens_per_pass(a, k) if a is not None else None
     if sp is None or so is None or tpp is None or theory is None:
         return _row("speculation", "—", None, "the speculative result lacks speedup / acceptance fields", source)
@@ -462,7 +463,7 @@ def speculation_row(f: dict, source: str) -> ClaimRow:
     holds = sp >= SPEC_PASSAGE_MIN and so >= SPEC_OPEN_MIN and near
     return _row(
         "speculation",
-        f"passage edit: α {a:.2f}, {tpp:.2f} tokens per target pass (theory at k={k}: {theory:.2f}), "
+        f"passage edit: α {a:.2f}, {tpp:.2f} tokens per target pass (theory at k={k:.3g}: {theory:.2f}), "
         f"speedup {sp:.2f}×; open-ended: speedup {so:.2f}× "
         f"(α {number(f, 'open_ended_acceptance_rate') or 0:.2f})",
         holds,

@@ -89,6 +89,12 @@ def acceptance_rate(num_accepted_tokens: int, num_draft_tokens: int) -> float | 
     return num_accepted_tokens / num_draft_tokens if num_draft_tokens else None
 
 
+def mean_draft_length(num_draft_tokens: int, num_drafts: int) -> float | None:
+    """Draft tokens per verify pass (the n-gram drafter drafts up to k, fewer after a short match);
+    None before any draft was verified."""
+    return num_draft_tokens / num_drafts if num_drafts else None
+
+
 def mean_acceptance_length(num_accepted_tokens: int, num_drafts: int) -> float | None:
     """None before any draft was verified."""
     return 1 + num_accepted_tokens / num_drafts if num_drafts else None

@@ -207,7 +207,13 @@ class SpecDecoder:
         if self.drafter is None:
             cfg = self.config
             for req in eligible:
-                d = ngram_propose(req.all_token_ids, ks[req.request_id], cfg.prompt_lookup_min, cfg.prompt_lookup_max)
+                d = ngram_propose(
+                    req.all_token_ids,
+                    ks[req.request_id],
+                    cfg.prompt_lookup_min,
+                    cfg.prompt_lookup_max,
+                    cfg.prompt_lookup_match_bound,
+                )
                 drafts[req.request_id] = d
                 self._q[req.request_id] = None
         else:

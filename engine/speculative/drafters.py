@@ -59,9 +59,11 @@ class SpecContext:
     is_live: Callable[[str], bool]  # is this id a live (unfinished) request of the engine?
 
 
-def ngram_propose(tokens, k: int, n_min: int, n_max: int) -> list[int]:
+def ngram_propose(tokens, k: int, n_min: int, n_max: int, match_bound: bool = False) -> list[int]:
     """Prompt lookup: the longest suffix n-gram (n_max..n_min) that occurred earlier; returns
-    the k tokens that followed its most recent earlier occurrence."""
+    the k tokens that followed its most recent earlier occurrence. match_bound: at most m + 1
+    tokens, m being how far that occurrence matches the context's end (its n tokens and on
+    backwards, past n_max): a one-token match drafts 2, a long copy the full k."""
     ext = list(tokens)
     arr = np.asarray(ext, dtype=np.int64)
     L = len(arr)
@@ -71,10 +73,14 @@ def ngram_propose(tokens, k: int, n_min: int, n_max: int) -> list[int]:
         # token matches, in one vector compare, then the rest of the n-gram from the latest back
         for i in np.flatnonzero(arr[: L - n] == pat[0])[::-1].tolist():
             if ext[i : i + n] == pat:
+                m = n
+                if match_bound:
+                    while m + 1 < k and m < i + n and ext[i + n - 1 - m] == ext[L - 1 - m]:
+                        m += 1
                 # copy what followed the match; when the copy reaches the end of the context it
                 # continues from its own output (a repeating loop keeps drafting full length)
                 src = i + n
-                for j in range(k):
+                for j in range(min(k, m + 1) if match_bound else k):
                     ext.append(ext[src + j])
                 return ext[L:]
     return []

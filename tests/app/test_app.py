@@ -355,7 +355,8 @@ def test_speculative_page_measures_a_real_run(app_test):
     specs = H.plotly_specs(at)
     theory = next(s for s in specs if s["layout"]["title"]["text"].startswith("tokens per target pass"))
     meas = next(t for t in theory["data"] if t.get("name", "").startswith("measured"))
-    assert meas["x"] == [3]
+    # at the passes' mean draft length: 3, less where the last passes near max_tokens drafted fewer
+    assert meas["x"] == [pytest.approx(sreq.spec_num_draft_tokens / sreq.spec_num_drafts)] and meas["x"][0] <= 3
     assert meas["y"][0] == pytest.approx(1 + sreq.spec_num_accepted_tokens / sreq.spec_num_drafts)
     assert "tok-accepted" in H.html(at) or "tok-replaced" in H.html(at)
     # the tick timeline: scrubbing back shows only the tokens produced by then

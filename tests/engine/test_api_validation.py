@@ -54,6 +54,8 @@ def test_speculative_config_dict_as_vllm_spells_it():
         EngineConfig(model="tiny", speculative=SpeculativeConfig(), speculative_config={"method": "ngram"})
     with pytest.raises(ValueError, match=r"num_speculative_tokens must be an integer in \[1, 16\]"):
         EngineConfig(model="tiny", speculative_config={"method": "ngram", "num_speculative_tokens": 99})
+    with pytest.raises(ValueError, match=r"prompt_lookup_match_bound must be true or false, got 'yes'"):
+        EngineConfig(model="tiny", speculative_config={"method": "ngram", "prompt_lookup_match_bound": "yes"})
 
 
 def test_llm_accepts_speculative_config(llm):

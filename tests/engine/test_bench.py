@@ -257,8 +257,8 @@ def test_compute_and_memory_roofs_from_fixed_inputs():
     bw = 21.5
     assert R.memory_roof_tok_s(s, bw, 4, 0) == pytest.approx(bw * 1e9 / 537_919_488)
     assert R.memory_roof_tok_s(s, bw, 4, 200) == pytest.approx(bw * 1e9 / (537_919_488 + 200 * 46_080))
-    # speculation's floors: the prefill as one request's, each verify pass k + 1 full rows
-    pf, vf = SB.spec_floors(s, 200.0, prompt_len=100, verify_passes=14, k=4)
+    # speculation's floors: the prefill as one request's, every row the passes fed a full row
+    pf, vf = SB.spec_floors(s, 200.0, prompt_len=100, verify_rows=14 * 5)
     assert pf == pytest.approx(R.workload_flops(s, [100], 1) / 200e9)
     assert vf == pytest.approx(14 * 5 * s.flops_per_generated_token(100) / 200e9)
     # the ceiling: the plain run's time after its first token over the passes' floor, prefill shared

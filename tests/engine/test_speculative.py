@@ -13,7 +13,7 @@ from engine import EngineConfig, LLMEngine, SamplingParams, SpeculativeConfig
 from engine.observe import trace_events as ev
 from engine.observe.recording import drive
 from engine.observe.snapshot import ACCEPTED, BONUS, PLAIN, REPLACED
-from engine.speculative import DRAFT_SUFFIX
+from engine.speculative import DRAFT_SUFFIX, ngram_propose
 from tests.engine.engines import tiny_engine, token_ids
 
 TINY_PROMPTS = [
@@ -39,6 +39,7 @@ EDIT_PROMPT = (
 
 TINY_METHODS = {
     "ngram": dict(method="ngram"),
+    "ngram_full_k": dict(method="ngram", prompt_lookup_match_bound=False),  # always k, as vLLM's proposer
     "self_draft_early_exit": dict(method="self_draft", draft_layers=1),
     "self_draft_int8": dict(method="self_draft", draft_quantize="int8"),
     "draft_model": dict(method="draft_model", draft_model="tiny"),
@@ -104,7 +105,7 @@ def test_greedy_identical_to_plain_tiny(tiny_reference, method, k, batch):
     got = run(eng, prompts, SamplingParams(max_tokens=20, ignore_eos=True))
     assert got == tiny_reference[f"batch{batch}"]
     m = eng.spec.metrics()
-    if method != "ngram":  # model drafters always draft
+    if not method.startswith("ngram"):  # model drafters always draft
         assert m.num_drafts > 0
     check_metric_consistency(eng)
     assert not eng.bm.request_ids(), "blocks still held after every request finished"
@@ -166,10 +167,10 @@ def real_plain():
     return prompts, params, run(eng, prompts, params, check=False)
 
 
-@pytest.mark.parametrize("method,k", [("ngram", 2), ("ngram", 8), ("self_draft", 4)])
+@pytest.mark.parametrize("method,k", [("ngram", 2), ("ngram", 8), ("ngram_full_k", 4), ("self_draft", 4)])
 def test_greedy_identical_to_plain_real_model(real_plain, method, k):
     prompts, params, ref = real_plain
-    spec = {"method": method}
+    spec = dict(TINY_METHODS.get(method, {"method": method}))
     if method == "self_draft":
         spec["draft_layers"] = 24
     eng = spec_engine("default", k=k, spec=spec)
@@ -178,7 +179,7 @@ def test_greedy_identical_to_plain_real_model(real_plain, method, k):
     check_marks(eng)
     m = eng.spec.metrics()
     assert m.num_drafts > 0
-    if method == "ngram":
+    if method.startswith("ngram"):
         # the passage-editing prompt copies most of its input: n-gram drafts are mostly accepted
         edit = next(r for r in eng.finished if r.prompt_token_ids == prompts[0])
         assert edit.spec_num_accepted_tokens / edit.spec_num_draft_tokens > 0.5
@@ -203,6 +204,21 @@ def test_speculative_page_default_prompt_is_an_edit_that_drafting_pays_for():
     assert r.spec_num_accepted_tokens / r.spec_num_draft_tokens > 0.7
     assert sum(1 for m in r.token_marks if m.kind == REPLACED) >= 1  # the fix: a draft rejected
     assert r.num_output_tokens / r.spec_num_drafts > 3  # tokens per target pass
+    # every draft is the lookup's, replayed on the request's own tokens: a one-token match drafts 2,
+    # a longer one up to k (match length + 1), no match a plain pass
+    verifies = [e.data for e in eng.events.since(0, kinds=[ev.SPEC_VERIFY]) if e.request_id == r.request_id]
+    out, pos, lengths = list(r.output_token_ids), 1, []
+    while pos < len(out):
+        d = ngram_propose(prompt + out[:pos], 4, 1, 3, match_bound=True)
+        if not d:
+            pos += 1
+            continue
+        e = verifies[len(lengths)]
+        assert e["proposed"] == d
+        lengths.append(len(d))
+        pos += e["accepted"] + 1
+    assert len(lengths) == len(verifies) == r.spec_num_drafts
+    assert min(lengths) == 2 and max(lengths) == 4 and sum(lengths) == r.spec_num_draft_tokens
 
 
 def test_int8_self_draft_real_model(real_plain):

@@ -177,19 +177,29 @@ def test_ngram_lookup():
     assert ngram_propose([5], 3, 1, 3) == []
     # min n respected: only a 1-gram match exists
     assert ngram_propose([4, 1, 9, 8, 1], 2, 2, 3) == []
+    # match_bound: at most (match length + 1) tokens; the match is measured past n_max, backwards
+    assert ngram_propose([4, 1, 9, 8, 1], 4, 1, 3, match_bound=True) == [9, 8]
+    assert ngram_propose(toks, 6, 1, 3, match_bound=True) == [5, 6, 7, 1]  # 3 matched: 4 drafted
+    assert ngram_propose([5, 6, 7, 8, 9, 0, 5, 6, 7, 8, 9], 6, 1, 1, match_bound=True) == [0, 5, 6, 7, 8, 9]
+    assert ngram_propose([5, 6, 7, 8, 9, 0, 5, 6, 7, 8, 9], 3, 1, 1, match_bound=True) == [0, 5, 6]
+    assert ngram_propose([1, 2, 3, 4], 3, 1, 3, match_bound=True) == []
 
 
-def _ngram_by_definition(tokens, k, n_min, n_max):
+def _ngram_by_definition(tokens, k, n_min, n_max, match_bound=False):
     """Prompt lookup spelled out position by position: the longest n (n_max down to n_min) whose
     suffix n-gram occurs earlier with something after it, the latest such start, then k tokens
-    copied on from there, the copy reading its own output once it passes the end."""
+    copied on from there, the copy reading its own output once it passes the end; match_bound:
+    min(k, m + 1) tokens, m the longest common suffix of the context and the tokens up to the
+    match's end."""
     L = len(tokens)
     for n in range(min(n_max, L - 1), n_min - 1, -1):
         starts = [i for i in range(L - n) if tokens[i : i + n] == tokens[L - n :]]
         if starts:
+            end = starts[-1] + n
+            m = max(j for j in range(end + 1) if tokens[end - j : end] == tokens[L - j :])
             ext = list(tokens)
-            for j in range(k):
-                ext.append(ext[starts[-1] + n + j])
+            for j in range(min(k, m + 1) if match_bound else k):
+                ext.append(ext[end + j])
             return ext[L:]
     return []
 
@@ -200,10 +210,12 @@ def _ngram_by_definition(tokens, k, n_min, n_max):
     st.integers(1, 6),
     st.integers(1, 3),
     st.integers(0, 2),
+    st.booleans(),
 )
-def test_ngram_lookup_matches_its_definition(tokens, k, n_min, extra):
+def test_ngram_lookup_matches_its_definition(tokens, k, n_min, extra, bound):
     # a small alphabet, so matches at every n, overlapping ones and loops are common
-    assert ngram_propose(tokens, k, n_min, n_min + extra) == _ngram_by_definition(tokens, k, n_min, n_min + extra)
+    got = ngram_propose(tokens, k, n_min, n_min + extra, match_bound=bound)
+    assert got == _ngram_by_definition(tokens, k, n_min, n_min + extra, match_bound=bound)
 
 
 def test_expected_tokens_and_break_even():

@@ -15,8 +15,9 @@ POOR_DRAFTER = "tiny"
 DRAFTERS = {  # label -> (method, help)
     "n-gram (prompt lookup)": (
         "ngram",
-        "the draft is what followed the last few tokens earlier in the context: "
-        "free to compute, strong when the answer repeats or edits the prompt",
+        "the draft is what followed the last few tokens earlier in the context, as many tokens as "
+        "that match is long plus one (up to k): free to compute, strong when the answer repeats or "
+        "edits the prompt",
     ),
     "self-draft: early exit": (
         "self_draft_exit",

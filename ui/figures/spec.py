@@ -140,6 +140,7 @@ class SpecSummary:
     acceptance_rate: float | None  # vLLM: accepted / draft tokens
     mean_acceptance_length: float | None  # vLLM: 1 + accepted / drafts (tokens per verify pass)
     alpha: float | None  # geometric-model α from per-position counts
+    mean_draft_length: float | None  # draft tokens per verify pass (k, or fewer: n-gram after a short match)
     target_passes: int
     tokens_per_target_pass: float | None
 
@@ -155,6 +156,7 @@ def request_summary(req) -> SpecSummary:
         acceptance_rate=rates.acceptance_rate(acc, req.spec_num_draft_tokens),
         mean_acceptance_length=rates.mean_acceptance_length(acc, req.spec_num_drafts),
         alpha=pc.alpha,
+        mean_draft_length=rates.mean_draft_length(req.spec_num_draft_tokens, req.spec_num_drafts),
         target_passes=passes,
         tokens_per_target_pass=req.output_len / passes if passes else None,
     )
@@ -173,7 +175,8 @@ def theory_figure(
     measured_label: str = "measured",
 ) -> go.Figure:
     """E(α, k) over k = 0..k_max for the measured α (bold) and reference α's (faint), with the
-    measured tokens per target pass at the engine's k. k = 0 is plain decoding (1 token/pass)."""
+    measured tokens per target pass at k: the engine's k, or the mean draft length where drafts
+    were shorter (a float). k = 0 is plain decoding (1 token/pass)."""
     ks = list(range(0, k_max + 1))
     fig = go.Figure()
     for a in REFERENCE_ALPHAS:
@@ -203,7 +206,8 @@ def theory_figure(
                 x=[k],
                 y=[expected_tokens_per_pass(alpha, k)],
                 mode="markers",
-                name=f"theory at k = {k}: {expected_tokens_per_pass(alpha, k):.2f}",
+                name=(f"theory at k = {k}" if float(k).is_integer() else f"theory at the mean draft length {k:.2f}")
+                + f": {expected_tokens_per_pass(alpha, k):.2f}",
                 marker=dict(symbol="circle-open", size=14, color=theme.OKABE_ITO["blue"], line=dict(width=2)),
             )
         )
