@@ -111,7 +111,7 @@ class SpeculativeConfig:
     draft_layers: int | None = None
     draft_quantize: str | None = None
     # acceptance monitoring / fallback
-    monitor_window: int = 32  # recent draft tokens per request class considered
+    monitor_window: int = 32  # per request class, its last monitor_window / k verify passes are judged
     probe_interval: int = 64  # plain steps of a fallen-back class before probing again
     enable_fallback: bool = True
 

@@ -272,7 +272,7 @@ class SpecDecoder:
         req.spec_num_draft_tokens += n
         req.spec_num_accepted_tokens += n_acc
         st = self.class_state(req.request_class)
-        st.add(n, n_acc, self.config.monitor_window)
+        st.add(n, n_acc, self.window_passes(st))
         # event
         dec = self.ctx.tokenizer.decode
         rejected = drafts[n_acc] if n_acc < n else None
@@ -303,6 +303,12 @@ class SpecDecoder:
         return tokens, marks
 
     # ------------------------------------------------------------------ fallback
+    def window_passes(self, st: ClassState) -> int:
+        """The verify passes a class's window holds: monitor_window draft tokens' worth at its k
+        (counted in passes, so drafts shorter than k, as the n-gram drafter's after a short
+        match, do not stretch the time before a verdict)."""
+        return -(-self.config.monitor_window // (st.k or self.k))
+
     def _monitor(self, reqs: list) -> None:
         if not reqs:
             return
@@ -327,7 +333,7 @@ class SpecDecoder:
                         reason=f"probing again after {cfg.probe_interval} plain steps",
                     )
                 continue
-            if not cfg.enable_fallback or st.window_tokens < cfg.monitor_window:
+            if not cfg.enable_fallback or len(st.window) < self.window_passes(st):
                 continue
             drafted = sum(d for d, _ in st.window)
             acc = sum(a for _, a in st.window)

@@ -2,8 +2,8 @@
 verify pass (mean acceptance length L) exceed the measured cost ratio c = (draft time + verify pass
 time) / plain pass time for the current batch. CostModel holds the measured target-pass times by
 tokens fed (seeded by a short calibration at start-up, then updated from every pure-decode step)
-and the draft time per request; ClassState is one class's window of the last `monitor_window`
-draft tokens and its fallback / probe state (SpecDecoder._monitor acts on them)."""
+and the draft time per request; ClassState is one class's window of its last verify
+passes (`monitor_window` / k of them) and its fallback / probe state (SpecDecoder._monitor acts on them)."""
 
 from __future__ import annotations
 
@@ -69,18 +69,16 @@ class CostModel:
 class ClassState:
     speculating: bool = True
     window: deque = field(default_factory=deque)  # (draft tokens, accepted) per verify pass
-    window_tokens: int = 0
     plain_steps: int = 0
     num_fallbacks: int = 0
     k: int | None = None  # per-class k override
     enabled: bool = True  # per-class switch
 
-    def add(self, n_draft: int, n_acc: int, limit: int) -> None:
+    def add(self, n_draft: int, n_acc: int, passes: int) -> None:
+        """One verify pass; the window keeps the last `passes`."""
         self.window.append((n_draft, n_acc))
-        self.window_tokens += n_draft
-        while len(self.window) > 1 and self.window_tokens - self.window[0][0] >= limit:
-            self.window_tokens -= self.window.popleft()[0]
+        while len(self.window) > passes:
+            self.window.popleft()
 
     def clear(self) -> None:
         self.window.clear()
-        self.window_tokens = 0
