@@ -79,6 +79,13 @@ def test_theory_figure_carries_curve_and_measured_point():
     assert main.y[4] == pytest.approx(3.3616, abs=1e-4)
     meas = [t for t in fig.data if t.name and t.name.startswith("measured")][0]
     assert list(meas.x) == [4] and list(meas.y) == [2.9]
+    names = [t.name for t in fig.data]
+    assert "theory at k = 4: 3.36" in names
+    # drafts shorter than k (the n-gram drafter after a short match): the point sits at the mean
+    fig = spec.theory_figure(0.8, 3.5, 2.9, k_max=8)
+    assert list([t for t in fig.data if t.name.startswith("measured")][0].x) == [3.5]
+    assert f"theory at the mean draft length 3.50: {(1 - 0.8**4.5) / 0.2:.2f}" in [t.name for t in fig.data]
+    assert "theory at k = 4: 3.36" in [t.name for t in spec.theory_figure(0.8, 4.0, 2.9).data]
     # without a measurement yet: references only, no crash
     fig = spec.theory_figure(None, 4, None)
     assert all(t.name.startswith("α =") for t in fig.data)

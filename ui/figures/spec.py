@@ -206,7 +206,7 @@ def theory_figure(
                 x=[k],
                 y=[expected_tokens_per_pass(alpha, k)],
                 mode="markers",
-                name=(f"theory at k = {k}" if float(k).is_integer() else f"theory at the mean draft length {k:.2f}")
+                name=(f"theory at k = {k:g}" if float(k).is_integer() else f"theory at the mean draft length {k:.2f}")
                 + f": {expected_tokens_per_pass(alpha, k):.2f}",
                 marker=dict(symbol="circle-open", size=14, color=theme.OKABE_ITO["blue"], line=dict(width=2)),
             )
