@@ -25,7 +25,7 @@ from . import theme
 from .theme import ACCEPTED, BONUS, PLAIN, REPLACED
 
 
-def expected_tokens_per_pass(alpha: float, k: int) -> float:
+def expected_tokens_per_pass(alpha: float, k: float) -> float:
     """E(α, k) from the engine's one definition, for a page's inputs (checked here)."""
     if k < 0:
         raise ValueError("k must be >= 0")
@@ -167,7 +167,7 @@ REFERENCE_ALPHAS = (0.2, 0.5, 0.8, 0.95)
 
 def theory_figure(
     alpha: float | None,
-    k: int,
+    k: float,
     measured: float | None,
     *,
     k_max: int = 16,
