@@ -170,9 +170,13 @@ def load():
                     lib.kvscope_isa.restype = ctypes.c_char_p
                     lib.kvscope_qlinear_scratch_rows.argtypes = [I]
                     lib.kvscope_qlinear_scratch_rows.restype = I
+                    lib.kvscope_kv_side_step.argtypes = [I]
+                    lib.kvscope_kv_side_step.restype = I
                     _self_test(lib)
                     _self_test_linear(lib)
                     tune_row_path(lib)
+                    if os.environ.get("KVSCOPE_KV_SIDE_STEP"):  # an A/B of the K/V prefetch (kv_side_step)
+                        kv_side_step(lib, int(os.environ["KVSCOPE_KV_SIDE_STEP"]))
                 except Exception as e:  # build or self-test failed: the torch path stays
                     lib, why = None, f"{type(e).__name__}: {str(e)[:400]}"
         _state["lib"] = lib
@@ -454,6 +458,14 @@ def ql_scratch_rows(lib, rows: int = -1) -> int:
     faster one when it loads, KVSCOPE_QL_SCRATCH_ROWS=N names one): rows > 0 sets it, 0 measures
     again, -1 reads it. Returns the setting (2**31 - 1: never; 0: no such choice in this build)."""
     return lib.kvscope_qlinear_scratch_rows(rows)
+
+
+def kv_side_step(lib, step: int = -1) -> int:
+    """Lines of the next layer's K/V that the stack's Linears prefetch per weight block in decode
+    steps of 8 rows or more (csrc/layer.c, kv_side_plan; 0: none; KVSCOPE_KV_SIDE_STEP=N sets it
+    when the library loads): step >= 0 sets it, -1 reads it. Returns the setting. Prefetches change
+    no arithmetic, so any setting gives the same bits."""
+    return lib.kvscope_kv_side_step(step)
 
 
 def qlinear_bitwise(lib, qtype: int) -> bool:

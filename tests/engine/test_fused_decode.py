@@ -127,3 +127,40 @@ def test_same_bits_at_one_and_two_threads(default_model):
     (l1, kv1), (l2, kv2) = got[1], got[2]
     assert all(torch.equal(a, b) for a, b in zip(l1, l2))
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(kv1, kv2))
+
+
+def test_kv_prefetch_changes_no_bits(default_model):
+    """From 8 decode rows the stack's Linears prefetch the next layer's K/V (csrc/layer.c,
+    kv_side_plan): 12 decode rows, 4 of them sharing their first block as prefix-cache hits do, and a
+    3-row verify run, at 2 threads with the prefetch off and on (and an 80-row prefill chunk, where
+    the plan is off): logits and every layer's K/V equal bitwise."""
+    from engine.model import cpu_kernels
+
+    model, tok = default_model
+    lib = cpu_kernels.load()
+    prompt = tok.encode("A stitch in time saves nine, and the early bird catches the worm. " * 6)[:80]
+    shared = [20, 21]  # the blocks of the first 32 positions, shared by s0..s3
+
+    def table(i):
+        return shared + [6 + i] if i < 4 else [24 + 3 * (i - 4) + j for j in range(3)]
+
+    steps = [
+        [BatchRow("p", 0, prompt, list(range(0, 6)), 0)],
+        [BatchRow(f"s{i}", 0, prompt[: 33 + i], table(i), 2) for i in range(12)],
+        [BatchRow(f"s{i}", 33 + i, [prompt[i]], table(i), 0) for i in range(12)]
+        + [BatchRow("p", 80, [5, 6, 7], list(range(0, 6)), 0)],
+    ]
+    before, setting = torch.get_num_threads(), cpu_kernels.kv_side_step(lib)
+    got = {}
+    try:
+        torch.set_num_threads(2)
+        for step in (0, 8):
+            cpu_kernels.kv_side_step(lib, step)
+            r = _runner(model, "c")
+            got[step] = ([r.forward(rows) for rows in steps], [(k.clone(), v.clone()) for k, v in r.kv_caches])
+    finally:
+        torch.set_num_threads(before)
+        cpu_kernels.kv_side_step(lib, setting)
+    (l0, kv0), (l8, kv8) = got[0], got[8]
+    assert all(torch.equal(a, b) for a, b in zip(l0, l8))
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(kv0, kv8))

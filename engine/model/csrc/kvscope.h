@@ -41,6 +41,21 @@ typedef v8 vw;
 #define splatw splat
 #endif
 
+/* The K/V the next layer's attention will read, prefetched from inside the Linears before it
+ * (layer.c plans it, quant_linear.c's tiles take `step` lines a weight block): one cursor per
+ * thread over its share of the blocks (each block's K span, then its V span). */
+#define KV_SIDE_THREADS 64
+typedef struct {
+    const char *p, *end;   /* the span being prefetched */
+    const char *k, *v;     /* the next layer's pools */
+    const int32_t *blocks; /* the blocks it reads */
+    size_t bytes;          /* one block of one pool */
+    int i, i1, step;       /* this thread's spans i..i1-1 (span 2b: block b's K, 2b + 1: its V) */
+} __attribute__((aligned(64))) kv_side_cursor;
+typedef struct {
+    kv_side_cursor cur[KV_SIDE_THREADS];
+} kv_side_plan;
+
 /* linear.c */
 int kvscope_linear(const float *x, int M, int K, const float *panels, int N, const float *bias, float *y,
                    int n_threads);
@@ -49,6 +64,8 @@ void kvscope_linear_panel(const float *x, int M, int K, const float *panel, cons
 /* quant_linear.c */
 int kvscope_qlinear(int type, const float *x, int M, int K, const uint8_t *panels, int N, const float *bias,
                     float *y, int n_threads);
+int kvscope_qlinear_side(int type, const float *x, int M, int K, const uint8_t *panels, int N, const float *bias,
+                         float *y, int n_threads, kv_side_plan *side);
 /* paged_attention.c */
 int kvscope_paged_decode_kv(const float *q, float *out, const void *k_pool, const void *v_pool,
                             const int32_t *q_rows, const int32_t *ctx_lens, const int32_t *tables, int n_seqs,

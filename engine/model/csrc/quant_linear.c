@@ -332,6 +332,29 @@ static void widen_block(int type, const uint8_t *blk, float *w) { widen_block_sc
 static int scratch_rows = SCRATCH_DEFAULT;
 #endif
 
+/* The running thread's cursor of the plan (kvscope.h) its Linear was given, NULL outside one; set
+ * and cleared by the thread inside each parallel region, so concurrent calls (two engines in one
+ * process) never see each other's. Initial-exec TLS: a shared library's default model calls
+ * __tls_get_addr at every access. */
+static __thread kv_side_cursor *side_cur __attribute__((tls_model("initial-exec")));
+static inline void side_enter(kv_side_plan *side, int t) {
+    side_cur = side && t < KV_SIDE_THREADS ? &side->cur[t] : NULL;
+}
+static inline __attribute__((always_inline)) void kv_side_prefetch(void) {
+    kv_side_cursor *c = side_cur;
+    if (!c) return;
+    for (int s = c->step; s > 0; s--) {
+        if (c->p >= c->end) {
+            if (c->i >= c->i1) return;
+            c->p = (c->i & 1 ? c->v : c->k) + (size_t)c->blocks[c->i >> 1] * c->bytes;
+            c->end = c->p + c->bytes;
+            c->i++;
+        }
+        __builtin_prefetch(c->p, 0, 2); /* non-temporal: W16 steps no faster than without (AVX-512) */
+        c->p += 64;
+    }
+}
+
 #ifdef QL_AVX2
 #ifndef QL_PREFETCH
 #define QL_PREFETCH 16
@@ -427,6 +450,7 @@ static AI void rtile(int type, int MR, int P, const float *x, const float *sx, i
         for (int q = 0; q < P; q++) tot[r][q] = _mm512_setzero_ps();
     const int o16 = MR <= 2; /* the odd codes' form: the conversion and the finish must agree */
     for (int b = 0; b < nb; b++) {
+        kv_side_prefetch();
         __m512 ae[FMR][2], ao[FMR][2];
         const uint8_t *blk[2];
         for (int q = 0; q < P; q++) {
@@ -531,6 +555,7 @@ static void scratch_panels(int type, int P, const float *x, const float *sx, int
         const int rc = M - r0 < RC ? M - r0 : RC;
         memset(tb, 0, sizeof(float) * (size_t)rc * P * NR);
         for (int b = 0; b < nb; b++) {
+            kv_side_prefetch();
             __m512 d[4], m[4];
             for (int q = 0; q < P; q++) {
                 const uint8_t *blk = pan + q * pstride + (size_t)b * pb;
@@ -565,7 +590,7 @@ static int last_valid(int N, int p, int w) {
 }
 
 static int qlinear_factorized(int type, const float *x, int M, int K, const uint8_t *panels, int N, const float *bias,
-                              float *y, int n_threads) {
+                              float *y, int n_threads, kv_side_plan *side) {
     const int np = (N + NR - 1) / NR, nb = K / QK, q8 = type == T_Q8_0;
     const size_t pstride = (size_t)nb * panel_block_bytes(type);
     float *sx = malloc(sizeof(float) * (size_t)M * nb);
@@ -585,6 +610,7 @@ static int qlinear_factorized(int type, const float *x, int M, int K, const uint
         const int t = omp_get_thread_num(), nt = omp_get_num_threads();
         const int p0 = share_start(np, nt, t), p1 = share_start(np, nt, t + 1);
         int p = p0;
+        side_enter(side, t);
         if (M >= scratch_rows) {
             float *wsc = malloc(sizeof(float) * 4 * QK * NR), *tb = malloc(sizeof(float) * RC * 4 * NR);
             if (!wsc || !tb) {
@@ -614,6 +640,7 @@ static int qlinear_factorized(int type, const float *x, int M, int K, const uint
                                    bias ? bias + p * NR : NULL, y + (size_t)r0 * N + p * NR, N, last_valid(N, p, 1));
                 r0 += mr;
             }
+        side_enter(NULL, 0);
     }
     free(sx);
     return rc;
@@ -741,6 +768,7 @@ static AI2 void gtile(int type, int MR, const float *x, const float *sx, int K, 
     __m256 tot[6][2], ev[6][2];
     for (int r = 0; r < MR; r++) tot[r][0] = tot[r][1] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
+        kv_side_prefetch();
         const uint8_t *blk = pan + (size_t)b * pb;
         const float *xb = x + b * QK;
         prefetch_block(blk, pb);
@@ -869,6 +897,7 @@ static AI2 void stile2(int type, int MR, const float *x, const float *sx, int K,
     float ev[6][16] __attribute__((aligned(32)));
     for (int r = 0; r < MR; r++) tot[r][0] = tot[r][1] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
+        kv_side_prefetch();
         const float *s = sc + (size_t)b * F2_SB, *xb = x + b * QK;
         __m256 a[6][2];
         for (int r = 0; r < MR; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
@@ -930,7 +959,7 @@ static void f2_scratch(int type, const float *x, const float *sx, int M, int K, 
 }
 
 static int qlinear_factorized2(int type, const float *x, int M, int K, const uint8_t *panels, int N, const float *bias,
-                               float *y, int n_threads) {
+                               float *y, int n_threads, kv_side_plan *side) {
     const int np = (N + NR - 1) / NR, nb = K / QK, q8 = type == T_Q8_0;
     const size_t pstride = (size_t)nb * panel_block_bytes(type);
     float *sx = malloc(sizeof(float) * (size_t)M * nb);
@@ -949,9 +978,11 @@ static int qlinear_factorized2(int type, const float *x, int M, int K, const uin
         const int t = omp_get_thread_num(), nt = omp_get_num_threads();
         const int p0 = share_start(np, nt, t), p1 = share_start(np, nt, t + 1);
         float *sc = M >= scratch_rows ? aligned_alloc(32, sizeof(float) * (size_t)nb * F2_SB) : NULL;
+        side_enter(side, t);
         if (sc) f2_scratch(type, x, sx, M, K, panels, pstride, N, bias, y, p0, p1, sc);
         else if (M >= 3) g2_register(type, x, sx, M, K, panels, pstride, N, bias, y, p0, p1);
         else f2_register(type, x, sx, M, K, panels, pstride, N, bias, y, p0, p1);
+        side_enter(NULL, 0);
         free(sc);
     }
     free(sx);
@@ -962,9 +993,9 @@ static int qlinear_factorized2(int type, const float *x, int M, int K, const uin
 #ifdef QL_AVX2
 static int qlinear_fact(int type, const float *x, int M, int K, const uint8_t *panels, int N, float *y) {
 #ifdef QL_AVX512
-    return qlinear_factorized(type, x, M, K, panels, N, NULL, y, 1);
+    return qlinear_factorized(type, x, M, K, panels, N, NULL, y, 1, NULL);
 #else
-    return qlinear_factorized2(type, x, M, K, panels, N, NULL, y, 1);
+    return qlinear_factorized2(type, x, M, K, panels, N, NULL, y, 1, NULL);
 #endif
 }
 
@@ -1065,6 +1096,12 @@ static void panel_via_scratch(int type, const float *x, int M, int K, const uint
 /* y [M, N] = x [M, K] . W^T + bias; returns 0, or -1 for bad sizes / type, -3 out of memory */
 int kvscope_qlinear(int type, const float *x, int M, int K, const uint8_t *panels, int N, const float *bias, float *y,
                     int n_threads) {
+    return kvscope_qlinear_side(type, x, M, K, panels, N, bias, y, n_threads, NULL);
+}
+
+/* kvscope_qlinear, prefetching `side`'s K/V as it goes where Q4_1 / Q8_0 run factorized (layer.c) */
+int kvscope_qlinear_side(int type, const float *x, int M, int K, const uint8_t *panels, int N, const float *bias,
+                         float *y, int n_threads, kv_side_plan *side) {
     const int pb = panel_block_bytes(type);
     if (!pb || M < 0 || N < 1 || K < QK || K % QK) return -1;
     if (M == 0) return 0;
@@ -1074,9 +1111,9 @@ int kvscope_qlinear(int type, const float *x, int M, int K, const uint8_t *panel
     if (n_threads > np) n_threads = np;
     int rc = 0;
 #ifdef QL_AVX512
-    if (type == T_Q4_1 || type == T_Q8_0) return qlinear_factorized(type, x, M, K, panels, N, bias, y, n_threads);
+    if (type == T_Q4_1 || type == T_Q8_0) return qlinear_factorized(type, x, M, K, panels, N, bias, y, n_threads, side);
 #elif defined(QL_AVX2)
-    if (type == T_Q4_1 || type == T_Q8_0) return qlinear_factorized2(type, x, M, K, panels, N, bias, y, n_threads);
+    if (type == T_Q4_1 || type == T_Q8_0) return qlinear_factorized2(type, x, M, K, panels, N, bias, y, n_threads, side);
 #endif
 #ifdef QL_AVX2
     const qt_fn *tiles = type == T_Q4_1 ? QT4 : type == T_Q8_0 ? QT8 : type == T_F16 ? QTF16 : QTBF16;
