@@ -2,8 +2,9 @@
 (engine/model/csrc/layer.c), one call per step for the whole stack, no transformers module between
 the embedding and the final norm.
 
-Per step Python does only: the embedding lookup, the model's own rotary module once (cos / sin
-for these positions, so its inv_freq and rope scaling are the model's), the per-row block tables,
+Per step Python does only: the embedding lookup, cos / sin for these positions (rows of a table
+the model's own rotary module computed once, so its inv_freq and rope scaling are the model's; the
+module itself each step where its RoPE type changes with the length), the per-row block tables,
 one `kvscope_stack_forward` call, then the final norm and lm_head on the rows whose logits are
 needed. Each layer in C: RMSNorm, the merged q/k/v Linear (engine/model/linear.py's packed panels:
 fp32, or the GGUF's Q4_1 / Q8_0 blocks read in place), rotary, K/V written to the fp32 pool at
@@ -138,6 +139,9 @@ class FusedStack:
                 setattr(d, field, _lin(_raw(pack, mods)))
             d.k_pool, d.v_pool = k_pool.data_ptr(), v_pool.data_ptr()
         self.scale = float(layers[0].self_attn.scaling)
+        self.rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
+        rope_type = str(getattr(runner.model.model.rotary_emb, "rope_type", "default"))
+        self.rope_static = "dynamic" not in rope_type and rope_type != "longrope"
         self.prof = torch.zeros(len(PROF_OPS), dtype=torch.float64)
         self.profile = os.environ.get("KVSCOPE_LAYER_PROFILE", "0") == "1"
 
@@ -151,6 +155,25 @@ class FusedStack:
         """The timer off; seconds per op (PROF_OPS) since profile_start."""
         self.profile = False
         return dict(zip(PROF_OPS, self.prof.tolist()))
+
+    def rope(self, h: torch.Tensor, pos: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, D] fp32 of these positions, computed by the model's rotary module: once for
+        a table of positions 0..n-1 (grown to a power of two past the largest asked) whose rows are
+        picked here, where its RoPE type is static (each position's row is the same elementwise
+        arithmetic either way, so the same bits: tests/engine/test_fused_decode.py); else the
+        module on these positions each step. The table saves its ~6 torch ops a step (0.05-0.1 ms
+        on a 2-core Zen 5, the step's weight stream having left them cold)."""
+        rotary = self.runner.model.model.rotary_emb
+        if not self.rope_static:
+            cos, sin = rotary(h.unsqueeze(0), position_ids=torch.tensor(pos).unsqueeze(0))
+            return cos[0].float().contiguous(), sin[0].float().contiguous()
+        top = max(pos) + 1
+        if self.rope_table is None or self.rope_table[0].shape[0] < top:
+            n = 1 << max(top - 1, 1023).bit_length()
+            cos, sin = rotary(h[:1].unsqueeze(0), position_ids=torch.arange(n).unsqueeze(0))
+            self.rope_table = (cos[0].float().contiguous(), sin[0].float().contiguous())
+        idx = torch.tensor(pos)
+        return self.rope_table[0].index_select(0, idx), self.rope_table[1].index_select(0, idx)
 
     def run(self, flat, tables: list[list[int]], num_layers: int | None = None) -> torch.Tensor:
         """One forward of a flattened batch (runner.FlatBatch: token ids, positions, logit rows and
@@ -168,8 +191,7 @@ class FusedStack:
         inner = r.model.model
         input_ids = torch.tensor(ids)
         h = inner.embed_tokens(input_ids).contiguous()  # [T, hidden], a fresh tensor
-        cos, sin = inner.rotary_emb(h.unsqueeze(0), position_ids=torch.tensor(pos).unsqueeze(0))
-        cos, sin = cos[0].float().contiguous(), sin[0].float().contiguous()
+        cos, sin = self.rope(h, pos)
         d0 = self.descs[0]
         scratch = torch.empty(
             self.lib.kvscope_layer_scratch_floats(t, d0.hidden, d0.H, d0.Hkv, d0.D, d0.inter), dtype=torch.float32

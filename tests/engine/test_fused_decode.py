@@ -164,3 +164,21 @@ def test_kv_prefetch_changes_no_bits(default_model):
     (l0, kv0), (l8, kv8) = got[0], got[8]
     assert all(torch.equal(a, b) for a, b in zip(l0, l8))
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(kv0, kv8))
+
+
+def test_rope_table_rows_are_the_modules_bits(default_model):
+    """FusedStack.rope picks rows of a table the model's rotary module computed once: for positions
+    across the first table and past it (the table grows), the same bits as the module on exactly
+    those positions; a RoPE type that changes with the length gets the module every step."""
+    model, _ = default_model
+    st = _runner(model, "c").fused
+    h = torch.zeros(1, model.config.hidden_size)
+    rotary = model.model.rotary_emb
+    for pos in ([0], [5, 6, 7, 8], [1023, 1024, 4000], [17, 3, 2047, 0, 900]):
+        cos, sin = st.rope(h, pos)
+        ref_cos, ref_sin = rotary(h.unsqueeze(0), position_ids=torch.tensor(pos).unsqueeze(0))
+        assert torch.equal(cos, ref_cos[0].float()) and torch.equal(sin, ref_sin[0].float())
+    assert st.rope_table[0].shape[0] == 4096
+    st.rope_static = False
+    cos, _ = st.rope(h, [3, 4])
+    assert torch.equal(cos, rotary(h.unsqueeze(0), position_ids=torch.tensor([[3, 4]]))[0][0].float())
