@@ -167,8 +167,10 @@ static double now(void) { return omp_get_wtime(); }
  * KV_SIDE_ROWS_PER_SEQ query rows per sequence (prefill chunks) the attention is the tiled kernel,
  * bound by its arithmetic, and a 512- or 2,048-token prefill at 1 thread took 1-2% longer with the
  * plan. W16's decode steps (16 rows, 2 threads, Zen 5, AVX-512, one process alternating): median
- * 15.22 -> 14.35 ms a step (attention 3.5 -> 1.8-2.4 ms, the Linears 0.3 ms slower); 4 rows
- * 0.98-1.01x, 8 rows 1.02-1.05x; batch 1 0.90x with prefetches (hence the floor). Off on the AVX2
+ * 15.22 -> 14.35 ms a step in quiet minutes (attention 3.5 -> 1.8-2.4 ms, the Linears 0.3 ms
+ * slower), but 1-4% slower in busy ones (the shared machine's other load evicting the lines before
+ * the attention came to them; docs/BENCHMARKS.md, thirteenth session); 4 rows 0.98-1.01x, 8 rows
+ * 1.02-1.05x; batch 1 0.90x with prefetches (hence the floor). Off on the AVX2
  * path: its 16-row tiles keep a group of panels in L2 for the next row tile, and the prefetched
  * lines pushed them out (attention 3.2 -> 2.7 ms, gate_up 7.2 -> 7.8, the step no faster at 2 or 8
  * lines a block; as non-temporal prefetches 23.5 -> 24.0 ms). Prefetches change no arithmetic: the

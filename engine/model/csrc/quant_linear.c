@@ -350,7 +350,7 @@ static inline __attribute__((always_inline)) void kv_side_prefetch(void) {
             c->end = c->p + c->bytes;
             c->i++;
         }
-        __builtin_prefetch(c->p, 0, 2); /* non-temporal: W16 steps no faster than without (AVX-512) */
+        __builtin_prefetch(c->p, 0, 2); /* non-temporal (hint 0): W16's steps no faster than without */
         c->p += 64;
     }
 }
