@@ -25,7 +25,7 @@
 #endif
 
 #ifdef __AVX512F__
-#define GU_ROWS 64 /* rows per gate_up + SiLU chunk (see kvscope_layer_forward) */
+#define GU_ROWS 64 /* rows per gate_up + SiLU chunk (see layer_forward) */
 #else
 #define GU_ROWS 128
 #endif
