@@ -54,6 +54,8 @@ typedef struct {
 } __attribute__((aligned(64))) kv_side_cursor;
 typedef struct {
     kv_side_cursor cur[KV_SIDE_THREADS];
+    const int32_t *blocks; /* the step's blocks, n of them (block size bs), shared by nt threads */
+    int n, bs, nt, on;     /* on: this step's rows are ones the plan serves (layer.c) */
 } kv_side_plan;
 
 /* linear.c */

@@ -194,24 +194,20 @@ int kvscope_kv_side_step(int step) {
     if (step >= 0) side_step = step;
     return side_step;
 }
-/* plan nx's pools over blocks[0..n-1] for n_threads threads (nx NULL, or rows outside the
-   plan's range for T rows of n_seqs sequences: nothing) */
-static void side_plan(kv_side_plan *pl, const kv_layer *nx, const int32_t *blocks, int n, int bs, int T, int n_seqs,
-                      int n_threads) {
-    const int nt = n_threads < KV_SIDE_THREADS ? n_threads : KV_SIDE_THREADS;
-    const int on = nx && T >= KV_SIDE_MIN_ROWS && T <= (long long)KV_SIDE_ROWS_PER_SEQ * n_seqs;
-    for (int t = 0; t < nt; t++) {
+/* the plan's cursors aimed at nx's pools (NULL, or a step the plan does not serve: nothing) */
+static void side_aim(kv_side_plan *pl, const kv_layer *nx) {
+    for (int t = 0; t < pl->nt; t++) {
         kv_side_cursor *c = &pl->cur[t];
         c->p = c->end = NULL;
         c->i = c->i1 = 0;
-        c->step = on ? side_step : 0;
-        if (!on) continue;
+        c->step = pl->on && nx ? side_step : 0;
+        if (!c->step) continue;
         c->k = (const char *)nx->k_pool;
         c->v = (const char *)nx->v_pool;
-        c->blocks = blocks;
-        c->bytes = (size_t)bs * nx->Hkv * nx->D * sizeof(float);
-        c->i = share_start(2 * n, nt, t);
-        c->i1 = share_start(2 * n, nt, t + 1);
+        c->blocks = pl->blocks;
+        c->bytes = (size_t)pl->bs * nx->Hkv * nx->D * sizeof(float);
+        c->i = share_start(2 * pl->n, pl->nt, t);
+        c->i1 = share_start(2 * pl->n, pl->nt, t + 1);
     }
 }
 
@@ -222,8 +218,7 @@ long long kvscope_layer_scratch_floats(int T, int hidden, int H, int Hkv, int D,
 
 /* h [T, hidden] updated in place. slots [T] int64 flat pool slots; q_rows/lens/tables as
    kvscope_paged_decode_kv (one entry per query row). scratch: kvscope_layer_scratch_floats. */
-static int layer_forward(const kv_layer *L, const kv_layer *nx, kv_side_plan *side, const int32_t *blocks,
-                         int nblocks, int nseq, float *h, int T,
+static int layer_forward(const kv_layer *L, const kv_layer *nx, kv_side_plan *side, float *h, int T,
                          const float *cos, const float *sin, const int64_t *slots, const int32_t *q_rows,
                          const int32_t *lens, const int32_t *tables, int n_seqs, int max_blocks, int bs, float scale,
                          int max_ctx, int n_threads, float *scratch, double *prof) {
@@ -267,7 +262,7 @@ static int layer_forward(const kv_layer *L, const kv_layer *nx, kv_side_plan *si
     if ((rc = kvscope_paged_attention_rows(q, att, L->k_pool, L->v_pool, q_rows, lens, tables, n_seqs, max_blocks, bs,
                                            H, Hkv, D, scale, max_ctx, n_threads, at)))
         return rc;
-    side_plan(side, nx, blocks, nblocks, bs, T, nseq, n_threads);
+    side_aim(side, nx);
     TICK(3)
     if ((rc = lin(&L->o, att, T, tmp, n_threads, side))) return rc;
     TICK(4)
@@ -316,22 +311,28 @@ int kvscope_stack_forward(const kv_layer *Ls, int n_layers, float *h, int T, con
     for (int i = 0; i < n_seqs; i++)
         if (LAST_ROW(i)) nb += (lens[i] + bs - 1) / bs, ns++;
     kv_side_plan *side = (kv_side_plan *)aligned_alloc(64, sizeof(kv_side_plan));
-    int32_t *blocks = (int32_t *)malloc(sizeof(int32_t) * (nb ? nb : 1));
-    if (!side || !blocks) {
+    const int on = side_step > 0 && T >= KV_SIDE_MIN_ROWS && T <= (long long)KV_SIDE_ROWS_PER_SEQ * ns;
+    int32_t *blocks = on ? (int32_t *)malloc(sizeof(int32_t) * (nb ? nb : 1)) : NULL;
+    if (!side || (on && !blocks)) {
         free(side);
         free(blocks);
         return -3;
     }
-    nb = 0;
-    for (int i = 0; i < n_seqs; i++)
-        if (LAST_ROW(i))
-            for (int b = 0; b < (lens[i] + bs - 1) / bs; b++) blocks[nb++] = tables[(size_t)i * max_blocks + b];
+    if (on)
+        for (int i = 0, j = 0; i < n_seqs; i++)
+            if (LAST_ROW(i))
+                for (int b = 0; b < (lens[i] + bs - 1) / bs; b++) blocks[j++] = tables[(size_t)i * max_blocks + b];
 #undef LAST_ROW
-    side_plan(side, n_layers ? Ls : NULL, blocks, nb, bs, T, ns, n_threads); /* the first layer's, during its qkv */
+    side->blocks = blocks;
+    side->n = nb;
+    side->bs = bs;
+    side->nt = n_threads < KV_SIDE_THREADS ? n_threads : KV_SIDE_THREADS;
+    side->on = on;
+    side_aim(side, n_layers ? Ls : NULL); /* the first layer's, during its qkv */
     int rc = 0;
     for (int l = 0; l < n_layers && !rc; l++)
-        rc = layer_forward(Ls + l, l + 1 < n_layers ? Ls + l + 1 : NULL, side, blocks, nb, ns, h, T, cos, sin, slots,
-                           q_rows, lens, tables, n_seqs, max_blocks, bs, scale, max_ctx, n_threads, scratch, prof);
+        rc = layer_forward(Ls + l, l + 1 < n_layers ? Ls + l + 1 : NULL, side, h, T, cos, sin, slots, q_rows, lens,
+                           tables, n_seqs, max_blocks, bs, scale, max_ctx, n_threads, scratch, prof);
     free(side);
     free(blocks);
     return rc;
