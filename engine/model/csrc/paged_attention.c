@@ -614,12 +614,12 @@ int kvscope_paged_decode_kv(const float *q, float *out, const void *k_pool, cons
     if (n_threads > segs * parts) n_threads = segs * parts;
     const size_t sc_floats = ((size_t)max_ctx + 8) * H, acc_vecs = (size_t)H * (D / 8);
     const size_t part_floats = (size_t)H * (D + 2);
-    float *scores = (float *)malloc(sizeof(float) * sc_floats * n_threads);
-    v8 *accs = (v8 *)aligned_alloc(32, sizeof(v8) * acc_vecs * n_threads);
-    float *bufs = (float *)malloc(sizeof(float) * (size_t)Hkv * D * n_threads);
+    float *scores = (float *)kv_alloc(sizeof(float) * sc_floats * n_threads);
+    v8 *accs = (v8 *)kv_alloc(sizeof(v8) * acc_vecs * n_threads);
+    float *bufs = (float *)kv_alloc(sizeof(float) * (size_t)Hkv * D * n_threads);
     int32_t *rowbufs = (int32_t *)malloc(sizeof(int32_t) * ((size_t)max_ctx + 8) * n_threads);
     int32_t *item = (int32_t *)malloc(sizeof(int32_t) * 3 * (size_t)segs); /* (s, segment, part slot) */
-    float *partials = split ? (float *)malloc(sizeof(float) * part_floats * split) : NULL;
+    float *partials = split ? (float *)kv_alloc(sizeof(float) * part_floats * split) : NULL;
     if (!scores || !accs || !bufs || !rowbufs || !item || (split && !partials)) {
         free(scores); free(accs); free(bufs); free(rowbufs); free(item); free(partials);
         return -2;
@@ -941,10 +941,10 @@ int kvscope_paged_prefill(const float *q, float *out, const float *k_pool, const
     if (n_threads < 1) n_threads = 1;
     if (n_threads > items) n_threads = items;
     const size_t head_floats = (size_t)ntiles * PF_KT * D;
-    float *kt = (float *)malloc(sizeof(float) * head_floats * Hkv);
-    float *vt = (float *)malloc(sizeof(float) * head_floats * Hkv);
+    float *kt = (float *)kv_alloc(sizeof(float) * head_floats * Hkv);
+    float *vt = (float *)kv_alloc(sizeof(float) * head_floats * Hkv);
     const size_t per = (size_t)RP * D * 2 + (size_t)RP * PF_KT + 5 * (size_t)RP + 16; /* Qt Ot St m l alpha mt pos */
-    float *work = (float *)aligned_alloc(64, sizeof(float) * ((per * n_threads + 15) & ~(size_t)15));
+    float *work = (float *)kv_alloc(sizeof(float) * per * n_threads);
     if (!kt || !vt || !work) { free(kt); free(vt); free(work); return -2; }
     #pragma omp parallel num_threads(n_threads) if (n_threads > 1)
     {

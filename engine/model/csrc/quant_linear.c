@@ -593,7 +593,7 @@ static int qlinear_factorized(int type, const float *x, int M, int K, const uint
                               float *y, int n_threads, kv_side_plan *side) {
     const int np = (N + NR - 1) / NR, nb = K / QK, q8 = type == T_Q8_0;
     const size_t pstride = (size_t)nb * panel_block_bytes(type);
-    float *sx = malloc(sizeof(float) * (size_t)M * nb);
+    float *sx = kv_alloc(sizeof(float) * (size_t)M * nb);
     if (!sx) return -3;
     int rc = 0;
     #pragma omp parallel num_threads(n_threads) if (n_threads > 1)
@@ -612,7 +612,7 @@ static int qlinear_factorized(int type, const float *x, int M, int K, const uint
         int p = p0;
         side_enter(side, t);
         if (M >= scratch_rows) {
-            float *wsc = malloc(sizeof(float) * 4 * QK * NR), *tb = malloc(sizeof(float) * RC * 4 * NR);
+            float *wsc = kv_alloc(sizeof(float) * 4 * QK * NR), *tb = kv_alloc(sizeof(float) * RC * 4 * NR);
             if (!wsc || !tb) {
                 #pragma omp atomic write
                 rc = -3;
@@ -962,7 +962,7 @@ static int qlinear_factorized2(int type, const float *x, int M, int K, const uin
                                float *y, int n_threads, kv_side_plan *side) {
     const int np = (N + NR - 1) / NR, nb = K / QK, q8 = type == T_Q8_0;
     const size_t pstride = (size_t)nb * panel_block_bytes(type);
-    float *sx = malloc(sizeof(float) * (size_t)M * nb);
+    float *sx = kv_alloc(sizeof(float) * (size_t)M * nb);
     if (!sx) return -3;
     #pragma omp parallel num_threads(n_threads) if (n_threads > 1)
     {
@@ -977,7 +977,7 @@ static int qlinear_factorized2(int type, const float *x, int M, int K, const uin
             }
         const int t = omp_get_thread_num(), nt = omp_get_num_threads();
         const int p0 = share_start(np, nt, t), p1 = share_start(np, nt, t + 1);
-        float *sc = M >= scratch_rows ? aligned_alloc(32, sizeof(float) * (size_t)nb * F2_SB) : NULL;
+        float *sc = M >= scratch_rows ? kv_alloc(sizeof(float) * (size_t)nb * F2_SB) : NULL;
         side_enter(side, t);
         if (sc) f2_scratch(type, x, sx, M, K, panels, pstride, N, bias, y, p0, p1, sc);
         else if (M >= 3) g2_register(type, x, sx, M, K, panels, pstride, N, bias, y, p0, p1);
@@ -1145,7 +1145,7 @@ int kvscope_qlinear_side(int type, const float *x, int M, int K, const uint8_t *
 #endif
     #pragma omp parallel num_threads(n_threads) if (n_threads > 1)
     {
-        float *scratch = malloc((size_t)K * NR * sizeof(float));
+        float *scratch = kv_alloc((size_t)K * NR * sizeof(float));
         if (!scratch) {
             #pragma omp atomic write
             rc = -3;
