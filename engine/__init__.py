@@ -2,6 +2,9 @@
 speculative decoding, over Hugging Face transformers models. Imports neither streamlit nor plotly."""
 
 from engine.config import EngineConfig, SamplingParams, SpeculativeConfig, TierConfig
+from engine.model import kernel_isa
+
+kernel_isa.limit_runtime()  # KVSCOPE_ISA=avx2: torch's own kernels as on an AVX2-only CPU, before any op
 
 __all__ = [
     "EngineConfig",

@@ -15,6 +15,7 @@ import logging
 import os
 import time
 
+from engine.model import kernel_isa
 from engine.model.kv_layout import cdiv
 
 
@@ -169,13 +170,11 @@ def llamacpp_python() -> str | None:
     return None
 
 
-# What an AVX2-only CPU leaves a torch program: ATen's, oneDNN's and MKL's kernels pick their ISA at
-# run time, so on an AVX-512 CPU vLLM would run AVX-512 kernels beside kvscope's AVX2 build. Under
-# KVSCOPE_ISA=avx2 the bench's vLLM runs with these limits (llama.cpp is built with -mno-avx512f,
-# scripts/peers.sh); values already in the environment win. vLLM's own kernels come in an AVX2
-# build too (vllm._C_AVX2), which it loads where torch.cpu finds no AVX-512: engine/bench/avx2_site
-# (put first on the peer's PYTHONPATH) makes torch.cpu's AVX-512 / AMX probes answer False there.
-AVX2_RUNTIME_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+# Under KVSCOPE_ISA=avx2 the bench's vLLM runs with kernel_isa.AVX2_RUNTIME_ENV's limits, as kvscope's
+# own process does (llama.cpp is built with -mno-avx512f, scripts/peers.sh). vLLM's own kernels come
+# in an AVX2 build too (vllm._C_AVX2), which it loads where torch.cpu finds no AVX-512:
+# engine/bench/avx2_site (put first on the peer's PYTHONPATH) makes torch.cpu's AVX-512 / AMX probes
+# answer False there.
 AVX2_SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "avx2_site")
 
 
@@ -188,7 +187,7 @@ def vllm_isa_env() -> dict[str, str]:
 
     if cpu_kernels.isa_flags() != cpu_kernels.ISA_FLAGS["avx2"]:
         return {}
-    env = {k: os.environ.get(k, v) for k, v in AVX2_RUNTIME_ENV.items()}
+    env = {k: os.environ.get(k, v) for k, v in kernel_isa.AVX2_RUNTIME_ENV.items()}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (AVX2_SITE_DIR, os.environ.get("PYTHONPATH")) if p)
     return env
 
@@ -198,7 +197,8 @@ def vllm_isa_limits() -> str:
     env = vllm_isa_env()
     if not env:
         return ""
-    return " ".join(f"{k}={env[k]}" for k in AVX2_RUNTIME_ENV) + " and vLLM's own AVX2 kernels (vllm._C_AVX2)"
+    limits = " ".join(f"{k}={env[k]}" for k in kernel_isa.AVX2_RUNTIME_ENV)
+    return limits + " and vLLM's own AVX2 kernels (vllm._C_AVX2)"
 
 
 def vllm_isa_label() -> str:

@@ -7,7 +7,28 @@ plus KVSCOPE_ISA's, e.g. -mno-avx512f) define. `bench` prints it beside every fi
 from __future__ import annotations
 
 import functools
+import os
 import subprocess
+
+# What an AVX2-only CPU leaves a torch program: ATen's, oneDNN's and MKL's kernels pick their ISA at
+# run time, so on an AVX-512 CPU they would run AVX-512 beside kvscope's AVX2 build. Under
+# KVSCOPE_ISA=avx2 both this process (limit_runtime, from `import engine`) and the bench's vLLM peer
+# (engine/bench/peers.vllm_isa_env) run with these limits; values already in the environment win.
+# Without them the bench's roofs on the AVX2 path were AVX-512 rates: torch's fp32 matmul, 512 x 576
+# x 3072, 170 / 330 GFLOP/s at 1 / 2 threads against 112 / 215 limited (a Xeon with AVX-512).
+AVX2_RUNTIME_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+
+
+def limit_runtime() -> dict[str, str]:
+    """Under KVSCOPE_ISA=avx2, set AVX2_RUNTIME_ENV's limits in this process's environment (where
+    unset) and return them; {} otherwise. Read by ATen, oneDNN and MKL when they first pick a
+    kernel, so it runs at `import engine`, before any torch op."""
+    if (os.environ.get("KVSCOPE_ISA") or "").strip().lower() != "avx2":
+        return {}
+    for k, v in AVX2_RUNTIME_ENV.items():
+        os.environ.setdefault(k, v)
+    return {k: os.environ[k] for k in AVX2_RUNTIME_ENV}
+
 
 # macro -> name, in the order they are reported
 _MACROS = (

@@ -61,3 +61,27 @@ def test_avx2_build_bitwise_equals_native_build():
     print(native, avx2)
     assert native["isa"].startswith("AVX-512") and avx2["isa"].startswith("AVX2")
     assert native["sha256"] == avx2["sha256"]
+
+
+def test_the_avx2_path_runs_torch_as_an_avx2_only_cpu_would(monkeypatch):
+    """KVSCOPE_ISA=avx2 limits this process's ATen / oneDNN / MKL to AVX2 from `import engine` (a
+    value already set wins), so torch's ops and the bench's roofs are an AVX2 CPU's; unset, nothing
+    is touched."""
+    monkeypatch.delenv("KVSCOPE_ISA", raising=False)
+    for k in kernel_isa.AVX2_RUNTIME_ENV:
+        monkeypatch.delenv(k, raising=False)
+    assert kernel_isa.limit_runtime() == {} and not any(k in os.environ for k in kernel_isa.AVX2_RUNTIME_ENV)
+    monkeypatch.setenv("KVSCOPE_ISA", "avx2")
+    monkeypatch.setenv("MKL_ENABLE_INSTRUCTIONS", "AVX")
+    assert kernel_isa.limit_runtime() == {
+        "ATEN_CPU_CAPABILITY": "avx2",
+        "ONEDNN_MAX_CPU_ISA": "AVX2",
+        "MKL_ENABLE_INSTRUCTIONS": "AVX",
+    }
+    env = {k: v for k, v in os.environ.items() if k not in kernel_isa.AVX2_RUNTIME_ENV}
+    probe = "import engine, torch; print(torch.backends.cpu.get_cpu_capability())"
+    for isa, want in (("avx2", {"AVX2"}), ("native", {"AVX2", "AVX512", "DEFAULT", "NO AVX"})):
+        env["KVSCOPE_ISA"] = isa
+        out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() in want, (isa, out.stdout)
