@@ -187,7 +187,7 @@ def vllm_isa_env() -> dict[str, str]:
 
     if cpu_kernels.isa_flags() != cpu_kernels.ISA_FLAGS["avx2"]:
         return {}
-    env = {k: os.environ.get(k, v) for k, v in kernel_isa.AVX2_RUNTIME_ENV.items()}
+    env = kernel_isa.runtime_limits()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (AVX2_SITE_DIR, os.environ.get("PYTHONPATH")) if p)
     return env
 

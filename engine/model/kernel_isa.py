@@ -19,15 +19,21 @@ import subprocess
 AVX2_RUNTIME_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 
 
-def limit_runtime() -> dict[str, str]:
-    """Under KVSCOPE_ISA=avx2, set AVX2_RUNTIME_ENV's limits in this process's environment (where
-    unset) and return them; {} otherwise. Read by ATen, oneDNN and MKL when they first pick a
-    kernel, so it runs at `import engine`, before any torch op."""
-    if (os.environ.get("KVSCOPE_ISA") or "").strip().lower() != "avx2":
+def runtime_limits() -> dict[str, str]:
+    """Under KVSCOPE_ISA=avx2, AVX2_RUNTIME_ENV with the values already in the environment winning;
+    {} otherwise. Reads only. KVSCOPE_ISA is read here as cpu_kernels.isa_flags reads it, without
+    importing that module (it imports torch, and this runs before torch may)."""
+    if (os.environ.get("KVSCOPE_ISA") or "native").strip().lower() != "avx2":
         return {}
-    for k, v in AVX2_RUNTIME_ENV.items():
-        os.environ.setdefault(k, v)
-    return {k: os.environ[k] for k in AVX2_RUNTIME_ENV}
+    return {k: os.environ.get(k, v) for k, v in AVX2_RUNTIME_ENV.items()}
+
+
+def limit_runtime() -> dict[str, str]:
+    """Set runtime_limits() in this process's environment and return them. Read by ATen, oneDNN
+    and MKL when they first pick a kernel, so it runs at `import engine`, before any torch op."""
+    limits = runtime_limits()
+    os.environ.update(limits)
+    return limits
 
 
 # macro -> name, in the order they are reported
