@@ -22,13 +22,13 @@ static inline v16 ld16(const float *p) { v16 v; memcpy(&v, p, sizeof v); return 
 static inline void st16(float *p, v16 v) { memcpy(p, &v, sizeof v); }
 static inline v16 splat16(float x) { return (v16){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
 #endif
-/* n things split into `parts` near-equal shares: share i's size (the first n % parts one larger:
-   7 rows in 2 tiles = 4 + 3) and where share i starts when cut by floor(n i / parts) (a thread's
-   panel range) */
 /* a kernel's scratch, on a 64-byte line (free() releases it): malloc's 16-byte alignment put
  * every other vector load across two cache lines, which Intel cores pay as two loads (the Q4_1
  * scratch tiles 0.8x, a Xeon with AVX-512, 1 thread; see quant_linear.c's scratch_panels) */
 static inline void *kv_alloc(size_t bytes) { return aligned_alloc(64, (bytes + 63) & ~(size_t)63); }
+/* n things split into `parts` near-equal shares: share i's size (the first n % parts one larger:
+   7 rows in 2 tiles = 4 + 3) and where share i starts when cut by floor(n i / parts) (a thread's
+   panel range) */
 static inline int share_size(int n, int parts, int i) { return n / parts + (i < n % parts); }
 static inline int share_start(int n, int parts, int i) { return (int)((long long)n * i / parts); }
 /* the widest of the two: for lane-wise loops whose bits do not depend on the width */
