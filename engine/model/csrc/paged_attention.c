@@ -707,6 +707,26 @@ int kvscope_paged_decode(const float *q, float *out, const float *k_pool, const 
    best at 512 positions, 64 at 8,000). Any choice gives the same bits. */
 static inline int pf_query_tile(int L) { return L < 1024 ? 16 : L < 4096 ? 32 : 64; }
 
+/* a[j][i] <- a[i][j]: an 8 x 8 block transposed in three rounds of pairing (unpack, then pairs of
+   pairs, then halves) */
+static inline void transpose8(v8 *a) {
+    v8 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = SHUF(a[i], a[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+        t[i + 1] = SHUF(a[i], a[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = SHUF(t[i], t[i + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+        u[i + 1] = SHUF(t[i], t[i + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+        u[i + 2] = SHUF(t[i + 1], t[i + 3], 0, 1, 8, 9, 4, 5, 12, 13);
+        u[i + 3] = SHUF(t[i + 1], t[i + 3], 2, 3, 10, 11, 6, 7, 14, 15);
+    }
+    for (int i = 0; i < 4; i++) {
+        a[i] = SHUF(u[i], u[i + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+        a[i + 4] = SHUF(u[i], u[i + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+    }
+}
+
 /* max(a, b) lane by lane (scores: no NaN): one vmaxps where there is AVX, not compare-and-select */
 static inline v8 pf_max(v8 a, v8 b) {
 #ifdef __AVX__
@@ -872,12 +892,21 @@ static void pf_tile(const float *q, float *out, const float *Ktiles, const float
                     int p0, int np, int g, int G, int H, int D, float scale, float *Qt, float *St, float *Ot,
                     float *m, float *l, float *alpha, float *mt, int32_t *pos) {
     const int R = np * G, RP = (R + 15) & ~15, last = p0 + np - 1; /* the tile's last position: keys 0 .. last */
-    for (int r = 0; r < RP; r++) {
-        const float *src = q + ((size_t)(qrow0 + p0 - start + r / G) * H + g * G + r % G) * D;
-        for (int d = 0; d < D; d++) Qt[(size_t)d * RP + r] = r < R ? src[d] * scale : 0.f;
-        pos[r] = r < R ? p0 + r / G : last;
-        m[r] = -INFINITY;
-        l[r] = 0.f;
+    for (int r0 = 0; r0 < RP; r0 += 8) { /* Qt [D][RP] from 8 rows at a time, 8 x 8 blocks transposed */
+        const float *src[8];
+        for (int i = 0; i < 8; i++) {
+            const int r = r0 + i;
+            src[i] = r < R ? q + ((size_t)(qrow0 + p0 - start + r / G) * H + g * G + r % G) * D : NULL;
+            pos[r] = r < R ? p0 + r / G : last;
+            m[r] = -INFINITY;
+            l[r] = 0.f;
+        }
+        for (int d0 = 0; d0 < D; d0 += 8) {
+            v8 a[8];
+            for (int i = 0; i < 8; i++) a[i] = src[i] ? ld(src[i] + d0) * scale : splat(0.f);
+            transpose8(a);
+            for (int j = 0; j < 8; j++) st(Qt + (size_t)(d0 + j) * RP + r0, a[j]);
+        }
     }
     memset(Ot, 0, sizeof(float) * (size_t)RP * D);
     for (int k0 = 0; k0 <= last; k0 += PF_KT) {
@@ -923,10 +952,16 @@ static void pf_tile(const float *q, float *out, const float *Ktiles, const float
 #undef PF_SOFTMAX_ROWS
         pf_product(V, 1, D, St, RP, nk, alpha, Ot, NULL, D);
     }
-    for (int r = 0; r < R; r++) {
-        float *dst = out + ((size_t)(qrow0 + p0 - start + r / G) * H + g * G + r % G) * D;
-        const float inv = 1.0f / l[r];
-        for (int d = 0; d < D; d++) dst[d] = Ot[(size_t)d * RP + r] * inv;
+    for (int r0 = 0; r0 < R; r0 += 8) { /* out = O / l, 8 x 8 blocks of Ot transposed back */
+        for (int d0 = 0; d0 < D; d0 += 8) {
+            v8 a[8];
+            for (int j = 0; j < 8; j++) a[j] = ld(Ot + (size_t)(d0 + j) * RP + r0);
+            transpose8(a);
+            for (int i = 0; i < 8 && r0 + i < R; i++) {
+                const int r = r0 + i;
+                st(out + ((size_t)(qrow0 + p0 - start + r / G) * H + g * G + r % G) * D + d0, a[i] * (1.0f / l[r]));
+            }
+        }
     }
 }
 
