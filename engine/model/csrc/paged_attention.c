@@ -953,14 +953,18 @@ static void pf_tile(const float *q, float *out, const float *Ktiles, const float
         pf_product(V, 1, D, St, RP, nk, alpha, Ot, NULL, D);
     }
     for (int r0 = 0; r0 < R; r0 += 8) { /* out = O / l, 8 x 8 blocks of Ot transposed back */
+        const int n = R - r0 < 8 ? R - r0 : 8;
+        float *dst[8], inv[8];
+        for (int i = 0; i < n; i++) {
+            const int r = r0 + i;
+            dst[i] = out + ((size_t)(qrow0 + p0 - start + r / G) * H + g * G + r % G) * D;
+            inv[i] = 1.0f / l[r];
+        }
         for (int d0 = 0; d0 < D; d0 += 8) {
             v8 a[8];
             for (int j = 0; j < 8; j++) a[j] = ld(Ot + (size_t)(d0 + j) * RP + r0);
             transpose8(a);
-            for (int i = 0; i < 8 && r0 + i < R; i++) {
-                const int r = r0 + i;
-                st(out + ((size_t)(qrow0 + p0 - start + r / G) * H + g * G + r % G) * D + d0, a[i] * (1.0f / l[r]));
-            }
+            for (int i = 0; i < n; i++) st(dst[i] + d0, a[i] * inv[i]);
         }
     }
 }
