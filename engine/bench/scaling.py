@@ -99,10 +99,24 @@ def limits_for(shape: ModelShape, g: dict, roofs: dict, dtype_bytes: int) -> lis
 WARM_UP_PROMPT = [13] * 32
 
 
-def unique_prompts(base: list[int], lengths: list[int], start: int = 1) -> list[list[int]]:
-    """One prompt per length, each a different window of `base` (offset start, start+1, ...): no
-    two share a first block, so no prefix cache serves any of them."""
-    return [base[start + i : start + i + L] for i, L in enumerate(lengths)]
+FIRST_BLOCK = 16  # tokens: the smallest block any engine here caches prefixes by (kvscope's and vLLM's >= 16)
+
+
+def take_windows(base: list[int], sizes: list[int], taken: set, start: int = 1) -> tuple[list[list[int]], int]:
+    """Windows of `base` of the given sizes, each starting one token after the one before (from
+    offset `start`), skipping any whose first block `taken` already holds: filler text repeats its
+    sentences, and two prompts that begin alike would let a prefix cache serve the second's first
+    block. Adds each window's first block to `taken`; returns the windows and the next offset."""
+    out, off = [], start
+    for n in sizes:
+        while tuple(base[off : off + FIRST_BLOCK]) in taken:
+            off += 1
+        if off + n > len(base):
+            raise ValueError(f"the filler text has no window of {n} tokens left from offset {off}")
+        taken.add(tuple(base[off : off + FIRST_BLOCK]))
+        out.append(base[off : off + n])
+        off += 1
+    return out, off
 
 
 class _Segments:
@@ -194,21 +208,22 @@ def _kvscope_server(ctx, max_seqs: int, max_len: int, blocks: int):
         C.free_llm(llm)
 
 
-def concurrency_sets(base: list[int], g: dict) -> dict[int, list[list[int]]]:
-    """N distinct prompts of conc_prompt_len tokens per concurrency level, none repeated."""
-    out, off, p = {}, 1, g["conc_prompt_len"]
-    for n in g["concurrency"]:
-        out[n] = [base[off + i : off + i + p] for i in range(n)]
-        off += n
+def grid_prompts(tok, g: dict) -> list[tuple[list[list[int]], dict[int, list[list[int]]]]]:
+    """The token ids a run of grid g measures, per round: one prompt per length, and N prompts of
+    conc_prompt_len tokens per concurrency level N. No two prompts of the whole run (nor the
+    warm-up) share a first block, so no engine's prefix cache serves any of them, in any round."""
+    rounds = g.get("rounds", 1)
+    base = C.filler_ids(tok, max(g["lengths"]) + rounds * len(g["lengths"]) + 64, seed=0)
+    conc_base = C.filler_ids(tok, g["conc_prompt_len"] + rounds * sum(g["concurrency"]) + 64, seed=1)
+    taken = {tuple(WARM_UP_PROMPT[:FIRST_BLOCK])}
+    off, conc_off, out = 1, 1, []
+    for _ in range(rounds):
+        lengths, off = take_windows(base, g["lengths"], taken, off)
+        conc = {}
+        for n in g["concurrency"]:
+            conc[n], conc_off = take_windows(conc_base, [g["conc_prompt_len"]] * n, taken, conc_off)
+        out.append((lengths, conc))
     return out
-
-
-def grid_prompts(tok, g: dict) -> tuple[list[list[int]], dict[int, list[list[int]]]]:
-    """The token ids a run of grid g measures: one prompt per length, and the prompts per
-    concurrency level."""
-    base = C.filler_ids(tok, max(g["lengths"]) + len(g["lengths"]) + 8, seed=0)
-    conc_base = C.filler_ids(tok, g["conc_prompt_len"] + sum(g["concurrency"]) + 8, seed=1)
-    return unique_prompts(base, g["lengths"]), concurrency_sets(conc_base, g)
 
 
 def suite_scaling(ctx: C.BenchContext) -> SuiteResult:
@@ -223,6 +238,7 @@ def suite_scaling(ctx: C.BenchContext) -> SuiteResult:
             SP.grid(ctx.quick, ctx.smoke),
             os.environ.get("KVSCOPE_SCALING_LENGTHS"),
             os.environ.get("KVSCOPE_SCALING_CONCURRENCY"),
+            os.environ.get("KVSCOPE_SCALING_ROUNDS"),
         )
     except ValueError as e:
         raise C.BenchUnavailable(str(e)) from None
@@ -239,7 +255,8 @@ def suite_scaling(ctx: C.BenchContext) -> SuiteResult:
         raise C.BenchUnavailable(f"the grid needs {max_len} tokens, the model holds {limit_model}")
     dt = getattr(torch, ctx.dtype())
     dbytes = torch.tensor([], dtype=dt).element_size()
-    prompts, conc = grid_prompts(tok, g)
+    per_round = grid_prompts(tok, g)
+    rounds = len(per_round)
 
     partial = os.path.join(ctx.out_dir, "scaling-partial.json")
 
@@ -279,54 +296,65 @@ def suite_scaling(ctx: C.BenchContext) -> SuiteResult:
             return None
         return out
 
+    def tag(rnd: int) -> str:  # a round's name in a segment's (none where the grid has one round)
+        return f" (round {rnd + 1} of {rounds})" if rounds > 1 else ""
+
+    def point(axis: str, x: int, e: str, v, rnd: int) -> dict:
+        return {"axis": axis, "x": x, "engine": e, "value": v, "load_1m": seg.load(), "round": rnd}
+
+    def measure_length(llm, e: str, p: list[int], rnd: int, i: int):
+        with seg(f"{SP.ENGINE_LABELS[e]}: length {len(p)}{tag(rnd)}"):
+            if e == "kvscope":
+                return _kvscope_length(llm, SamplingParams, p, g["new_tokens"], rnd * len(g["lengths"]) + i)
+            if e == "vllm":
+                return peer_point(e, lambda: _http_point(vllm[0], p, g["new_tokens"]))
+            return peer_point(e, lambda: _llamacpp_job(gguf, p, g["new_tokens"], threads, max_len))
+
+    def measure_concurrency(k: dict, e: str, ps: list[list[int]], rnd: int):
+        with seg(f"{SP.ENGINE_LABELS[e]}: concurrency {len(ps)}{tag(rnd)}"):
+            if e == "kvscope":
+                return _http_concurrency(k, ps, g["conc_new_tokens"])
+            if e == "vllm":
+                return peer_point(e, lambda: _http_concurrency(vllm[0], ps, g["conc_new_tokens"]))
+            r = peer_point(e, lambda: _llamacpp_job(gguf, ps[0], g["conc_new_tokens"], threads, max_len))
+            return g["conc_new_tokens"] / r[2] if r is not None and r[2] else None
+
     try:
         llm = C.make_llm(
             ctx,
             max_num_seqs=2,
             max_model_len=max_len,
-            num_kv_blocks=C.blocks_for([max(len(p) for p in prompts)], g["new_tokens"]) + 8,
+            num_kv_blocks=C.blocks_for([max(g["lengths"])], g["new_tokens"]) + 8,
         )
         try:
             # the warm-up shares no block with a measured prompt (a window of prompts[0] would leave
             # its first 32 tokens in the prefix cache, and the first length's TTFT would skip them)
             C.warm_up(llm, SamplingParams, WARM_UP_PROMPT)
             info = llm.engine.info()
-            for i, p in enumerate(prompts):
-                for e in order(i):
-                    with seg(f"{SP.ENGINE_LABELS[e]}: length {len(p)}"):
-                        if e == "kvscope":
-                            r = _kvscope_length(llm, SamplingParams, p, g["new_tokens"], i)
-                        elif e == "vllm":
-                            r = peer_point(e, lambda p=p: _http_point(vllm[0], p, g["new_tokens"]))
-                        else:
-                            r = peer_point(e, lambda p=p: _llamacpp_job(gguf, p, g["new_tokens"], threads, max_len))
-                    if r is not None:
-                        for axis, v in zip(("prefill", "decode"), r[:2]):
-                            points.append({"axis": axis, "x": len(p), "engine": e, "value": v, "load_1m": seg.load()})
-                    if e == "llamacpp" and r is not None:
-                        peer_state[e] = f"ok (llama-cpp-python {r[3]}, one sequence at a time)"
+            for rnd, (prompts, _) in enumerate(per_round):
+                for i, p in enumerate(prompts):
+                    # each engine first at every other point, and at each point in turn by round
+                    for e in order(i + rnd):
+                        r = measure_length(llm, e, p, rnd, i)
+                        if r is not None:
+                            for axis, v in zip(("prefill", "decode"), r[:2]):
+                                points.append(point(axis, len(p), e, v, rnd))
+                        if e == "llamacpp" and r is not None:
+                            peer_state[e] = f"ok (llama-cpp-python {r[3]}, one sequence at a time)"
         finally:
             C.free_llm(llm)
 
         blocks = C.blocks_for([g["conc_prompt_len"]] * max(g["concurrency"]), g["conc_new_tokens"]) + 16
         with _kvscope_server(ctx, max(g["concurrency"]), max_len, blocks) as k:
             _http_concurrency(k, [WARM_UP_PROMPT[:16]], 2)  # warm-up
-            for j, (n, ps) in enumerate(conc.items()):
-                for e in order(j):
-                    if e == "llamacpp" and n != 1:
-                        continue
-                    with seg(f"{SP.ENGINE_LABELS[e]}: concurrency {n}"):
-                        if e == "kvscope":
-                            v = _http_concurrency(k, ps, g["conc_new_tokens"])
-                        elif e == "vllm":
-                            v = peer_point(e, lambda ps=ps: _http_concurrency(vllm[0], ps, g["conc_new_tokens"]))
-                        else:
-                            r = peer_point(
-                                e, lambda ps=ps: _llamacpp_job(gguf, ps[0], g["conc_new_tokens"], threads, max_len)
-                            )
-                            v = g["conc_new_tokens"] / r[2] if r is not None and r[2] else None
-                    if v is not None:
-                        points.append({"axis": "concurrency", "x": n, "engine": e, "value": v, "load_1m": seg.load()})
+            for rnd, (_, conc) in enumerate(per_round):
+                for j, (n, ps) in enumerate(conc.items()):
+                    for e in order(j + rnd):
+                        if e == "llamacpp" and n != 1:
+                            continue
+                        v = measure_concurrency(k, e, ps, rnd)
+                        if v is not None:
+                            points.append(point("concurrency", n, e, v, rnd))
     finally:
         if vllm is not None:
             vllm[1].__exit__(None, None, None)

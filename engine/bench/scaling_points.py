@@ -4,9 +4,11 @@ machine's limit). No torch, no timing: the suite, scripts/scaling_figure.py, ui/
 and the Claims page all read a result through these functions.
 
 A result's fields (results/scaling-<UTC>.json, "fields"):
-- grid: {"lengths": [...], "concurrency": [...], "new_tokens": n, "conc_prompt_len": p, "conc_new_tokens": m}
+- grid: {"lengths": [...], "concurrency": [...], "new_tokens": n, "conc_prompt_len": p, "conc_new_tokens": m,
+  "rounds": r} (r: how many times each point was measured; results from before it had one round)
 - roofs: {"peak_matmul_gflops", "matmul_kernel", "mem_bw_gb_s", "weight_bytes_read_per_step", "kv_bytes_per_token"}
-- points: [{"axis", "x", "engine", "value", "load_1m"}] measured values (see AXES for units)
+- points: [{"axis", "x", "engine", "value", "load_1m", "round"}] measured values (see AXES for units),
+  one per engine, point and round
 - limits: [{"axis", "x", "value", "basis"}] the machine's limit at each point, same units
 - peers: {engine: "ok" | why it was not measured}
 - isa, threads, segments ([{"name", "load_1m", "wall_s"}], each timed segment's load and length)
@@ -23,6 +25,7 @@ AXES = {
     "concurrency": ("output tokens/s against concurrent requests", "tok/s", False),
 }
 GOALS = {"vs_best_peer": 1.0, "prefill_8k_of_limit": 0.6, "decode_8k_of_limit": 0.6}
+MAX_ROUNDS = 5  # each round is a whole grid's time (the full one: about 7-9 minutes at 1 thread)
 
 
 def grid(quick: bool = False, smoke: bool = False) -> dict:
@@ -35,6 +38,7 @@ def grid(quick: bool = False, smoke: bool = False) -> dict:
             "new_tokens": 4,
             "conc_prompt_len": 16,
             "conc_new_tokens": 4,
+            "rounds": 1,
         }
     if quick:
         return {
@@ -43,6 +47,7 @@ def grid(quick: bool = False, smoke: bool = False) -> dict:
             "new_tokens": 16,
             "conc_prompt_len": 128,
             "conc_new_tokens": 32,
+            "rounds": 1,
         }
     return {
         "lengths": [128, 512, 1024, 2048, 4096, 8000],
@@ -50,13 +55,26 @@ def grid(quick: bool = False, smoke: bool = False) -> dict:
         "new_tokens": 32,
         "conc_prompt_len": 128,
         "conc_new_tokens": 64,
+        "rounds": 1,
     }
 
 
-def with_overrides(g: dict, lengths: str | None = None, concurrency: str | None = None) -> dict:
+def with_overrides(
+    g: dict, lengths: str | None = None, concurrency: str | None = None, rounds: str | None = None
+) -> dict:
     """The grid with its lengths / concurrency levels replaced by comma lists (the suite reads
-    $KVSCOPE_SCALING_LENGTHS and $KVSCOPE_SCALING_CONCURRENCY: a run of some points only)."""
+    $KVSCOPE_SCALING_LENGTHS and $KVSCOPE_SCALING_CONCURRENCY: a run of some points only) and its
+    number of rounds ($KVSCOPE_SCALING_ROUNDS: every point measured that many times, each engine
+    alike, on prompts of their own; the table keeps each engine's best)."""
     out = dict(g)
+    if rounds:
+        try:
+            n = int(rounds)
+        except ValueError:
+            raise ValueError(f"rounds must be an integer from 1 to {MAX_ROUNDS}, got {rounds!r}") from None
+        if not 1 <= n <= MAX_ROUNDS:
+            raise ValueError(f"rounds must be an integer from 1 to {MAX_ROUNDS}, got {rounds!r}")
+        out["rounds"] = n
     for key, text in (("lengths", lengths), ("concurrency", concurrency)):
         if text:
             try:

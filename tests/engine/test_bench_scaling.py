@@ -69,14 +69,45 @@ def test_memory_roof_batch_and_weight_bytes():
     )
 
 
-def test_unique_prompts_share_no_first_block():
+def test_windows_skip_a_first_block_already_taken():
     base = list(range(10_000))
-    ps = S.unique_prompts(base, [128, 512, 2048])
-    assert [len(p) for p in ps] == [128, 512, 2048]
-    assert len({tuple(p[:16]) for p in ps}) == 3
-    sets = S.concurrency_sets(base, {"concurrency": [1, 4, 16], "conc_prompt_len": 32})
-    firsts = [tuple(p[:16]) for ps in sets.values() for p in ps]
-    assert len(firsts) == 21 == len(set(firsts))
+    taken = set()
+    ps, nxt = S.take_windows(base, [128, 512, 2048], taken)
+    assert [len(p) for p in ps] == [128, 512, 2048] and [p[0] for p in ps] == [1, 2, 3] and nxt == 4
+    assert len(taken) == 3
+    # text that repeats itself: a window beginning like an earlier one is skipped
+    rep = [7] * 40 + list(range(100, 400))
+    ws, _ = S.take_windows(rep, [20, 20, 20], {tuple(range(100, 116))}, start=0)
+    assert ws[0][:3] == [7, 7, 7] and ws[1][:1] == [7] and ws[1][:16] != ws[0][:16]
+    assert len({tuple(w[:16]) for w in ws}) == 3 and all(w[:16] != list(range(100, 116)) for w in ws)
+    with pytest.raises(ValueError, match="no window of 500 tokens"):
+        S.take_windows(list(range(100)), [500], set())
+
+
+def test_every_round_measures_prompts_of_its_own():
+    """With rounds, each point is measured once per round on a prompt no other round (and no other
+    point) shares a first block with, so no engine's prefix cache serves a later round."""
+    from engine.model.models import load_tokenizer
+
+    tok = load_tokenizer("default")
+    g = SP.with_overrides(SP.grid(quick=True), rounds="3")
+    assert g["rounds"] == 3 and SP.grid()["rounds"] == 1
+    per_round = S.grid_prompts(tok, g)
+    assert len(per_round) == 3
+    for prompts, conc in per_round:
+        assert [len(p) for p in prompts] == g["lengths"]
+        assert {n: len(ps) for n, ps in conc.items()} == {n: n for n in g["concurrency"]}
+        assert all(len(p) == g["conc_prompt_len"] for ps in conc.values() for p in ps)
+    firsts = [tuple(p[:16]) for prompts, conc in per_round for p in prompts + [q for ps in conc.values() for q in ps]]
+    assert len(firsts) == 3 * (len(g["lengths"]) + sum(g["concurrency"])) == len(set(firsts))
+    # round 1's prompts are the one-round grid's
+    assert S.grid_prompts(tok, SP.grid(quick=True))[0][0] == per_round[0][0]
+
+
+@pytest.mark.parametrize("bad", ["0", "6", "two", "1.5"])
+def test_rounds_out_of_range_name_the_field_and_the_limit(bad):
+    with pytest.raises(ValueError, match=r"rounds must be an integer from 1 to 5"):
+        SP.with_overrides(SP.grid(), rounds=bad)
 
 
 def test_the_warm_up_leaves_no_measured_prompts_block_in_the_prefix_cache():
@@ -85,8 +116,10 @@ def test_the_warm_up_leaves_no_measured_prompts_block_in_the_prefix_cache():
     from engine.model.models import load_tokenizer
 
     tok = load_tokenizer("default")
-    prompts, conc = S.grid_prompts(tok, SP.grid())  # the suite's own prompts for the full grid
-    measured = prompts + [p for ps in conc.values() for p in ps]
+    g = SP.with_overrides(SP.grid(), rounds="3")  # the suite's own prompts for the full grid, 3 rounds
+    measured = [
+        p for prompts, conc in S.grid_prompts(tok, g) for p in prompts + [q for ps in conc.values() for q in ps]
+    ]
     warm = S.WARM_UP_PROMPT
     for bs in (16, 32):  # any block size the bench runs
         assert all(p[:bs] != warm[:bs] for p in measured)
@@ -238,6 +271,73 @@ def test_engines_take_turns_point_by_point_and_a_failing_peer_keeps_its_points(c
     assert all(pts[("concurrency", n, "kvscope")] > 0 for n in g["concurrency"])
     assert f["peers"]["llamacpp"] == "failed: RuntimeError: llama.cpp crashed"
     assert f["peers"]["vllm"].startswith("ok") and closed == [True]
+
+
+def test_rounds_measure_every_point_again_each_engine_alike(capsys, tmp_path, monkeypatch):
+    """KVSCOPE_SCALING_ROUNDS=2: the whole grid twice, each engine once per point and round, the
+    engines' order at a point flipped from one round to the next; every prompt new to every
+    engine (no two share a first block); the table keeps each engine's best."""
+    monkeypatch.delenv("KVSCOPE_BENCH_LOCK", raising=False)
+    monkeypatch.setenv("KVSCOPE_SCALING_ROUNDS", "2")
+
+    class FakeServer:
+        def __exit__(self, *a):
+            pass
+
+    fake = {"base": "http://fake", "model": "default"}
+    seen = []  # (engine, first block) of every measured prompt
+    ttft = iter([0.6, 0.5, 0.7, 0.4] * 8)  # vLLM's stand-in: its rounds differ
+
+    def vllm_point(base, p, new):
+        seen.append(("vllm", tuple(p[:16])))
+        return next(ttft), 20.0
+
+    def llamacpp(gguf, p, new, threads, max_len):
+        seen.append(("llamacpp", tuple(p[:16])))
+        return 0.25, 40.0, 1.0, "0.0-test"
+
+    monkeypatch.setattr(S, "_start_vllm", lambda *a: (fake, FakeServer()))
+    monkeypatch.setattr(S, "_llamacpp_gguf", lambda *a: "/fake.gguf")
+    monkeypatch.setattr(S, "_http_point", vllm_point)
+    monkeypatch.setattr(S, "_llamacpp_job", llamacpp)
+    from engine.bench.vs_peers import http_client, http_tok_s
+
+    def conc(b, ps, n):  # vLLM's stand-in; kvscope's server measured as the suite does
+        if b is not fake:
+            return http_tok_s(http_client({**b, "prompts": ps, "new": n}))
+        seen.extend(("vllm", tuple(p[:16])) for p in ps)
+        return 30.0
+
+    monkeypatch.setattr(S, "_http_concurrency", conc)
+    rc = cli.main(
+        ["scaling", "--smoke", "--model", "tiny", "--json", "--no-plots", "--threads", "1", "--out", str(tmp_path)]
+    )
+    assert rc == 0, capsys.readouterr().out[-2000:]
+    f = json.loads((tmp_path / "scaling-latest.json").read_text())["fields"]
+    g = f["grid"]
+    assert g["rounds"] == 2 and g["lengths"] == SP.grid(smoke=True)["lengths"]
+    L = g["lengths"]
+    names = [s["name"] for s in f["segments"] if ": length" in s["name"]]
+    order = ("kvscope", "vLLM CPU", "llama.cpp")
+    expect = [
+        f"{e}: length {x} (round {r + 1} of 2)"
+        for r in range(2)
+        for i, x in enumerate(L)
+        for e in order[:: 1 - 2 * ((i + r) % 2)]
+    ]
+    assert names == expect
+    for axis, xs in (("prefill", L), ("decode", L), ("concurrency", g["concurrency"])):
+        for x in xs:
+            for e in ("kvscope", "vllm") + (("llamacpp",) if axis != "concurrency" or x == 1 else ()):
+                rounds = sorted(p["round"] for p in f["points"] if (p["axis"], p["x"], p["engine"]) == (axis, x, e))
+                assert rounds == [0, 1], (axis, x, e)
+    assert len(seen) == len(set(seen))  # no prompt measured twice on an engine
+    assert len({b for _, b in seen if _ == "vllm"}) == 2 * (len(L) + sum(g["concurrency"]))
+    # each vLLM length point: the lower of its two rounds' TTFTs
+    rows = {(r["axis"], r["x"]): r for r in SP.table(f)}
+    vals = {(p["x"], p["round"]): p["value"] for p in f["points"] if (p["axis"], p["engine"]) == ("prefill", "vllm")}
+    for x in L:
+        assert rows[("prefill", x)]["vllm"] == min(vals[(x, 0)], vals[(x, 1)])
 
 
 def test_merge_unites_runs_point_by_point():
