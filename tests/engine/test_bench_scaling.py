@@ -164,6 +164,16 @@ def test_table_ratios_are_speed_ratios():
     assert len(md) == 2 + 3 and md[2].startswith("| TTFT") and "0.50×" in md[2] and "–" in md[3]
 
 
+def test_caption_says_how_many_rounds_each_point_had():
+    from ui.figures.scaling import caption
+
+    one = caption(_fields(), "x.json")
+    assert "times per engine" not in one
+    f = _fields()
+    f["grid"] = {**f["grid"], "rounds": 3}
+    assert "Each point measured 3 times per engine, minutes apart; each engine's best is shown." in caption(f, "x")
+
+
 def test_figure_is_three_panels_from_the_fields():
     from ui.figures.scaling import scaling_figure
 

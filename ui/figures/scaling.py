@@ -86,6 +86,9 @@ def caption(fields: dict, source: str) -> str:
     rows = SP.table(fields)
     g = SP.goals(rows, fields)
     parts = [f"From {source}; {subtitle(fields)}."]
+    rounds = (fields.get("grid") or {}).get("rounds", 1)
+    if rounds > 1:
+        parts.append(f"Each point measured {rounds} times per engine, minutes apart; each engine's best is shown.")
     n, ok = g.get("points_vs_best_peer"), g.get("points_at_or_above_best_peer")
     if n:
         parts.append(
