@@ -225,6 +225,15 @@ def test_scaling_smoke_tiny_stores_every_point_and_limit(capsys, tmp_path, monke
     assert f["roofs"]["weight_bytes_read_per_step"] > 0 and f["roofs"]["peak_matmul_gflops"] > 0
 
 
+def _smoke_fields(capsys, tmp_path) -> dict:
+    """`bench scaling --smoke` on the tiny model at 1 thread; the stored result's fields."""
+    rc = cli.main(
+        ["scaling", "--smoke", "--model", "tiny", "--json", "--no-plots", "--threads", "1", "--out", str(tmp_path)]
+    )
+    assert rc == 0, capsys.readouterr().out[-2000:]
+    return json.loads((tmp_path / "scaling-latest.json").read_text())["fields"]
+
+
 def test_engines_take_turns_point_by_point_and_a_failing_peer_keeps_its_points(capsys, tmp_path, monkeypatch):
     """With both peers up (stand-ins here: vLLM's client and llama.cpp's subprocess replaced),
     every length and every concurrency level is measured on each engine in turn, the order
@@ -256,11 +265,7 @@ def test_engines_take_turns_point_by_point_and_a_failing_peer_keeps_its_points(c
         return 0.25, 40.0, 1.0, "0.0-test"
 
     monkeypatch.setattr(S, "_llamacpp_job", llamacpp)
-    rc = cli.main(
-        ["scaling", "--smoke", "--model", "tiny", "--json", "--no-plots", "--threads", "1", "--out", str(tmp_path)]
-    )
-    assert rc == 0, capsys.readouterr().out[-2000:]
-    f = json.loads((tmp_path / "scaling-latest.json").read_text())["fields"]
+    f = _smoke_fields(capsys, tmp_path)
     g = f["grid"]
     names = [s["name"] for s in f["segments"] if ": length" in s["name"] or ": concurrency" in s["name"]]
     L = g["lengths"]
@@ -319,11 +324,7 @@ def test_rounds_measure_every_point_again_each_engine_alike(capsys, tmp_path, mo
         return 30.0
 
     monkeypatch.setattr(S, "_http_concurrency", conc)
-    rc = cli.main(
-        ["scaling", "--smoke", "--model", "tiny", "--json", "--no-plots", "--threads", "1", "--out", str(tmp_path)]
-    )
-    assert rc == 0, capsys.readouterr().out[-2000:]
-    f = json.loads((tmp_path / "scaling-latest.json").read_text())["fields"]
+    f = _smoke_fields(capsys, tmp_path)
     g = f["grid"]
     assert g["rounds"] == 2 and g["lengths"] == SP.grid(smoke=True)["lengths"]
     L = g["lengths"]
