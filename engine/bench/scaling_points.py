@@ -97,6 +97,7 @@ def merge(results: list[dict]) -> dict:
     g = dict(results[0].get("grid") or {})
     for key in ("lengths", "concurrency"):
         g[key] = sorted({x for r in results for x in (r.get("grid") or {}).get(key, [])})
+    g["rounds"] = min((r.get("grid") or {}).get("rounds", 1) for r in results)  # each point had at least these
     out = {
         "grid": g,
         "points": [p for r in results for p in r.get("points") or []],

@@ -172,6 +172,11 @@ def test_caption_says_how_many_rounds_each_point_had():
     f = _fields()
     f["grid"] = {**f["grid"], "rounds": 3}
     assert "Each point measured 3 times per engine, minutes apart; each engine's best is shown." in caption(f, "x")
+    # runs merged (scripts/scaling_figure.py with several results): the fewest rounds any run had
+    two = {**_fields(), "grid": {"lengths": [8000], "concurrency": [1], "rounds": 2}}
+    m = SP.merge([f, two])
+    assert m["grid"]["rounds"] == 2 and "Each point measured at least 2 times per engine" in caption(m, "x")
+    assert SP.merge([_fields(), two])["grid"]["rounds"] == 1  # a result from before rounds had one
 
 
 def test_figure_is_three_panels_from_the_fields():

@@ -88,7 +88,8 @@ def caption(fields: dict, source: str) -> str:
     parts = [f"From {source}; {subtitle(fields)}."]
     rounds = (fields.get("grid") or {}).get("rounds", 1)
     if rounds > 1:
-        parts.append(f"Each point measured {rounds} times per engine, minutes apart; each engine's best is shown.")
+        times = f"at least {rounds}" if fields.get("runs", 1) > 1 else f"{rounds}"
+        parts.append(f"Each point measured {times} times per engine, minutes apart; each engine's best is shown.")
     n, ok = g.get("points_vs_best_peer"), g.get("points_at_or_above_best_peer")
     if n:
         parts.append(
