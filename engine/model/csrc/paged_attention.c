@@ -738,24 +738,22 @@ static inline v8 pf_max(v8 a, v8 b) {
 
 /* e^x for x <= 0: n = x log2 e rounded to nearest by the magic add (t's bits are PF_MAGIC's,
    0x4B400000, plus n), then kvscope.h's reduction and polynomial, as exp_nonpos (which rounds n
-   with converts). One definition for any vector width (lane-wise: the same bits at any width). */
-#define PF_EXP_DEF(NAME, VT, VTI, MAX, SPLAT)                                                      \
-    static inline VT NAME(VT x) {                                                                  \
-        x = MAX(x, SPLAT(-87.f));                                                                  \
-        const VT t = x * KV_LOG2E + PF_MAGIC, n = t - PF_MAGIC;                                    \
-        VT r = x - n * KV_LN2_HI;                                                                  \
-        r = r - n * KV_LN2_LO;                                                                     \
-        VT p;                                                                                      \
-        KV_EXP_POLY(p, r);                                                                         \
-        p = p * r * r + r + 1.0f;                                                                  \
-        VTI e;                                                                                     \
-        memcpy(&e, &t, sizeof e);                                                                  \
-        e = (e - 0x4B400000 + 127) << 23;                                                          \
-        VT s;                                                                                      \
-        memcpy(&s, &e, sizeof s);                                                                  \
-        return p * s;                                                                              \
-    }
-PF_EXP_DEF(pf_exp, v8, v8i, pf_max, splat)
+   with converts); lane-wise, so pf_exp16 below (16 lanes) gives the same bits */
+static inline v8 pf_exp(v8 x) {
+    x = pf_max(x, splat(-87.f));
+    const v8 t = x * KV_LOG2E + PF_MAGIC, n = t - PF_MAGIC;
+    v8 r = x - n * KV_LN2_HI;
+    r = r - n * KV_LN2_LO;
+    v8 p;
+    KV_EXP_POLY(p, r);
+    p = p * r * r + r + 1.0f;
+    v8i e;
+    memcpy(&e, &t, sizeof e);
+    e = (e - 0x4B400000 + 127) << 23;
+    v8 s;
+    memcpy(&s, &e, sizeof s);
+    return p * s;
+}
 
 /* The tile's micro-kernel, 16 rows (two vectors of lanes) x NB outputs c (with AVX-512, pf_kernel_wide
    below does the same for 48 rows at a time):
