@@ -736,17 +736,9 @@ static inline v8 pf_max(v8 a, v8 b) {
 #endif
 }
 
-/* e^x for x <= 0: n = x log2 e rounded to nearest by the magic add (t's bits are PF_MAGIC's,
-   0x4B400000, plus n), then kvscope.h's reduction and polynomial, as exp_nonpos (which rounds n
-   with converts); lane-wise, so pf_exp16 below (16 lanes) gives the same bits */
-static inline v8 pf_exp(v8 x) {
-    x = pf_max(x, splat(-87.f));
-    const v8 t = x * KV_LOG2E + PF_MAGIC, n = t - PF_MAGIC;
-    v8 r = x - n * KV_LN2_HI;
-    r = r - n * KV_LN2_LO;
-    v8 p;
-    KV_EXP_POLY(p, r);
-    p = p * r * r + r + 1.0f;
+/* p x 2^n for pf_exp: 2^n's bits built from t's (PF_MAGIC's, 0x4B400000, plus n), then one multiply */
+static inline v8 pf_scale(v8 p, v8 n, v8 t) {
+    (void)n;
     v8i e;
     memcpy(&e, &t, sizeof e);
     e = (e - 0x4B400000 + 127) << 23;
@@ -754,6 +746,23 @@ static inline v8 pf_exp(v8 x) {
     memcpy(&s, &e, sizeof s);
     return p * s;
 }
+
+/* e^x for x <= 0: n = x log2 e rounded to nearest by the magic add (t = x log2 e + PF_MAGIC), then
+   kvscope.h's reduction and polynomial, as exp_nonpos (which rounds n with converts), and p x 2^n by
+   SCALE. One definition for any vector width (lane-wise: the same bits at any width; pf_exp16's
+   SCALE below is vscalefps, the same float as pf_scale's). */
+#define PF_EXP_DEF(NAME, VT, MAX, SPLAT, SCALE)                                                    \
+    static inline VT NAME(VT x) {                                                                  \
+        x = MAX(x, SPLAT(-87.f));                                                                  \
+        const VT t = x * KV_LOG2E + PF_MAGIC, n = t - PF_MAGIC;                                    \
+        VT r = x - n * KV_LN2_HI;                                                                  \
+        r = r - n * KV_LN2_LO;                                                                     \
+        VT p;                                                                                      \
+        KV_EXP_POLY(p, r);                                                                         \
+        p = p * r * r + r + 1.0f;                                                                  \
+        return SCALE(p, n, t);                                                                     \
+    }
+PF_EXP_DEF(pf_exp, v8, pf_max, splat, pf_scale)
 
 /* The tile's micro-kernel, 16 rows (two vectors of lanes) x NB outputs c (with AVX-512, pf_kernel_wide
    below does the same for 48 rows at a time):
@@ -806,19 +815,14 @@ static inline __attribute__((always_inline)) void pf_kernel(int NB, const float 
 #define PF_WR 48
 static inline v16 pf_max16(v16 a, v16 b) { return __builtin_ia32_maxps512_mask(a, b, a, (unsigned short)-1, 4); }
 static inline v16 sel16(v16i m, v16 a, v16 b) { return (v16)(((v16i)a & m) | ((v16i)b & ~m)); }
-/* pf_exp on 16 lanes, its last step by vscalefps: p x 2^n rounded once, as p x s (s = 2^n is exact
-   and normal for n >= -126, which the clamp at -87 keeps), so the same bits, in one instruction
-   instead of the exponent's add, shift and multiply */
-static inline v16 pf_exp16(v16 x) {
-    x = pf_max16(x, splat16(-87.f));
-    const v16 t = x * KV_LOG2E + PF_MAGIC, n = t - PF_MAGIC;
-    v16 r = x - n * KV_LN2_HI;
-    r = r - n * KV_LN2_LO;
-    v16 p;
-    KV_EXP_POLY(p, r);
-    p = p * r * r + r + 1.0f;
+/* p x 2^n for pf_exp16 by vscalefps: the exact product rounded once, as pf_scale's p x s (s = 2^n is
+   exact and normal for n >= -126, which the clamp at -87 keeps), so the same bits, in one
+   instruction instead of the exponent's add, shift and multiply */
+static inline v16 pf_scale16(v16 p, v16 n, v16 t) {
+    (void)t;
     return __builtin_ia32_scalefps512_mask(p, n, p, (unsigned short)-1, 4);
 }
+PF_EXP_DEF(pf_exp16, v16, pf_max16, splat16, pf_scale16) /* pf_exp on 16 lanes: the same bits */
 static inline __attribute__((always_inline)) void pf_kernel_wide(int NB, const float *A, int ac, int ai,
                                                                  const float *B, int RP, int n, const float *alpha,
                                                                  float *C, float *mt) {
