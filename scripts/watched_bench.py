@@ -32,7 +32,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -42,6 +41,10 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from engine.serve.ports import free_port  # noqa: E402
+
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 PG_PROMPT = "Explain in two sentences why a KV cache makes text generation faster."  # pages/playground.py EXAMPLE
 PG_TOKENS = 48  # the Playground's default "Max new tokens"
@@ -49,12 +52,6 @@ LEAD_S = 0.5  # the companion (or the Playground's request) starts this long bef
 START_TIMEOUT_S = 900
 REQUEST_TIMEOUT_S = 600
 ACTION_TIMEOUT_S = 120  # a click or a wait on the loaded page
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def proc_cpu_seconds(pid: int) -> float:

@@ -191,9 +191,9 @@ def _http_concurrency(base: dict, prompts: list[list[int]], new: int) -> float:
 
 @contextlib.contextmanager
 def _kvscope_server(ctx, max_seqs: int, max_len: int, blocks: int):
-    from engine.bench.serve import free_port
     from engine.core.thread import EngineThread
     from engine.serve import create_app, run_in_background
+    from engine.serve.ports import free_port
 
     llm = C.make_llm(ctx, max_num_seqs=max_seqs, max_model_len=max_len, num_kv_blocks=blocks)
     th = EngineThread(engine=llm.engine)

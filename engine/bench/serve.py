@@ -9,7 +9,6 @@ run in a child process (as real clients do, so they do not share this process's 
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -17,12 +16,7 @@ import time
 from engine.bench import common as C
 from engine.bench.common import SuiteResult, kvscope_workload
 from engine.observe import rates
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from engine.serve.ports import free_port
 
 
 def pct(xs: list[float], q: float) -> float | None:

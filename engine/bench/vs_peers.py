@@ -23,7 +23,8 @@ from engine.bench import common as C
 from engine.bench import peers
 from engine.bench.common import SuiteResult
 from engine.bench.roofline import decode_steps
-from engine.bench.serve import free_port, pct, run_client
+from engine.bench.serve import pct, run_client
+from engine.serve.ports import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -317,6 +317,7 @@ def measure(
     from engine.config import SamplingParams
     from engine.core.inputs import chat_ids
     from engine.serve import create_app, run_in_background
+    from engine.serve.ports import free_port
 
     if questions is not None:
         questions = tuple(questions)
@@ -358,7 +359,7 @@ def measure(
     with tempfile.TemporaryDirectory(prefix="kvscope-tls-") as d:
         cert, key = tls_relay.make_certificate(d)
         trust = ssl.create_default_context(cafile=str(cert))  # the victim checks the server's certificate
-        port = tls_relay.free_port()
+        port = free_port()
         srv = run_in_background(
             create_app(th, model_name="kvscope-lab"), "127.0.0.1", port, ssl_context=tls_relay.server_context(cert, key)
         )

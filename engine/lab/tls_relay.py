@@ -26,13 +26,6 @@ MAX_RECORD = 2**14 + 256  # TLSCiphertext.length limit (RFC 8446 5.2)
 MAX_CONNECTIONS = 4096  # kept per relay; older ones are dropped
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port on `host` that nothing listens on now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def make_certificate(folder: str | Path, host: str = "127.0.0.1") -> tuple[Path, Path]:
     """A self-signed certificate for `host` (an IP address in subjectAltName), made now with the
     `openssl` command: (cert.pem, key.pem) in `folder`. RuntimeError when openssl is missing."""

@@ -3,7 +3,7 @@
 One EngineThread serves every door: this server, the Streamlit app in the same process
 (scripts/run.sh), the Python API. Modules: protocol (request bodies, extra fields forbidden),
 errors (OpenAI-shaped error bodies, auth, body limit), metrics (/metrics with vLLM's names),
-routes (the endpoints), app (create_app / run_in_background), cli (argument parsing).
+routes (the endpoints), app (create_app / run_in_background), cli (argument parsing), ports (free_port).
 Imported on demand only: `import engine` does not pull in FastAPI.
 
 May import: engine.config, engine.observe, engine.model, engine.core.

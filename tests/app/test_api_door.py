@@ -7,8 +7,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from engine.serve.ports import free_port
 from tests.app import helpers as H
-from tests.ports import free_port
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ from pathlib import Path
 from PIL import Image
 from pixelmatch.contrib.PIL import pixelmatch
 
-from tests.ports import free_port
+from engine.serve.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 APP_SCRIPT = REPO_ROOT / "app.py"

@@ -12,8 +12,8 @@ from engine.config import EngineConfig
 from engine.core.client import EngineClient
 from engine.observe.kv_event_wire import AllBlocksCleared, BlockStored, published_hash
 from engine.observe.kv_events import KVEventSubscriber
+from engine.serve.ports import free_port
 from tests.engine.engines import TINY_CORE
-from tests.ports import free_port
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow

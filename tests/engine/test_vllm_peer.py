@@ -19,7 +19,7 @@ import urllib.request
 import pytest
 
 from engine.bench.peers import peers_dir, vllm_command
-from tests.ports import free_port
+from engine.serve.ports import free_port
 from tests.waiting import wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -10,7 +10,7 @@ import zmq
 
 from engine.fleet.collector import FleetCollector, InstanceWatch, Member, hash_hex, parse_metrics
 from engine.observe.kv_event_wire import END_SEQ, BlockRemoved, BlockStored, KVEventBatch, encode_batch
-from tests.ports import free_port
+from engine.serve.ports import free_port
 from tests.waiting import wait_until
 
 BS = 4

@@ -6,7 +6,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from tests.ports import free_port
+from engine.serve.ports import free_port
 
 API_KEY = "sk-kvscope-test"
 TINY_SERVE = {

@@ -283,7 +283,7 @@ def test_engine_down_is_503():
     from engine.config import EngineConfig
     from engine.core.thread import EngineThread
     from engine.serve import create_app, run_in_background
-    from tests.ports import free_port
+    from engine.serve.ports import free_port
 
     from .conftest import TINY_SERVE
 

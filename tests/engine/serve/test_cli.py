@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from engine.serve import cli
-from tests.ports import free_port
+from engine.serve.ports import free_port
 from tests.waiting import wait_until
 
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from engine.lab import packet_channel as P
 from engine.lab import tls_relay as R
+from engine.serve.ports import free_port
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 
@@ -25,7 +26,7 @@ def tls_server(server, tmp_path_factory):
     from engine.serve import create_app, run_in_background
 
     cert, key = R.make_certificate(tmp_path_factory.mktemp("tls"))
-    port = R.free_port()
+    port = free_port()
     srv = run_in_background(
         create_app(server.thread, model_name="kvscope-tiny"), "127.0.0.1", port, ssl_context=R.server_context(cert, key)
     )

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from engine.observe.kv_events import BlockStored, KVEventSubscriber
-from tests.ports import free_port
+from engine.serve.ports import free_port
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for the child process")
