@@ -12,7 +12,10 @@ and called through ctypes on tensors' memory.
   the fp32 kernel's result on the de-quantized weight. Q4_1 / Q8_0 with AVX2 or AVX-512 sum each
   block factorized, d * sum(q x) + m * sum(x) (the same chains on both ISAs, so the same bits):
   the same value up to fp32 rounding
-  (`qlinear_bitwise` says which; `within_fp32_rounding` is the bound the engine checks).
+  (`qlinear_bitwise` says which; `within_fp32_rounding` is the bound the engine checks). On a CPU
+  with AMX (Intel Sapphire Rapids and later) every Q4_1 call runs on its bf16 tiles instead
+  (csrc/amx_linear.c, `amx`): x cut into three exact bf16 parts, so each product is exact, summed
+  by the tile unit; its own bits, within the same bound, still independent of the batch.
 - `kvscope_stack_forward` (csrc/layer.c): a whole Llama-family decoder stack in one call (RMSNorm,
   the packed Linears above, rotary, K/V written to the pool, the paged attention, SiLU-mul,
   residuals); engine/model/fused_decode.py drives it.
@@ -41,7 +44,7 @@ import torch
 
 from engine.model import huge_pages, kv_layout
 
-_CSRC = ("paged_attention.c", "linear.c", "quant_linear.c", "layer.c")
+_CSRC = ("paged_attention.c", "linear.c", "quant_linear.c", "amx_linear.c", "layer.c")
 SOURCES = [os.path.join(os.path.dirname(__file__), "csrc", f) for f in _CSRC]
 HEADER = os.path.join(os.path.dirname(__file__), "csrc", "kvscope.h")  # shared by the sources: in the build key
 ABI_VERSION = 5
@@ -172,9 +175,12 @@ def load():
                     lib.kvscope_qlinear_scratch_rows.restype = I
                     lib.kvscope_kv_side_step.argtypes = [I]
                     lib.kvscope_kv_side_step.restype = I
+                    lib.kvscope_amx.argtypes = [I]
+                    lib.kvscope_amx.restype = I
                     _self_test(lib)
                     _self_test_linear(lib)
                     tune_row_path(lib)
+                    amx(lib, os.environ.get("KVSCOPE_AMX", "1") != "0")
                     if os.environ.get("KVSCOPE_KV_SIDE_STEP"):  # an A/B of the K/V prefetch (kv_side_step)
                         kv_side_step(lib, int(os.environ["KVSCOPE_KV_SIDE_STEP"]))
                 except Exception as e:  # build or self-test failed: the torch path stays
@@ -458,6 +464,15 @@ def ql_scratch_rows(lib, rows: int = -1) -> int:
     faster one when it loads, KVSCOPE_QL_SCRATCH_ROWS=N names one): rows > 0 sets it, 0 measures
     again, -1 reads it. Returns the setting (2**31 - 1: never; 0: no such choice in this build)."""
     return lib.kvscope_qlinear_scratch_rows(rows)
+
+
+def amx(lib, on: bool | None = None) -> bool:
+    """Whether the process's Q4_1 Linears run on AMX's bf16 tiles (csrc/amx_linear.c: x cut into
+    three exact bf16 parts, so each product is exact; the tile unit's sums, so not the AVX paths'
+    bits, but a row's result never depends on its batch). on=True turns it on where the build and
+    the CPU can (probed in a child process first; what the library does when it loads, unless
+    KVSCOPE_AMX=0), False off, None only reads. Switch it only between forward passes."""
+    return bool(lib.kvscope_amx(-1 if on is None else int(on)))
 
 
 def kv_side_step(lib, step: int = -1) -> int:

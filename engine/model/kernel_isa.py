@@ -106,7 +106,17 @@ def describe() -> dict:
     return {"path": path(), "features": [n for m, n in _MACROS if m in macros], "kernels": status}
 
 
+def amx() -> bool:
+    """Whether this process's Q4_1 Linears run on AMX's bf16 tiles (csrc/amx_linear.c): on where
+    the CPU, the build and the OS allow it, unless KVSCOPE_AMX=0."""
+    from engine.model import cpu_kernels
+
+    lib = cpu_kernels.load()
+    return lib is not None and cpu_kernels.amx(lib)
+
+
 def summary() -> str:
-    """One line: 'AVX2+FMA (AVX2 FMA F16C)'."""
+    """One line: 'AVX2+FMA (AVX2 FMA F16C)', 'AVX-512 (...) + AMX for Q4_1' where the tiles run."""
     d = describe()
-    return f"{d['path']} ({' '.join(d['features'])})" if d["features"] else d["path"]
+    line = f"{d['path']} ({' '.join(d['features'])})" if d["features"] else d["path"]
+    return f"{line} + AMX for Q4_1" if amx() else line

@@ -1,7 +1,8 @@
 """The C kernels' two x86 builds give the same bits: on a CPU with AVX-512, the whole C stack built
 for AVX2 (KVSCOPE_ISA=avx2, engine/model/cpu_kernels.py) and built natively computes bitwise the
 same logits and K/V on the default model's GGUF weights (Q4_1 Linears, Q8_0 lm_head, RMSNorm, SiLU,
-decode and prefill attention), over a prefill and ragged decode / verify rows. Each build runs in
+decode and prefill attention), over a prefill and ragged decode / verify rows (with AMX's tiles off:
+their Q4_1 sums have bits of their own, tests/engine/test_amx_linear.py). Each build runs in
 its own process (a process loads one build). On a CPU without AVX-512 both names build the same
 code, so the test is skipped there."""
 
@@ -45,7 +46,7 @@ print(json.dumps({"isa": kernel_isa.summary(), "sha256": h.hexdigest()}))
 
 
 def _run(isa: str) -> dict:
-    env = dict(os.environ, KVSCOPE_ISA=isa, PYTHONPATH=ROOT)
+    env = dict(os.environ, KVSCOPE_ISA=isa, KVSCOPE_AMX="0", PYTHONPATH=ROOT)  # the vector paths (AMX: its own bits)
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
     )

@@ -90,9 +90,10 @@ def test_only_q4_1_and_q8_0_factorize_and_only_with_a_vector_path():
 
 @needs_kernel
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
-def test_factorized_sum_is_per_block_d_times_codes_dot_x_plus_m_times_sum_x(qtype):
-    """One output, written out in the kernel's order: per block the even and odd columns' fused
-    multiply-add chains, s = their sum, t = fma(m, sum x, d s) (Q4_1) or fma(d, s, total) (Q8_0)."""
+def test_factorized_sum_is_per_block_d_times_codes_dot_x_plus_m_times_sum_x(qtype, avx_path):
+    """One output, written out in the AVX paths' order: per block the even and odd columns' fused
+    multiply-add chains, s = their sum, t = fma(m, sum x, d s) (Q4_1) or fma(d, s, total) (Q8_0).
+    (Q4_1 on AMX tiles has its own test file, test_amx_linear.py.)"""
     t = TYPES[qtype]
     if cpu_kernels.qlinear_bitwise(LIB, t):
         pytest.skip("this CPU's kernel sums the widened weights in the fp32 kernel's order")
@@ -126,6 +127,15 @@ def test_factorized_sum_is_per_block_d_times_codes_dot_x_plus_m_times_sum_x(qtyp
             else:
                 total = fma(d, s, total)
         assert got[0, row].item() == float(total)
+
+
+@pytest.fixture
+def avx_path():
+    """The AVX paths' Q4_1 kernel for one test where AMX tiles would otherwise take it."""
+    was = cpu_kernels.amx(LIB)
+    cpu_kernels.amx(LIB, False)
+    yield
+    cpu_kernels.amx(LIB, was)
 
 
 def fma(a, b, c) -> np.float32:
