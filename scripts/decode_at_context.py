@@ -1,7 +1,7 @@
 """Batch-1 decode at a long context, end to end: one request of --context random tokens prefilled
 once (at --prefill-threads), then its decode steps timed at --threads; prints one JSON line: tok/s
 (wall, and this thread's CPU time), the C stack's per-op ms per step (engine/model/csrc/layer.c's
-timer), the read bandwidth measured after (roofline.measure_read_bandwidth, at --threads) and the
+timer), the read bandwidth measured after (machine_rates.measure_read_bandwidth, at --threads) and the
 memory roof: the default model's weights as read (96.6 MB) plus its fp32 K/V at the mean context
 (30 layers x 2 x 3 KV heads x 64 x 4 B per position), over that bandwidth.
 
@@ -25,7 +25,7 @@ import torch  # noqa: E402
 
 from engine import LLM, SamplingParams  # noqa: E402
 from engine.bench.decode_bs1 import KernelTimer  # noqa: E402
-from engine.bench.roofline import measure_read_bandwidth  # noqa: E402
+from engine.bench.machine_rates import measure_read_bandwidth  # noqa: E402
 
 WEIGHT_BYTES = 96.6e6
 KV_BYTES_PER_POSITION = 30 * 2 * 3 * 64 * 4

@@ -15,7 +15,7 @@ import os
 import sys
 
 sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0])
-from engine.bench import roofline  # noqa: E402
+from engine.bench import machine_rates, roofline  # noqa: E402
 from engine.bench import speculative as spec_bench  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.lab.experiments import compare_speculative  # noqa: E402
@@ -36,7 +36,7 @@ if __name__ == "__main__":
 
             model, _ = load_model("default")
             shape = roofline.shape_of(model)
-            peak = roofline.measure_best_matmuls(shape, rows=(512,), min_time=0.3)[0][512]["all_gflops"]
+            peak = machine_rates.measure_best_matmuls(shape, rows=(512,), min_time=0.3)[0][512]["all_gflops"]
         passes = r.spec.output_len / r.tokens_per_target_pass if r.tokens_per_target_pass else None
         # rows the passes after the first token fed: one per pass plus its drafts
         rows = round(passes) - 1 + r.spec.spec_num_draft_tokens if passes else None

@@ -241,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     elif threads == "auto":
         progress.start("thread probe (1 vs all cores)")
         try:
-            from engine.bench.roofline import ModelShape, probe_threads
+            from engine.bench.machine_rates import probe_threads
+            from engine.bench.roofline import ModelShape
 
             with contextlib.redirect_stdout(sys.stderr):
                 shape = ModelShape.from_config(ctx.hf()[0].config)

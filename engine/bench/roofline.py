@@ -18,13 +18,13 @@ Roofs:
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 from engine.bench import common as C
 from engine.bench import peers
 from engine.bench.common import SuiteResult, spread
 from engine.bench.decode_bs1 import KernelTimer, decode_bs1_by_format, decode_steps  # noqa: F401 (re-exported)
+from engine.bench.machine_rates import measure_best_matmuls, measure_model_matmuls, measure_read_bandwidth
 from engine.bench.report import bar_figure, line_figure
 from engine.model.kv_layout import (
     HEADS_FIELDS,
@@ -157,186 +157,29 @@ def fraction(achieved, roof):
     return achieved / roof
 
 
-# ---------------------------------------------------------------------------- measurements
-
-
-def _best_time(fn, min_reps: int = 3, min_time: float = 0.15, max_reps: int = 200) -> float:
-    fn()  # warm-up (allocations, kernel selection)
-    times = []
-    t_start = time.perf_counter()
-    while len(times) < max_reps and (len(times) < min_reps or time.perf_counter() - t_start < min_time):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
-
-
-def measure_linear(M: int, K: int, N: int, dtype=None, min_time: float = 0.15) -> float:
-    """Best-of seconds for F.linear([M x K], [N x K]) — the shape an nn.Linear runs."""
-    import torch
-    import torch.nn.functional as F
-
-    dtype = dtype or torch.float32
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(M, K, generator=g).to(dtype)
-    w = torch.randn(N, K, generator=g).to(dtype)
-    with torch.inference_mode():
-        return _best_time(lambda: F.linear(x, w), min_time=min_time)
-
-
-def _packed_linear():
-    """engine/model/linear.py where its packed-Linear kernel runs here, else None."""
+def _q4_1_roof(res, shape, dt, min_t, peak, lens, new, kv_tok_s, ctx) -> None:
+    """Where the engine's own Q4_1 kernel runs the Linears faster than any fp32 matmul here (AMX's
+    tiles), the compute roof above (fp32) is not a bound on kvscope: W16 is also put against a roof
+    with every FLOP at that kernel's best rate (a higher bar than the real one: attention's FLOPs
+    stay fp32)."""
+    ctx.start("Q4_1 kernel GFLOP/s at M in (16, 512)")
     try:
-        from engine.model import linear as L
-    except ImportError:
-        return None
-    return L if L.best_kernel() is not None else None
-
-
-def measure_model_matmuls(
-    shape: ModelShape, rows=(1, 16, 64, 256), dtype=None, min_time: float = 0.3, on_progress=None, kernel: str = "torch"
-) -> dict:
-    """Runs the model's real linear layers at M rows: every layer has its own weights (so batch-1
-    passes stream them from memory as a real decode step does, instead of re-reading one matrix
-    from cache), then the lm_head. Returns, per M, GFLOP/s of the decoder body, of the lm_head and
-    of the whole token-slab, and the slab time in ms (best of several passes).
-
-    kernel="torch": one F.linear per projection (what transformers runs); kernel="packed": the
-    engine's CPU path (engine/model/linear.py: packed weights, q/k/v and gate/up each one matmul; same
-    FLOPs). Raises ValueError when "packed" is not available here."""
-    import torch
-    import torch.nn.functional as F
-
-    dtype = dtype or torch.float32
-    g = torch.Generator().manual_seed(0)
-    lin = shape.layer_linears()
-    if kernel == "packed":
-        L = _packed_linear()
-        if L is None or dtype != torch.float32:
-            raise ValueError("the packed-Linear kernel needs float32 and the C kernel or oneDNN")
-        pack, apply = (lambda w: L.matmul_for([w])), (lambda x, mm: mm(x))
-        names = [n for n, _, _ in lin]
-        # the projections the engine merges (engine/model/linear.py's rule), the rest one matmul each
-        groups = [list(m) for _, m in L.MERGED_GROUPS if set(m) <= set(names)]
-        groups += [[n] for n in names if not any(n in g for g in groups)]
-        groups.sort(key=lambda g: names.index(g[0]))  # in the layer's order
-        by = {n: (k, nn) for n, k, nn in lin}
-        shapes = [(by[grp[0]][0], sum(by[x][1] for x in grp)) for grp in groups]
-    else:
-        apply = F.linear
-        shapes = [(k, n) for _, k, n in lin]
-    layers = [[(torch.randn(N, K, generator=g) * 0.02).to(dtype) for K, N in shapes] for _ in range(shape.layers)]
-    _, K, N = shape.lm_head()
-    head = (torch.randn(N, K, generator=g) * 0.02).to(dtype)
-    if kernel == "packed":
-        layers = [[pack(w) for w in ws] for ws in layers]
-        head = pack(head)
-    ks = [k for k, _ in shapes]
-    out = {}
-    with torch.inference_mode():
-        for M in rows:
-            xs = {k: torch.randn(M, k, generator=g).to(dtype) for k in set(ks) | {shape.hidden}}
-
-            def body():
-                for ws in layers:
-                    for k, w in zip(ks, ws):
-                        apply(xs[k], w)  # noqa: B023 (called within this iteration)
-
-            xh = xs[shape.hidden]
-            t_body = _best_time(body, min_reps=2, min_time=min_time, max_reps=50)
-            t_head = _best_time(lambda: apply(xh, head), min_reps=2, min_time=min_time / 3, max_reps=50)  # noqa: B023
-            f_body = M * shape.flops_body()
-            f_head = M * shape.flops_lm_head()
-            out[M] = {
-                "body_gflops": f_body / t_body / 1e9,
-                "lm_head_gflops": f_head / t_head / 1e9,
-                "all_gflops": (f_body + f_head) / (t_body + t_head) / 1e9,
-                "slab_ms": (t_body + t_head) * 1e3,
-            }
-            if on_progress:
-                on_progress(M)
-    return out
-
-
-def measure_best_matmuls(shape: ModelShape, rows, dtype=None, min_time: float = 0.3) -> tuple[dict, dict]:
-    """The machine's matmul rate at each M with the best kernel available in this process: the
-    stock F.linear and, where it runs, the engine's packed path; per M the faster one. Returns
-    (best per M with "kernel" named, {kernel: per-M results})."""
-    by_kernel = {"torch": measure_model_matmuls(shape, rows=rows, dtype=dtype, min_time=min_time)}
-    try:
-        by_kernel["packed"] = measure_model_matmuls(shape, rows=rows, dtype=dtype, min_time=min_time, kernel="packed")
+        q4 = measure_model_matmuls(shape, rows=(16, 512), dtype=dt, min_time=min_t, kernel="q4_1")
     except ValueError:
-        pass
-    best = {}
-    for m in rows:
-        name = max(by_kernel, key=lambda k: by_kernel[k][m]["all_gflops"])
-        best[m] = dict(by_kernel[name][m], kernel=name)
-    return best, by_kernel
-
-
-def measure_read_bandwidth(mbytes: int = 512, dtype=None) -> float:
-    """GB/s (1e9 B/s) reading a large tensor (in the engine's weight / KV memory) once, best of a few."""
-    import torch
-
-    from engine.model import huge_pages
-
-    dtype = dtype or torch.float32
-    n = mbytes * 1024 * 1024 // dtype.itemsize
-    x = huge_pages.empty(n, dtype).fill_(1)
-    nbytes = x.numel() * x.element_size()
-    with torch.inference_mode():
-        t = _best_time(lambda: x.sum(), min_reps=4, min_time=0.5, max_reps=20)
-    return nbytes / t / 1e9
-
-
-def probe_threads(shape: ModelShape, candidates=None, rounds: int = 3, layers: int = 6, dtype=None) -> dict:
-    """Picks torch's intra-op thread count for this run by measurement: times a decode-like pass
-    (the model's linears for `layers` layers at 1 and 16 rows) at each candidate count, alternating
-    candidates for `rounds` rounds, best time per candidate. On a shared machine, a 2-thread
-    OpenMP region waits for its slowest thread, so when another process holds a core more threads
-    can be several times slower than one. Returns {"threads": best, "ms": {n: best ms}}."""
-    import os
-
-    import torch
-    import torch.nn.functional as F
-
-    dtype = dtype or torch.float32
-    ncpu = os.cpu_count() or 1
-    candidates = sorted(set(candidates or (1, ncpu, torch.get_num_threads())))
-    g = torch.Generator().manual_seed(0)
-    ws = [
-        [(torch.randn(N, K, generator=g) * 0.02).to(dtype) for _, K, N in shape.layer_linears()] for _ in range(layers)
-    ]
-    ks = [K for _, K, _ in shape.layer_linears()]
-    xs = {(m, k): torch.randn(m, k, generator=g).to(dtype) for m in (1, 16) for k in set(ks)}
-
-    def one_pass():
-        for m in (1, 16):
-            for layer in ws:
-                for k, w in zip(ks, layer):
-                    F.linear(xs[(m, k)], w)
-
-    old = torch.get_num_threads()
-    best = {n: float("inf") for n in candidates}
-    try:
-        with torch.inference_mode():
-            for _ in range(rounds):
-                for n in candidates:
-                    torch.set_num_threads(n)
-                    one_pass()  # settle the pool at this size
-                    t = time.perf_counter()
-                    one_pass()
-                    best[n] = min(best[n], time.perf_counter() - t)
-    finally:
-        torch.set_num_threads(old)
-    pick = min(best, key=best.get)
-    return {"threads": pick, "ms": {n: v * 1e3 for n, v in best.items()}}
-
-
-# ---------------------------------------------------------------------------- batch-1 decode per weight format
-
-
-# ---------------------------------------------------------------------------- roofline
+        ctx.done("Q4_1 kernel rate")
+        return
+    ctx.done("Q4_1 kernel rate")
+    for m, r in q4.items():
+        res.add(f"matmul_q4_1_gflops_m{m}", r["all_gflops"], "the engine's Q4_1 kernel, the same FLOPs", row=False)
+    best = max(r["all_gflops"] for r in q4.values())
+    if best <= peak:
+        return
+    roof = compute_roof(shape, best, lens, new)["compute_roof_tok_s"]
+    res.add(
+        "compute_roof_q4_1_fraction",
+        fraction(kv_tok_s, roof),
+        f"W16 against every FLOP at the Q4_1 kernel's best rate ({best:.0f} GFLOP/s, above the fp32 peak)",
+    )
 
 
 def quant_row_path() -> str:
@@ -444,6 +287,7 @@ def suite_roofline(ctx: C.BenchContext) -> SuiteResult:
         "peak / FLOPs of one generated token (prompt tokens counted as free)",
     )
     res.add("compute_roof_naive_fraction", fraction(kv_tok_s, cr["compute_roof_naive_tok_s"]), "")
+    _q4_1_roof(res, shape, dt, min_t, peak, lens, new, kv_tok_s, ctx)
     w16_ops = p_info.get("ops_s")
     for op, sec in (w16_ops or {}).items():
         res.add(f"w16_op_{op}_s", sec, "W16 seconds in this op of engine/model/csrc/layer.c (all layers, all steps)")

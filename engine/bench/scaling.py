@@ -43,14 +43,8 @@ from engine.bench import common as C
 from engine.bench import peers
 from engine.bench import scaling_points as SP
 from engine.bench.common import SuiteResult
-from engine.bench.roofline import (
-    ModelShape,
-    compute_roof,
-    measure_best_matmuls,
-    measure_read_bandwidth,
-    memory_roof_tok_s,
-    workload_flops,
-)
+from engine.bench.machine_rates import measure_best_matmuls, measure_read_bandwidth
+from engine.bench.roofline import ModelShape, compute_roof, memory_roof_tok_s, workload_flops
 from engine.observe import rates
 
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from engine.bench import common as C
+from engine.bench import machine_rates as MR
 from engine.bench import roofline as R
 from engine.bench.common import SuiteResult
 
@@ -36,7 +37,7 @@ def suite_threads(ctx: C.BenchContext) -> SuiteResult:
             try:
                 for th in counts:
                     torch.set_num_threads(th)
-                    mm = R.measure_model_matmuls(shape, rows=rows, dtype=dt, min_time=0.2)
+                    mm = MR.measure_model_matmuls(shape, rows=rows, dtype=dt, min_time=0.2)
                     for m in rows:
                         table[(busy, th, m)] = mm[m]["slab_ms"]
             finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from engine.bench import common as C
+from engine.bench import machine_rates as MR
 from engine.bench import peers
 from engine.bench import roofline as R
 from engine.bench.common import SuiteResult, ratio, spread
@@ -77,7 +78,7 @@ def suite_throughput(ctx: C.BenchContext) -> SuiteResult:
     dt = getattr(torch, ctx.dtype())
     shape = R.ModelShape.from_config(model.config)
     roof_rows = ctx.pick((256, 512), (256, 512), smoke=(16,))
-    mm, _ = R.measure_best_matmuls(shape, rows=roof_rows, dtype=dt, min_time=ctx.pick(0.3, 0.2, smoke=0.01))
+    mm, _ = MR.measure_best_matmuls(shape, rows=roof_rows, dtype=dt, min_time=ctx.pick(0.3, 0.2, smoke=0.01))
     peak_m = max(mm, key=lambda m: mm[m]["all_gflops"])
     roof = R.compute_roof(shape, mm[peak_m]["all_gflops"], lens, new)["compute_roof_tok_s"]
     res.add(

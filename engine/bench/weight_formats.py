@@ -79,7 +79,7 @@ def suite_weights(ctx) -> C.SuiteResult:
     import torch
 
     from engine.bench.decode_bs1 import decode_bs1_by_format
-    from engine.bench.roofline import measure_read_bandwidth
+    from engine.bench.machine_rates import measure_read_bandwidth
     from engine.model.fused_decode import LINEAR_OPS
     from engine.model.models import load_tokenizer
 

@@ -14,6 +14,7 @@ import statistics
 import time
 from typing import Callable
 
+from engine.bench import machine_rates as MR
 from engine.bench import roofline as RF
 from engine.lab.claims import (
     BATCH_SIZES,
@@ -140,9 +141,9 @@ def _measure_live(th, progress, where: str = "") -> dict:
     dtype = next(model.parameters()).dtype
     dbytes = torch.tensor([], dtype=dtype).element_size()
     say(0.0, "memory bandwidth (torch.sum over 256 MiB)")
-    bw = hold_engine(th, lambda: RF.measure_read_bandwidth(mbytes=256, dtype=dtype))
+    bw = hold_engine(th, lambda: MR.measure_read_bandwidth(mbytes=256, dtype=dtype))
     say(0.1, "matmul rate (256 rows)")
-    t_mm = hold_engine(th, lambda: RF.measure_linear(256, shape.hidden, shape.intermediate, dtype=dtype))
+    t_mm = hold_engine(th, lambda: MR.measure_linear(256, shape.hidden, shape.intermediate, dtype=dtype))
     gflops = 2 * 256 * shape.hidden * shape.intermediate / t_mm / 1e9
     steps, contended = decode_step_times(th, progress=lambda f, s: say(0.2 + 0.5 * f, f"decode steps: {s}"))
     say(0.75, "verification cost, k = 1..8 (the engine's own target pass)")

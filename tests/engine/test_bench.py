@@ -16,6 +16,7 @@ import pytest
 
 from engine.bench import SUITES, cli, report
 from engine.bench import common as C
+from engine.bench import machine_rates as MR
 from engine.bench import roofline as R
 from engine.bench import speculative as SB
 from engine.bench import suites as S
@@ -465,3 +466,19 @@ def test_the_machine_record_names_the_cpus_family_and_model():
     machine = {"cpu": "AMD EPYC", "cpu_id": "family 26 model 2", "nproc": 2}
     r = BenchResult("scaling", "x.json", None, "default", False, {}, machine)
     assert machine_text(r).startswith("AMD EPYC (family 26 model 2), 2 CPUs")
+
+
+def test_the_q4_1_kernels_rate_runs_on_the_models_shapes():
+    """kernel="q4_1" (the roofline's second roof where the engine's Q4_1 kernel beats fp32, e.g.
+    on AMX tiles): the same FLOPs as the fp32 pass, on random Q4_1 blocks of each shape."""
+    import torch
+
+    from engine.model import cpu_kernels
+
+    if cpu_kernels.load() is None:
+        pytest.skip(f"C kernels not built: {cpu_kernels.status()}")
+    s = R.ModelShape(hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, head_dim=16, vocab=96)
+    out = MR.measure_model_matmuls(s, rows=(1, 5), min_time=0.001, kernel="q4_1")
+    assert set(out) == {1, 5} and all(r["all_gflops"] > 0 and r["slab_ms"] > 0 for r in out.values())
+    with pytest.raises(ValueError, match="float32"):
+        MR.measure_model_matmuls(s, rows=(1,), dtype=torch.bfloat16, kernel="q4_1")
