@@ -25,13 +25,14 @@ PANELS = (
 
 
 def subtitle(fields: dict, machine: dict | None = None, short: bool = False) -> str:
-    """What the figure was measured on: CPU, cores, ISA (short: its path only, "AVX-512", without
-    the extension list, which the caption carries), threads."""
+    """What the figure was measured on: CPU, cores, ISA (short: without the extension list, which
+    the caption carries: "AVX-512", "AVX-512 + AMX for Q4_1"), threads."""
     m = machine or {}
     cpu = f"{m.get('cpu', '?')}, {m.get('nproc', '?')} cpus, " if m else ""
     isa = str(fields.get("isa", "?"))
     if short:
-        isa = isa.split(" (")[0]
+        head, _, rest = isa.partition(" (")
+        isa = head + (rest.partition(")")[2] if rest else "")
     return f"{cpu}ISA {isa}, {fields.get('threads', '?')} thread(s)"
 
 
@@ -65,7 +66,7 @@ def scaling_figure(fields: dict, machine: dict | None = None, height: int = 420)
                 go.Scatter(
                     x=[x for x, _ in lim],
                     y=[y for _, y in lim],
-                    name="machine limit (measured roofs)",
+                    name="machine limit (measured fp32 matmul rate, read bandwidth)",
                     legendgroup="limit",
                     showlegend=col == 1,
                     mode="lines",
@@ -103,5 +104,7 @@ def caption(fields: dict, source: str) -> str:
     for e, why in (fields.get("peers") or {}).items():
         if not str(why).startswith("ok"):
             parts.append(f"{SP.ENGINE_LABELS.get(e, e)}: {why}.")
-    parts.append("Limits are the machine's measured matmul rate (prefill) and read bandwidth (decode), dashed.")
+    parts.append("Limits are the machine's measured fp32 matmul rate (prefill) and read bandwidth (decode), dashed.")
+    if "+ AMX" in str(fields.get("isa", "")):
+        parts.append("kvscope's Q4_1 Linears ran on AMX tiles, which the fp32 rate does not bound.")
     return " ".join(parts)
