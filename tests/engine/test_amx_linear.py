@@ -125,28 +125,14 @@ def test_the_default_models_stack_on_tiles_beside_the_avx_512_path():
     and ragged decode rows: logits within fp32 noise of the AVX-512 path's, the same greedy
     choice at every row."""
     from engine.model.models import load_model
-    from engine.model.runner import BatchRow, ModelRunner
+    from tests.engine.c_stack import ragged_cases, runner
 
     model, tok = load_model("default")
-    prompt = tok.encode("A paged KV cache keeps each request's keys and values in fixed-size blocks, so")
-    ta, tb = list(range(0, 8)), list(range(16, 24))
-    cases = [
-        [BatchRow("a", 0, prompt, ta, 0)],
-        [BatchRow("a", len(prompt), [42], ta, 0), BatchRow("b", 0, prompt[:20], tb, 19)],
-        [BatchRow("a", len(prompt) + 1, [7, 8, 9, 10, 11], ta, 0), BatchRow("b", 20, [11], tb, 0)],
-    ]
+    cases = ragged_cases(tok)
     out = {}
     for on in (True, False):
         cpu_kernels.amx(LIB, on)
-        r = ModelRunner(
-            model,
-            num_blocks=64,
-            block_size=16,
-            dtype=torch.float32,
-            device=torch.device("cpu"),
-            weight_format="gguf",
-            decode_backend="c",
-        )
+        r = runner(model)
         assert r.decode_backend == "c"
         out[on] = [r.forward(rows) for rows in cases]
     for a, b in zip(out[True], out[False]):

@@ -9,6 +9,7 @@ import torch
 
 from engine.model import fused_decode
 from engine.model.runner import BatchRow, ModelRunner
+from tests.engine import c_stack
 
 
 @pytest.fixture(scope="module")
@@ -19,16 +20,7 @@ def default_model():
     return model, tok
 
 
-def _runner(model, backend, fmt="gguf"):
-    return ModelRunner(
-        model,
-        num_blocks=64,
-        block_size=16,
-        dtype=torch.float32,
-        device=torch.device("cpu"),
-        weight_format=fmt,
-        decode_backend=backend,
-    )
+_runner = c_stack.runner
 
 
 @pytest.mark.parametrize("fmt", ["gguf", "fp32"])

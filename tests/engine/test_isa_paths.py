@@ -23,19 +23,12 @@ SCRIPT = r"""
 import hashlib, json, torch
 from engine.model import cpu_kernels, kernel_isa
 from engine.model.models import load_model
-from engine.model.runner import BatchRow, ModelRunner
+from tests.engine.c_stack import ragged_cases, runner
 torch.set_num_threads(1)
 model, tok = load_model("default")
-r = ModelRunner(model, num_blocks=64, block_size=16, dtype=torch.float32, device=torch.device("cpu"),
-                weight_format="gguf", decode_backend="c")
+r = runner(model)
 assert r.decode_backend == "c", cpu_kernels.status()
-prompt = tok.encode("A paged KV cache keeps each request's keys and values in fixed-size blocks, so")
-ta, tb = list(range(0, 8)), list(range(16, 24))
-cases = [
-    [BatchRow("a", 0, prompt, ta, 0)],
-    [BatchRow("a", len(prompt), [42], ta, 0), BatchRow("b", 0, prompt[:20], tb, 19)],
-    [BatchRow("a", len(prompt) + 1, [7, 8, 9, 10, 11], ta, 0), BatchRow("b", 20, [11], tb, 0)],
-]
+cases = ragged_cases(tok)
 h = hashlib.sha256()
 for rows in cases:
     h.update(r.forward(rows).numpy().tobytes())
