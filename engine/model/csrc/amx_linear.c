@@ -102,6 +102,23 @@ static void split_rows(const float *x, int M, int Mp, int K, uint16_t *xp) {
         }
 }
 
+/* block b's finish for mr rows x P panels: t = fma(m, sum x, d * s) added to the running totals
+ * (tot [mr][2][16]), s the tile sums in cbb [P][16][16] */
+static AI void finish(int P, const uint8_t *pan, size_t pstride, int b, int mr, const float *sx, int nb,
+                      const float *cbb, float *tot) {
+    for (int q = 0; q < P; q++) {
+        const uint8_t *blk = pan + q * pstride + (size_t)b * PB;
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+        const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
+        for (int r = 0; r < mr; r++) {
+            float *t = tot + (size_t)(r * 2 + q) * NR;
+            const __m512 s = _mm512_load_ps(cbb + (size_t)(q * 16 + r) * NR);
+            const __m512 f = _mm512_fmadd_ps(m, _mm512_set1_ps(sx[(size_t)r * nb + b]), _mm512_mul_ps(d, s));
+            _mm512_store_ps(t, _mm512_add_ps(_mm512_load_ps(t), f));
+        }
+    }
+}
+
 /* rows r0..r0+mr-1 (mr <= 16) x P (1 or 2) panels over all blocks: bsc the panels' B tiles
  * [P][nb], tot [mr][P][16] running totals */
 static AI void tile_rows(int P, const uint16_t *xp, size_t part, int r0, int mr, int K, const float *sx,
@@ -127,20 +144,14 @@ static AI void tile_rows(int P, const uint16_t *xp, size_t part, int r0, int mr,
             _tile_dpbf16ps(0, 2, 3);
             if (P == 2) _tile_dpbf16ps(1, 2, 4);
         }
-        _tile_stored(0, cb, 64);
-        if (P == 2) _tile_stored(1, cb + 16 * NR, 64);
-        for (int q = 0; q < P; q++) {
-            const uint8_t *blk = pan + q * pstride + (size_t)b * PB;
-            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
-            const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
-            for (int r = 0; r < mr; r++) {
-                float *t = tot + (size_t)(r * 2 + q) * NR;
-                const __m512 s = _mm512_load_ps(cb + (size_t)(q * 16 + r) * NR);
-                const __m512 f = _mm512_fmadd_ps(m, _mm512_set1_ps(sx[(size_t)(r0 + r) * nb + b]), _mm512_mul_ps(d, s));
-                _mm512_store_ps(t, _mm512_add_ps(_mm512_load_ps(t), f));
-            }
-        }
+        float *cbb = cb + (size_t)(b & 1) * 2 * 16 * NR; /* this block's sums; the last block's in the other half */
+        _tile_stored(0, cbb, 64);
+        if (P == 2) _tile_stored(1, cbb + 16 * NR, 64);
+        /* the previous block's finish after this block's tile work was issued, so the two overlap
+           (the same finish, block after block: the same bits) */
+        if (b > 0) finish(P, pan, pstride, b - 1, mr, sx + (size_t)r0 * nb, nb, cb + (size_t)((b - 1) & 1) * 2 * 16 * NR, tot);
     }
+    finish(P, pan, pstride, nb - 1, mr, sx + (size_t)r0 * nb, nb, cb + (size_t)((nb - 1) & 1) * 2 * 16 * NR, tot);
     for (int r = 0; r < mr; r++)
         for (int q = 0; q < P; q++) {
             const int nv = q == P - 1 ? nvalid_last : NR;
@@ -174,7 +185,7 @@ int kvscope_amx_qlinear(const float *x, int M, int K, const uint8_t *panels, int
         const int t = omp_get_thread_num(), nt = omp_get_num_threads();
         const int p0 = share_start(np, nt, t), p1 = share_start(np, nt, t + 1);
         uint16_t *bsc = kv_alloc(sizeof(uint16_t) * 512 * 2 * (size_t)nb);
-        float *tot = kv_alloc(sizeof(float) * 16 * 2 * NR), *cb = kv_alloc(sizeof(float) * 2 * 16 * NR);
+        float *tot = kv_alloc(sizeof(float) * 16 * 2 * NR), *cb = kv_alloc(sizeof(float) * 2 * 2 * 16 * NR);
         if (!bsc || !tot || !cb) {
             #pragma omp atomic write
             rc = -3;
