@@ -14,17 +14,20 @@ import torch
 from engine.model import cpu_kernels, kernel_isa
 
 LIB = cpu_kernels.load()
-HAS_AMX = LIB is not None and cpu_kernels.amx(LIB)
+WAS_ON = LIB is not None and cpu_kernels.amx(LIB)  # off under KVSCOPE_AMX=0: these tests still run the tiles
+HAS_AMX = LIB is not None and cpu_kernels.amx(LIB, True)
+if LIB is not None:
+    cpu_kernels.amx(LIB, WAS_ON)
 pytestmark = pytest.mark.skipif(not HAS_AMX, reason="no AMX tiles here (CPU, build or OS): the AVX paths run")
 Q4_1 = 3
 
 
 @pytest.fixture(autouse=True)
 def amx_on():
-    """Every test starts with the tiles on and leaves them on, as the library loads."""
+    """Every test starts with the tiles on and leaves the process as it found it."""
     cpu_kernels.amx(LIB, True)
     yield
-    cpu_kernels.amx(LIB, True)
+    cpu_kernels.amx(LIB, WAS_ON)
 
 
 def q4_1_blocks(n: int, k: int, seed: int, d=None, m=None) -> np.ndarray:
@@ -45,6 +48,8 @@ def packed(n: int, k: int, seed: int, **scales):
 
 def test_the_tiles_are_what_the_bench_names():
     assert kernel_isa.amx() and kernel_isa.summary().endswith("+ AMX for Q4_1")
+    cpu_kernels.amx(LIB, False)
+    assert not kernel_isa.amx() and "AMX" not in kernel_isa.summary()
     assert kernel_isa.path() == "AVX-512"
 
 
