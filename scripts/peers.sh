@@ -63,8 +63,11 @@ install_vllm() {
 
 # llama.cpp's CPU options: GGML_NATIVE (-march=native: every extension this CPU has, tuned for
 # it), but never AMX. On this workplace's VMs the CPU advertises AMX (cpuinfo amx_tile / amx_int8,
-# arch_prctl grants the tile permission) yet the first ldtilecfg takes a general protection fault,
-# so a plain native build segfaults on its first matmul. GCC lets an explicit -mno-amx-* win over
+# arch_prctl grants the tile permission) yet a native build's first ldtilecfg takes a general
+# protection fault, so it segfaults on its first matmul. The tiles themselves work here (kvscope's
+# csrc/amx_linear.c runs them): the likely cause is GCC 12's _tile_loadconfig, whose asm names an
+# 8-byte operand, so the stores filling a local 64-byte config can be dropped before it (kvscope's
+# own first build faulted so at -O2); ggml fills a local config and calls it. GCC lets an explicit -mno-amx-* win over
 # -march=native whatever their order, which also leaves ggml's AMX kernels out (they are compiled
 # only under __AMX_INT8__).
 # KVSCOPE_ISA=avx2 (as for kvscope's kernels, engine/model/cpu_kernels.py) adds -mno-avx512f, the
