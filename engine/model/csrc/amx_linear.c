@@ -173,14 +173,7 @@ int kvscope_amx_qlinear(const float *x, int M, int K, const uint8_t *panels, int
     if (n_threads > np) n_threads = np;
     #pragma omp parallel num_threads(n_threads) if (n_threads > 1 && !rc)
     if (!rc) {
-        /* every row's per-block sums of x, left to right (the AVX paths' definition) */
-        #pragma omp for schedule(static)
-        for (int r = 0; r < M; r++)
-            for (int b = 0; b < nb; b++) {
-                float t = 0.f;
-                for (int k = 0; k < QK; k++) t += x[(size_t)r * K + b * QK + k];
-                sx[(size_t)r * nb + b] = t;
-            }
+        kv_block_sums(x, M, K, sx, 1); /* the AVX paths' sums */
         split_rows(x, M, Mp, K, xp); /* ends in the omp for's barrier */
         const int t = omp_get_thread_num(), nt = omp_get_num_threads();
         const int p0 = share_start(np, nt, t), p1 = share_start(np, nt, t + 1);

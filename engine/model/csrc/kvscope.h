@@ -31,6 +31,21 @@ static inline void *kv_alloc(size_t bytes) { return aligned_alloc(64, (bytes + 6
    panel range) */
 static inline int share_size(int n, int parts, int i) { return n / parts + (i < n % parts); }
 static inline int share_start(int n, int parts, int i) { return (int)((long long)n * i / parts); }
+/* sx [M][K / 32]: every row's per-block sums of x, left to right (the factorized Q4_1 finish's
+   m * sum x, on the AVX paths and on AMX tiles alike). Its `omp for` shares the rows among the
+   threads of the enclosing parallel region (and ends in its barrier); called outside one, one
+   thread does them all. used = 0 writes zeros instead (Q8_0's finish does not use them). */
+static inline void kv_block_sums(const float *x, int M, int K, float *sx, int used) {
+    const int nb = K / 32;
+    #pragma omp for schedule(static)
+    for (int r = 0; r < M; r++)
+        for (int b = 0; b < nb; b++) {
+            float t = 0.f;
+            if (used)
+                for (int k = 0; k < 32; k++) t += x[(size_t)r * K + b * 32 + k];
+            sx[(size_t)r * nb + b] = t;
+        }
+}
 /* the widest of the two: for lane-wise loops whose bits do not depend on the width */
 #ifdef __AVX512F__
 #define VW_LANES 16

@@ -594,15 +594,7 @@ static int qlinear_factorized(int type, const float *x, int M, int K, const uint
     int rc = 0;
     #pragma omp parallel num_threads(n_threads) if (n_threads > 1)
     {
-        /* every row's per-block sums of x, left to right (Q8_0 does not use them) */
-        #pragma omp for schedule(static)
-        for (int r = 0; r < M; r++)
-            for (int b = 0; b < nb; b++) {
-                float t = 0.f;
-                if (!q8)
-                    for (int k = 0; k < QK; k++) t += x[(size_t)r * K + b * QK + k];
-                sx[(size_t)r * nb + b] = t;
-            }
+        kv_block_sums(x, M, K, sx, !q8);
         const int t = omp_get_thread_num(), nt = omp_get_num_threads();
         const int p0 = share_start(np, nt, t), p1 = share_start(np, nt, t + 1);
         int p = p0;
@@ -973,15 +965,7 @@ static int qlinear_factorized2(int type, const float *x, int M, int K, const uin
     if (!sx) return -3;
     #pragma omp parallel num_threads(n_threads) if (n_threads > 1)
     {
-        /* every row's per-block sums of x, left to right (Q8_0 does not use them) */
-        #pragma omp for schedule(static)
-        for (int r = 0; r < M; r++)
-            for (int b = 0; b < nb; b++) {
-                float t = 0.f;
-                if (!q8)
-                    for (int k = 0; k < QK; k++) t += x[(size_t)r * K + b * QK + k];
-                sx[(size_t)r * nb + b] = t;
-            }
+        kv_block_sums(x, M, K, sx, !q8);
         const int t = omp_get_thread_num(), nt = omp_get_num_threads();
         const int p0 = share_start(np, nt, t), p1 = share_start(np, nt, t + 1);
         float *sc = M >= scratch_rows ? kv_alloc(sizeof(float) * (size_t)nb * F2_SB) : NULL;
