@@ -106,6 +106,9 @@ def describe() -> dict:
     return {"path": path(), "features": [n for m, n in _MACROS if m in macros], "kernels": status}
 
 
+AMX_NOTE = "+ AMX for Q4_1"  # what summary() appends while the tiles run (figures look for it)
+
+
 def amx() -> bool:
     """Whether this process's Q4_1 Linears run on AMX's bf16 tiles (csrc/amx_linear.c): on where
     the CPU, the build and the OS allow it, unless KVSCOPE_AMX=0."""
@@ -119,4 +122,4 @@ def summary() -> str:
     """One line: 'AVX2+FMA (AVX2 FMA F16C)', 'AVX-512 (...) + AMX for Q4_1' where the tiles run."""
     d = describe()
     line = f"{d['path']} ({' '.join(d['features'])})" if d["features"] else d["path"]
-    return f"{line} + AMX for Q4_1" if amx() else line
+    return f"{line} {AMX_NOTE}" if amx() else line

@@ -41,9 +41,10 @@ def q4_1_blocks(n: int, k: int, seed: int, d=None, m=None) -> np.ndarray:
 
 
 def packed(n: int, k: int, seed: int, **scales):
+    """(panels, the fp32 weight they hold, |m| per row and block for the rounding bound)"""
     b = q4_1_blocks(n, k, seed, **scales)
     panels = cpu_kernels.qpack(LIB, Q4_1, b, n, k)
-    return panels, cpu_kernels.qunpack(LIB, Q4_1, panels, n, k)
+    return panels, cpu_kernels.qunpack(LIB, Q4_1, panels, n, k), cpu_kernels.block_offsets(Q4_1, b)
 
 
 def test_the_tiles_are_what_the_bench_names():
@@ -59,7 +60,7 @@ def test_exact_where_every_sum_is_exact(m_rows):
     below 2^24, so any order of summing gives the exact product; a wrong pairing of codes with x,
     a lost part or a wrong panel shows here."""
     n, k = 40, 96
-    panels, w = packed(n, k, seed=m_rows, d=1.0, m=0.0)
+    panels, w, _ = packed(n, k, seed=m_rows, d=1.0, m=0.0)
     x = torch.randint(-100, 100, (m_rows, k), generator=torch.Generator().manual_seed(m_rows)).float()
     got = cpu_kernels.qlinear(LIB, Q4_1, x, panels, n)
     assert torch.equal(got, x @ w.T)
@@ -84,13 +85,11 @@ def test_all_three_parts_count():
 @pytest.mark.parametrize("n,k", [(37, 64), (192, 576), (576, 1536), (3072, 576)])
 @pytest.mark.parametrize("m_rows", [1, 2, 5, 16, 33, 130])
 def test_within_the_fp32_rounding_bound(n, k, m_rows):
-    panels, w = packed(n, k, seed=n + k)
+    panels, w, offsets = packed(n, k, seed=n + k)
     g = torch.Generator().manual_seed(m_rows)
     x = torch.randn(m_rows, k, generator=g) * torch.exp(torch.randn(m_rows, 1, generator=g))
     bias = torch.randn(n, generator=g)
     got = cpu_kernels.qlinear(LIB, Q4_1, x, panels, n, bias)
-    b = q4_1_blocks(n, k, seed=n + k).reshape(n, k // 32, 20)
-    offsets = torch.from_numpy(b[:, :, 2:4].copy().view(np.float16).astype(np.float32)).reshape(n, k // 32).abs()
     assert cpu_kernels.within_fp32_rounding(got, x, w, bias, offsets)
     # and much closer than the bound in practice: within 8 u of sum |x w| (+ |bias|)
     exact = x.double() @ w.double().T + bias.double()
@@ -100,7 +99,7 @@ def test_within_the_fp32_rounding_bound(n, k, m_rows):
 
 def test_a_rows_bits_do_not_depend_on_its_batch_order_or_threads():
     n, k = 200, 576
-    panels, _ = packed(n, k, seed=11)
+    panels, _, _ = packed(n, k, seed=11)
     x = torch.randn(45, k, generator=torch.Generator().manual_seed(11))
     full = cpu_kernels.qlinear(LIB, Q4_1, x, panels, n, n_threads=2)
     assert torch.equal(full, cpu_kernels.qlinear(LIB, Q4_1, x, panels, n, n_threads=1))
@@ -114,7 +113,7 @@ def test_a_rows_bits_do_not_depend_on_its_batch_order_or_threads():
 
 def test_switching_off_gives_the_avx_paths_bits_and_back():
     n, k = 64, 576
-    panels, _ = packed(n, k, seed=7)
+    panels, _, _ = packed(n, k, seed=7)
     x = torch.randn(9, k, generator=torch.Generator().manual_seed(7))
     tiles = cpu_kernels.qlinear(LIB, Q4_1, x, panels, n)
     assert cpu_kernels.amx(LIB, False) is False and not kernel_isa.amx()

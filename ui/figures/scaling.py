@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from engine.bench import scaling_points as SP
+from engine.model.kernel_isa import AMX_NOTE
 from ui.figures import theme
 
 ENGINE_COLORS = {
@@ -105,6 +106,6 @@ def caption(fields: dict, source: str) -> str:
         if not str(why).startswith("ok"):
             parts.append(f"{SP.ENGINE_LABELS.get(e, e)}: {why}.")
     parts.append("Limits are the machine's measured fp32 matmul rate (prefill) and read bandwidth (decode), dashed.")
-    if "+ AMX" in str(fields.get("isa", "")):
+    if AMX_NOTE in str(fields.get("isa", "")):
         parts.append("kvscope's Q4_1 Linears ran on AMX tiles, which the fp32 rate does not bound.")
     return " ".join(parts)
