@@ -62,21 +62,22 @@ install_vllm() {
 }
 
 # llama.cpp's CPU options: GGML_NATIVE (-march=native: every extension this CPU has, tuned for
-# it), but never AMX. On this workplace's VMs the CPU advertises AMX (cpuinfo amx_tile / amx_int8,
-# arch_prctl grants the tile permission) yet a native build's first ldtilecfg takes a general
-# protection fault, so it segfaults on its first matmul. The tiles themselves work here (kvscope's
-# csrc/amx_linear.c runs them): the likely cause is GCC 12's _tile_loadconfig, whose asm names an
-# 8-byte operand, so the stores filling a local 64-byte config can be dropped before it (kvscope's
-# own first build faulted so at -O2); ggml fills a local config and calls it. GCC lets an explicit -mno-amx-* win over
-# -march=native whatever their order, which also leaves ggml's AMX kernels out (they are compiled
-# only under __AMX_INT8__).
-# KVSCOPE_ISA=avx2 (as for kvscope's kernels, engine/model/cpu_kernels.py) adds -mno-avx512f, the
-# same override: llama.cpp's AVX2 path on an AVX-512 CPU, its GGML_AVX512=OFF (that option alone
+# it, AMX included where the CPU has it: ggml then repacks Q4_1 / Q8_0 weights for its AMX int8
+# kernels and their AVX512-VNNI one-row path) and -fno-dse. GCC 12's _tile_loadconfig names an
+# 8-byte operand, so at -O2 its dead-store pass drops the stores that fill the rest of a local
+# 64-byte tile configuration (ggml's ggml_tile_config_init fills one and calls it): the tiles are
+# then configured with no rows and the first matmul faults. -fno-dse keeps those stores (checked
+# with ggml's own config code: rows and column bytes read back as set); kvscope's
+# csrc/amx_linear.c passes the whole array to its own ldtilecfg instead. Until 2026-12-06 the peer
+# was built with -mno-amx-*, which left out ggml's AMX code and the AVX512-VNNI one-row path in it:
+# on an AMX CPU its batch-1 decode was under half of this build's (docs/BENCHMARKS.md).
+# KVSCOPE_ISA=avx2 (as for kvscope's kernels, engine/model/cpu_kernels.py) takes -mno-amx-* and
+# -mno-avx512f instead: llama.cpp's AVX2 path on an AVX-512 CPU, its GGML_AVX512=OFF (that option alone
 # is ignored under GGML_NATIVE=ON), so both programs' AVX2 paths can be compared on one machine.
 # The recorded options differ, so switching KVSCOPE_ISA rebuilds the peer.
 llamacpp_cmake_args() {
-  local flags="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
-  if [ "${KVSCOPE_ISA:-native}" = avx2 ]; then flags="$flags -mno-avx512f"; fi
+  local flags="-fno-dse"
+  if [ "${KVSCOPE_ISA:-native}" = avx2 ]; then flags="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16 -mno-avx512f"; fi
   echo "-DGGML_NATIVE=ON -DCMAKE_C_FLAGS='$flags' -DCMAKE_CXX_FLAGS='$flags'"
 }
 
