@@ -13,9 +13,10 @@ and called through ctypes on tensors' memory.
   block factorized, d * sum(q x) + m * sum(x) (the same chains on both ISAs, so the same bits):
   the same value up to fp32 rounding
   (`qlinear_bitwise` says which; `within_fp32_rounding` is the bound the engine checks). On a CPU
-  with AMX (Intel Sapphire Rapids and later) every Q4_1 call runs on its bf16 tiles instead
-  (csrc/amx_linear.c, `amx`): x cut into three exact bf16 parts, so each product is exact, summed
-  by the tile unit; its own bits, within the same bound, still independent of the batch.
+  with AMX (Intel Sapphire Rapids and later) every Q4_1 call of `amx_min_rows` (8) rows or more
+  runs on its bf16 tiles instead (csrc/amx_linear.c, `amx`): x cut into three exact bf16 parts, so
+  each product is exact, summed by the tile unit; its own bits, within the same bound, independent
+  of the batch among such calls (fewer rows: the AVX path, faster there).
 - `kvscope_stack_forward` (csrc/layer.c): a whole Llama-family decoder stack in one call (RMSNorm,
   the packed Linears above, rotary, K/V written to the pool, the paged attention, SiLU-mul,
   residuals); engine/model/fused_decode.py drives it.
@@ -177,10 +178,14 @@ def load():
                     lib.kvscope_kv_side_step.restype = I
                     lib.kvscope_amx.argtypes = [I]
                     lib.kvscope_amx.restype = I
+                    lib.kvscope_amx_min_rows.argtypes = [I]
+                    lib.kvscope_amx_min_rows.restype = I
                     _self_test(lib)
                     _self_test_linear(lib)
                     tune_row_path(lib)
                     amx(lib, os.environ.get("KVSCOPE_AMX", "1") != "0")
+                    if os.environ.get("KVSCOPE_AMX_MIN_ROWS"):  # an A/B of where the tiles take over
+                        amx_min_rows(lib, int(os.environ["KVSCOPE_AMX_MIN_ROWS"]))
                     if os.environ.get("KVSCOPE_KV_SIDE_STEP"):  # an A/B of the K/V prefetch (kv_side_step)
                         kv_side_step(lib, int(os.environ["KVSCOPE_KV_SIDE_STEP"]))
                 except Exception as e:  # build or self-test failed: the torch path stays
@@ -467,12 +472,20 @@ def ql_scratch_rows(lib, rows: int = -1) -> int:
 
 
 def amx(lib, on: bool | None = None) -> bool:
-    """Whether the process's Q4_1 Linears run on AMX's bf16 tiles (csrc/amx_linear.c: x cut into
-    three exact bf16 parts, so each product is exact; the tile unit's sums, so not the AVX paths'
-    bits, but a row's result never depends on its batch). on=True turns it on where the build and
-    the CPU can (probed in a child process first; what the library does when it loads, unless
-    KVSCOPE_AMX=0), False off, None only reads. Switch it only between forward passes."""
+    """Whether the process's Q4_1 Linears of amx_min_rows rows or more run on AMX's bf16 tiles
+    (csrc/amx_linear.c: x cut into three exact bf16 parts, so each product is exact; the tile
+    unit's sums, so not the AVX paths' bits, but a row's result does not depend on its batch among
+    those calls; fewer rows take the AVX path). on=True turns it on where the build and the CPU can
+    (probed in a child process first; what the library does when it loads, unless KVSCOPE_AMX=0),
+    False off, None only reads. Switch it only between forward passes."""
     return bool(lib.kvscope_amx(-1 if on is None else int(on)))
+
+
+def amx_min_rows(lib, rows: int = -1) -> int:
+    """From how many rows a Q4_1 call takes the tiles while amx() is on (8 by default: below ~7 rows
+    the AVX path is faster, the tile unit costing about as much for one row as for sixteen;
+    KVSCOPE_AMX_MIN_ROWS=N sets it when the library loads): rows > 0 sets it, -1 reads it."""
+    return lib.kvscope_amx_min_rows(rows)
 
 
 def kv_side_step(lib, step: int = -1) -> int:

@@ -110,8 +110,8 @@ AMX_NOTE = "+ AMX for Q4_1"  # what summary() appends while the tiles run (figur
 
 
 def amx() -> bool:
-    """Whether this process's Q4_1 Linears run on AMX's bf16 tiles (csrc/amx_linear.c): on where
-    the CPU, the build and the OS allow it, unless KVSCOPE_AMX=0."""
+    """Whether this process's Q4_1 Linears of cpu_kernels.amx_min_rows rows or more run on AMX's bf16
+    tiles (csrc/amx_linear.c): on where the CPU, the build and the OS allow it, unless KVSCOPE_AMX=0."""
     from engine.model import cpu_kernels
 
     lib = cpu_kernels.load()
@@ -119,7 +119,12 @@ def amx() -> bool:
 
 
 def summary() -> str:
-    """One line: 'AVX2+FMA (AVX2 FMA F16C)', 'AVX-512 (...) + AMX for Q4_1' where the tiles run."""
+    """One line: 'AVX2+FMA (AVX2 FMA F16C)', 'AVX-512 (...) + AMX for Q4_1 from 8 rows' where the
+    tiles run (calls of fewer rows take the AVX path)."""
     d = describe()
     line = f"{d['path']} ({' '.join(d['features'])})" if d["features"] else d["path"]
-    return f"{line} {AMX_NOTE}" if amx() else line
+    if not amx():
+        return line
+    from engine.model import cpu_kernels
+
+    return f"{line} {AMX_NOTE} from {cpu_kernels.amx_min_rows(cpu_kernels.load())} rows"

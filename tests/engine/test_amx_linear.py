@@ -1,11 +1,15 @@
 """Q4_1 Linears on AMX's bf16 tiles (engine/model/csrc/amx_linear.c), where this CPU, the build and
 the OS allow them: x cut into three bf16 parts whose products with the codes are exact, summed by
-the tile unit. Checked: exact where every sum is exact (integer weights and inputs), within the
-engine's fp32-rounding bound elsewhere, a row's bits independent of its batch, its rows' order
-and the thread count, the switch (KVSCOPE_AMX=0 / `cpu_kernels.amx`) back to the AVX path's bits,
-and the whole C stack's logits and greedy choice on the default model beside the AVX-512 path."""
+the tile unit. Checked with the tiles taking every row count: exact where every sum is exact
+(integer weights and inputs), within the engine's fp32-rounding bound elsewhere, a row's bits
+independent of its batch, its rows' order and the thread count, the switch (KVSCOPE_AMX=0 /
+`cpu_kernels.amx`) back to the AVX path's bits, and the whole C stack's logits and greedy choice on
+the default model beside the AVX-512 path; and the default split, calls below 8 rows on the AVX
+path (`cpu_kernels.amx_min_rows`)."""
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pytest
@@ -16,6 +20,7 @@ from engine.model import cpu_kernels, kernel_isa
 LIB = cpu_kernels.load()
 WAS_ON = LIB is not None and cpu_kernels.amx(LIB)  # off under KVSCOPE_AMX=0: these tests still run the tiles
 HAS_AMX = LIB is not None and cpu_kernels.amx(LIB, True)
+MIN_ROWS = cpu_kernels.amx_min_rows(LIB) if LIB is not None else None  # as the library loaded
 if LIB is not None:
     cpu_kernels.amx(LIB, WAS_ON)
 pytestmark = pytest.mark.skipif(not HAS_AMX, reason="no AMX tiles here (CPU, build or OS): the AVX paths run")
@@ -24,9 +29,11 @@ Q4_1 = 3
 
 @pytest.fixture(autouse=True)
 def amx_on():
-    """Every test starts with the tiles on and leaves the process as it found it."""
+    """Every test starts with the tiles on for every row count and leaves the process as it found it."""
     cpu_kernels.amx(LIB, True)
+    cpu_kernels.amx_min_rows(LIB, 1)
     yield
+    cpu_kernels.amx_min_rows(LIB, MIN_ROWS)
     cpu_kernels.amx(LIB, WAS_ON)
 
 
@@ -48,7 +55,9 @@ def packed(n: int, k: int, seed: int, **scales):
 
 
 def test_the_tiles_are_what_the_bench_names():
-    assert kernel_isa.amx() and kernel_isa.summary().endswith("+ AMX for Q4_1")
+    assert kernel_isa.amx() and kernel_isa.summary().endswith("+ AMX for Q4_1 from 1 rows")
+    cpu_kernels.amx_min_rows(LIB, 8)
+    assert kernel_isa.summary().endswith("+ AMX for Q4_1 from 8 rows")
     cpu_kernels.amx(LIB, False)
     assert not kernel_isa.amx() and "AMX" not in kernel_isa.summary()
     assert kernel_isa.path() == "AVX-512"
@@ -122,6 +131,27 @@ def test_switching_off_gives_the_avx_paths_bits_and_back():
     torch.testing.assert_close(tiles, avx, rtol=1e-5, atol=1e-5)
     assert cpu_kernels.amx(LIB, True) is True
     assert torch.equal(cpu_kernels.qlinear(LIB, Q4_1, x, panels, n), tiles)
+
+
+def test_calls_below_min_rows_take_the_avx_path():
+    """By default the tiles take calls of 8 rows or more (one-row decode and verification up to
+    k = 6 stay on the AVX path, faster there): below, the AVX path's bits; from 8 rows, the tiles'
+    bits, a row's the same in any such call."""
+    if not os.environ.get("KVSCOPE_AMX_MIN_ROWS"):
+        assert MIN_ROWS == 8
+    n, k = 64, 576
+    panels, _, _ = packed(n, k, seed=5)
+    x = torch.randn(20, k, generator=torch.Generator().manual_seed(5))
+    tiles = cpu_kernels.qlinear(LIB, Q4_1, x, panels, n)
+    cpu_kernels.amx(LIB, False)
+    avx = cpu_kernels.qlinear(LIB, Q4_1, x, panels, n)
+    cpu_kernels.amx(LIB, True)
+    assert not torch.equal(tiles, avx)
+    assert cpu_kernels.amx_min_rows(LIB, 8) == 8 and cpu_kernels.amx_min_rows(LIB) == 8
+    for m in (1, 5, 7):
+        assert torch.equal(cpu_kernels.qlinear(LIB, Q4_1, x[:m], panels, n), avx[:m])
+    for lo, hi in ((0, 8), (3, 20), (12, 20)):
+        assert torch.equal(cpu_kernels.qlinear(LIB, Q4_1, x[lo:hi], panels, n), tiles[lo:hi])
 
 
 def test_the_default_models_stack_on_tiles_beside_the_avx_512_path():

@@ -1,6 +1,6 @@
 /* kvscope CPU kernel: Q4_1 Linears on AMX's bf16 tiles (Intel Sapphire Rapids and later), for
- * every row count, where the CPU has AMX, the library was built for it (-march=native) and the
- * process may use it (kvscope_amx).
+ * calls of kvscope_amx_min_rows rows or more (8 by default), where the CPU has AMX, the library was
+ * built for it (-march=native) and the process may use it (kvscope_amx).
  *
  * A Q4_1 code (0..15) is exact in bf16, and so is any fp32 x once cut into three bf16 parts:
  * x = x1 + x2 + x3, x1 = x's top 8 significant bits, x2 the next 8 of x - x1, x3 the rest (each
@@ -11,8 +11,13 @@
  * reproduces its bits; measured on random blocks, within 1.9 eps of sum |q x| of the exact sum,
  * where the AVX path's two fused-multiply-add chains reach 4.2), so this path's bits are not the
  * AVX paths'; but every row is computed alone (a tile's rows never mix, whatever the tile's row
- * count or its other rows: checked), so a row's result does not depend on its batch, and every Q4_1
- * call of the process takes this path once it is on.
+ * count or its other rows: checked), so a row's result does not depend on its batch among calls
+ * of min_rows or more. Calls of fewer rows (one-row decode, verification up to k = min_rows - 2)
+ * take the AVX path: the tile unit costs about the same for one row as for sixteen, so below ~7
+ * rows the AVX path is faster (`scripts/qlinear_ab.py --model`, 1 thread: 9.4 against 13.2 ms a
+ * step's Linears at 1 row, 12.2 / 14.0 at 5, 20.5 / 16.8 at 8, 34.0 / 22.1 at 16). A row's bits
+ * thus depend on which side of min_rows its call falls; both are within fp32 rounding of the
+ * exact product.
  *
  * Tiles (all 16 rows x 64 bytes, the rows of A and C cut to M below 16 rows, where the unit is
  * about 1.7x faster): 0, 1 = C of two 16-output panels (rows x 16 fp32), 2 = A (16 rows of one part
@@ -260,5 +265,16 @@ int kvscope_amx(int on) {
     return amx_on;
 }
 
-/* whether a Q4_1 call goes here */
-int kvscope_amx_active(void) { return amx_on; }
+#ifndef AMX_MIN_ROWS
+#define AMX_MIN_ROWS 8
+#endif
+static int amx_min_rows = AMX_MIN_ROWS;
+
+/* rows > 0: calls of at least this many rows take the tiles (while on); returns the setting */
+int kvscope_amx_min_rows(int rows) {
+    if (rows > 0) amx_min_rows = rows;
+    return amx_min_rows;
+}
+
+/* whether a Q4_1 call of M rows goes here */
+int kvscope_amx_takes(int M) { return amx_on && M >= amx_min_rows; }

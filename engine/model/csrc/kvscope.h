@@ -84,9 +84,11 @@ int kvscope_linear(const float *x, int M, int K, const float *panels, int N, con
 void kvscope_linear_panel(const float *x, int M, int K, const float *panel, const float *bias, float *y, int ldy,
                           int nvalid);
 /* quant_linear.c */
-/* amx_linear.c: Q4_1 on AMX tiles once kvscope_amx(1) turned it on (then every Q4_1 call) */
+/* amx_linear.c: Q4_1 on AMX tiles once kvscope_amx(1) turned it on (then every Q4_1 call of
+ * kvscope_amx_min_rows rows or more) */
 int kvscope_amx(int on);
-int kvscope_amx_active(void);
+int kvscope_amx_min_rows(int rows);
+int kvscope_amx_takes(int M);
 int kvscope_amx_qlinear(const float *x, int M, int K, const uint8_t *panels, int N, const float *bias, float *y,
                         int n_threads);
 int kvscope_qlinear(int type, const float *x, int M, int K, const uint8_t *panels, int N, const float *bias,

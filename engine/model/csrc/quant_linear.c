@@ -1101,7 +1101,7 @@ int kvscope_qlinear_side(int type, const float *x, int M, int K, const uint8_t *
     if (n_threads < 1) n_threads = 1;
     if (n_threads > np) n_threads = np;
     int rc = 0;
-    if (type == T_Q4_1 && kvscope_amx_active()) return kvscope_amx_qlinear(x, M, K, panels, N, bias, y, n_threads);
+    if (type == T_Q4_1 && kvscope_amx_takes(M)) return kvscope_amx_qlinear(x, M, K, panels, N, bias, y, n_threads);
 #ifdef QL_AVX512
     if (type == T_Q4_1 || type == T_Q8_0) return qlinear_factorized(type, x, M, K, panels, N, bias, y, n_threads, side);
 #elif defined(QL_AVX2)
