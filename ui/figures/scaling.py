@@ -5,6 +5,8 @@ in, a Plotly figure out (the Claims page and scripts/scaling_figure.py for docs/
 
 from __future__ import annotations
 
+import re
+
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
@@ -106,6 +108,9 @@ def caption(fields: dict, source: str) -> str:
         if not str(why).startswith("ok"):
             parts.append(f"{SP.ENGINE_LABELS.get(e, e)}: {why}.")
     parts.append("Limits are the machine's measured fp32 matmul rate (prefill) and read bandwidth (decode), dashed.")
-    if AMX_NOTE in str(fields.get("isa", "")):
-        parts.append("kvscope's Q4_1 Linears ran on AMX tiles, which the fp32 rate does not bound.")
+    isa = str(fields.get("isa", ""))
+    if AMX_NOTE in isa:
+        rows = re.search(r"from (\d+) rows", isa)
+        which = f" of {rows.group(1)} rows or more (prompts, batches)" if rows else ""
+        parts.append(f"kvscope's Q4_1 Linears{which} ran on AMX tiles, which the fp32 rate does not bound.")
     return " ".join(parts)
