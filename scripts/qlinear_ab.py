@@ -56,8 +56,7 @@ def build(csrc: str) -> ctypes.CDLL:
     lib.kvscope_qlinear.argtypes = [I, P, I, I, P, I, P, P, I]
     lib.kvscope_qlinear_scratch_rows.argtypes = [I]
     cpu_kernels.tune_row_path(lib)  # the row path the engine would run on this CPU
-    if hasattr(lib, "kvscope_amx"):  # AMX tiles for Q4_1 where the engine would run them
-        cpu_kernels.amx(lib, os.environ.get("KVSCOPE_AMX", "1") != "0")
+    cpu_kernels.env_switches(lib)  # AMX tiles for Q4_1 (and from how many rows) as the engine would run them
     return lib
 
 

@@ -183,11 +183,7 @@ def load():
                     _self_test(lib)
                     _self_test_linear(lib)
                     tune_row_path(lib)
-                    amx(lib, os.environ.get("KVSCOPE_AMX", "1") != "0")
-                    if os.environ.get("KVSCOPE_AMX_MIN_ROWS"):  # an A/B of where the tiles take over
-                        amx_min_rows(lib, int(os.environ["KVSCOPE_AMX_MIN_ROWS"]))
-                    if os.environ.get("KVSCOPE_KV_SIDE_STEP"):  # an A/B of the K/V prefetch (kv_side_step)
-                        kv_side_step(lib, int(os.environ["KVSCOPE_KV_SIDE_STEP"]))
+                    env_switches(lib)
                 except Exception as e:  # build or self-test failed: the torch path stays
                     lib, why = None, f"{type(e).__name__}: {str(e)[:400]}"
         _state["lib"] = lib
@@ -469,6 +465,19 @@ def ql_scratch_rows(lib, rows: int = -1) -> int:
     faster one when it loads, KVSCOPE_QL_SCRATCH_ROWS=N names one): rows > 0 sets it, 0 measures
     again, -1 reads it. Returns the setting (2**31 - 1: never; 0: no such choice in this build)."""
     return lib.kvscope_qlinear_scratch_rows(rows)
+
+
+def env_switches(lib) -> None:
+    """The library's switches as the environment sets them, applied when it loads (and by
+    scripts/qlinear_ab.py to the builds it compares; a switch an older build lacks is skipped):
+    KVSCOPE_AMX=0 keeps Q4_1 off the AMX tiles, KVSCOPE_AMX_MIN_ROWS=N moves where they take over,
+    KVSCOPE_KV_SIDE_STEP=N an A/B of the K/V prefetch (kv_side_step)."""
+    if hasattr(lib, "kvscope_amx"):
+        amx(lib, os.environ.get("KVSCOPE_AMX", "1") != "0")
+    if os.environ.get("KVSCOPE_AMX_MIN_ROWS") and hasattr(lib, "kvscope_amx_min_rows"):
+        amx_min_rows(lib, int(os.environ["KVSCOPE_AMX_MIN_ROWS"]))
+    if os.environ.get("KVSCOPE_KV_SIDE_STEP") and hasattr(lib, "kvscope_kv_side_step"):
+        kv_side_step(lib, int(os.environ["KVSCOPE_KV_SIDE_STEP"]))
 
 
 def amx(lib, on: bool | None = None) -> bool:
