@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 import pytest
 import torch
 
 from engine.model import cpu_kernels, kernel_isa
+from tests.engine.gguf_blocks import random_blocks
 
 LIB = cpu_kernels.load()
 WAS_ON = LIB is not None and cpu_kernels.amx(LIB)  # off under KVSCOPE_AMX=0: these tests still run the tiles
@@ -37,19 +37,9 @@ def amx_on():
     cpu_kernels.amx(LIB, WAS_ON)
 
 
-def q4_1_blocks(n: int, k: int, seed: int, d=None, m=None) -> np.ndarray:
-    """n rows of k weights as GGUF Q4_1 blocks (fp16 d, fp16 m, 16 bytes of nibbles)."""
-    rng = np.random.default_rng(seed)
-    nb = n * k // 32
-    dd = (rng.standard_normal((nb, 1)) * 0.05 if d is None else np.full((nb, 1), d)).astype(np.float16)
-    mm = (rng.standard_normal((nb, 1)) * 0.05 if m is None else np.full((nb, 1), m)).astype(np.float16)
-    codes = rng.integers(0, 256, (nb, 16), dtype=np.uint8)
-    return np.concatenate([dd.view(np.uint8), mm.view(np.uint8), codes], axis=1).reshape(n, -1)
-
-
 def packed(n: int, k: int, seed: int, **scales):
     """(panels, the fp32 weight they hold, |m| per row and block for the rounding bound)"""
-    b = q4_1_blocks(n, k, seed, **scales)
+    b = random_blocks(Q4_1, n, k, seed, **scales)
     panels = cpu_kernels.qpack(LIB, Q4_1, b, n, k)
     return panels, cpu_kernels.qunpack(LIB, Q4_1, panels, n, k), cpu_kernels.block_offsets(Q4_1, b)
 
@@ -80,7 +70,7 @@ def test_all_three_parts_count():
     the low nibbles' weights nonzero, every sum is an integer below 2^24 (<= 240 x 65,793), exact
     in fp32 in any order: a part lost or summed twice shows as 1 or 256 per code."""
     n, k = 16, 64
-    b = q4_1_blocks(n, k, seed=3, d=1.0, m=0.0)
+    b = random_blocks(Q4_1, n, k, seed=3, d=1.0, m=0.0)
     b.reshape(-1, 20)[:, 4:] &= 0x0F
     panels = cpu_kernels.qpack(LIB, Q4_1, b, n, k)
     w = cpu_kernels.qunpack(LIB, Q4_1, panels, n, k)

@@ -13,28 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.model import cpu_kernels, kernel_isa
+from tests.engine.gguf_blocks import random_blocks
 
 gguf = pytest.importorskip("gguf")
 LIB = cpu_kernels.load()
 needs_kernel = pytest.mark.skipif(LIB is None, reason=f"C kernels not built: {cpu_kernels.status()}")
 TYPES = {"Q4_1": 3, "Q8_0": 8, "F16": 1, "BF16": 30}
-
-
-def random_blocks(type_id: int, n: int, k: int, seed: int) -> np.ndarray:
-    """n rows of k weights as GGUF blocks with finite random fp16 scales (and mins)."""
-    rng = np.random.default_rng(seed)
-    if type_id in (1, 30):  # 16-bit floats: finite random values
-        w = torch.from_numpy(rng.standard_normal((n, k)).astype(np.float32) * 0.1)
-        h = w.to(torch.float16 if type_id == 1 else torch.bfloat16)
-        return h.view(torch.int16).numpy().view(np.uint8).reshape(n, -1)
-    nb = n * k // 32
-    d = (rng.standard_normal((nb, 1)) * 0.05).astype(np.float16).view(np.uint8)
-    if type_id == 3:
-        m = (rng.standard_normal((nb, 1)) * 0.05).astype(np.float16).view(np.uint8)
-        body = [d, m, rng.integers(0, 256, (nb, 16), dtype=np.uint8)]
-    else:
-        body = [d, rng.integers(0, 256, (nb, 32), dtype=np.uint8)]
-    return np.concatenate(body, axis=1).reshape(n, -1)
 
 
 def dequantized(type_id: int, blocks: np.ndarray) -> torch.Tensor:
