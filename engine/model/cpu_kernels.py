@@ -468,10 +468,8 @@ def ql_scratch_rows(lib, rows: int = -1) -> int:
 
 
 def env_switches(lib) -> None:
-    """The library's switches as the environment sets them, applied when it loads (and by
-    scripts/qlinear_ab.py to the builds it compares; a switch an older build lacks is skipped):
-    KVSCOPE_AMX=0 keeps Q4_1 off the AMX tiles, KVSCOPE_AMX_MIN_ROWS=N moves where they take over,
-    KVSCOPE_KV_SIDE_STEP=N an A/B of the K/V prefetch (kv_side_step)."""
+    """KVSCOPE_AMX(=0: off), KVSCOPE_AMX_MIN_ROWS, KVSCOPE_KV_SIDE_STEP applied to a library: when it
+    loads, and by scripts/qlinear_ab.py to its builds (a switch an older build lacks is skipped)."""
     if hasattr(lib, "kvscope_amx"):
         amx(lib, os.environ.get("KVSCOPE_AMX", "1") != "0")
     if os.environ.get("KVSCOPE_AMX_MIN_ROWS") and hasattr(lib, "kvscope_amx_min_rows"):
