@@ -97,7 +97,13 @@ def decode_steps(llm, prompt, params, request_id: str, timer=None) -> tuple[int,
 
 
 def decode_bs1_by_format(
-    ctx, prompt: list[int], n_new: int, formats=("auto", "fp32"), rounds: int = 2, configs: dict | None = None
+    ctx,
+    prompt: list[int],
+    n_new: int,
+    formats=("auto", "fp32"),
+    rounds: int = 2,
+    configs: dict | None = None,
+    alongside=(),
 ) -> dict:
     """Batch-1 decode of one request with each weight format, in one process, the formats
     alternating round by round (on a shared machine the CPU share drifts; alternation keeps the
@@ -105,7 +111,9 @@ def decode_bs1_by_format(
     weight bytes it reads per step, and the step split (ms per decode step in the Linears, the
     attention kernel and the rest) from one extra timed run. `configs`: label -> EngineConfig
     fields for labels that are not a weight_format name (another model, e.g. bench weights'
-    Q8_0 copy of the default model)."""
+    Q8_0 copy of the default model). `alongside`: callables run once a round after the formats'
+    runs (a peer's timed pass, engine/bench/peers.LlamaCppBs1.one), so its rounds alternate with
+    these in the same minutes."""
     from engine.bench import common as C
 
     _, SamplingParams, _ = C.require_engine()
@@ -135,6 +143,8 @@ def decode_bs1_by_format(
                 steps, secs, _ = decode_steps(llm, prompt, params, f"bs1-{f}-{i}")
                 if steps and secs > 0:
                     out[f]["rates"].append(steps / secs)
+            for peer_round in alongside:
+                peer_round()
         for f, llm in llms.items():
             with KernelTimer(llm.engine.runner) as kt:
                 steps, secs, cpu = decode_steps(llm, prompt, params, f"bs1-split-{f}", timer=kt)

@@ -122,15 +122,14 @@ def hf_continuous_batching(model, tok, prompts: list[list[int]], max_new_tokens:
 # ---------------------------------------------------------------------------- llama.cpp (optional)
 
 LLAMACPP_PIN = "llama-cpp-python==0.3.36"
-_LLAMACPP_SCRIPT = r"""
+_LLAMACPP_BS1_WORKER = r"""
 import json, sys, time
 from llama_cpp import Llama
-path, threads, n_new, reps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-prompt = json.loads(sys.stdin.read())
+path, threads, n_new, max_passes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+prompt = json.loads(sys.stdin.readline())
 llm = Llama(model_path=path, n_ctx=len(prompt) + n_new + 8, n_threads=threads, n_threads_batch=threads,
             n_batch=512, verbose=False)
-rates, toks = [], None
-for _ in range(reps + 1):                      # the first pass warms up (page cache, allocations)
+def one_pass():
     llm.reset()
     llm.eval(prompt)
     out, t = [], time.perf_counter()
@@ -138,10 +137,15 @@ for _ in range(reps + 1):                      # the first pass warms up (page c
         tok = llm.sample(temp=0.0)
         out.append(tok)
         llm.eval([tok])
-    rates.append(n_new / (time.perf_counter() - t))   # n_new single-token decode passes
-    toks = out
+    return n_new / (time.perf_counter() - t), out   # n_new single-token decode passes
+one_pass()                                          # warms up (page cache, allocations)
 import llama_cpp
-print(json.dumps({"tok_s": max(rates[1:]), "rates": rates[1:], "tokens": toks, "version": llama_cpp.__version__}))
+print(json.dumps({"ready": True, "version": llama_cpp.__version__}), flush=True)
+for _ in range(max_passes):                         # one timed pass per "pass" line; bounded
+    if sys.stdin.readline().strip() != "pass":      # "quit" or the parent gone
+        break
+    rate, toks = one_pass()
+    print(json.dumps({"tok_s": rate, "tokens": toks}), flush=True)
 """
 
 
@@ -235,17 +239,155 @@ def _run_llamacpp(script_args: list[str], stdin: str, timeout: float) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+class LlamaCppBs1:
+    """llama.cpp's single-stream greedy decode of a GGUF kept loaded in a subprocess of this run
+    (llama-cpp-python in the peer environment), one timed pass per `one()` call: a run can put its
+    passes between kvscope's own rounds, so both engines are timed in the same minutes (on a shared
+    machine one engine's rounds a minute after the other's can differ by 20-40% from the machine
+    alone). The worker warms up with one untimed pass, answers at most `max_passes` requests and
+    stops at `close()` (or when this process goes). `why` says why it cannot run; `one()` then
+    returns None. Prefill is excluded from each pass's tok/s."""
+
+    def __init__(
+        self, gguf_path: str, prompt: list[int], n_new: int, threads: int, max_passes: int = 64, timeout: float = 600
+    ):
+        import json
+        import queue
+        import subprocess
+        import tempfile
+        import threading
+
+        self.rates: list[float] = []
+        self.tokens: list[int] | None = None
+        self.version: str | None = None
+        self.why: str | None = None
+        self.timeout, self.max_passes, self.proc = timeout, max_passes, None
+        self.returncode: int | None = None  # the worker's exit status once closed
+        py = llamacpp_python()
+        if py is None:
+            self.why = f"no llama.cpp peer environment (scripts/peers.sh install-llamacpp installs {LLAMACPP_PIN})"
+            return
+        self._err = tempfile.TemporaryFile(mode="w+")
+        args = [py, "-c", _LLAMACPP_BS1_WORKER, gguf_path, str(threads), str(n_new), str(max_passes)]
+        self._lines: queue.Queue = queue.Queue()
+        try:
+            self.proc = subprocess.Popen(
+                args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, text=True, bufsize=1
+            )
+            self._reader = threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True)
+            self._reader.start()
+            self.proc.stdin.write(json.dumps(prompt) + "\n")
+            self.proc.stdin.flush()
+        except OSError as e:
+            self._fail(f"{type(e).__name__}: {e}")
+            return
+        ready = self._answer()
+        if ready is not None:
+            self.version = ready.get("version")
+
+    def _read(self, stream) -> None:
+        """The worker's stdout, line by line into the queue; None at its end."""
+        for line in stream:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def _fail(self, why: str) -> None:
+        if self.why is None:
+            self._err.seek(0)
+            tail = self._err.read().strip()[-300:]
+            self.why = f"llama.cpp peer failed: {why}" + (f": {tail}" if tail else "")
+        self.close(kill=True)
+
+    def _answer(self) -> dict | None:
+        """The worker's next JSON line (other output skipped), or None (and `why`) where it died,
+        hung or closed its output."""
+        import json
+        import queue
+
+        while True:
+            try:
+                line = self._lines.get(timeout=self.timeout)
+            except queue.Empty:
+                self._fail(f"no answer in {self.timeout:.0f} s")
+                return None
+            if line is None:
+                self._fail(f"exited with {self.proc.wait() if self.proc else '?'}")
+                return None
+            try:
+                out = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(out, dict):
+                return out
+
+    def one(self) -> float | None:
+        """One timed pass: its tok/s (also appended to `rates`), or None where the peer cannot run."""
+        if self.why is not None or self.proc is None:
+            return None
+        if len(self.rates) >= self.max_passes:
+            self.why = f"the worker answers at most {self.max_passes} passes"
+            return None
+        try:
+            self.proc.stdin.write("pass\n")
+            self.proc.stdin.flush()
+        except OSError as e:
+            self._fail(f"{type(e).__name__}: {e}")
+            return None
+        out = self._answer()
+        if out is None:
+            return None
+        self.rates.append(out["tok_s"])
+        self.tokens = out["tokens"]
+        return out["tok_s"]
+
+    def close(self, kill: bool = False) -> None:
+        """Stops the worker: asked to quit (killed where `kill`, or where it does not within 30 s)."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        self.returncode = None
+        try:
+            if kill:
+                proc.kill()
+            else:
+                proc.stdin.write("quit\n")
+            proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            proc.wait(timeout=30)
+        except Exception:
+            proc.kill()
+            proc.wait()
+        self.returncode = proc.returncode
+        self._reader.join(timeout=5)  # at the pipe's end now that the worker has exited
+        proc.stdout.close()
+        self._err.close()
+
+    def result(self) -> dict:
+        """As llamacpp_decode_bs1 returns it: best tok/s, every pass's rate, the last pass's tokens."""
+        if not self.rates:
+            return {"why": self.why or "no pass timed"}
+        return {"tok_s": max(self.rates), "rates": list(self.rates), "tokens": self.tokens, "version": self.version}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 def llamacpp_decode_bs1(
     gguf_path: str, prompt: list[int], n_new: int, threads: int, reps: int = 2, timeout: float = 600
 ) -> dict:
-    """llama.cpp's single-stream greedy decode of the same GGUF (llama-cpp-python in the peer
-    environment, a subprocess of this run): best tok/s over `reps` timed passes after a warm-up,
-    prefill excluded, `threads` threads. Returns {} with a "why" where it cannot run."""
-    import json
-
-    return _run_llamacpp(
-        [_LLAMACPP_SCRIPT, gguf_path, str(threads), str(n_new), str(reps)], json.dumps(prompt), timeout
-    )
+    """llama.cpp's single-stream greedy decode of the same GGUF on its own (LlamaCppBs1): best tok/s
+    over `reps` timed passes after a warm-up, prefill excluded, `threads` threads. Returns {"why"}
+    where it cannot run."""
+    with LlamaCppBs1(gguf_path, prompt, n_new, threads, max_passes=reps, timeout=timeout) as lc:
+        for _ in range(reps):
+            if lc.one() is None:
+                break
+        return lc.result()
 
 
 _LLAMACPP_SCALING_SCRIPT = r"""

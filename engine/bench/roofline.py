@@ -308,7 +308,24 @@ def suite_roofline(ctx: C.BenchContext) -> SuiteResult:
     ctx.start("kvscope batch-1 decode")
     p1 = prompts[spread(prompts, 1)[0]]
     n1 = ctx.pick(64, 32, smoke=6)
-    by_fmt = decode_bs1_by_format(ctx, p1, n1, formats=("auto", "fp32", "transformers"), rounds=ctx.pick(3, 2, smoke=1))
+    rounds = ctx.pick(3, 2, smoke=1)
+    gguf_path = None
+    try:
+        from engine.model.models import gguf_source
+
+        gguf_path = gguf_source(C.load_hf_model(ctx.model, ctx.dtype())[0])
+    except Exception:
+        pass
+    # llama.cpp on the same GGUF and request: one pass of it after each round of kvscope's formats
+    lc = peers.LlamaCppBs1(gguf_path, p1, n1, C.torch_threads(), max_passes=rounds) if gguf_path else None
+    try:
+        alongside = (lc.one,) if lc is not None and lc.why is None else ()
+        by_fmt = decode_bs1_by_format(
+            ctx, p1, n1, formats=("auto", "fp32", "transformers"), rounds=rounds, alongside=alongside
+        )
+    finally:
+        if lc is not None:
+            lc.close()
     dec, dec32 = by_fmt["auto"]["tok_s"], by_fmt["fp32"]["tok_s"]
     ctx.done("kvscope bs1")
 
@@ -381,23 +398,15 @@ def suite_roofline(ctx: C.BenchContext) -> SuiteResult:
                     row=unit == "cpu_ms",
                 )
     res.add("hf_decode_bs1_tok_s", hf_dec, "transformers generate, same request, prefill excluded")
-    gguf_path = None
-    try:
-        from engine.model.models import gguf_source
-
-        gguf_path = gguf_source(C.load_hf_model(ctx.model, ctx.dtype())[0])
-    except Exception:
-        pass
-    if gguf_path:
-        ctx.start("llama.cpp batch-1 decode")
-        lc = peers.llamacpp_decode_bs1(gguf_path, p1, n1, C.torch_threads(), reps=ctx.pick(3, 2, smoke=1))
-        ctx.done("llama.cpp bs1")
+    if lc is not None:
+        lc = lc.result()
         if "tok_s" in lc:
             res.add(
                 "llamacpp_decode_bs1_tok_s",
                 lc["tok_s"],
-                f"llama.cpp (llama-cpp-python {lc['version']}) on the "
-                f"same GGUF and request, {C.torch_threads()} threads, best of {len(lc['rates'])}, prefill excluded",
+                f"llama.cpp (llama-cpp-python {lc['version']}) on the same GGUF and request, "
+                f"{C.torch_threads()} threads, best of {len(lc['rates'])}, prefill excluded, its passes "
+                "alternating with kvscope's rounds above",
             )
             res.add("decode_bs1_vs_llamacpp", fraction(dec, lc["tok_s"]), "target >= 1")
         else:

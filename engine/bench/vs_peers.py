@@ -116,6 +116,8 @@ def suite_peers(ctx: C.BenchContext) -> SuiteResult:
     llms = {
         t: C.make_llm(ctx, num_threads=t, max_num_seqs=2, num_kv_blocks=C.blocks_for([len(p1)], n1) + 8) for t in (1, 2)
     }
+    # llama.cpp kept loaded at each thread count (peers.LlamaCppBs1), one pass after each of kvscope's
+    lcs = {t: peers.LlamaCppBs1(default_gguf_path(), p1, n1, t, max_passes=rounds) for t in llms}
     try:
         for t, llm in llms.items():
             C.warm_up(llm, SamplingParams, p1)
@@ -123,14 +125,17 @@ def suite_peers(ctx: C.BenchContext) -> SuiteResult:
             for t, llm in llms.items():
                 steps, secs, _ = decode_steps(llm, p1, C.greedy(SamplingParams, n1), f"peers-bs1-{t}-{i}")
                 bs1.setdefault(f"kvscope_t{t}", []).append(steps / secs)
-                lc = peers.llamacpp_decode_bs1(default_gguf_path(), p1, n1, t, reps=1)
-                if "tok_s" in lc:
-                    bs1.setdefault(f"llamacpp_t{t}", []).append(lc["tok_s"])
-                else:
-                    res.add(f"llamacpp_t{t}_why", lc.get("why", "?"), "", row=False)
+                rate = lcs[t].one()
+                if rate is not None:
+                    bs1.setdefault(f"llamacpp_t{t}", []).append(rate)
     finally:
         for llm in llms.values():
             C.free_llm(llm)
+        for lc in lcs.values():
+            lc.close()
+    for t, lc in lcs.items():
+        if lc.why is not None:
+            res.add(f"llamacpp_t{t}_why", lc.why, "", row=False)
     ctx.done("batch-1")
 
     ctx.start("kvscope server + vLLM server")
