@@ -167,9 +167,9 @@ def load():
                     lib.kvscope_qlinear_bitwise.restype = I
                     lib.kvscope_layer_scratch_floats.argtypes = [I, I, I, I, I, I]
                     lib.kvscope_layer_scratch_floats.restype = ctypes.c_longlong
-                    step = [P, I, P, I, P, P, P, P, P, P, I, I, I, ctypes.c_float, I, I, P, P]
-                    lib.kvscope_stack_forward.argtypes = step
-                    lib.kvscope_stack_forward.restype = I
+                    F = ctypes.c_float
+                    lib.kvscope_stack_forward.argtypes = [P, I, P, I, P, P, P, P, P, P, I, I, I, F, I, I, P, P]
+                    lib.kvscope_rmsnorm_rows.argtypes = [P, P, I, P, F, I, P]  # both return int (the default)
                     lib.kvscope_isa.argtypes = []
                     lib.kvscope_isa.restype = ctypes.c_char_p
                     lib.kvscope_qlinear_scratch_rows.argtypes = [I]

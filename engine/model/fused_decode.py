@@ -1,12 +1,13 @@
 """The C decode/verify path: every decoder layer of a Llama-family model in kvscope's own C
-(engine/model/csrc/layer.c), one call per step for the whole stack, no transformers module between
-the embedding and the final norm.
+(engine/model/csrc/layer.c), one call per step for the whole stack, and the final norm, no
+transformers module between the embedding and the lm_head.
 
 Per step Python does only: the embedding lookup, cos / sin for these positions (rows of a table
 the model's own rotary module computed once, so its inv_freq and rope scaling are the model's; the
 module itself each step where its RoPE type changes with the length), the per-row block tables,
-one `kvscope_stack_forward` call, then the final norm and lm_head on the rows whose logits are
-needed. Each layer in C: RMSNorm, the merged q/k/v Linear (engine/model/linear.py's packed panels:
+one `kvscope_stack_forward` call, `kvscope_rmsnorm_rows` (the layers' RMSNorm) on the rows whose
+logits are needed, then the lm_head on them. Each layer in C: RMSNorm, the merged q/k/v Linear
+(engine/model/linear.py's packed panels:
 fp32, or the GGUF's Q4_1 / Q8_0 blocks read in place), rotary, K/V written to the fp32 pool at
 the slot mapping, paged attention read in place (every token is a query row over its sequence up
 to itself: decode, speculative verification and prefill chunks alike), o_proj + residual,
@@ -110,6 +111,9 @@ def unsupported_reason(runner) -> str | None:
         for norm in (layer.input_layernorm, layer.post_attention_layernorm):
             if not hasattr(norm, "variance_epsilon") or norm.weight.dtype != torch.float32:
                 return "a layer norm is not an fp32 RMSNorm"
+    final = model.model.norm
+    if not hasattr(final, "variance_epsilon") or final.weight.dtype != torch.float32:
+        return "the final norm is not an fp32 RMSNorm"
     return None
 
 
@@ -138,6 +142,8 @@ class FusedStack:
             for field, _, mods in _linear_groups(layer):
                 setattr(d, field, _lin(_raw(pack, mods)))
             d.k_pool, d.v_pool = k_pool.data_ptr(), v_pool.data_ptr()
+        final = runner.model.model.norm
+        self.norm_w, self.norm_eps = final.weight.detach().contiguous(), float(final.variance_epsilon)
         self.scale = float(layers[0].self_attn.scaling)
         self.rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
         rope_type = str(getattr(runner.model.model.rotary_emb, "rope_type", "default"))
@@ -219,5 +225,10 @@ class FusedStack:
         )
         if rc != 0:
             raise RuntimeError(f"kvscope_stack_forward failed with code {rc}")
-        hn = inner.norm(h.index_select(0, torch.tensor(logit_rows, dtype=torch.long)))
+        # the final norm of the logit rows in C (the layers' RMSNorm), then the lm_head
+        hn = torch.empty(len(logit_rows), h.shape[1], dtype=torch.float32)
+        rows = (ctypes.c_int32 * len(logit_rows))(*logit_rows)
+        self.lib.kvscope_rmsnorm_rows(
+            h.data_ptr(), rows, len(logit_rows), self.norm_w.data_ptr(), self.norm_eps, h.shape[1], hn.data_ptr()
+        )
         return r.model.lm_head(hn).float()

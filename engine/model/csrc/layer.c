@@ -155,6 +155,14 @@ static void rmsnorm(const float *x, const float *w, float eps, int n, float *y) 
     for (int i = 0; i < n; i++) y[i] = w[i] * (x[i] * r);
 }
 
+/* the final norm of the rows whose logits are wanted: y [nrows, n] = RMSNorm(x row rows[i]), the
+ * layers' own rmsnorm (one call after the stack instead of ~7 torch ops, each slow after the step's
+ * weight stream has left torch's dispatch cold: 0.17 ms a step on a 2-core Xeon) */
+int kvscope_rmsnorm_rows(const float *x, const int32_t *rows, int nrows, const float *w, float eps, int n, float *y) {
+    for (int i = 0; i < nrows; i++) rmsnorm(x + (size_t)rows[i] * n, w, eps, n, y + (size_t)i * n);
+    return 0;
+}
+
 static double now(void) { return omp_get_wtime(); }
 
 /* The next layer's K/V, prefetched by the Linears between this layer's attention and the next's
