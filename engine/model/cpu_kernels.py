@@ -139,7 +139,7 @@ def load():
                     lib = ctypes.CDLL(path)
                     if lib.kvscope_abi_version() != ABI_VERSION:
                         raise RuntimeError(f"{path}: ABI version {lib.kvscope_abi_version()} != {ABI_VERSION}")
-                    P, I = ctypes.c_void_p, ctypes.c_int
+                    P, I, F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
                     f = lib.kvscope_paged_decode
                     f.argtypes = [P, P, P, P, P, P, P, I, I, I, I, I, I, ctypes.c_float, I, I]
                     f.restype = I
@@ -167,9 +167,9 @@ def load():
                     lib.kvscope_qlinear_bitwise.restype = I
                     lib.kvscope_layer_scratch_floats.argtypes = [I, I, I, I, I, I]
                     lib.kvscope_layer_scratch_floats.restype = ctypes.c_longlong
-                    F = ctypes.c_float
                     lib.kvscope_stack_forward.argtypes = [P, I, P, I, P, P, P, P, P, P, I, I, I, F, I, I, P, P]
-                    lib.kvscope_rmsnorm_rows.argtypes = [P, P, I, P, F, I, P]  # both return int (the default)
+                    lib.kvscope_rmsnorm_rows.argtypes = [P, P, I, P, F, I, P]  # these return int (the default)
+                    lib.kvscope_gather_rows.argtypes = [P, I, P, I, P]
                     lib.kvscope_isa.argtypes = []
                     lib.kvscope_isa.restype = ctypes.c_char_p
                     lib.kvscope_qlinear_scratch_rows.argtypes = [I]

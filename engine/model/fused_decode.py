@@ -2,11 +2,14 @@
 (engine/model/csrc/layer.c), one call per step for the whole stack, and the final norm, no
 transformers module between the embedding and the lm_head.
 
-Per step Python does only: the embedding lookup, cos / sin for these positions (rows of a table
-the model's own rotary module computed once, so its inv_freq and rope scaling are the model's; the
-module itself each step where its RoPE type changes with the length), the per-row block tables,
-one `kvscope_stack_forward` call, `kvscope_rmsnorm_rows` (the layers' RMSNorm) on the rows whose
-logits are needed, then the lm_head on them. Each layer in C: RMSNorm, the merged q/k/v Linear
+Per step Python does only: the embedding lookup (`kvscope_gather_rows`), cos / sin for these
+positions (rows of a table the model's own rotary module computed once, so its inv_freq and rope
+scaling are the model's; the module itself each step where its RoPE type changes with the length),
+the per-row block tables, one `kvscope_stack_forward` call, `kvscope_rmsnorm_rows` (the layers'
+RMSNorm) on the rows whose logits are needed, then the lm_head on them. A step of up to BUF_ROWS
+rows makes no torch op before the lm_head (its buffers are kept across steps, its integer inputs
+are ctypes arrays): after the stack's weight stream each torch op cost 10-40 us, 0.35 ms of a
+3.9 ms batch-1 step at 2 threads on a 2-core Xeon, now 0.17-0.18. Each layer in C: RMSNorm, the merged q/k/v Linear
 (engine/model/linear.py's packed panels:
 fp32, or the GGUF's Q4_1 / Q8_0 blocks read in place), rotary, K/V written to the fp32 pool at
 the slot mapping, paged attention read in place (every token is a query row over its sequence up
@@ -22,6 +25,7 @@ Set KVSCOPE_LAYER_PROFILE=1 to accumulate per-op seconds in `FusedStack.prof`.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 
 import torch
@@ -32,6 +36,7 @@ from engine.model import cpu_kernels
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
 PROF_OPS = ("norm1", "qkv", "rope+kv_write", "attention", "o_proj", "res+norm2", "gate_up+silu", "down+res")
 LINEAR_OPS = ("qkv", "o_proj", "gate_up+silu", "down+res")  # the PROF_OPS that are the layer's Linears
+BUF_ROWS = 64  # steps of up to this many rows reuse FusedStack.buf's buffers
 
 
 def _c_struct(name: str, fields: list[tuple[str, type]]) -> type[ctypes.Structure]:
@@ -146,6 +151,10 @@ class FusedStack:
         self.norm_w, self.norm_eps = final.weight.detach().contiguous(), float(final.variance_epsilon)
         self.scale = float(layers[0].self_attn.scaling)
         self.rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
+        emb = runner.model.model.embed_tokens
+        plain = type(emb) is torch.nn.Embedding and emb.weight.dtype == torch.float32 and emb.weight.is_contiguous()
+        self.embed_w = emb.weight.detach() if plain else None  # rows gathered in C (else the module)
+        self.bufs: dict = {}  # buffers of small steps (BUF_ROWS): storage by name, views by (name, rows, cols)
         rope_type = str(getattr(runner.model.model.rotary_emb, "rope_type", "default"))
         self.rope_static = "dynamic" not in rope_type and rope_type != "longrope"
         self.prof = torch.zeros(len(PROF_OPS), dtype=torch.float64)
@@ -162,13 +171,29 @@ class FusedStack:
         self.profile = False
         return dict(zip(PROF_OPS, self.prof.tolist()))
 
+    def buf(self, name: str, t: int, rows: int, cols: int) -> torch.Tensor:
+        """A [rows, cols] fp32 buffer for a step of t rows: for steps of up to BUF_ROWS rows
+        (decode, verification, a batch of decodes) a view kept across steps (one storage per name,
+        grown as needed), so such a step makes no torch allocation (each torch op after the stack's
+        weight stream costs 10-40 us here); else a fresh one. `run` returns none of them."""
+        if t > BUF_ROWS:
+            return torch.empty(rows, cols, dtype=torch.float32)
+        view = self.bufs.get((name, rows, cols))
+        if view is None:
+            store = self.bufs.get(name)
+            if store is None or store.numel() < rows * cols:
+                store = self.bufs[name] = torch.empty(rows * cols, dtype=torch.float32)
+                self.bufs = {k: v for k, v in self.bufs.items() if not (isinstance(k, tuple) and k[0] == name)}
+            view = self.bufs[(name, rows, cols)] = store[: rows * cols].view(rows, cols)
+        return view
+
     def rope(self, h: torch.Tensor, pos: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, D] fp32 of these positions, computed by the model's rotary module: once for
         a table of positions 0..n-1 (grown to a power of two past the largest asked) whose rows are
-        picked here, where its RoPE type is static (each position's row is the same elementwise
-        arithmetic either way, so the same bits: tests/engine/test_fused_decode.py); else the
-        module on these positions each step. The table saves its ~6 torch ops a step (0.05-0.1 ms
-        on a 2-core Zen 5, the step's weight stream having left them cold)."""
+        picked here (kvscope_gather_rows), where its RoPE type is static (each position's row is the
+        same elementwise arithmetic either way, so the same bits: tests/engine/test_fused_decode.py);
+        else the module on these positions each step. The table saves its ~6 torch ops a step
+        (0.05-0.1 ms on a 2-core Zen 5, the step's weight stream having left them cold)."""
         rotary = self.runner.model.model.rotary_emb
         if not self.rope_static:
             cos, sin = rotary(h.unsqueeze(0), position_ids=torch.tensor(pos).unsqueeze(0))
@@ -178,8 +203,12 @@ class FusedStack:
             n = 1 << max(top - 1, 1023).bit_length()
             cos, sin = rotary(h[:1].unsqueeze(0), position_ids=torch.arange(n).unsqueeze(0))
             self.rope_table = (cos[0].float().contiguous(), sin[0].float().contiguous())
-        idx = torch.tensor(pos)
-        return self.rope_table[0].index_select(0, idx), self.rope_table[1].index_select(0, idx)
+        t, d = len(pos), self.rope_table[0].shape[1]
+        idx = (ctypes.c_int32 * t)(*pos)
+        cos, sin = self.buf("cos", t, t, d), self.buf("sin", t, t, d)
+        for table, out in zip(self.rope_table, (cos, sin)):
+            self.lib.kvscope_gather_rows(table.data_ptr(), d, idx, t, out.data_ptr())
+        return cos, sin
 
     def run(self, flat, tables: list[list[int]], num_layers: int | None = None) -> torch.Tensor:
         """One forward of a flattened batch (runner.FlatBatch: token ids, positions, logit rows and
@@ -190,18 +219,23 @@ class FusedStack:
         ids, pos, logit_rows = flat.ids, flat.positions, flat.logit_rows
         t = len(ids)
         mb = len(tables[0])
-        tab32 = torch.tensor(tables, dtype=torch.int32)
-        lens32 = torch.tensor([p + 1 for p in pos], dtype=torch.int32)
-        rows32 = torch.arange(t, dtype=torch.int32)
-        slots64 = torch.tensor(flat.slots, dtype=torch.int64)
+        # the stack's integer inputs as ctypes arrays and its float buffers kept across small steps:
+        # the step makes no torch op before the lm_head (BUF_ROWS)
+        tab32 = (ctypes.c_int32 * (t * mb))(*itertools.chain.from_iterable(tables))
+        lens32 = (ctypes.c_int32 * t)(*[p + 1 for p in pos])
+        rows32 = (ctypes.c_int32 * t)(*range(t))
+        slots64 = (ctypes.c_int64 * t)(*flat.slots)
         inner = r.model.model
-        input_ids = torch.tensor(ids)
-        h = inner.embed_tokens(input_ids).contiguous()  # [T, hidden], a fresh tensor
-        cos, sin = self.rope(h, pos)
         d0 = self.descs[0]
-        scratch = torch.empty(
-            self.lib.kvscope_layer_scratch_floats(t, d0.hidden, d0.H, d0.Hkv, d0.D, d0.inter), dtype=torch.float32
-        )
+        if self.embed_w is not None:
+            h = self.buf("h", t, t, d0.hidden)
+            ids32 = (ctypes.c_int32 * t)(*ids)
+            self.lib.kvscope_gather_rows(self.embed_w.data_ptr(), d0.hidden, ids32, t, h.data_ptr())
+        else:
+            h = inner.embed_tokens(torch.tensor(ids)).contiguous()  # [T, hidden], a fresh tensor
+        cos, sin = self.rope(h, pos)
+        n_scratch = self.lib.kvscope_layer_scratch_floats(t, d0.hidden, d0.H, d0.Hkv, d0.D, d0.inter)
+        scratch = self.buf("scratch", t, 1, n_scratch)
         n_layers = min(num_layers or len(self.descs), len(self.descs))
         rc = self.lib.kvscope_stack_forward(
             self.descs,
@@ -210,10 +244,10 @@ class FusedStack:
             t,
             cos.data_ptr(),
             sin.data_ptr(),
-            slots64.data_ptr(),
-            rows32.data_ptr(),
-            lens32.data_ptr(),
-            tab32.data_ptr(),
+            slots64,
+            rows32,
+            lens32,
+            tab32,
             t,
             mb,
             bs,
@@ -226,7 +260,7 @@ class FusedStack:
         if rc != 0:
             raise RuntimeError(f"kvscope_stack_forward failed with code {rc}")
         # the final norm of the logit rows in C (the layers' RMSNorm), then the lm_head
-        hn = torch.empty(len(logit_rows), h.shape[1], dtype=torch.float32)
+        hn = self.buf("hn", t, len(logit_rows), h.shape[1])
         rows = (ctypes.c_int32 * len(logit_rows))(*logit_rows)
         self.lib.kvscope_rmsnorm_rows(
             h.data_ptr(), rows, len(logit_rows), self.norm_w.data_ptr(), self.norm_eps, h.shape[1], hn.data_ptr()

@@ -174,3 +174,27 @@ def test_rope_table_rows_are_the_modules_bits(default_model):
     st.rope_static = False
     cos, _ = st.rope(h, [3, 4])
     assert torch.equal(cos, rotary(h.unsqueeze(0), position_ids=torch.tensor([[3, 4]]))[0][0].float())
+
+
+def test_small_steps_reuse_their_buffers_and_change_no_bits(default_model):
+    """Steps of up to BUF_ROWS rows run on buffers FusedStack keeps across steps (the embedding rows,
+    cos / sin, the stack's scratch, the final norm's rows): the same logits and K/V, bit for bit, as
+    the same steps on a runner that drops them before every step, and a step's logits are not
+    overwritten by the next step."""
+    model, tok = default_model
+    cases = c_stack.ragged_cases(tok)
+    steps = cases + [
+        [BatchRow("a", 40, [5], list(range(0, 8)), 0)],
+        [BatchRow("b", 21, [3, 4], list(range(16, 24)), 0)],
+    ]
+    kept, fresh = _runner(model, "c"), _runner(model, "c")
+    out_kept, out_fresh = [], []
+    for rows in steps:
+        out_kept.append(kept.forward(rows))
+        fresh.fused.bufs = {}
+        out_fresh.append(fresh.forward(rows))
+    assert any(k[0] == "h" for k in kept.fused.bufs if isinstance(k, tuple))  # the small steps used them
+    assert all(torch.equal(a, b) for a, b in zip(out_kept, out_fresh))
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(kept.kv_caches, fresh.kv_caches))
+    storages = {t.untyped_storage().data_ptr() for t in kept.fused.bufs.values()}
+    assert not any(x.untyped_storage().data_ptr() in storages for x in out_kept)

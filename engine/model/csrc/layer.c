@@ -163,6 +163,13 @@ int kvscope_rmsnorm_rows(const float *x, const int32_t *rows, int nrows, const f
     return 0;
 }
 
+/* y [n, cols] = rows idx[i] of src [.., cols]: the embedding lookup and the RoPE table's rows of a
+ * step, one call each instead of torch ops (see kvscope_rmsnorm_rows) */
+int kvscope_gather_rows(const float *src, int cols, const int32_t *idx, int n, float *y) {
+    for (int i = 0; i < n; i++) memcpy(y + (size_t)i * cols, src + (size_t)idx[i] * cols, sizeof(float) * cols);
+    return 0;
+}
+
 static double now(void) { return omp_get_wtime(); }
 
 /* The next layer's K/V, prefetched by the Linears between this layer's attention and the next's
