@@ -169,7 +169,7 @@ def load():
                     lib.kvscope_layer_scratch_floats.restype = ctypes.c_longlong
                     lib.kvscope_stack_forward.argtypes = [P, I, P, I, P, P, P, P, P, P, I, I, I, F, I, I, P, P]
                     lib.kvscope_rmsnorm_rows.argtypes = [P, P, I, P, F, I, P]  # these return int (the default)
-                    lib.kvscope_gather_rows.argtypes = [P, I, P, I, P]
+                    lib.kvscope_gather_rows.argtypes = [P, I, I, P, I, P]
                     lib.kvscope_isa.argtypes = []
                     lib.kvscope_isa.restype = ctypes.c_char_p
                     lib.kvscope_qlinear_scratch_rows.argtypes = [I]

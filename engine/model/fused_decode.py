@@ -207,8 +207,15 @@ class FusedStack:
         idx = (ctypes.c_int32 * t)(*pos)
         cos, sin = self.buf("cos", t, t, d), self.buf("sin", t, t, d)
         for table, out in zip(self.rope_table, (cos, sin)):
-            self.lib.kvscope_gather_rows(table.data_ptr(), d, idx, t, out.data_ptr())
+            self.gather(table, idx, t, out, "position")
         return cos, sin
+
+    def gather(self, src: torch.Tensor, idx, n: int, out: torch.Tensor, what: str) -> None:
+        """out[i] = src[idx[i]] (kvscope_gather_rows); an index outside src's rows is a clear error,
+        never a read past the table."""
+        rc = self.lib.kvscope_gather_rows(src.data_ptr(), src.shape[0], src.shape[1], idx, n, out.data_ptr())
+        if rc:
+            raise ValueError(f"{what} {idx[-1 - rc]} is outside [0, {src.shape[0]})")
 
     def run(self, flat, tables: list[list[int]], num_layers: int | None = None) -> torch.Tensor:
         """One forward of a flattened batch (runner.FlatBatch: token ids, positions, logit rows and
@@ -229,8 +236,7 @@ class FusedStack:
         d0 = self.descs[0]
         if self.embed_w is not None:
             h = self.buf("h", t, t, d0.hidden)
-            ids32 = (ctypes.c_int32 * t)(*ids)
-            self.lib.kvscope_gather_rows(self.embed_w.data_ptr(), d0.hidden, ids32, t, h.data_ptr())
+            self.gather(self.embed_w, (ctypes.c_int32 * t)(*ids), t, h, "token id")
         else:
             h = inner.embed_tokens(torch.tensor(ids)).contiguous()  # [T, hidden], a fresh tensor
         cos, sin = self.rope(h, pos)

@@ -198,3 +198,14 @@ def test_small_steps_reuse_their_buffers_and_change_no_bits(default_model):
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(kept.kv_caches, fresh.kv_caches))
     storages = {t.untyped_storage().data_ptr() for t in kept.fused.bufs.values()}
     assert not any(x.untyped_storage().data_ptr() in storages for x in out_kept)
+
+
+def test_a_token_id_outside_the_embedding_is_a_clear_error(default_model):
+    """The C path gathers embedding rows itself: an id past the table (the engine's input checks
+    refuse it first; this is the kernel's own guard) raises, naming it, and reads nothing."""
+    model, _ = default_model
+    r = _runner(model, "c")
+    vocab = model.model.embed_tokens.weight.shape[0]
+    for bad in (vocab, vocab + 7, -1):
+        with pytest.raises(ValueError, match=f"token id {bad} is outside \\[0, {vocab}\\)"):
+            r.forward([BatchRow("a", 0, [5, bad, 6], list(range(0, 4)), 2)])

@@ -163,9 +163,12 @@ int kvscope_rmsnorm_rows(const float *x, const int32_t *rows, int nrows, const f
     return 0;
 }
 
-/* y [n, cols] = rows idx[i] of src [.., cols]: the embedding lookup and the RoPE table's rows of a
- * step, one call each instead of torch ops (see kvscope_rmsnorm_rows) */
-int kvscope_gather_rows(const float *src, int cols, const int32_t *idx, int n, float *y) {
+/* y [n, cols] = rows idx[i] of src [src_rows, cols]: the embedding lookup and the RoPE table's rows
+ * of a step, one call each instead of torch ops (see kvscope_rmsnorm_rows). Returns -1 - i for the
+ * first index i outside [0, src_rows), nothing written (the caller names it). */
+int kvscope_gather_rows(const float *src, int src_rows, int cols, const int32_t *idx, int n, float *y) {
+    for (int i = 0; i < n; i++)
+        if (idx[i] < 0 || idx[i] >= src_rows) return -1 - i;
     for (int i = 0; i < n; i++) memcpy(y + (size_t)i * cols, src + (size_t)idx[i] * cols, sizeof(float) * cols);
     return 0;
 }
