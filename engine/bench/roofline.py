@@ -399,18 +399,18 @@ def suite_roofline(ctx: C.BenchContext) -> SuiteResult:
                 )
     res.add("hf_decode_bs1_tok_s", hf_dec, "transformers generate, same request, prefill excluded")
     if lc is not None:
-        lc = lc.result()
-        if "tok_s" in lc:
+        lcr = lc.result()
+        if "tok_s" in lcr:
             res.add(
                 "llamacpp_decode_bs1_tok_s",
-                lc["tok_s"],
-                f"llama.cpp (llama-cpp-python {lc['version']}) on the same GGUF and request, "
-                f"{C.torch_threads()} threads, best of {len(lc['rates'])}, prefill excluded, its passes "
+                lcr["tok_s"],
+                f"llama.cpp (llama-cpp-python {lcr['version']}) on the same GGUF and request, "
+                f"{C.torch_threads()} threads, best of {len(lcr['rates'])}, prefill excluded, its passes "
                 "alternating with kvscope's rounds above",
             )
-            res.add("decode_bs1_vs_llamacpp", fraction(dec, lc["tok_s"]), "target >= 1")
+            res.add("decode_bs1_vs_llamacpp", fraction(dec, lcr["tok_s"]), "target >= 1")
         else:
-            ctx.note(f"llama.cpp peer not measured: {lc.get('why')}")
+            ctx.note(f"llama.cpp peer not measured: {lcr.get('why')}")
 
     if not ctx.quick and C.torch_threads() > 1:
         ctx.start("matmul at 1 thread")
