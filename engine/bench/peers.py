@@ -122,6 +122,7 @@ def hf_continuous_batching(model, tok, prompts: list[list[int]], max_new_tokens:
 # ---------------------------------------------------------------------------- llama.cpp (optional)
 
 LLAMACPP_PIN = "llama-cpp-python==0.3.36"
+NO_LLAMACPP = f"no llama.cpp peer environment (scripts/peers.sh install-llamacpp installs {LLAMACPP_PIN})"
 _LLAMACPP_BS1_WORKER = r"""
 import json, sys, time
 from llama_cpp import Llama
@@ -227,7 +228,7 @@ def _run_llamacpp(script_args: list[str], stdin: str, timeout: float) -> dict:
 
     py = llamacpp_python()
     if py is None:
-        return {"why": f"no llama.cpp peer environment (scripts/peers.sh install-llamacpp installs {LLAMACPP_PIN})"}
+        return {"why": NO_LLAMACPP}
     try:
         proc = subprocess.run(
             [py, "-c", *script_args], input=stdin, capture_output=True, text=True, timeout=timeout, check=False
@@ -265,7 +266,7 @@ class LlamaCppBs1:
         self.returncode: int | None = None  # the worker's exit status once closed
         py = llamacpp_python()
         if py is None:
-            self.why = f"no llama.cpp peer environment (scripts/peers.sh install-llamacpp installs {LLAMACPP_PIN})"
+            self.why = NO_LLAMACPP
             return
         self._err = tempfile.TemporaryFile(mode="w+")
         args = [py, "-c", _LLAMACPP_BS1_WORKER, gguf_path, str(threads), str(n_new), str(max_passes)]
